@@ -1,0 +1,90 @@
+"""Process-group set-up shared by notebooks, solutions and the grader.
+
+The backend is chosen in one place: NCCL when CUDA is present and there is a
+GPU for every local rank, gloo on the CPU otherwise. The launcher decides it
+once and hands it to every rank in ``DISTLAB_BACKEND`` so all ranks agree.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+BACKEND_VAR = "DISTLAB_BACKEND"
+TIMEOUT_VAR = "DISTLAB_PG_TIMEOUT"
+
+
+def pick_backend(nprocs_per_node: int = 1) -> str:
+    """``"nccl"`` if CUDA is available with at least one GPU per local rank, else ``"gloo"``."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs_per_node:
+        return "nccl"
+    return "gloo"
+
+
+def backend() -> str:
+    """The backend this job uses (set by the launcher; otherwise chosen from the hardware)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return os.environ.get(BACKEND_VAR) or pick_backend(local)
+
+
+def device() -> torch.device:
+    """This rank's device: ``cuda:LOCAL_RANK`` under NCCL, the CPU under gloo."""
+    if backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def default_timeout() -> timedelta:
+    """Collective timeout: short (the launcher's limit), not the 10-30 minute defaults."""
+    return timedelta(seconds=float(os.environ.get(TIMEOUT_VAR, "120")))
+
+
+def init_distributed(timeout: timedelta | None = None) -> torch.device:
+    """Join the job torchrun started and return this rank's device.
+
+    Each torchrun restart attempt gets its own store prefix. With gloo in
+    torch 2.13 an elastic restart otherwise fails to reconnect: the new
+    workers read the previous attempt's addresses from the shared store
+    (``connectFullMesh`` to stale peers). Keying the prefix on
+    ``TORCHELASTIC_RESTART_COUNT`` keeps attempts apart.
+    """
+    if dist.is_initialized():
+        return device()
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    timeout = timeout or default_timeout()
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    # Under torchrun the agent hosts the store; workers only connect to it.
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=(rank == 0 and not agent_hosts_store),
+        timeout=timeout,
+    )
+    store = dist.PrefixStore(f"distlab/attempt{attempt}", store)
+    dev = device()
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(
+        backend(), store=store, rank=rank, world_size=world_size, timeout=timeout,
+        device_id=dev if dev.type == "cuda" else None,
+    )
+    return dev
+
+
+def shutdown() -> None:
+    """Leave the process group if one is open (safe to call twice)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))

@@ -1,0 +1,225 @@
+"""Launch Python code under torchrun from a notebook, a test or the grader.
+
+    >>> from distlab import torchrun
+    >>> run = torchrun("distlab.examples:allreduce_demo", nprocs=2, timeout=60)
+    >>> run.results          # what each rank returned, in rank order
+
+* Rendezvous is ``--standalone`` (c10d on ``localhost:0``): the OS picks a
+  free port, so any number of launches can run at once without colliding.
+* Every launch has a wall-clock ``timeout``; whatever happens (success,
+  exception, hang, timeout, Ctrl-C) no process of the job survives the call
+  (see :mod:`distlab.process`).
+* A failure raises :class:`RankFailure` naming the rank that failed first and
+  its exception, not torchrun's ``ChildFailedError`` wall of text.
+* Results come back as Python objects through ``torch.save``/``torch.load``
+  with ``weights_only=True``: tensors, numbers, strings, lists and dicts. The
+  launching process never unpickles arbitrary objects a rank produced, so a
+  learner's code cannot run code in the grader by returning a crafted object.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
+from .process import JOB_TAG_VAR, end_job
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class LaunchError(RuntimeError):
+    """A torchrun job did not complete; ``output`` holds everything it printed."""
+
+    def __init__(self, message: str, output: str = ""):
+        super().__init__(message)
+        self.output = output
+
+
+class RankFailure(LaunchError):
+    """A rank raised: ``rank``, ``exc_type``, ``exc_message`` and ``traceback`` say which and why."""
+
+    def __init__(self, rank: int, exc_type: str, exc_message: str, tb: str, output: str = ""):
+        first = exc_message.strip().splitlines()[0] if exc_message.strip() else ""
+        super().__init__(f"rank {rank} failed: {exc_type}: {first}".rstrip(": "), output)
+        self.rank, self.exc_type, self.exc_message, self.traceback = rank, exc_type, exc_message, tb
+
+
+class LaunchTimeout(LaunchError):
+    """The job ran past its time limit and was ended; ``unfinished`` lists ranks that never returned."""
+
+    def __init__(self, timeout: float, unfinished: list[int], output: str = ""):
+        who = f"; ranks {unfinished} never finished (a hang in a collective?)" if unfinished else ""
+        super().__init__(f"job ran past its {timeout:g} s limit and was ended{who}", output)
+        self.unfinished = unfinished
+
+
+@dataclass
+class RunResult:
+    """What a finished job gives back."""
+
+    results: list[Any]
+    output: str
+    wall_s: float
+    nprocs: int
+    backend: str
+    lines: list[str] = field(default_factory=list, repr=False)
+
+    def rank_lines(self, rank: int) -> list[str]:
+        """The lines rank ``rank`` printed, without their ``[rankN]`` prefix."""
+        tag = f"[rank{rank}] "
+        return [ln[len(tag):] for ln in self.lines if ln.startswith(tag)]
+
+
+def _target_string(target: str | Callable) -> str:
+    if isinstance(target, str):
+        return target
+    module = getattr(target, "__module__", None)
+    if module in (None, "__main__") or "<locals>" in target.__qualname__:
+        raise ValueError(
+            f"{target!r} is not importable by the workers: define it in a module "
+            "(or pass 'path/to/file.py:function'), or use the %%torchrun cell magic"
+        )
+    return f"{module}:{target.__qualname__}"
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
+
+
+def torchrun(
+    target: str | Callable,
+    nprocs: int = 2,
+    *,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    timeout: float = 120.0,
+    backend: str | None = None,
+    max_restarts: int = 0,
+    stream: bool | Callable[[str], None] = False,
+    env: dict[str, str] | None = None,
+    argv: list[str] | None = None,
+    cwd: str | os.PathLike | None = None,
+) -> RunResult:
+    """Run ``target`` on ``nprocs`` ranks under torchrun and return each rank's result.
+
+    ``target`` is a module-level function, ``"pkg.mod:function"``,
+    ``"path/file.py:function"`` or a script ``"path/file.py"`` (run as
+    ``__main__`` with ``argv``; its result is ``None``). ``stream=True``
+    prints rank-prefixed lines live (a callable receives them instead).
+    """
+    target_s = _target_string(target)
+    kind = "script" if target_s.endswith(".py") else "function"
+    backend = backend or pick_backend(nprocs)
+    job_id = uuid.uuid4().hex
+    callback = _print_line if stream is True else (stream or None)
+    with tempfile.TemporaryDirectory(prefix="distlab-") as tmp:
+        outdir = Path(tmp)
+        spec = {
+            "kind": kind, "target": target_s, "args": tuple(args), "kwargs": dict(kwargs or {}),
+            "argv": list(argv or []), "outdir": str(outdir),
+            "sys_path": [str(REPO_ROOT), os.getcwd()],
+        }
+        (outdir / "spec.pkl").write_bytes(pickle.dumps(spec))
+        child_env = {**os.environ, **(env or {})}
+        child_env.update({
+            JOB_TAG_VAR: job_id, BACKEND_VAR: backend, TIMEOUT_VAR: str(int(timeout)),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH")])),
+        })
+        # torchrun sets 1 anyway when unset, and prints a banner about it; say it ourselves.
+        child_env.setdefault("OMP_NUM_THREADS", "1")
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nprocs}", f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.1", "-m", "distlab.worker", str(outdir / "spec.pkl"),
+        ]
+        lines: list[str] = []
+        timed_out = threading.Event()
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            text=True, errors="replace", env=child_env, cwd=cwd, start_new_session=True,
+        )
+
+        def on_timeout() -> None:
+            timed_out.set()
+            end_job(proc, job_id)
+
+        watchdog = threading.Timer(timeout, on_timeout)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            # Read in the calling thread so a notebook shows the lines in the running cell.
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                lines.append(line)
+                if callback:
+                    callback(line)
+            proc.wait()
+        finally:
+            watchdog.cancel()
+            end_job(proc, job_id, grace_s=1.0)  # also sweeps anything a rank left running
+        wall = time.perf_counter() - start
+        output = "\n".join(lines)
+        done = {int(p.stem.split("-")[1]) for p in outdir.glob("result-*.pt")}
+        if timed_out.is_set():
+            raise LaunchTimeout(timeout, sorted(set(range(nprocs)) - done), output)
+        if proc.returncode != 0 or len(done) < nprocs:
+            raise _failure(outdir, proc.returncode, nprocs, done, output)
+        results = [torch.load(outdir / f"result-{r}.pt", weights_only=True) for r in range(nprocs)]
+    return RunResult(results, output, wall, nprocs, backend, lines)
+
+
+def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output: str) -> LaunchError:
+    """Name the root cause: a rank that died without a Python exception (a signal, the
+    OOM killer) comes first, since its peers then fail with "connection reset";
+    otherwise the earliest exception by time."""
+    errors = []
+    for p in outdir.glob("error-*.json"):
+        try:
+            errors.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    # torchrun's failure summary has "rank : N (local_rank: N)" then "exitcode : -9 (pid: …)".
+    # Its "Root Cause" section names the first failure; peers it then ended show SIGTERM.
+    summary = output[output.rfind("Root Cause"):] if "Root Cause" in output else output
+    died = {int(r): int(c) for r, c in _EXIT_RE.findall(summary) if int(c) < 0}
+    silent = sorted(r for r in died if r not in {e["rank"] for e in errors})
+    if silent:
+        r = silent[0]
+        return LaunchError(
+            f"rank {r} was killed by signal {-died[r]} ({_signal_name(-died[r])}) "
+            "without raising a Python exception", output)
+    if errors:
+        e = min(errors, key=lambda r: r["time"])
+        return RankFailure(e["rank"], e["type"], e["message"], e["traceback"], output)
+    missing = sorted(set(range(nprocs)) - done)
+    tail = "\n".join(output.splitlines()[-5:])
+    return LaunchError(
+        f"torchrun exited with code {returncode}; ranks {missing} returned nothing. "
+        f"Last lines:\n{tail}", output)
+
+
+_EXIT_RE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return "unknown"

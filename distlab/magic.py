@@ -1,0 +1,48 @@
+"""``%%torchrun``: run a notebook cell's code on several ranks.
+
+    %load_ext distlab
+    %%torchrun -n 2
+    import torch.distributed as dist
+    from distlab import init_distributed
+    init_distributed()
+    print("hello from", dist.get_rank())
+
+The cell becomes a script run under :func:`distlab.torchrun`; its output is
+shown live, one ``[rankN]`` prefix per line. Names defined in the notebook
+are *not* visible inside the cell: every rank is a fresh Python process,
+which is exactly what torchrun gives you outside a notebook too.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import tempfile
+from pathlib import Path
+
+from .launch import LaunchError, torchrun
+
+
+def _parse(line: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="%%torchrun", add_help=False)
+    parser.add_argument("-n", "--nproc-per-node", dest="n", type=int, default=2)
+    parser.add_argument("-t", "--timeout", type=float, default=120.0)
+    parser.add_argument("--max-restarts", type=int, default=0)
+    return parser.parse_args(shlex.split(line))
+
+
+def torchrun_cell(line: str, cell: str) -> None:
+    """Body of the ``%%torchrun [-n N] [-t SECONDS] [--max-restarts K]`` cell magic."""
+    opts = _parse(line)
+    with tempfile.TemporaryDirectory(prefix="distlab-cell-") as tmp:
+        script = Path(tmp) / "cell.py"
+        script.write_text(cell)
+        try:
+            torchrun(str(script), opts.n, timeout=opts.timeout,
+                     max_restarts=opts.max_restarts, stream=True)
+        except LaunchError as exc:
+            # One clear line instead of a traceback into the launcher's internals.
+            print(f"torchrun: {exc}")
+
+
+def load_ipython_extension(ipython) -> None:
+    ipython.register_magic_function(torchrun_cell, magic_kind="cell", magic_name="torchrun")

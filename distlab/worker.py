@@ -1,0 +1,130 @@
+"""The program torchrun starts on every rank: ``python -m distlab.worker SPEC``.
+
+It loads the job spec written by :func:`distlab.launch.torchrun`, prefixes
+everything this rank prints with ``[rankN]``, calls the target, and writes
+what the target returned to ``result-<rank>.pt`` for the launching process.
+If the target raises, it writes ``error-<rank>-<attempt>.json`` (exception
+type, message, the last lines of the traceback, and when) so the launcher can
+name the rank that failed first and why, instead of torchrun's wall of text.
+
+Why prefix here rather than with torchrun's ``--tee``: ``--tee`` tails per-rank
+log files on a polling thread, needs a log directory, and reorders lines
+between ranks; writing the prefix in-process keeps each rank's lines whole and
+in order, for scripts and functions alike.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import io
+import json
+import os
+import pickle
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+class _Prefixed(io.TextIOBase):
+    """A text stream that writes ``[rankN] `` before every line it forwards."""
+
+    def __init__(self, inner, prefix: str):
+        self._inner, self._prefix, self._at_line_start = inner, prefix, True
+
+    def write(self, s: str) -> int:
+        out = []
+        for piece in s.splitlines(keepends=True):
+            if self._at_line_start:
+                out.append(self._prefix)
+            out.append(piece)
+            self._at_line_start = piece.endswith("\n")
+        self._inner.write("".join(out))
+        self._inner.flush()
+        return len(s)
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self):
+        return getattr(self._inner, "encoding", "utf-8")
+
+
+def resolve(target: str):
+    """Turn ``"pkg.mod:fn"`` or ``"path/to/file.py:fn"`` into the function it names."""
+    where, _, name = target.rpartition(":")
+    if where.endswith(".py"):
+        path = Path(where).resolve()
+        mod_name = f"_distlab_target_{path.stem}"
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    obj = module
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _write_error(outdir: Path, rank: int, attempt: int, exc: BaseException) -> None:
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    record = {
+        "rank": rank,
+        "attempt": attempt,
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(tb)[-4000:],
+        "time": time.time(),
+    }
+    tmp = outdir / f".error-{rank}-{attempt}.json.tmp"
+    tmp.write_text(json.dumps(record))
+    tmp.replace(outdir / f"error-{rank}-{attempt}.json")
+
+
+def main(spec_path: str) -> int:
+    spec = pickle.loads(Path(spec_path).read_bytes())
+    outdir = Path(spec["outdir"])
+    rank = int(os.environ.get("RANK", "0"))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    prefix = f"[rank{rank}] "
+    sys.stdout = _Prefixed(sys.__stdout__, prefix)
+    sys.stderr = _Prefixed(sys.__stderr__, prefix)
+    for p in spec.get("sys_path", []):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    try:
+        if spec["kind"] == "script":
+            sys.argv = [spec["target"], *spec.get("argv", [])]
+            runpy.run_path(spec["target"], run_name="__main__")
+            result = None
+        else:
+            result = resolve(spec["target"])(*spec["args"], **spec["kwargs"])
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _write_error(outdir, rank, attempt, exc)
+            raise
+        result = None
+    except BaseException as exc:
+        _write_error(outdir, rank, attempt, exc)
+        traceback.print_exc()
+        sys.stdout.flush()
+        return 1
+    import torch  # imported late: a script target may be about to measure import time
+
+    tmp = outdir / f".result-{rank}.pt.tmp"
+    torch.save(result, tmp)
+    tmp.replace(outdir / f"result-{rank}.pt")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
