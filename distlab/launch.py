@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from .distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
-from .process import JOB_TAG_VAR, end_job
+from .process import end_job, tag_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,9 +134,9 @@ def torchrun(
             "sys_path": [str(REPO_ROOT), os.getcwd()],
         }
         (outdir / "spec.pkl").write_bytes(pickle.dumps(spec))
-        child_env = {**os.environ, **(env or {})}
+        child_env = tag_env(job_id, {**os.environ, **(env or {})})
         child_env.update({
-            JOB_TAG_VAR: job_id, BACKEND_VAR: backend, TIMEOUT_VAR: str(int(timeout)),
+            BACKEND_VAR: backend, TIMEOUT_VAR: str(int(timeout)),
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH")])),
         })

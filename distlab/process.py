@@ -21,15 +21,21 @@ import psutil
 JOB_TAG_VAR = "DISTLAB_JOB_ID"
 
 
+def tag_env(job_id: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``job_id`` added to its job tags (a job started inside another keeps both)."""
+    tags = [t for t in env.get(JOB_TAG_VAR, "").split(":") if t]
+    return {**env, JOB_TAG_VAR: ":".join([*tags, job_id])}
+
+
 def tagged_processes(job_id: str) -> list[psutil.Process]:
-    """Every live process whose environment carries ``DISTLAB_JOB_ID=job_id``."""
+    """Every live process whose environment carries ``job_id`` among its ``DISTLAB_JOB_ID`` tags."""
     found = []
     me = os.getpid()
     for proc in psutil.process_iter(["pid"]):
         if proc.pid == me:
             continue
         try:
-            if proc.environ().get(JOB_TAG_VAR) == job_id:
+            if job_id in proc.environ().get(JOB_TAG_VAR, "").split(":"):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue

@@ -55,18 +55,24 @@ class _Prefixed(io.TextIOBase):
         return getattr(self._inner, "encoding", "utf-8")
 
 
+def import_path(path: str | Path, name: str | None = None):
+    """Import the Python file at ``path`` as a module (named ``name``, default from the file)."""
+    path = Path(path).resolve()
+    mod_name = name or f"_distlab_{path.stem}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def resolve(target: str):
     """Turn ``"pkg.mod:fn"`` or ``"path/to/file.py:fn"`` into the function it names."""
     where, _, name = target.rpartition(":")
     if where.endswith(".py"):
-        path = Path(where).resolve()
-        mod_name = f"_distlab_target_{path.stem}"
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        spec.loader.exec_module(module)
+        module = import_path(where)
     else:
         module = importlib.import_module(where)
     obj = module

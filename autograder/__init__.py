@@ -1,0 +1,1 @@
+"""The autograder: python -m autograder, or autograder.check(N) from a notebook."""

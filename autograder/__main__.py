@@ -1,0 +1,53 @@
+"""``python -m autograder [DIR] [--exercise N ...] [--json FILE]``
+
+Grades the exercises found in DIR (default ``exercises/``), prints a table and
+each exercise's feedback, and optionally writes the report as JSON.
+Exit status: 0 all graded exercises pass, 1 any fails, 2 bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .registry import exercises
+from .report import table, write_json
+from .runner import DEFAULT_DIR, grade
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__.splitlines()[2])
+    parser.add_argument("directory", nargs="?", default=str(DEFAULT_DIR),
+                        help="folder holding exNN_*.py files (default: exercises/)")
+    parser.add_argument("--exercise", "-e", type=int, action="append", metavar="N",
+                        help="grade only exercise N (repeatable)")
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--list", action="store_true", help="list the exercises and exit")
+    args = parser.parse_args(argv)
+    known = exercises()
+    if args.list:
+        for n, ex in known.items():
+            print(f"{n}  {ex.name:<24} {ex.filename}  ({ex.max_score:g} points)")
+        return 0
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        print(f"autograder: error: {directory} is not a directory", file=sys.stderr)
+        return 2
+    unknown = [n for n in args.exercise or [] if n not in known]
+    if unknown:
+        print(f"autograder: error: no exercise {unknown[0]} (known: {', '.join(map(str, known))})",
+              file=sys.stderr)
+        return 2
+    reports = grade(directory, args.exercise)
+    if not reports:
+        names = ", ".join(ex.filename for ex in known.values())
+        print(f"autograder: error: no exercise files in {directory} (looked for {names})", file=sys.stderr)
+        return 2
+    print(table(reports))
+    if args.json:
+        write_json(reports, args.json)
+    return 0 if all(r.passed for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per exercise: ``exNN_<name>.py`` with ``EXERCISE`` and ``grade(path)``."""

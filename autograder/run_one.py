@@ -1,0 +1,57 @@
+"""Grade one exercise and write its report as JSON: ``python -m autograder.run_one N FILE OUT``.
+
+The CLI runs this in a subprocess per exercise, with a time limit, so one
+exercise that hangs or crashes the interpreter costs only its own marks.
+The learner's code never runs in this process: only in the torchrun ranks
+it launches. Verdicts are computed here from what the ranks returned.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from distlab import LaunchError, LaunchTimeout, RankFailure
+
+from .registry import check_modules
+from .report import ExerciseReport
+
+
+def explain(exc: LaunchError, filename: str) -> str:
+    """One learner-facing paragraph for a launch that failed."""
+    if isinstance(exc, RankFailure):
+        if exc.exc_type == "NotImplementedError":
+            where = _learner_frame(exc.traceback, filename)
+            return f"not implemented yet{(' (' + where + ')') if where else ''}"
+        where = _learner_frame(exc.traceback, filename)
+        return f"your code raised on rank {exc.rank}: {exc.exc_type}: {exc.exc_message.strip()[:500]}" + (
+            f"\n  at {where}" if where else "")
+    if isinstance(exc, LaunchTimeout):
+        return f"{exc} Look for a collective (all_reduce, barrier) that only some ranks reach."
+    return str(exc)
+
+
+def _learner_frame(tb: str, filename: str) -> str:
+    """``"ex01_ddp.py line 42 in train_ddp: <code>"`` for the last frame in the learner's file."""
+    frames = re.findall(r'File "([^"]*)", line (\d+), in (\S+)\n\s*(.*)', tb)
+    mine = [f for f in frames if Path(f[0]).name == filename]
+    if not mine:
+        return ""
+    _, line, func, code = mine[-1]
+    return f"{filename} line {line} in {func}: {code.strip()}"
+
+
+def main(argv: list[str]) -> int:
+    number, path, out = int(argv[0]), Path(argv[1]), Path(argv[2])
+    module = check_modules()[number]
+    ex = module.EXERCISE
+    try:
+        report = module.grade(path)
+    except LaunchError as exc:
+        report = ExerciseReport(ex.number, ex.name, ex.max_score).fail_all(explain(exc, ex.filename))
+    out.write_text(__import__("json").dumps(report.to_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

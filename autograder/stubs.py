@@ -1,0 +1,59 @@
+"""Make the learner's stubs from the reference solutions: ``python -m autograder.stubs [--check]``.
+
+Every ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region in
+``solutions/*.py`` becomes ``raise NotImplementedError`` in ``exercises/``,
+the way nbgrader treats solution regions in notebooks, so the stubs keep the
+solutions' names, signatures and docstrings and cannot drift from them.
+``--check`` exits 1 if ``exercises/`` is not what the solutions generate.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+
+def strip_solutions(source: str, name: str = "<source>") -> str:
+    out: list[str] = []
+    inside = False
+    for number, line in enumerate(source.splitlines(keepends=True), 1):
+        stripped = line.strip()
+        if stripped == BEGIN:
+            if inside:
+                raise ValueError(f"{name}:{number}: nested {BEGIN}")
+            inside = True
+            indent = line[: len(line) - len(line.lstrip())]
+            out.append(f"{indent}# YOUR CODE HERE\n{indent}raise NotImplementedError\n")
+        elif stripped == END:
+            if not inside:
+                raise ValueError(f"{name}:{number}: {END} without {BEGIN}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError(f"{name}: {BEGIN} is never closed")
+    return "".join(out)
+
+
+def generate(src: Path = REPO_ROOT / "solutions", dst: Path = REPO_ROOT / "exercises") -> dict[Path, str]:
+    """``{stub path: stub text}`` for every solution file."""
+    return {dst / p.name: strip_solutions(p.read_text(), str(p)) for p in sorted(src.glob("ex*.py"))}
+
+
+def main(argv: list[str]) -> int:
+    stubs = generate()
+    if "--check" in argv:
+        stale = [p for p, text in stubs.items() if not p.is_file() or p.read_text() != text]
+        for p in stale:
+            print(f"{p.relative_to(REPO_ROOT)} is not generated from solutions/: run make stubs")
+        return 1 if stale else 0
+    for p, text in stubs.items():
+        p.write_text(text)
+        print(f"wrote {p.relative_to(REPO_ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,96 @@
+"""Exercise 1: from one process to DistributedDataParallel.
+
+``train_single`` below is a working single-process training loop. Turn it
+into ``train_ddp``, which torchrun runs on every rank, so that W processes
+together do exactly what ``train_single`` would do with a global batch of
+``W * batch_size``:
+
+1. ``setup``: join the process group torchrun prepared (``RANK``,
+   ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` are in the environment).
+2. Give each rank its own shard of the data with a ``DistributedSampler``, and
+   call ``set_epoch`` every epoch so the shuffle changes between epochs.
+3. Wrap the model in ``DistributedDataParallel``: it broadcasts rank 0's
+   weights at construction and all-reduces (averages) gradients in backward.
+4. Log and save on rank 0 only: every rank holds the same model.
+5. ``teardown``: leave the process group.
+
+Check your work from the shell with ``python -m autograder --exercise 1`` or
+from the notebook ``course/01_ddp``. Every function raises
+``NotImplementedError`` until you fill it in.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+import distlab
+
+
+def train_single(model: nn.Module, dataset: Dataset, *, epochs: int, batch_size: int, lr: float,
+                 seed: int, checkpoint_path: str | Path) -> nn.Module:
+    """The single-process loop you start from (given, not graded).
+
+    Plain SGD on the mean cross-entropy of each batch; the loss of each epoch
+    is printed; the trained weights are saved to ``checkpoint_path``.
+    """
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True,
+                        generator=torch.Generator().manual_seed(seed))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for epoch in range(epochs):
+        total = 0.0
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+        print(f"epoch {epoch}: mean loss {total / len(loader):.4f}")
+    torch.save(model.state_dict(), checkpoint_path)
+    return model
+
+
+def setup() -> torch.device:
+    """Initialise the default process group from torchrun's environment; return this rank's device.
+
+    Use ``distlab.backend()`` for the backend ("nccl" on GPUs, "gloo" on the
+    CPU) and pass a ``timeout`` (say 60 s) so a hang fails fast instead of
+    after the 10-30 minute default. On NCCL, also ``torch.cuda.set_device``.
+    Return ``distlab.device()``.
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+def teardown() -> None:
+    """Destroy the default process group."""
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+def train_ddp(model: nn.Module, dataset: Dataset, *, epochs: int, batch_size: int, lr: float,
+              seed: int, checkpoint_path: str | Path) -> nn.Module:
+    """``train_single`` on every rank, made data-parallel. Called after ``setup()``.
+
+    Contract (the grader checks each point):
+
+    * ``batch_size`` is per rank: each step, every rank takes ``batch_size``
+      samples from its own shard, so the global batch is ``W * batch_size``.
+    * Shard with ``DistributedSampler(dataset, shuffle=True, seed=seed)``
+      (do not pass ``shuffle=True`` to the ``DataLoader`` as well) and call
+      ``sampler.set_epoch(epoch)`` at the start of every epoch.
+    * Wrap ``model`` (already on this rank's device) in ``DistributedDataParallel``
+      and optimise it with ``torch.optim.SGD(..., lr=lr)`` on the mean cross-entropy.
+    * Print the epoch loss on rank 0 only; nothing is printed on other ranks.
+    * Save ``model.module.state_dict()`` (the unwrapped model, so its keys have
+      no ``module.`` prefix) with ``torch.save`` to ``checkpoint_path``, on rank 0 only.
+    * Return the trained model (wrapped or not).
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError
