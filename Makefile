@@ -1,0 +1,41 @@
+# make lab   : set up (once) and open JupyterLab on the course
+# make test  : set up (once) and run the whole test suite (what CI runs)
+# make bench : set up (once) and print the benchmark table
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
+NOTEBOOK_SOURCES := $(wildcard course/[0-9]*.py)
+
+.PHONY: setup lab test bench grade stubs notebooks
+
+setup: $(STAMP)
+
+# Idempotent: re-runs only when requirements.txt or pyproject.toml change.
+$(STAMP):
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# Notebooks are built from their jupytext py:percent sources (the .ipynb files are not in git).
+notebooks: setup
+	$(BIN)/jupytext --quiet --update --to ipynb $(NOTEBOOK_SOURCES)
+
+lab: notebooks
+	$(BIN)/jupyter lab --notebook-dir=course
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python -m benchmarks
+
+# make grade DIR=path/to/submission
+DIR ?= exercises
+grade: setup
+	$(BIN)/python -m autograder $(DIR)
+
+stubs: setup
+	$(BIN)/python -m autograder.stubs

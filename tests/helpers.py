@@ -1,0 +1,23 @@
+"""Shared test helpers: the repo's paths and 'mutants' (a solution with a known mistake)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTIONS = REPO / "solutions"
+EXERCISES = REPO / "exercises"
+
+
+def mutant(tmp_path: Path, filename: str, replacements: dict[str, str]) -> Path:
+    """Copy ``solutions/<filename>`` into ``tmp_path`` with each ``old`` text replaced by ``new``.
+
+    Every ``old`` must occur in the solution, so a test fails loudly (instead of
+    silently testing the unmodified solution) when the solution is rewritten.
+    """
+    text = (SOLUTIONS / filename).read_text()
+    for old, new in replacements.items():
+        assert old in text, f"mutant: {old!r} not found in solutions/{filename}"
+        text = text.replace(old, new)
+    out = tmp_path / filename
+    out.write_text(text)
+    return out
