@@ -14,6 +14,7 @@ in order, for scripts and functions alike.
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.util
 import io
@@ -28,21 +29,28 @@ from pathlib import Path
 
 
 class _Prefixed(io.TextIOBase):
-    """A text stream that writes ``[rankN] `` before every line it forwards."""
+    """A text stream that writes ``[rankN] `` before every line it forwards.
+
+    It forwards whole lines only, each in one ``write`` to the pipe (atomic
+    below 4 KiB), so the lines of different ranks never interleave mid-line;
+    a trailing partial line waits for its newline or for :meth:`close_line`.
+    """
 
     def __init__(self, inner, prefix: str):
-        self._inner, self._prefix, self._at_line_start = inner, prefix, True
+        self._inner, self._prefix, self._partial = inner, prefix, ""
 
     def write(self, s: str) -> int:
-        out = []
-        for piece in s.splitlines(keepends=True):
-            if self._at_line_start:
-                out.append(self._prefix)
-            out.append(piece)
-            self._at_line_start = piece.endswith("\n")
-        self._inner.write("".join(out))
-        self._inner.flush()
+        text = self._partial + s
+        *whole, self._partial = text.split("\n")
+        if whole:
+            self._inner.write("".join(f"{self._prefix}{line}\n" for line in whole))
+            self._inner.flush()
         return len(s)
+
+    def close_line(self) -> None:
+        """Forward a trailing partial line (at exit)."""
+        if self._partial:
+            self.write("\n")
 
     def flush(self) -> None:
         self._inner.flush()
@@ -104,6 +112,8 @@ def main(spec_path: str) -> int:
     prefix = f"[rank{rank}] "
     sys.stdout = _Prefixed(sys.__stdout__, prefix)
     sys.stderr = _Prefixed(sys.__stderr__, prefix)
+    atexit.register(sys.stdout.close_line)
+    atexit.register(sys.stderr.close_line)
     for p in spec.get("sys_path", []):
         if p not in sys.path:
             sys.path.insert(0, p)

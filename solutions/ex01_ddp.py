@@ -117,7 +117,8 @@ def train_ddp(model: nn.Module, dataset: Dataset, *, epochs: int, batch_size: in
             optimizer.step()
             total += loss.detach()
         if rank == 0:
-            print(f"epoch {epoch}: mean loss on rank 0's shard {total.item() / len(loader):.4f}")
+            # Rank 0's own shard: averaging over ranks would need an all_reduce, not worth it for a log.
+            print(f"epoch {epoch}: mean loss {total.item() / len(loader):.4f} (rank 0 shard)")
     if rank == 0:
         torch.save(ddp_model.module.state_dict(), checkpoint_path)
     return ddp_model

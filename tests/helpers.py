@@ -21,3 +21,21 @@ def mutant(tmp_path: Path, filename: str, replacements: dict[str, str]) -> Path:
     out = tmp_path / filename
     out.write_text(text)
     return out
+
+
+def session_processes() -> list:
+    """Live processes started by this test session (they carry its marker), except this one."""
+    import os
+
+    import psutil
+
+    marker = os.environ["DISTLAB_TEST_SESSION"]
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get("DISTLAB_TEST_SESSION") == marker \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found

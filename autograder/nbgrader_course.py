@@ -1,0 +1,126 @@
+"""The nbgrader cycle for instructors: ``python -m autograder.nbgrader_course STEP [options]``.
+
+Steps, each over every exercise's assignment (or ``--exercise N``, repeatable):
+
+``generate``   write ``source/`` from the registry and ``solutions/``, then ``nbgrader generate_assignment``
+``release``    ``nbgrader release_assignment`` to the exchange
+``collect``    ``nbgrader collect``
+``autograde``  repair the submissions (see :mod:`autograder.nbgrader_repair`), then ``nbgrader autograde``
+``feedback``   ``nbgrader generate_feedback`` and ``nbgrader release_feedback``
+``export``     ``nbgrader export`` to ``grades.csv``
+``grade``      collect, autograde, feedback, export: the whole cycle after the learners submitted
+
+The course directory is ``autograder/nbgrader`` (``--course-dir``); the
+exchange is ``$DISTLAB_EXCHANGE`` (or ``--exchange``). Every step runs
+nbgrader's own command in the course directory, so its ``nbgrader_config.py``
+applies. A step goes on with the other assignments when one fails, and the
+exit status is 1 if any failed. Problems found in submissions are printed and
+written to ``nbgrader_problems.txt`` in the course directory.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .nbgrader_assignments import assignment_id, released_files, write_source
+from .nbgrader_repair import repair_course
+from .registry import exercises
+
+COURSE_DIR = Path(__file__).resolve().parent / "nbgrader"
+STEPS = ("generate", "release", "collect", "autograde", "feedback", "export", "grade")
+
+
+class Course:
+    def __init__(self, course_dir: Path = COURSE_DIR, exchange: str | None = None,
+                 only: list[int] | None = None, force: bool = False, timeout_s: float | None = None):
+        self.dir = Path(course_dir).resolve()
+        self.env = dict(os.environ)
+        if exchange:
+            self.env["DISTLAB_EXCHANGE"] = str(exchange)
+        self.exercises = {n: ex for n, ex in exercises().items() if not only or n in only}
+        self.force = force
+        self.timeout_s = timeout_s
+        self.failed: list[str] = []
+
+    @property
+    def assignments(self) -> list[str]:
+        return [assignment_id(ex) for ex in self.exercises.values()]
+
+    def nbgrader(self, *args: str) -> bool:
+        """Run ``nbgrader ARGS`` in the course directory; record a failure instead of raising."""
+        cmd = [sys.executable, "-m", "nbgrader", *args]
+        print("$ nbgrader " + " ".join(args), flush=True)
+        try:
+            done = subprocess.run(cmd, cwd=self.dir, env=self.env, timeout=self.timeout_s)
+            ok = done.returncode == 0
+        except subprocess.TimeoutExpired:
+            ok = False
+        if not ok:
+            self.failed.append(" ".join(args))
+        return ok
+
+    def generate(self) -> None:
+        write_source(self.dir, list(self.exercises))
+        for a in self.assignments:
+            self.nbgrader("generate_assignment", a, "--force")
+
+    def release(self) -> None:
+        for a in self.assignments:
+            self.nbgrader("release_assignment", a, *(["--force"] if self.force else []))
+
+    def collect(self) -> None:
+        for a in self.assignments:
+            self.nbgrader("collect", a, "--update")
+
+    def autograde(self) -> None:
+        modules = {assignment_id(ex): released_files(ex) for ex in self.exercises.values()}
+        problems = repair_course(self.dir, modules)
+        lines = [f"{student} / {assignment}: {note}" for (student, assignment), notes in problems.items()
+                 for note in notes]
+        for line in lines:
+            print("problem: " + line, flush=True)
+        log = self.dir / "nbgrader_problems.txt"
+        old = log.read_text().splitlines() if log.exists() else []
+        log.write_text("".join(f"{ln}\n" for ln in dict.fromkeys(old + lines)))
+        for a in self.assignments:
+            self.nbgrader("autograde", a, *(["--force"] if self.force else []))
+
+    def feedback(self) -> None:
+        for a in self.assignments:
+            if self.nbgrader("generate_feedback", a, *(["--force"] if self.force else [])):
+                self.nbgrader("release_feedback", a)
+
+    def export(self) -> None:
+        self.nbgrader("export", "--to", str(self.dir / "grades.csv"))
+
+    def grade(self) -> None:
+        for step in (self.collect, self.autograde, self.feedback, self.export):
+            step()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograder.nbgrader_course",
+                                     description="The nbgrader cycle of the distlab course.")
+    parser.add_argument("step", choices=STEPS)
+    parser.add_argument("--course-dir", default=str(COURSE_DIR), help="course root (default: %(default)s)")
+    parser.add_argument("--exchange", help="exchange directory (default: $DISTLAB_EXCHANGE)")
+    parser.add_argument("--exercise", "-e", type=int, action="append", metavar="N",
+                        help="only exercise N's assignment (repeatable)")
+    parser.add_argument("--force", action="store_true", help="redo autograde/feedback/release over old results")
+    parser.add_argument("--timeout", type=float, help="seconds allowed to each nbgrader command")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.exercise or [] if n not in exercises()]
+    if unknown:
+        parser.error(f"no exercise {unknown[0]} (known: {', '.join(map(str, exercises()))})")
+    course = Course(Path(args.course_dir), args.exchange, args.exercise, args.force, args.timeout)
+    getattr(course, args.step)()
+    for f in course.failed:
+        print(f"nbgrader_course: failed: nbgrader {f}", file=sys.stderr)
+    return 1 if course.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The grader's contract: exit codes, one-line errors, and bad input that loses nothing."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from autograder.checks.ex01_ddp import EXERCISE
+from autograder.runner import grade_one
+from tests.helpers import REPO, mutant, session_processes
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autograder", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_directory_that_does_not_exist_is_a_usage_error(tmp_path):
+    proc = cli(str(tmp_path / "nowhere"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"autograder: error: {tmp_path / 'nowhere'} is not a directory"
+
+
+def test_an_unknown_exercise_is_a_usage_error():
+    proc = cli("--exercise", "99")
+    assert proc.returncode == 2 and proc.stderr.startswith("autograder: error: no exercise 99 (known: 1")
+
+
+def test_an_empty_directory_is_a_usage_error(tmp_path):
+    proc = cli(str(tmp_path))
+    assert proc.returncode == 2 and "no exercise files in" in proc.stderr
+
+
+def test_list_names_every_exercise():
+    proc = cli("--list")
+    assert proc.returncode == 0 and "ex01_ddp.py" in proc.stdout
+
+
+def test_a_missing_file_scores_zero_and_says_so(tmp_path):
+    proc = cli(str(tmp_path), "--exercise", "1", "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 1
+    report = json.loads((tmp_path / "r.json").read_text())["exercises"][0]
+    assert report["score"] == 0 and report["feedback"] == f"FAIL runs: ex01_ddp.py not found in {tmp_path}: nothing to grade"
+
+
+def test_a_file_that_does_not_import_names_the_error(tmp_path):
+    (tmp_path / "ex01_ddp.py").write_text("def setup(:\n    pass\n")
+    report = grade_one(EXERCISE, tmp_path)
+    assert report.score == 0
+    assert report.feedback.startswith("FAIL runs: your code raised on rank 0: SyntaxError: invalid syntax")
+
+
+def test_a_hang_is_stopped_at_the_time_limit_and_leaves_nothing(tmp_path):
+    mutant(tmp_path, "ex01_ddp.py", {"    rank = dist.get_rank()\n": "    rank = dist.get_rank()\n"
+                                     "    import time; time.sleep(3600)\n"})
+    start = time.monotonic()
+    report = grade_one(EXERCISE, tmp_path, time_limit=20)
+    assert time.monotonic() - start < 30
+    assert report.score == 0 and "grading took longer than its 20 s limit" in report.feedback
+    assert session_processes() == []
