@@ -23,6 +23,7 @@ and ``solutions/exNN_*.py`` join the course with no edit.
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import nbformat
@@ -113,8 +114,16 @@ def build_notebook(ex: Exercise, solution_source: str) -> nbformat.NotebookNode:
     return new_notebook(cells=cells, metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}})
 
 
+MANIFEST = "assignments.json"
+
+
 def write_source(course_dir: Path, only: list[int] | None = None) -> list[str]:
-    """Write ``source/<assignment>/`` for each exercise (default: all); return the assignment ids."""
+    """Write ``source/<assignment>/`` for each exercise (default: all) and the manifest; return the ids.
+
+    The manifest (``assignments.json`` in the course directory) is what
+    ``nbgrader_config.py`` reads, so nbgrader's commands need not import the
+    check modules (and torch) just to read their configuration.
+    """
     written = []
     for n, ex in exercises().items():
         if only and n not in only:
@@ -125,6 +134,7 @@ def write_source(course_dir: Path, only: list[int] | None = None) -> list[str]:
         (folder / ex.filename).write_text(strip_solutions(solution, ex.filename))
         nbformat.write(build_notebook(ex, solution), folder / f"{assignment_id(ex)}.ipynb")
         written.append(assignment_id(ex))
+    write_manifest(course_dir)
     return written
 
 
@@ -136,3 +146,19 @@ def exclude_overwriting() -> dict[str, list[str]]:
 def cell_timeout_s() -> int:
     """``Execute.timeout``: the slowest exercise's grading limit plus the kernel's own overhead."""
     return int(max((ex.time_limit for ex in exercises().values()), default=120) + 60)
+
+
+def write_manifest(course_dir: Path) -> Path:
+    """``assignments.json``: each generated assignment's exercise, module and points; the cell timeout."""
+    made = {ex.number for ex in exercises().values()
+            if (Path(course_dir) / "source" / assignment_id(ex)).is_dir()}
+    doc = {
+        "cell_timeout_s": cell_timeout_s(),
+        "exclude_overwriting": exclude_overwriting(),
+        "assignments": {assignment_id(ex): {"exercise": n, "modules": released_files(ex),
+                                            "max_score": ex.max_score, "time_limit": ex.time_limit}
+                        for n, ex in exercises().items() if n in made},
+    }
+    path = Path(course_dir) / MANIFEST
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path

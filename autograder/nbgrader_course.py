@@ -20,14 +20,14 @@ written to ``nbgrader_problems.txt`` in the course directory.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from .nbgrader_assignments import assignment_id, released_files, write_source
+from .nbgrader_assignments import MANIFEST, write_source
 from .nbgrader_repair import repair_course
-from .registry import exercises
 
 COURSE_DIR = Path(__file__).resolve().parent / "nbgrader"
 STEPS = ("generate", "release", "collect", "autograde", "feedback", "export", "grade")
@@ -35,19 +35,33 @@ STEPS = ("generate", "release", "collect", "autograde", "feedback", "export", "g
 
 class Course:
     def __init__(self, course_dir: Path = COURSE_DIR, exchange: str | None = None,
-                 only: list[int] | None = None, force: bool = False, timeout_s: float | None = None):
+                 only: list[int] | None = None, force: bool = False, timeout_s: float | None = None,
+                 student: str | None = None):
         self.dir = Path(course_dir).resolve()
         self.env = dict(os.environ)
         if exchange:
             self.env["DISTLAB_EXCHANGE"] = str(exchange)
-        self.exercises = {n: ex for n, ex in exercises().items() if not only or n in only}
+        self.only = only
         self.force = force
         self.timeout_s = timeout_s
+        self.student = student
         self.failed: list[str] = []
 
     @property
+    def modules(self) -> dict[str, list[str]]:
+        """``{assignment: [module files]}`` from the manifest ``generate`` wrote (no torch import)."""
+        manifest = self.dir / MANIFEST
+        if not manifest.is_file():
+            raise SystemExit(f"{manifest} is missing: run the generate step first")
+        spec = json.loads(manifest.read_text())["assignments"]
+        return {a: s["modules"] for a, s in spec.items() if not self.only or s["exercise"] in self.only}
+
+    @property
     def assignments(self) -> list[str]:
-        return [assignment_id(ex) for ex in self.exercises.values()]
+        return list(self.modules)
+
+    def _options(self) -> list[str]:
+        return (["--force"] if self.force else []) + (["--student", self.student] if self.student else [])
 
     def nbgrader(self, *args: str) -> bool:
         """Run ``nbgrader ARGS`` in the course directory; record a failure instead of raising."""
@@ -63,7 +77,7 @@ class Course:
         return ok
 
     def generate(self) -> None:
-        write_source(self.dir, list(self.exercises))
+        write_source(self.dir, self.only)
         for a in self.assignments:
             self.nbgrader("generate_assignment", a, "--force")
 
@@ -76,8 +90,7 @@ class Course:
             self.nbgrader("collect", a, "--update")
 
     def autograde(self) -> None:
-        modules = {assignment_id(ex): released_files(ex) for ex in self.exercises.values()}
-        problems = repair_course(self.dir, modules)
+        problems = repair_course(self.dir, self.modules, self.student)
         lines = [f"{student} / {assignment}: {note}" for (student, assignment), notes in problems.items()
                  for note in notes]
         for line in lines:
@@ -86,12 +99,12 @@ class Course:
         old = log.read_text().splitlines() if log.exists() else []
         log.write_text("".join(f"{ln}\n" for ln in dict.fromkeys(old + lines)))
         for a in self.assignments:
-            self.nbgrader("autograde", a, *(["--force"] if self.force else []))
+            self.nbgrader("autograde", a, *self._options())
 
     def feedback(self) -> None:
         for a in self.assignments:
-            if self.nbgrader("generate_feedback", a, *(["--force"] if self.force else [])):
-                self.nbgrader("release_feedback", a)
+            if self.nbgrader("generate_feedback", a, *self._options()):
+                self.nbgrader("release_feedback", a, *(["--student", self.student] if self.student else []))
 
     def export(self) -> None:
         self.nbgrader("export", "--to", str(self.dir / "grades.csv"))
@@ -110,12 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exercise", "-e", type=int, action="append", metavar="N",
                         help="only exercise N's assignment (repeatable)")
     parser.add_argument("--force", action="store_true", help="redo autograde/feedback/release over old results")
+    parser.add_argument("--student", help="autograde/feedback only this learner")
     parser.add_argument("--timeout", type=float, help="seconds allowed to each nbgrader command")
     args = parser.parse_args(argv)
-    unknown = [n for n in args.exercise or [] if n not in exercises()]
-    if unknown:
-        parser.error(f"no exercise {unknown[0]} (known: {', '.join(map(str, exercises()))})")
-    course = Course(Path(args.course_dir), args.exchange, args.exercise, args.force, args.timeout)
+    if args.step == "generate":
+        from .registry import exercises
+
+        unknown = [n for n in args.exercise or [] if n not in exercises()]
+        if unknown:
+            parser.error(f"no exercise {unknown[0]} (known: {', '.join(map(str, exercises()))})")
+    course = Course(Path(args.course_dir), args.exchange, args.exercise, args.force, args.timeout,
+                    args.student)
     getattr(course, args.step)()
     for f in course.failed:
         print(f"nbgrader_course: failed: nbgrader {f}", file=sys.stderr)

@@ -97,12 +97,13 @@ def repair_submission(submission: Path, release: Path, modules: list[str]) -> li
     return notes
 
 
-def repair_course(course_dir: Path, assignments: dict[str, list[str]]) -> dict[tuple[str, str], list[str]]:
+def repair_course(course_dir: Path, assignments: dict[str, list[str]],
+                  student: str | None = None) -> dict[tuple[str, str], list[str]]:
     """Repair ``submitted/<student>/<assignment>/`` for every assignment; ``{(student, assignment): notes}``."""
     found = {}
     for assignment, modules in assignments.items():
         release = course_dir / "release" / assignment
-        for submission in sorted((course_dir / "submitted").glob(f"*/{assignment}")):
+        for submission in sorted((course_dir / "submitted").glob(f"{student or '*'}/{assignment}")):
             if submission.is_dir() and release.is_dir():
                 notes = repair_submission(submission, release, modules)
                 if notes:

@@ -120,8 +120,8 @@ def main(spec_path: str) -> int:
     try:
         if spec["kind"] == "script":
             sys.argv = [spec["target"], *spec.get("argv", [])]
-            runpy.run_path(spec["target"], run_name="__main__")
-            result = None
+            # A script returns whatever it leaves in a global named ``result`` (None if none).
+            result = runpy.run_path(spec["target"], run_name="__main__").get("result")
         else:
             result = resolve(spec["target"])(*spec["args"], **spec["kwargs"])
     except SystemExit as exc:

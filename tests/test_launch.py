@@ -76,10 +76,13 @@ def test_functions_the_workers_cannot_import_are_refused():
         torchrun(local, 2)
 
 
-def test_cell_magic_runs_the_cell_on_every_rank(capsys):
-    torchrun_cell("-n 2 -t 60", "import os\nprint('hello from', os.environ['RANK'])\n")
+def test_cell_magic_runs_the_cell_on_every_rank_and_returns_results(capsys):
+    namespace: dict = {}
+    cell = "import os\nprint('hello from', os.environ['RANK'])\nresult = {'rank': int(os.environ['RANK'])}\n"
+    torchrun_cell("-n 2 -t 60 --result got", cell, namespace)
     out = capsys.readouterr().out
     assert "[rank0] hello from 0" in out and "[rank1] hello from 1" in out
+    assert namespace["got"] == [{"rank": 0}, {"rank": 1}]
 
 
 def test_cell_magic_reports_a_failure_in_one_line(capsys):

@@ -49,10 +49,10 @@ def _global_batches(world: int) -> list[torch.Tensor]:
 
 
 def activation_bytes(micro_batch: int = MICRO_BATCH) -> int:
-    """Generous bound on activations kept for backward: every layer's output and its input, fp32, x2."""
+    """Bound on activations kept for backward: every layer's input and output, fp32."""
     h, depth = MODEL["hidden"], MODEL["depth"]
     per_sample = 64 + h + depth * (h + 2 * h + 2 * h + h) + 10
-    return 2 * 2 * per_sample * micro_batch * 4
+    return 2 * per_sample * micro_batch * 4
 
 
 def peak_bound(state_bytes: int, model: nn.Module) -> dict[str, int]:

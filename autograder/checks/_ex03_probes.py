@@ -1,0 +1,193 @@
+"""Rank-side instruments of the exercise 3 check, and the references the grader compares with.
+
+Everything here observes; verdicts are computed in ``ex03_amp``. Each part is
+run separately, so a learner who finished ``train_step`` but not the
+measuring functions still gets the marks for the step.
+"""
+from __future__ import annotations
+
+import functools
+import traceback
+
+import torch
+from torch import nn
+
+from distlab.data import digits
+from distlab.memory import peak_memory
+from distlab.models import cpu_state, make_mlp
+from distlab.timing import SimulatedWorkload, VirtualClock, synchronize
+
+STEPS, BATCH, LR, MAX_NORM = 12, 64, 0.1, 0.05  # MAX_NORM: small enough that every step clips
+MODEL = dict(hidden=64)
+REAL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
+        "cuda": dict(in_features=1024, hidden=4096, depth=4, batch=4096)}
+WARMUP, MIN_RUN_TIME = 3, 0.2
+# Simulated workloads: (baseline kwargs, candidate kwargs); costs in seconds on a virtual clock.
+CASES = {
+    "steady": (dict(seconds=0.020, saved_bytes=400_000), dict(seconds=0.008, saved_bytes=100_000)),
+    "warmup": (dict(seconds=0.020), dict(seconds=0.010, slow_calls=WARMUP, slow_seconds=1.0)),
+    "async": (dict(seconds=0.030, asynchronous=True), dict(seconds=0.012, asynchronous=True)),
+    "outliers": (dict(seconds=0.020), dict(seconds=0.005, outlier_every=4, outlier_seconds=0.200)),
+}
+MEMORY_TRUTH = 0.25
+CASES_TRUTH = {
+    "steady": (2.5, "time with torch.utils.benchmark.Timer (or perf_counter) and divide baseline by candidate"),
+    "warmup": (2.0, f"this workload's first {WARMUP} calls take 1 s each, like a real step's first calls "
+                    "(allocator, kernel selection, caches): call fn(); sync() `warmup` times before timing"),
+    "async": (2.5, "this workload returns before its work is done, like a CUDA kernel launch: time "
+                   "`fn(); sync()` together, not fn() alone"),
+    "outliers": (4.0, "one call in four takes 40x longer (a noisy neighbour): report the median per call, "
+                      "not the mean"),
+}
+CASE_TITLES = {"steady": "speedup of a steady workload (direction: baseline / candidate)",
+               "warmup": "slow first calls are warmed up", "async": "asynchronous work is synchronised",
+               "outliers": "outliers do not drag the result (median)"}
+
+
+def _attempt(fn) -> dict:
+    try:
+        return fn()
+    except Exception as exc:  # the verdict explains it; one broken part must not hide the others
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]} (line {last.lineno}: {last.line})"}
+
+
+@functools.lru_cache(maxsize=1)
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    return digits(STEPS * BATCH).tensors
+
+
+def batches(device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    x, y = _data()
+    return [(x[i:i + BATCH].to(device), y[i:i + BATCH].to(device)) for i in range(0, STEPS * BATCH, BATCH)]
+
+
+def reference_fp32() -> tuple[list[float], dict]:
+    """The float32 step done here, in one process: losses and final weights."""
+    model = make_mlp(seed=3, **MODEL)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for x, y in batches(torch.device("cpu")):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        opt.step()
+        losses.append(loss.item())
+    return losses, cpu_state(model)
+
+
+def _autocast(learner, device) -> dict:
+    model = make_mlp(seed=3, **MODEL).to(device)
+    outs = []
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            m.register_forward_hook(lambda mod, args, out: outs.append(str(out.dtype)))
+    seen = {}
+
+    class RecordingSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            ps = [p for g in self.param_groups for p in g["params"]]
+            seen.update(params=[str(p.dtype) for p in ps], grads=[str(p.grad.dtype) for p in ps if p.grad is not None])
+            return super().step(closure)
+
+    x, y = batches(device)[0]
+    learner.train_step(model, RecordingSGD(model.parameters(), lr=LR), x, y, amp_dtype=torch.bfloat16,
+                       max_norm=MAX_NORM)
+    return {"linear_out": outs, "param_dtypes": seen.get("params", []), "grad_dtypes": seen.get("grads", [])}
+
+
+def _parity(learner, device) -> dict:
+    out = {}
+    for kind, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        model = make_mlp(seed=3, **MODEL).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
+        out[f"{kind}_losses"] = [float(learner.train_step(model, opt, x, y, amp_dtype=dtype, scaler=scaler,
+                                                          max_norm=MAX_NORM)) for x, y in batches(device)]
+        if kind == "fp32":
+            out["fp32_state"] = cpu_state(model)
+    return out
+
+
+def _scaler(learner, device) -> dict:
+    events: list[str] = []
+    norms: list[float] = []
+
+    class RecordingScaler(torch.amp.GradScaler):
+        def scale(self, outputs):
+            events.append("scale")
+            return super().scale(outputs)
+
+        def unscale_(self, optimizer):
+            events.append("unscale_")
+            return super().unscale_(optimizer)
+
+        def step(self, optimizer, *args, **kwargs):
+            events.append("step")
+            return super().step(optimizer, *args, **kwargs)
+
+        def update(self, new_scale=None):
+            events.append("update")
+            return super().update(new_scale)
+
+    class RecordingSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            events.append("optimizer.step")
+            ps = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+            norms.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ps])).item())
+            return super().step(closure)
+
+    model = make_mlp(seed=3, **MODEL).to(device)
+    first = next(model.parameters())
+    first.register_post_accumulate_grad_hook(lambda p: events.append("backward"))
+    opt, scaler = RecordingSGD(model.parameters(), lr=LR), RecordingScaler(device.type)
+    (x, y), (x2, y2) = batches(device)[:2]
+    learner.train_step(model, opt, x, y, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
+    first_events, grad_norm = list(events), (norms[0] if norms else float("nan"))
+    bad = x2.clone()
+    bad[0, 0] = float("inf")
+    before, scale_before = cpu_state(model), scaler.get_scale()
+    learner.train_step(model, opt, bad, y2, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
+    after = cpu_state(model)
+    return {"events": first_events, "grad_norm": grad_norm, "scale_before_inf": scale_before,
+            "scale_after_inf": scaler.get_scale(),
+            "inf_params_unchanged": all(torch.equal(before[k], after[k]) for k in before)}
+
+
+def _measure(learner) -> dict:
+    out = {}
+    for case, (base_kw, cand_kw) in CASES.items():
+        clock = VirtualClock()
+        base, cand = SimulatedWorkload(clock, **base_kw), SimulatedWorkload(clock, **cand_kw)
+        with clock.installed():
+            res = learner.compare(base, cand, sync=clock.sync, warmup=WARMUP, min_run_time=MIN_RUN_TIME)
+        out[case] = {k: float(res[k]) for k in ("speedup", "memory_ratio") if k in res}
+    return out
+
+
+def _real(learner, device) -> dict:
+    cfg = REAL["cuda" if device.type == "cuda" else "cpu"]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(cfg["batch"], cfg["in_features"], generator=g).to(device)
+    y = torch.randint(0, 10, (cfg["batch"],), generator=g).to(device)
+    steps = {}
+    for kind, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        model = make_mlp(seed=0, in_features=cfg["in_features"], hidden=cfg["hidden"], depth=cfg["depth"]).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        steps[kind] = functools.partial(learner.train_step, model, opt, x, y, amp_dtype=dtype)
+    res = learner.compare(steps["fp32"], steps["bf16"], sync=lambda: synchronize(device), warmup=WARMUP,
+                          min_run_time=MIN_RUN_TIME)
+    (b32, method), (b16, _) = peak_memory(steps["fp32"], device), peak_memory(steps["bf16"], device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
+    return {**{k: float(v) for k, v in res.items()}, "peak_ratio": b16 / max(b32, 1), "peak_method": method,
+            "device": name, "model": f"MLP {cfg['in_features']}-{cfg['hidden']}x{cfg['depth']}, batch {cfg['batch']}"}
+
+
+def observe(learner, device: torch.device) -> dict:
+    """Every part of the exercise, each under its own instruments."""
+    return {"autocast": _attempt(lambda: _autocast(learner, device)),
+            "parity": _attempt(lambda: _parity(learner, device)),
+            "scaler": _attempt(lambda: _scaler(learner, device)),
+            "measure": _attempt(lambda: _measure(learner)),
+            "real": _attempt(lambda: _real(learner, device))}

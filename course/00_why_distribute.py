@@ -1,0 +1,149 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 · Why distribute?
+#
+# You reach for more than one process or GPU for one of three reasons:
+#
+# | scenario | symptom | what helps | notebook |
+# |---|---|---|---|
+# | **time** | one epoch takes hours | split each batch over W workers (data parallelism) | 01 DDP, 07 launching |
+# | **memory** | the batch you want does not fit | accumulate gradients over micro-batches; lower precision | 02, 03 |
+# | **model size** | weights + gradients + optimizer state do not fit on one device | shard the training state (FSDP / ZeRO), split the layers (pipeline) | 04, 05 |
+#
+# and once a run takes days, **checkpointing** (06) stops one crash from costing you the run.
+#
+# This notebook does the arithmetic that tells you which case you are in, then starts your
+# first distributed job: several real processes, talking over a real communication backend.
+
+# %%
+import os
+
+import matplotlib.pyplot as plt
+import torch
+
+import distlab
+
+print(f"torch {torch.__version__}; {os.cpu_count()} CPU cores; CUDA available: {torch.cuda.is_available()}"
+      + (f" ({torch.cuda.device_count()} GPUs)" if torch.cuda.is_available() else ""))
+print(f"a 2-process job here would use the '{distlab.pick_backend(2)}' backend "
+      "(NCCL needs one GPU per process; gloo runs on CPUs)")
+
+# %% [markdown]
+# ## The memory arithmetic of training
+#
+# Training with Adam in fp32 keeps, **per parameter**:
+#
+# * the weight itself (4 bytes),
+# * its gradient (4 bytes),
+# * Adam's two moving averages, `exp_avg` and `exp_avg_sq` (4 + 4 bytes),
+#
+# so 16 bytes per parameter before a single activation is stored. Sharding this state over W
+# GPUs, as FSDP and ZeRO stage 3 do (Rajbhandari et al., *ZeRO*, 2020), divides it by W.
+
+# %%
+GB = 1e9  # decimal gigabytes, as GPU data sheets count
+
+
+def training_state_bytes(n_params: float, *, bytes_per_value: int = 4, adam: bool = True,
+                         world_size: int = 1) -> dict[str, float]:
+    """Bytes of weights, gradients and optimizer state per device when all three are sharded over world_size."""
+    state = {
+        "weights": n_params * bytes_per_value,
+        "gradients": n_params * bytes_per_value,
+        "optimizer state": n_params * bytes_per_value * (2 if adam else 0),
+    }
+    return {k: v / world_size for k, v in state.items()}
+
+
+seven_b = training_state_bytes(7e9)
+sharded = training_state_bytes(7e9, world_size=8)
+print(f"7B parameters, fp32, Adam: {sum(seven_b.values()) / GB:.0f} GB in total")
+print(f"sharded over 8 GPUs:       {sum(sharded.values()) / GB:.0f} GB per GPU")
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 3))
+labels, lefts = ["1 GPU", "each of 8 GPUs"], [0.0, 0.0]
+for name, colour in zip(seven_b, ["tab:blue", "tab:orange", "tab:green"]):
+    widths = [seven_b[name] / GB, sharded[name] / GB]
+    ax.barh(labels, widths, left=lefts, color=colour, label=name)
+    lefts = [left + width for left, width in zip(lefts, widths)]
+for gpu, colour in [(80, "red"), (141, "purple")]:
+    ax.axvline(gpu, color=colour, ls="--", lw=1)
+    ax.text(gpu, 1.35, f"{gpu} GB GPU", color=colour, ha="center", fontsize=8)
+ax.set_xlabel("GB of training state (before activations)")
+ax.set_title("7B-parameter model, fp32 + Adam")
+ax.legend(loc="lower right", fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Both bars come from the same function, the second with `world_size=8`. 112 GB does not fit on an 80 GB GPU; 14 GB per GPU does, leaving room
+# for activations. Notebook **04** measures this on a real sharded run.
+#
+# ## Your first distributed job
+#
+# `torchrun` starts W copies of a program. Each copy is a *rank*; torchrun tells it who it is
+# through environment variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, ...).
+# The ranks meet (the *rendezvous*) and then talk through *collectives* such as `all_reduce`,
+# which leaves the sum of every rank's tensor on every rank.
+#
+# The `%%torchrun` cell magic runs a cell's code that way, here on 4 ranks. Every rank is a
+# fresh Python process: names defined elsewhere in this notebook do not exist inside it.
+
+# %%
+# %load_ext distlab
+
+# %%
+# %%torchrun -n 4 --result ranks
+import os
+
+import torch
+import torch.distributed as dist
+
+import distlab
+
+distlab.init_distributed()  # reads RANK, WORLD_SIZE, MASTER_ADDR/PORT set by torchrun
+rank, world = dist.get_rank(), dist.get_world_size()
+x = torch.tensor([float(rank + 1)])
+dist.all_reduce(x)  # sum over ranks, in place, on every rank
+print(f"I am rank {rank} of {world} (pid {os.getpid()}); after all_reduce x = {x.item():g}")
+result = {"rank": rank, "pid": os.getpid(), "sum": x.item()}
+distlab.shutdown()
+
+# %% [markdown]
+# Four different process ids, one answer: 1 + 2 + 3 + 4 = 10 on every rank. The results came
+# back to this notebook through `--result ranks`:
+
+# %%
+for r in ranks:
+    print(r)
+assert len({r["pid"] for r in ranks}) == 4 and {r["sum"] for r in ranks} == {10.0}
+
+# %% [markdown]
+# ## What costs what
+#
+# Starting the processes is not free: each rank imports torch and joins the rendezvous. That
+# fixed cost is why distributed training pays off for long jobs, not for a few seconds of work.
+# The launch below does nothing but start and stop 2 ranks.
+
+# %%
+import time
+
+start = time.perf_counter()
+run = distlab.torchrun("distlab.examples:noop", 2, timeout=60)
+print(f"launching 2 ranks that do nothing took {time.perf_counter() - start:.1f} s on this machine")
+
+# %% [markdown]
+# Next: **01 · DDP**, where W ranks train one model together and end with identical weights.

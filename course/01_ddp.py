@@ -1,0 +1,180 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Data parallelism with DistributedDataParallel (DDP)
+#
+# Data parallelism trains **one model on W workers**:
+#
+# 1. **replicate** – every rank holds a full copy of the model, starting from the same weights;
+# 2. **split the batch** – each rank takes a different slice of every global batch;
+# 3. **all-reduce the gradients** – after backward, every rank's gradient is replaced by the
+#    average over all ranks;
+# 4. **step** – every rank applies the same update to the same weights, so the copies stay
+#    **identical** without ever sending weights around.
+#
+# Because the mean of the ranks' mean gradients over equal-sized slices *is* the mean gradient
+# over the whole batch, W ranks with local batch B compute the same step as one process with
+# batch W·B. `torch.nn.parallel.DistributedDataParallel` does steps 1 and 3 for you: it
+# broadcasts rank 0's weights when you wrap the model, and all-reduces gradients in *buckets*
+# while backward is still running, so communication overlaps computation
+# (Li et al., *PyTorch Distributed: Experiences on Accelerating Data Parallel Training*, VLDB 2020).
+#
+# > Older material uses `torch.nn.DataParallel` (one process, several threads, one GPU doing
+# > the reduction: slower and single-machine only) and `python -m torch.distributed.launch`
+# > (replaced by `torchrun`). Use DDP under `torchrun`.
+
+# %%
+# %load_ext distlab
+
+# %% [markdown]
+# ## Step 3 by hand: all-reduce makes the half-batch gradients equal the full-batch gradient
+#
+# Two ranks build the same model, each takes half of one batch of 64 digits, computes its
+# gradient, and averages it with `all_reduce`. We then compute the full-batch gradient in this
+# notebook, in a single process, and compare.
+
+# %%
+# %%torchrun -n 2 --result by_hand
+import torch
+import torch.distributed as dist
+
+import distlab
+from distlab.data import digits
+from distlab.models import make_mlp
+
+distlab.init_distributed()
+rank, world = dist.get_rank(), dist.get_world_size()
+model = make_mlp(seed=0)                      # same seed: identical replicas
+x, y = digits().tensors
+mine = slice(rank * 64 // world, (rank + 1) * 64 // world)   # this rank's half of samples 0..63
+loss = torch.nn.functional.cross_entropy(model(x[mine]), y[mine])
+loss.backward()
+local = {n: p.grad.clone() for n, p in model.named_parameters()}
+for p in model.parameters():
+    dist.all_reduce(p.grad)                   # sum over ranks ...
+    p.grad /= world                           # ... then average: what DDP does in backward
+print(f"local loss {loss.item():.4f}; gradients averaged over {world} ranks")
+result = {"local": local, "averaged": {n: p.grad for n, p in model.named_parameters()}}
+distlab.shutdown()
+
+# %%
+import torch
+
+from distlab.data import digits
+from distlab.models import make_mlp
+
+model = make_mlp(seed=0)
+x, y = digits().tensors
+torch.nn.functional.cross_entropy(model(x[:64]), y[:64]).backward()
+full = {n: p.grad for n, p in model.named_parameters()}
+
+for name, g in full.items():
+    before = (by_hand[0]["local"][name] - g).abs().max().item()
+    after = (by_hand[0]["averaged"][name] - g).abs().max().item()
+    print(f"{name:14s} rank 0 alone differs by {before:.2e}; after all-reduce by {after:.2e}")
+torch.testing.assert_close(by_hand[0]["averaged"], full)   # tolerance: the sums ran in another order
+torch.testing.assert_close(by_hand[0]["averaged"], by_hand[1]["averaged"], rtol=0, atol=0)
+print("averaged gradient == full-batch gradient, and identical on both ranks")
+
+# %% [markdown]
+# ## The real thing: DDP, with and without
+#
+# Below, two ranks train for 3 epochs. Each rank seeds its model **differently**, the way
+# independent processes would. In the first run they train side by side without DDP; in the
+# second the model is wrapped in DDP. A `DistributedSampler` gives each rank its own shard of
+# the 1,792 digits, and `set_epoch` reshuffles every epoch.
+
+# %%
+# %%torchrun -n 2 --result runs
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+import distlab
+from distlab.data import digits
+from distlab.models import cpu_state, make_mlp
+
+distlab.init_distributed()
+rank = dist.get_rank()
+data = digits()
+result = {}
+for use_ddp in (False, True):
+    model = make_mlp(seed=100 + rank)          # a different start on every rank
+    net = DDP(model) if use_ddp else model     # DDP broadcasts rank 0's weights here
+    sampler = DistributedSampler(data, shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=32, sampler=sampler)
+    opt = torch.optim.SGD(net.parameters(), lr=0.2)
+    losses = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            loss = torch.nn.functional.cross_entropy(net(xb), yb)
+            opt.zero_grad()
+            loss.backward()                    # with DDP: gradients all-reduced here
+            opt.step()
+            losses.append(loss.item())
+    if rank == 0:
+        print(f"{'DDP' if use_ddp else 'no DDP'}: final loss on rank 0's batch {losses[-1]:.3f}")
+    result["ddp" if use_ddp else "alone"] = {"state": cpu_state(model), "losses": losses}
+distlab.shutdown()
+
+# %%
+import matplotlib.pyplot as plt
+
+for key, label in [("alone", "without DDP"), ("ddp", "with DDP")]:
+    a, b = runs[0][key]["state"], runs[1][key]["state"]
+    gap = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"{label:12s}: largest weight difference between rank 0 and rank 1 = {gap:.3g}")
+assert all(torch.equal(runs[0]["ddp"]["state"][k], runs[1]["ddp"]["state"][k]) for k in runs[0]["ddp"]["state"])
+
+fig, ax = plt.subplots(figsize=(7, 3))
+for rank in (0, 1):
+    ax.plot(runs[rank]["ddp"]["losses"], label=f"rank {rank} with DDP", alpha=0.8)
+ax.set_xlabel("step")
+ax.set_ylabel("loss on the rank's local batch")
+ax.set_title("Each rank sees different data, yet holds the same weights")
+ax.legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# With DDP the two ranks end **bit-identical**: they start from rank 0's broadcast weights and
+# apply the same averaged gradient every step. Without it they are two unrelated models. The
+# loss curves differ because each rank's loss is measured on its own shard.
+#
+# ## Exercise 1: from one process to DDP
+#
+# Open **`exercises/ex01_ddp.py`**. It contains `train_single`, a working single-process loop,
+# and three stubs: `setup`, `train_ddp` and `teardown`. Their docstrings are the contract. In
+# short: join the process group, shard the data with a `DistributedSampler` (and `set_epoch`),
+# wrap the model in DDP, log and save on rank 0 only, and leave the process group at the end.
+#
+# The grader runs your code with torchrun at **2 and 4 ranks** and checks, against a
+# single-process reference trained on the same global batches:
+#
+# * the weights are identical on every rank (each rank starts from a *different* seed, so a
+#   missing broadcast shows);
+# * each rank read a disjoint shard, together covering the data, reshuffled every epoch;
+# * the weights match the single-process reference (`torch.testing.assert_close`);
+# * only rank 0 printed, and rank 0 alone saved the unwrapped model; teardown destroys the group.
+#
+# Run the cell below after each change, or from a shell: `python -m autograder --exercise 1`.
+# Until you fill the stubs in, it reports "not implemented yet".
+
+# %%
+from autograder.notebook import check
+
+report = check(1, raise_on_fail=False)

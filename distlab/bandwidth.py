@@ -1,0 +1,83 @@
+"""All-reduce bandwidth, as nccl-tests reports it, and the simple model of DDP scaling it feeds.
+
+nccl-tests (``all_reduce_perf``) reports two figures for an all-reduce of
+``S`` bytes on ``n`` ranks taking ``t`` seconds:
+
+* *algorithm bandwidth* ``algbw = S / t``;
+* *bus bandwidth* ``busbw = algbw * 2(n-1)/n``: a ring all-reduce moves
+  ``2(n-1)/n * S`` bytes through every rank's link (reduce-scatter then
+  all-gather, Patarasuk & Yuan, 2009), so busbw is comparable with the
+  link's speed whatever ``n`` is.
+
+The model of one data-parallel step on ``W`` workers (no overlap of the
+all-reduce with the backward, an upper bound on its cost)::
+
+    t_step(W) = t_compute + 2(W-1)/W * grad_bytes / busbw + latency
+    efficiency(W) = t_step(1) / t_step(W)
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def bus_factor(n: int) -> float:
+    """``2(n-1)/n``: the bytes each rank's link carries in a ring all-reduce, per byte reduced."""
+    return 2 * (n - 1) / n
+
+
+def allreduce_bandwidth(sizes_bytes: list[int], *, iters: int = 10, warmup: int = 2,
+                        device: torch.device | None = None) -> list[dict]:
+    """Time ``all_reduce`` of float32 tensors of each size on the initialised process group.
+
+    Returns one dict per size: ``bytes``, ``time_s`` (median over ``iters``,
+    each timed between barriers so the slowest rank counts), ``algbw``,
+    ``busbw`` (bytes/s). Every rank gets the same figures (rank 0's clock).
+    """
+    n = dist.get_world_size()
+    device = device or torch.device("cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows = []
+    for size in sizes_bytes:
+        x = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
+        for _ in range(warmup):
+            dist.all_reduce(x)
+        times = []
+        for _ in range(iters):
+            sync()
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(x)
+            sync()
+            times.append(time.perf_counter() - start)
+        t = torch.tensor(sorted(times)[len(times) // 2], dtype=torch.float64, device=device)
+        dist.broadcast(t, src=0)
+        t_s = t.item()
+        algbw = x.numel() * 4 / t_s
+        rows.append({"bytes": x.numel() * 4, "time_s": t_s, "algbw": algbw, "busbw": algbw * bus_factor(n)})
+    return rows
+
+
+def allreduce_time(nbytes: float, world: int, busbw: float, latency_s: float = 0.0) -> float:
+    """Predicted all-reduce time: ``2(W-1)/W * bytes / busbw + latency`` (0 on one worker)."""
+    return 0.0 if world == 1 else bus_factor(world) * nbytes / busbw + latency_s
+
+
+def fit_latency_bandwidth(rows: list[dict], world: int) -> tuple[float, float]:
+    """Least-squares ``time = latency + bus_factor * bytes / busbw`` over measured ``rows``:
+    returns ``(latency_s, busbw)``; the smallest message shows latency, the largest bandwidth."""
+    x = torch.tensor([bus_factor(world) * r["bytes"] for r in rows], dtype=torch.float64)
+    y = torch.tensor([r["time_s"] for r in rows], dtype=torch.float64)
+    a = torch.stack([torch.ones_like(x), x], dim=1)
+    latency, inv_bw = torch.linalg.lstsq(a, y.unsqueeze(1)).solution.squeeze(1).tolist()
+    return max(latency, 0.0), 1.0 / max(inv_bw, 1e-15)
+
+
+def predicted_efficiency(compute_s: float, grad_bytes: float, world: int, busbw: float,
+                         latency_s: float = 0.0, slowdown: float = 1.0) -> float:
+    """``t_step(1) / t_step(W)``; ``slowdown`` scales the compute when workers share cores
+    (``W / cores`` when ``W`` exceeds the cores, on a CPU)."""
+    step = compute_s * slowdown + allreduce_time(grad_bytes, world, busbw, latency_s)
+    return compute_s / step

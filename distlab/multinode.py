@@ -1,0 +1,176 @@
+"""Launching beyond ``--standalone``: several torchrun agents forming one job, and ``mp.spawn``.
+
+On a cluster every machine runs one torchrun *agent*; the agents meet at a
+rendezvous (c10d: a TCP store hosted by one of them) and agree on the world:
+which agent is node 0, 1, ..., and the global rank of every worker. Here two
+agents run on one machine with the rendezvous on ``127.0.0.1``, which is
+exactly what two machines do with the first machine's address instead::
+
+    torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d \\
+             --rdzv-endpoint=127.0.0.1:PORT --rdzv-id=JOB train.py   # run twice
+
+:func:`multinode_torchrun` starts the agents, returns each rank's result like
+:func:`distlab.torchrun`, and with the same guarantees: a free port, a
+wall-clock timeout, and no process of the job left behind (every agent and
+worker carries the job's tag; see :mod:`distlab.process`).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
+from .launch import REPO_ROOT, LaunchTimeout, RunResult, _failure, _target_string
+from .process import end_job, tag_env
+
+ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+            "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (the OS picks it; the store binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def command_lines(nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id: str, program: list[str],
+                  max_restarts: int = 0) -> list[list[str]]:
+    """The torchrun command line each of ``nnodes`` machines runs (identical on every machine)."""
+    cmd = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
+           f"--max-restarts={max_restarts}", *program]
+    return [list(cmd) for _ in range(nnodes)]
+
+
+def multinode_torchrun(target: str | Callable, nnodes: int = 2, nproc_per_node: int = 1, *,
+                       args: tuple = (), kwargs: dict | None = None, timeout: float = 60.0,
+                       backend: str | None = None, stream: bool | Callable[[str], None] = False) -> RunResult:
+    """Run ``target`` under ``nnodes`` torchrun agents on this machine, rendezvous on 127.0.0.1.
+
+    ``results`` are in global rank order. Agent 0 hosts the c10d store
+    (``is_host=1``); on real machines torchrun infers that from the address.
+    """
+    backend = backend or pick_backend(nproc_per_node)
+    job_id = uuid.uuid4().hex
+    port = free_port()
+    nprocs = nnodes * nproc_per_node
+    callback = print if stream is True else (stream or None)
+    with tempfile.TemporaryDirectory(prefix="distlab-mn-") as tmp:
+        outdir = Path(tmp)
+        spec = {"kind": "function", "target": _target_string(target), "args": tuple(args),
+                "kwargs": dict(kwargs or {}), "argv": [], "outdir": str(outdir),
+                "sys_path": [str(REPO_ROOT), os.getcwd()]}
+        (outdir / "spec.pkl").write_bytes(pickle.dumps(spec))
+        env = tag_env(job_id, dict(os.environ))
+        env.update({BACKEND_VAR: backend, TIMEOUT_VAR: str(int(timeout)), "PYTHONUNBUFFERED": "1",
+                    "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))})
+        program = ["--monitor-interval=0.1", "-m", "distlab.worker", str(outdir / "spec.pkl")]
+        lines: list[str] = []
+        lock = threading.Lock()
+        procs: list[subprocess.Popen] = []
+        start = time.perf_counter()
+
+        def pump(proc: subprocess.Popen) -> None:
+            for raw in proc.stdout:  # type: ignore[union-attr]
+                with lock:
+                    lines.append(raw.rstrip("\n"))
+                    if callback:
+                        callback(lines[-1])
+
+        try:
+            for node, cmd in enumerate(command_lines(nnodes, nproc_per_node, f"127.0.0.1:{port}", job_id, program)):
+                cmd = [sys.executable, "-m", "torch.distributed.run", *cmd[1:],
+                       f"--rdzv-conf=is_host={int(node == 0)},join_timeout={int(timeout)}"]
+                procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, text=True, errors="replace",
+                                              env=env, start_new_session=True))
+            readers = [threading.Thread(target=pump, args=(p,), daemon=True) for p in procs]
+            for r in readers:
+                r.start()
+            deadline = start + timeout
+            timed_out = False
+            for p in procs:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.perf_counter()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    break
+        finally:
+            for p in procs:
+                end_job(p, job_id, grace_s=1.0)
+        for r in readers:
+            r.join(timeout=5)
+        wall = time.perf_counter() - start
+        output = "\n".join(lines)
+        done = {int(p.stem.split("-")[1]) for p in outdir.glob("result-*.pt")}
+        if timed_out:
+            raise LaunchTimeout(timeout, sorted(set(range(nprocs)) - done), output)
+        codes = [p.returncode for p in procs]
+        if any(codes) or len(done) < nprocs:
+            raise _failure(outdir, next((c for c in codes if c), 0), nprocs, done, output)
+        results = [torch.load(outdir / f"result-{r}.pt", weights_only=True) for r in range(nprocs)]
+    return RunResult(results, output, wall, nprocs, backend, lines)
+
+
+def whoami() -> dict:
+    """A rank's view of the job: torchrun's environment variables, and an all-reduce to prove
+    every rank is in one world (the sum of all ranks)."""
+    import torch.distributed as dist
+
+    from .distributed import init_distributed, shutdown
+
+    env = {k: os.environ.get(k, "") for k in ENV_VARS}
+    init_distributed()
+    total = torch.tensor([dist.get_rank()], dtype=torch.float32)
+    dist.all_reduce(total)
+    out = {**env, "pid": os.getpid(), "rank_sum": int(total.item()), "world": dist.get_world_size()}
+    shutdown()
+    return out
+
+
+def _spawned(local_rank: int, world: int, port: int, outdir: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=local_rank, world_size=world, timeout=timedelta(seconds=30))
+    t = torch.tensor([float(local_rank)])
+    dist.all_reduce(t)
+    env = {k: os.environ.get(k, "") for k in ENV_VARS}
+    Path(outdir, f"{local_rank}.txt").write_text(repr({"rank": local_rank, "rank_sum": t.item(), **env}))
+    dist.destroy_process_group()
+
+
+def spawn_demo(nprocs: int = 2, timeout: float = 60.0) -> list[str]:
+    """The ``torch.multiprocessing.spawn`` way: this process starts the workers itself, picks the
+    port, sets the environment, and must handle a hang or a failure on its own."""
+    import torch.multiprocessing as mp
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="distlab-spawn-") as tmp:
+        ctx = mp.start_processes(_spawned, args=(nprocs, port, tmp), nprocs=nprocs, join=False,
+                                 start_method="spawn")
+        deadline = time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=0.2):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"mp.spawn workers still running after {timeout:g} s")
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                p.join(timeout=5)
+        return [Path(tmp, f"{r}.txt").read_text() for r in range(nprocs)]

@@ -1,0 +1,82 @@
+"""Exercise 6 (DDP scaling benchmark): the solution scores full marks, the stub 0, and each
+classic measuring mistake fails with its own diagnosis. The solution and the mutants are
+graded together: one launch per world size (1 and 2; the CLI also grades 4)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autograder.checks import ex06_scaling as check
+from autograder.runner import grade_one
+
+from .helpers import EXERCISES, SOLUTIONS, mutant
+
+FILE = check.EXERCISE.filename
+MISTAKES = {
+    "one rank's samples": {
+        "return dist.get_world_size() * batch_size * iters / elapsed.item()":
+            "return batch_size * iters / elapsed.item()"},
+    "warm-up timed": {
+        "    for _ in range(warmup):\n": "    start = time.perf_counter()\n    for _ in range(warmup):\n",
+        "    start = time.perf_counter()\n    for _ in range(iters):": "    for _ in range(iters):"},
+    "no barrier": {"dist.barrier()": "None"},
+    "no DDP": {"ddp = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)":
+               "ddp = model"},
+}
+METHOD = "[W={}] throughput within 10% of the truth"
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    paths = [SOLUTIONS / FILE]
+    for i, repl in enumerate(MISTAKES.values()):
+        paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
+    out = tmp_path_factory.mktemp("results")
+    reports = check.grade_all(paths, world_sizes=(1, 2), out_dir=out, real=dict(warmup=2, iters=5))
+    return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:]))}, out
+
+
+def failed(report) -> dict[str, str]:
+    return {c.name: c.feedback for c in report.criteria if c.earned < c.points}
+
+
+def test_solution_full_marks_and_real_figures(graded):
+    reports, out = graded
+    r = reports["solution"]
+    assert r.score == r.max_score, r.feedback
+    for w in (1, 2):
+        assert abs(r.measurements[f"W{w}_synthetic_reported_over_truth"] - 1) <= check.TOL
+    doc = json.loads((out / "submission0" / "scaling.json").read_text())
+    assert set(doc["throughput"]) == {"1", "2"} and doc["efficiency"]["1"] == pytest.approx(1.0)
+    assert "samples/s" in r.feedback and "scaling.png" in r.feedback
+
+
+def test_counting_one_rank_fails_at_two_workers(graded):
+    f = failed(graded[0]["one rank's samples"])
+    assert list(f) == [METHOD.format(2)]
+    assert "you counted one rank's samples" in f[METHOD.format(2)]
+
+
+def test_timing_the_warmup_fails_at_every_size(graded):
+    f = failed(graded[0]["warm-up timed"])
+    assert set(f) == {METHOD.format(1), METHOD.format(2)}
+    assert "includes the 2 slow warm-up steps" in f[METHOD.format(1)]
+
+
+def test_no_barrier_times_rank_zero_alone(graded):
+    f = failed(graded[0]["no barrier"])
+    assert list(f) == [METHOD.format(2)]
+    assert "that is rank 0's own time" in f[METHOD.format(2)]
+    assert "dist.barrier()" in f[METHOD.format(2)]
+
+
+def test_step_without_ddp_leaves_ranks_apart(graded):
+    f = failed(graded[0]["no DDP"])
+    assert list(f) == ["the real step trains with DDP"]
+    assert "rank 1's parameters differ from rank 0's" in f["the real step trains with DDP"]
+
+
+def test_stub_is_not_implemented():
+    r = grade_one(check.EXERCISE, EXERCISES)
+    assert r.score == 0 and "not implemented yet" in r.feedback, r.feedback

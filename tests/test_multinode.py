@@ -1,0 +1,90 @@
+"""Launching: two torchrun agents on one machine form one world and leave nothing behind;
+the Slurm batch script runs the torchrun command it promises."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+
+import psutil
+import pytest
+
+from distlab import RankFailure
+from distlab.multinode import multinode_torchrun
+
+from .helpers import REPO
+
+SBATCH = REPO / "course" / "slurm" / "train.sbatch"
+
+
+def fail_on_rank1() -> int:
+    """A job in which rank 1 raises after joining the world."""
+    from distlab.multinode import whoami
+
+    who = whoami()
+    if who["RANK"] == "1":
+        raise ValueError(f"rank 1 fails on purpose (pid {who['pid']})")
+    return who["pid"]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_two_agents_form_one_world_and_leave_no_process():
+    run = multinode_torchrun("distlab.multinode:whoami", nnodes=2, nproc_per_node=1, timeout=60)
+    ranks = run.results
+    assert [r["RANK"] for r in ranks] == ["0", "1"]
+    assert {r["GROUP_RANK"] for r in ranks} == {"0", "1"}          # two nodes ...
+    assert {r["LOCAL_WORLD_SIZE"] for r in ranks} == {"1"}
+    assert {r["TORCHELASTIC_RUN_ID"] for r in ranks} != {""} and len({r["TORCHELASTIC_RUN_ID"] for r in ranks}) == 1
+    assert all(r["world"] == 2 and r["rank_sum"] == 1 for r in ranks)  # ... one world: the all-reduce saw both
+    assert all(_gone(r["pid"]) for r in ranks)
+
+
+def test_a_failing_rank_is_named_and_its_peers_end():
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(RankFailure) as info:
+        multinode_torchrun(f"{__name__}:fail_on_rank1", nnodes=2, timeout=60)
+    assert info.value.rank == 1 and "fails on purpose" in str(info.value)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if any("distlab-mn-" in a for a in p.info["cmdline"] or [])]
+    assert not leftovers, leftovers
+
+
+def test_slurm_script_runs_srun_torchrun_with_the_head_node_rendezvous(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "srun.args"
+    fakes = {
+        "scontrol": 'test "$1 $2" = "show hostnames" && printf "gpu-node-07\\ngpu-node-08\\n"',
+        "srun": f'printf "%s\\n" "$@" > {log}',
+    }
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+           "SLURM_JOB_NODELIST": "gpu-node-[07-08]", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4"}
+    out = subprocess.run(["bash", str(SBATCH), "train.py", "--epochs", "3"], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    argv = log.read_text().splitlines()
+    assert argv[:2] == ["--kill-on-bad-exit=1", "torchrun"]
+    assert argv[2:] == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
+                        "--rdzv-endpoint=gpu-node-07:24242", "--rdzv-id=4242", "--max-restarts=3",
+                        "train.py", "--epochs", "3"]
+    # torchrun itself accepts these options (the names are checked against its parser).
+    from torch.distributed.run import get_args_parser
+
+    args = get_args_parser().parse_args(argv[2:])
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_endpoint, args.training_script_args) == \
+        ("2", "4", "gpu-node-07:24242", ["--epochs", "3"])
+
+
+def test_slurm_script_refuses_to_run_without_a_program(tmp_path):
+    out = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "SLURM_JOB_ID": "1"})
+    assert out.returncode == 2 and "usage" in out.stderr
