@@ -39,6 +39,9 @@ class Course:
                  student: str | None = None):
         self.dir = Path(course_dir).resolve()
         self.env = dict(os.environ)
+        # nbgrader runs `alembic` (and the kernel `python`) from PATH: use this interpreter's, venv or not.
+        self.env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent),
+                                                         self.env.get("PATH")]))
         if exchange:
             self.env["DISTLAB_EXCHANGE"] = str(exchange)
         self.only = only

@@ -5,19 +5,32 @@ The course trains on scikit-learn's bundled handwritten digits (8x8 images,
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
+from pathlib import Path
+
+import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
 DIGITS_SIZE = 1792  # 1,797 rounded down to a multiple of 256: every world size up to 8 divides it
 
 
+@functools.lru_cache(maxsize=1)
+def _digits_array() -> np.ndarray:
+    # The same file sklearn.datasets.load_digits reads, found without importing
+    # sklearn: that import costs about a second of CPU in every rank of every launch.
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("scikit-learn is not installed: it ships the digits data set")
+    return np.loadtxt(Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz", delimiter=",")
+
+
 def digits(n: int = DIGITS_SIZE) -> TensorDataset:
     """The first ``n`` sklearn digits as ``(x, y)``: x float32 (64 pixels scaled to [0, 1]), y int64."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = torch.tensor(bunch.data[:n], dtype=torch.float32) / 16.0
-    y = torch.tensor(bunch.target[:n], dtype=torch.long)
+    table = _digits_array()[:n]
+    x = torch.tensor(table[:, :64], dtype=torch.float32) / 16.0
+    y = torch.tensor(table[:, 64], dtype=torch.long)
     return TensorDataset(x, y)
 
 

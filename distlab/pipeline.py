@@ -94,6 +94,12 @@ class TimedStage(nn.Module):
         end = _now(self.sync)
         self.events.append(Event(self.stage, "B", mb, end if start is None else start, end))
 
+    def reset(self) -> None:
+        """Forget the events so far (e.g. a warm-up step's) and number micro-batches from 0 again."""
+        self.events.clear()
+        self._open.clear()
+        self._n_fwd = 0
+
     def log(self) -> list[dict]:
         """The events as plain dicts (what a rank returns through :func:`distlab.torchrun`)."""
         return [vars(e).copy() for e in self.events]

@@ -11,8 +11,7 @@ NOTEBOOKS = sorted((REPO / "course").glob("[0-9][0-9]_*.py"))
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_top_to_bottom(source, monkeypatch):
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+def test_notebook_runs_top_to_bottom(source):
     nb = jupytext.read(source)
     client = nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
                                      resources={"metadata": {"path": str(source.parent)}})

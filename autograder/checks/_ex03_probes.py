@@ -23,11 +23,12 @@ REAL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
         "cuda": dict(in_features=1024, hidden=4096, depth=4, batch=4096)}
 WARMUP, MIN_RUN_TIME = 3, 0.2
 # Simulated workloads: (baseline kwargs, candidate kwargs); costs in seconds on a virtual clock.
+_B = dict(saved_bytes=40_000)  # every workload saves something, so any memory_ratio is defined
 CASES = {
     "steady": (dict(seconds=0.020, saved_bytes=400_000), dict(seconds=0.008, saved_bytes=100_000)),
-    "warmup": (dict(seconds=0.020), dict(seconds=0.010, slow_calls=WARMUP, slow_seconds=1.0)),
-    "async": (dict(seconds=0.030, asynchronous=True), dict(seconds=0.012, asynchronous=True)),
-    "outliers": (dict(seconds=0.020), dict(seconds=0.005, outlier_every=4, outlier_seconds=0.200)),
+    "warmup": (dict(seconds=0.020, **_B), dict(seconds=0.010, slow_calls=WARMUP, slow_seconds=1.0, **_B)),
+    "async": (dict(seconds=0.030, asynchronous=True, **_B), dict(seconds=0.012, asynchronous=True, **_B)),
+    "outliers": (dict(seconds=0.020, **_B), dict(seconds=0.005, outlier_every=4, outlier_seconds=0.200, **_B)),
 }
 MEMORY_TRUTH = 0.25
 CASES_TRUTH = {

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab import init_distributed, torchrun
-from distlab.data import digits
+from distlab.data import synthetic_classification
 from distlab.fsdp_memory import LiveStorageTracker, expected_bytes, full_shapes, measured_bytes, module_bytes
 from distlab.resmlp import make_resmlp
 
@@ -41,9 +41,13 @@ RTOL, ATOL = 1e-4, 1e-5
 UNITS_IN_FLIGHT = 6
 
 
+def _data():
+    return synthetic_classification(256, 64, 10, seed=SEED)  # no sklearn import in the ranks
+
+
 def _global_batches(world: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(SEED)
-    perm = torch.randperm(len(digits()), generator=g)
+    perm = torch.randperm(len(_data()), generator=g)
     size = MICRO_BATCH * world
     return [perm[s * size:(s + 1) * size] for s in range(STEPS)]
 
@@ -72,7 +76,7 @@ def rank_main(path: str, outdir: str) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = make_resmlp(seed=SEED, **MODEL).to(device)  # the same start on every rank
     shapes = full_shapes(model)
-    x_all, y_all = digits().tensors
+    x_all, y_all = _data().tensors
     batches = [(x_all[idx[rank * MICRO_BATCH:(rank + 1) * MICRO_BATCH]].to(device),
                 y_all[idx[rank * MICRO_BATCH:(rank + 1) * MICRO_BATCH]].to(device))
                for idx in _global_batches(world)]
@@ -127,7 +131,7 @@ def reference(world: int) -> dict:
     """Single-process Adam on the whole global batch of every step."""
     model = make_resmlp(seed=SEED, **MODEL)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
-    x_all, y_all = digits().tensors
+    x_all, y_all = _data().tensors
     for idx in _global_batches(world):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]).backward()

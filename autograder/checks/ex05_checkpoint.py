@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from distlab import LaunchError, init_distributed, torchrun
 from distlab.checkpoint import complete_checkpoints
-from distlab.data import RecordingDataset, digits
+from distlab.data import RecordingDataset, synthetic_classification
 
 from ..harness import CapturedPrints, echo, load_learner
 from ..registry import Exercise
@@ -73,7 +73,7 @@ def _full_state(model, optimizer) -> dict:
 
 def _run_phase(learner, phase: dict, outdir: Path) -> None:
     rank, attempt = dist.get_rank(), _attempt()
-    data = RecordingDataset(digits(DATA_SIZE))
+    data = RecordingDataset(synthetic_classification(DATA_SIZE, 64, 10, seed=3))
     log = open(outdir / f"{phase['name']}-rank{rank}.jsonl", "a")
     read = {"n": 0}
     kill_step = phase.get("kill_step", {}).get(str(attempt)) if rank == 1 else None
@@ -106,6 +106,10 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
         with CapturedPrints() as out:
             returned = learner.train(phase["dir"], data, steps=phase["steps"], save_every=RUN["save_every"],
                                      keep=RUN["keep"], seed=RUN["seed"], on_step=on_step)
+    except Exception as exc:  # kept for the verdict: a restarted attempt's error is the telling one
+        with open(outdir / f"{phase['name']}-errors.jsonl", "a") as f:
+            f.write(json.dumps({"attempt": attempt, "rank": rank, "error": f"{type(exc).__name__}: {exc}"[:300]}) + "\n")
+        raise
     finally:
         FileSystemWriter.write_data = real_write
         log.close()
@@ -172,15 +176,18 @@ def _diagnose(ref: list[list[dict]], got: list[list[dict]], attempt: int | None 
             a, s = by_step.get(x["step"]), x["step"]
             if a is None:
                 return f"rank {rank} reported step {s}, which the uninterrupted run never reached"
+            wrong = []  # every component that differs, so several mistakes are all named
             if x["data"] != a["data"]:
-                return (f"at step {s} rank {rank} read samples {x['data'][:4]}... instead of {a['data'][:4]}...: "
-                        "save the data position (sampler epoch and batch offset) and continue from it")
+                wrong.append(f"rank {rank} read samples {x['data'][:3]}... instead of {a['data'][:3]}...: save "
+                             "the data position (sampler epoch and batch offset) and continue from it")
             if x["lr"] != a["lr"]:
-                return (f"at step {s} the learning rate was {x['lr']:.6g} instead of {a['lr']:.6g}: save "
-                        "scheduler.state_dict() and load it on resume")
+                wrong.append(f"the learning rate was {x['lr']:.6g} instead of {a['lr']:.6g}: save "
+                             "scheduler.state_dict() and load it on resume")
             if x["rng"] != a["rng"]:
-                return (f"after step {s} rank {rank}'s RNG state differs from the uninterrupted run's, so "
-                        "dropout drew other masks: save each rank's torch.get_rng_state() and restore it")
+                wrong.append(f"rank {rank}'s RNG state differs from the uninterrupted run's, so dropout drew "
+                             "other masks: save each rank's torch.get_rng_state() and restore it")
+            if wrong:
+                return f"at step {s} " + "; ".join(wrong)
             if x["fp"] != a["fp"]:
                 return (f"after step {s} rank {rank}'s parameters differ (sum of its shards {x['fp']:.9g} vs "
                         f"{a['fp']:.9g}) although data, LR and RNG match: restore model and optimizer with "
@@ -256,6 +263,11 @@ def _check_restart(report, path, out, B, ref, ref_rec) -> None:
     resumed_from = RUN["save_every"] * (WRITE_KILL - 1)
     interrupted = RUN["save_every"] * WRITE_KILL
     att1 = [x["step"] for x in rec[0] if x["attempt"] == 1]
+    errors = out / "B-errors.jsonl"
+    later = [json.loads(ln) for ln in errors.read_text().splitlines()] if errors.is_file() else []
+    later = [e for e in later if e["attempt"] >= 1]
+    if later:  # name what the restarted job tripped on, not the peer's "connection closed"
+        err = f"attempt {later[0]['attempt']}, rank {later[0]['rank']}: {later[0]['error']}"
     # an interrupted write is never loaded
     if att1 and att1[0] == resumed_from + 1:
         report.check("an interrupted write is never loaded", 2, True,

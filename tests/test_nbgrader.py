@@ -1,0 +1,183 @@
+"""The nbgrader course, for real: nbgrader's own commands against a local exchange in a tmp dir.
+
+One class of five learners on exercise 1 (grading the reference solution is
+the slow part; the others fail fast):
+
+* alice submits the reference solution                     -> full marks
+* bob submits the untouched stubs                          -> 0, "not implemented yet"
+* carol edits the test cell to claim full marks, duplicates it,
+  and her module fails to import                           -> 0, graded on the original cell
+* dave deletes the test cell and renames train_ddp         -> 0, cell restored, names train_ddp
+* erin's notebook is not JSON and her module is missing    -> 0, released notebook used, "not found"
+
+then feedback is generated and released, grades exported, and autograde is
+run again to show it duplicates nothing.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder import nbgrader_course
+from autograder.nbgrader_assignments import grade_id
+from autograder.registry import exercises
+from tests.helpers import REPO, SOLUTIONS
+
+pytestmark = pytest.mark.timeout(900)
+EX = exercises()[1]
+ASSIGNMENT = "ex01_ddp"
+LEARNERS = ("alice", "bob", "carol", "dave", "erin")
+
+
+def learner_nbgrader(home: Path, exchange: Path, *args: str) -> None:
+    """A learner's nbgrader command, run in their home folder (no course config there)."""
+    cmd = [sys.executable, "-m", "nbgrader", *args, "--course", "distlab", f"--Exchange.root={exchange}"]
+    done = subprocess.run(cmd, cwd=home, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stderr[-2000:]}"
+
+
+def in_parallel(fn, items):
+    with ThreadPoolExecutor(len(items)) as pool:
+        list(pool.map(fn, items))
+
+
+def tamper(folder: Path, learner: str) -> None:
+    """Each learner's submission, made from the released files."""
+    nb_path, module = folder / f"{ASSIGNMENT}.ipynb", folder / EX.filename
+    solution = (SOLUTIONS / EX.filename).read_text()
+    if learner == "alice":
+        module.write_text(solution)
+    elif learner == "carol":
+        nb = nbformat.read(nb_path, as_version=4)
+        idx = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade"))
+        original = nbformat.from_dict(json.loads(json.dumps(nb.cells[idx])))
+        nb.cells[idx].source = f"{EX.max_score:g}  # full marks, surely"
+        nb.cells.append(original)
+        nbformat.write(nb, nb_path)
+        module.write_text("import distlab_no_such_module\n" + solution)
+    elif learner == "dave":
+        nb = nbformat.read(nb_path, as_version=4)
+        nb.cells = [c for c in nb.cells if not c.metadata.get("nbgrader", {}).get("grade")]
+        nbformat.write(nb, nb_path)
+        assert "def train_ddp(" in solution
+        module.write_text(solution.replace("def train_ddp(", "def train_data_parallel("))
+    elif learner == "erin":
+        nb_path.write_text('{"cells": [ this is not json')
+        module.unlink()
+
+
+def gradebook_rows(db: Path) -> dict[str, list]:
+    with sqlite3.connect(db) as con:
+        return {t: sorted(con.execute(f"SELECT * FROM {t}").fetchall(), key=repr)
+                for t in ("submitted_assignment", "submitted_notebook", "grade", "comment", "student")}
+
+
+def scores(db: Path) -> dict[str, tuple[float | None, bool]]:
+    """``{student: (auto_score, needs_manual_grade)}`` of exercise 1's test cell."""
+    with sqlite3.connect(db) as con:
+        rows = con.execute(
+            "SELECT sa.student_id, g.auto_score, g.needs_manual_grade FROM grade g "
+            "JOIN submitted_notebook sn ON g.notebook_id = sn.id "
+            "JOIN submitted_assignment sa ON sn.assignment_id = sa.id").fetchall()
+    return {s: (score, bool(manual)) for s, score, manual in rows}
+
+
+def check_cell_output(course: Path, learner: str) -> str:
+    nb = nbformat.read(course / "autograded" / learner / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id(EX)]
+    assert len(cells) == 1, f"{learner}: {len(cells)} test cells graded"
+    assert "BEGIN HIDDEN TESTS" not in cells[0].source  # nbgrader strips the markers, keeps the code
+    assert "_sys.modules" in cells[0].source, "the hidden guard was not restored"
+    return "".join(o.get("text", "") for o in cells[0].outputs if o.output_type == "stream")
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nbgrader")
+    course, exchange = root / "course", root / "exchange"
+    course.mkdir()
+    shutil.copy(REPO / "autograder" / "nbgrader" / "nbgrader_config.py", course)
+
+    def instructor(*args: str) -> None:
+        argv = [*args, "--course-dir", str(course), "--exchange", str(exchange), "--exercise", str(EX.number)]
+        assert nbgrader_course.main(argv) == 0, f"nbgrader_course {args[0]} failed"
+
+    instructor("generate")
+    instructor("release")
+    homes = {name: root / name for name in LEARNERS}
+    for home in homes.values():
+        home.mkdir()
+    in_parallel(lambda n: learner_nbgrader(homes[n], exchange, "fetch_assignment", ASSIGNMENT), ["alice", "bob"])
+    for name in ("carol", "dave", "erin"):
+        shutil.copytree(homes["bob"] / ASSIGNMENT, homes[name] / ASSIGNMENT)
+    for name in LEARNERS:
+        tamper(homes[name] / ASSIGNMENT, name)
+    in_parallel(lambda n: learner_nbgrader(homes[n], exchange, "submit", ASSIGNMENT, "--student", n), LEARNERS)
+    instructor("grade")  # collect, repair + autograde, generate and release feedback, export
+    db = course / "gradebook.db"
+    first = gradebook_rows(db), scores(db), (course / "grades.csv").read_text()
+    # Autograde again (the cheapest learner, and the repair of everyone): nothing may be duplicated.
+    instructor("autograde", "--force", "--student", "erin")
+    instructor("autograde")
+    learner_nbgrader(homes["erin"], exchange, "fetch_feedback", ASSIGNMENT, "--student", "erin")
+    return {"course": course, "exchange": exchange, "homes": homes, "first": first, "db": db}
+
+
+def test_release_strips_hidden_tests_and_ships_the_stub(course):
+    released = course["homes"]["bob"] / ASSIGNMENT
+    text = (released / f"{ASSIGNMENT}.ipynb").read_text()
+    assert "HIDDEN TESTS" not in text and "_sys.modules" not in text
+    assert "grade(1)" in text
+    assert (released / EX.filename).read_text() == (REPO / "exercises" / EX.filename).read_text()
+    assert "### BEGIN SOLUTION" not in (released / EX.filename).read_text()
+
+
+def test_scores_full_zero_and_tampered_graded_on_original_cells(course):
+    got = scores(course["db"])
+    assert got == {"alice": (EX.max_score, False), "bob": (0.0, False), "carol": (0.0, False),
+                   "dave": (0.0, False), "erin": (0.0, False)}
+    rows = {r["student_id"]: r for r in csv.DictReader(course["first"][2].splitlines())
+            if r["assignment"] == ASSIGNMENT}
+    assert {s: float(r["score"]) for s, r in rows.items()} == {
+        "alice": EX.max_score, "bob": 0.0, "carol": 0.0, "dave": 0.0, "erin": 0.0}
+    assert float(rows["alice"]["max_score"]) == EX.max_score
+
+
+def test_each_problem_has_a_clear_message(course):
+    c = course["course"]
+    assert f"score {EX.max_score:g}/{EX.max_score:g}" in check_cell_output(c, "alice")
+    assert "not implemented yet" in check_cell_output(c, "bob")
+    assert "ModuleNotFoundError" in check_cell_output(c, "carol")
+    assert "train_ddp" in check_cell_output(c, "dave")
+    assert f"{EX.filename} not found" in check_cell_output(c, "erin")
+    notes = (c / "nbgrader_problems.txt").read_text()
+    for learner, words in {"carol": ["was edited", "more than once"], "dave": ["was deleted"],
+                           "erin": ["could not be read", f"{EX.filename} was not in your submission"]}.items():
+        for w in words:
+            assert f"{learner} / {ASSIGNMENT}: " in notes and w in notes, (learner, w)
+    assert "alice" not in notes and "bob" not in notes
+    # erin's own file is kept, and she reads the note in the feedback she fetched
+    assert (c / "submitted" / "erin" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb.rejected").is_file()
+    html = next((course["homes"]["erin"] / ASSIGNMENT / "feedback").rglob("*.html")).read_text()
+    assert "Grader note" in html and "could not be read" in html
+    for learner in LEARNERS:
+        assert (c / "feedback" / learner / ASSIGNMENT / f"{ASSIGNMENT}.html").is_file()
+
+
+def test_rerunning_autograde_duplicates_nothing(course):
+    rows, got, _ = course["first"]
+    assert gradebook_rows(course["db"]) == rows
+    assert scores(course["db"]) == got
+    assert len(rows["submitted_assignment"]) == len(LEARNERS) and len(rows["grade"]) == len(LEARNERS)
+    for learner in ("carol", "erin"):
+        nb = nbformat.read(course["course"] / "submitted" / learner / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
+        assert sum("distlab_grader_note" in c.metadata for c in nb.cells) == 1
