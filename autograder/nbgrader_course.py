@@ -9,6 +9,8 @@ Steps, each over every exercise's assignment (or ``--exercise N``, repeatable):
 ``feedback``   ``nbgrader generate_feedback`` and ``nbgrader release_feedback``
 ``export``     ``nbgrader export`` to ``grades.csv``
 ``grade``      collect, autograde, feedback, export: the whole cycle after the learners submitted
+``mark``       autograde, generate_feedback, export: grade what is in ``submitted/`` with no exchange
+               (what the grader image runs; the submissions were collected elsewhere)
 
 The course directory is ``autograder/nbgrader`` (``--course-dir``); the
 exchange is ``$DISTLAB_EXCHANGE`` (or ``--exchange``). Every step runs
@@ -30,7 +32,7 @@ from .nbgrader_assignments import MANIFEST, write_source
 from .nbgrader_repair import repair_course
 
 COURSE_DIR = Path(__file__).resolve().parent / "nbgrader"
-STEPS = ("generate", "release", "collect", "autograde", "feedback", "export", "grade")
+STEPS = ("generate", "release", "collect", "autograde", "feedback", "export", "grade", "mark")
 
 
 class Course:
@@ -104,9 +106,9 @@ class Course:
         for a in self.assignments:
             self.nbgrader("autograde", a, *self._options())
 
-    def feedback(self) -> None:
+    def feedback(self, release: bool = True) -> None:
         for a in self.assignments:
-            if self.nbgrader("generate_feedback", a, *self._options()):
+            if self.nbgrader("generate_feedback", a, *self._options()) and release:
                 self.nbgrader("release_feedback", a, *(["--student", self.student] if self.student else []))
 
     def export(self) -> None:
@@ -115,6 +117,11 @@ class Course:
     def grade(self) -> None:
         for step in (self.collect, self.autograde, self.feedback, self.export):
             step()
+
+    def mark(self) -> None:
+        self.autograde()
+        self.feedback(release=False)
+        self.export()
 
 
 def main(argv: list[str] | None = None) -> int:

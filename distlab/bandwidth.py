@@ -81,3 +81,55 @@ def predicted_efficiency(compute_s: float, grad_bytes: float, world: int, busbw:
     (``W / cores`` when ``W`` exceeds the cores, on a CPU)."""
     step = compute_s * slowdown + allreduce_time(grad_bytes, world, busbw, latency_s)
     return compute_s / step
+
+
+def scaling_probe(hidden: int = 1024, batch: int = 32, steps: int = 20) -> dict:
+    """Runs on every rank: the inputs of the model above, measured on this job.
+
+    ``compute_s``: one local forward/backward/step without DDP (all ranks at once, so
+    core contention is included); ``step_s``: one DDP step; both per step, with
+    ``torch.utils.benchmark.Timer`` (fixed ``steps``: every rank must run the same number
+    of collectives), the slowest rank's. ``busbw``/``latency_s`` fitted from all-reduces
+    of 4 KiB up to the gradients' size.
+    """
+    import copy
+
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.benchmark import Timer
+
+    from .distributed import device, init_distributed, shutdown
+    from .models import make_mlp
+
+    init_distributed()
+    dev, w = device(), dist.get_world_size()
+    model = make_mlp(seed=0, hidden=hidden, depth=3).to(dev)
+    x, y = torch.randn(batch, 64, device=dev), torch.randint(0, 10, (batch,), device=dev)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+
+    def timed(net: nn.Module) -> float:
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+
+        def step() -> None:
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+
+        for _ in range(3):
+            step()
+        dist.barrier()
+        t = Timer("step()", globals={"step": step}).timeit(steps).median
+        worst = torch.tensor(t, dtype=torch.float64, device=dev)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        return worst.item()
+
+    compute_s = timed(copy.deepcopy(model))
+    step_s = timed(DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None))
+    out = {"world": w, "compute_s": compute_s, "step_s": step_s, "grad_bytes": grad_bytes}
+    if w > 1:
+        sizes = [4 << 10, 64 << 10, 1 << 20, grad_bytes]
+        rows = allreduce_bandwidth(sizes, device=dev)
+        out["latency_s"], out["busbw"] = fit_latency_bandwidth(rows, w)
+        out["rows"] = rows
+    shutdown()
+    return out

@@ -38,6 +38,29 @@ from torch.utils._pytree import tree_leaves
 ADAM_BYTES_PER_PARAM = {"params": 4, "grads": 4, "optimizer": 8}
 
 
+OPTIMIZER_STATES = {"adam": 2, "sgd+momentum": 1, "sgd": 0}  # fp32 tensors kept per parameter
+LEVELS = ("none", "optimizer", "+gradients", "full")  # ZeRO-0 (DDP), ZeRO-1, ZeRO-2, ZeRO-3 / FSDP
+
+
+def memory_per_gpu(n_params: float, param_bytes: int = 4, optimizer: str = "adam", world: int = 1,
+                   level: str = "full") -> dict[str, float]:
+    """Bytes per GPU for params, grads and optimizer state under a ZeRO sharding level.
+
+    Gradients have the parameters' dtype; optimizer moments are fp32 (4 bytes
+    each). ``level`` says what is divided by ``world``: nothing (DDP), the
+    optimizer state (ZeRO-1), also the gradients (ZeRO-2), or everything
+    (ZeRO-3, which FSDP's ``fully_shard`` implements). Activations are extra.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}")
+    k = LEVELS.index(level)
+    out = {"params": n_params * param_bytes / (world if k >= 3 else 1),
+           "grads": n_params * param_bytes / (world if k >= 2 else 1),
+           "optimizer": n_params * 4 * OPTIMIZER_STATES[optimizer] / (world if k >= 1 else 1)}
+    out["total"] = sum(out.values())
+    return out
+
+
 def shard_rows(rows: int, world: int, rank: int) -> tuple[int, int]:
     """``(real rows, stored rows)`` of rank ``rank``'s dim-0 shard (``torch.chunk`` + padding)."""
     chunk = math.ceil(rows / world)

@@ -12,19 +12,28 @@
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
 
-def saved_tensor_bytes(fn: Callable[[], object]) -> int:
-    """Bytes of the distinct tensors autograd saved for backward while ``fn()`` ran."""
+def _key(t: torch.Tensor) -> tuple:
+    return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
+
+
+def saved_tensor_bytes(fn: Callable[[], object], *, exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes of the distinct tensors autograd saved for backward while ``fn()`` ran.
+
+    Storages of the tensors in ``exclude`` (e.g. ``model.parameters()``, which
+    ``linear`` saves but which exist anyway) are not counted.
+    """
     seen: dict[tuple, int] = {}
+    skip = {_key(t) for t in exclude}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        key = (t.device.type, t.device.index, storage.data_ptr())
-        seen[key] = max(seen.get(key, 0), storage.nbytes())
+        key = _key(t)
+        if key not in skip:
+            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -32,8 +41,10 @@ def saved_tensor_bytes(fn: Callable[[], object]) -> int:
     return sum(seen.values())
 
 
-def peak_memory(fn: Callable[[], object], device: torch.device | str) -> tuple[int, str]:
-    """``(bytes, method)``: the peak allocated while ``fn()`` ran on a GPU, else saved-tensor bytes."""
+def peak_memory(fn: Callable[[], object], device: torch.device | str, *,
+                exclude: Iterable[torch.Tensor] = ()) -> tuple[int, str]:
+    """``(bytes, method)``: the peak allocated while ``fn()`` ran on a GPU, else saved-tensor bytes
+    (without the storages of ``exclude``)."""
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -42,4 +53,4 @@ def peak_memory(fn: Callable[[], object], device: torch.device | str) -> tuple[i
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before, "torch.cuda.max_memory_allocated (peak above the start)"
-    return saved_tensor_bytes(fn), "bytes of tensors saved for backward (saved_tensors_hooks)"
+    return saved_tensor_bytes(fn, exclude=exclude), "bytes of tensors saved for backward (saved_tensors_hooks)"

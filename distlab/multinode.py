@@ -174,3 +174,22 @@ def spawn_demo(nprocs: int = 2, timeout: float = 60.0) -> list[str]:
                     p.kill()
                 p.join(timeout=5)
         return [Path(tmp, f"{r}.txt").read_text() for r in range(nprocs)]
+
+
+def flaky_worker() -> dict:
+    """Elastic-restart demo: rank 1 dies in the first attempt; torchrun then restarts *every*
+    worker (new processes, attempt 1), which rejoin the process group and finish."""
+    import torch.distributed as dist
+
+    from .distributed import init_distributed, shutdown
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    init_distributed()
+    rank = dist.get_rank()
+    print(f"attempt {attempt}: rank {rank} is process {os.getpid()}", flush=True)
+    dist.barrier()
+    if attempt == 0 and rank == 1:
+        os._exit(3)  # a crash: no exception, no clean-up, like a lost machine or an OOM kill
+    dist.barrier()
+    shutdown()
+    return {"rank": rank, "attempt": attempt, "pid": os.getpid()}

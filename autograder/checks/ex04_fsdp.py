@@ -34,7 +34,7 @@ WORLD_SIZES = (2, 4)
 MODEL = dict(hidden=90, depth=8)
 STEPS, MICRO_BATCH, LR, SEED = 4, 8, 1e-2, 11
 MEASURE_STEP = 2  # the second step: Adam's state exists before it, so the step sees the steady state
-RTOL, ATOL = 1e-4, 1e-5
+RTOL, ATOL = 1e-3, 1e-4  # reduce-scatter sums in another order; Adam's 1/sqrt(v) amplifies it on tiny gradients
 # Per-block FSDP keeps at most this many units' worth of unsharded bytes alive at once:
 # the unit computing (gathered params + all-gather buffer, then its full gradients + the
 # reduce-scatter buffer) and the one being prefetched. Root-only wrapping needs the whole model.

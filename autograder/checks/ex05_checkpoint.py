@@ -106,9 +106,12 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
         with CapturedPrints() as out:
             returned = learner.train(phase["dir"], data, steps=phase["steps"], save_every=RUN["save_every"],
                                      keep=RUN["keep"], seed=RUN["seed"], on_step=on_step)
-    except Exception as exc:  # kept for the verdict: a restarted attempt's error is the telling one
+    except BaseException as exc:  # DCP raises CheckpointException, a BaseException
+        # Kept for the verdict: a restarted attempt's error is the telling one.
+        lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
+        cause = next((ln for ln in reversed(lines) if "Error" in ln), lines[0])
         with open(outdir / f"{phase['name']}-errors.jsonl", "a") as f:
-            f.write(json.dumps({"attempt": attempt, "rank": rank, "error": f"{type(exc).__name__}: {exc}"[:300]}) + "\n")
+            f.write(json.dumps({"attempt": attempt, "rank": rank, "error": cause[:300]}) + "\n")
         raise
     finally:
         FileSystemWriter.write_data = real_write
@@ -265,8 +268,9 @@ def _check_restart(report, path, out, B, ref, ref_rec) -> None:
     att1 = [x["step"] for x in rec[0] if x["attempt"] == 1]
     errors = out / "B-errors.jsonl"
     later = [json.loads(ln) for ln in errors.read_text().splitlines()] if errors.is_file() else []
-    later = [e for e in later if e["attempt"] >= 1]
-    if later:  # name what the restarted job tripped on, not the peer's "connection closed"
+    # Name what a restarted attempt tripped on, not a peer's "connection closed" after a kill.
+    later = [e for e in later if e["attempt"] >= 1 and "Connection" not in e["error"]]
+    if later and err is not None:
         err = f"attempt {later[0]['attempt']}, rank {later[0]['rank']}: {later[0]['error']}"
     # an interrupted write is never loaded
     if att1 and att1[0] == resumed_from + 1:

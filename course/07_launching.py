@@ -1,0 +1,222 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 7. Launching: torchrun, many machines, failures, and how well it scales
+#
+# Every notebook so far started its ranks with `distlab.torchrun`, a thin wrapper around
+# PyTorch's launcher `torchrun` (`python -m torch.distributed.run`). This notebook looks at the
+# launcher itself: what it gives each worker, how several machines form one job, what happens
+# when a worker dies, how to run on a Slurm cluster, and finally how to measure whether adding
+# workers pays off (exercise 6).
+#
+# ## What torchrun sets
+# `torchrun --nproc-per-node=2 train.py` starts 2 workers and gives each its place in the job
+# through environment variables, which `init_process_group()` reads:
+#
+# | variable | meaning |
+# |---|---|
+# | `RANK` | global rank, 0 … WORLD_SIZE-1 |
+# | `LOCAL_RANK` | rank on this machine: which GPU to use |
+# | `WORLD_SIZE` | workers in the whole job |
+# | `LOCAL_WORLD_SIZE` | workers on this machine |
+# | `GROUP_RANK` | which machine (node) this is, 0 … nnodes-1 |
+# | `MASTER_ADDR`, `MASTER_PORT` | where the process group's store listens |
+# | `TORCHELASTIC_RESTART_COUNT` | how many times the workers were restarted |
+#
+# Here they are, from a live run of 2 workers on this machine:
+
+# %%
+import matplotlib.pyplot as plt
+
+from distlab import torchrun
+from distlab.multinode import ENV_VARS, command_lines, multinode_torchrun, spawn_demo
+
+
+def env_table(results: list[dict], keys=ENV_VARS[:8]) -> None:
+    print(" ".join(f"{k:>16}" for k in keys))
+    for r in results:
+        print(" ".join(f"{r[k]:>16}" for k in keys))
+
+
+single = torchrun("distlab.multinode:whoami", 2, timeout=60)
+env_table(single.results)
+print(f"an all-reduce of the ranks gave {single.results[0]['rank_sum']} on every rank: one world of "
+      f"{single.results[0]['world']}")
+
+# %% [markdown]
+# ## `mp.spawn` against torchrun
+# Older tutorials start workers with `torch.multiprocessing.spawn(fn, nprocs=N)`: the
+# notebook's own process forks the workers, so *you* choose `MASTER_ADDR`/`MASTER_PORT`, pass
+# the rank as an argument, set `WORLD_SIZE`, and handle a hung or crashed worker yourself.
+# It works on one machine:
+
+# %%
+for line in spawn_demo(2):
+    print(line[:120])
+
+# %% [markdown]
+# Notice that none of torchrun's variables are set: the function got its rank as an argument.
+# **torchrun is recommended** because it does all of that for you, the same way on one machine
+# and on many: it picks the ranks at a *rendezvous*, sets the environment, watches the workers,
+# tears the whole group down when one fails, and can restart them (*elastic* training). The
+# training script stays a plain script with no launcher code in it.
+#
+# **Rendezvous backends.** `c10d` (the default with `--rdzv-backend=c10d`, and what
+# `--standalone` uses on `localhost:0`) hosts a TCP store in one of the torchrun agents: nothing
+# to install. `etcd`/`etcd-v2` use an external etcd server (older deployments). Without a
+# rendezvous backend, the *static* form `--nnodes=2 --node-rank=K --master-addr=… --master-port=…`
+# makes you number the machines yourself.
+#
+# ## Two machines, on one machine
+# On a cluster every machine runs one torchrun agent with the **same** command; the agents meet
+# at the rendezvous endpoint (the first machine's address) and agree on the world. Nothing stops
+# us from starting both agents here, with the endpoint on `127.0.0.1` and a free port:
+
+# %%
+multi = multinode_torchrun("distlab.multinode:whoami", nnodes=2, nproc_per_node=1, timeout=60)
+env_table(multi.results)
+print(f"two agents, GROUP_RANK {sorted(r['GROUP_RANK'] for r in multi.results)}, one world of "
+      f"{multi.results[0]['world']} (all-reduce of ranks = {multi.results[0]['rank_sum']})")
+
+# %% [markdown]
+# The command each machine would run, first as used here, then for two real machines whose
+# first one is `10.0.0.1` (run it on both; torchrun decides which one is node 0):
+
+# %%
+for endpoint in ("127.0.0.1:29400", "10.0.0.1:29400"):
+    print(" ".join(command_lines(2, 4, endpoint, "myjob", ["train.py"])[0]))
+
+# %% [markdown]
+# ## When a worker dies: elastic restarts
+# With `--max-restarts=K`, when a worker fails torchrun stops **all** workers of the group (the
+# others were waiting in a collective for the dead one and would hang until their timeout) and
+# starts them all again, up to K times. The new processes rejoin a fresh process group
+# (`TORCHELASTIC_RESTART_COUNT` tells them which attempt this is) and must resume from their
+# last checkpoint (notebook 3). Below, rank 1 crashes in attempt 0:
+
+# %%
+restart = torchrun("distlab.multinode:flaky_worker", 2, max_restarts=1, timeout=90)
+for line in restart.lines:
+    if "attempt" in line:
+        print(line)
+print("returned:", restart.results)
+
+# %% [markdown]
+# Both ranks came back as new processes in attempt 1, rank 0 too although it had not failed.
+# Without restarts (`--max-restarts=0`, the default) torchrun ends the surviving workers and
+# exits with an error; `distlab.torchrun` then raises `RankFailure` naming the rank that failed
+# first. On several machines an agent that loses its workers triggers a new rendezvous among
+# all agents.
+#
+# ## On a Slurm cluster
+# `course/slurm/train.sbatch` is a ready batch script: one task (one torchrun agent) per node,
+# GPUs-per-node workers each, rendezvous on the allocation's first node, a port derived from
+# the job id. Submit it with `sbatch course/slurm/train.sbatch train.py --your-args`.
+
+# %%
+from distlab.launch import REPO_ROOT
+
+print((REPO_ROOT / "course" / "slurm" / "train.sbatch").read_text().split("set -euo pipefail")[1].strip())
+
+# %% [markdown]
+# ## How well does it scale? (exercise 6)
+# With W workers, data parallelism does W times the work per step, plus an all-reduce of the
+# gradients. A simple model of one step:
+#
+# $$t_\text{step}(W) = t_\text{compute} + \underbrace{\frac{2(W-1)}{W}\cdot\frac{\text{bytes}}{\text{busbw}} + \text{latency}}_{\text{ring all-reduce}}\qquad \text{efficiency}(W) = \frac{t_\text{step}(1)}{t_\text{step}(W)}$$
+#
+# `busbw` is the *bus bandwidth* as nccl-tests defines it (`bytes × 2(n-1)/n / time`), measured
+# below on this machine. DDP overlaps the all-reduce with the backward, so the model is
+# pessimistic where communication is small; it is honest about one more thing: on a CPU, W
+# workers share the machine's cores.
+#
+# **This machine.** Workers here are processes on the CPU cores, gloo moves gradients through
+# shared memory and loopback TCP, and 4 workers on a 2-core machine are *oversubscribed*: they
+# take turns on the cores, so their step time grows for reasons that have nothing to do with
+# communication. A CPU can show the method and the shape of the model; it cannot show the
+# efficiency of GPUs on NVLink or InfiniBand.
+
+# %%
+import os
+
+import torch
+from torch import nn
+
+from distlab.bandwidth import allreduce_time, predicted_efficiency
+from distlab.models import make_mlp
+from torch.utils.benchmark import Timer
+
+cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+HIDDEN, BATCH = 1024, 32   # 2.2 M parameters: 8.7 MB of gradients for little compute per sample
+
+torch.set_num_threads(1)   # like each torchrun worker (OMP_NUM_THREADS=1)
+model = make_mlp(seed=0, hidden=HIDDEN, depth=3)
+x, y = torch.randn(BATCH, 64), torch.randint(0, 10, (BATCH,))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def local_step():
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+t1 = Timer("local_step()", globals={"local_step": local_step}).timeit(20).median
+probes = {}
+for w in (2, 4):
+    print(f"measuring {w} workers ({'oversubscribed: ' + str(w) + ' workers on ' + str(cores) + ' cores' if w > cores else 'one core each'}) ...", flush=True)
+    probes[w] = torchrun("distlab.bandwidth:scaling_probe", w, kwargs=dict(hidden=HIDDEN, batch=BATCH), timeout=120).results[0]
+
+# %%
+print(f"one worker: {t1 * 1e3:.1f} ms per step; gradients {probes[2]['grad_bytes'] / 1e6:.1f} MB")
+print(f"{'W':>2} {'busbw GB/s':>11} {'all-reduce ms':>14} {'compute ms':>11} {'step ms':>8} "
+      f"{'predicted eff':>14} {'measured eff':>13}")
+pred, meas = {1: 1.0}, {1: 1.0}
+for w, p in probes.items():
+    comm = allreduce_time(p["grad_bytes"], w, p["busbw"], p["latency_s"])
+    # compute on W workers at once, measured: includes the slowdown of sharing cores
+    pred[w] = predicted_efficiency(t1, p["grad_bytes"], w, p["busbw"], p["latency_s"], slowdown=p["compute_s"] / t1)
+    meas[w] = t1 / p["step_s"]
+    print(f"{w:>2} {p['busbw'] / 1e9:>11.2f} {comm * 1e3:>14.1f} {p['compute_s'] * 1e3:>11.1f} "
+          f"{p['step_s'] * 1e3:>8.1f} {pred[w]:>14.0%} {meas[w]:>13.0%}" + ("  oversubscribed" if w > cores else ""))
+
+fig, ax = plt.subplots(figsize=(5, 3.2))
+ws = sorted(pred)
+ax.plot(ws, [pred[w] for w in ws], "o--", label="predicted (model)")
+ax.plot(ws, [meas[w] for w in ws], "o-", label="measured")
+ax.axhline(1.0, color="gray", lw=0.8)
+ax.axvline(cores, color="red", lw=0.8, ls=":", label=f"{cores} cores")
+ax.set(xlabel="workers W", ylabel="efficiency", xticks=ws, ylim=(0, 1.1), title="DDP scaling on this machine")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Read the table from left to right: the all-reduce time follows from the measured bus
+# bandwidth; the compute column shows what sharing cores costs (at W > cores it alone breaks
+# linear scaling); the measured step is usually a little *below* compute + all-reduce, because
+# DDP overlaps the all-reduce with the backward. Where prediction and measurement disagree,
+# something the model leaves out dominates — find it before trusting a scaling figure.
+#
+# ### Exercise 6: measure it yourself
+# In `exercises/ex06_scaling.py` you write the measurement: throughput counting every rank's
+# samples, warm-up excluded, the window bracketed by barriers (and `torch.cuda.synchronize()` on
+# GPUs), the efficiency, a JSON file and a plot. The grader first runs your `measure_throughput`
+# on a synthetic step whose duration it controls (your figure must be within 10% of the truth at
+# 1, 2 and 4 workers), then runs your benchmark on the real model and shows you the figures.
+# When it passes, `run_scaling()` in your file produces `scaling.json` and `scaling.png`.
+
+# %%
+from autograder.notebook import check
+
+check(6, raise_on_fail=False)

@@ -1,0 +1,27 @@
+# syntax=docker/dockerfile:1
+# The learner image: JupyterLab on the course, CPU PyTorch by default.
+#   docker build -f docker/learner.Dockerfile -t distlab-learner .
+#   docker run --rm -p 8888:8888 distlab-learner
+# A GPU build: --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 (then run with --gpus all).
+FROM python:3.11-slim-bookworm
+
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1
+
+RUN useradd --create-home --uid 1000 --shell /bin/bash learner
+WORKDIR /home/learner/distlab
+
+# The same exact pins as the pip path (tests/test_docker.py checks): requirements.txt only.
+# The extra index offers torch==2.13.0+cpu, which satisfies the torch==2.13.0 pin.
+COPY requirements.txt ./
+RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" -r requirements.txt
+
+COPY --chown=learner:learner . .
+RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
+    && chown -R learner:learner /home/learner/distlab
+
+USER 1000:1000
+EXPOSE 8888
+ENTRYPOINT ["/home/learner/distlab/docker/learner-entrypoint.sh"]

