@@ -83,7 +83,7 @@ def predicted_efficiency(compute_s: float, grad_bytes: float, world: int, busbw:
     return compute_s / step
 
 
-def scaling_probe(hidden: int = 1024, batch: int = 32, steps: int = 20) -> dict:
+def scaling_probe(hidden: int = 1024, batch: int = 32, steps: int = 10) -> dict:
     """Runs on every rank: the inputs of the model above, measured on this job.
 
     ``compute_s``: one local forward/backward/step without DDP (all ranks at once, so

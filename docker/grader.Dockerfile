@@ -22,10 +22,12 @@ RUN apt-get update \
 COPY requirements.txt /opt/distlab/requirements.txt
 RUN pip install --no-cache-dir -r /opt/distlab/requirements.txt
 
-# The grader's code belongs to root and is read-only to the student user that runs learners' code.
+# The grader's code belongs to root and is read-only to the student user that runs learners' code;
+# the reference solutions are not even readable (a learner's module could import them otherwise).
 COPY . /opt/distlab
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e /opt/distlab \
     && chmod -R go-w /opt/distlab /opt/venv \
+    && chmod -R go-rwx /opt/distlab/solutions \
     && useradd --create-home --uid 2000 --shell /usr/sbin/nologin student
 
 WORKDIR /opt/distlab

@@ -1,10 +1,17 @@
 # syntax=docker/dockerfile:1
 # The learner image: JupyterLab on the course, CPU PyTorch by default.
 #   docker build -f docker/learner.Dockerfile -t distlab-learner .
-#   docker run --rm -p 8888:8888 distlab-learner
-# A GPU build: --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 (then run with --gpus all).
-FROM python:3.11-slim-bookworm
+#   docker run --rm -p 8888:8888 -v "$PWD/exercises:/home/learner/distlab/exercises" distlab-learner
+# GPU build: --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 (run with --gpus all).
+# The reference solutions stay out of the image unless --build-arg INCLUDE_SOLUTIONS=1 (a demo image).
 
+# Stage 1: the course files learners receive (a separate stage, so no layer of the image holds solutions/).
+FROM python:3.11-slim-bookworm AS course
+ARG INCLUDE_SOLUTIONS=0
+COPY . /src
+RUN if [ "${INCLUDE_SOLUTIONS}" != 1 ]; then rm -rf /src/solutions; fi
+
+FROM python:3.11-slim-bookworm
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -18,7 +25,7 @@ WORKDIR /home/learner/distlab
 COPY requirements.txt ./
 RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" -r requirements.txt
 
-COPY --chown=learner:learner . .
+COPY --from=course --chown=learner:learner /src .
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
     && chown -R learner:learner /home/learner/distlab
 

@@ -17,9 +17,10 @@ Fill in, in order:
    and save it there.
 5. ``train_fsdp``: put them together in the right order.
 
-The grader calls ``train_fsdp`` under torchrun at world sizes 2 and 4, after ``distlab.init_distributed()``. Legacy name: ``fully_shard`` replaces the
-``FullyShardedDataParallel`` wrapper (FSDP1) with ``auto_wrap_policy``; the
-full state dict below replaces ``FSDP.state_dict_type(model,
+The grader calls ``train_fsdp`` under torchrun at world sizes 2 and 4,
+after ``distlab.init_distributed()``. Legacy names: ``fully_shard`` replaces
+the ``FullyShardedDataParallel`` wrapper (FSDP1) with ``auto_wrap_policy``;
+the full state dict below replaces ``FSDP.state_dict_type(model,
 StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True,
 rank0_only=True))``. Check with ``python -m autograder --exercise 4`` or
 from the notebook ``course/04_fsdp``.

@@ -39,3 +39,13 @@ def session_processes() -> list:
         except (psutil.Error, OSError):
             continue
     return found
+
+
+def failed(report) -> dict[str, str]:
+    """``{criterion name: feedback}`` for every criterion of ``report`` that lost points."""
+    return {c.name: c.feedback for c in report.criteria if c.earned < c.points}
+
+
+def feedback_of(report, criterion: str) -> str:
+    """The feedback of the first failed criterion whose name contains ``criterion``."""
+    return next(v for k, v in failed(report).items() if criterion in k)

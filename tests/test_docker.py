@@ -46,9 +46,15 @@ def run_instructions(dockerfile: Path) -> list[str]:
     return [ln.strip()[4:] for ln in text.splitlines() if ln.strip().startswith("RUN ")]
 
 
-def test_there_is_a_learner_and_a_grader_image():
+def test_there_is_a_learner_and_a_grader_image_and_neither_hands_out_solutions():
     assert [p.name for p in DOCKERFILES] == ["grader.Dockerfile", "learner.Dockerfile"]
-    assert "nvidia/cuda" in (DOCKER / "grader.Dockerfile").read_text()
+    grader, learner = ((DOCKER / f"{n}.Dockerfile").read_text() for n in ("grader", "learner"))
+    assert "FROM nvidia/cuda:" in grader and 'ENTRYPOINT ["/opt/distlab/docker/grade.sh"]' in grader
+    assert "chmod -R go-rwx /opt/distlab/solutions" in grader  # the student user cannot import them
+    # the learner image copies the course from a stage that dropped solutions/, so no layer holds them
+    assert "rm -rf /src/solutions" in learner and "COPY --from=course" in learner
+    stages = re.split(r"^FROM ", learner, flags=re.M)[1:]
+    assert len(stages) == 2 and "COPY . " in stages[0] and "COPY . " not in stages[1]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)

@@ -7,11 +7,7 @@ import subprocess
 import sys
 
 from autograder.checks import ex01_ddp
-from tests.helpers import EXERCISES, REPO, SOLUTIONS, mutant
-
-
-def failed(report) -> dict[str, str]:
-    return {c.name: c.feedback for c in report.criteria if c.earned < c.points}
+from tests.helpers import EXERCISES, REPO, SOLUTIONS, failed, mutant
 
 
 def test_cli_gives_the_solution_full_marks_at_world_sizes_2_and_4(tmp_path):

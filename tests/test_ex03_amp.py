@@ -7,7 +7,7 @@ import pytest
 from autograder.checks import ex03_amp as check
 from autograder.runner import grade_one
 
-from .helpers import EXERCISES, SOLUTIONS, mutant
+from tests.helpers import EXERCISES, SOLUTIONS, failed, feedback_of, mutant
 
 FILE = check.EXERCISE.filename
 MUTANTS = {
@@ -40,14 +40,6 @@ def reports(tmp_path_factory) -> dict:
         (tmp / name).mkdir()
         paths[name] = mutant(tmp / name, FILE, change)
     return dict(zip(paths, check.grade_many(list(paths.values()))))
-
-
-def failed(report) -> dict[str, str]:
-    return {c.name: c.feedback for c in report.criteria if c.earned < c.points}
-
-
-def feedback_of(report, criterion: str) -> str:
-    return next(v for k, v in failed(report).items() if criterion in k)
 
 
 def test_solution_full_marks(reports):

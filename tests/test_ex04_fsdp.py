@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from autograder.checks import ex04_fsdp
 from autograder.runner import grade_one
-from distlab.fsdp_memory import expected_bytes, shard_rows
+from distlab.fsdp_memory import expected_bytes, full_shapes, memory_per_gpu, shard_rows
+from distlab.resmlp import make_resmlp
 from tests.helpers import EXERCISES, SOLUTIONS, mutant
 
 
@@ -20,14 +21,25 @@ def test_padded_shard_arithmetic():
     assert exp == {"params": 60, "grads": 60, "optimizer": 2 * 20 + 4, "padding": 40}
 
 
+def test_calculator_gives_the_overview_figures():
+    # 7B parameters, fp32 + Adam = 16 B each: 112 GB on one GPU, 14 GB each on 8 with full sharding.
+    assert memory_per_gpu(7e9, 4, "adam", 1, "none")["total"] == 112e9
+    assert memory_per_gpu(7e9, 4, "adam", 8, "full")["total"] == 14e9
+    assert memory_per_gpu(7e9, 4, "adam", 8, "optimizer")["total"] == 7e9 * (4 + 4 + 8 / 8)
+
+
 def test_solution_full_marks_with_exact_bytes_and_peak_under_bound():
     report = ex04_fsdp.grade(SOLUTIONS / "ex04_fsdp.py", world_sizes=(2,))
     assert report.score == report.max_score, report.feedback
     m = report.measurements
     assert m["W2_max_abs_diff_vs_reference"] < 1e-3
+    shapes = full_shapes(make_resmlp(seed=0, **ex04_fsdp.MODEL))
     for r in (0, 1):
         assert 0 < m[f"W2_rank{r}_peak_bytes"] <= m[f"W2_rank{r}_peak_bound_bytes"]
-    assert "expected" in report.feedback and "measured" not in failed(report)
+        exp = expected_bytes(shapes, 2, r)
+        assert [m[f"W2_rank{r}_{part}_bytes"] for part in ("params", "grads", "optimizer")] == \
+            [exp["params"], exp["grads"], exp["optimizer"]]
+    assert "rank 0 holds 2145104 B of params+grads+Adam state" in report.feedback
 
 
 def test_stub_scores_zero_not_implemented():

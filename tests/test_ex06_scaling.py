@@ -10,7 +10,7 @@ import pytest
 from autograder.checks import ex06_scaling as check
 from autograder.runner import grade_one
 
-from .helpers import EXERCISES, SOLUTIONS, mutant
+from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename
 MISTAKES = {
@@ -35,10 +35,6 @@ def graded(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     reports = check.grade_all(paths, world_sizes=(1, 2), out_dir=out, real=dict(warmup=2, iters=5))
     return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:]))}, out
-
-
-def failed(report) -> dict[str, str]:
-    return {c.name: c.feedback for c in report.criteria if c.earned < c.points}
 
 
 def test_solution_full_marks_and_real_figures(graded):

@@ -7,7 +7,7 @@ import pytest
 from autograder.checks import ex07_pipeline as check
 from autograder.runner import grade_one
 
-from .helpers import EXERCISES, SOLUTIONS, mutant
+from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename
 SEND_NOW = """            out = stage(x_i)
@@ -34,10 +34,6 @@ def reports(tmp_path_factory):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
     graded = check.grade_all(paths)
     return {"solution": graded[0], **dict(zip(MISTAKES, graded[1:]))}
-
-
-def failed(report) -> dict[str, str]:
-    return {c.name: c.feedback for c in report.criteria if c.earned < c.points}
 
 
 def test_solution_full_marks(reports):

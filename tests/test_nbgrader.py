@@ -65,7 +65,7 @@ def tamper(folder: Path, learner: str) -> None:
         nb.cells[idx].source = f"{EX.max_score:g}  # full marks, surely"
         nb.cells.append(original)
         nbformat.write(nb, nb_path)
-        module.write_text("import distlab_no_such_module\n" + solution)
+        module.write_text(solution + "\nimport distlab_no_such_module\n")
     elif learner == "dave":
         nb = nbformat.read(nb_path, as_version=4)
         nb.cells = [c for c in nb.cells if not c.metadata.get("nbgrader", {}).get("grade")]

@@ -20,12 +20,21 @@ def test_exercises_are_current_with_the_solutions():
 
 
 def _interface(path):
-    tree = ast.parse(path.read_text())
+    """Module-level functions and classes (and their methods): signature and docstring.
+
+    Helpers nested inside a solution region are the learner's business, not the interface.
+    """
     out = {}
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            args = ast.unparse(node.args) if isinstance(node, ast.FunctionDef) else ""
-            out[node.name] = (args, ast.get_docstring(node))
+
+    def visit(body, prefix=""):
+        for node in body:
+            if isinstance(node, ast.FunctionDef):
+                out[prefix + node.name] = (ast.unparse(node.args), ast.get_docstring(node))
+            elif isinstance(node, ast.ClassDef):
+                out[prefix + node.name] = ("", ast.get_docstring(node))
+                visit(node.body, prefix + node.name + ".")
+
+    visit(ast.parse(path.read_text()).body)
     return out
 
 

@@ -8,7 +8,6 @@ them, which the ranks' final parameters must match (CS336-style parity).
 """
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 

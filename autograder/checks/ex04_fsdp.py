@@ -92,9 +92,10 @@ def rank_main(path: str, outdir: str) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            live = torch.cuda.memory_allocated()  # state + cuBLAS workspace + the batch, already there
             loss = real_step(model_, optimizer, x, y)
             torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated()
+            peak = sum(before.values()) + torch.cuda.max_memory_allocated() - live
         else:
             with LiveStorageTracker() as mem:
                 mem.track(*params, *(p.grad for p in params if p.grad is not None),
