@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from .nbgrader_assignments import MANIFEST, write_source
@@ -69,14 +70,24 @@ class Course:
         return (["--force"] if self.force else []) + (["--student", self.student] if self.student else [])
 
     def nbgrader(self, *args: str) -> bool:
-        """Run ``nbgrader ARGS`` in the course directory; record a failure instead of raising."""
-        cmd = [sys.executable, "-m", "nbgrader", *args]
+        """Run ``nbgrader ARGS`` in the course directory; record a failure instead of raising.
+
+        On timeout nbgrader, its kernels and whatever they started (tagged like a
+        torchrun job) are all ended, so nothing of a hung learner survives.
+        """
+        from distlab.process import end_job, tag_env  # imports torch: only when a command runs
+
+        job_id = uuid.uuid4().hex
         print("$ nbgrader " + " ".join(args), flush=True)
+        proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=self.dir,
+                                env=tag_env(job_id, self.env), start_new_session=True)
         try:
-            done = subprocess.run(cmd, cwd=self.dir, env=self.env, timeout=self.timeout_s)
-            ok = done.returncode == 0
+            ok = proc.wait(timeout=self.timeout_s) == 0
         except subprocess.TimeoutExpired:
+            print(f"nbgrader {args[0]} took longer than {self.timeout_s:g} s and was stopped", flush=True)
             ok = False
+        finally:
+            end_job(proc, job_id, grace_s=5.0)
         if not ok:
             self.failed.append(" ".join(args))
         return ok
@@ -134,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only exercise N's assignment (repeatable)")
     parser.add_argument("--force", action="store_true", help="redo autograde/feedback/release over old results")
     parser.add_argument("--student", help="autograde/feedback only this learner")
-    parser.add_argument("--timeout", type=float, help="seconds allowed to each nbgrader command")
+    parser.add_argument("--timeout", type=float, default=6 * 3600,
+                        help="seconds allowed to each nbgrader command (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.step == "generate":
         from .registry import exercises

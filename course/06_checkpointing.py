@@ -62,8 +62,8 @@
 # The script below trains a sharded (FSDP2) model on 2 ranks for 30 steps, saving every 5 with an
 # atomic commit and keeping 2. It has no dropout and picks each batch from the step number, so
 # model, optimizer and step are all it must save (the exercise has to save the rest too). We run
-# it twice: once undisturbed, and once with `--max-restarts 1` while rank 1 **SIGKILLs itself
-# after step 13**. torchrun sees the dead rank, stops the other, restarts both, and the new
+# it twice under `torchrun --max-restarts 1`: once undisturbed, and once while rank 1 **SIGKILLs
+# itself after step 13**. torchrun sees the dead rank, stops the other, restarts both, and the new
 # processes resume from the last complete checkpoint (step 10).
 
 # %%
@@ -75,7 +75,6 @@ from pathlib import Path
 # %load_ext distlab
 
 demo = Path(tempfile.mkdtemp(prefix="distlab-06-"))
-os.environ["DEMO_STEPS"] = "30"
 
 # %%
 # %%writefile {demo}/train_demo.py
@@ -94,76 +93,82 @@ from distlab.checkpoint import commit, latest_complete, prune, staging_path
 from distlab.data import synthetic_classification
 from distlab.resmlp import make_resmlp
 
-root, log = os.environ["DEMO_CKPT"], os.environ["DEMO_LOG"]
-kill_at, steps = int(os.environ.get("DEMO_KILL_AT", "0")), int(os.environ["DEMO_STEPS"])
+STEPS, KILL_AT = 30, 13
+demo = os.path.dirname(os.path.abspath(__file__))
 distlab.init_distributed()
 rank, attempt = dist.get_rank(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-model = make_resmlp(seed=0, hidden=48, depth=2)
-for block in model.blocks:
-    fully_shard(block)
-fully_shard(model)
-opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-
-step = 0
-found = latest_complete(root)
-if found is not None:
-    model_sd, optim_sd = get_state_dict(model, opt)
-    state = {"model": model_sd, "optim": optim_sd, "step": 0}
-    dcp.load(state, checkpoint_id=found[1])  # fills the sharded tensors in place
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    step = state["step"]
-    if rank == 0:
-        print(f"attempt {attempt}: resumed from {found[1].name}")
-
 x_all, y_all = synthetic_classification(1024, 64, 10, seed=1).tensors
-while step < steps:
-    idx = torch.randint(0, 1024, (32,), generator=torch.Generator().manual_seed(step))[rank * 16:(rank + 1) * 16]
-    opt.zero_grad()
-    loss = torch.nn.functional.cross_entropy(model(x_all[idx]), y_all[idx])
-    loss.backward()
-    opt.step()
-    step += 1
-    mean = loss.detach().clone()
-    dist.all_reduce(mean)
-    if rank == 0:
-        with open(log, "a") as f:
-            f.write(json.dumps({"attempt": attempt, "step": step, "loss": mean.item() / 2}) + "\n")
-    if step % 5 == 0:
+
+
+def train(name: str, kill_at: int = 0) -> None:
+    root = os.path.join(demo, name)
+    model = make_resmlp(seed=0, hidden=48, depth=2)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    step = 0
+    found = latest_complete(root)
+    if found is not None:
         model_sd, optim_sd = get_state_dict(model, opt)
-        dcp.save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=staging_path(root, step))
-        dist.barrier()  # every rank's shard is on disk
+        state = {"model": model_sd, "optim": optim_sd, "step": 0}
+        dcp.load(state, checkpoint_id=found[1])  # fills the sharded tensors in place
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        step = state["step"]
         if rank == 0:
-            commit(root, step)  # atomic rename .tmp-step_N -> step_N
-            prune(root, keep=2)
-        dist.barrier()
-    if step == kill_at and attempt == 0 and rank == 1:
-        print(f"rank 1: SIGKILL after step {step}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+            print(f"{name}, attempt {attempt}: resumed from {found[1].name}")
+    while step < STEPS:
+        g = torch.Generator().manual_seed(step)  # the batch depends on the step only
+        idx = torch.randint(0, 1024, (32,), generator=g)[rank * 16:(rank + 1) * 16]
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x_all[idx]), y_all[idx])
+        loss.backward()
+        opt.step()
+        step += 1
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        if rank == 0:
+            with open(root + ".jsonl", "a") as f:
+                f.write(json.dumps({"attempt": attempt, "step": step, "loss": mean.item() / 2}) + "\n")
+        if step % 5 == 0:
+            model_sd, optim_sd = get_state_dict(model, opt)
+            dcp.save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=staging_path(root, step))
+            dist.barrier()  # every rank's shard is on disk
+            if rank == 0:
+                commit(root, step)  # atomic rename .tmp-step_N -> step_N
+                prune(root, keep=2)
+            dist.barrier()
+        if step == kill_at and attempt == 0 and rank == 1:
+            print(f"rank 1: SIGKILL after step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+if attempt == 0:
+    train("uninterrupted")
+train("killed", kill_at=KILL_AT)
 distlab.shutdown()
+
+# %% [markdown]
+# One job runs both: first the undisturbed run, then the one that loses rank 1 (the restarted
+# attempt skips the first). The cell prints only the lines about the crash and the resume.
 
 # %%
 from distlab import torchrun
 
-runs = {}
-for name, kill_at, restarts in (("uninterrupted", 0, 0), ("killed at step 13", 13, 1)):
-    os.environ.update(DEMO_CKPT=str(demo / name / "ckpt"), DEMO_LOG=str(demo / f"{name}.jsonl"),
-                      DEMO_KILL_AT=str(kill_at))
-    print(f"--- {name}")
-    run = torchrun(str(demo / "train_demo.py"), 2, max_restarts=restarts, timeout=120,
-                   stream=lambda line: print(line) if "resumed" in line or "SIGKILL" in line else None)
-    runs[name] = run.wall_s
+run = torchrun(str(demo / "train_demo.py"), 2, max_restarts=1, timeout=150,
+               stream=lambda line: print(line) if "resumed" in line or "SIGKILL" in line else None)
 
 # %%
 import json
 
 import matplotlib.pyplot as plt
 
-logs = {n: [json.loads(l) for l in (demo / f"{n}.jsonl").read_text().splitlines()] for n in runs}
+logs = {n: [json.loads(ln) for ln in (demo / f"{n}.jsonl").read_text().splitlines()]
+        for n in ("uninterrupted", "killed")}
 ref = {r["step"]: r["loss"] for r in logs["uninterrupted"]}
-crashed = logs["killed at step 13"]
+crashed = logs["killed"]
 fig, ax = plt.subplots(figsize=(8, 3.5))
-ax.plot(list(ref), list(ref.values()), "k-", lw=3, alpha=0.3, label="uninterrupted")
+ax.plot(list(ref), list(ref.values()), "k-", lw=8, alpha=0.2, label="uninterrupted")
 for attempt in sorted({r["attempt"] for r in crashed}):
     pts = [r for r in crashed if r["attempt"] == attempt]
     ax.plot([r["step"] for r in pts], [r["loss"] for r in pts], "o-", ms=3,
@@ -176,11 +181,10 @@ after = [r for r in crashed if r["attempt"] == 1]
 worst = max(abs(r["loss"] - ref[r["step"]]) for r in after)
 print(f"attempt 1 resumed at step {after[0]['step']} and ran to step {after[-1]['step']}; "
       f"largest loss difference from the uninterrupted run: {worst}")
-print("checkpoints kept:", sorted(p.name for p in (demo / "killed at step 13" / "ckpt").iterdir()))
+print("checkpoints kept:", sorted(p.name for p in (demo / "killed").iterdir()))
 from distlab.checkpoint import latest_complete, size_bytes
-print("files of the last one (bytes):", size_bytes(latest_complete(demo / "killed at step 13" / "ckpt")[1]))
-print(f"wall time: uninterrupted {runs['uninterrupted']:.1f} s, with crash and restart "
-      f"{runs['killed at step 13']:.1f} s")
+print("files of the last one (bytes):", size_bytes(latest_complete(demo / "killed")[1]))
+print(f"the whole job, both runs and the restart: {run.wall_s:.1f} s")
 shutil.rmtree(demo, ignore_errors=True)  # the demo's checkpoints and logs
 
 # %% [markdown]

@@ -160,7 +160,12 @@ class LiveStorageTracker(TorchDispatchMode):
             if ref.expired():
                 del self._refs[key]
                 continue
-            total += torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes()
+            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)  # None if freed meanwhile
+            if storage is None:  # (a collective's worker thread may drop the last reference)
+                del self._refs[key]
+                continue
+            total += storage.nbytes()
+            del storage
         self.current = total
         self.peak = max(self.peak, total)
 

@@ -10,11 +10,7 @@ import pytest
 from autograder.checks import ex05_checkpoint
 from autograder.runner import grade_one
 from distlab import checkpoint
-from tests.helpers import EXERCISES, SOLUTIONS, mutant
-
-
-def failed(report) -> dict[str, str]:
-    return {c.name: c.feedback for c in report.criteria if c.earned < c.points}
+from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
 
 
 def test_commit_is_atomic_and_prune_keeps_the_last_k(tmp_path):

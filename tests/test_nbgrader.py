@@ -22,6 +22,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -62,6 +63,7 @@ def tamper(folder: Path, learner: str) -> None:
         nb = nbformat.read(nb_path, as_version=4)
         idx = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade"))
         original = nbformat.from_dict(json.loads(json.dumps(nb.cells[idx])))
+        original["id"] = "pasted-copy"
         nb.cells[idx].source = f"{EX.max_score:g}  # full marks, surely"
         nb.cells.append(original)
         nbformat.write(nb, nb_path)
@@ -104,8 +106,10 @@ def check_cell_output(course: Path, learner: str) -> str:
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
     root = tmp_path_factory.mktemp("nbgrader")
-    saved = {k: os.environ.get(k) for k in ("JUPYTER_DATA_DIR", "IPYTHONDIR")}
+    saved = {k: os.environ.get(k) for k in ("JUPYTER_DATA_DIR", "IPYTHONDIR", "PYTEST_CURRENT_TEST")}
     os.environ.update(JUPYTER_DATA_DIR=str(root / "jupyter-data"), IPYTHONDIR=str(root / "ipython"))
+    # ipykernel stops capturing file descriptors 1 and 2 under pytest; the kernels must behave as in class
+    os.environ.pop("PYTEST_CURRENT_TEST", None)
     try:
         yield run_cycle(root)
     finally:
@@ -118,9 +122,13 @@ def run_cycle(root: Path) -> dict:
     course.mkdir()
     shutil.copy(REPO / "autograder" / "nbgrader" / "nbgrader_config.py", course)
 
+    start = time.perf_counter()
+
     def instructor(*args: str) -> None:
-        argv = [*args, "--course-dir", str(course), "--exchange", str(exchange), "--exercise", str(EX.number)]
+        argv = [*args, "--course-dir", str(course), "--exchange", str(exchange), "--exercise", str(EX.number),
+                "--timeout", "600"]
         assert nbgrader_course.main(argv) == 0, f"nbgrader_course {args[0]} failed"
+        print(f"[nbgrader cycle] {' '.join(args)} done at {time.perf_counter() - start:.1f} s", flush=True)
 
     instructor("generate")
     instructor("release")
@@ -133,6 +141,7 @@ def run_cycle(root: Path) -> dict:
     for name in LEARNERS:
         tamper(homes[name] / ASSIGNMENT, name)
     in_parallel(lambda n: learner_nbgrader(homes[n], exchange, "submit", ASSIGNMENT, "--student", n), LEARNERS)
+    print(f"[nbgrader cycle] learners fetched and submitted at {time.perf_counter() - start:.1f} s", flush=True)
     instructor("grade")  # collect, repair + autograde, generate and release feedback, export
     db = course / "gradebook.db"
     first = gradebook_rows(db), scores(db), (course / "grades.csv").read_text()
@@ -190,3 +199,63 @@ def test_rerunning_autograde_duplicates_nothing(course):
     assert len(rows["submitted_assignment"]) == len(LEARNERS) and len(rows["grade"]) == len(LEARNERS)
     nb = nbformat.read(course["course"] / "submitted" / "erin" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", 4)
     assert sum("distlab_grader_note" in c.metadata for c in nb.cells) == 1
+
+
+def test_check_cells_keep_stderr_noise_out_but_still_fail_on_a_real_error(tmp_path, monkeypatch):
+    """In a real kernel: noise on stderr (Python's, fd 2's, a child process's, a warning) goes to
+    stdout while a check runs, so nbgrader's determine_grade keeps the score the cell returns
+    (partial credit); an error in the check still scores 0 and is shown."""
+    from nbclient import NotebookClient
+    from nbgrader.utils import determine_grade
+
+    noisy = ("import os, subprocess, sys, warnings\n"
+             "from autograder.nbgrader_cell import stderr_to_stdout\n"
+             "with stderr_to_stdout():\n"
+             "    print('py-stderr', file=sys.stderr); os.write(2, b'fd-stderr\\n')\n"
+             "    subprocess.run(['sh', '-c', 'echo child-stderr >&2'])\n"
+             "    warnings.warn('a-warning')\n"
+             "{result}")
+    meta = {"nbgrader": {"grade": True, "grade_id": "g", "points": 10, "solution": False, "locked": True}}
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(noisy.format(result="7.5"), metadata=meta),
+        nbformat.v4.new_code_cell(noisy.format(result="1 / 0"), metadata=meta),
+        nbformat.v4.new_code_cell("import sys; print('after', file=sys.stderr)"),
+    ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")  # else ipykernel does not capture fds 1 and 2, as it does in class
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    NotebookClient(nb, timeout=120, allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    ok, failing, after = nb.cells
+    stdout = "".join(o.get("text", "") for o in ok.outputs if o.output_type == "stream")
+    assert not [o for o in ok.outputs if o.get("name") == "stderr"], ok.outputs
+    for noise in ("py-stderr", "fd-stderr", "child-stderr", "a-warning"):
+        assert noise in stdout
+    assert determine_grade(ok) == (7.5, 10.0)
+    assert determine_grade(failing) == (0, 10.0)
+    assert any(o.output_type == "error" and o.ename == "ZeroDivisionError" for o in failing.outputs)
+    assert [o.get("name") for o in after.outputs] == ["stderr"]  # stderr is restored after the block
+
+
+def test_every_exercise_in_the_registry_is_an_assignment_and_the_config_follows(tmp_path):
+    """No nbgrader run: the generated source/ and what nbgrader_config.py makes of it."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from autograder.nbgrader_assignments import write_source
+    from autograder.stubs import generate
+
+    made = write_source(tmp_path)
+    known = exercises()
+    assert made == [Path(ex.filename).stem for ex in known.values()]
+    stubs = {p.name: text for p, text in generate().items()}
+    for ex in known.values():
+        folder = tmp_path / "source" / Path(ex.filename).stem
+        assert (folder / ex.filename).read_text() == stubs[ex.filename]
+        nb = nbformat.read(folder / f"{folder.name}.ipynb", as_version=4)
+        graded = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+        assert len(graded) == 1 and graded[0].metadata.nbgrader["points"] == ex.max_score
+        assert f"grade({ex.number})" in graded[0].source and "BEGIN HIDDEN TESTS" in graded[0].source
+    shutil.copy(REPO / "autograder" / "nbgrader" / "nbgrader_config.py", tmp_path)
+    c = PyFileConfigLoader("nbgrader_config.py", path=str(tmp_path)).load_config()
+    assert c.CourseDirectory.root == str(tmp_path)
+    assert c.Execute.timeout > max(ex.time_limit for ex in known.values())  # the check's own limit fires first
+    assert c.Autograde.exclude_overwriting == {Path(ex.filename).stem: [ex.filename] for ex in known.values()}
+    assert c.OverwriteCells.add_missing_cells is True

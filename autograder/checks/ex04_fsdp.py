@@ -181,9 +181,10 @@ def _check_world(report: ExerciseReport, results: list[dict], world: int, export
                 lines.append(f"rank {r['rank']} {part}: expected {exp[part]} B, measured {got[part]} B")
     total = sum(r0["expected"][p] for p in ("params", "grads", "optimizer"))
     unsharded = sum(4 * torch.Size(s).numel() for s in r0["shapes"].values()) * 4
-    summary = (f"rank 0 holds {total} B of params+grads+Adam state (expected {total} B, "
-               f"incl. {r0['expected']['padding']} B of padding per params/grads) vs {unsharded} B unsharded "
-               f"(1/W would be {unsharded // world} B)")
+    pad = max(r["expected"]["padding"] for r in results)
+    summary = (f"rank 0 holds {sum(r0['after'][p] for p in ('params', 'grads', 'optimizer'))} B of "
+               f"params+grads+Adam state (expected {total} B; padding up to {pad} B per rank in params and "
+               f"again in grads) vs {unsharded} B unsharded (1/W would be {unsharded // world} B)")
     report.notes.append(f"{tag} {summary}")
     report.check(f"{tag} each rank holds 1/{world} of params, grads and Adam state", 2, exact,
                  "; ".join(lines[:4]) + " (expected = ceil(rows/W) padded rows per param and grad, "
