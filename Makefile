@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 NOTEBOOK_SOURCES := $(wildcard course/[0-9]*.py)
 
-.PHONY: setup lab test bench grade stubs notebooks
+.PHONY: setup lab test bench grade stubs notebooks nbgrader
 
 setup: $(STAMP)
 
@@ -39,3 +39,8 @@ grade: setup
 
 stubs: setup
 	$(BIN)/python -m autograder.stubs
+
+# Instructors: make nbgrader STEP=generate|release|collect|autograde|feedback|export|grade|mark [ARGS="--exercise 1"]
+STEP ?= grade
+nbgrader: setup
+	$(BIN)/python -m autograder.nbgrader_course $(STEP) $(ARGS)

@@ -33,6 +33,31 @@ def synchronize(device: torch.device | str | None = None) -> None:
         torch.accelerator.synchronize()
 
 
+def slowest_rank(seconds: float, device: torch.device | str | None = None) -> float:
+    """The largest of every rank's ``seconds`` (``all_reduce(MAX)``): a step is as slow as its slowest rank.
+
+    The tensor lives on ``device`` (default: this rank's, from :func:`distlab.device`), so the
+    same call works under gloo and NCCL. Every rank must call it the same number of times.
+    """
+    import torch.distributed as dist
+
+    from .distributed import device as rank_device
+
+    t = torch.tensor([float(seconds)], dtype=torch.float64, device=device or rank_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on (the affinity mask, not the machine's total)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
 def median_seconds(fn: Callable[[], object], sync: Callable[[], None] = synchronize, *,
                    warmup: int = 3, min_run_time: float = 0.2) -> float:
     """Median seconds per call of ``fn``: ``warmup`` untimed calls, then ``torch.utils.benchmark``.
