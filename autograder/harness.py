@@ -6,6 +6,7 @@ tensors, lists, strings) and the verdict is computed in the grading process.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
 import io
 import sys
 from pathlib import Path
@@ -15,8 +16,26 @@ import torch
 from distlab.worker import import_path
 
 
+class _NoSolutions(importlib.abc.MetaPathFinder):
+    """Refuses ``import solutions...`` in a rank that grades a learner's file.
+
+    Outside Docker the repo's ``solutions/`` sits on the path; this stops the
+    naive copy (``from solutions.ex01_ddp import *``). The grading image also
+    makes ``solutions/`` unreadable to the learner's user.
+    """
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "solutions" or name.startswith("solutions."):
+            raise ImportError("the reference solutions cannot be imported while grading")
+        return None
+
+
 def load_learner(path: str | Path):
     """Import the learner's exercise file by path (never from ``sys.path``)."""
+    if not any(isinstance(f, _NoSolutions) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoSolutions())
+        for name in [m for m in sys.modules if m == "solutions" or m.startswith("solutions.")]:
+            del sys.modules[name]
     return import_path(path, name=f"learner_{Path(path).stem}")
 
 
@@ -42,7 +61,11 @@ class CapturedPrints(contextlib.AbstractContextManager):
 
 
 class SaveSpy(contextlib.AbstractContextManager):
-    """Counts ``torch.save`` calls on this rank (and still performs them)."""
+    """Counts ``torch.save`` calls on this rank (and still performs them).
+
+    Enter it *before* importing the learner's module, so that
+    ``from torch import save`` binds the spy too.
+    """
 
     def __init__(self):
         self.paths: list[str] = []

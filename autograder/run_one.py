@@ -17,13 +17,13 @@ from .registry import check_modules
 from .report import ExerciseReport
 
 
-def explain(exc: LaunchError, filename: str) -> str:
-    """One learner-facing paragraph for a launch that failed."""
+def explain(exc: LaunchError, path: Path) -> str:
+    """One learner-facing paragraph for a launch that failed while grading the file at ``path``."""
     if isinstance(exc, RankFailure):
         if exc.exc_type == "NotImplementedError":
-            where = _learner_frame(exc.traceback, filename)
+            where = _learner_frame(exc.traceback, path)
             return f"not implemented yet{(' (' + where + ')') if where else ''}"
-        where = _learner_frame(exc.traceback, filename)
+        where = _learner_frame(exc.traceback, path)
         return f"your code raised on rank {exc.rank}: {exc.exc_type}: {exc.exc_message.strip()[:500]}" + (
             f"\n  at {where}" if where else "")
     if isinstance(exc, LaunchTimeout):
@@ -31,14 +31,14 @@ def explain(exc: LaunchError, filename: str) -> str:
     return str(exc)
 
 
-def _learner_frame(tb: str, filename: str) -> str:
+def _learner_frame(tb: str, path: Path) -> str:
     """``"ex01_ddp.py line 42 in train_ddp: <code>"`` for the last frame in the learner's file."""
     frames = re.findall(r'File "([^"]*)", line (\d+), in (\S+)\n\s*(.*)', tb)
-    mine = [f for f in frames if Path(f[0]).name == filename]
+    mine = [f for f in frames if Path(f[0]).resolve() == path.resolve()]
     if not mine:
         return ""
     _, line, func, code = mine[-1]
-    return f"{filename} line {line} in {func}: {code.strip()}"
+    return f"{path.name} line {line} in {func}: {code.strip()}"
 
 
 def main(argv: list[str]) -> int:
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     try:
         report = module.grade(path)
     except LaunchError as exc:
-        report = ExerciseReport(ex.number, ex.name, ex.max_score).fail_all(explain(exc, ex.filename))
+        report = ExerciseReport(ex.number, ex.name, ex.max_score).fail_all(explain(exc, path))
     out.write_text(__import__("json").dumps(report.to_dict()))
     return 0
 

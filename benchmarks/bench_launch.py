@@ -9,48 +9,26 @@ import statistics
 import time
 
 import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import distlab
 from autograder.checks.ex01_ddp import EXERCISE, MODEL, WORLD_SIZES
-from autograder.runner import grade_one
+from autograder.runner import REPO_ROOT, grade_one
 from benchmarks import Row
 from distlab.models import make_mlp
 
 REPEATS = 3
 
 
-def ddp_throughput(batch_size: int = 256, warmup: int = 5, steps: int = 30, repeats: int = 5) -> float:
-    """Samples/s of DDP training on the exercise's MLP, all ranks counted.
+def ddp_throughput(batch_size: int = 256, repeats: int = 5) -> float:
+    """Samples/s of DDP training on exercise 1's MLP, all ranks counted: the median of ``repeats``
+    windows, each measured by exercise 6's reference ``measure_throughput`` (warm-up, barriers)."""
+    from solutions.ex06_scaling import make_ddp_step, measure_throughput
 
-    Each repeat times ``steps`` steps between two barriers after ``warmup`` untimed steps;
-    the slowest rank's time counts (all_reduce MAX), and the median over repeats is returned.
-    """
-    distlab.init_distributed()
-    world = dist.get_world_size()
-    model = DDP(make_mlp(seed=0, **MODEL))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(batch_size, 64), torch.randint(0, 10, (batch_size,))
-
-    def step():
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    for _ in range(warmup):
-        step()
-    rates = []
-    for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        dist.barrier()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        rates.append(world * batch_size * steps / elapsed.item())
+    dev = distlab.init_distributed()
+    model = make_mlp(seed=0, **MODEL).to(dev)
+    x, y = torch.randn(batch_size, 64, device=dev), torch.randint(0, 10, (batch_size,), device=dev)
+    step = make_ddp_step(model, x, y, lr=0.1)
+    rates = [measure_throughput(step, batch_size, warmup=5, iters=30) for _ in range(repeats)]
     distlab.shutdown()
     return statistics.median(rates)
 
@@ -59,7 +37,7 @@ def rows() -> list[Row]:
     floors = {w: statistics.median(distlab.torchrun("distlab.examples:noop", w, timeout=120).wall_s
                                    for _ in range(REPEATS)) for w in WORLD_SIZES}
     start = time.perf_counter()
-    report = grade_one(EXERCISE, _solutions_dir())
+    report = grade_one(EXERCISE, REPO_ROOT / "solutions")
     grading = time.perf_counter() - start
     assert report.passed, report.feedback  # a fast grade of a wrong answer would mean nothing
     out = [Row("launch", f"torchrun of {w} ranks doing nothing (median of {REPEATS})", floors[w], "s",
@@ -70,13 +48,7 @@ def rows() -> list[Row]:
     rates = {w: distlab.torchrun(ddp_throughput, w, timeout=300).results[0] for w in (1, 2)}
     for w, r in rates.items():
         out.append(Row("ddp", f"DDP throughput, exercise MLP, batch 256/rank, {w} rank(s)", r, "samples/s",
-                       "median of 5 timed windows, slowest rank"))
+                       "median of 5 windows between barriers (exercise 6's method)"))
     out.append(Row("ddp", "scaling efficiency 1 -> 2 ranks", rates[2] / (2 * rates[1]), "x of linear",
                    "CPU ranks share 2 cores and memory bandwidth here: not what GPUs show"))
     return out
-
-
-def _solutions_dir():
-    from autograder.runner import REPO_ROOT
-
-    return REPO_ROOT / "solutions"

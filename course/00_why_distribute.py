@@ -114,9 +114,9 @@ import torch.distributed as dist
 
 import distlab
 
-distlab.init_distributed()  # reads RANK, WORLD_SIZE, MASTER_ADDR/PORT set by torchrun
+device = distlab.init_distributed()  # reads RANK, WORLD_SIZE, MASTER_ADDR/PORT set by torchrun
 rank, world = dist.get_rank(), dist.get_world_size()
-x = torch.tensor([float(rank + 1)])
+x = torch.tensor([float(rank + 1)], device=device)  # NCCL reduces GPU tensors, gloo CPU ones
 dist.all_reduce(x)  # sum over ranks, in place, on every rank
 print(f"I am rank {rank} of {world} (pid {os.getpid()}); after all_reduce x = {x.item():g}")
 result = {"rank": rank, "pid": os.getpid(), "sum": x.item()}

@@ -53,19 +53,19 @@ import distlab
 from distlab.data import digits
 from distlab.models import make_mlp
 
-distlab.init_distributed()
+device = distlab.init_distributed()           # cuda:LOCAL_RANK under NCCL, the CPU under gloo
 rank, world = dist.get_rank(), dist.get_world_size()
-model = make_mlp(seed=0)                      # same seed: identical replicas
-x, y = digits().tensors
+model = make_mlp(seed=0).to(device)           # same seed: identical replicas
+x, y = (t.to(device) for t in digits().tensors)
 mine = slice(rank * 64 // world, (rank + 1) * 64 // world)   # this rank's half of samples 0..63
 loss = torch.nn.functional.cross_entropy(model(x[mine]), y[mine])
 loss.backward()
-local = {n: p.grad.clone() for n, p in model.named_parameters()}
+local = {n: p.grad.cpu() for n, p in model.named_parameters()}
 for p in model.parameters():
     dist.all_reduce(p.grad)                   # sum over ranks ...
     p.grad /= world                           # ... then average: what DDP does in backward
 print(f"local loss {loss.item():.4f}; gradients averaged over {world} ranks")
-result = {"local": local, "averaged": {n: p.grad for n, p in model.named_parameters()}}
+result = {"local": local, "averaged": {n: p.grad.cpu() for n, p in model.named_parameters()}}
 distlab.shutdown()
 
 # %%
@@ -107,13 +107,14 @@ import distlab
 from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 
-distlab.init_distributed()
+device = distlab.init_distributed()
 rank = dist.get_rank()
 data = digits()
 result = {}
 for use_ddp in (False, True):
-    model = make_mlp(seed=100 + rank)          # a different start on every rank
-    net = DDP(model) if use_ddp else model     # DDP broadcasts rank 0's weights here
+    model = make_mlp(seed=100 + rank).to(device)   # a different start on every rank
+    ids = [device.index] if device.type == "cuda" else None
+    net = DDP(model, device_ids=ids) if use_ddp else model   # DDP broadcasts rank 0's weights here
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=32, sampler=sampler)
     opt = torch.optim.SGD(net.parameters(), lr=0.2)
@@ -121,7 +122,7 @@ for use_ddp in (False, True):
     for epoch in range(3):
         sampler.set_epoch(epoch)
         for xb, yb in loader:
-            loss = torch.nn.functional.cross_entropy(net(xb), yb)
+            loss = torch.nn.functional.cross_entropy(net(xb.to(device)), yb.to(device))
             opt.zero_grad()
             loss.backward()                    # with DDP: gradients all-reduced here
             opt.step()

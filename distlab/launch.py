@@ -135,8 +135,9 @@ def torchrun(
         }
         (outdir / "spec.pkl").write_bytes(pickle.dumps(spec))
         child_env = tag_env(job_id, {**os.environ, **(env or {})})
+        # Collectives time out (and gloo names the peer that never came) before the job does.
         child_env.update({
-            BACKEND_VAR: backend, TIMEOUT_VAR: str(int(timeout)),
+            BACKEND_VAR: backend, TIMEOUT_VAR: str(max(5, int(0.75 * timeout))),
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH")])),
         })
@@ -206,7 +207,10 @@ def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output:
             f"rank {r} was killed by signal {-died[r]} ({_signal_name(-died[r])}) "
             "without raising a Python exception", output)
     if errors:
-        e = min(errors, key=lambda r: r["time"])
+        first = min(errors, key=lambda r: r["time"])
+        # When several ranks fail the same way (an import error, say), name the lowest, not a race winner.
+        e = min((r for r in errors if (r["type"], r["message"]) == (first["type"], first["message"])),
+                key=lambda r: r["rank"])
         return RankFailure(e["rank"], e["type"], e["message"], e["traceback"], output)
     missing = sorted(set(range(nprocs)) - done)
     tail = "\n".join(output.splitlines()[-5:])

@@ -24,6 +24,10 @@ from pathlib import Path
 from .launch import LaunchError, torchrun
 
 
+class TorchrunCellError(RuntimeError):
+    """A ``%%torchrun`` cell's job failed; the message names the rank and its exception."""
+
+
 def _parse(line: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="%%torchrun", add_help=False)
     parser.add_argument("-n", "--nproc-per-node", dest="n", type=int, default=2)
@@ -45,8 +49,9 @@ def torchrun_cell(line: str, cell: str, namespace: dict | None = None) -> None:
             if opts.result and namespace is not None:
                 namespace[opts.result] = run.results
         except LaunchError as exc:
-            # One clear line instead of a traceback into the launcher's internals.
-            print(f"torchrun: {exc}")
+            # One clear line instead of a traceback into the launcher's internals; raising
+            # stops "run all" here, as a failing cell should.
+            raise TorchrunCellError(f"torchrun: {exc}") from None
 
 
 def load_ipython_extension(ipython) -> None:

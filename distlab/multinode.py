@@ -12,7 +12,9 @@ exactly what two machines do with the first machine's address instead::
 :func:`multinode_torchrun` starts the agents, returns each rank's result like
 :func:`distlab.torchrun`, and with the same guarantees: a free port, a
 wall-clock timeout, and no process of the job left behind (every agent and
-worker carries the job's tag; see :mod:`distlab.process`).
+worker carries the job's tag; see :mod:`distlab.process`). Under NCCL the
+agents share this machine's GPUs: each agent sees its own slice of them
+(``CUDA_VISIBLE_DEVICES``), as each machine of a cluster sees its own.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
@@ -37,6 +40,23 @@ from .process import end_job, tag_env
 
 ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
+
+
+@dataclass
+class MultinodeResult(RunResult):
+    """A :class:`~distlab.launch.RunResult` plus the rendezvous ``endpoint`` the agents met at and the
+    torchrun ``commands`` they ran (as a person would type them; the same on every node)."""
+
+    endpoint: str = ""
+    commands: list[list[str]] = field(default_factory=list, repr=False)
+
+
+def _gpu_slices(nnodes: int, nproc_per_node: int) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` for each agent: node ``n`` gets the ``n``-th block of this machine's GPUs."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in visible.split(",") if i.strip()] if visible else \
+        [str(i) for i in range(torch.cuda.device_count())]
+    return [",".join(ids[n * nproc_per_node:(n + 1) * nproc_per_node]) for n in range(nnodes)]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -57,16 +77,20 @@ def command_lines(nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id: str,
 
 def multinode_torchrun(target: str | Callable, nnodes: int = 2, nproc_per_node: int = 1, *,
                        args: tuple = (), kwargs: dict | None = None, timeout: float = 60.0,
-                       backend: str | None = None, stream: bool | Callable[[str], None] = False) -> RunResult:
+                       backend: str | None = None, stream: bool | Callable[[str], None] = False) -> MultinodeResult:
     """Run ``target`` under ``nnodes`` torchrun agents on this machine, rendezvous on 127.0.0.1.
 
-    ``results`` are in global rank order. Agent 0 hosts the c10d store
-    (``is_host=1``); on real machines torchrun infers that from the address.
+    ``results`` are in global rank order; ``endpoint`` is the rendezvous address used (a free
+    port). Agent 0 hosts the c10d store (``is_host=1``); on real machines torchrun infers that
+    from the address. All "nodes" share this machine's GPUs, so NCCL needs one GPU per worker of
+    the whole job, and each agent is shown only its own (``CUDA_VISIBLE_DEVICES``).
     """
-    backend = backend or pick_backend(nproc_per_node)
+    nprocs = nnodes * nproc_per_node
+    backend = backend or pick_backend(nprocs)
     job_id = uuid.uuid4().hex
     port = free_port()
-    nprocs = nnodes * nproc_per_node
+    endpoint = f"127.0.0.1:{port}"
+    gpus = _gpu_slices(nnodes, nproc_per_node) if backend == "nccl" else [None] * nnodes
     callback = print if stream is True else (stream or None)
     with tempfile.TemporaryDirectory(prefix="distlab-mn-") as tmp:
         outdir = Path(tmp)
@@ -91,13 +115,15 @@ def multinode_torchrun(target: str | Callable, nnodes: int = 2, nproc_per_node: 
                     if callback:
                         callback(lines[-1])
 
+        commands = command_lines(nnodes, nproc_per_node, endpoint, job_id, program)
         try:
-            for node, cmd in enumerate(command_lines(nnodes, nproc_per_node, f"127.0.0.1:{port}", job_id, program)):
+            for node, cmd in enumerate(commands):
                 cmd = [sys.executable, "-m", "torch.distributed.run", *cmd[1:],
                        f"--rdzv-conf=is_host={int(node == 0)},join_timeout={int(timeout)}"]
+                node_env = env if gpus[node] is None else {**env, "CUDA_VISIBLE_DEVICES": gpus[node]}
                 procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, text=True, errors="replace",
-                                              env=env, start_new_session=True))
+                                              env=node_env, start_new_session=True))
             readers = [threading.Thread(target=pump, args=(p,), daemon=True) for p in procs]
             for r in readers:
                 r.start()
@@ -123,21 +149,25 @@ def multinode_torchrun(target: str | Callable, nnodes: int = 2, nproc_per_node: 
         if any(codes) or len(done) < nprocs:
             raise _failure(outdir, next((c for c in codes if c), 0), nprocs, done, output)
         results = [torch.load(outdir / f"result-{r}.pt", weights_only=True) for r in range(nprocs)]
-    return RunResult(results, output, wall, nprocs, backend, lines)
+    return MultinodeResult(results, output, wall, nprocs, backend, lines, endpoint=endpoint, commands=commands)
+
+
+def view(dev: torch.device) -> dict:
+    """This rank's view of the initialised job: torchrun's environment variables, and an all-reduce
+    (on ``dev``, so it works under gloo and NCCL) proving every rank is in one world."""
+    import torch.distributed as dist
+
+    total = torch.tensor([float(dist.get_rank())], dtype=torch.float32, device=dev)
+    dist.all_reduce(total)
+    return {**{k: os.environ.get(k, "") for k in ENV_VARS}, "pid": os.getpid(), "rank_sum": int(total.item()),
+            "world": dist.get_world_size(), "device": str(dev)}
 
 
 def whoami() -> dict:
-    """A rank's view of the job: torchrun's environment variables, and an all-reduce to prove
-    every rank is in one world (the sum of all ranks)."""
-    import torch.distributed as dist
-
+    """Join the job, return :func:`view`, leave: a rank's view of the job."""
     from .distributed import init_distributed, shutdown
 
-    env = {k: os.environ.get(k, "") for k in ENV_VARS}
-    init_distributed()
-    total = torch.tensor([dist.get_rank()], dtype=torch.float32)
-    dist.all_reduce(total)
-    out = {**env, "pid": os.getpid(), "rank_sum": int(total.item()), "world": dist.get_world_size()}
+    out = view(init_distributed())
     shutdown()
     return out
 

@@ -137,7 +137,15 @@ def main(spec_path: str) -> int:
     import torch  # imported late: a script target may be about to measure import time
 
     tmp = outdir / f".result-{rank}.pt.tmp"
-    torch.save(result, tmp)
+    try:
+        torch.save(result, tmp)
+        torch.load(tmp, weights_only=True)  # what the launcher will do: fail here, on this rank, by name
+    except Exception as exc:
+        err = TypeError(f"the function returned a {type(result).__name__} the launcher cannot load safely "
+                        f"({type(exc).__name__}): return tensors, numbers, strings, lists or dicts of those")
+        _write_error(outdir, rank, attempt, err)
+        print(err, file=sys.stderr)
+        return 1
     tmp.replace(outdir / f"result-{rank}.pt")
     return 0
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+from autograder.__main__ import main
 from autograder.checks.ex01_ddp import EXERCISE
 from autograder.runner import grade_one
 from tests.helpers import REPO, mutant, session_processes
@@ -16,25 +17,22 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_a_directory_that_does_not_exist_is_a_usage_error(tmp_path):
-    proc = cli(str(tmp_path / "nowhere"))
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == f"autograder: error: {tmp_path / 'nowhere'} is not a directory"
+def test_a_directory_that_does_not_exist_is_a_usage_error(tmp_path, capsys):
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip() == f"autograder: error: {tmp_path / 'nowhere'} is not a directory"
 
 
-def test_an_unknown_exercise_is_a_usage_error():
-    proc = cli("--exercise", "99")
-    assert proc.returncode == 2 and proc.stderr.startswith("autograder: error: no exercise 99 (known: 1")
+def test_an_unknown_exercise_is_a_usage_error(capsys):
+    assert main(["--exercise", "99"]) == 2
+    assert capsys.readouterr().err.startswith("autograder: error: no exercise 99 (known: 1")
 
 
-def test_an_empty_directory_is_a_usage_error(tmp_path):
-    proc = cli(str(tmp_path))
-    assert proc.returncode == 2 and "no exercise files in" in proc.stderr
+def test_an_empty_directory_is_a_usage_error(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2 and "no exercise files in" in capsys.readouterr().err
 
 
-def test_list_names_every_exercise():
-    proc = cli("--list")
-    assert proc.returncode == 0 and "ex01_ddp.py" in proc.stdout
+def test_list_names_every_exercise(capsys):
+    assert main(["--list"]) == 0 and "ex01_ddp.py" in capsys.readouterr().out
 
 
 def test_a_missing_file_scores_zero_and_says_so(tmp_path):
@@ -51,11 +49,18 @@ def test_a_file_that_does_not_import_names_the_error(tmp_path):
     assert report.feedback.startswith("FAIL runs: your code raised on rank 0: SyntaxError: invalid syntax")
 
 
+def test_copying_the_reference_solution_is_refused(tmp_path):
+    (tmp_path / "ex01_ddp.py").write_text("from solutions.ex01_ddp import *\n")
+    report = grade_one(EXERCISE, tmp_path)
+    assert report.score == 0 and "ImportError: the reference solutions cannot be imported while grading" \
+        in report.feedback
+
+
 def test_a_hang_is_stopped_at_the_time_limit_and_leaves_nothing(tmp_path):
     mutant(tmp_path, "ex01_ddp.py", {"    rank = dist.get_rank()\n": "    rank = dist.get_rank()\n"
                                      "    import time; time.sleep(3600)\n"})
     start = time.monotonic()
-    report = grade_one(EXERCISE, tmp_path, time_limit=20)
-    assert time.monotonic() - start < 30
-    assert report.score == 0 and "grading took longer than its 20 s limit" in report.feedback
+    report = grade_one(EXERCISE, tmp_path, time_limit=12)
+    assert time.monotonic() - start < 22
+    assert report.score == 0 and "grading took longer than its 12 s limit" in report.feedback
     assert session_processes() == []

@@ -68,8 +68,12 @@ def test_set_epoch_logging_and_saving_mistakes_are_named(tmp_path):
 
 
 def test_wrong_learning_rate_breaks_parity_with_numbers(tmp_path):
-    path = mutant(tmp_path, "ex01_ddp.py", {"torch.optim.SGD(ddp_model.parameters(), lr=lr)":
-                                            "torch.optim.SGD(ddp_model.parameters(), lr=lr * 1.5)"})
+    path = mutant(tmp_path, "ex01_ddp.py", {
+        "torch.optim.SGD(ddp_model.parameters(), lr=lr)": "torch.optim.SGD(ddp_model.parameters(), lr=lr * 1.5)",
+        # Saving through `from torch import save` is still seen (and is correct).
+        "import torch\n": "import torch\nfrom torch import save\n",
+        "        torch.save(ddp_model.module": "        save(ddp_model.module",
+    })
     fails = failed(ex01_ddp.grade(path, world_sizes=(2,)))
     assert list(fails) == ["[W=2] matches single-process training"]
     msg = fails["[W=2] matches single-process training"]

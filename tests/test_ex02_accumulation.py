@@ -58,9 +58,14 @@ def test_loss_not_divided(reports):
 
 def test_short_window_divided_by_k(reports):
     report = reports["divided_by_k"]
-    assert "micro-batch gradients divided by accumulation_steps=4" in feedback_of(report, "final short window")
-    assert "equal weights" not in feedback_of(report, "unequal sizes")  # k=3 windows: 1/k is 1/3 there
-    assert "divided by accumulation_steps=3" in feedback_of(report, "unequal sizes")
+    short = feedback_of(report, "final short window")
+    assert "micro-batch gradients divided by accumulation_steps=4" in short
+    assert "normalise the final, shorter window over its own samples" in short
+    unequal = feedback_of(report, "unequal sizes")
+    assert "equal weights" not in unequal  # k=3 windows: 1/k is 1/3 there
+    assert "divided by accumulation_steps=3" in unequal
+    # Every window of the unequal scenario has k micro-batches: no "shorter window" advice there.
+    assert "scale each micro-batch's mean loss by n_i / N" in unequal and "shorter" not in unequal
     assert not any("[equal sizes" in name for name in failed(report))
 
 

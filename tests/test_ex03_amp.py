@@ -28,6 +28,7 @@ MUTANTS = {
     "no_autocast_no_scaler_step": {
         "enabled=amp_dtype is not None": "enabled=False",
         "        scaler.step(optimizer)      # skipped": "        optimizer.step()      # skipped",
+        '"memory_ratio": candidate_bytes / baseline_bytes': '"mem_ratio": candidate_bytes / baseline_bytes',
     },
 }
 
@@ -91,3 +92,10 @@ def test_no_autocast_and_unscaled_step(reports):
     report = reports["no_autocast_no_scaler_step"]
     assert "run the forward pass and the loss inside torch.autocast" in feedback_of(report, "bf16 autocast")
     assert "'optimizer.step'" in feedback_of(report, "GradScaler order")
+
+
+def test_missing_key_costs_its_criterion_only(reports):
+    report = reports["no_autocast_no_scaler_step"]
+    assert "compare() returned a dict without 'memory_ratio'" in feedback_of(report, "memory ratio")
+    assert not any("steady" in k for k in failed(report))  # speedup was there: graded as usual
+    assert any("real-model measurement not available" in n and "'memory_ratio'" in n for n in report.notes)

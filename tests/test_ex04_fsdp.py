@@ -1,7 +1,10 @@
 """Exercise 4 (FSDP2): the solution scores full marks, the stub zero, and the usual mistakes
-(only the root wrapped, optimizer built before sharding, state dict saved on every rank) are
-each named with their numbers. One launch per case, world size 2 (the CLI grades 2 and 4)."""
+(only the root wrapped, optimizer built before sharding, state dict saved on every rank or on
+none) are each named with their numbers. The solution and both mutants are graded in ONE launch
+at world size 2 (the CLI grades 2 and 4); the stub in one more, through the CLI's code path."""
 from __future__ import annotations
+
+import pytest
 
 from autograder.checks import ex04_fsdp
 from autograder.runner import grade_one
@@ -24,8 +27,25 @@ def test_calculator_gives_the_overview_figures():
     assert memory_per_gpu(7e9, 4, "adam", 8, "optimizer")["total"] == 7e9 * (4 + 4 + 8 / 8)
 
 
-def test_solution_full_marks_with_exact_bytes_and_peak_under_bound():
-    report = ex04_fsdp.grade(SOLUTIONS / "ex04_fsdp.py", world_sizes=(2,))
+MISTAKES = {
+    "    for block in model.blocks:\n        fully_shard(block)": "    for block in []:\n        fully_shard(block)",
+    "    model = shard(model)\n    optimizer = make_optimizer(model, lr)":
+        "    optimizer = make_optimizer(model, lr)\n    model = shard(model)",
+    "    if dist.get_rank() != 0:\n        return None\n    torch.save(state, path)": "    torch.save(state, path)",
+}
+NO_SAVE = {"    torch.save(state, path)\n    return state": "    return state"}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """(solution, mutant with three mistakes, mutant that never saves), graded in one launch at W=2."""
+    paths = [SOLUTIONS / "ex04_fsdp.py", mutant(tmp_path_factory.mktemp("mistakes"), "ex04_fsdp.py", MISTAKES),
+             mutant(tmp_path_factory.mktemp("nosave"), "ex04_fsdp.py", NO_SAVE)]
+    return ex04_fsdp.grade_many(paths, world=2)
+
+
+def test_solution_full_marks_with_exact_bytes_and_peak_under_bound(graded):
+    report = graded[0]
     assert report.score == report.max_score, report.feedback
     m = report.measurements
     assert m["W2_max_abs_diff_vs_reference"] < 1e-3
@@ -44,15 +64,8 @@ def test_stub_scores_zero_not_implemented():
     assert "not implemented yet (ex04_fsdp.py line" in report.feedback
 
 
-def test_root_only_optimizer_first_and_every_rank_saving_are_named(tmp_path):
-    path = mutant(tmp_path, "ex04_fsdp.py", {
-        "    for block in model.blocks:\n        fully_shard(block)": "    for block in []:\n        fully_shard(block)",
-        "    model = shard(model)\n    optimizer = make_optimizer(model, lr)":
-            "    optimizer = make_optimizer(model, lr)\n    model = shard(model)",
-        "    if dist.get_rank() != 0:\n        return None\n    torch.save(state, path)": "    torch.save(state, path)",
-    })
-    report = ex04_fsdp.grade(path, world_sizes=(2,))
-    fails = failed(report)
+def test_root_only_optimizer_first_and_every_rank_saving_are_named(graded):
+    fails = failed(graded[1])
     assert "[W=2] parameters are DTensors sharded on dim 0" not in fails  # root-only still shards
     peak = fails["[W=2] peak memory within the per-block bound"]
     assert peak.startswith("only the root is wrapped (0 of 8 blocks are fully_shard units)")
@@ -64,3 +77,11 @@ def test_root_only_optimizer_first_and_every_rank_saving_are_named(tmp_path):
     assert "max abs difference" in fails["[W=2] matches single-process training"]
     assert fails["[W=2] rank 0 exports the full state dict once"].startswith(
         "torch.save was called on ranks [0, 1]")
+
+
+def test_saving_nothing_names_the_path(graded):
+    fails = failed(graded[2])
+    assert list(fails) == ["[W=2] rank 0 exports the full state dict once"]
+    assert fails["[W=2] rank 0 exports the full state dict once"].startswith("nothing was saved to /")
+    assert "full_state-2.pt: torch.save the full state dict to export_path on rank 0" in \
+        fails["[W=2] rank 0 exports the full state dict once"]

@@ -1,6 +1,8 @@
 """Exercise 5 (crash-proof checkpoints): the solution resumes bit-identically after SIGKILLs
-(fresh job, torchrun restarts, twice, another world size), the stub scores zero, and the
-mistakes (no data position, no scheduler, no RNG, no pruning, writing in place) are named."""
+(fresh job, torchrun restarts, twice, another world size), and the mistakes (no data position,
+no scheduler, no RNG, no pruning, writing in place) are named. "Not implemented yet" goes through
+the same code path as exercise 4's stub test (run_one.explain), and notebook 06's check cell
+grades this exercise's stub on every notebook run, so no launch is spent on it here."""
 from __future__ import annotations
 
 import os
@@ -8,9 +10,8 @@ import os
 import pytest
 
 from autograder.checks import ex05_checkpoint
-from autograder.runner import grade_one
 from distlab import checkpoint
-from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
+from tests.helpers import SOLUTIONS, failed, mutant
 
 
 def test_commit_is_atomic_and_prune_keeps_the_last_k(tmp_path):
@@ -33,12 +34,6 @@ def test_solution_resumes_exactly_in_every_scenario():
     assert report.score == report.max_score, report.feedback
     assert "bit-identical to the uninterrupted run" in report.feedback
     assert "resumed from step 3" in report.feedback
-
-
-def test_stub_scores_zero_not_implemented():
-    report = grade_one(ex05_checkpoint.EXERCISE, EXERCISES)
-    assert report.score == 0
-    assert "not implemented yet (ex05_checkpoint.py line" in report.feedback
 
 
 def test_missing_state_pruning_and_in_place_writes_are_named(tmp_path):

@@ -21,8 +21,10 @@ MISTAKES = {
         "    for _ in range(warmup):\n": "    start = time.perf_counter()\n    for _ in range(warmup):\n",
         "    start = time.perf_counter()\n    for _ in range(iters):": "    for _ in range(iters):"},
     "no barrier": {"dist.barrier()": "None"},
-    "no DDP": {"ddp = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)":
-               "ddp = model"},
+    # two independent mistakes: a step without DDP, and each rank returning its own clock's figure
+    "no DDP, own figure per rank": {
+        "ddp = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)": "ddp = model",
+        "dist.broadcast(elapsed, src=0)": "None"},
 }
 METHOD = "[W={}] throughput within 10% of the truth"
 
@@ -48,6 +50,24 @@ def test_solution_full_marks_and_real_figures(graded):
     assert "samples/s" in r.feedback and "scaling.png" in r.feedback
 
 
+def test_without_out_dir_nothing_is_left_in_tmp(tmp_path, monkeypatch):
+    """The grader's temporary folder is removed, and the feedback says so (no launch: a fake one)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = {}
+
+    def fake(paths, world_sizes, base, kept, real):
+        seen.update(base=base, kept=kept)
+        assert base.is_dir()
+        return []
+
+    monkeypatch.setattr(check, "_grade_into", fake)
+    check.grade_all([SOLUTIONS / FILE])
+    assert seen["kept"] is False and seen["base"].parent == tmp_path and not seen["base"].exists()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_counting_one_rank_fails_at_two_workers(graded):
     f = failed(graded[0]["one rank's samples"])
     assert list(f) == [METHOD.format(2)]
@@ -68,9 +88,20 @@ def test_no_barrier_times_rank_zero_alone(graded):
 
 
 def test_step_without_ddp_leaves_ranks_apart(graded):
-    f = failed(graded[0]["no DDP"])
-    assert list(f) == ["the real step trains with DDP"]
+    f = failed(graded[0]["no DDP, own figure per rank"])
+    assert set(f) == {"the real step trains with DDP", METHOD.format(2)}
     assert "rank 1's parameters differ from rank 0's" in f["the real step trains with DDP"]
+
+
+def test_a_figure_per_rank_fails_the_same_figure_clause(graded):
+    f = failed(graded[0]["no DDP, own figure per rank"])
+    assert "return the same figure on every rank" in f[METHOD.format(2)]
+    assert "rank 1 returned" in f[METHOD.format(2)]
+
+
+def test_launch_timeouts_fit_the_time_limit():
+    for sizes in ((1, 2, 4), (1, 2)):
+        assert sum(check.launch_timeouts(sizes).values()) <= check.EXERCISE.time_limit - 10
 
 
 def test_stub_is_not_implemented():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from distlab import LaunchError, LaunchTimeout, RankFailure, torchrun
-from distlab.magic import torchrun_cell
+from distlab.magic import TorchrunCellError, torchrun_cell
 from tests.helpers import session_processes
 from tests.targets import ranks
 
@@ -51,7 +51,7 @@ def test_a_hang_times_out_and_leaves_no_process(tmp_path):
     pid_file = str(tmp_path / "pid")
     start = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
-        torchrun(ranks.hang_on_rank0, 2, args=(pid_file,), timeout=15)
+        torchrun(ranks.hang, 2, args=(pid_file,), timeout=15)
     assert time.monotonic() - start < 15 + 10, "ending the job took too long"
     assert info.value.unfinished == [0, 1]
     pids = [int(Path(f"{pid_file}.{s}").read_text()) for s in ("0", "1", "child")
@@ -66,6 +66,11 @@ def test_a_killed_rank_is_named_and_elastic_restart_recovers():
         torchrun(ranks.sigkill_first_attempt, 2, timeout=60)
     run = torchrun(ranks.sigkill_first_attempt, 2, timeout=90, max_restarts=1)
     assert run.results == [1, 1], "both ranks should finish on the second attempt"
+
+
+def test_a_result_the_launcher_cannot_load_safely_is_a_named_error():
+    with pytest.raises(RankFailure, match=r"rank 0 failed: TypeError: the function returned a Fraction"):
+        torchrun(ranks.return_unloadable, 1, timeout=60)
 
 
 def test_functions_the_workers_cannot_import_are_refused():
@@ -85,10 +90,10 @@ def test_cell_magic_runs_the_cell_on_every_rank_and_returns_results(capsys):
     assert namespace["got"] == [{"rank": 0}, {"rank": 1}]
 
 
-def test_cell_magic_reports_a_failure_in_one_line(capsys):
-    torchrun_cell("-n 2 -t 60", "import os\nif os.environ['RANK'] == '1':\n    1 / 0\n")
-    out = capsys.readouterr().out
-    assert "torchrun: rank 1 failed: ZeroDivisionError: division by zero" in out
+def test_cell_magic_raises_one_line_naming_the_failing_rank():
+    with pytest.raises(TorchrunCellError) as info:
+        torchrun_cell("-n 2 -t 60", "import os\nif os.environ['RANK'] == '1':\n    1 / 0\n")
+    assert str(info.value) == "torchrun: rank 1 failed: ZeroDivisionError: division by zero"
 
 
 def test_no_job_process_outlives_the_tests():

@@ -1,7 +1,9 @@
-"""Launching: two torchrun agents on one machine form one world and leave nothing behind;
+"""Launching: two torchrun agents on one machine form one world, name a failing rank and leave
+nothing behind (one launch shows all three);
 the Slurm batch script runs the torchrun command it promises."""
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -17,14 +19,27 @@ from .helpers import REPO
 SBATCH = REPO / "course" / "slurm" / "train.sbatch"
 
 
-def fail_on_rank1() -> int:
-    """A job in which rank 1 raises after joining the world."""
-    from distlab.multinode import whoami
+def views_then_rank1_fails() -> int:
+    """Every rank joins the world and shares its view (env vars, an all-reduce); then rank 1 raises
+    with every rank's view in its message, so one launch shows both the world and the failure."""
+    import json
 
-    who = whoami()
-    if who["RANK"] == "1":
-        raise ValueError(f"rank 1 fails on purpose (pid {who['pid']})")
-    return who["pid"]
+    import torch
+    import torch.distributed as dist
+
+    import distlab
+    from distlab.multinode import view
+
+    dev = distlab.init_distributed()
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # all_gather_object's tensors go to the current device
+    views = [None] * dist.get_world_size()
+    dist.all_gather_object(views, view(dev))
+    rank = dist.get_rank()
+    distlab.shutdown()
+    if rank == 1:
+        raise ValueError("rank 1 fails on purpose; views: " + json.dumps(views))
+    return os.getpid()
 
 
 def _gone(pid: int) -> bool:
@@ -34,22 +49,21 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_two_agents_form_one_world_and_leave_no_process():
-    run = multinode_torchrun("distlab.multinode:whoami", nnodes=2, nproc_per_node=1, timeout=60)
-    ranks = run.results
+def test_two_agents_form_one_world_a_failing_rank_is_named_and_nothing_is_left():
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(RankFailure) as info:
+        multinode_torchrun(f"{__name__}:views_then_rank1_fails", nnodes=2, nproc_per_node=1, timeout=60)
+    # the failure: rank 1 named, with its message
+    assert info.value.rank == 1 and "fails on purpose" in str(info.value)
+    # the world that formed before it: two agents (nodes), one world of 2
+    ranks = json.loads(info.value.exc_message.split("views: ", 1)[1].strip().splitlines()[0])
     assert [r["RANK"] for r in ranks] == ["0", "1"]
     assert {r["GROUP_RANK"] for r in ranks} == {"0", "1"}          # two nodes ...
     assert {r["LOCAL_WORLD_SIZE"] for r in ranks} == {"1"}
     assert {r["TORCHELASTIC_RUN_ID"] for r in ranks} != {""} and len({r["TORCHELASTIC_RUN_ID"] for r in ranks}) == 1
     assert all(r["world"] == 2 and r["rank_sum"] == 1 for r in ranks)  # ... one world: the all-reduce saw both
+    # nothing left behind: the workers, the agents, the job's temporary folder
     assert all(_gone(r["pid"]) for r in ranks)
-
-
-def test_a_failing_rank_is_named_and_its_peers_end():
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    with pytest.raises(RankFailure) as info:
-        multinode_torchrun(f"{__name__}:fail_on_rank1", nnodes=2, timeout=60)
-    assert info.value.rank == 1 and "fails on purpose" in str(info.value)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if any("distlab-mn-" in a for a in p.info["cmdline"] or [])]
     assert not leftovers, leftovers

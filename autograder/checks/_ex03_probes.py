@@ -187,7 +187,9 @@ def _real(learner, device) -> dict:
 
 def observe(learner, device: torch.device) -> dict:
     """Every part of the exercise, each under its own instruments."""
-    return {"autocast": _attempt(lambda: _autocast(learner, device)),
+    capability = list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+    return {"capability": capability,
+            "autocast": _attempt(lambda: _autocast(learner, device)),
             "parity": _attempt(lambda: _parity(learner, device)),
             "scaler": _attempt(lambda: _scaler(learner, device)),
             "measure": _attempt(lambda: _measure(learner)),

@@ -15,10 +15,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import distlab
 from distlab import torchrun
 from distlab.data import RecordingDataset, digits
 from distlab.models import cpu_state, make_mlp
 
+from ..parity import parity
 from ..harness import CapturedPrints, SaveSpy, echo, load_learner
 from ..registry import Exercise
 from ..report import ExerciseReport
@@ -32,17 +34,18 @@ RTOL, ATOL = 1e-4, 1e-5  # all-reduce sums in another order than one big batch's
 
 def rank_main(path: str, ckpt_dir: str) -> dict:
     """Runs on every rank: set up, train with the learner's code, report what was observed."""
+    saves = SaveSpy().__enter__()  # before the import: `from torch import save` must see the spy
     learner = load_learner(path)
     learner.setup()
     if not dist.is_initialized():
         raise RuntimeError("setup() returned but no process group is initialised")
     rank = dist.get_rank()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    model = make_mlp(seed=1000 + rank, **MODEL).to(device)  # a different start on every rank
+    model = make_mlp(seed=1000 + rank, **MODEL).to(distlab.device())  # a different start on every rank
     initial = cpu_state(model)
     data = RecordingDataset(digits())
     ckpt = Path(ckpt_dir) / "model.pt"
-    with CapturedPrints() as out, SaveSpy() as saves:
+    saves.paths.clear()
+    with CapturedPrints() as out, saves:
         trained = learner.train_ddp(model, data, checkpoint_path=str(ckpt), **CONFIG)
     echo(out.lines)
     final = cpu_state(trained if trained is not None else model)
@@ -67,22 +70,17 @@ def _reference(initial: dict, global_batches: list[list[int]]) -> dict:
     return cpu_state(model)
 
 
-def _max_diff(a: dict, b: dict) -> tuple[float, str]:
-    diffs = {k: (a[k].float() - b[k].float()).abs().max().item() for k in a if k in b}
-    key = max(diffs, key=diffs.get) if diffs else "(no common keys)"
-    return diffs.get(key, float("inf")), key
-
-
 def _check_world(report: ExerciseReport, results: list[dict], world: int, ckpt: Path) -> None:
     n, epochs, bs = len(digits()), CONFIG["epochs"], CONFIG["batch_size"]
     tag = f"[W={world}]"
     # 1. identical parameters on every rank
-    worst = max((_max_diff(results[0]["final"], r["final"]) + (r["rank"],) for r in results[1:]),
-                key=lambda t: t[0])
-    report.check(f"{tag} same parameters on every rank", 2, worst[0] == 0.0,
-                 f"rank 0 and rank {worst[2]} ended with different weights (max abs difference "
-                 f"{worst[0]:.3g} in '{worst[1]}'): wrap the model in DistributedDataParallel so it "
-                 "broadcasts rank 0's weights and averages gradients")
+    # Exact: DDP leaves every rank with the same bits (same broadcast start, same all-reduced grads).
+    gaps = [(parity(r["final"], results[0]["final"], rtol=0, atol=0), r["rank"]) for r in results[1:]]
+    worst, other = max(gaps, key=lambda g: g[0].max_abs_diff)
+    report.check(f"{tag} same parameters on every rank", 2, all(g.ok for g, _ in gaps),
+                 f"rank 0 and rank {other} ended with different weights (max abs difference "
+                 f"{worst.max_abs_diff:.3g} in '{worst.worst}'): wrap the model in DistributedDataParallel so "
+                 "it broadcasts rank 0's weights and averages gradients")
     # 2. disjoint shards that cover the data set, per epoch
     per_rank = [r["accessed"] for r in results]
     local = n // world
@@ -113,15 +111,10 @@ def _check_world(report: ExerciseReport, results: list[dict], world: int, ckpt: 
     if shards_ok:
         batches = [sum((a[s:s + bs] for a in per_rank), []) for e in range(epochs)
                    for s in range(e * local, (e + 1) * local, bs)]
-        ref = _reference(results[0]["initial"], batches)
-        diff, key = _max_diff(ref, results[0]["final"])
-        try:
-            torch.testing.assert_close(results[0]["final"], ref, rtol=RTOL, atol=ATOL)
-            same = True
-        except AssertionError:
-            same = False
+        match = parity(results[0]["final"], _reference(results[0]["initial"], batches), rtol=RTOL, atol=ATOL)
+        diff, key = match.max_abs_diff, match.worst
         report.measurements[f"W{world}_max_abs_diff_vs_reference"] = diff
-        report.check(f"{tag} matches single-process training", 2, same,
+        report.check(f"{tag} matches single-process training", 2, match.ok,
                      f"weights differ from one process trained on the same global batches of "
                      f"{world}x{bs} (max abs difference {diff:.3g} in '{key}', tolerance rtol={RTOL}, "
                      f"atol={ATOL}): use SGD with lr={CONFIG['lr']} on the mean cross-entropy, one step "
@@ -143,15 +136,19 @@ def _check_world(report: ExerciseReport, results: list[dict], world: int, ckpt: 
     detail = ""
     if saved_ok:
         state = torch.load(ckpt, weights_only=True)
-        diff, key = _max_diff(results[0]["final"], state) if set(state) == set(results[0]["final"]) else (1, "")
-        if diff:
+        if set(state) != set(results[0]["final"]):
             saved_ok = False
             detail = ("the saved file's keys do not match the model's (a 'module.' prefix? save "
-                      "model.module.state_dict())" if not key else
-                      f"the saved weights differ from the trained ones ({key})")
+                      "model.module.state_dict())")
+        elif not (same := parity(state, results[0]["final"], rtol=0, atol=0)):
+            saved_ok = False
+            detail = f"the saved weights differ from the trained ones (in '{same.worst}')"
+    elif not savers:
+        detail = "nothing was saved with torch.save: save model.module.state_dict() to checkpoint_path on rank 0"
+    elif savers != [0]:
+        detail = f"torch.save was called on ranks {savers}: save on rank 0 only"
     else:
-        detail = (f"torch.save was called on ranks {savers}: save on rank 0 only" if savers != [0]
-                  else f"no checkpoint at the checkpoint_path given (saved to {results[0]['saves']})")
+        detail = f"no checkpoint at the checkpoint_path given (rank 0 saved to {results[0]['saves']})"
     report.check(f"{tag} rank 0 saves the model once", 1, saved_ok, detail)
     # 7. teardown leaves the process group
     left_open = [r["rank"] for r in results if r["still_initialized"]]

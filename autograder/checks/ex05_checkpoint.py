@@ -1,146 +1,50 @@
 """Exercise 5 check: kill a rank, resume, and demand the very same weights.
 
-Scenarios (each a torchrun launch; the grader shares launches where it can):
+Scenarios, in three torchrun launches (the rank side is in ``_ex05_probes``):
 
-* ``reference``: an uninterrupted run in directory A (its records and final
-  state are the yardstick), then, in the same processes, a run in directory C
-  in which rank 1 SIGKILLs itself at step ``FRESH_KILL`` (the job dies; no restart).
-* ``fresh``: a new job on directory C finishes the run.
-* ``restart``: one torchrun job with ``--max-restarts=2`` on directory B. In
-  attempt 0 rank 1 is killed *inside* its second checkpoint write (its shard
-  is on disk, DCP's ``.metadata`` is not), so attempt 1 must resume from the
-  previous complete checkpoint; attempt 1 is killed at ``SECOND_KILL``;
-  attempt 2 finishes.
-* ``reshard``: a job at another world size resumes from A's last checkpoint.
+1. ``reference``: an uninterrupted run in directory A (its records and final
+   state are the yardstick), then, in the same processes, a run in directory C
+   in which rank 1 SIGKILLs itself at step ``FRESH_KILL`` (the job dies; no restart).
+2. ``fresh`` + ``restart``: a new job (``--max-restarts=2``) first finishes C
+   from its checkpoint (the fresh-job resume), then trains in directory B. In
+   attempt 0 rank 1 is killed *inside* its second checkpoint write of B (its
+   shard is on disk, DCP's ``.metadata`` is not), so attempt 1 must resume from
+   the previous complete checkpoint; attempt 1 is killed at ``SECOND_KILL``;
+   attempt 2 finishes. (C, already complete, resumes at its last step in
+   attempts 1 and 2 and trains no further.)
+3. ``reshard``: a job at another world size resumes from A's last checkpoint.
 
-Every rank appends one record per step to a file (the step, the LR, a hash of
-its RNG state, the sample indices it read, the float64 sum of its local
-parameter shards): killed processes return nothing, files survive. On the
-CPU, reduction order is fixed, so resumed runs must match the uninterrupted
-one bit for bit (``torch.equal``); on a GPU within assert_close's tolerance.
+On the CPU, reduction order is fixed, so resumed runs must match the
+uninterrupted one bit for bit (``torch.equal``); on a GPU within assert_close's tolerance.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import signal
 import tempfile
+import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from distlab import LaunchError, init_distributed, pick_backend, torchrun
+from distlab import LaunchError, pick_backend, torchrun
 from distlab.checkpoint import complete_checkpoints
-from distlab.data import RecordingDataset, synthetic_classification
 
-from ..harness import CapturedPrints, echo, load_learner
+from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport
+from . import _ex05_probes as probes
+from ._ex05_probes import RUN
 
-EXERCISE = Exercise(number=5, name="checkpoint", filename="ex05_checkpoint.py", max_score=10, time_limit=200)
+# Launch wall times of the solution on 2 cores at load ~6 (much less when idle): reference 15 s,
+# fresh + restart 30 s (three process starts), reshard to 4 ranks 15 s. The timeouts leave about 2x
+# and sum to 105 s, inside time_limit - 15 s, so a hang is a LaunchTimeout naming the ranks.
+EXERCISE = Exercise(number=5, name="checkpoint", filename="ex05_checkpoint.py", max_score=10, time_limit=120)
+TIMEOUT = {"reference": 30, "resume": 45, "reshard": 30}
 WORLD, RESHARD_WORLD = 2, 4
-RUN = dict(steps=12, save_every=3, keep=2, seed=5)
-DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the run crosses an epoch
 FRESH_KILL = 5                 # fresh-job scenario: killed after step 5, resumes from step 3
 WRITE_KILL = 2                 # restart scenario, attempt 0: killed inside the 2nd checkpoint write (step 6)
 SECOND_KILL = 8                # restart scenario, attempt 1: killed after step 8, resumes from step 6
 SCENARIOS = ("fresh", "restart", "reshard")
-
-
-def _attempt() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-def _die() -> None:
-    for stream in ("stdout", "stderr"):
-        getattr(__import__("sys"), stream).flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _rng_hash() -> str:
-    """This rank's RNG state (CPU, and CUDA's under NCCL, where dropout draws from it), hashed."""
-    state = torch.get_rng_state().numpy().tobytes()
-    if dist.get_backend() == "nccl":
-        state += torch.cuda.get_rng_state().numpy().tobytes()
-    return hashlib.sha1(state).hexdigest()[:16]
-
-
-def _fingerprint(optimizer) -> float:
-    with torch.no_grad():
-        return float(sum(p.to_local().double().sum().item() if hasattr(p, "to_local") else p.double().sum().item()
-                         for g in optimizer.param_groups for p in g["params"]))
-
-
-def _full_state(model, optimizer) -> dict:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-    msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {"model": msd, "optim": osd.get("state", {}) if isinstance(osd, dict) else {}}
-
-
-def _run_phase(learner, phase: dict, outdir: Path) -> None:
-    rank, attempt = dist.get_rank(), _attempt()
-    data = RecordingDataset(synthetic_classification(DATA_SIZE, 64, 10, seed=3))
-    log = open(outdir / f"{phase['name']}-rank{rank}.jsonl", "a")
-    read = {"n": 0}
-    kill_step = phase.get("kill_step", {}).get(str(attempt)) if rank == 1 else None
-    kill_write = phase.get("kill_write", {}).get(str(attempt)) if rank == 1 else None
-
-    def on_step(step, optimizer):
-        rec = {"attempt": attempt, "step": int(step), "lr": optimizer.param_groups[0]["lr"],
-               "rng": _rng_hash(),
-               "data": data.accessed[read["n"]:], "fp": _fingerprint(optimizer)}
-        read["n"] = len(data.accessed)
-        log.write(json.dumps(rec) + "\n")
-        log.flush()
-        if kill_step is not None and step == kill_step:
-            _die()
-
-    from torch.distributed.checkpoint.filesystem import FileSystemWriter
-    real_write = FileSystemWriter.write_data
-    writes = {"n": 0}
-
-    def write_data(self, plan, planner):
-        fut = real_write(self, plan, planner)
-        fut.wait()
-        writes["n"] += 1
-        if kill_write is not None and writes["n"] == kill_write:
-            _die()  # this rank's shard is written; DCP's .metadata never will be
-        return fut
-
-    FileSystemWriter.write_data = write_data
-    try:
-        with CapturedPrints() as out:
-            returned = learner.train(phase["dir"], data, steps=phase["steps"], save_every=RUN["save_every"],
-                                     keep=RUN["keep"], seed=RUN["seed"], on_step=on_step)
-    except BaseException as exc:  # DCP raises CheckpointException, a BaseException
-        # Kept for the verdict: a restarted attempt's error is the telling one.
-        lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
-        cause = next((ln for ln in reversed(lines) if "Error" in ln), lines[0])
-        with open(outdir / f"{phase['name']}-errors.jsonl", "a") as f:
-            f.write(json.dumps({"attempt": attempt, "rank": rank, "error": cause[:300]}) + "\n")
-        raise
-    finally:
-        FileSystemWriter.write_data = real_write
-        log.close()
-    echo(out.lines)
-    model, optimizer, scheduler, step = returned
-    state = _full_state(model, optimizer)
-    if rank == 0:
-        state.update(step=int(step), lr=float(optimizer.param_groups[0]["lr"]),
-                     scheduler_epoch=int(scheduler.last_epoch))
-        torch.save(state, outdir / f"{phase['name']}-final.pt")
-    dist.barrier()
-
-
-def rank_main(path: str, outdir: str, phases: list[dict]) -> dict:
-    """Runs on every rank: the phases in order (a phase that kills a rank ends the job)."""
-    init_distributed()
-    learner = load_learner(path)
-    for phase in phases:
-        _run_phase(learner, phase, Path(outdir))
-    return {"rank": dist.get_rank()}
 
 
 def _records(outdir: Path, name: str, world: int) -> list[list[dict]]:
@@ -171,13 +75,9 @@ def _same_state(ref: dict, got: dict | None, world: int = WORLD) -> tuple[bool, 
     for name, a, b in pairs:
         if b is None or a.shape != b.shape:
             return False, f"{name} is missing or has another shape"
-        if exact and not torch.equal(a, b):
-            return False, f"{name} differs (max abs difference {(a.double() - b.double()).abs().max().item():.3g})"
-        if not exact:
-            try:
-                torch.testing.assert_close(b, a)
-            except AssertionError:
-                return False, f"{name} differs beyond tolerance"
+        par = parity(b, a, rtol=0 if exact else None, atol=0 if exact else None)
+        if not par.ok:
+            return False, f"{name} differs (max abs difference {par.max_abs_diff:.3g})"
     return True, ""
 
 
@@ -210,9 +110,9 @@ def _diagnose(ref: list[list[dict]], got: list[list[dict]], attempt: int | None 
     return ""
 
 
-def _launch(path: Path, outdir: Path, phases: list[dict], world: int, **kw) -> LaunchError | None:
+def _launch(path: Path, outdir: Path, phases: list[dict], world: int, timeout: float, **kw) -> LaunchError | None:
     try:
-        torchrun(rank_main, world, args=(str(path), str(outdir), phases), timeout=120, **kw)
+        torchrun(probes.rank_main, world, args=(str(path), str(outdir), phases), timeout=timeout, **kw)
     except LaunchError as exc:
         return exc
     return None
@@ -228,7 +128,9 @@ def grade(path: Path, scenarios: tuple[str, ...] = SCENARIOS, reshard_world: int
         phases = [dict(name="A", dir=A, steps=steps)]
         if "fresh" in scenarios:
             phases.append(dict(name="C", dir=C, steps=steps, kill_step={"0": FRESH_KILL}))
-        err = _launch(path, out, phases, WORLD)
+        t = time.perf_counter()
+        err = _launch(path, out, phases, WORLD, TIMEOUT["reference"])
+        report.measurements["reference_launch_s"] = round(time.perf_counter() - t, 2)
         ref, ref_rec = _load(out, "A"), _records(out, "A", WORLD)
         if ref is None:  # the uninterrupted run itself failed: that is the learner's error
             raise err if err else LaunchError("the uninterrupted run returned no final state")
@@ -240,10 +142,22 @@ def grade(path: Path, scenarios: tuple[str, ...] = SCENARIOS, reshard_world: int
                      f"after {steps} steps saving every {RUN['save_every']} with keep={RUN['keep']} the directory "
                      f"holds {names}, expected the committed steps {want} only: call prune(root, keep) on rank 0 "
                      "after each commit", pass_note=f"kept steps {kept}")
-        if "fresh" in scenarios:
-            _check_fresh(report, path, out, C, ref, ref_rec)
+        # one new job: the fresh-job resume of C, then the restart scenario on B
+        reached = max((x["step"] for x in _records(out, "C", WORLD)[1]), default=0)
+        resume = [dict(name="C", dir=C, steps=steps)] if "fresh" in scenarios and reached == FRESH_KILL else []
         if "restart" in scenarios:
-            _check_restart(report, path, out, B, ref, ref_rec)
+            resume.append(dict(name="B", dir=B, steps=steps, kill_write={"0": WRITE_KILL},
+                               kill_step={"1": SECOND_KILL}))
+        err = None
+        if resume:
+            t = time.perf_counter()
+            err = _launch(path, out, resume, WORLD, TIMEOUT["resume"],
+                          max_restarts=2 if "restart" in scenarios else 0)
+            report.measurements["resume_launch_s"] = round(time.perf_counter() - t, 2)
+        if "fresh" in scenarios:
+            _check_fresh(report, out, ref, ref_rec, reached, err)
+        if "restart" in scenarios:
+            _check_restart(report, out, ref, ref_rec, err)
         if "reshard" in scenarios:
             _check_reshard(report, path, out, A, ref, reshard_world)
     scale = EXERCISE.max_score / sum(c.points for c in report.criteria)
@@ -252,38 +166,39 @@ def grade(path: Path, scenarios: tuple[str, ...] = SCENARIOS, reshard_world: int
     return report
 
 
-def _check_fresh(report, path, out, C, ref, ref_rec) -> None:
-    first = _records(out, "C", WORLD)
-    reached = max((x["step"] for x in first[1]), default=0)
-    err = _launch(path, out, [dict(name="C", dir=C, steps=RUN["steps"])], WORLD) if reached == FRESH_KILL else None
-    ok, why = _same_state(ref, _load(out, "C"))
+def _phase_error(out: Path, name: str, first_attempt: int = 0) -> str:
+    """What a phase raised (not a peer's "connection closed" after a kill), as ``attempt A, rank R: ...``."""
+    f = out / f"{name}-errors.jsonl"
+    errors = [json.loads(ln) for ln in f.read_text().splitlines()] if f.is_file() else []
+    errors = [e for e in errors if e["attempt"] >= first_attempt and "Connection" not in e["error"]]
+    return f"attempt {errors[0]['attempt']}, rank {errors[0]['rank']}: {errors[0]['error']}" if errors else ""
+
+
+def _check_fresh(report, out, ref, ref_rec, reached, err) -> None:
+    got = _load(out, "C")
+    ok, why = _same_state(ref, got)
     detail = why
     if reached != FRESH_KILL:
         detail = f"the run to be killed at step {FRESH_KILL} stopped at step {reached}"
-    elif err is not None:
-        detail = f"the fresh job failed: {err}"
+    elif got is None:
+        detail = f"the fresh job failed: {_phase_error(out, 'C') or err}"
     elif not ok:
         detail = _diagnose(ref_rec, _records(out, "C", WORLD)) or why
-    report.check("a fresh job resumes exactly", 2, ok and reached == FRESH_KILL and err is None,
+    report.check("a fresh job resumes exactly", 2, ok and reached == FRESH_KILL,
                  f"killed rank 1 after step {FRESH_KILL} and started a new job on the same directory: {detail}",
                  pass_note="bit-identical to the uninterrupted run" if _exact(WORLD) else "within tolerance")
 
 
-def _check_restart(report, path, out, B, ref, ref_rec) -> None:
-    t = __import__("time").perf_counter()
-    err = _launch(path, out, [dict(name="B", dir=B, steps=RUN["steps"], kill_write={"0": WRITE_KILL},
-                                   kill_step={"1": SECOND_KILL})], WORLD, max_restarts=2)
-    report.measurements["restart_scenario_s"] = round(__import__("time").perf_counter() - t, 2)
+def _check_restart(report, out, ref, ref_rec, err) -> None:
     rec = _records(out, "B", WORLD)
     resumed_from = RUN["save_every"] * (WRITE_KILL - 1)
     interrupted = RUN["save_every"] * WRITE_KILL
     att1 = [x["step"] for x in rec[0] if x["attempt"] == 1]
-    errors = out / "B-errors.jsonl"
-    later = [json.loads(ln) for ln in errors.read_text().splitlines()] if errors.is_file() else []
     # Name what a restarted attempt tripped on, not a peer's "connection closed" after a kill.
-    later = [e for e in later if e["attempt"] >= 1 and "Connection" not in e["error"]]
-    if later and err is not None:
-        err = f"attempt {later[0]['attempt']}, rank {later[0]['rank']}: {later[0]['error']}"
+    if err is not None:
+        err = _phase_error(out, "B", first_attempt=1) or err
+    if not rec[0]:
+        err = f"the job failed before it reached this scenario: {_phase_error(out, 'C') or err}"
     # an interrupted write is never loaded
     if att1 and att1[0] == resumed_from + 1:
         report.check("an interrupted write is never loaded", 2, True,
@@ -309,7 +224,7 @@ def _check_restart(report, path, out, B, ref, ref_rec) -> None:
 
 
 def _check_reshard(report, path, out, A, ref, world) -> None:
-    err = _launch(path, out, [dict(name="R", dir=A, steps=RUN["steps"])], world)
+    err = _launch(path, out, [dict(name="R", dir=A, steps=RUN["steps"])], world, TIMEOUT["reshard"])
     got = _load(out, "R")
     ok, why = _same_state(ref, got, world)
     if err is not None:

@@ -12,14 +12,15 @@ the three classic mistakes move the figure far outside 10% of the truth:
 
 The truth is computed here from the recorded step times: all ranks' timed
 samples over the window from the last rank's first timed step to the last
-rank's last step. Then the learner's benchmark runs on the real model at
+rank's last step; every rank must return the same figure (compared exactly:
+a broadcast or a MAX all-reduce copies it bit for bit). Then the learner's benchmark runs on the real model at
 each world size; its figures, efficiency, JSON and plot are reported, never
 judged by speed (a 2-core machine running 4 workers is oversubscribed).
 """
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch.distributed as dist
 import distlab
 from distlab import torchrun
 from distlab.models import cpu_state, make_mlp
+from distlab.timing import cpu_cores
 
 from ..harness import CapturedPrints, echo, load_learner
 from ..registry import Exercise
@@ -41,6 +43,7 @@ SYNTH = dict(batch_size=32, warmup=2, iters=8)
 STEP_S, WARMUP_STEP_S, SLOWER_PER_RANK = 0.03, 0.1, 0.5
 REAL = dict(batch_size=128, hidden=256, warmup=5, iters=30, lr=0.01)
 TOL = 0.10
+MARGIN_S = 15  # the launches' timeouts sum to time_limit - MARGIN_S: a hang is a LaunchTimeout, not a kill
 
 
 class SyntheticStep:
@@ -145,11 +148,18 @@ def _check_method(report: ExerciseReport, ranks: list[dict], points: float) -> N
         why = "your window is shorter than the time the ranks spent on the timed steps"
     else:
         why = "your window is longer than the timed steps: time only the iters steps, after the warm-up"
-    report.check(f"{tag} throughput within 10% of the truth", points, abs(ratio - 1) <= TOL,
-                 f"{head}: {why}", pass_note=f"ratio to the truth {ratio:.3f}")
+    fb, ok = f"{head}: {why}", abs(ratio - 1) <= TOL
+    apart = [r for r in ranks[1:] if r["reported"] != got]
+    if apart:
+        ok = False
+        fb = (f"rank {apart[0]['rank']} returned {apart[0]['reported']:,.1f} samples/s but rank 0 returned "
+              f"{got:,.1f}: return the same figure on every rank (broadcast rank 0's elapsed time, or "
+              f"all-reduce it with MAX, before dividing); " + fb)
+    report.check(f"{tag} throughput within 10% of the truth", points, ok, fb,
+                 pass_note=f"ratio to the truth {ratio:.3f}, the same figure on every rank")
 
 
-def _check_files(report: ExerciseReport, obs: dict) -> None:
+def _check_files(report: ExerciseReport, obs: dict, kept: bool) -> None:
     thr = obs.get("throughput", {})
     ref = {w: thr[w] / (w * thr[1]) for w in thr} if 1 in thr else {}
     eff = obs.get("efficiency")
@@ -171,11 +181,13 @@ def _check_files(report: ExerciseReport, obs: dict) -> None:
             msg = f"could not read the results back ({type(exc).__name__}: {exc})"
     report.check("JSON result and plot written", 1, bool(files) and not msg,
                  msg or "write_results returned no paths",
-                 pass_note=f"plot: {files['plot']}" if files else "")
+                 pass_note=(f"plot: {files['plot']}" + ("" if kept else " (in a temporary folder the grader "
+                            "removed after reading it back; run_scaling() in your file writes scaling-results/)"))
+                 if files else "")
 
 
 def _notes(report: ExerciseReport, thr: dict, eff: dict | None, backend: str) -> None:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cpu_cores()
     report.notes.append("Your benchmark on the real model (reported, not graded: speed depends on the machine):")
     for w in sorted(thr):
         e = f", efficiency {eff[w]:.0%}" if eff and w in eff else ""
@@ -186,23 +198,42 @@ def _notes(report: ExerciseReport, thr: dict, eff: dict | None, backend: str) ->
                             "on the cores, so the efficiency there measures contention, not DDP.")
 
 
+def launch_timeouts(world_sizes: tuple[int, ...], budget: float = EXERCISE.time_limit - MARGIN_S) -> dict:
+    """Seconds allowed per launch, shared out by world size (start-up grows with the ranks), summing to
+    ``budget``: a hang is then reported as a ``LaunchTimeout`` naming the ranks, inside ``time_limit``."""
+    weight = {w: 2 + w for w in world_sizes}
+    return {w: budget * weight[w] / sum(weight.values()) for w in world_sizes}
+
+
 def grade_all(paths: list[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
               out_dir: Path | None = None, real: dict | None = None) -> list[ExerciseReport]:
     """Grade several files, one launch per world size (the grader owns the process group).
 
-    ``real`` overrides the real benchmark's settings (tests run fewer steps).
+    Each launch needs the figures of the previous ones (the efficiency and the files are made at
+    the last world size), so this loops over launches itself rather than using ``grade_files``.
+    ``real`` overrides the real benchmark's settings (tests run fewer steps). The learner's
+    ``write_results`` writes into ``out_dir``/submission<i>; without ``out_dir``, into a temporary
+    folder removed once the files have been read back (the feedback says so).
     """
-    base = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="distlab-ex06-"))
+    with contextlib.ExitStack() as stack:
+        base = Path(out_dir) if out_dir else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="distlab-ex06-")))
+        return _grade_into(paths, world_sizes, base, kept=out_dir is not None, real={**REAL, **(real or {})})
+
+
+def _grade_into(paths: list[Path], world_sizes: tuple[int, ...], base: Path, kept: bool,
+                real: dict) -> list[ExerciseReport]:
     out_dirs = [str(base / f"submission{i}") for i in range(len(paths))]
     reports = [ExerciseReport(EXERCISE.number, EXERCISE.name, EXERCISE.max_score) for _ in paths]
     so_far: list[dict] = [{} for _ in paths]
     trained = [[] for _ in paths]
     last: list[dict] = [{} for _ in paths]
     backend = "gloo"
+    timeouts = launch_timeouts(world_sizes)
     for w in world_sizes:
         final = w == world_sizes[-1]
-        run = torchrun(rank_main, w, args=([str(p) for p in paths], so_far, out_dirs, final, {**REAL, **(real or {})}),
-                       timeout=90)
+        run = torchrun(rank_main, w, args=([str(p) for p in paths], so_far, out_dirs, final, real),
+                       timeout=timeouts[w])
         backend = run.backend
         for i, report in enumerate(reports):
             ranks = [run.results[r][i] for r in range(w)]
@@ -216,7 +247,7 @@ def grade_all(paths: list[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
         problems = [t for t in trained[i] if t]
         report.check("the real step trains with DDP", 2, not problems, problems[0] if problems else "",
                      pass_note="parameters changed and agree on every rank")
-        _check_files(report, last[i])
+        _check_files(report, last[i], kept)
         report.measurements["real_samples_per_s"] = {str(k): round(v, 1) for k, v in so_far[i].items()}
         _notes(report, so_far[i], last[i].get("efficiency"), backend)
     return reports

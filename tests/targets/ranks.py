@@ -28,8 +28,12 @@ def raise_on_rank1() -> None:
     dist.barrier()
 
 
-def hang_on_rank0(pid_file: str) -> None:
-    """Rank 0 sleeps forever (and starts a grandchild that does too); rank 1 waits in a barrier."""
+def hang(pid_file: str) -> None:
+    """Every rank sleeps far past the launch timeout; rank 0 also starts a grandchild that does too.
+
+    (A rank stuck in a collective would instead fail at the process group's timeout, which the
+    launcher sets below its own, naming that rank.)
+    """
     distlab.init_distributed()
     with open(f"{pid_file}.{dist.get_rank()}", "w") as f:
         f.write(str(os.getpid()))
@@ -37,8 +41,7 @@ def hang_on_rank0(pid_file: str) -> None:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         with open(f"{pid_file}.child", "w") as f:
             f.write(str(child.pid))
-        time.sleep(600)
-    dist.barrier()
+    time.sleep(600)
 
 
 def sigkill_first_attempt() -> int:
@@ -49,3 +52,10 @@ def sigkill_first_attempt() -> int:
         os.kill(os.getpid(), 9)
     dist.barrier()
     return attempt
+
+
+def return_unloadable():
+    """Returns an object ``torch.load(weights_only=True)`` refuses."""
+    import fractions
+
+    return fractions.Fraction(1, 3)
