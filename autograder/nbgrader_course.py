@@ -5,7 +5,8 @@ Steps, each over every exercise's assignment (or ``--exercise N``, repeatable):
 ``generate``   write ``source/`` from the registry and ``solutions/``, then ``nbgrader generate_assignment``
 ``release``    ``nbgrader release_assignment`` to the exchange
 ``collect``    ``nbgrader collect``
-``autograde``  repair the submissions (see :mod:`autograder.nbgrader_repair`), then ``nbgrader autograde``
+``autograde``  repair the submissions (see :mod:`autograder.nbgrader_repair`), ``nbgrader autograde``,
+               then regrade outside the kernel every submission credited with points (``verify``)
 ``feedback``   ``nbgrader generate_feedback`` and ``nbgrader release_feedback``
 ``export``     ``nbgrader export`` to ``grades.csv``
 ``grade``      collect, autograde, feedback, export: the whole cycle after the learners submitted
@@ -107,15 +108,55 @@ class Course:
 
     def autograde(self) -> None:
         problems = repair_course(self.dir, self.modules, self.student)
-        lines = [f"{student} / {assignment}: {note}" for (student, assignment), notes in problems.items()
-                 for note in notes]
+        self._problems([f"{student} / {assignment}: {note}" for (student, assignment), notes in problems.items()
+                        for note in notes])
+        for a in self.assignments:
+            self.nbgrader("autograde", a, *self._options())
+        self.verify()
+
+    def verify(self) -> None:
+        """Regrade, outside any notebook kernel, every submission the gradebook credits with points.
+
+        The test cell runs in the learner's kernel, after any cells the learner
+        added; such a cell can patch the standard library (``json.loads``, say)
+        and make the cell report full marks. This process never ran learner
+        code, so its score stands: where the two differ the gradebook takes
+        this one (as a manual score) and the instructor is told. A cheat can
+        only raise a score, so submissions at 0 are not graded twice.
+        """
+        from nbgrader.api import Gradebook
+
+        from .nbgrader_assignments import grade_id
+        from .registry import exercises
+        from .runner import grade_one
+
+        spec = json.loads((self.dir / MANIFEST).read_text())["assignments"]
+        lines = []
+        with Gradebook(f"sqlite:///{self.dir / 'gradebook.db'}") as gb:
+            for a in self.assignments:
+                ex = exercises()[spec[a]["exercise"]]
+                for sub in gb.assignment_submissions(a):
+                    if self.student and sub.student.id != self.student:
+                        continue
+                    grade = gb.find_grade(grade_id(ex), a, a, sub.student.id)
+                    if not grade.score:
+                        continue
+                    truth = grade_one(ex, self.dir / "autograded" / sub.student.id / a).score
+                    if abs(truth - grade.score) > 1e-6:
+                        lines.append(f"{sub.student.id} / {a}: the notebook reported {grade.score:g} points "
+                                     f"but the grader, run outside the notebook, gives {truth:g}: "
+                                     "kept the grader's score (did a cell of the notebook patch the grader?)")
+                        grade.manual_score = truth
+                        gb.db.commit()
+        self._problems(lines)
+
+    def _problems(self, lines: list[str]) -> None:
+        """Print problems and add them (once) to ``nbgrader_problems.txt``."""
         for line in lines:
             print("problem: " + line, flush=True)
         log = self.dir / "nbgrader_problems.txt"
         old = log.read_text().splitlines() if log.exists() else []
         log.write_text("".join(f"{ln}\n" for ln in dict.fromkeys(old + lines)))
-        for a in self.assignments:
-            self.nbgrader("autograde", a, *self._options())
 
     def feedback(self, release: bool = True) -> None:
         for a in self.assignments:

@@ -9,6 +9,8 @@ the slow part; the others fail fast):
   and her module fails to import                           -> 0, graded on the original cell
 * dave deletes the test cell and renames train_ddp         -> 0, cell restored, names train_ddp
 * erin's notebook is not JSON and her module is missing    -> 0, released notebook used, "not found"
+* frank submits the stubs and adds a cell that patches json.loads so the
+  test cell reports full marks                              -> 0, regraded outside the kernel
 
 then feedback is generated and released, grades exported, and autograde is
 run again to show it duplicates nothing.
@@ -37,7 +39,7 @@ from tests.helpers import REPO, SOLUTIONS
 pytestmark = pytest.mark.timeout(900)
 EX = exercises()[1]
 ASSIGNMENT = "ex01_ddp"
-LEARNERS = ("alice", "bob", "carol", "dave", "erin")
+LEARNERS = ("alice", "bob", "carol", "dave", "erin", "frank")
 
 
 def learner_nbgrader(home: Path, exchange: Path, *args: str) -> None:
@@ -74,6 +76,13 @@ def tamper(folder: Path, learner: str) -> None:
         nbformat.write(nb, nb_path)
         assert "def train_ddp(" in solution
         module.write_text(solution.replace("def train_ddp(", "def train_data_parallel("))
+    elif learner == "frank":
+        nb = nbformat.read(nb_path, as_version=4)
+        cheat = ("import json\n_loads = json.loads\n"
+                 "json.loads = lambda s, *a, **k: {**_loads(s, *a, **k), 'criteria': "
+                 f"[{{'name': 'all', 'points': {EX.max_score}, 'earned': {EX.max_score}, 'feedback': ''}}]}}")
+        nb.cells.insert(1, nbformat.v4.new_code_cell(cheat))
+        nbformat.write(nb, nb_path)
     elif learner == "erin":
         nb_path.write_text('{"cells": [ this is not json')
         module.unlink()
@@ -136,7 +145,7 @@ def run_cycle(root: Path) -> dict:
     for home in homes.values():
         home.mkdir()
     in_parallel(lambda n: learner_nbgrader(homes[n], exchange, "fetch_assignment", ASSIGNMENT), ["alice", "bob"])
-    for name in ("carol", "dave", "erin"):
+    for name in ("carol", "dave", "erin", "frank"):
         shutil.copytree(homes["bob"] / ASSIGNMENT, homes[name] / ASSIGNMENT)
     for name in LEARNERS:
         tamper(homes[name] / ASSIGNMENT, name)
@@ -162,11 +171,12 @@ def test_release_strips_hidden_tests_and_ships_the_stub(course):
 def test_scores_full_zero_and_tampered_graded_on_original_cells(course):
     got = scores(course["db"])
     assert got == {"alice": (EX.max_score, False), "bob": (0.0, False), "carol": (0.0, False),
-                   "dave": (0.0, False), "erin": (0.0, False)}
+                   "dave": (0.0, False), "erin": (0.0, False),
+                   "frank": (EX.max_score, False)}  # what his patched kernel claimed ...
     rows = {r["student_id"]: r for r in csv.DictReader(course["first"][2].splitlines())
             if r["assignment"] == ASSIGNMENT}
-    assert {s: float(r["score"]) for s, r in rows.items()} == {
-        "alice": EX.max_score, "bob": 0.0, "carol": 0.0, "dave": 0.0, "erin": 0.0}
+    assert {s: float(r["score"]) for s, r in rows.items()} == {  # ... and what he gets
+        "alice": EX.max_score, "bob": 0.0, "carol": 0.0, "dave": 0.0, "erin": 0.0, "frank": 0.0}
     assert float(rows["alice"]["max_score"]) == EX.max_score
 
 
@@ -182,6 +192,8 @@ def test_each_problem_has_a_clear_message(course):
                            "erin": ["could not be read", f"{EX.filename} was not in your submission"]}.items():
         for w in words:
             assert f"{learner} / {ASSIGNMENT}: " in notes and w in notes, (learner, w)
+    assert "frank / ex01_ddp: the notebook reported 10 points but the grader, run outside the notebook, " \
+        "gives 0" in notes
     assert "alice" not in notes and "bob" not in notes
     # erin's own file is kept, and the note is in the feedback released to her
     assert (c / "submitted" / "erin" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb.rejected").is_file()
