@@ -15,6 +15,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from distlab.launch import TIME_SCALE_VAR, time_scale
 from distlab.process import end_job, tag_env
 
 from .registry import Exercise, exercises
@@ -26,7 +27,7 @@ DEFAULT_DIR = REPO_ROOT / "exercises"
 
 def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None) -> ExerciseReport:
     """Grade ``ex`` from the file in ``directory`` in a subprocess limited to ``time_limit`` s."""
-    time_limit = time_limit or ex.time_limit
+    time_limit = (time_limit or ex.time_limit) * time_scale()
     report = ExerciseReport(ex.number, ex.name, ex.max_score)
     path = Path(directory) / ex.filename
     if not path.is_file():
@@ -44,8 +45,8 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None) ->
                 proc.wait(timeout=time_limit)
             except subprocess.TimeoutExpired:
                 return report.fail_all(
-                    f"grading took longer than its {time_limit:g} s limit and was stopped "
-                    "(an endless loop, or a rank waiting in a collective the others never reach?)")
+                    f"grading took longer than its {time_limit:g} s limit and was stopped: an endless loop "
+                    f"in your code? (If this machine is just slow or busy, {TIME_SCALE_VAR}=2 allows twice as long.)")
             finally:
                 end_job(proc, job_id, grace_s=1.0)
         try:

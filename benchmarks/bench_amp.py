@@ -14,6 +14,7 @@ import functools
 import torch
 
 from autograder.checks._ex03_probes import REAL
+import distlab
 from benchmarks import Row
 from distlab.models import make_mlp
 from distlab.timing import synchronize
@@ -22,7 +23,7 @@ from distlab.timing import synchronize
 def rows() -> list[Row]:
     from solutions.ex03_amp import compare, train_step
 
-    device = distlab_device()
+    device = distlab.device()  # this rank's device: the GPU when there is one
     cfg = REAL["cuda" if device.type == "cuda" else "cpu"]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(cfg["batch"], cfg["in_features"], generator=g).to(device)
@@ -52,7 +53,3 @@ def rows() -> list[Row]:
         Row("amp", "fp16 + GradScaler speedup over fp32", fp16["speedup"], "x", "same model, same run"),
         Row("amp", "fp16 saved-activation bytes / fp32", fp16["memory_ratio"], "x", "saved_tensors_hooks"),
     ]
-
-
-def distlab_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

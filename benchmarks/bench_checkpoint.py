@@ -4,8 +4,8 @@ Exercise 5's model and optimizer (reference solution's ``build``: a sharded
 ResidualMLP with Adam) at W=2. Save = ``dcp.save`` into the staging
 directory + barrier + atomic commit; load = ``dcp.load`` + ``set_state_dict``.
 Each is timed 5 times after a warm-up, the slowest rank's time taken
-(``all_reduce(MAX)``), the median reported. Crash to resume: rank 1 SIGKILLs
-itself after step 4 of the reference solution's ``train`` under
+(``distlab.timing.slowest_rank``: ``all_reduce(MAX)`` on the rank's device),
+the median reported. Crash to resume: rank 1 SIGKILLs itself after step 4 of the reference solution's ``train`` under
 ``torchrun --max-restarts=1``; the time runs from just before the kill to the
 end of the first step of the restarted attempt (process start, imports,
 rendezvous, load, one step). Timings on a shared CPU and local disk are this
@@ -26,12 +26,7 @@ import torch.distributed as dist
 
 import distlab
 from benchmarks import Row
-
-
-def _slowest(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+from distlab.timing import slowest_rank, synchronize
 
 
 def save_load(root: str) -> dict:
@@ -41,10 +36,10 @@ def save_load(root: str) -> dict:
     from distlab.checkpoint import commit, final_path, prune, size_bytes, staging_path
     from solutions.ex05_checkpoint import build
 
-    distlab.init_distributed()
-    model, opt, _ = build(10, seed=0)
+    dev = distlab.init_distributed()
+    model, opt, _ = build(10, seed=0)  # on this rank's device
     opt.zero_grad()
-    model(torch.randn(16, 64)).sum().backward()
+    model(torch.randn(16, 64, device=dev)).sum().backward()
     opt.step()
     saves, loads = [], []
     for i in range(6):
@@ -57,13 +52,14 @@ def save_load(root: str) -> dict:
             commit(root, i)
             prune(root, keep=1)
         dist.barrier()
-        saves.append(_slowest(time.perf_counter() - t))
+        saves.append(slowest_rank(time.perf_counter() - t, dev))
         t = time.perf_counter()
         msd, osd = get_state_dict(model, opt)
         state = {"model": msd, "optim": osd}
         dcp.load(state, checkpoint_id=final_path(root, i))
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        loads.append(_slowest(time.perf_counter() - t))
+        synchronize(dev)
+        loads.append(slowest_rank(time.perf_counter() - t, dev))
     sizes = size_bytes(final_path(root, 5)) if dist.get_rank() == 0 else {}
     distlab.shutdown()
     return {"save": statistics.median(saves[1:]), "load": statistics.median(loads[1:]), "sizes": sizes}

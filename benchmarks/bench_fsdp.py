@@ -37,7 +37,8 @@ def measure(per_block: bool = True) -> dict:
     fully_shard(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x_all, y_all = synthetic_classification(256, 64, 10).tensors
-    x, y = x_all[rank * MICRO_BATCH:(rank + 1) * MICRO_BATCH].to(device), y_all[:MICRO_BATCH].to(device)
+    mine = slice(rank * MICRO_BATCH, (rank + 1) * MICRO_BATCH)  # this rank's samples and their labels
+    x, y = x_all[mine].to(device), y_all[mine].to(device)
     for step in range(2):
         state = measured_bytes(model, opt)
         params = list(model.parameters())

@@ -19,7 +19,7 @@ STAGES = 2
 
 def rows() -> list[Row]:
     runs = [dict(schedule="gpipe", n_microbatches=m, width=1024, batch=256) for m in MICRO]
-    res = torchrun("distlab.pipeline:pipeline_sweep", STAGES, args=(runs,), timeout=300).results
+    res = torchrun("distlab.pipeline_run:pipeline_sweep", STAGES, args=(runs,), timeout=300).results
     out = []
     for i, m in enumerate(MICRO):
         events = as_events([res[r][i]["events"] for r in range(STAGES)])

@@ -8,13 +8,12 @@ Two configurations of the course MLP, timed with the reference ``measure_through
   gradients) all-reduced for very little arithmetic.
 
 Efficiency is throughput(W) / (W x throughput(1)). All-reduce bus bandwidth is
-``bytes x 2(n-1)/n / time`` (nccl-tests' definition), median of 10, gloo on the CPU
+``bytes x 2(n-1)/n / time`` (nccl-tests' definition): the median of 3 blocks of 5 all-reduces,
+each block timed on the slowest rank; gloo on the CPU
 (NCCL on GPUs: the backend is picked from the hardware). On a machine with fewer
 cores than workers the figures measure core contention as much as DDP.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.distributed as dist
@@ -23,6 +22,7 @@ import distlab
 from distlab import torchrun
 from distlab.bandwidth import allreduce_bandwidth
 from distlab.models import make_mlp
+from distlab.timing import cpu_cores
 from solutions.ex06_scaling import make_ddp_step, measure_throughput
 
 from . import Row
@@ -49,7 +49,7 @@ def rank_main() -> dict:
 
 
 def rows() -> list[Row]:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cpu_cores()
     runs = {w: torchrun(rank_main, w, timeout=300) for w in WORLD_SIZES}
     out = []
     for name in CONFIGS:

@@ -122,13 +122,13 @@ from distlab.data import synthetic_classification
 from distlab.fsdp_memory import LiveStorageTracker, expected_bytes, full_shapes, measured_bytes
 from distlab.resmlp import make_resmlp
 
-distlab.init_distributed()
+dev = distlab.init_distributed()  # this rank's device: the CPU under gloo, its GPU under NCCL
 rank, world = dist.get_rank(), dist.get_world_size()
 x_all, y_all = synthetic_classification(64, 64, 10).tensors
-x, y = x_all[rank * 8:(rank + 1) * 8], y_all[rank * 8:(rank + 1) * 8]
+x, y = x_all[rank * 8:(rank + 1) * 8].to(dev), y_all[rank * 8:(rank + 1) * 8].to(dev)
 result = {}
 for how in ("per block", "root only"):
-    model = make_resmlp(seed=0, hidden=91)  # odd widths: the second shard is padded
+    model = make_resmlp(seed=0, hidden=91).to(dev)  # odd widths: the second shard is padded
     shapes = full_shapes(model)
     if how == "per block":
         for block in model.blocks:

@@ -115,7 +115,7 @@ SIZE = dict(width=1024, batch=512)  # ~10 ms of matrix products per micro-batch 
 RUNS = [dict(schedule="gpipe", n_microbatches=4, **SIZE), dict(schedule="1f1b", n_microbatches=4, **SIZE),
         dict(schedule="gpipe", n_microbatches=1, **SIZE), dict(schedule="gpipe", n_microbatches=8, **SIZE)]
 print("running 4 pipelined steps on 2 ranks ...", flush=True)
-job = torchrun("distlab.pipeline:pipeline_sweep", 2, args=(RUNS,), timeout=120)
+job = torchrun("distlab.pipeline_run:pipeline_sweep", 2, args=(RUNS,), timeout=120)
 timelines = [as_events([job.results[r][i]["events"] for r in range(2)]) for i in range(len(RUNS))]
 
 fig, axes = plt.subplots(2, 1, figsize=(10, 3.2))

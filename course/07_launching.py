@@ -34,12 +34,14 @@
 # | `MASTER_ADDR`, `MASTER_PORT` | where the process group's store listens |
 # | `TORCHELASTIC_RESTART_COUNT` | how many times the workers were restarted |
 #
-# Here they are, from a live run of 2 workers on this machine:
+# Here they are, from a live run of 2 workers on this machine, started the way two *machines*
+# would start them (more on that below): two torchrun agents, one worker each. Each worker also
+# joins the process group and all-reduces its rank, on its own device (the GPU under NCCL), to
+# prove both are in one world.
 
 # %%
 import matplotlib.pyplot as plt
 
-from distlab import torchrun
 from distlab.multinode import ENV_VARS, command_lines, multinode_torchrun, spawn_demo
 
 
@@ -49,10 +51,11 @@ def env_table(results: list[dict], keys=ENV_VARS[:8]) -> None:
         print(" ".join(f"{r[k]:>16}" for k in keys))
 
 
-single = torchrun("distlab.multinode:whoami", 2, timeout=60)
-env_table(single.results)
-print(f"an all-reduce of the ranks gave {single.results[0]['rank_sum']} on every rank: one world of "
-      f"{single.results[0]['world']}")
+multi = multinode_torchrun("distlab.multinode:whoami", nnodes=2, nproc_per_node=1, timeout=60)
+env_table(multi.results)
+print(f"an all-reduce of the ranks gave {multi.results[0]['rank_sum']} on every rank: one world of "
+      f"{multi.results[0]['world']} ({multi.backend}, devices {[r['device'] for r in multi.results]})")
+assert [r["RANK"] for r in multi.results] == ["0", "1"] and multi.results[0]["rank_sum"] == 1
 
 # %% [markdown]
 # ## `mp.spawn` against torchrun
@@ -80,22 +83,17 @@ for line in spawn_demo(2):
 #
 # ## Two machines, on one machine
 # On a cluster every machine runs one torchrun agent with the **same** command; the agents meet
-# at the rendezvous endpoint (the first machine's address) and agree on the world. Nothing stops
-# us from starting both agents here, with the endpoint on `127.0.0.1` and a free port:
+# at the rendezvous endpoint (the first machine's address) and agree on the world. The table at
+# the top came from exactly that: two agents on this machine, the endpoint on `127.0.0.1` and a
+# free port. `GROUP_RANK` is the node (agent) number, `LOCAL_RANK`/`LOCAL_WORLD_SIZE` the
+# worker's place on its node, `RANK`/`WORLD_SIZE` its place in the whole job. The command each
+# agent ran, as used here (the port was free when the job started), then for two real machines
+# whose first one is `10.0.0.1` with 4 GPUs each (run it on both; torchrun decides which one is
+# node 0):
 
 # %%
-multi = multinode_torchrun("distlab.multinode:whoami", nnodes=2, nproc_per_node=1, timeout=60)
-env_table(multi.results)
-print(f"two agents, GROUP_RANK {sorted(r['GROUP_RANK'] for r in multi.results)}, one world of "
-      f"{multi.results[0]['world']} (all-reduce of ranks = {multi.results[0]['rank_sum']})")
-
-# %% [markdown]
-# The command each machine would run, first as used here, then for two real machines whose
-# first one is `10.0.0.1` (run it on both; torchrun decides which one is node 0):
-
-# %%
-for endpoint in ("127.0.0.1:29400", "10.0.0.1:29400"):
-    print(" ".join(command_lines(2, 4, endpoint, "myjob", ["train.py"])[0]))
+print(" ".join(multi.commands[0]), f"   # endpoint used here: {multi.endpoint}")
+print(" ".join(command_lines(2, 4, "10.0.0.1:29400", "myjob", ["train.py"])[0]))
 
 # %% [markdown]
 # ## When a worker dies: elastic restarts
@@ -106,11 +104,14 @@ for endpoint in ("127.0.0.1:29400", "10.0.0.1:29400"):
 # last checkpoint (notebook 3). Below, rank 1 crashes in attempt 0:
 
 # %%
+from distlab import torchrun
+
 restart = torchrun("distlab.multinode:flaky_worker", 2, max_restarts=1, timeout=90)
 for line in restart.lines:
     if "attempt" in line:
         print(line)
 print("returned:", restart.results)
+assert [r["attempt"] for r in restart.results] == [1, 1]
 
 # %% [markdown]
 # Both ranks came back as new processes in attempt 1, rank 0 too although it had not failed.
@@ -142,22 +143,22 @@ print((REPO_ROOT / "course" / "slurm" / "train.sbatch").read_text().split("set -
 # workers share the machine's cores.
 #
 # **This machine.** Workers here are processes on the CPU cores, gloo moves gradients through
-# shared memory and loopback TCP, and 4 workers on a 2-core machine are *oversubscribed*: they
-# take turns on the cores, so their step time grows for reasons that have nothing to do with
+# shared memory and loopback TCP, and more workers than cores are *oversubscribed*: they take
+# turns on the cores, so their step time grows for reasons that have nothing to do with
 # communication. A CPU can show the method and the shape of the model; it cannot show the
-# efficiency of GPUs on NVLink or InfiniBand.
+# efficiency of GPUs on NVLink or InfiniBand. Below: one worker timed here, two workers measured
+# in one job (compute alone, a DDP step, and all-reduces of 4 KiB up to the gradients' size to
+# fit latency and bus bandwidth), and the model's prediction from those inputs up to 8 workers.
 
 # %%
-import os
-
 import torch
 from torch import nn
 
 from distlab.bandwidth import allreduce_time, predicted_efficiency
 from distlab.models import make_mlp
-from torch.utils.benchmark import Timer
+from distlab.timing import cpu_cores, median_seconds
 
-cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+cores = cpu_cores()
 HIDDEN, BATCH = 1024, 32   # 2.2 M parameters: 8.7 MB of gradients for little compute per sample
 
 torch.set_num_threads(1)   # like each torchrun worker (OMP_NUM_THREADS=1)
@@ -172,40 +173,38 @@ def local_step():
     opt.step()
 
 
-t1 = Timer("local_step()", globals={"local_step": local_step}).timeit(20).median
-probes = {}
-for w in (2, 4):
-    print(f"measuring {w} workers ({'oversubscribed: ' + str(w) + ' workers on ' + str(cores) + ' cores' if w > cores else 'one core each'}) ...", flush=True)
-    probes[w] = torchrun("distlab.bandwidth:scaling_probe", w, kwargs=dict(hidden=HIDDEN, batch=BATCH), timeout=120).results[0]
+t1 = median_seconds(local_step)   # warm-up, then the median per call (torch.utils.benchmark)
+print(f"measuring 2 workers ({'one core each' if cores >= 2 else 'oversubscribed'}) ...", flush=True)
+p = torchrun("distlab.bandwidth:scaling_probe", 2, kwargs=dict(hidden=HIDDEN, batch=BATCH), timeout=90).results[0]
 
 # %%
-print(f"one worker: {t1 * 1e3:.1f} ms per step; gradients {probes[2]['grad_bytes'] / 1e6:.1f} MB")
-print(f"{'W':>2} {'busbw GB/s':>11} {'all-reduce ms':>14} {'compute ms':>11} {'step ms':>8} "
-      f"{'predicted eff':>14} {'measured eff':>13}")
-pred, meas = {1: 1.0}, {1: 1.0}
-for w, p in probes.items():
-    comm = allreduce_time(p["grad_bytes"], w, p["busbw"], p["latency_s"])
-    # compute on W workers at once, measured: includes the slowdown of sharing cores
-    pred[w] = predicted_efficiency(t1, p["grad_bytes"], w, p["busbw"], p["latency_s"], slowdown=p["compute_s"] / t1)
-    meas[w] = t1 / p["step_s"]
-    print(f"{w:>2} {p['busbw'] / 1e9:>11.2f} {comm * 1e3:>14.1f} {p['compute_s'] * 1e3:>11.1f} "
-          f"{p['step_s'] * 1e3:>8.1f} {pred[w]:>14.0%} {meas[w]:>13.0%}" + ("  oversubscribed" if w > cores else ""))
+print(f"one worker: {t1 * 1e3:.1f} ms per step; gradients {p['grad_bytes'] / 1e6:.1f} MB; "
+      f"fitted: busbw {p['busbw'] / 1e9:.2f} GB/s, latency {p['latency_s'] * 1e6:.0f} us")
+print(f"{'W':>2} {'all-reduce ms':>14} {'compute ms':>11} {'step ms':>8} {'predicted eff':>14} {'measured eff':>13}")
+comm = allreduce_time(p["grad_bytes"], 2, p["busbw"], p["latency_s"])
+slowdown = p["compute_s"] / t1     # compute on 2 workers at once, measured: includes sharing cores
+measured = t1 / p["step_s"]
+print(f"{2:>2} {comm * 1e3:>14.1f} {p['compute_s'] * 1e3:>11.1f} {p['step_s'] * 1e3:>8.1f} "
+      f"{predicted_efficiency(t1, p['grad_bytes'], 2, p['busbw'], p['latency_s'], slowdown=slowdown):>14.0%} "
+      f"{measured:>13.0%}")
 
-fig, ax = plt.subplots(figsize=(5, 3.2))
-ws = sorted(pred)
-ax.plot(ws, [pred[w] for w in ws], "o--", label="predicted (model)")
-ax.plot(ws, [meas[w] for w in ws], "o-", label="measured")
+ws = [1, 2, 3, 4, 6, 8]
+fig, ax = plt.subplots(figsize=(5.5, 3.2))
+ax.plot(ws, [predicted_efficiency(t1, p["grad_bytes"], w, p["busbw"], p["latency_s"]) for w in ws], "o--",
+        label="model: one core per worker, this busbw")
+ax.plot([1, 2], [1.0, measured], "s-", label="measured here")
 ax.axhline(1.0, color="gray", lw=0.8)
 ax.axvline(cores, color="red", lw=0.8, ls=":", label=f"{cores} cores")
-ax.set(xlabel="workers W", ylabel="efficiency", xticks=ws, ylim=(0, 1.1), title="DDP scaling on this machine")
-ax.legend()
+ax.set(xlabel="workers W", ylabel="efficiency", xticks=ws, ylim=(0, 1.1), title="DDP scaling")
+ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
 # Read the table from left to right: the all-reduce time follows from the measured bus
 # bandwidth; the compute column shows what sharing cores costs (at W > cores it alone breaks
-# linear scaling); the measured step is usually a little *below* compute + all-reduce, because
-# DDP overlaps the all-reduce with the backward. Where prediction and measurement disagree,
+# linear scaling, which the dashed model line leaves out: it assumes a core per worker, as on
+# a GPU per worker); the measured step is usually a little *below* compute + all-reduce,
+# because DDP overlaps the all-reduce with the backward. Where prediction and measurement disagree,
 # something the model leaves out dominates — find it before trusting a scaling figure.
 #
 # ### Exercise 6: measure it yourself

@@ -9,12 +9,10 @@ micro-step, and the all-reduce rounds per optimizer step (a DDP comm hook).
 Timing under DDP cannot use ``torch.utils.benchmark``'s adaptive repeat
 count: ranks would choose different counts and wait forever in each other's
 all-reduce. So every rank runs the same fixed number of steps between
-barriers, the slowest rank counts (``all_reduce(MAX)``), median of repeats.
+barriers, the slowest rank counts (``all_reduce(MAX)``), median of repeats
+(:func:`distlab.timing.distributed_median_seconds`).
 """
 from __future__ import annotations
-
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -24,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .distributed import init_distributed, shutdown
 from .memory import peak_memory
 from .models import make_mlp
-from .timing import synchronize
+from .timing import distributed_median_seconds
 from .worker import resolve
 
 KS = (1, 2, 4, 8)
@@ -61,20 +59,11 @@ def sweep(ks: tuple[int, ...] = KS, batch_per_rank: int = 256, steps: int = 5, r
         rounds[0] = 0
         train_accumulated(ddp, opt, micro, accumulation_steps=k)
         per_step = rounds[0]
-        times = []
-        for _ in range(repeats):
-            dist.barrier()
-            synchronize(device)
-            start = time.perf_counter()
-            for _ in range(steps):
-                train_accumulated(ddp, opt, micro, accumulation_steps=k)
-            synchronize(device)
-            took = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
-            dist.all_reduce(took, op=dist.ReduceOp.MAX)
-            times.append(took.item() / steps)
+        step_s = distributed_median_seconds(lambda: train_accumulated(ddp, opt, micro, accumulation_steps=k),
+                                            calls=steps, repeats=repeats, device=device)
         act, method = peak_memory(lambda: model(micro[0][0]).sum(), device, exclude=list(model.parameters()))
-        out.append({"k": k, "micro_batch": batch_per_rank // k, "samples_per_s": world * batch_per_rank /
-                    statistics.median(times), "activation_bytes": act, "allreduce_per_step": per_step,
+        out.append({"k": k, "micro_batch": batch_per_rank // k, "samples_per_s": world * batch_per_rank / step_s,
+                    "activation_bytes": act, "allreduce_per_step": per_step,
                     "memory_method": method})
     shutdown()
     return out

@@ -17,10 +17,11 @@ all-reduce with the backward, an upper bound on its cost)::
 """
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
+
+from .distributed import device as rank_device
+from .timing import distributed_median_seconds
 
 
 def bus_factor(n: int) -> float:
@@ -28,33 +29,22 @@ def bus_factor(n: int) -> float:
     return 2 * (n - 1) / n
 
 
-def allreduce_bandwidth(sizes_bytes: list[int], *, iters: int = 10, warmup: int = 2,
+def allreduce_bandwidth(sizes_bytes: list[int], *, calls: int = 5, repeats: int = 3, warmup: int = 2,
                         device: torch.device | None = None) -> list[dict]:
     """Time ``all_reduce`` of float32 tensors of each size on the initialised process group.
 
-    Returns one dict per size: ``bytes``, ``time_s`` (median over ``iters``,
-    each timed between barriers so the slowest rank counts), ``algbw``,
-    ``busbw`` (bytes/s). Every rank gets the same figures (rank 0's clock).
+    Returns one dict per size: ``bytes``, ``time_s`` (per all-reduce: the median over ``repeats``
+    blocks of ``calls`` all-reduces, each block's time the *slowest rank's*, see
+    :func:`distlab.timing.distributed_median_seconds`), ``algbw``, ``busbw`` (bytes/s). Every rank
+    gets the same figures. ``device`` defaults to this rank's (a CUDA device under NCCL).
     """
     n = dist.get_world_size()
-    device = device or torch.device("cpu")
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    device = device or rank_device()
     rows = []
     for size in sizes_bytes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-        for _ in range(warmup):
-            dist.all_reduce(x)
-        times = []
-        for _ in range(iters):
-            sync()
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(x)
-            sync()
-            times.append(time.perf_counter() - start)
-        t = torch.tensor(sorted(times)[len(times) // 2], dtype=torch.float64, device=device)
-        dist.broadcast(t, src=0)
-        t_s = t.item()
+        t_s = distributed_median_seconds(lambda: dist.all_reduce(x), calls=calls, repeats=repeats,
+                                         device=device, warmup=warmup)
         algbw = x.numel() * 4 / t_s
         rows.append({"bytes": x.numel() * 4, "time_s": t_s, "algbw": algbw, "busbw": algbw * bus_factor(n)})
     return rows
@@ -83,26 +73,25 @@ def predicted_efficiency(compute_s: float, grad_bytes: float, world: int, busbw:
     return compute_s / step
 
 
-def scaling_probe(hidden: int = 1024, batch: int = 32, steps: int = 10) -> dict:
+def scaling_probe(hidden: int = 1024, batch: int = 32, steps: int = 5, repeats: int = 3) -> dict:
     """Runs on every rank: the inputs of the model above, measured on this job.
 
     ``compute_s``: one local forward/backward/step without DDP (all ranks at once, so
-    core contention is included); ``step_s``: one DDP step; both per step, with
-    ``torch.utils.benchmark.Timer`` (fixed ``steps``: every rank must run the same number
-    of collectives), the slowest rank's. ``busbw``/``latency_s`` fitted from all-reduces
+    core contention is included); ``step_s``: one DDP step; both per step, the median over
+    ``repeats`` blocks of ``steps`` steps of the slowest rank's time (fixed counts: every rank
+    must run the same number of collectives). ``busbw``/``latency_s`` fitted from all-reduces
     of 4 KiB up to the gradients' size.
     """
     import copy
 
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.benchmark import Timer
 
-    from .distributed import device, init_distributed, shutdown
+    from .distributed import init_distributed, shutdown
     from .models import make_mlp
 
-    init_distributed()
-    dev, w = device(), dist.get_world_size()
+    dev = init_distributed()
+    w = dist.get_world_size()
     model = make_mlp(seed=0, hidden=hidden, depth=3).to(dev)
     x, y = torch.randn(batch, 64, device=dev), torch.randint(0, 10, (batch,), device=dev)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -115,13 +104,7 @@ def scaling_probe(hidden: int = 1024, batch: int = 32, steps: int = 10) -> dict:
             nn.functional.cross_entropy(net(x), y).backward()
             opt.step()
 
-        for _ in range(3):
-            step()
-        dist.barrier()
-        t = Timer("step()", globals={"step": step}).timeit(steps).median
-        worst = torch.tensor(t, dtype=torch.float64, device=dev)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        return worst.item()
+        return distributed_median_seconds(step, calls=steps, repeats=repeats, device=dev, warmup=3)
 
     compute_s = timed(copy.deepcopy(model))
     step_s = timed(DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None))

@@ -84,6 +84,18 @@ class RunResult:
         return [ln[len(tag):] for ln in self.lines if ln.startswith(tag)]
 
 
+TIME_SCALE_VAR = "DISTLAB_TIME_SCALE"
+
+
+def time_scale() -> float:
+    """``DISTLAB_TIME_SCALE`` (default 1): multiplies every launch timeout and grading limit,
+    for a machine much slower or busier than the one the limits were set on."""
+    try:
+        return max(float(os.environ.get(TIME_SCALE_VAR, "1")), 0.1)
+    except ValueError:
+        return 1.0
+
+
 def _target_string(target: str | Callable) -> str:
     if isinstance(target, str):
         return target
@@ -118,10 +130,12 @@ def torchrun(
 
     ``target`` is a module-level function, ``"pkg.mod:function"``,
     ``"path/file.py:function"`` or a script ``"path/file.py"`` (run as
-    ``__main__`` with ``argv``; its result is ``None``). ``stream=True``
-    prints rank-prefixed lines live (a callable receives them instead).
+    ``__main__`` with ``argv``; its result is its global ``result``, if any).
+    ``stream=True`` prints rank-prefixed lines live (a callable receives them
+    instead). ``timeout`` is multiplied by ``DISTLAB_TIME_SCALE``.
     """
     target_s = _target_string(target)
+    timeout *= time_scale()
     kind = "script" if target_s.endswith(".py") else "function"
     backend = backend or pick_backend(nprocs)
     job_id = uuid.uuid4().hex

@@ -162,3 +162,31 @@ class SimulatedWorkload:
         w = torch.ones(self.saved_bytes // 4, dtype=torch.float32, requires_grad=True)
         return w.exp().sum()  # exp saves its float32 output for backward; sum saves nothing
 
+
+
+def distributed_median_seconds(fn: Callable[[], object], *, calls: int, repeats: int,
+                               device: torch.device | str | None = None, warmup: int = 0) -> float:
+    """Median over ``repeats`` of the slowest rank's seconds per call of ``fn``, in a process group.
+
+    ``torch.utils.benchmark`` picks its repeat count adaptively, so ranks would run different
+    numbers of collectives and wait forever in each other's; here every rank runs ``warmup``
+    untimed calls, then ``repeats`` blocks of exactly ``calls`` calls, each block between a
+    barrier and a device sync, timed per call and reduced with :func:`slowest_rank` (a step
+    is as slow as its slowest rank). The median of the blocks ignores an outlier block.
+    """
+    import statistics
+
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        fn()
+    per_block = []
+    for _ in range(repeats):
+        synchronize(device)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+        per_block.append(slowest_rank((time.perf_counter() - start) / calls, device))
+    return statistics.median(per_block)

@@ -21,7 +21,9 @@ SBATCH = REPO / "course" / "slurm" / "train.sbatch"
 
 def views_then_rank1_fails() -> int:
     """Every rank joins the world and shares its view (env vars, an all-reduce); then rank 1 raises
-    with every rank's view in its message, so one launch shows both the world and the failure."""
+    with every rank's view in its message, so one launch shows both the world and the failure.
+    (Rank 0 must not finish cleanly: its agent would then wait at torchrun's exit barrier for the
+    failed agent, up to its 300 s default.)"""
     import json
 
     import torch
@@ -35,10 +37,10 @@ def views_then_rank1_fails() -> int:
         torch.cuda.set_device(dev)  # all_gather_object's tensors go to the current device
     views = [None] * dist.get_world_size()
     dist.all_gather_object(views, view(dev))
-    rank = dist.get_rank()
-    distlab.shutdown()
-    if rank == 1:
+    if dist.get_rank() == 1:
         raise ValueError("rank 1 fails on purpose; views: " + json.dumps(views))
+    dist.barrier()  # rank 0 waits for its dead peer, as training would: gloo/NCCL then fail it too
+    distlab.shutdown()
     return os.getpid()
 
 

@@ -78,9 +78,14 @@ def tamper(folder: Path, learner: str) -> None:
         module.write_text(solution.replace("def train_ddp(", "def train_data_parallel("))
     elif learner == "frank":
         nb = nbformat.read(nb_path, as_version=4)
-        cheat = ("import json\n_loads = json.loads\n"
-                 "json.loads = lambda s, *a, **k: {**_loads(s, *a, **k), 'criteria': "
-                 f"[{{'name': 'all', 'points': {EX.max_score}, 'earned': {EX.max_score}, 'feedback': ''}}]}}")
+        cheat = ("import json\n_loads = json.loads\n\n"
+                 "def _full_marks(s, *a, **k):\n"
+                 "    d = _loads(s, *a, **k)\n"
+                 "    if isinstance(d, dict) and 'criteria' in d:  # the grader's report\n"
+                 f"        d['criteria'] = [{{'name': 'all', 'points': {EX.max_score}, 'earned': {EX.max_score}, "
+                 "'feedback': ''}]\n"
+                 "    return d\n\n"
+                 "json.loads = _full_marks\n")
         nb.cells.insert(1, nbformat.v4.new_code_cell(cheat))
         nbformat.write(nb, nb_path)
     elif learner == "erin":

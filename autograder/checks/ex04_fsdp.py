@@ -78,7 +78,11 @@ def peak_bound(state_bytes: int, model: nn.Module) -> dict[str, int]:
 
 def _observe(path: str, export: Path, device: torch.device) -> dict:
     """One file on this rank: the learner trains; the wrapped ``train_step`` observes one step."""
-    learner = load_learner(path)
+    with SaveSpy() as saves:  # before the import, so ``from torch import save`` binds the spy too
+        return _train_observed(load_learner(path), export, device, saves)
+
+
+def _train_observed(learner, export: Path, device: torch.device, saves: SaveSpy) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = make_resmlp(seed=SEED, **MODEL).to(device)  # the same start on every rank
     shapes = full_shapes(model)
@@ -120,7 +124,7 @@ def _observe(path: str, export: Path, device: torch.device) -> dict:
         return loss
 
     learner.train_step = observed_step
-    with CapturedPrints() as out, SaveSpy() as saves:
+    with CapturedPrints() as out:
         returned = learner.train_fsdp(model, batches, lr=LR, export_path=str(export))
     echo(out.lines)
     trained = returned[0] if isinstance(returned, tuple) else model

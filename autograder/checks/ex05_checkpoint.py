@@ -35,9 +35,9 @@ from ..report import ExerciseReport
 from . import _ex05_probes as probes
 from ._ex05_probes import RUN
 
-# Launch wall times of the solution on 2 cores at load ~6 (much less when idle): reference 15 s,
-# fresh + restart 30 s (three process starts), reshard to 4 ranks 15 s. The timeouts leave about 2x
-# and sum to 105 s, inside time_limit - 15 s, so a hang is a LaunchTimeout naming the ranks.
+# Grading the solution (all three launches, reshard to 4 ranks) took 42 s on 2 cores at load 4;
+# the resume launch (three process starts) is the longest. Each timeout leaves 2-3x its launch's
+# share and they sum to 105 s, inside time_limit - 15 s, so a hang is a LaunchTimeout naming the ranks.
 EXERCISE = Exercise(number=5, name="checkpoint", filename="ex05_checkpoint.py", max_score=10, time_limit=120)
 TIMEOUT = {"reference": 30, "resume": 45, "reshard": 30}
 WORLD, RESHARD_WORLD = 2, 4
