@@ -218,4 +218,4 @@ plt.show()
 # %%
 from autograder.notebook import check
 
-check(6, raise_on_fail=False)
+report = check(6, raise_on_fail=False)
