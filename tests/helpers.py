@@ -49,3 +49,12 @@ def failed(report) -> dict[str, str]:
 def feedback_of(report, criterion: str) -> str:
     """The feedback of the first failed criterion whose name contains ``criterion``."""
     return next(v for k, v in failed(report).items() if criterion in k)
+
+
+def solution_and_mutants(tmp_path: Path, filename: str, mutants: dict[str, dict[str, str]]) -> dict[str, Path]:
+    """``{"solution": solutions/<filename>, name: <mutant file>...}``, each mutant in its own folder."""
+    paths = {"solution": SOLUTIONS / filename}
+    for name, change in mutants.items():
+        (tmp_path / name).mkdir()
+        paths[name] = mutant(tmp_path / name, filename, change)
+    return paths

@@ -7,7 +7,7 @@ import pytest
 from autograder.checks import ex03_amp as check
 from autograder.runner import grade_one
 
-from tests.helpers import EXERCISES, SOLUTIONS, failed, feedback_of, mutant
+from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
 
 FILE = check.EXERCISE.filename
 MUTANTS = {
@@ -35,11 +35,7 @@ MUTANTS = {
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("ex03")
-    paths = {"solution": SOLUTIONS / FILE}
-    for name, change in MUTANTS.items():
-        (tmp / name).mkdir()
-        paths[name] = mutant(tmp / name, FILE, change)
+    paths = solution_and_mutants(tmp_path_factory.mktemp("ex03"), FILE, MUTANTS)
     return dict(zip(paths, check.grade_many(list(paths.values()))))
 
 
