@@ -60,7 +60,7 @@ def test_a_hang_is_stopped_at_the_time_limit_and_leaves_nothing(tmp_path):
     mutant(tmp_path, "ex01_ddp.py", {"    rank = dist.get_rank()\n": "    rank = dist.get_rank()\n"
                                      "    import time; time.sleep(3600)\n"})
     start = time.monotonic()
-    report = grade_one(EXERCISE, tmp_path, time_limit=12)
-    assert time.monotonic() - start < 22
-    assert report.score == 0 and "grading took longer than its 12 s limit" in report.feedback
+    report = grade_one(EXERCISE, tmp_path, time_limit=8)
+    assert time.monotonic() - start < 18
+    assert report.score == 0 and "grading took longer than its 8 s limit" in report.feedback
     assert session_processes() == []
