@@ -78,7 +78,7 @@ for name, g in cases.items():
     print(f"{name:28s} {(g - big).abs().max().item():16.2e} {(g.norm() / big.norm()).item():14.3f}")
 
 # %% [markdown]
-# Equal to float rounding (about 1e-9) when the weights are right; 4x too large when the loss is
+# Equal to float rounding (see the first column) when the weights are right; 4x too large when the loss is
 # not divided; and with unequal micro-batches, $1/k$ over-weights the small ones: only $n_i/N$
 # gives the big-batch gradient.
 #

@@ -27,8 +27,8 @@
 # loss.backward()                                                  # outside autocast
 # ```
 #
-# and for float16, a scaler: `scaler = torch.amp.GradScaler("cuda")`. Older material, including
-# this course's overview, writes `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()`:
+# and for float16, a scaler: `scaler = torch.amp.GradScaler("cuda")`. Older material writes
+# `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()`:
 # deprecated spellings of the same thing (they now warn and forward to `torch.amp`).
 #
 # ## Three formats
@@ -93,8 +93,8 @@ display(explorer)
 # ## Small gradients underflow in float16; loss scaling rescues them
 #
 # Gradients are often tiny. Below, a million gradient values spread log-normally around 1e-7
-# (small but ordinary for deep layers): cast to float16, every value under float16's smallest
-# subnormal (6e-8) becomes 0. Multiplying the loss by S multiplies every gradient by S (the
+# (small but ordinary for deep layers): cast to float16, every value below about half of
+# float16's smallest subnormal (6e-8) rounds to 0. Multiplying the loss by S multiplies every gradient by S (the
 # chain rule is linear), so they are cast *before* they underflow; dividing by S afterwards, in
 # float32, restores them. `GradScaler` chooses S dynamically: it starts at 65536, halves it and
 # **skips the step** when a gradient overflows to inf/NaN, and doubles it after 2000 clean steps.
@@ -123,8 +123,10 @@ plt.show()
 # ## What autocast does per op
 #
 # Autocast keeps **op lists**: ops that gain from 16 bits (`mm`, `linear`, `conv`, `bmm`) cast
-# their inputs to the autocast dtype; ops that need range or accumulate many terms (`softmax`,
-# `log_softmax`, `cross_entropy`, `sum` on some devices, norms) run in float32; everything else
+# their inputs to the autocast dtype; ops that need range run in float32, **and that list depends
+# on the device**: on CUDA it includes `softmax`, `log_softmax`, `sum`, `layer_norm` and the
+# losses; on the CPU it is mostly the losses (`cross_entropy`, `nll_loss`, `mse_loss`), so
+# `softmax` and `layer_norm` stay bfloat16 there (see the cell below). Everything else
 # follows its inputs. The parameters themselves are never converted: autocast casts a copy per
 # op, and the gradients land in float32 `.grad`.
 

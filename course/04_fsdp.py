@@ -161,6 +161,7 @@ for r, res in enumerate(fsdp_runs):
     print(f"rank {r}: measured {sum(m.values()):,} B (params {m['params']:,}, grads {m['grads']:,}, "
           f"Adam {m['optimizer']:,}); exact expected incl. {e['padding']:,} B padding: "
           f"{e['params'] + e['grads'] + e['optimizer']:,} B")
+    assert sum(m.values()) == e["params"] + e["grads"] + e["optimizer"], "measured bytes differ from the accounting"
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
 parts = ["params", "grads", "optimizer"]

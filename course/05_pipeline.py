@@ -28,7 +28,8 @@
 # $$\text{bubble} = \frac{p-1}{m+p-1}$$
 #
 # of the step, whatever the forward and backward costs, so more micro-batches shrink it.
-# **1F1B** (PipeDream, Narayanan et al., 2019) has the same bubble but, once the pipeline is
+# **1F1B** (PipeDream-Flush, Narayanan et al., *Memory-Efficient Pipeline-Parallel DNN Training*,
+# ICML 2021; also DAPPLE) has the same bubble but, once the pipeline is
 # full, alternates one forward and one backward per stage: stage `s` keeps at most `p - s`
 # micro-batches of activations alive instead of `m`. That memory saving is why 1F1B is the
 # default in practice.
@@ -76,7 +77,7 @@ draw_schedules(4, 8)
 #
 # ## Explore
 # Move the sliders: the bubble falls as `m` grows; 1F1B's peak memory stays at `p - s`
-# micro-batches on stage `s` while GPipe's grows with `m`. (The figure above is the
+# micro-batches on stage `s` while GPipe's grows with `m`. (The figure below is the
 # explorer's first drawing, computed when the notebook runs.)
 
 # %%
@@ -106,12 +107,12 @@ display(widgets.interactive(
 # its log. A first untimed step warms up (the library infers the shapes it will send).
 #
 # On a CPU the two stages share this machine's cores with everything else, and gloo's
-# `send`/`recv` cost ~0.1-1 ms per message, which the formula ignores: expect the measured
+# `send`/`recv` add a per-message cost (not measured here) that the formula ignores: expect the measured
 # bubble above the formula, more so with many small micro-batches. On GPUs with NCCL the
 # same code runs; communication is cheaper relative to compute there.
 
 # %%
-SIZE = dict(width=1024, batch=512)  # ~10 ms of matrix products per micro-batch and stage on one CPU core
+SIZE = dict(width=1024, batch=512)  # large enough that matrix products, not messages, dominate a step
 RUNS = [dict(schedule="gpipe", n_microbatches=4, **SIZE), dict(schedule="1f1b", n_microbatches=4, **SIZE),
         dict(schedule="gpipe", n_microbatches=1, **SIZE), dict(schedule="gpipe", n_microbatches=8, **SIZE)]
 print("running 4 pipelined steps on 2 ranks ...", flush=True)
@@ -148,6 +149,7 @@ for run, i in zip(RUNS, range(len(RUNS))):
     print(f"{run['schedule']:>5} m={run['n_microbatches']}: loss {last['loss']:.6f} (unsplit {last['unsplit_loss']:.6f}); "
           + ", ".join(f"stage {r} gradients match: {job.results[r][i]['grads_match']} "
                       f"(max abs diff {job.results[r][i]['max_grad_diff']:.1e})" for r in range(2)))
+assert all(job.results[r][i]["grads_match"] for r in range(2) for i in range(len(RUNS))), "a pipelined run lost parity"
 
 # %% [markdown]
 # ## Exercise 7: GPipe by hand

@@ -60,7 +60,8 @@ assert [r["RANK"] for r in multi.results] == ["0", "1"] and multi.results[0]["ra
 # %% [markdown]
 # ## `mp.spawn` against torchrun
 # Older tutorials start workers with `torch.multiprocessing.spawn(fn, nprocs=N)`: the
-# notebook's own process forks the workers, so *you* choose `MASTER_ADDR`/`MASTER_PORT`, pass
+# notebook's own process starts the workers as fresh interpreters (start method `spawn`, so
+# the function must be importable, not defined in the notebook), so *you* choose `MASTER_ADDR`/`MASTER_PORT`, pass
 # the rank as an argument, set `WORLD_SIZE`, and handle a hung or crashed worker yourself.
 # It works on one machine:
 
@@ -75,8 +76,8 @@ for line in spawn_demo(2):
 # tears the whole group down when one fails, and can restart them (*elastic* training). The
 # training script stays a plain script with no launcher code in it.
 #
-# **Rendezvous backends.** `c10d` (the default with `--rdzv-backend=c10d`, and what
-# `--standalone` uses on `localhost:0`) hosts a TCP store in one of the torchrun agents: nothing
+# **Rendezvous backends.** `c10d` (`--rdzv-backend=c10d`; also what `--standalone` uses, on
+# `localhost:0`; without either, torchrun uses `static` with `MASTER_ADDR`/`MASTER_PORT`) hosts a TCP store in one of the torchrun agents: nothing
 # to install. `etcd`/`etcd-v2` use an external etcd server (older deployments). Without a
 # rendezvous backend, the *static* form `--nnodes=2 --node-rank=K --master-addr=… --master-port=…`
 # makes you number the machines yourself.
@@ -101,7 +102,7 @@ print(" ".join(command_lines(2, 4, "10.0.0.1:29400", "myjob", ["train.py"])[0]))
 # others were waiting in a collective for the dead one and would hang until their timeout) and
 # starts them all again, up to K times. The new processes rejoin a fresh process group
 # (`TORCHELASTIC_RESTART_COUNT` tells them which attempt this is) and must resume from their
-# last checkpoint (notebook 3). Below, rank 1 crashes in attempt 0:
+# last checkpoint (notebook 06). Below, rank 1 crashes in attempt 0:
 
 # %%
 from distlab import torchrun

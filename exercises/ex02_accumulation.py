@@ -68,8 +68,8 @@ def train_accumulated(model: DDP, optimizer: torch.optim.Optimizer,
     * Run every micro-step that is not the last of its window (forward *and*
       backward) inside ``with model.no_sync():`` so DDP all-reduces the
       gradients once per optimizer step; the ranks' ``.grad`` differ in between.
-    * Return the loss of each window (the mean over its ``N`` samples on this
-      rank) as a list of Python floats.
+    * Return (not graded) the loss of each window (the mean over its ``N``
+      samples on this rank) as a list of Python floats.
     """
     # YOUR CODE HERE
     raise NotImplementedError

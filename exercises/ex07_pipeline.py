@@ -9,9 +9,9 @@ one device works at a time. GPipe (Huang et al., 2019) cuts the batch into
 
 Write ``gpipe_step`` for a 2-stage pipeline:
 
-1. Forward: stage 0 runs each micro-batch and ``dist.send``\\ s its output
-   (the activations) to rank 1 *right away*; stage 1 ``dist.recv``\\ s each
-   into a buffer, makes it require grad, and computes that micro-batch's loss.
+1. Forward: stage 0 runs each micro-batch and sends its output (the
+   activations) to rank 1 with ``dist.send`` *right away*; stage 1 receives each
+   with ``dist.recv`` into a buffer, makes it require grad, and computes that micro-batch's loss.
 2. Backward: stage 1 backpropagates each micro-batch's loss and sends the
    gradient of its input (``buffer.grad``) back to rank 0; stage 0 receives
    it and continues the backward with ``output.backward(grad)``.
@@ -50,7 +50,8 @@ def gpipe_step(stage: nn.Module, x: torch.Tensor, y: torch.Tensor, *, n_microbat
     * Rank 1 receives each activation (shape ``B / n_microbatches x hidden``,
       dtype of ``x``), calls ``stage`` on it once and computes
       ``cross_entropy(logits, y_i) / n_microbatches``.
-    * All forwards, then all backwards, in micro-batch order 0, 1, ...
+    * All forwards, then all backwards, in micro-batch order 0, 1, ... (the GPipe
+      schedule; this order is the one point the grader does not check).
       Rank 1 sends the gradient of each received activation back to rank 0,
       which calls ``backward`` on that micro-batch's output with it.
     * Afterwards the ``.grad`` of every parameter of ``stage`` is what the unsplit

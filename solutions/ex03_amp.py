@@ -5,7 +5,8 @@ Training") runs the matrix multiplications in a 16-bit type while the master
 weights, the optimizer and the reductions stay in float32. In PyTorch that is
 ``torch.autocast``: inside it, ops on autocast's lower-precision list (``mm``,
 ``linear``, ``conv``...) cast their inputs to ``dtype`` and ops that need the
-range (``softmax``, ``cross_entropy``, ``sum``...) run in float32. bfloat16
+range (losses such as ``cross_entropy`` everywhere; ``softmax``, ``sum``, norms
+on CUDA) run in float32. bfloat16
 has float32's exponent range and needs nothing else; float16 has a 5-bit
 exponent, so small gradients underflow to zero unless the loss is scaled up
 before backward and the gradients scaled down before the step:
