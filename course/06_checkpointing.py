@@ -191,7 +191,9 @@ worst = max(abs(r["loss"] - ref[r["step"]]) for r in after)
 print(f"rank 1 was killed after step {killed_after}; attempt 1 resumed from the checkpoint of step "
       f"{resumed_from[1]}, trained from step {after[0]['step']} to step {after[-1]['step']}; "
       f"largest loss difference from the uninterrupted run: {worst}")
-if distlab.pick_backend(2) == "gloo":  # bit-identical on the CPU; NCCL may reorder reductions
+from distlab import pick_backend
+
+if pick_backend(2) == "gloo":  # bit-identical on the CPU; NCCL may reorder reductions
     assert worst == 0.0, worst
 print("checkpoints kept:", sorted(p.name for p in (demo / "killed").iterdir()))
 from distlab.checkpoint import latest_complete, size_bytes
