@@ -211,9 +211,10 @@ def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output:
         except (OSError, ValueError):
             continue
     # torchrun's failure summary has "rank : N (local_rank: N)" then "exitcode : -9 (pid: …)".
-    # Its "Root Cause" section names the first failure; peers it then ended show SIGTERM.
-    summary = output[output.rfind("Root Cause"):] if "Root Cause" in output else output
-    died = {int(r): int(c) for r, c in _EXIT_RE.findall(summary) if int(c) < 0}
+    # Its "Root Cause" is whichever exit it noticed first, which can be a peer's "connection
+    # reset"; a rank killed by a signal other than the SIGTERM torchrun sends peers is the cause.
+    died = {int(r): int(c) for r, c in _EXIT_RE.findall(output)
+            if int(c) < 0 and int(c) != -signal.SIGTERM}
     silent = sorted(r for r in died if r not in {e["rank"] for e in errors})
     if silent:
         r = silent[0]
