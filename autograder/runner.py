@@ -37,6 +37,10 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None) ->
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="autograder-") as tmp:
         out, log = Path(tmp) / "report.json", Path(tmp) / "log.txt"
+        # Everything the grading subprocess and its ranks put in temp files lands in here and goes
+        # with it, even when they are killed before they can clean up after themselves.
+        (Path(tmp) / "tmp").mkdir()
+        env["TMPDIR"] = str(Path(tmp) / "tmp")
         cmd = [sys.executable, "-m", "autograder.run_one", str(ex.number), str(path.resolve()), str(out)]
         with open(log, "w") as log_f:
             proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from autograder.__main__ import main
 from autograder.checks.ex01_ddp import EXERCISE
@@ -59,8 +61,11 @@ def test_copying_the_reference_solution_is_refused(tmp_path):
 def test_a_hang_is_stopped_at_the_time_limit_and_leaves_nothing(tmp_path):
     mutant(tmp_path, "ex01_ddp.py", {"    rank = dist.get_rank()\n": "    rank = dist.get_rank()\n"
                                      "    import time; time.sleep(3600)\n"})
-    start = time.monotonic()
+    start, started = time.monotonic(), time.time()
     report = grade_one(EXERCISE, tmp_path, time_limit=8)
     assert time.monotonic() - start < 18
     assert report.score == 0 and "grading took longer than its 8 s limit" in report.feedback
     assert session_processes() == []
+    left = [p for pattern in ("autograder-*", "distlab-*") for p in Path(tempfile.gettempdir()).glob(pattern)
+            if p.stat().st_mtime >= started]
+    assert left == [], "the killed grading left its temporary files behind"
