@@ -35,19 +35,19 @@ RTOL, ATOL = 1e-4, 1e-5  # all-reduce sums in another order than one big batch's
 
 def rank_main(path: str, ckpt_dir: str) -> dict:
     """Runs on every rank: set up, train with the learner's code, report what was observed."""
-    saves = SaveSpy().__enter__()  # before the import: `from torch import save` must see the spy
-    learner = load_learner(path)
-    learner.setup()
-    if not dist.is_initialized():
-        raise RuntimeError("setup() returned but no process group is initialised")
-    rank = dist.get_rank()
-    model = make_mlp(seed=1000 + rank, **MODEL).to(distlab.device())  # a different start on every rank
-    initial = cpu_state(model)
-    data = RecordingDataset(digits())
-    ckpt = Path(ckpt_dir) / "model.pt"
-    saves.paths.clear()
-    with CapturedPrints() as out, saves:
-        trained = learner.train_ddp(model, data, checkpoint_path=str(ckpt), **CONFIG)
+    with SaveSpy() as saves:  # before the import, so ``from torch import save`` binds the spy too
+        learner = load_learner(path)
+        learner.setup()
+        if not dist.is_initialized():
+            raise RuntimeError("setup() returned but no process group is initialised")
+        rank = dist.get_rank()
+        model = make_mlp(seed=1000 + rank, **MODEL).to(distlab.device())  # a different start on every rank
+        initial = cpu_state(model)
+        data = RecordingDataset(digits())
+        ckpt = Path(ckpt_dir) / "model.pt"
+        saves.paths.clear()  # only what train_ddp saves counts
+        with CapturedPrints() as out:
+            trained = learner.train_ddp(model, data, checkpoint_path=str(ckpt), **CONFIG)
     echo(out.lines)
     final = cpu_state(trained if trained is not None else model)
     learner.teardown()

@@ -248,7 +248,7 @@ def _verdicts(report: ExerciseReport, results: list[dict]) -> None:
                 differ, gap = False, 0.0
                 fb = "no micro-step ever followed another within a window: accumulate over several micro-batches"
             else:
-                gap = max((mid0[n] - mid1[n]).abs().max().item() for n in mid0)
+                gap = parity(mid0, mid1).max_abs_diff
                 differ = gap > 1e-6
                 fb = ("on a micro-step that does not end a window the two ranks already had identical "
                       "gradients: DDP averaged them, which costs an all-reduce per micro-step; use "

@@ -22,7 +22,6 @@ computed here, against references computed here:
 """
 from __future__ import annotations
 
-import torch
 
 from distlab import device as rank_device
 

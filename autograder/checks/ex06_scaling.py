@@ -34,6 +34,7 @@ from distlab.models import cpu_state, make_mlp
 from distlab.timing import cpu_cores
 
 from ..harness import CapturedPrints, echo, load_learner
+from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport
 
@@ -261,7 +262,7 @@ def _trained(ranks: list[dict]) -> str:
     if all(torch.equal(first["initial"][k], first["final"][k]) for k in first["final"]):
         return "the parameters did not change: the step must run forward, backward and optimizer.step()"
     for r in ranks[1:]:
-        diff = max((r["final"][k] - first["final"][k]).abs().max().item() for k in first["final"])
+        diff = parity(r["final"], first["final"], rtol=0, atol=0).max_abs_diff
         if diff > 0:
             return (f"at {len(ranks)} workers rank {r['rank']}'s parameters differ from rank 0's by up to "
                     f"{diff:.3g}: wrap the model in DistributedDataParallel")
