@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 from .nbgrader_assignments import MANIFEST, write_source
@@ -73,22 +71,23 @@ class Course:
     def nbgrader(self, *args: str) -> bool:
         """Run ``nbgrader ARGS`` in the course directory; record a failure instead of raising.
 
-        On timeout nbgrader, its kernels and whatever they started (tagged like a
-        torchrun job) are all ended, so nothing of a hung learner survives.
+        nbgrader runs contained (:func:`distlab.process.run_contained`): on timeout it, its
+        kernels and whatever they started are all ended. In the grading image the kernels run as
+        the learner user (``docker/as-student.sh``); afterwards every process of that user is
+        ended too, so nothing a learner's notebook started survives into the next step.
         """
-        from distlab.process import end_job, tag_env  # imports torch: only when a command runs
+        from distlab.process import kill_user_processes, run_contained  # imports torch: only when needed
+        from distlab.sandbox import learner_user
 
-        job_id = uuid.uuid4().hex
         print("$ nbgrader " + " ".join(args), flush=True)
-        proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=self.dir,
-                                env=tag_env(job_id, self.env), start_new_session=True)
-        try:
-            ok = proc.wait(timeout=self.timeout_s) == 0
-        except subprocess.TimeoutExpired:
+        finished = run_contained([sys.executable, "-m", "nbgrader", *args], timeout=self.timeout_s or float("inf"),
+                                 env=self.env, cwd=self.dir, on_line=print, grace_s=5.0)
+        if finished.timed_out:
             print(f"nbgrader {args[0]} took longer than {self.timeout_s:g} s and was stopped", flush=True)
-            ok = False
-        finally:
-            end_job(proc, job_id, grace_s=5.0)
+        user = learner_user()
+        if user:
+            kill_user_processes(user)
+        ok = finished.returncode == 0 and not finished.timed_out
         if not ok:
             self.failed.append(" ".join(args))
         return ok

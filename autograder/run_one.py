@@ -20,10 +20,14 @@ from .report import ExerciseReport
 def explain(exc: LaunchError, path: Path) -> str:
     """One learner-facing paragraph for a launch that failed while grading the file at ``path``."""
     if isinstance(exc, RankFailure):
-        if exc.exc_type == "NotImplementedError":
-            where = _learner_frame(exc.traceback, path)
-            return f"not implemented yet{(' (' + where + ')') if where else ''}"
         where = _learner_frame(exc.traceback, path)
+        if exc.exc_type == "NotImplementedError":
+            return f"not implemented yet{(' (' + where + ')') if where else ''}"
+        if exc.exc_type == "SystemExit":
+            return (f"your code called sys.exit() on rank {exc.rank} ({exc.exc_message})" +
+                    (f" at {where}" if where else "") + ": the grader imports your file and calls its "
+                    "functions, so nothing was graded; remove the exit (and any code that runs at import "
+                    "outside a function or an `if __name__ == '__main__':` block)")
         return f"your code raised on rank {exc.rank}: {exc.exc_type}: {exc.exc_message.strip()[:500]}" + (
             f"\n  at {where}" if where else "")
     if isinstance(exc, LaunchTimeout):

@@ -23,12 +23,8 @@ import os
 import pickle
 import re
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -36,7 +32,8 @@ from typing import Any, Callable
 import torch
 
 from .distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
-from .process import end_job, tag_env
+from .process import Finished, run_contained
+from .sandbox import learner_sandbox
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,7 +93,7 @@ def time_scale() -> float:
         return 1.0
 
 
-def _target_string(target: str | Callable) -> str:
+def target_string(target: str | Callable) -> str:
     if isinstance(target, str):
         return target
     module = getattr(target, "__module__", None)
@@ -134,70 +131,59 @@ def torchrun(
     ``stream=True`` prints rank-prefixed lines live (a callable receives them
     instead). ``timeout`` is multiplied by ``DISTLAB_TIME_SCALE``.
     """
-    target_s = _target_string(target)
+    target_s = target_string(target)
     timeout *= time_scale()
-    kind = "script" if target_s.endswith(".py") else "function"
     backend = backend or pick_backend(nprocs)
-    job_id = uuid.uuid4().hex
     callback = _print_line if stream is True else (stream or None)
     with tempfile.TemporaryDirectory(prefix="distlab-") as tmp:
         outdir = Path(tmp)
-        spec = {
-            "kind": kind, "target": target_s, "args": tuple(args), "kwargs": dict(kwargs or {}),
-            "argv": list(argv or []), "outdir": str(outdir),
-            "sys_path": [str(REPO_ROOT), os.getcwd()],
-        }
-        (outdir / "spec.pkl").write_bytes(pickle.dumps(spec))
-        child_env = tag_env(job_id, {**os.environ, **(env or {})})
-        # Collectives time out (and gloo names the peer that never came) before the job does.
-        child_env.update({
-            BACKEND_VAR: backend, TIMEOUT_VAR: str(max(5, int(0.75 * timeout))),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), child_env.get("PYTHONPATH")])),
-        })
-        # torchrun sets 1 anyway when unset, and prints a banner about it; say it ourselves.
-        child_env.setdefault("OMP_NUM_THREADS", "1")
+        write_spec(outdir, target_s, args=args, kwargs=kwargs, argv=argv)
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nprocs}", f"--max-restarts={max_restarts}",
             "--monitor-interval=0.1", "-m", "distlab.worker", str(outdir / "spec.pkl"),
         ]
-        lines: list[str] = []
-        timed_out = threading.Event()
-        start = time.perf_counter()
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True, errors="replace", env=child_env, cwd=cwd, start_new_session=True,
-        )
+        # Collectives time out (and gloo names the peer that never came) before the job does.
+        finished = run_contained(cmd, timeout=timeout, env=job_env(backend, 0.75 * timeout, env), cwd=cwd,
+                                 on_line=callback, **learner_sandbox(outdir))
+        return collect(outdir, nprocs, backend, finished, timeout)
 
-        def on_timeout() -> None:
-            timed_out.set()
-            end_job(proc, job_id)
 
-        watchdog = threading.Timer(timeout, on_timeout)
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            # Read in the calling thread so a notebook shows the lines in the running cell.
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                line = raw.rstrip("\n")
-                lines.append(line)
-                if callback:
-                    callback(line)
-            proc.wait()
-        finally:
-            watchdog.cancel()
-            end_job(proc, job_id, grace_s=1.0)  # also sweeps anything a rank left running
-        wall = time.perf_counter() - start
-        output = "\n".join(lines)
-        done = {int(p.stem.split("-")[1]) for p in outdir.glob("result-*.pt")}
-        if timed_out.is_set():
-            raise LaunchTimeout(timeout, sorted(set(range(nprocs)) - done), output)
-        if proc.returncode != 0 or len(done) < nprocs:
-            raise _failure(outdir, proc.returncode, nprocs, done, output)
-        results = [torch.load(outdir / f"result-{r}.pt", weights_only=True) for r in range(nprocs)]
-    return RunResult(results, output, wall, nprocs, backend, lines)
+def write_spec(outdir: Path, target: str, *, args: tuple = (), kwargs: dict | None = None,
+               argv: list[str] | None = None) -> Path:
+    """Write the job spec :mod:`distlab.worker` reads on every rank; return its path."""
+    spec = {
+        "kind": "script" if target.endswith(".py") else "function", "target": target,
+        "args": tuple(args), "kwargs": dict(kwargs or {}), "argv": list(argv or []), "outdir": str(outdir),
+        "sys_path": [str(REPO_ROOT), os.getcwd()],
+    }
+    path = outdir / "spec.pkl"
+    path.write_bytes(pickle.dumps(spec))
+    return path
+
+
+def job_env(backend: str, collective_timeout: float, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job's processes: the backend, the collectives' time limit, the repo on the path."""
+    env = {**os.environ, **(extra or {})}
+    env.update({
+        BACKEND_VAR: backend, TIMEOUT_VAR: str(max(5, int(collective_timeout))), "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
+    })
+    # torchrun sets 1 anyway when unset, and prints a banner about it; say it ourselves.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def collect(outdir: Path, nprocs: int, backend: str, finished: Finished, timeout: float) -> RunResult:
+    """Every rank's result from ``outdir``, or the exception that names what went wrong."""
+    output = "\n".join(finished.lines)
+    done = {int(p.stem.split("-")[1]) for p in outdir.glob("result-*.pt")}
+    if finished.timed_out:
+        raise LaunchTimeout(timeout, sorted(set(range(nprocs)) - done), output)
+    if finished.returncode != 0 or len(done) < nprocs:
+        raise _failure(outdir, finished.returncode, nprocs, done, output)
+    results = [torch.load(outdir / f"result-{r}.pt", weights_only=True) for r in range(nprocs)]
+    return RunResult(results, output, finished.wall_s, nprocs, backend, finished.lines)
 
 
 def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output: str) -> LaunchError:

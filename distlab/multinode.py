@@ -19,14 +19,13 @@ agents share this machine's GPUs: each agent sees its own slice of them
 from __future__ import annotations
 
 import os
-import pickle
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -34,9 +33,10 @@ from typing import Callable
 
 import torch
 
-from .distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
-from .launch import REPO_ROOT, LaunchTimeout, RunResult, _failure, _target_string
-from .process import end_job, tag_env
+from .distributed import pick_backend
+from .launch import RunResult, collect, job_env, target_string, time_scale, write_spec
+from .process import Finished, run_contained
+from .sandbox import learner_sandbox
 
 ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
@@ -87,69 +87,41 @@ def multinode_torchrun(target: str | Callable, nnodes: int = 2, nproc_per_node: 
     """
     nprocs = nnodes * nproc_per_node
     backend = backend or pick_backend(nprocs)
-    job_id = uuid.uuid4().hex
-    port = free_port()
-    endpoint = f"127.0.0.1:{port}"
+    timeout *= time_scale()
+    endpoint = f"127.0.0.1:{free_port()}"
     gpus = _gpu_slices(nnodes, nproc_per_node) if backend == "nccl" else [None] * nnodes
     callback = print if stream is True else (stream or None)
     with tempfile.TemporaryDirectory(prefix="distlab-mn-") as tmp:
         outdir = Path(tmp)
-        spec = {"kind": "function", "target": _target_string(target), "args": tuple(args),
-                "kwargs": dict(kwargs or {}), "argv": [], "outdir": str(outdir),
-                "sys_path": [str(REPO_ROOT), os.getcwd()]}
-        (outdir / "spec.pkl").write_bytes(pickle.dumps(spec))
-        env = tag_env(job_id, dict(os.environ))
-        env.update({BACKEND_VAR: backend, TIMEOUT_VAR: str(int(timeout)), "PYTHONUNBUFFERED": "1",
-                    "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))})
-        program = ["--monitor-interval=0.1", "-m", "distlab.worker", str(outdir / "spec.pkl")]
-        lines: list[str] = []
+        program = ["--monitor-interval=0.1", "-m", "distlab.worker",
+                   str(write_spec(outdir, target_string(target), args=args, kwargs=kwargs))]
+        env = job_env(backend, 0.75 * timeout)
+        commands = command_lines(nnodes, nproc_per_node, endpoint, uuid.uuid4().hex, program)
+        sandbox = learner_sandbox(outdir)
         lock = threading.Lock()
-        procs: list[subprocess.Popen] = []
-        start = time.perf_counter()
+        lines: list[str] = []
 
-        def pump(proc: subprocess.Popen) -> None:
-            for raw in proc.stdout:  # type: ignore[union-attr]
-                with lock:
-                    lines.append(raw.rstrip("\n"))
-                    if callback:
-                        callback(lines[-1])
+        def on_line(line: str) -> None:
+            with lock:
+                lines.append(line)
+                if callback:
+                    callback(line)
 
-        commands = command_lines(nnodes, nproc_per_node, endpoint, job_id, program)
-        try:
-            for node, cmd in enumerate(commands):
-                cmd = [sys.executable, "-m", "torch.distributed.run", *cmd[1:],
-                       f"--rdzv-conf=is_host={int(node == 0)},join_timeout={int(timeout)}"]
-                node_env = env if gpus[node] is None else {**env, "CUDA_VISIBLE_DEVICES": gpus[node]}
-                procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, text=True, errors="replace",
-                                              env=node_env, start_new_session=True))
-            readers = [threading.Thread(target=pump, args=(p,), daemon=True) for p in procs]
-            for r in readers:
-                r.start()
-            deadline = start + timeout
-            timed_out = False
-            for p in procs:
-                try:
-                    p.wait(timeout=max(0.1, deadline - time.perf_counter()))
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-                    break
-        finally:
-            for p in procs:
-                end_job(p, job_id, grace_s=1.0)
-        for r in readers:
-            r.join(timeout=5)
-        wall = time.perf_counter() - start
-        output = "\n".join(lines)
-        done = {int(p.stem.split("-")[1]) for p in outdir.glob("result-*.pt")}
-        if timed_out:
-            raise LaunchTimeout(timeout, sorted(set(range(nprocs)) - done), output)
-        codes = [p.returncode for p in procs]
-        if any(codes) or len(done) < nprocs:
-            raise _failure(outdir, next((c for c in codes if c), 0), nprocs, done, output)
-        results = [torch.load(outdir / f"result-{r}.pt", weights_only=True) for r in range(nprocs)]
-    return MultinodeResult(results, output, wall, nprocs, backend, lines, endpoint=endpoint, commands=commands)
+        def agent(node: int) -> Finished:
+            cmd = [sys.executable, "-m", "torch.distributed.run", *commands[node][1:],
+                   f"--rdzv-conf=is_host={int(node == 0)},join_timeout={int(timeout)}"]
+            node_env = env if gpus[node] is None else {**env, "CUDA_VISIBLE_DEVICES": gpus[node]}
+            return run_contained(cmd, timeout=timeout, env=node_env, on_line=on_line, **sandbox)
+
+        with ThreadPoolExecutor(nnodes) as pool:
+            agents = list(pool.map(agent, range(nnodes)))
+        # One job: it timed out if any agent did, and failed with the first agent that failed.
+        failed = next((a for a in agents if a.timed_out), None) or \
+            next((a for a in agents if a.returncode), agents[0])
+        finished = Finished(failed.returncode, failed.timed_out, lines, max(a.wall_s for a in agents))
+        run = collect(outdir, nprocs, backend, finished, timeout)
+    return MultinodeResult(run.results, run.output, run.wall_s, nprocs, backend, run.lines,
+                           endpoint=endpoint, commands=commands)
 
 
 def view(dev: torch.device) -> dict:

@@ -1,24 +1,40 @@
-"""Ending a torchrun job so that nothing of it survives.
+"""The one way distlab starts a job that may run a learner's code, and ends it.
 
-torchrun starts every worker with ``start_new_session=True``, so neither a
-SIGKILL of torchrun nor ``killpg`` of its process group reaches the workers:
-they are orphaned, keep our pipes open, and ``communicate()`` hangs. We
-therefore (1) snapshot torchrun's descendants before signalling anything,
-(2) SIGTERM torchrun and every worker at once, (3) SIGKILL whatever is still
-alive after a short grace period, and (4) sweep the whole process table for
-the job's tag (an environment variable every process of the job inherits),
-which also catches workers started after the snapshot (elastic restarts) and
-anything a learner's code spawned.
+:func:`run_contained` starts a command under :mod:`distlab.reaper` (a child
+subreaper that ends every descendant when the command exits, and, in the
+grading image, runs the command as the unprivileged learner user), streams its
+output line by line, enforces a wall-clock limit, and returns when the job
+is over with nothing of it left running:
+
+* the output is read on a thread, so a process that keeps the pipe open (a
+  learner's background helper, started with ``start_new_session=True``)
+  cannot hold the caller: once the reaper has exited, what is still in the
+  pipe is drained for ``grace_s`` and then the pipe is abandoned;
+* what is kept of the output is bounded (:class:`Lines`), so a job that
+  prints a gigabyte costs a few megabytes;
+* as a last pass, every process still carrying the job's tag (an environment
+  variable every process of the job inherits unless it clears it) is killed.
 """
 from __future__ import annotations
 
+import collections
 import os
+import queue
 import signal
 import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import psutil
 
 JOB_TAG_VAR = "DISTLAB_JOB_ID"
+REAPER = Path(__file__).resolve().parent / "reaper.py"
+MAX_LINE = 16_384  # characters: a longer line arrives in pieces
 
 
 def tag_env(job_id: str, env: dict[str, str]) -> dict[str, str]:
@@ -42,45 +58,127 @@ def tagged_processes(job_id: str) -> list[psutil.Process]:
     return found
 
 
-def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    out = []
+def kill_tagged(job_id: str) -> int:
+    """SIGKILL every process tagged ``job_id`` (the last pass after the reaper); return how many."""
+    procs = tagged_processes(job_id)
     for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def end_job(popen: subprocess.Popen, job_id: str, grace_s: float = 3.0) -> int:
-    """End torchrun (``popen``) and every process of the job; return how many were signalled.
-
-    Safe to call on a job that already finished: it then only sweeps.
-    """
-    try:
-        root = psutil.Process(popen.pid)
-        victims = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        victims = []
-    victims += [p for p in tagged_processes(job_id) if p not in victims]
-    victims = _alive(victims)
-    for p in victims:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, still = psutil.wait_procs(victims, timeout=grace_s)
-    # Anything that ignored SIGTERM, or was started while we waited, is killed outright.
-    still = _alive(still + [p for p in tagged_processes(job_id) if p not in still])
-    for p in still:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(still, timeout=grace_s)
+    psutil.wait_procs(procs, timeout=2)
+    return len(procs)
+
+
+@dataclass
+class Lines:
+    """A job's output lines, bounded: the first ``head`` and the last ``tail`` are kept."""
+
+    head: int = 2_000
+    tail: int = 8_000
+    kept: list[str] = field(default_factory=list)
+    last: collections.deque = field(default_factory=collections.deque)
+    dropped: int = 0
+
+    def add(self, line: str) -> None:
+        if len(self.kept) < self.head:
+            self.kept.append(line)
+            return
+        self.last.append(line)
+        if len(self.last) > self.tail:
+            self.last.popleft()
+            self.dropped += 1
+
+    def all(self) -> list[str]:
+        gap = [f"[... {self.dropped} lines not kept ...]"] if self.dropped else []
+        return [*self.kept, *gap, *self.last]
+
+
+@dataclass
+class Finished:
+    """How a contained job ended: ``returncode`` (the command's; 128+N if signal N ended it)."""
+
+    returncode: int | None
+    timed_out: bool
+    lines: list[str]
+    wall_s: float
+
+
+def reaper_command(cmd: list[str], *, user: str | None = None, rlimits: dict[int, int] | None = None,
+                   kill_user: bool = False, grace_s: float = 1.0) -> list[str]:
+    """``cmd`` wrapped in the reaper (see :mod:`distlab.reaper` for the options)."""
+    from .reaper import RLIMITS
+
+    names = {v: k for k, v in RLIMITS.items()}
+    opts = ["--grace", str(grace_s)] + (["--user", user] if user else []) + (["--kill-user"] if kill_user else [])
+    for res, value in (rlimits or {}).items():
+        opts += ["--rlimit", f"{names[res]}={value}"]
+    return [sys.executable, "-I", "-S", str(REAPER), *opts, "--", *cmd]
+
+
+def _read(stream, out: queue.Queue) -> None:
+    """Reader thread: decoded lines (long ones in pieces) into ``out``, then None at end of file."""
+    for raw in iter(lambda: stream.readline(MAX_LINE), b""):
+        out.put(raw.decode("utf-8", "replace").rstrip("\n"))
+    out.put(None)
+
+
+def run_contained(cmd: list[str], *, timeout: float, env: dict[str, str] | None = None,
+                  cwd: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
+                  user: str | None = None, rlimits: dict[int, int] | None = None,
+                  grace_s: float = 1.0) -> Finished:
+    """Run ``cmd`` contained (see the module docstring) for at most ``timeout`` seconds.
+
+    ``on_line`` receives each output line (stdout and stderr together) in the
+    calling thread as it arrives, so a notebook shows them in the running cell.
+    ``user``/``rlimits``: run the command as that user under those limits (root only).
+    """
+    job_id = uuid.uuid4().hex
+    lines, pipe = Lines(), queue.Queue()
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        reaper_command(cmd, user=user, rlimits=rlimits, grace_s=grace_s),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=tag_env(job_id, dict(os.environ if env is None else env)), cwd=cwd, start_new_session=True)
+    threading.Thread(target=_read, args=(proc.stdout, pipe), daemon=True).start()
+    timed_out, drain_until = False, None
     try:
-        popen.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:  # pragma: no cover - torchrun itself was killed above
-        pass
-    return len(victims)
+        while True:
+            now = time.monotonic()
+            if not timed_out and now - start > timeout:
+                timed_out = True
+                proc.send_signal(signal.SIGTERM)  # the reaper ends the whole tree, then exits
+            if drain_until is None and proc.poll() is not None:
+                drain_until = now + grace_s
+            if drain_until is not None and now > drain_until:
+                break  # only escaped processes still hold the pipe: stop listening to them
+            try:
+                line = pipe.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            lines.add(line)
+            if on_line:
+                on_line(line)
+    finally:
+        _end(proc, grace_s)
+        kill_tagged(job_id)
+    return Finished(proc.returncode, timed_out, lines.all(), time.monotonic() - start)
+
+
+def _end(proc: subprocess.Popen, grace_s: float) -> None:
+    """Make sure the reaper has exited (it sweeps its tree on SIGTERM); SIGKILL it as a last resort."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s + 5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def kill_user_processes(user: str) -> None:
+    """End every process of ``user`` (root only): for paths where learners' code ran outside our tree."""
+    subprocess.run(reaper_command(["true"], user=user, kill_user=True), check=False, timeout=60,
+                   stdin=subprocess.DEVNULL)

@@ -36,12 +36,17 @@ class _Prefixed(io.TextIOBase):
     a trailing partial line waits for its newline or for :meth:`close_line`.
     """
 
+    MAX_PARTIAL = 8192
+
     def __init__(self, inner, prefix: str):
         self._inner, self._prefix, self._partial = inner, prefix, ""
 
     def write(self, s: str) -> int:
         text = self._partial + s
         *whole, self._partial = text.split("\n")
+        if len(self._partial) > self.MAX_PARTIAL:  # no newline in sight: forward it in pieces
+            whole.append(self._partial)
+            self._partial = ""
         if whole:
             self._inner.write("".join(f"{self._prefix}{line}\n" for line in whole))
             self._inner.flush()
@@ -95,7 +100,7 @@ def _write_error(outdir: Path, rank: int, attempt: int, exc: BaseException) -> N
         "rank": rank,
         "attempt": attempt,
         "type": type(exc).__name__,
-        "message": str(exc),
+        "message": f"sys.exit({exc.code!r}) was called" if isinstance(exc, SystemExit) else str(exc),
         "traceback": "".join(tb)[-4000:],
         "time": time.time(),
     }
@@ -125,6 +130,11 @@ def main(spec_path: str) -> int:
         else:
             result = resolve(spec["target"])(*spec["args"], **spec["kwargs"])
     except SystemExit as exc:
+        # A script may end with sys.exit(0); a function that exits never returned its result.
+        if spec["kind"] == "function":
+            _write_error(outdir, rank, attempt, exc)
+            print(f"SystemExit: sys.exit({exc.code!r}) was called inside {spec['target']}", file=sys.stderr)
+            return 1
         if exc.code not in (None, 0):
             _write_error(outdir, rank, attempt, exc)
             raise

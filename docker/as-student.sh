@@ -2,20 +2,23 @@
 # as-student.sh [--user NAME] [--readable FILE]... -- CMD [ARGS...]
 #
 # Runs CMD as the unprivileged student user, the way the grader image runs
-# every learner's code (the Jupyter kernel, and through it the grading
-# subprocess and the torchrun ranks): a different uid from the instructor's
-# (root in the container), so the gradebook, the course's source/ and the
-# grader's code are read-only to it; no new privileges (setuid binaries do
-# not help); a cap on the number of processes (RLIMIT_NPROC counts all of
-# the student user's processes, so a fork bomb stops there) and on open
-# files. Memory, network and wall time are limited by the container
+# every learner's code that does not go through the grader's own launcher
+# (the Jupyter kernel, and through it the grading subprocess and the torchrun
+# ranks): a different uid from the instructor's (root in the container), so
+# the gradebook, the course's source/ and the grader's code are read-only to
+# it; no new privileges (setuid binaries do not help); the sandbox's rlimits
+# (distlab/sandbox.py: processes, open files, address space, no core files).
+# CMD runs under distlab/reaper.py, which stays root: when CMD exits, every
+# process it left behind is ended, and then every process of the student
+# user (--kill-user), so nothing a learner's notebook started outlives it.
+# Memory, network and wall time are also limited by the container
 # (docker/compose.yaml) and by docker/grade.sh.
 # --readable FILE hands FILE (the kernel's connection file, written 0600 by
 # jupyter_client) to the student user first.
 set -euo pipefail
 user="${DISTLAB_STUDENT_USER:-student}"
-max_procs="${DISTLAB_STUDENT_MAX_PROCS:-512}"
-max_files="${DISTLAB_STUDENT_MAX_FILES:-4096}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="${DISTLAB_PYTHON:-$(command -v python3)}"
 readable=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -45,7 +48,5 @@ if [[ ! -d "$home" || ! -w "$home" ]]; then
     home="$(mktemp -d /tmp/student-home.XXXXXX)"
     chown "$user" "$home"
 fi
-ulimit -u "$max_procs"
-ulimit -n "$max_files"
-exec setpriv --reuid="$(id -u "$user")" --regid="$(id -g "$user")" --init-groups --no-new-privs \
-    env HOME="$home" USER="$user" LOGNAME="$user" "$@"
+export DISTLAB_LEARNER_HOME="$home"
+exec "$python" -I -S "$here/../distlab/reaper.py" --learner "$user" --kill-user -- "$@"

@@ -9,9 +9,12 @@
 #     (the student user is neither), and the grader's code read-only;
 #  2. installs a "python3" kernelspec (in $JUPYTER_PATH) whose kernel starts
 #     through docker/as-student.sh, so every learner's code runs as the
-#     unprivileged student user with a process limit;
+#     unprivileged student user with the sandbox's rlimits, under a reaper that
+#     stays root; and exports DISTLAB_STUDENT_USER, so the out-of-kernel
+#     regrade runs the torchrun ranks as that user too (distlab/sandbox.py);
 #  3. runs the step under `timeout` ($DISTLAB_TIME_LIMIT seconds in all);
-#  4. gives the files it wrote back to the owner of the course directory
+#  4. ends every process of the student user that is still running;
+#  5. gives the files it wrote back to the owner of the course directory
 #     (the instructor's uid on the host).
 # DISTLAB_DRY_RUN=1 does 1 and 2 and prints the command of 3 instead of running it.
 set -euo pipefail
@@ -36,7 +39,8 @@ fi
 
 # 1. Nothing of the instructor's is writable by anyone but its owner.
 chmod -R go-w "$course"
-[[ -f "$course/gradebook.db" ]] && chmod 0644 "$course/gradebook.db"
+[[ -f "$course/gradebook.db" ]] && chmod 0600 "$course/gradebook.db"
+export DISTLAB_STUDENT_USER="${DISTLAB_STUDENT_USER:-student}"
 
 # 2. The kernel every notebook is executed with runs as the student user.
 mkdir -p "$kernels/kernels/python3" "$runtime"
@@ -61,7 +65,9 @@ if [[ "${DISTLAB_DRY_RUN:-0}" == 1 ]]; then
 fi
 status=0
 (cd "$repo" && "${cmd[@]}") || status=$?
-# 4. The instructor owns what was written.
+# 4. Nothing of a learner's survives the run (the reaper ends the student user's processes).
+"$python" -I -S "$repo/distlab/reaper.py" --user "$DISTLAB_STUDENT_USER" --kill-user -- true || true
+# 5. The instructor owns what was written.
 chown -R "$(stat -c %u:%g "$course")" "$course"
 if [[ $status -eq 124 ]]; then
     echo "grade.sh: stopped after $time_limit s (DISTLAB_TIME_LIMIT); rerun to finish: graded work is kept" >&2

@@ -157,7 +157,7 @@ def test_grade_sh_sets_up_the_sandbox_and_runs_the_step_with_a_time_limit(tmp_pa
     assert done.returncode == 0, done.stderr
     assert f"timeout --kill-after=60 99 {sys.executable} -m autograder.nbgrader_course mark --course-dir " \
            f"{course} --exercise 1" in done.stdout
-    assert stat.S_IMODE((course / "gradebook.db").stat().st_mode) == 0o644
+    assert stat.S_IMODE((course / "gradebook.db").stat().st_mode) == 0o600
     assert not course.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     # jupyter_client picks grade.sh's kernelspec over the environment's own "python3"
     code = ("from jupyter_client.kernelspec import KernelSpecManager as K; "

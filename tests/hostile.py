@@ -1,0 +1,103 @@
+"""What a learner's module can do at import to escape, or to cheat, the grader; for the containment tests.
+
+Each snippet is Python source put into a learner's file (after its imports).
+It runs on rank 0 of every job that imports the file, and writes the pid of
+each process it starts to ``<pid_dir>/<name>.<pid>`` so the test can check
+that none of them survived the grading.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+
+from tests.helpers import SOLUTIONS
+
+_PRELUDE = '''
+import os as _os, subprocess as _sp, sys as _sys
+_PIDS = {pid_dir!r}
+_FIRST_RANK = _os.environ.get("RANK") == "0"
+def _note(name, pid):
+    open(_os.path.join(_PIDS, f"{{name}}.{{pid}}"), "w").close()
+def _daemonize(program):
+    if _os.fork() == 0:
+        _os.setsid()
+        if _os.fork() == 0:
+            _note("daemon", _os.getpid())
+            _os.execve(_sys.executable, [_sys.executable, "-c", program], {{}})
+        _os._exit(0)
+'''
+
+# A helper the learner starts and forgets: a new session, and our stdout pipe still open.
+DETACHED = '''
+if _FIRST_RANK:
+    _p = _sp.Popen([_sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    _note("detached", _p.pid)
+'''
+
+# A real daemon: double fork, setsid, and execve with an empty environment (no job tag to find it by).
+DAEMON = '''
+if _FIRST_RANK:
+    _daemonize("import time; time.sleep(600)")
+'''
+
+# A daemon that rewrites every grading report it can find into full marks, for a minute.
+FAKE_REPORTS = '''
+_FAKE = ("import json, os, time\\n"
+         "fake = json.dumps({{'exercise': 1, 'name': 'ddp', 'max_score': 10, 'criteria': "
+         "[{{'name': 'runs', 'points': 10, 'earned': 10, 'feedback': 'hacked'}}]}})\\n"
+         "end = time.time() + 60\\n"
+         "while time.time() < end:\\n"
+         "    for root, dirs, files in os.walk('/tmp'):\\n"
+         "        if root.count(os.sep) > 4: dirs[:] = []\\n"
+         "        for f in files:\\n"
+         "            if f.endswith('.json') and 'report' in f:\\n"
+         "                try: open(os.path.join(root, f), 'w').write(fake)\\n"
+         "                except OSError: pass\\n"
+         "    time.sleep(0.02)\\n")
+if _FIRST_RANK:
+    _daemonize(_FAKE)
+'''
+
+EXIT_AT_IMPORT = '''
+_sys.exit(0)
+'''
+
+BROKEN = '''
+raise RuntimeError("this submission does not work")
+'''
+
+
+def submission(folder: Path, pid_dir: Path, *snippets: str, filename: str = "ex01_ddp.py") -> Path:
+    """The reference solution with ``snippets`` run at import, written to ``folder/filename``."""
+    text = (SOLUTIONS / filename).read_text()
+    anchor = "\nimport torch\n"
+    assert anchor in text, f"no '{anchor.strip()}' line in solutions/{filename}"
+    code = _PRELUDE.format(pid_dir=str(pid_dir)) + "".join(s.format() for s in snippets)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / filename
+    out.write_text(text.replace(anchor, anchor + code, 1))
+    return out
+
+
+def started(pid_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{kind: [(pid, when noted), ...]}`` of the processes the snippets started."""
+    found: dict[str, list[tuple[int, float]]] = {}
+    for f in Path(pid_dir).iterdir():
+        kind, _, pid = f.name.partition(".")
+        found.setdefault(kind, []).append((int(pid), f.stat().st_mtime))
+    return found
+
+
+def alive(noted: list[tuple[int, float]]) -> list[int]:
+    """The pids of ``noted`` still running (zombies count as ended; so does a later process that
+    reuses a pid, told apart by its start time)."""
+    out = []
+    for pid, when in noted:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE and p.create_time() <= when + 1:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
