@@ -4,6 +4,9 @@
   for backward while ``fn`` runs (``torch.autograd.graph.saved_tensors_hooks``),
   each storage once. These activations are what mixed precision and
   activation checkpointing shrink, and the count is exact on any device.
+  It is also exercise 3's graded ``saved_bytes``: the grader recognises it
+  (imported, aliased or called, also through :func:`peak_memory`:
+  :mod:`autograder.answers`) and gives it no marks.
 * :func:`peak_memory` is the device's own answer where it has one:
   ``torch.cuda.max_memory_allocated`` on a GPU (the peak above what was
   allocated before ``fn``), and the saved-tensor bytes on the CPU, whose

@@ -5,6 +5,10 @@
 * :func:`median_seconds` times a function the way ``torch.utils.benchmark``
   does it: untimed warm-up calls, ``fn(); sync()`` inside the timed region,
   blocks until ``min_run_time`` seconds were measured, the median per call.
+  The notebooks and benchmarks use it; it is also exercise 3's graded
+  ``median_seconds``, so the grader recognises it (imported, aliased or
+  called from a learner's function: :mod:`autograder.answers`) and gives it
+  no marks.
 * :class:`VirtualClock` and :class:`SimulatedWorkload` make timing *methods*
   testable on any machine: a simulated workload advances a virtual clock by
   an exact, chosen duration (slow first calls, outliers, asynchronous
@@ -128,17 +132,23 @@ class SimulatedWorkload:
     ``asynchronous``, a call only *queues* its cost (plus ``launch_seconds``
     charged at once) and the clock moves at ``clock.sync()``, like a CUDA
     kernel launch. If ``saved_bytes``, each call also saves exactly that many
-    bytes for backward (one float32 tensor), for memory measurements.
+    bytes for backward (one float32 storage), for memory measurements; with
+    ``views=k`` autograd saves that storage as ``k + 1`` tensors (the ``exp``
+    output and ``k`` views of it, one per ``sin``), so counting each saved
+    tensor instead of each storage gives ``k + 1`` times the bytes (or twice
+    them, counting each tensor's own size).
     """
 
     def __init__(self, clock: VirtualClock, seconds: float, *, slow_calls: int = 0, slow_seconds: float = 0.0,
                  outlier_every: int = 0, outlier_seconds: float = 0.0, asynchronous: bool = False,
-                 launch_seconds: float = 5e-5, saved_bytes: int = 0) -> None:
+                 launch_seconds: float = 5e-5, saved_bytes: int = 0, views: int = 0) -> None:
         self.clock, self.seconds = clock, seconds
         self.slow_calls, self.slow_seconds = slow_calls, slow_seconds
         self.outlier_every, self.outlier_seconds = outlier_every, outlier_seconds
         self.asynchronous, self.launch_seconds = asynchronous, launch_seconds
-        self.saved_bytes = saved_bytes
+        self.saved_bytes, self.views = saved_bytes, views
+        if views and saved_bytes % (4 * views):
+            raise ValueError(f"saved_bytes={saved_bytes} does not split into {views} float32 views")
         self.calls = 0
 
     def cost(self, call: int) -> float:
@@ -160,7 +170,10 @@ class SimulatedWorkload:
         if not self.saved_bytes:
             return None
         w = torch.ones(self.saved_bytes // 4, dtype=torch.float32, requires_grad=True)
-        return w.exp().sum()  # exp saves its float32 output for backward; sum saves nothing
+        if not self.views:
+            return w.exp().sum()  # exp saves its float32 output for backward; sum saves nothing
+        y = w.exp()               # saved: y
+        return sum(v.sin().sum() for v in y.chunk(self.views))  # sin saves its input: a view of y's storage
 
 
 

@@ -24,6 +24,10 @@ cost it knows (slow first calls, outliers, asynchronous work), then reports
 what your functions measure on the real model. Check your work with
 ``python -m autograder --exercise 3`` or from ``course/03_mixed_precision``.
 Every function raises ``NotImplementedError`` until you fill it in.
+
+The notebooks time and count with ``distlab.timing.median_seconds`` and
+``distlab.memory.saved_tensor_bytes``; write your own: the grader recognises
+those (imported, aliased, or called from your functions) and gives them no marks.
 """
 from __future__ import annotations
 

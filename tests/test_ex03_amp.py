@@ -1,11 +1,19 @@
 """Exercise 3: the reference solution scores full marks, the stub 0, and each usual mistake fails
-with its own feedback. Independent mistakes share one mutant; all files are graded in one launch."""
+with its own feedback. Independent mistakes share one mutant; all files are graded in one launch.
+
+The runtime's working copies of the measuring functions (``distlab.timing.median_seconds``,
+``distlab.memory.saved_tensor_bytes``) earn nothing however they are handed in: imported, aliased,
+or called from a thin wrapper."""
 from __future__ import annotations
 
 import pytest
 
+import distlab.memory
+import distlab.timing
+from autograder.checks import _ex03_probes as probes
 from autograder.checks import ex03_amp as check
 from autograder.runner import grade_one
+from distlab.worker import import_path
 
 from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
 
@@ -30,7 +38,27 @@ MUTANTS = {
         "        scaler.step(optimizer)      # skipped": "        optimizer.step()      # skipped",
         '"memory_ratio": candidate_bytes / baseline_bytes': '"mem_ratio": candidate_bytes / baseline_bytes',
     },
+    # the runtime's copies, three ways (each mutant hands in one median_seconds and one saved_bytes way);
+    # the learner's own functions stay in the file under other names
+    "imported_median_per_tensor_bytes": {
+        "def median_seconds(": "from distlab.timing import median_seconds\n\n\ndef _own_median_seconds(",
+        "storages[t.untyped_storage().data_ptr()]": "storages[len(storages)]",  # one entry per saved tensor
+    },
+    "aliased_median_wrapped_saved_bytes": {
+        "def median_seconds(": "import distlab.timing\n\nmedian_seconds = distlab.timing.median_seconds\n\n\n"
+                               "def _own_median_seconds(",
+        "def saved_bytes(": "def saved_bytes(fn):\n    import distlab.memory\n\n"
+                            "    return distlab.memory.saved_tensor_bytes(fn)\n\n\ndef _own_saved_bytes(",
+    },
+    "wrapped_median_imported_saved_bytes": {  # the wrapper's name is bound when the file is imported
+        "def median_seconds(": "from distlab.timing import median_seconds as _runtime_median\n\n\n"
+                               "def median_seconds(*args, **kwargs):\n    return _runtime_median(*args, **kwargs)\n\n\n"
+                               "def _own_median_seconds(",
+        "def saved_bytes(": "from distlab.memory import saved_tensor_bytes as saved_bytes\n\n\ndef _own_saved_bytes(",
+    },
 }
+SPEEDUP_CRITERIA = [f"measuring: {t}" for t in probes.CASE_TITLES.values()]  # earned by median_seconds
+MEMORY_CRITERION = "measuring: saved-activation bytes and memory ratio"     # earned by saved_bytes
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +123,59 @@ def test_missing_key_costs_its_criterion_only(reports):
     assert "compare() returned a dict without 'memory_ratio'" in feedback_of(report, "memory ratio")
     assert not any("steady" in k for k in failed(report))  # speedup was there: graded as usual
     assert any("real-model measurement not available" in n and "'memory_ratio'" in n for n in report.notes)
+
+
+def _earned(report, name: str) -> tuple[float, str]:
+    c = next(c for c in report.criteria if c.name == name)
+    return c.earned, c.feedback
+
+
+@pytest.mark.parametrize("mutant,how", [
+    ("imported_median_per_tensor_bytes", "(distlab.timing.median_seconds)"),
+    ("aliased_median_wrapped_saved_bytes", "(distlab.timing.median_seconds)"),
+    ("wrapped_median_imported_saved_bytes", "(it calls distlab.timing.median_seconds)"),
+])
+def test_median_seconds_from_distlab_earns_nothing(reports, mutant, how):
+    report = reports[mutant]
+    for name in SPEEDUP_CRITERIA:
+        assert _earned(report, name) == (0, f"median_seconds is distlab's copy {how}: write your own")
+    assert set(failed(report)) <= {*SPEEDUP_CRITERIA, MEMORY_CRITERION}, failed(report)  # train_step is theirs
+    assert any(n.startswith("real-model measurement skipped: median_seconds is distlab's copy") for n in report.notes)
+
+
+@pytest.mark.parametrize("mutant,how", [
+    ("aliased_median_wrapped_saved_bytes", "(it calls distlab.memory.saved_tensor_bytes)"),
+    ("wrapped_median_imported_saved_bytes", "(distlab.memory.saved_tensor_bytes)"),
+])
+def test_saved_bytes_from_distlab_earns_nothing(reports, mutant, how):
+    assert _earned(reports[mutant], MEMORY_CRITERION) == (0, f"saved_bytes is distlab's copy {how}: write your own")
+
+
+def test_shared_storage_counted_per_tensor(reports):
+    fb = feedback_of(reports["imported_median_per_tensor_bytes"], "memory ratio")
+    assert "saved_bytes counted 300,000 bytes" in fb
+    assert "3 tensors sharing one 100,000-byte storage" in fb and "not 0.75" in fb
+    assert "count each storage once, keyed by t.untyped_storage().data_ptr()" in fb
+
+
+def test_runtime_copies_recognised_in_process(tmp_path):
+    """No launch: a partial is its copy; a call through peak_memory is seen; the watch puts the code back."""
+    (tmp_path / "learner.py").write_text(
+        "import functools\nimport distlab.timing\nfrom distlab.memory import peak_memory\n\n"
+        "median_seconds = functools.partial(distlab.timing.median_seconds, warmup=1)\n\n\n"
+        "def saved_bytes(fn):\n    return peak_memory(fn, 'cpu')[0]\n")
+    learner = import_path(tmp_path / "learner.py", name="learner_ex03_in_process")
+    assert probes.ANSWERS.identify(learner) == {"median_seconds": "distlab.timing.median_seconds"}
+    code = distlab.memory.saved_tensor_bytes.__code__
+    watch = probes.ANSWERS.watch(learner)
+    with pytest.raises(ZeroDivisionError), watch:
+        learner.saved_bytes(lambda: None)
+        1 / 0
+    assert distlab.memory.saved_tensor_bytes.__code__ is code
+    assert watch.calls == [["distlab.memory.saved_tensor_bytes", ["saved_bytes"]]]
+    assert probes.ANSWERS.feedback("saved_bytes", {}, watch.calls) == \
+        "saved_bytes is distlab's copy (it calls distlab.memory.saved_tensor_bytes): write your own"
+    assert probes.ANSWERS.feedback("median_seconds", {}, [["distlab.timing.median_seconds", ["compare"]]]) == \
+        ("compare calls distlab's copy of median_seconds (distlab.timing.median_seconds) instead of yours: "
+         "write your own median_seconds and call it")
+    assert distlab.timing.median_seconds(lambda: None, min_run_time=0.01, warmup=0) > 0  # the notebooks' use

@@ -18,7 +18,43 @@ computed here, against references computed here:
   dragged by outliers and an inverted ratio fail deterministically on any
   machine (within ``RATIO_TOL``); then it runs on the real model and its
   figures are reported, and required only on a GPU with bf16 tensor cores
-  (compute capability 8.0 or newer, ``GPU_MIN_SPEEDUP``); elsewhere reported with a note.
+  (compute capability 8.0 or newer, ``GPU_MIN_SPEEDUP``); elsewhere reported with a note;
+* the steady candidate saves one storage as three tensors (``exp``'s output
+  and two views of it, ``probes.SHARED``), so counting per saved tensor
+  instead of per storage gives a wrong memory ratio;
+* ``distlab.timing.median_seconds`` and ``distlab.memory.saved_tensor_bytes``
+  (and ``distributed_median_seconds``), which the notebooks use, are working
+  copies of the graded ``median_seconds`` and ``saved_bytes``: the rank records
+  whether the learner's function *is* one (``probes.ANSWERS.identify``) and
+  which ran during the learner's ``compare`` calls (``probes.ANSWERS.watch``),
+  see :mod:`autograder.answers`. A copy earns none of its function's criteria,
+  and the real model is then not measured (its seconds would be the runtime's).
+
+Mistakes whose messages this check names (the older ones: see the tests):
+
+=====================================================  =====================================================
+mistake                                                message (criteria at 0)
+=====================================================  =====================================================
+``from distlab.timing import median_seconds``, or      "median_seconds is distlab's copy
+``median_seconds = distlab.timing.median_seconds``     (distlab.timing.median_seconds): write your own"
+                                                       (the four speedup criteria, and the [cuda] one)
+a ``median_seconds`` that delegates to the copy        "median_seconds is distlab's copy (it calls
+(also through a name bound at import)                  distlab.timing.median_seconds): write your own"
+``compare`` that calls the copy instead of the         "compare calls distlab's copy of median_seconds
+learner's ``median_seconds``                           (distlab.timing.median_seconds) instead of yours:
+                                                       write your own median_seconds and call it"
+``saved_bytes`` imported, aliased, or delegating       "saved_bytes is distlab's copy
+(also through ``distlab.memory.peak_memory``)          (distlab.memory.saved_tensor_bytes): write your own",
+                                                       or "(it calls ...)" (the memory criterion)
+``saved_bytes`` counts each saved tensor, not each     "saved_bytes counted 300,000 bytes for a workload
+storage (``storages[len(storages)] = nbytes``)         whose backward saves 3 tensors sharing one
+                                                       100,000-byte storage (...); the storage holds
+                                                       100,000 bytes, so the memory ratio is 0.25, not
+                                                       0.75: count each storage once, keyed by
+                                                       t.untyped_storage().data_ptr(), not each tensor"
+... or adds ``t.numel() * t.element_size()``           the same, "counted 200,000 bytes ... each tensor's
+per tensor                                             own size (100,000 + 2 x 50,000) ... not 0.5"
+=====================================================  =====================================================
 """
 from __future__ import annotations
 
@@ -80,6 +116,24 @@ def _missing(part: dict, keys: tuple[str, ...]) -> str:
         return ""
     return (f"compare() returned a dict without {', '.join(repr(k) for k in gone)} (it had {sorted(part)}): "
             "return baseline_s, candidate_s, speedup, baseline_bytes, candidate_bytes and memory_ratio")
+
+
+def _shared_storage_fb(steady: dict) -> str:
+    """Feedback when the steady candidate's bytes are those of counting each saved tensor ("" if not)."""
+    storage, views = probes.SHARED["storage"], probes.SHARED["views"]
+    tensors = views + 1
+    per_tensor, by_size = tensors * storage, 2 * storage  # the views partition the storage
+    got = steady.get("candidate_bytes")
+    if got is None or not any(abs(got - wrong) <= 0.01 * wrong for wrong in (per_tensor, by_size)):
+        return ""
+    once_per_tensor = abs(got - per_tensor) <= 0.01 * per_tensor
+    how = (f"the storage's bytes once per tensor ({tensors} x {storage:,})" if once_per_tensor
+           else f"each tensor's own size ({storage:,} + {views} x {storage // views:,})")
+    return (f"saved_bytes counted {got:,.0f} bytes for a workload whose backward saves {tensors} tensors sharing "
+            f"one {storage:,}-byte storage (exp's output and {views} views of it), that is {how}; the storage "
+            f"holds {storage:,} bytes, so the memory ratio is {probes.MEMORY_TRUTH:g}, not "
+            f"{steady['memory_ratio']:.3g}: count each storage once, keyed by t.untyped_storage().data_ptr(), "
+            "not each tensor")
 
 
 def _verdicts(report: ExerciseReport, obs: dict) -> None:
@@ -148,31 +202,44 @@ def _verdicts(report: ExerciseReport, obs: dict) -> None:
                      "a batch containing inf changed the weights: step through scaler.step(optimizer), which "
                      "skips non-finite steps" if not s["inf_params_unchanged"] else
                      f"the scale stayed {s['scale_after_inf']:g} after an inf step: call scaler.update() every step")
-    # 6. the measuring method, on simulated workloads
+    # 6. the measuring method, on simulated workloads; a graded function that is the runtime's copy earns nothing
+    answers = obs.get("answers", {})
+    copied = {fn: probes.ANSWERS.feedback(fn, answers.get("is", {}), answers.get("calls", []))
+              for fn in probes.ANSWERS.graded}
     m = obs["measure"]
     for case, (truth, why) in probes.CASES_TRUTH.items():
         name = f"measuring: {probes.CASE_TITLES[case]}"
+        if copied["median_seconds"]:
+            report.check(name, 1, False, copied["median_seconds"])
+            continue
         if _err(m):
             report.check(name, 1, False, _explain(_err(m), "compare / median_seconds"))
             continue
         gone = _missing(m[case], ("speedup",))
         ok, fb = (False, gone) if gone else _ratio_fb("speedup", m[case]["speedup"], truth, why)
         report.check(name, 1, ok, fb, pass_note=fb)
-    if not _err(m):
+    if copied["saved_bytes"]:
+        report.check("measuring: saved-activation bytes and memory ratio", 0.5, False, copied["saved_bytes"])
+    elif not _err(m):
         gone = _missing(m["steady"], ("memory_ratio",))
         ok, fb = (False, gone) if gone else _ratio_fb(
             "memory_ratio", m["steady"]["memory_ratio"], probes.MEMORY_TRUTH,
             "count each storage packed by torch.autograd.graph.saved_tensors_hooks once")
+        if not ok and not gone:
+            fb = _shared_storage_fb(m["steady"]) or fb
         report.check("measuring: saved-activation bytes and memory ratio", 0.5, ok, fb, pass_note=fb)
     else:
         report.check("measuring: saved-activation bytes and memory ratio", 0.5, False,
                      _explain(_err(m), "saved_bytes / compare"))
     # 7. the real model: reported; required only on a GPU with bf16 tensor cores
     r = obs["real"]
-    gone = "" if _err(r) else _missing(r, ("speedup", "baseline_s", "candidate_s", "memory_ratio"))
+    gone = "" if _err(r) or r.get("skipped") else _missing(r, ("speedup", "baseline_s", "candidate_s", "memory_ratio"))
     capability = tuple(obs.get("capability") or ())
     required = on_gpu and capability >= BF16_TENSOR_CORES
-    if _err(r) or gone:
+    if r.get("skipped"):
+        report.notes.append(f"real-model measurement skipped: {copied[r['skipped']]}")
+        got = 0.0
+    elif _err(r) or gone:
         report.notes.append(f"real-model measurement not available: {gone or _explain(_err(r), 'compare')}")
         got = 0.0
     else:
@@ -191,10 +258,11 @@ def _verdicts(report: ExerciseReport, obs: dict) -> None:
                                 f"tensor cores (8.0+): the speedup is reported, not graded (at least "
                                 f"{GPU_MIN_SPEEDUP}x is required on 8.0 and newer).")
     if required:
-        report.check(f"[cuda] real bf16 speedup at least {GPU_MIN_SPEEDUP}x", 1, got >= GPU_MIN_SPEEDUP,
-                     gone or f"your compare() measured {got:.2f}x on the GPU; bf16 tensor cores should give "
-                     f"{GPU_MIN_SPEEDUP}x or more on this wide model: is the step under autocast, and is time measured "
-                     "with sync() after each call?")
+        report.check(f"[cuda] real bf16 speedup at least {GPU_MIN_SPEEDUP}x", 1,
+                     got >= GPU_MIN_SPEEDUP and not copied["median_seconds"],
+                     copied["median_seconds"] or gone or f"your compare() measured {got:.2f}x on the GPU; bf16 "
+                     f"tensor cores should give {GPU_MIN_SPEEDUP}x or more on this wide model: is the step under "
+                     "autocast, and is time measured with sync() after each call?")
         for c in report.criteria:  # keep the maximum at 10 with the GPU criterion added
             c.points, c.earned = c.points * 10 / 11, c.earned * 10 / 11
 
