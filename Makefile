@@ -1,13 +1,14 @@
 # make lab   : set up (once) and open JupyterLab on the course
 # make test  : set up (once) and run the whole test suite (what CI runs)
 # make bench : set up (once) and print the benchmark table
+# make selftest : set up (once) and check this machine grades correctly (instructors, before grading a class)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 NOTEBOOK_SOURCES := $(wildcard course/[0-9]*.py)
 
-.PHONY: setup lab test bench grade stubs notebooks nbgrader
+.PHONY: setup lab test bench grade selftest stubs notebooks nbgrader
 
 setup: $(STAMP)
 
@@ -36,6 +37,10 @@ bench: setup
 DIR ?= exercises
 grade: setup
 	$(BIN)/python -m autograder $(DIR)
+
+# Every solution must get full marks and every stub 0 here; exit status 1 names each surprise.
+selftest: setup
+	$(BIN)/python -m autograder --selftest
 
 stubs: setup
 	$(BIN)/python -m autograder.stubs

@@ -3,6 +3,9 @@
 Grades the exercises found in DIR (default ``exercises/``), prints a table and
 each exercise's feedback, and optionally writes the report as JSON.
 Exit status: 0 all graded exercises pass, 1 any fails, 2 bad usage.
+
+``python -m autograder --selftest [--exercise N ...] [--json FILE]`` checks this
+machine instead (see :mod:`autograder.selftest`): exit status 0 no surprises, 1 any.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import selftest
 from .registry import exercises
 from .report import table, write_json
 from .runner import DEFAULT_DIR, grade
@@ -17,19 +21,24 @@ from .runner import DEFAULT_DIR, grade
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__.splitlines()[2])
-    parser.add_argument("directory", nargs="?", default=str(DEFAULT_DIR),
+    parser.add_argument("directory", nargs="?",
                         help="folder holding exNN_*.py files (default: exercises/)")
     parser.add_argument("--exercise", "-e", type=int, action="append", metavar="N",
                         help="grade only exercise N (repeatable)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--list", action="store_true", help="list the exercises and exit")
+    parser.add_argument("--selftest", action="store_true",
+                        help="check this machine: grade every solution (full marks expected) and stub (0 expected)")
     args = parser.parse_args(argv)
     known = exercises()
     if args.list:
         for n, ex in known.items():
             print(f"{n}  {ex.name:<24} {ex.filename}  ({ex.max_score:g} points)")
         return 0
-    directory = Path(args.directory)
+    if args.selftest and args.directory is not None:
+        print("autograder: error: --selftest grades solutions/ and exercises/ and takes no DIR", file=sys.stderr)
+        return 2
+    directory = Path(args.directory or DEFAULT_DIR)
     if not directory.is_dir():
         print(f"autograder: error: {directory} is not a directory", file=sys.stderr)
         return 2
@@ -38,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autograder: error: no exercise {unknown[0]} (known: {', '.join(map(str, known))})",
               file=sys.stderr)
         return 2
+    if args.selftest:
+        return selftest.run(args.exercise, args.json)
     reports = grade(directory, args.exercise)
     if not reports:
         names = ", ".join(ex.filename for ex in known.values())
