@@ -1,10 +1,113 @@
+"""Test-session set-up, and the rule every test of this suite follows.
+
+How to write a distributed test that cannot flake
+-------------------------------------------------
+
+``make test`` runs on a fresh clone, on machines of any speed, while other
+jobs load the same cores and share the same ``/tmp``. A test may only assert
+what is decided by the code under test, never what the scheduler decides.
+
+1. **No race winners.** Which rank fails, prints or finishes first is a race
+   whenever two ranks can do it independently (a syntax error raises on every
+   rank; the launcher may see either one first). Assert "a rank is named"
+   (``rank \\d+``) plus the error and the learner's line. Name a specific rank
+   only when the others can fail *because of it* and so only after it (rank 1
+   raises; rank 0 then loses its peer in a collective).
+2. **Per-rank output, not interleaving.** Read a rank's lines with
+   ``run.rank_lines(r)`` or its result with ``run.results[r]``; never assert
+   the order of lines *between* ranks in ``run.output`` or a stream.
+3. **No wall-clock assertions.** A timeout is a hang guard: generous, and
+   multiplied by ``DISTLAB_TIME_SCALE`` (the launcher and the grader do that
+   for theirs). Assert the functional outcome instead (it was stopped, it says
+   so, nothing was left running). Durations, speeds and ratios of timings are
+   rows of ``make bench`` (``benchmarks/bench_*.py``), printed, never asserted.
+4. **No fixed sleeps to wait for an event.** Poll the condition with a bound
+   (the ``wait_for`` fixture), or have the program announce it (a rank writes
+   a file: ``tests/targets/ranks.py``). A sleep is too short on a busy machine
+   and wasted time on an idle one.
+5. **Force the concurrency you claim.** "Two jobs at once" means they wait for
+   each other (a file barrier, ``ranks.port_while_jobs_overlap``), not that
+   they were started close together and probably overlapped.
+6. **Preconditions that depend on speed are retried, not assumed.** If a test
+   needs the ranks to have started before a timeout fires, check that they
+   did and retry with a longer limit (bounded), asserting the outcome on every
+   try (``test_launch.py::test_a_hang_times_out_and_leaves_no_process``).
+7. **Look only at what this session made.** Other suites run on the machine:
+   find leftover processes by this session's marker (``leftover_processes``,
+   which polls, since killed processes take a moment to go), not by name
+   machine-wide; find leftover files in a temp dir of the test's own
+   (``monkeypatch`` ``tempfile.tempdir`` and ``TMPDIR``), not by scanning
+   ``/tmp``; identify a process by pid *and* creation time (pids are reused),
+   and expect it to vanish between two calls (``psutil.NoSuchProcess``).
+8. **Exact where exact, with a reason where not.** ``rtol=0, atol=0`` where
+   the result is bit-identical by construction (DDP's replicas, gloo resumes);
+   a tolerance only for a stated numerical reason (reduction order), never to
+   absorb timing noise.
+9. **Prove it before you rely on it.** Run a new distributed test 20 times
+   while something else loads the machine, e.g.
+   ``for i in $(seq 20); do .venv/bin/python -m pytest -x -q tests/test_x.py::name || break; done``
+   next to a ``make bench``.
+"""
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # Every process this test session starts inherits this marker, so "nothing was left
 # behind" can be checked without mistaking someone else's processes for ours.
 os.environ["DISTLAB_TEST_SESSION"] = SESSION = uuid.uuid4().hex
+
+
+def _wait_for(condition, timeout: float = 30.0, interval: float = 0.05):
+    """Call ``condition()`` until it returns something truthy or ``timeout`` s (times
+    ``DISTLAB_TIME_SCALE``) have passed; return its last value, so the caller's assert shows it."""
+    from distlab.launch import time_scale
+
+    deadline = time.monotonic() + timeout * time_scale()
+    while True:
+        value = condition()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)  # the polling interval, not a guess at how long the event takes
+
+
+@pytest.fixture
+def wait_for():
+    """``wait_for(condition, timeout=30)``: poll with a bound instead of sleeping (rule 4)."""
+    return _wait_for
+
+
+@pytest.fixture
+def leftover_processes():
+    """``leftover_processes(within=10)``: this session's live processes, after giving the ones a job
+    has just killed up to ``within`` s to go (SIGKILL is asynchronous: a process with a few hundred
+    MB to unmap can take a moment to become a zombie). Empty at once in the usual case; a process
+    that was never signalled (a real leak, e.g. ``time.sleep(600)``) is still there at the end."""
+    from tests.helpers import session_processes
+
+    def left(within: float = 10.0) -> list:
+        return [] if _wait_for(lambda: not session_processes(), timeout=within) else session_processes()
+
+    return left
+
+
+def pytest_collection_modifyitems(config, items):
+    """Multiply each test's pytest-timeout (a hang guard, rule 3) by ``DISTLAB_TIME_SCALE``, as the
+    launcher and the grader multiply theirs: on a machine that needs the knob, the test's own
+    guard must not fire before the limits it is testing."""
+    from distlab.launch import time_scale
+
+    scale = time_scale()
+    if scale == 1:
+        return
+    default = getattr(config, "_env_timeout", None)  # pytest-timeout's: --timeout, PYTEST_TIMEOUT or the ini
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        base = (marker.args[0] if marker.args else marker.kwargs.get("timeout")) if marker else default
+        if base:
+            item.add_marker(pytest.mark.timeout(float(base) * scale), append=False)

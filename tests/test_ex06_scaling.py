@@ -43,6 +43,10 @@ def test_solution_full_marks_and_real_figures(graded):
     reports, out = graded
     r = reports["solution"]
     assert r.score == r.max_score, r.feedback
+    # A ratio of timings, but not of the machine's speed: the truth is computed from the very step
+    # times the ranks recorded, so only the barriers' latency separates a correct figure from it
+    # (0.989-0.998 measured on 2 cores at load 5.5, against a 10% tolerance). The mistakes are off
+    # by factors (1/W, the 2 warm-up steps, rank 0's 2/3 of the window), not by percent.
     for w in (1, 2):
         assert abs(r.measurements[f"W{w}_synthetic_reported_over_truth"] - 1) <= check.TOL
     doc = json.loads((out / "submission0" / "scaling.json").read_text())

@@ -34,6 +34,7 @@ import pytest
 from autograder import nbgrader_course
 from autograder.nbgrader_assignments import grade_id
 from autograder.registry import exercises
+from distlab.launch import time_scale
 from tests.helpers import REPO, SOLUTIONS
 
 pytestmark = pytest.mark.timeout(900)
@@ -46,7 +47,8 @@ def learner_nbgrader(home: Path, exchange: Path, *args: str) -> None:
     """A learner's nbgrader command, run in their home folder (no course config there)."""
     cmd = [sys.executable, "-m", "nbgrader", *args, "--course", "distlab", f"--Exchange.root={exchange}"]
     env = {**os.environ, "JUPYTER_DATA_DIR": str(home / ".jupyter")}  # the learner's own nbgrader cache
-    done = subprocess.run(cmd, cwd=home, env=env, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(cmd, cwd=home, env=env, capture_output=True, text=True,
+                          timeout=180 * time_scale())  # a hang guard, scaled (DISTLAB_TIME_SCALE)
     assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stderr[-2000:]}"
 
 
@@ -140,7 +142,7 @@ def run_cycle(root: Path) -> dict:
 
     def instructor(*args: str) -> None:
         argv = [*args, "--course-dir", str(course), "--exchange", str(exchange), "--exercise", str(EX.number),
-                "--timeout", "600"]
+                "--timeout", str(int(600 * time_scale()))]  # a hang guard, scaled (DISTLAB_TIME_SCALE)
         assert nbgrader_course.main(argv) == 0, f"nbgrader_course {args[0]} failed"
         print(f"[nbgrader cycle] {' '.join(args)} done at {time.perf_counter() - start:.1f} s", flush=True)
 
@@ -218,6 +220,35 @@ def test_rerunning_autograde_duplicates_nothing(course):
     assert sum("distlab_grader_note" in c.metadata for c in nb.cells) == 1
 
 
+# ipykernel forwards what reaches fd 1 (here also fd 2's noise, and the child's) from a reader
+# thread, which may get to the pipe only after the cell has ended: the noise would then be missing
+# from the cell, or land in the next one. drained() writes a mark to fd 1 and waits (polling,
+# bounded) until the reader has passed it to sys.stdout.write: everything written before it has
+# then been given to this cell's output, in pipe order, before the cell ends.
+DRAINED = """\
+import os, sys, time, uuid
+
+def drained(timeout=60):
+    mark, seen, out = f"drained-{uuid.uuid4().hex}", [], sys.stdout
+    write = out.write
+
+    def spy(text):
+        seen.append(text)
+        return write(text)
+
+    out.write = spy  # the reader thread calls sys.stdout.write with what it reads from fd 1
+    try:
+        os.write(1, (mark + "\\n").encode())
+        deadline = time.monotonic() + timeout
+        while mark not in "".join(seen):
+            if time.monotonic() > deadline:
+                raise TimeoutError("ipykernel never forwarded fd 1")
+            time.sleep(0.01)  # polling interval
+    finally:
+        del out.write
+"""
+
+
 def test_check_cells_keep_stderr_noise_out_but_still_fail_on_a_real_error(tmp_path, monkeypatch):
     """In a real kernel: noise on stderr (Python's, fd 2's, a child process's, a warning) goes to
     stdout while a check runs, so nbgrader's determine_grade keeps the score the cell returns
@@ -231,9 +262,11 @@ def test_check_cells_keep_stderr_noise_out_but_still_fail_on_a_real_error(tmp_pa
              "    print('py-stderr', file=sys.stderr); os.write(2, b'fd-stderr\\n')\n"
              "    subprocess.run(['sh', '-c', 'echo child-stderr >&2'])\n"
              "    warnings.warn('a-warning')\n"
+             "    drained()\n"
              "{result}")
     meta = {"nbgrader": {"grade": True, "grade_id": "g", "points": 10, "solution": False, "locked": True}}
     nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(DRAINED),
         nbformat.v4.new_code_cell(noisy.format(result="7.5"), metadata=meta),
         nbformat.v4.new_code_cell(noisy.format(result="1 / 0"), metadata=meta),
         nbformat.v4.new_code_cell("import sys; print('after', file=sys.stderr)"),
@@ -241,7 +274,7 @@ def test_check_cells_keep_stderr_noise_out_but_still_fail_on_a_real_error(tmp_pa
     monkeypatch.delenv("PYTEST_CURRENT_TEST")  # else ipykernel does not capture fds 1 and 2, as it does in class
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     NotebookClient(nb, timeout=120, allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}).execute()
-    ok, failing, after = nb.cells
+    _, ok, failing, after = nb.cells
     stdout = "".join(o.get("text", "") for o in ok.outputs if o.output_type == "stream")
     assert not [o for o in ok.outputs if o.get("name") == "stderr"], ok.outputs
     for noise in ("py-stderr", "fd-stderr", "child-stderr", "a-warning"):

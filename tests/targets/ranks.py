@@ -28,20 +28,57 @@ def raise_on_rank1() -> None:
     dist.barrier()
 
 
+def _announce(path: str, pid: int) -> None:
+    """Write "pid create_time" to ``path`` (atomically: a reader never sees half a line). With the
+    creation time a test tells this process from a later one that reuses its pid."""
+    import psutil
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{pid} {psutil.Process(pid).create_time()!r}")
+    os.replace(tmp, path)
+
+
 def hang(pid_file: str) -> None:
     """Every rank sleeps far past the launch timeout; rank 0 also starts a grandchild that does too.
+    Each announces itself in ``<pid_file>.<rank>`` (the grandchild in ``<pid_file>.child``).
 
     (A rank stuck in a collective would instead fail at the process group's timeout, which the
     launcher sets below its own, naming that rank.)
     """
     distlab.init_distributed()
-    with open(f"{pid_file}.{dist.get_rank()}", "w") as f:
-        f.write(str(os.getpid()))
     if dist.get_rank() == 0:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        with open(f"{pid_file}.child", "w") as f:
-            f.write(str(child.pid))
+        _announce(f"{pid_file}.child", child.pid)
+    _announce(f"{pid_file}.{dist.get_rank()}", os.getpid())
     time.sleep(600)
+
+
+def port_while_jobs_overlap(meeting_dir: str, jobs: int, timeout: float = 60.0) -> dict:
+    """Return this job's rendezvous port once ``jobs`` jobs are all inside their process groups.
+
+    Rank 0 of each job leaves a file in ``meeting_dir`` and waits (polling, bounded) for the other
+    jobs' files; then the ranks of the job meet at a barrier. So all the jobs hold their ports at
+    the same moment, and two equal ports would be a real collision, not a reuse after one job ended.
+    """
+    from pathlib import Path
+
+    from distlab.launch import time_scale
+
+    distlab.init_distributed()
+    port = os.environ["MASTER_PORT"]
+    if dist.get_rank() == 0:
+        Path(meeting_dir, f"job-{os.getpid()}").write_text(port)
+        timeout *= time_scale()  # a bound, scaled like the launch's own
+        deadline = time.monotonic() + timeout
+        while len(list(Path(meeting_dir).glob("job-*"))) < jobs:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the other jobs never joined within {timeout:g} s: they did not overlap")
+            time.sleep(0.05)  # polling interval
+    dist.barrier()
+    out = {"rank": dist.get_rank(), "port": port}
+    distlab.shutdown()
+    return out
 
 
 def sigkill_first_attempt() -> int:
