@@ -121,7 +121,8 @@ class Course:
         and make the cell report full marks. This process never ran learner
         code, so its score stands: where the two differ the gradebook takes
         this one (as a manual score) and the instructor is told. A cheat can
-        only raise a score, so submissions at 0 are not graded twice.
+        only raise a score, so submissions at 0 are not graded twice; for those
+        that did not run at all, the instructor gets the reason in one line.
         """
         from nbgrader.api import Gradebook
 
@@ -139,6 +140,7 @@ class Course:
                         continue
                     grade = gb.find_grade(grade_id(ex), a, a, sub.student.id)
                     if not grade.score:
+                        lines += self._did_not_run(sub.student.id, a, grade_id(ex))
                         continue
                     truth = grade_one(ex, self.dir / "autograded" / sub.student.id / a).score
                     if abs(truth - grade.score) > 1e-6:
@@ -148,6 +150,25 @@ class Course:
                         grade.manual_score = truth
                         gb.db.commit()
         self._problems(lines)
+
+    def _did_not_run(self, student: str, assignment: str, cell_id: str) -> list[str]:
+        """A line for the instructor when a submission scored 0 because it did not run at all (it
+        raised, exited, hung, or hit a limit), from the feedback its test cell printed."""
+        import nbformat
+
+        path = self.dir / "autograded" / student / assignment / f"{assignment}.ipynb"
+        try:
+            nb = nbformat.read(path, as_version=4)
+        except (OSError, ValueError):
+            return []
+        for cell in nb.cells:
+            if cell.metadata.get("nbgrader", {}).get("grade_id") == cell_id:
+                text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+                runs = [ln[len("FAIL runs: "):] for ln in text.splitlines() if ln.startswith("FAIL runs: ")
+                        and not ln.startswith("FAIL runs: not implemented yet")]  # unfinished, not a problem
+                if runs:
+                    return [f"{student} / {assignment}: 0 points, the submission did not run: {runs[0][:300]}"]
+        return []
 
     def _problems(self, lines: list[str]) -> None:
         """Print problems and add them (once) to ``nbgrader_problems.txt``."""

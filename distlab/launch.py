@@ -144,7 +144,7 @@ def torchrun(
             "--monitor-interval=0.1", "-m", "distlab.worker", str(outdir / "spec.pkl"),
         ]
         # Collectives time out (and gloo names the peer that never came) before the job does.
-        finished = run_contained(cmd, timeout=timeout, env=job_env(backend, 0.75 * timeout, env), cwd=cwd,
+        finished = run_contained(cmd, timeout=timeout, env=job_env(outdir, backend, 0.75 * timeout, env), cwd=cwd,
                                  on_line=callback, **learner_sandbox(outdir))
         return collect(outdir, nprocs, backend, finished, timeout)
 
@@ -162,9 +162,13 @@ def write_spec(outdir: Path, target: str, *, args: tuple = (), kwargs: dict | No
     return path
 
 
-def job_env(backend: str, collective_timeout: float, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a job's processes: the backend, the collectives' time limit, the repo on the path."""
-    env = {**os.environ, **(extra or {})}
+def job_env(outdir: Path, backend: str, collective_timeout: float,
+            extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job's processes: the backend, the collectives' time limit, the repo on the
+    path, and a temp folder inside the job's own (torchrun's logs, the ranks' temp files), which goes
+    with the job."""
+    (outdir / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(outdir / "tmp"), **(extra or {})}
     env.update({
         BACKEND_VAR: backend, TIMEOUT_VAR: str(max(5, int(collective_timeout))), "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),

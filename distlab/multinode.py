@@ -95,7 +95,7 @@ def multinode_torchrun(target: str | Callable, nnodes: int = 2, nproc_per_node: 
         outdir = Path(tmp)
         program = ["--monitor-interval=0.1", "-m", "distlab.worker",
                    str(write_spec(outdir, target_string(target), args=args, kwargs=kwargs))]
-        env = job_env(backend, 0.75 * timeout)
+        env = job_env(outdir, backend, 0.75 * timeout)
         commands = command_lines(nnodes, nproc_per_node, endpoint, uuid.uuid4().hex, program)
         sandbox = learner_sandbox(outdir)
         lock = threading.Lock()

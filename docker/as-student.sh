@@ -44,9 +44,15 @@ for f in "${readable[@]}"; do
     chown "$user" "$f"
 done
 home="$(getent passwd "$user" | cut -d: -f6)"
-if [[ ! -d "$home" || ! -w "$home" ]]; then
-    home="$(mktemp -d /tmp/student-home.XXXXXX)"
-    chown "$user" "$home"
+if [[ ! -d "$home" ]]; then
+    # One home per user, made once (a new folder per kernel would pile up in /tmp).
+    home="/tmp/distlab-home-$user"
+    if [[ -L "$home" ]]; then
+        echo "as-student.sh: $home is a symbolic link: refusing to use it" >&2
+        exit 3
+    fi
+    [[ -d "$home" ]] || mkdir -m 0700 "$home"
+    chown -h "$user" "$home"
 fi
 export DISTLAB_LEARNER_HOME="$home"
 exec "$python" -I -S "$here/../distlab/reaper.py" --learner "$user" --kill-user -- "$@"

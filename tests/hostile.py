@@ -19,13 +19,18 @@ _PIDS = {pid_dir!r}
 _FIRST_RANK = _os.environ.get("RANK") == "0"
 def _note(name, pid):
     open(_os.path.join(_PIDS, f"{{name}}.{{pid}}"), "w").close()
+_DAEMONIZER = (  # run in a fresh interpreter: forking a rank itself (torch's threads) can deadlock the child
+    "import os, sys\\n"
+    "if os.fork() == 0:\\n"
+    "    os.setsid()\\n"
+    "    pid = os.fork()\\n"
+    "    if pid == 0:\\n"
+    "        os.execve(sys.executable, [sys.executable, '-c', sys.argv[1]], {{}})\\n"
+    "    open(os.path.join(sys.argv[2], f'daemon.{{pid}}'), 'w').close()\\n"
+    "    os._exit(0)\\n"
+    "os.wait()\\n")
 def _daemonize(program):
-    if _os.fork() == 0:
-        _os.setsid()
-        if _os.fork() == 0:
-            _note("daemon", _os.getpid())
-            _os.execve(_sys.executable, [_sys.executable, "-c", program], {{}})
-        _os._exit(0)
+    _sp.run([_sys.executable, "-c", _DAEMONIZER, program, _PIDS], check=True)
 '''
 
 # A helper the learner starts and forgets: a new session, and our stdout pipe still open.
@@ -68,12 +73,52 @@ raise RuntimeError("this submission does not work")
 '''
 
 
-def submission(folder: Path, pid_dir: Path, *snippets: str, filename: str = "ex01_ddp.py") -> Path:
-    """The reference solution with ``snippets`` run at import, written to ``folder/filename``."""
+# Tries to write the gradebook, another learner's submission and the grader's code.
+WRITER = '''
+for _target in {targets!r}:
+    try:
+        with open(_target, "ab") as _f:
+            _f.write(b"HACKED")
+    except OSError:
+        pass
+raise RuntimeError("tried to write what is not mine")
+'''
+
+# Forks until the learner user's process limit, for a while; the module then fails.
+FORK_BOMB = '''
+if _FIRST_RANK:
+    import time as _time
+    _sp.Popen([_sys.executable, "-c", "import os, time\\nend = time.time() + 30\\nwhile time.time() < end:\\n"
+               "    try:\\n        os.fork()\\n    except OSError:\\n        time.sleep(0.01)\\n"])
+    _time.sleep(3)  # the bomb goes off while this rank still runs
+raise RuntimeError("fork bomb")
+'''
+
+MEMORY_BOMB = '''
+if _FIRST_RANK:
+    _hog = []
+    while True:
+        _hog.append(b"x" * (64 << 20))
+'''
+
+# A gigabyte on stdout (in 64 KiB lines), on rank 0 of the 2-rank job; then the module fails.
+SPEW = '''
+if _FIRST_RANK and _os.environ.get("WORLD_SIZE") == "2":
+    _line = "x" * 65535 + "\\n"
+    for _ in range(16384):
+        _sys.stdout.write(_line)
+    _sys.stdout.flush()
+raise RuntimeError("printed a gigabyte")
+'''
+
+
+def submission(folder: Path, pid_dir: Path, *snippets: str, filename: str = "ex01_ddp.py", **fields) -> Path:
+    """The reference solution with ``snippets`` (formatted with ``fields``) run at import, written to
+    ``folder/filename``."""
     text = (SOLUTIONS / filename).read_text()
     anchor = "\nimport torch\n"
     assert anchor in text, f"no '{anchor.strip()}' line in solutions/{filename}"
-    code = _PRELUDE.format(pid_dir=str(pid_dir)) + "".join(s.format() for s in snippets)
+    code = _PRELUDE.format(pid_dir=str(pid_dir)) + "".join(s.format(**fields) for s in snippets)
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / filename
     out.write_text(text.replace(anchor, anchor + code, 1))

@@ -57,13 +57,20 @@ def _usable(python: str, repo: Path, modules: str = "torch, nbgrader, distlab.la
     return probe.returncode == 0
 
 
-def _base_interpreter() -> str | None:
-    """An interpreter of this Python's version the learner can run (the venv's base, or the system's)."""
+def _base_interpreter(made: Path) -> str | None:
+    """An interpreter of this Python the learner can run: the venv's base if readable, else a
+    hard-linked copy of the base installation in ``made`` (its ``libpython`` found through
+    ``LD_LIBRARY_PATH``, which ``RUNPATH`` yields to)."""
+    base = Path(sys.base_prefix)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    for candidate in (getattr(sys, "_base_executable", None), shutil.which(version, path="/usr/local/bin:/usr/bin")):
-        if candidate and as_learner([candidate, "-c", "import json"], cwd="/").returncode == 0:
-            return candidate
-    return None
+    candidate = base / "bin" / version
+    if as_learner([str(candidate), "-c", "import json"], cwd="/").returncode == 0:
+        return str(candidate)
+    subprocess.run(["cp", "-al", str(base), str(made / "base")], check=True, timeout=600)
+    os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(made / "base" / "lib"),
+                                                                 os.environ.get("LD_LIBRARY_PATH")]))
+    candidate = made / "base" / "bin" / version
+    return str(candidate) if as_learner([str(candidate), "-c", "import json"], cwd="/").returncode == 0 else None
 
 
 def _readable(path: Path) -> bool:
@@ -75,26 +82,27 @@ def readable_install() -> tuple[str, Path]:
     """``(python, repo)``: an interpreter and repo the learner can use (made once per test session,
     and removed when it ends).
 
-    Otherwise: a venv made from a base interpreter of the same version that the learner can run,
-    seeing this venv's site-packages (hard-linked into a readable folder if they are not readable),
+    Otherwise: a venv made from this venv's base interpreter (or a hard-linked copy of it that the
+    learner can run), seeing this venv's site-packages (hard-linked into a readable folder if they are not readable),
     with this venv's console scripts (nbgrader runs ``alembic`` from PATH), and the repo copied.
     """
     if _usable(sys.executable, REPO):
         return sys.executable, REPO
-    base = _base_interpreter()
-    if base is None:
-        pytest.skip(f"no Python {sys.version_info.major}.{sys.version_info.minor} the learner user can run")
     made = world_readable_dir("distlab-readable-")
     atexit.register(shutil.rmtree, made, ignore_errors=True)
+    base = _base_interpreter(made)
+    if base is None:
+        pytest.skip(f"no copy of {sys.base_prefix} that the learner user can run")
     subprocess.run([base, "-m", "venv", "--without-pip", str(made / "venv")], check=True, timeout=120)
     python = made / "venv" / "bin" / "python"
     site = Path(sysconfig_purelib())
     if not _readable(site):
-        subprocess.run(["cp", "-al", str(site), str(made / "site-packages")], check=True, timeout=600)
+        _share(site, made / "site-packages")
         site = made / "site-packages"
     target = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                  capture_output=True, text=True, check=True).stdout.strip())
     (target / "distlab-tests.pth").write_text(f"{site}\n")
+    _share(Path(sys.prefix, "share", "jupyter"), made / "venv" / "share" / "jupyter")  # nbconvert's templates
     for script in Path(sys.prefix, "bin").iterdir():
         head = script.read_bytes()[:200] if script.is_file() else b""
         if head.startswith(b"#!") and b"python" in head.split(b"\n")[0] and not (made / "venv/bin" / script.name).exists():
@@ -107,6 +115,17 @@ def readable_install() -> tuple[str, Path]:
     if not _usable(str(python), repo):
         pytest.skip("cannot make an interpreter with this venv's packages that the learner user can run")
     return str(python), repo
+
+
+def _share(source: Path, target: Path) -> None:
+    """``target`` shows ``source``: a link where the learner can read it, else a hard-linked copy."""
+    if not source.is_dir():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if _readable(source):
+        target.symlink_to(source)
+    else:
+        subprocess.run(["cp", "-al", str(source), str(target)], check=True, timeout=600)
 
 
 def sysconfig_purelib() -> str:

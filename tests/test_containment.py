@@ -12,7 +12,6 @@ import pytest
 from autograder.checks.ex01_ddp import EXERCISE
 from autograder.runner import grade_one
 from tests import hostile
-from tests.helpers import session_processes
 
 
 @pytest.fixture
@@ -22,7 +21,7 @@ def pids(tmp_path):
     return folder
 
 
-def test_background_helpers_cost_no_marks_and_do_not_survive(tmp_path, pids):
+def test_background_helpers_cost_no_marks_and_do_not_survive(tmp_path, pids, wait_for, leftover_processes):
     # Before containment, the detached child kept the output pipe open and the correct solution
     # scored 0 at the job's time limit; the scrubbed daemon outlived the grading.
     hostile.submission(tmp_path / "sub", pids, hostile.DETACHED, hostile.DAEMON)
@@ -30,17 +29,17 @@ def test_background_helpers_cost_no_marks_and_do_not_survive(tmp_path, pids):
     assert report.score == report.max_score, report.feedback
     started = hostile.started(pids)
     assert len(started["detached"]) == 2 and len(started["daemon"]) == 2  # rank 0 of W=2 and of W=4
-    assert hostile.alive(started["detached"] + started["daemon"]) == []
-    assert session_processes() == []
+    assert wait_for(lambda: hostile.alive(started["detached"] + started["daemon"]) == [], timeout=10)
+    assert leftover_processes() == []
 
 
-def test_a_daemon_that_rewrites_reports_changes_nothing(tmp_path, pids):
+def test_a_daemon_that_rewrites_reports_changes_nothing(tmp_path, pids, wait_for):
     hostile.submission(tmp_path / "sub", pids, hostile.FAKE_REPORTS, hostile.BROKEN)
     report = grade_one(EXERCISE, tmp_path / "sub")
     assert report.score == 0 and "RuntimeError: this submission does not work" in report.feedback
     started = hostile.started(pids)
     assert started["daemon"], "the report-rewriting daemon never started"
-    assert hostile.alive(started["daemon"]) == []
+    assert wait_for(lambda: hostile.alive(started["daemon"]) == [], timeout=10)
 
 
 def test_sys_exit_at_import_is_named(tmp_path, pids):

@@ -64,12 +64,12 @@ while time.time() < start + 60:
 """
 
 
-def test_a_fork_bomb_stops_at_the_process_limit_and_is_ended_with_its_job(user, install):
+def test_a_fork_bomb_stops_at_the_process_limit_and_is_ended_with_its_job(user, install, wait_for):
     done = run_contained([install[0], "-c", FORK_BOMB], timeout=120, user=user,
                          rlimits={resource.RLIMIT_NPROC: 64})
     assert not done.timed_out, "the bomb's own process ends after 2 s: the job must end then"
     assert any("ended" in line and "process(es) the job left running" in line for line in done.lines)
-    assert learner_processes() == []
+    assert wait_for(lambda: learner_processes() == [], timeout=10)
 
 
 def test_a_memory_bomb_fails_at_the_address_space_limit(user, install):
@@ -86,16 +86,16 @@ def test_endless_output_is_kept_bounded(user, install):
     assert done.lines[2000].startswith("[... ") and done.lines[2000].endswith(" lines not kept ...]")
 
 
-def test_every_process_of_the_learner_can_be_ended(user):
+def test_every_process_of_the_learner_can_be_ended(user, wait_for):
     entry = pwd.getpwnam(user)
     escaped = subprocess.Popen(["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}",
                                 "--clear-groups", "sleep", "600"], start_new_session=True)
     kill_user_processes(user)
     assert escaped.wait(timeout=30) == -9
-    assert learner_processes() == []
+    assert wait_for(lambda: learner_processes() == [], timeout=10)
 
 
-def test_graded_ranks_run_as_the_learner_and_the_report_is_out_of_their_reach(install, tmp_path):
+def test_graded_ranks_run_as_the_learner_and_the_report_is_out_of_their_reach(install, tmp_path, wait_for):
     """The CLI as root with the sandbox: the ranks import the learner's file as the learner user."""
     python, repo = install
     shared = world_readable_dir("distlab-sandbox-")
@@ -115,6 +115,6 @@ def test_graded_ranks_run_as_the_learner_and_the_report_is_out_of_their_reach(in
         assert "RuntimeError: spied" in done.stdout
         uids = {p.name: p.read_text() for p in (shared / "uid").iterdir()}
         assert uids and set(uids.values()) == {str(pwd.getpwnam(LEARNER).pw_uid)}, uids
-        assert learner_processes() == []
+        assert wait_for(lambda: learner_processes() == [], timeout=10)
     finally:
         shutil.rmtree(shared, ignore_errors=True)
