@@ -280,5 +280,6 @@ def main(argv: list[str]) -> int:
         kill_user(pwd.getpwnam(opts["user"]).pw_uid)
     return code if code >= 0 else 128 - code
 
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
