@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from distlab.worker import import_path
+from distlab.importing import import_path
 
 
 class _NoSolutions(importlib.abc.MetaPathFinder):

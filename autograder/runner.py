@@ -14,13 +14,13 @@ import tempfile
 from pathlib import Path
 
 from distlab.launch import TIME_SCALE_VAR, time_scale
+from distlab.importing import REPO_ROOT, with_repo_on_path
 from distlab.process import run_contained
 from distlab.sandbox import SCRATCH_VAR
 
 from .registry import Exercise, exercises
 from .report import ExerciseReport
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO_ROOT / "exercises"
 
 
@@ -44,7 +44,7 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None) ->
         # Everything the grading subprocess and its ranks put in temp files lands in the scratch folder
         # and goes with it, even when they are killed before they can clean up after themselves.
         env = {**os.environ, "TMPDIR": scratch, SCRATCH_VAR: scratch,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+               "PYTHONPATH": with_repo_on_path(os.environ)}
         cmd = [sys.executable, "-m", "autograder.run_one", str(ex.number), str(path.resolve()), str(out)]
         finished = run_contained(cmd, timeout=time_limit, env=env, cwd=REPO_ROOT)
         if finished.timed_out:

@@ -15,7 +15,8 @@ from distlab.accumulation import sweep
 
 
 def rows() -> list[Row]:
-    run = distlab.torchrun(sweep, 2, timeout=300)
+    run = distlab.torchrun(sweep, 2, kwargs=dict(train="solutions.ex02_accumulation:train_accumulated"),
+                           timeout=300)
     res = run.results[0]
     note = f"W=2, 256 samples/rank/step, {res[0]['memory_method']}"
     table = []

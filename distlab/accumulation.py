@@ -2,8 +2,8 @@
 
 :func:`sweep` runs on every rank of a torchrun job: for k = 1, 2, 4, 8 it
 splits the same per-rank batch into k micro-batches and trains with an
-accumulation loop (by default the reference solution of exercise 2, loaded
-inside the rank), measuring throughput, the activation bytes of one
+accumulation loop (the caller's: the learner's, or the reference solution of
+exercise 2, loaded inside the rank), measuring throughput, the activation bytes of one
 micro-step, and the all-reduce rounds per optimizer step (a DDP comm hook).
 
 Timing under DDP cannot use ``torch.utils.benchmark``'s adaptive repeat
@@ -23,17 +23,18 @@ from .distributed import init_distributed, shutdown
 from .memory import peak_memory
 from .models import make_mlp
 from .timing import distributed_median_seconds
-from .worker import resolve
+from .importing import resolve
 
 KS = (1, 2, 4, 8)
 MODEL = dict(in_features=256, hidden=1024, depth=2)
 
 
-def sweep(ks: tuple[int, ...] = KS, batch_per_rank: int = 256, steps: int = 5, repeats: int = 5,
-          train: str = "solutions.ex02_accumulation:train_accumulated") -> list[dict]:
+def sweep(train: str, ks: tuple[int, ...] = KS, batch_per_rank: int = 256, steps: int = 5,
+          repeats: int = 5) -> list[dict]:
     """Runs on every rank: for each k, samples/s (all ranks), activation bytes of one micro-step
     (parameters excluded), all-reduce rounds per optimizer step. ``train`` names the loop
-    (``"module:function"`` or ``"path/file.py:function"`` with ``train_accumulated``'s signature)."""
+    (``"module:function"`` or ``"path/file.py:function"`` with ``train_accumulated``'s signature):
+    the caller chooses it, since the runtime knows no answer to an exercise."""
     train_accumulated = resolve(train)
     device = init_distributed()
     world = dist.get_world_size()

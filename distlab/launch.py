@@ -32,10 +32,10 @@ from typing import Any, Callable
 import torch
 
 from .distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
+from .importing import REPO_ROOT, with_repo_on_path
 from .process import Finished, run_contained
 from .sandbox import learner_sandbox
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class LaunchError(RuntimeError):
@@ -171,7 +171,7 @@ def job_env(outdir: Path, backend: str, collective_timeout: float,
     env = {**os.environ, "TMPDIR": str(outdir / "tmp"), **(extra or {})}
     env.update({
         BACKEND_VAR: backend, TIMEOUT_VAR: str(max(5, int(collective_timeout))), "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
+        "PYTHONPATH": with_repo_on_path(env),
     })
     # torchrun sets 1 anyway when unset, and prints a banner about it; say it ourselves.
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -15,8 +15,6 @@ in order, for scripts and functions alike.
 from __future__ import annotations
 
 import atexit
-import importlib
-import importlib.util
 import io
 import json
 import os
@@ -26,6 +24,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
+from distlab.importing import import_path, resolve  # noqa: F401 (import_path: kept importable from here)
 
 
 class _Prefixed(io.TextIOBase):
@@ -66,32 +66,6 @@ class _Prefixed(io.TextIOBase):
     @property
     def encoding(self):
         return getattr(self._inner, "encoding", "utf-8")
-
-
-def import_path(path: str | Path, name: str | None = None):
-    """Import the Python file at ``path`` as a module (named ``name``, default from the file)."""
-    path = Path(path).resolve()
-    mod_name = name or f"_distlab_{path.stem}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def resolve(target: str):
-    """Turn ``"pkg.mod:fn"`` or ``"path/to/file.py:fn"`` into the function it names."""
-    where, _, name = target.rpartition(":")
-    if where.endswith(".py"):
-        module = import_path(where)
-    else:
-        module = importlib.import_module(where)
-    obj = module
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _write_error(outdir: Path, rank: int, attempt: int, exc: BaseException) -> None:
