@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from distlab.sandbox import SandboxError, preflight
+
 from . import selftest
 from .registry import exercises
 from .report import table, write_json
@@ -49,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.selftest:
         return selftest.run(args.exercise, args.json)
+    try:
+        preflight()  # as root with a learner user: can that user run this interpreter? One line if not
+    except SandboxError as exc:
+        print(f"autograder: error: {exc}", file=sys.stderr)
+        return 2
     reports = grade(directory, args.exercise)
     if not reports:
         names = ", ".join(ex.filename for ex in known.values())

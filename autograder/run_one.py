@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from distlab import LaunchError, LaunchTimeout, RankFailure
+from distlab.sandbox import SandboxError
 
 from .registry import check_modules
 from .report import ExerciseReport
@@ -53,6 +54,8 @@ def main(argv: list[str]) -> int:
         report = module.grade(path)
     except LaunchError as exc:
         report = ExerciseReport(ex.number, ex.name, ex.max_score).fail_all(explain(exc, path))
+    except SandboxError as exc:  # the grading machine's set-up, not the learner's code
+        report = ExerciseReport(ex.number, ex.name, ex.max_score).fail_all(f"the grader is not set up: {exc}")
     out.write_text(__import__("json").dumps(report.to_dict()))
     return 0
 

@@ -16,9 +16,12 @@ Two situations, told apart by one setting:
 """
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import resource
+import subprocess
+import sys
 
 STUDENT_USER_VAR = "DISTLAB_STUDENT_USER"
 MAX_PROCS_VAR = "DISTLAB_STUDENT_MAX_PROCS"
@@ -113,6 +116,29 @@ def hand_over(path: str | os.PathLike, user: str) -> None:
                 pass
 
 
+@functools.lru_cache(maxsize=None)
+def preflight(python: str = sys.executable) -> None:
+    """In the sandbox, check once that the learner user can run ``python`` with this repo.
+
+    A venv or checkout under a folder the learner cannot enter (``/root``) would otherwise make
+    every rank fail to start, and every exercise score 0 with a puzzling launch error.
+    """
+    user = learner_user()
+    if user is None:
+        return
+    from .importing import with_repo_on_path
+    from .process import reaper_command
+
+    done = subprocess.run(reaper_command([python, "-c", "import torch, distlab.launch"], user=user),
+                          env={**os.environ, "PYTHONPATH": with_repo_on_path(os.environ)}, cwd="/",
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SandboxError(f"the learner user '{user}' cannot run {python} with this checkout ({why}): "
+                           "use an interpreter and a checkout it can read (the grading image's /opt/venv "
+                           "and /opt/distlab)")
+
+
 def learner_sandbox(job_dir: str | os.PathLike) -> dict:
     """What :func:`distlab.process.run_contained` needs to run a job as the learner user: ``{}`` outside
     the sandbox; else ``user`` and ``rlimits``, after handing the learner the job's directory and the
@@ -121,6 +147,7 @@ def learner_sandbox(job_dir: str | os.PathLike) -> dict:
     user = learner_user()
     if user is None:
         return {}
+    preflight()
     hand_over(job_dir, user)
     scratch = os.environ.get(SCRATCH_VAR)
     if scratch and os.path.isdir(scratch):
