@@ -60,8 +60,7 @@ _FAKE = ("import json, os, time\\n"
          "                try: open(os.path.join(root, f), 'w').write(fake)\\n"
          "                except OSError: pass\\n"
          "    time.sleep(0.02)\\n")
-if _FIRST_RANK:
-    _daemonize(_FAKE)
+_daemonize(_FAKE)  # on every rank: the first rank to fail has started its daemon (torchrun then ends the others)
 '''
 
 EXIT_AT_IMPORT = '''
