@@ -1,5 +1,6 @@
 # make lab   : set up (once) and open JupyterLab on the course
 # make test  : set up (once) and run the whole test suite (what CI runs)
+# make test-fast : set up (once) and run the unit tests and one launch per exercise (about 2 min on 2 idle cores)
 # make bench : set up (once) and print the benchmark table
 # make selftest : set up (once) and check this machine grades correctly (instructors, before grading a class)
 PYTHON ?= python3
@@ -8,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 NOTEBOOK_SOURCES := $(wildcard course/[0-9]*.py)
 
-.PHONY: setup lab test bench grade selftest stubs notebooks nbgrader
+.PHONY: setup lab test test-fast bench grade selftest stubs notebooks nbgrader
 
 setup: $(STAMP)
 
@@ -29,6 +30,11 @@ lab: notebooks
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The fast loop: no slow tests, notebooks, nbgrader cycles or root-only sandbox tests (markers in pyproject.toml).
+FAST := not slow and not notebook and not nbgrader and not root
+test-fast: setup
+	$(BIN)/python -m pytest -m "$(FAST)"
 
 bench: setup
 	$(BIN)/python -m benchmarks

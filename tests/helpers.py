@@ -58,3 +58,18 @@ def solution_and_mutants(tmp_path: Path, filename: str, mutants: dict[str, dict[
         (tmp_path / name).mkdir()
         paths[name] = mutant(tmp_path / name, filename, change)
     return paths
+
+
+def requires_gpus(n: int):
+    """Decorator: mark a test ``gpu`` and skip it, with the reason, on a machine with fewer than ``n``
+    CUDA GPUs (PyTorch's ``skip_if_lt_x_gpu``, as a pytest mark): it runs wherever the GPUs are."""
+    import pytest
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    skip = pytest.mark.skipif(count < n, reason=f"needs {n} CUDA GPU{'s' if n > 1 else ''}; this machine has {count}")
+
+    def mark(test):
+        return pytest.mark.gpu(skip(test))
+
+    return mark

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 from autograder.__main__ import main
 from autograder.checks.ex01_ddp import EXERCISE, WORLD_SIZES
 from autograder.runner import grade_one
@@ -45,6 +47,7 @@ def test_a_missing_file_scores_zero_and_says_so(tmp_path):
     assert report["score"] == 0 and report["feedback"] == f"FAIL runs: ex01_ddp.py not found in {tmp_path}: nothing to grade"
 
 
+@pytest.mark.slow
 def test_a_file_that_does_not_import_names_the_error(tmp_path):
     (tmp_path / "ex01_ddp.py").write_text("def setup(:\n    pass\n")
     report = grade_one(EXERCISE, tmp_path)
@@ -58,6 +61,7 @@ def test_a_file_that_does_not_import_names_the_error(tmp_path):
     assert int(found[1]) < max(WORLD_SIZES), report.feedback
 
 
+@pytest.mark.slow
 def test_copying_the_reference_solution_is_refused(tmp_path):
     (tmp_path / "ex01_ddp.py").write_text("from solutions.ex01_ddp import *\n")
     report = grade_one(EXERCISE, tmp_path)
@@ -65,6 +69,7 @@ def test_copying_the_reference_solution_is_refused(tmp_path):
         in report.feedback
 
 
+@pytest.mark.slow
 def test_a_hang_is_stopped_at_the_time_limit_and_leaves_nothing(tmp_path, monkeypatch, leftover_processes):
     # A temp dir of this test's own: grade_one makes its folder there and hands the grading
     # subprocess TMPDIR inside it, so "nothing left" is checked without seeing other suites'

@@ -13,6 +13,8 @@ from autograder.checks.ex01_ddp import EXERCISE
 from autograder.runner import grade_one
 from tests import hostile
 
+pytestmark = pytest.mark.slow  # each test grades exercise 1 at W=2 and W=4
+
 
 @pytest.fixture
 def pids(tmp_path):

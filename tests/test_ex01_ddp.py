@@ -6,11 +6,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from autograder.checks import ex01_ddp
 from distlab.launch import time_scale
 from tests.helpers import EXERCISES, REPO, SOLUTIONS, failed, mutant
 
 
+@pytest.mark.slow
 def test_cli_gives_the_solution_full_marks_at_world_sizes_2_and_4(tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "autograder", str(SOLUTIONS), "--exercise", "1",
@@ -25,6 +28,7 @@ def test_cli_gives_the_solution_full_marks_at_world_sizes_2_and_4(tmp_path):
     assert "[W=4] matches single-process training" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cli_gives_the_stub_zero_with_not_implemented(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "autograder", str(EXERCISES), "--exercise", "1"],
                           cwd=REPO, capture_output=True, text=True, timeout=120 * time_scale())
@@ -32,6 +36,7 @@ def test_cli_gives_the_stub_zero_with_not_implemented(tmp_path):
     assert "0/10" in proc.stdout and "not implemented yet (ex01_ddp.py line" in proc.stdout
 
 
+@pytest.mark.slow
 def test_no_sampler_and_no_ddp_are_named(tmp_path):
     # Without DDP and without a sampler every rank trains alone on all the data.
     path = mutant(tmp_path, "ex01_ddp.py", {
@@ -50,6 +55,7 @@ def test_no_sampler_and_no_ddp_are_named(tmp_path):
     assert "wrap the model in DistributedDataParallel" in same
 
 
+@pytest.mark.slow
 def test_set_epoch_logging_and_saving_mistakes_are_named(tmp_path):
     path = mutant(tmp_path, "ex01_ddp.py", {
         "        sampler.set_epoch(epoch)": "        pass",

@@ -67,6 +67,7 @@ def reports(tmp_path_factory) -> dict:
     return dict(zip(paths, check.grade_many(list(paths.values()))))
 
 
+@pytest.mark.slow
 def test_solution_full_marks(reports):
     report = reports["solution"]
     assert report.score == report.max_score, report.feedback
@@ -81,43 +82,51 @@ def test_stub_not_implemented():
     assert "not implemented yet" in report.feedback
 
 
+@pytest.mark.slow
 def test_missing_warmup(reports):
     fb = feedback_of(reports["no_warmup_no_sync_mean_clip_scaled"], "slow first calls")
     assert "call fn(); sync() `warmup` times before timing" in fb
 
 
+@pytest.mark.slow
 def test_missing_sync(reports):
     fb = feedback_of(reports["no_warmup_no_sync_mean_clip_scaled"], "asynchronous work")
     assert "time `fn(); sync()` together" in fb
 
 
+@pytest.mark.slow
 def test_mean_dragged_by_outliers(reports):
     fb = feedback_of(reports["no_warmup_no_sync_mean_clip_scaled"], "outliers")
     assert "report the median per call, not the mean" in fb
 
 
+@pytest.mark.slow
 def test_independent_mistakes_do_not_fail_other_parts(reports):
     bad = failed(reports["no_warmup_no_sync_mean_clip_scaled"])
     assert not any("steady" in k or "memory ratio" in k or "autocast" in k for k in bad), bad
 
 
+@pytest.mark.slow
 def test_clip_before_unscale(reports):
     fb = feedback_of(reports["no_warmup_no_sync_mean_clip_scaled"], "GradScaler order")
     assert "you clipped the scaled gradients; call scaler.unscale_(optimizer) before clip_grad_norm_" in fb
 
 
+@pytest.mark.slow
 def test_wrong_ratio_direction(reports):
     report = reports["inverted_ratios"]
     assert "its inverse: speedup = baseline_s / candidate_s" in feedback_of(report, "steady workload")
     assert "its inverse" in feedback_of(report, "memory ratio")
 
 
+@pytest.mark.slow
 def test_no_autocast_and_unscaled_step(reports):
     report = reports["no_autocast_no_scaler_step"]
     assert "run the forward pass and the loss inside torch.autocast" in feedback_of(report, "bf16 autocast")
     assert "'optimizer.step'" in feedback_of(report, "GradScaler order")
 
 
+@pytest.mark.slow
 def test_missing_key_costs_its_criterion_only(reports):
     report = reports["no_autocast_no_scaler_step"]
     assert "compare() returned a dict without 'memory_ratio'" in feedback_of(report, "memory ratio")
@@ -135,6 +144,7 @@ def _earned(report, name: str) -> tuple[float, str]:
     ("aliased_median_wrapped_saved_bytes", "(distlab.timing.median_seconds)"),
     ("wrapped_median_imported_saved_bytes", "(it calls distlab.timing.median_seconds)"),
 ])
+@pytest.mark.slow
 def test_median_seconds_from_distlab_earns_nothing(reports, mutant, how):
     report = reports[mutant]
     for name in SPEEDUP_CRITERIA:
@@ -147,10 +157,12 @@ def test_median_seconds_from_distlab_earns_nothing(reports, mutant, how):
     ("aliased_median_wrapped_saved_bytes", "(it calls distlab.memory.saved_tensor_bytes)"),
     ("wrapped_median_imported_saved_bytes", "(distlab.memory.saved_tensor_bytes)"),
 ])
+@pytest.mark.slow
 def test_saved_bytes_from_distlab_earns_nothing(reports, mutant, how):
     assert _earned(reports[mutant], MEMORY_CRITERION) == (0, f"saved_bytes is distlab's copy {how}: write your own")
 
 
+@pytest.mark.slow
 def test_shared_storage_counted_per_tensor(reports):
     fb = feedback_of(reports["imported_median_per_tensor_bytes"], "memory ratio")
     assert "saved_bytes counted 300,000 bytes" in fb

@@ -39,6 +39,7 @@ def graded(tmp_path_factory):
     return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:]))}, out
 
 
+@pytest.mark.slow
 def test_solution_full_marks_and_real_figures(graded):
     reports, out = graded
     r = reports["solution"]
@@ -72,18 +73,21 @@ def test_without_out_dir_nothing_is_left_in_tmp(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_counting_one_rank_fails_at_two_workers(graded):
     f = failed(graded[0]["one rank's samples"])
     assert list(f) == [METHOD.format(2)]
     assert "you counted one rank's samples" in f[METHOD.format(2)]
 
 
+@pytest.mark.slow
 def test_timing_the_warmup_fails_at_every_size(graded):
     f = failed(graded[0]["warm-up timed"])
     assert set(f) == {METHOD.format(1), METHOD.format(2)}
     assert "includes the 2 slow warm-up steps" in f[METHOD.format(1)]
 
 
+@pytest.mark.slow
 def test_no_barrier_times_rank_zero_alone(graded):
     f = failed(graded[0]["no barrier"])
     assert list(f) == [METHOD.format(2)]
@@ -91,12 +95,14 @@ def test_no_barrier_times_rank_zero_alone(graded):
     assert "dist.barrier()" in f[METHOD.format(2)]
 
 
+@pytest.mark.slow
 def test_step_without_ddp_leaves_ranks_apart(graded):
     f = failed(graded[0]["no DDP, own figure per rank"])
     assert set(f) == {"the real step trains with DDP", METHOD.format(2)}
     assert "rank 1's parameters differ from rank 0's" in f["the real step trains with DDP"]
 
 
+@pytest.mark.slow
 def test_a_figure_per_rank_fails_the_same_figure_clause(graded):
     f = failed(graded[0]["no DDP, own figure per rank"])
     assert "return the same figure on every rank" in f[METHOD.format(2)]

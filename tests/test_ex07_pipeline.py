@@ -76,6 +76,7 @@ def test_ignoring_the_received_gradient_fails_stage0_only(reports):
     assert "stage 1's gradients match" in f["stage 0 gradients match the unsplit model"]
 
 
+@pytest.mark.slow
 def test_stub_is_not_implemented():
     r = grade_one(check.EXERCISE, EXERCISES)
     assert r.score == 0 and "not implemented yet" in r.feedback, r.feedback

@@ -32,7 +32,7 @@ from tests import hostile
 from tests.helpers import REPO
 from tests.learner_user import learner_processes, learner_user, readable_install, world_readable_dir
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.nbgrader, pytest.mark.root, pytest.mark.slow]
 ASSIGNMENT = "ex01_ddp"
 HOSTILE = {"writer": (hostile.WRITER,), "rewriter": (hostile.FAKE_REPORTS, hostile.BROKEN),
            "forkbomb": (hostile.FORK_BOMB,), "membomb": (hostile.MEMORY_BOMB,), "spew": (hostile.SPEW,)}

@@ -14,6 +14,7 @@ from distlab.magic import TorchrunCellError, torchrun_cell
 from tests.targets import ranks
 
 
+@pytest.mark.slow
 def test_results_come_back_per_rank_with_prefixed_output():
     run = torchrun(ranks.allreduce_rank, 2, timeout=60)
     assert [r["rank"] for r in run.results] == [0, 1]
@@ -23,6 +24,7 @@ def test_results_come_back_per_rank_with_prefixed_output():
     assert run.rank_lines(0) == ["sum is 3"] and run.rank_lines(1) == ["sum is 3"]
 
 
+@pytest.mark.slow
 def test_concurrent_launches_get_their_own_ports(tmp_path):
     # The two jobs wait for each other inside their process groups (a file barrier), so they hold
     # their ports at the same moment: started together is not enough, a job that had already ended
@@ -48,6 +50,7 @@ def test_concurrent_launches_get_their_own_ports(tmp_path):
     assert len(ports) == 2, "two jobs at once must rendezvous on different ports"
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_named_with_its_exception():
     # Naming rank 1 is deterministic: only rank 1 raises; rank 0 can fail only after rank 1 has
     # gone (its barrier loses the peer), so rank 1's error is the first by construction.
@@ -75,6 +78,7 @@ def _running(pid: int, created: float) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_hang_times_out_and_leaves_no_process(tmp_path, wait_for):
     # Only a hang of *started* ranks tests the clean-up, and how long start-up takes depends on the
     # machine's load: if a limit ran out before both ranks and the grandchild announced themselves,
@@ -103,6 +107,7 @@ def test_a_hang_times_out_and_leaves_no_process(tmp_path, wait_for):
     assert info.value.unfinished == [0, 1]
 
 
+@pytest.mark.slow
 def test_a_killed_rank_is_named_and_elastic_restart_recovers():
     with pytest.raises(LaunchError, match=r"rank 1 was killed by signal 9 \(SIGKILL\)"):
         torchrun(ranks.sigkill_first_attempt, 2, timeout=60)
@@ -110,6 +115,7 @@ def test_a_killed_rank_is_named_and_elastic_restart_recovers():
     assert run.results == [1, 1], "both ranks should finish on the second attempt"
 
 
+@pytest.mark.slow
 def test_a_result_the_launcher_cannot_load_safely_is_a_named_error():
     with pytest.raises(RankFailure, match=r"rank 0 failed: TypeError: the function returned a Fraction"):
         torchrun(ranks.return_unloadable, 1, timeout=60)
@@ -123,6 +129,7 @@ def test_functions_the_workers_cannot_import_are_refused():
         torchrun(local, 2)
 
 
+@pytest.mark.slow
 def test_cell_magic_runs_the_cell_on_every_rank_and_returns_results(capsys):
     namespace: dict = {}
     cell = "import os\nprint('hello from', os.environ['RANK'])\nresult = {'rank': int(os.environ['RANK'])}\n"
@@ -132,6 +139,7 @@ def test_cell_magic_runs_the_cell_on_every_rank_and_returns_results(capsys):
     assert namespace["got"] == [{"rank": 0}, {"rank": 1}]
 
 
+@pytest.mark.slow
 def test_cell_magic_raises_one_line_naming_the_failing_rank():
     with pytest.raises(TorchrunCellError) as info:
         torchrun_cell("-n 2 -t 60", "import os\nif os.environ['RANK'] == '1':\n    1 / 0\n")

@@ -55,6 +55,7 @@ def _gone(pid: int, created: float) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_two_agents_form_one_world_a_failing_rank_is_named_and_nothing_is_left(
         tmp_path, monkeypatch, wait_for, leftover_processes):
     # The job's temporary folder goes in a temp dir of this test's own, so "it was removed" is

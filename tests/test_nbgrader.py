@@ -166,6 +166,8 @@ def run_cycle(root: Path) -> dict:
     return {"course": course, "exchange": exchange, "homes": homes, "first": first, "db": db}
 
 
+@pytest.mark.nbgrader
+@pytest.mark.slow
 def test_release_strips_hidden_tests_and_ships_the_stub(course):
     released = course["homes"]["bob"] / ASSIGNMENT
     text = (released / f"{ASSIGNMENT}.ipynb").read_text()
@@ -175,6 +177,8 @@ def test_release_strips_hidden_tests_and_ships_the_stub(course):
     assert "### BEGIN SOLUTION" not in (released / EX.filename).read_text()
 
 
+@pytest.mark.nbgrader
+@pytest.mark.slow
 def test_scores_full_zero_and_tampered_graded_on_original_cells(course):
     got = scores(course["db"])
     assert got == {"alice": (EX.max_score, False), "bob": (0.0, False), "carol": (0.0, False),
@@ -187,6 +191,8 @@ def test_scores_full_zero_and_tampered_graded_on_original_cells(course):
     assert float(rows["alice"]["max_score"]) == EX.max_score
 
 
+@pytest.mark.nbgrader
+@pytest.mark.slow
 def test_each_problem_has_a_clear_message(course):
     c = course["course"]
     assert f"score {EX.max_score:g}/{EX.max_score:g}" in check_cell_output(c, "alice")
@@ -211,6 +217,8 @@ def test_each_problem_has_a_clear_message(course):
     assert any("could not be read" in p.read_text() for p in released)
 
 
+@pytest.mark.nbgrader
+@pytest.mark.slow
 def test_rerunning_autograde_duplicates_nothing(course):
     rows, got, _ = course["first"]
     assert gradebook_rows(course["db"]) == rows

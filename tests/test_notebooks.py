@@ -11,6 +11,8 @@ from nbclient.exceptions import CellExecutionError
 from distlab.launch import time_scale
 from tests.helpers import REPO
 
+pytestmark = [pytest.mark.notebook, pytest.mark.slow]
+
 NOTEBOOKS = sorted((REPO / "course").glob("[0-9][0-9]_*.py"))
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

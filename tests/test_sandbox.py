@@ -18,7 +18,7 @@ from distlab.sandbox import learner_rlimits
 from tests.learner_user import (LEARNER, learner_processes, learner_user, readable_install,
                                 world_readable_dir)
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.root]
 
 
 @pytest.fixture(scope="module")

@@ -86,6 +86,7 @@ def test_selftest_takes_no_directory(capsys):
     assert main(["--selftest", "exercises"]) == 2 and "takes no DIR" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_selftest_of_one_exercise_passes_and_writes_its_json(tmp_path):
     out = tmp_path / "selftest.json"
     proc = subprocess.run([sys.executable, "-m", "autograder", "--selftest", "--exercise", FAST_EXERCISE,

@@ -21,6 +21,16 @@ def allreduce_rank() -> dict:
     return out
 
 
+def allreduce_on_device() -> dict:
+    """All-reduce ``rank + 1`` on this rank's device (its GPU under NCCL); the sum comes back on the CPU."""
+    dev = distlab.init_distributed()
+    t = torch.tensor([float(dist.get_rank() + 1)], device=dev)
+    dist.all_reduce(t)
+    out = {"rank": dist.get_rank(), "backend": dist.get_backend(), "device": str(t.device), "sum": t.cpu()}
+    distlab.shutdown()
+    return out
+
+
 def raise_on_rank1() -> None:
     distlab.init_distributed()
     if dist.get_rank() == 1:
