@@ -37,7 +37,6 @@ from .process import Finished, run_contained
 from .sandbox import learner_sandbox
 
 
-
 class LaunchError(RuntimeError):
     """A torchrun job did not complete; ``output`` holds everything it printed."""
 
