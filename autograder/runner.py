@@ -16,7 +16,7 @@ from pathlib import Path
 from distlab.launch import TIME_SCALE_VAR, time_scale
 from distlab.importing import REPO_ROOT, with_repo_on_path
 from distlab.process import run_contained
-from distlab.sandbox import SCRATCH_VAR
+from distlab.sandbox import SCRATCH_VAR, SandboxError, preflight
 
 from .registry import Exercise, exercises
 from .report import ExerciseReport
@@ -38,6 +38,10 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None) ->
     path = Path(directory) / ex.filename
     if not path.is_file():
         return report.fail_all(f"{ex.filename} not found in {directory}: nothing to grade")
+    try:
+        preflight()  # once per process; the grading subprocess inherits that it was done
+    except SandboxError as exc:
+        return report.fail_all(f"the grader is not set up: {exc}")
     with tempfile.TemporaryDirectory(prefix="autograder-") as private, \
             tempfile.TemporaryDirectory(prefix="autograder-scratch-", ignore_cleanup_errors=True) as scratch:
         out = Path(private) / "report.json"

@@ -27,6 +27,7 @@ STUDENT_USER_VAR = "DISTLAB_STUDENT_USER"
 MAX_PROCS_VAR = "DISTLAB_STUDENT_MAX_PROCS"
 MAX_FILES_VAR = "DISTLAB_STUDENT_MAX_FILES"
 MAX_MEMORY_VAR = "DISTLAB_STUDENT_MAX_MEMORY"
+PREFLIGHT_VAR = "DISTLAB_SANDBOX_CHECKED"
 
 
 class SandboxError(RuntimeError):
@@ -124,8 +125,8 @@ def preflight(python: str = sys.executable) -> None:
     every rank fail to start, and every exercise score 0 with a puzzling launch error.
     """
     user = learner_user()
-    if user is None:
-        return
+    if user is None or os.environ.get(PREFLIGHT_VAR) == f"{user}:{python}":
+        return  # not sandboxed, or checked already by the process that started this one
     from .importing import with_repo_on_path
     from .process import reaper_command
 
@@ -137,6 +138,7 @@ def preflight(python: str = sys.executable) -> None:
         raise SandboxError(f"the learner user '{user}' cannot run {python} with this checkout ({why}): "
                            "use an interpreter and a checkout it can read (the grading image's /opt/venv "
                            "and /opt/distlab)")
+    os.environ[PREFLIGHT_VAR] = f"{user}:{python}"  # the grading subprocesses inherit it
 
 
 def learner_sandbox(job_dir: str | os.PathLike) -> dict:
