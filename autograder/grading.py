@@ -1,9 +1,10 @@
-"""Grade several files of one exercise in a single torchrun launch.
+"""What every check shares: one launch grades many files, and a launch's time budget.
 
-A launch costs seconds of process start-up; the test suite grades a solution
-and its mutants (known mistakes) together. ``rank_main`` receives the list of
-paths and returns one observation per path; ``verdict(report, per_rank)``
-turns one path's observations from every rank into criteria.
+A launch costs seconds of process start-up (every rank imports torch); the
+test suite and the self-test grade a solution and its mutants (known
+mistakes) together. A check's ``rank_main(paths, ...)`` receives the list of
+paths and returns one observation per path; :func:`launch_files` hands back,
+for each path, the list of every rank's observation of it.
 """
 from __future__ import annotations
 
@@ -15,16 +16,42 @@ from distlab import torchrun
 from .registry import Exercise
 from .report import ExerciseReport
 
+# What a grading subprocess spends outside its launches: starting Python and torch, the
+# single-process reference, the verdicts. A launch's timeout leaves it, so that a hang is
+# reported as a LaunchTimeout naming the ranks that never finished, not cut off by the CLI.
+RESERVE_S = 20.0
+PER_EXTRA_FILE_S = 10.0  # what one more file costs a launch that already started (no start-up)
+
+
+def launch_timeout(exercise: Exercise, *, files: int = 1, launches: int = 1, reserve_s: float = RESERVE_S,
+                   per_extra_file_s: float = PER_EXTRA_FILE_S) -> float:
+    """The timeout of one of ``launches`` launches, run one after another, that grade ``files`` files.
+
+    For one file the launches share what is left of ``exercise.time_limit`` after ``reserve_s``;
+    every more file in the same launch (the test suite's mutants) adds ``per_extra_file_s``.
+    """
+    return (exercise.time_limit - reserve_s) / launches + per_extra_file_s * (files - 1)
+
+
+def launch_files(rank_main: Callable, paths: Sequence[str | Path], *, world: int, timeout: float,
+                 args: tuple = ()) -> tuple[list[list], float]:
+    """One launch of ``rank_main([paths], *args)`` on ``world`` ranks.
+
+    Returns, for each path, every rank's observation of it (rank order), and the launch's seconds.
+    """
+    run = torchrun(rank_main, world, args=([str(p) for p in paths], *args), timeout=timeout)
+    return [[per_rank[i] for per_rank in run.results] for i in range(len(paths))], run.wall_s
+
 
 def grade_files(exercise: Exercise, rank_main: Callable, paths: Sequence[str | Path], *, world: int,
                 timeout: float, verdict: Callable[[ExerciseReport, list], None],
                 args: tuple = ()) -> list[ExerciseReport]:
-    """One launch of ``rank_main(paths, *args)`` on ``world`` ranks; one report per path."""
-    run = torchrun(rank_main, world, args=([str(p) for p in paths], *args), timeout=timeout)
+    """TEMPORARY: the old shape, until every check is converted."""
+    runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeout, args=args)
     reports = []
-    for i in range(len(paths)):
-        report = ExerciseReport(exercise.number, exercise.name, exercise.max_score)
-        report.measurements["launch_s"] = round(run.wall_s, 2)
-        verdict(report, [per_rank[i] for per_rank in run.results])
+    for ranks in runs:
+        report = exercise.new_report()
+        report.measurements["launch_s"] = round(wall_s, 2)
+        verdict(report, ranks)
         reports.append(report)
     return reports

@@ -8,10 +8,13 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import io
+import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from distlab.importing import import_path
 
@@ -90,3 +93,34 @@ def echo(lines: list[str]) -> None:
     """Show captured learner output in the job log, so a learner debugging sees it."""
     for ln in lines:
         print(ln, file=sys.stdout)
+
+
+@contextlib.contextmanager
+def own_rendezvous(tag: str, timeout: timedelta = timedelta(seconds=60)):
+    """A fresh store for the process group one learner file creates, for the block; every rank enters.
+
+    Under torchrun, ``init_process_group()`` (``env://``) connects every rank to the agent's
+    store. A second one in the same process, for the next file graded in the same launch, would
+    read the first one's keys (after ``destroy_process_group`` the default group is named "0"
+    again) and gloo would connect to stale peers and hang. So rank 0 hosts a new store for each
+    file and ``MASTER_PORT`` points at it while the block runs: the learner's code initialises
+    as usual. A process group the file left behind is destroyed after the block.
+    """
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host, agent_port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    agent = dist.TCPStore(host, int(agent_port), world, is_master=False, timeout=timeout)
+    key = f"distlab/grader/{tag}"
+    server = None
+    if rank == 0:  # port 0: the OS picks a free port, no race with other jobs
+        server = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False, timeout=timeout)
+        agent.set(f"{key}/port", str(server.port))
+    os.environ["MASTER_PORT"] = agent.get(f"{key}/port").decode()
+    try:
+        yield
+    finally:
+        os.environ["MASTER_PORT"] = agent_port
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        agent.set(f"{key}/done/{rank}", "1")
+        if server is not None:  # rank 0 keeps the store up until every rank is done with it
+            agent.wait([f"{key}/done/{r}" for r in range(world)])

@@ -1,6 +1,7 @@
 """Which exercises exist: every ``autograder/checks/exNN_*.py`` module is one.
 
-A check module defines ``EXERCISE = Exercise(...)`` and ``grade(path) -> ExerciseReport``.
+A check module defines ``EXERCISE = Exercise(...)`` and ``grade(paths) -> list[ExerciseReport]``
+(the shape every check has: ``autograder/checks/README.md``).
 Adding an exercise is adding a file; nothing else needs to be edited.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from . import checks
+from .report import ExerciseReport
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,10 @@ class Exercise:
     filename: str          # the learner's file, e.g. "ex01_ddp.py"
     max_score: float
     time_limit: float      # seconds for the whole grading subprocess
+
+    def new_report(self) -> ExerciseReport:
+        """An empty report for this exercise, to be judged (``ExerciseReport.judge``)."""
+        return ExerciseReport(self.number, self.name, self.max_score)
 
 
 def check_modules() -> dict[int, ModuleType]:

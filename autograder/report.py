@@ -1,13 +1,70 @@
 """What a grade is: criteria with points and feedback, gathered per exercise.
 
-A report is plain data (``to_dict``/``from_dict``) so it crosses the process
-boundary between the per-exercise grading subprocess and the CLI as JSON.
+A check module declares each criterion where it is defined, with its points
+(otter-grader's style)::
+
+    @criterion("[W={world}] same parameters on every rank", points=2)
+    def same_parameters(run: Run) -> Verdict:
+        ...
+        return passed() if ok else failed(f"rank 0 and rank {r} ended ... (max abs difference {d:.3g})")
+
+and :meth:`ExerciseReport.judge` runs a list of them on what the ranks
+observed. A report is plain data (``to_dict``/``from_dict``) so it crosses
+the process boundary between the per-exercise grading subprocess and the
+CLI as JSON.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Sequence
+
+# The one criterion of a report whose exercise did not run at all (not implemented, raised, timed
+# out, not found): its feedback line reads "FAIL runs: <why>" (nbgrader's notes look for it).
+DID_NOT_RUN = "runs"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One criterion's outcome: ``feedback`` names the cause of a failure, or adds a note to a pass."""
+
+    ok: bool
+    feedback: str = ""
+    measurements: dict = field(default_factory=dict)
+
+
+def passed(note: str = "", **measurements: Any) -> Verdict:
+    return Verdict(True, note, measurements)
+
+
+def failed(cause: str, **measurements: Any) -> Verdict:
+    return Verdict(False, cause, measurements)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A criterion as declared: its name (a ``str.format`` template), its points, what it needs first."""
+
+    name: str
+    points: float
+    requires: tuple[Callable, ...] = ()
+
+
+def criterion(name: str, points: float, *, requires: Sequence[Callable] = ()) -> Callable:
+    """Declare the decorated function ``f(*subject) -> Verdict`` a criterion worth ``points``.
+
+    ``requires``: criteria that must pass first; if one did not, this one scores 0 with
+    "not checked: needs ... first" instead of a second message about the same cause.
+    """
+    def declare(fn: Callable) -> Callable:
+        fn.rule = Rule(name, points, tuple(requires))
+        return fn
+    return declare
+
+
+def total_points(criteria: Sequence[Callable]) -> float:
+    return sum(fn.rule.points for fn in criteria)
 
 
 @dataclass
@@ -28,6 +85,7 @@ class ExerciseReport:
     criteria: list[Criterion] = field(default_factory=list)
     measurements: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    ran: bool = True
 
     @property
     def score(self) -> float:
@@ -48,10 +106,47 @@ class ExerciseReport:
         self.criteria.append(Criterion(name, points, points if ok else 0.0, pass_note if ok else feedback))
         return ok
 
-    def fail_all(self, message: str) -> "ExerciseReport":
-        """Score 0 with one message (not implemented, crashed, timed out...)."""
-        self.criteria = [Criterion("runs", self.max_score, 0.0, message)]
+    def judge(self, criteria: Sequence[Callable], *subject: Any, **names: Any) -> None:
+        """Run each declared criterion on ``subject`` (what the ranks observed) and add its outcome.
+
+        ``names`` fill the criteria's name templates (``world=2`` makes ``"[W={world}] ..."``
+        read ``"[W=2] ..."``). A criterion whose ``requires`` did not pass is not run.
+        """
+        outcome: dict[Callable, bool] = {}
+        for fn in criteria:
+            rule: Rule = fn.rule
+            missing = [r for r in rule.requires if not outcome.get(r, False)]
+            if missing:
+                first = missing[0].rule.name.format(**names)
+                verdict = failed(f"not checked: needs '{first}' first")
+            else:
+                verdict = fn(*subject)
+            outcome[fn] = verdict.ok
+            self.measurements.update(verdict.measurements)
+            self.check(rule.name.format(**names), rule.points, verdict.ok, verdict.feedback,
+                       pass_note=verdict.feedback)
+
+    def scale_to(self, max_score: float | None = None) -> "ExerciseReport":
+        """Rescale every criterion so their points add up to ``max_score`` (default: the exercise's).
+
+        A check that judges the same criteria at two world sizes, or declares points that do not add up
+        to the exercise's marks, scales here and nowhere else.
+        """
+        target = self.max_score if max_score is None else max_score
+        total = sum(c.points for c in self.criteria)
+        if total > 0:
+            for c in self.criteria:
+                c.points, c.earned = c.points * target / total, c.earned * target / total
         return self
+
+    def did_not_run(self, message: str) -> "ExerciseReport":
+        """Score 0 with one message: the exercise did not run (not implemented, raised, timed out...)."""
+        self.criteria = [Criterion(DID_NOT_RUN, self.max_score, 0.0, message)]
+        self.ran = False
+        return self
+
+    def fail_all(self, message: str) -> "ExerciseReport":  # TEMPORARY: until every check is converted
+        return self.did_not_run(message)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -62,7 +157,7 @@ class ExerciseReport:
     def from_dict(cls, d: dict) -> "ExerciseReport":
         crits = [Criterion(**c) for c in d.get("criteria", [])]
         return cls(d["exercise"], d["name"], d["max_score"], crits,
-                   d.get("measurements", {}), d.get("notes", []))
+                   d.get("measurements", {}), d.get("notes", []), bool(d.get("ran", True)))
 
 
 def table(reports: list[ExerciseReport]) -> str:

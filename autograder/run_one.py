@@ -15,7 +15,6 @@ from distlab import LaunchError, LaunchTimeout, RankFailure
 from distlab.sandbox import SandboxError
 
 from .registry import check_modules
-from .report import ExerciseReport
 
 
 def explain(exc: LaunchError, path: Path) -> str:
@@ -51,11 +50,11 @@ def main(argv: list[str]) -> int:
     module = check_modules()[number]
     ex = module.EXERCISE
     try:
-        report = module.grade(path)
+        (report,) = module.grade([path])
     except LaunchError as exc:
-        report = ExerciseReport(ex.number, ex.name, ex.max_score).fail_all(explain(exc, path))
+        report = ex.new_report().did_not_run(explain(exc, path))
     except SandboxError as exc:  # the grading machine's set-up, not the learner's code
-        report = ExerciseReport(ex.number, ex.name, ex.max_score).fail_all(f"the grader is not set up: {exc}")
+        report = ex.new_report().did_not_run(f"the grader is not set up: {exc}")
     out.write_text(__import__("json").dumps(report.to_dict()))
     return 0
 

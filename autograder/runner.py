@@ -34,14 +34,14 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None) ->
     separate scratch folder as their ``TMPDIR``.
     """
     time_limit = (time_limit or ex.time_limit) * time_scale()
-    report = ExerciseReport(ex.number, ex.name, ex.max_score)
+    report = ex.new_report()
     path = Path(directory) / ex.filename
     if not path.is_file():
-        return report.fail_all(f"{ex.filename} not found in {directory}: nothing to grade")
+        return report.did_not_run(f"{ex.filename} not found in {directory}: nothing to grade")
     try:
         preflight()  # once per process; the grading subprocess inherits that it was done
     except SandboxError as exc:
-        return report.fail_all(f"the grader is not set up: {exc}")
+        return report.did_not_run(f"the grader is not set up: {exc}")
     with tempfile.TemporaryDirectory(prefix="autograder-") as private, \
             tempfile.TemporaryDirectory(prefix="autograder-scratch-", ignore_cleanup_errors=True) as scratch:
         out = Path(private) / "report.json"
@@ -52,14 +52,14 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None) ->
         cmd = [sys.executable, "-m", "autograder.run_one", str(ex.number), str(path.resolve()), str(out)]
         finished = run_contained(cmd, timeout=time_limit, env=env, cwd=REPO_ROOT)
         if finished.timed_out:
-            return report.fail_all(
+            return report.did_not_run(
                 f"grading took longer than its {time_limit:g} s limit and was stopped: an endless loop "
                 f"in your code? (If this machine is just slow or busy, {TIME_SCALE_VAR}=2 allows twice as long.)")
         try:
             return ExerciseReport.from_dict(json.loads(out.read_text()))
         except (OSError, ValueError, KeyError, TypeError):
             tail = "\n".join(finished.lines[-8:])
-            return report.fail_all(f"the grader could not finish (exit code {finished.returncode}):\n{tail}")
+            return report.did_not_run(f"the grader could not finish (exit code {finished.returncode}):\n{tail}")
 
 
 def grade(directory: Path = DEFAULT_DIR, only: list[int] | None = None) -> list[ExerciseReport]:

@@ -10,7 +10,7 @@ import pytest
 
 from autograder.checks import ex01_ddp
 from distlab.launch import time_scale
-from tests.helpers import EXERCISES, REPO, SOLUTIONS, failed, mutant
+from tests.helpers import EXERCISES, REPO, SOLUTIONS, failed, solution_and_mutants
 
 
 @pytest.mark.slow
@@ -36,34 +36,54 @@ def test_cli_gives_the_stub_zero_with_not_implemented(tmp_path):
     assert "0/10" in proc.stdout and "not implemented yet (ex01_ddp.py line" in proc.stdout
 
 
-@pytest.mark.slow
-def test_no_sampler_and_no_ddp_are_named(tmp_path):
+MUTANTS = {
     # Without DDP and without a sampler every rank trains alone on all the data.
-    path = mutant(tmp_path, "ex01_ddp.py", {
+    "no_ddp_no_sampler": {
         "loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)":
             "loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)",
         "ddp_model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)":
             "ddp_model = model",
         "torch.save(ddp_model.module.state_dict(), checkpoint_path)":
             "torch.save(ddp_model.state_dict(), checkpoint_path)",
-    })
-    fails = failed(ex01_ddp.grade(path, world_sizes=(2,)))
+    },
+    "epoch_logging_saving": {
+        "        sampler.set_epoch(epoch)": "        pass",
+        "        if rank == 0:\n            # Rank 0": "        if True:\n            # Rank 0",
+        "    if rank == 0:\n        torch.save(": "    if True:\n        torch.save(",
+        "    dist.destroy_process_group()": "    pass",
+    },
+    "wrong_lr": {
+        "torch.optim.SGD(ddp_model.parameters(), lr=lr)": "torch.optim.SGD(ddp_model.parameters(), lr=lr * 1.5)",
+        # Saving through `from torch import save` is still seen (and is correct).
+        "import torch\n": "import torch\nfrom torch import save\n",
+        "        torch.save(ddp_model.module": "        save(ddp_model.module",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The mutants, graded at W=2 in one launch (one report each)."""
+    paths = solution_and_mutants(tmp_path_factory.mktemp("ex01"), "ex01_ddp.py", MUTANTS)
+    del paths["solution"]  # the CLI test grades it at both world sizes
+    return dict(zip(paths, ex01_ddp.grade(list(paths.values()), world_sizes=(2,))))
+
+
+@pytest.mark.slow
+def test_no_sampler_and_no_ddp_are_named(graded):
+    fails = failed(graded["no_ddp_no_sampler"])
     assert "did you pass a DistributedSampler to the DataLoader?" in fails["[W=2] each rank reads its own shard"]
     assert "rank 1 read" not in fails["[W=2] each rank reads its own shard"]
     same = fails["[W=2] same parameters on every rank"]
     assert "rank 0 and rank 1 ended with different weights (max abs difference" in same
     assert "wrap the model in DistributedDataParallel" in same
+    # One mistake, one message: what needs the shards is not judged a second time.
+    assert fails["[W=2] new shuffle every epoch"] == "not checked: needs '[W=2] each rank reads its own shard' first"
 
 
 @pytest.mark.slow
-def test_set_epoch_logging_and_saving_mistakes_are_named(tmp_path):
-    path = mutant(tmp_path, "ex01_ddp.py", {
-        "        sampler.set_epoch(epoch)": "        pass",
-        "        if rank == 0:\n            # Rank 0": "        if True:\n            # Rank 0",
-        "    if rank == 0:\n        torch.save(": "    if True:\n        torch.save(",
-        "    dist.destroy_process_group()": "    pass",
-    })
-    report = ex01_ddp.grade(path, world_sizes=(2,))
+def test_set_epoch_logging_and_saving_mistakes_are_named(graded):
+    report = graded["epoch_logging_saving"]
     fails = failed(report)
     assert set(fails) == {"[W=2] new shuffle every epoch", "[W=2] only rank 0 logs",
                           "[W=2] rank 0 saves the model once", "[W=2] teardown destroys the process group"}
@@ -75,14 +95,8 @@ def test_set_epoch_logging_and_saving_mistakes_are_named(tmp_path):
     assert report.score == 6 and report.max_score == 10
 
 
-def test_wrong_learning_rate_breaks_parity_with_numbers(tmp_path):
-    path = mutant(tmp_path, "ex01_ddp.py", {
-        "torch.optim.SGD(ddp_model.parameters(), lr=lr)": "torch.optim.SGD(ddp_model.parameters(), lr=lr * 1.5)",
-        # Saving through `from torch import save` is still seen (and is correct).
-        "import torch\n": "import torch\nfrom torch import save\n",
-        "        torch.save(ddp_model.module": "        save(ddp_model.module",
-    })
-    fails = failed(ex01_ddp.grade(path, world_sizes=(2,)))
+def test_wrong_learning_rate_breaks_parity_with_numbers(graded):
+    fails = failed(graded["wrong_lr"])
     assert list(fails) == ["[W=2] matches single-process training"]
     msg = fails["[W=2] matches single-process training"]
     assert "weights differ from one process trained on the same global batches of 2x32" in msg

@@ -1,1 +1,1 @@
-"""One module per exercise: ``exNN_<name>.py`` with ``EXERCISE`` and ``grade(path)``."""
+"""One module per exercise, ``exNN_<name>.py``, each of the shape described in ``README.md``."""

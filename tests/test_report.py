@@ -1,0 +1,82 @@
+"""The one shape of a check: criteria declared with their points, judged, scaled, and the
+"did not run" state (autograder/report.py, autograder/checks/README.md)."""
+from __future__ import annotations
+
+import pytest
+
+from autograder.grading import launch_timeout
+from autograder.registry import Exercise, check_modules
+from autograder.report import DID_NOT_RUN, ExerciseReport, criterion, failed, passed, total_points
+
+EX = Exercise(number=99, name="toy", filename="ex99_toy.py", max_score=10, time_limit=90)
+
+
+@criterion("[W={world}] ranks agree", points=3)
+def ranks_agree(obs: dict):
+    return passed("max abs difference 0", gap=0.0) if obs["agree"] else failed("rank 1 differs by 0.5")
+
+
+@criterion("[W={world}] matches the reference", points=2, requires=[ranks_agree])
+def matches(obs: dict):
+    return passed() if obs["close"] else failed("off by 3%")
+
+
+def test_judge_names_fills_templates_and_records_measurements():
+    report = EX.new_report()
+    report.judge([ranks_agree, matches], {"agree": True, "close": False}, world=2)
+    assert [(c.name, c.points, c.earned, c.feedback) for c in report.criteria] == [
+        ("[W=2] ranks agree", 3, 3, "max abs difference 0"),
+        ("[W=2] matches the reference", 2, 0, "off by 3%")]
+    assert report.measurements == {"gap": 0.0}
+
+
+def test_a_criterion_whose_requirement_failed_is_not_run_and_says_which():
+    seen = []
+
+    @criterion("second", points=1, requires=[ranks_agree])
+    def second(obs):
+        seen.append(obs)
+        return passed()
+
+    report = EX.new_report()
+    report.judge([ranks_agree, second], {"agree": False}, world=4)
+    assert seen == []
+    assert report.criteria[1].feedback == "not checked: needs '[W=4] ranks agree' first"
+    assert report.score == 0
+
+
+def test_scale_to_makes_two_world_sizes_add_up_to_the_exercise():
+    report = EX.new_report()
+    for world in (2, 4):
+        report.judge([ranks_agree, matches], {"agree": True, "close": world == 2}, world=world)
+    assert total_points([ranks_agree, matches]) == 5
+    report.scale_to()
+    assert sum(c.points for c in report.criteria) == pytest.approx(10)
+    assert report.score == pytest.approx(8)  # lost the W=4 reference's 2 of 10 scaled points
+
+
+def test_did_not_run_is_one_criterion_at_zero_and_survives_json():
+    report = EX.new_report().did_not_run("not implemented yet")
+    assert (report.ran, report.score, report.feedback) == (False, 0, f"FAIL {DID_NOT_RUN}: not implemented yet")
+    back = ExerciseReport.from_dict(report.to_dict())
+    assert back.ran is False and back.feedback == report.feedback
+    assert ExerciseReport.from_dict(EX.new_report().to_dict()).ran is True
+
+
+def test_launch_timeout_stays_inside_the_exercise_limit_for_one_file():
+    assert launch_timeout(EX) < EX.time_limit
+    assert sum(launch_timeout(EX, launches=3) for _ in range(3)) < EX.time_limit
+    assert launch_timeout(EX, files=3) > launch_timeout(EX)  # mutants graded in the same launch get more
+
+
+@pytest.mark.parametrize("number", list(check_modules()))
+def test_every_check_has_the_one_shape(number):
+    module = check_modules()[number]
+    assert module.EXERCISE.number == number
+    assert callable(module.rank_main) and callable(module.grade)
+    import inspect
+
+    first = next(iter(inspect.signature(module.grade).parameters))
+    assert first == "paths", f"{module.__name__}.grade must take the list of paths first"
+    rules = [fn for fn in vars(module).values() if callable(fn) and hasattr(fn, "rule")]
+    assert rules, f"{module.__name__} declares no @criterion"
