@@ -13,8 +13,8 @@ import functools
 
 import torch
 
-from autograder.checks._ex03_probes import REAL
 import distlab
+from autograder.checks.ex03_amp import REAL_MODEL
 from benchmarks import Row
 from distlab.models import make_mlp
 from distlab.timing import synchronize
@@ -24,7 +24,7 @@ def rows() -> list[Row]:
     from solutions.ex03_amp import compare, train_step
 
     device = distlab.device()  # this rank's device: the GPU when there is one
-    cfg = REAL["cuda" if device.type == "cuda" else "cpu"]
+    cfg = REAL_MODEL["cuda" if device.type == "cuda" else "cpu"]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(cfg["batch"], cfg["in_features"], generator=g).to(device)
     y = torch.randint(0, 10, (cfg["batch"],), generator=g).to(device)

@@ -1,5 +1,5 @@
 """Exercise 2: the reference solution scores full marks, the stub 0, and each usual mistake fails
-with its own feedback. The solution and the mutants are graded in one launch (``grade_many``)."""
+with its own feedback. The solution and the mutants are graded in one launch (``grade``)."""
 from __future__ import annotations
 
 import pytest
@@ -30,7 +30,7 @@ MUTANTS = {
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory) -> dict:
     paths = solution_and_mutants(tmp_path_factory.mktemp("ex02"), FILE, MUTANTS)
-    return dict(zip(paths, check.grade_many(list(paths.values()))))
+    return dict(zip(paths, check.grade(list(paths.values()))))
 
 
 def test_solution_full_marks(reports):

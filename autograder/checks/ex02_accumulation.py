@@ -15,6 +15,9 @@ huggingface/accelerate's ``test_sync.py``).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -26,11 +29,11 @@ from distlab import init_distributed, shutdown
 from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 
-from ..grading import grade_files
+from ..grading import launch_files, launch_timeout
 from ..harness import CapturedPrints, echo, load_learner
 from ..parity import parity
 from ..registry import Exercise
-from ..report import ExerciseReport
+from ..report import ExerciseReport, Verdict, criterion, failed, passed
 
 EXERCISE = Exercise(number=2, name="accumulation", filename="ex02_accumulation.py", max_score=10, time_limit=90)
 WORLD = 2
@@ -43,6 +46,38 @@ SCENARIOS = {
     "unequal": ([4, 12, 8, 10, 2, 6], 3),
     "short": ([8] * 10, 4),
 }
+
+
+def rank_main(paths: list[str]) -> list[dict]:
+    """Runs on every rank: observe each learner file in turn (tests grade several per launch).
+
+    The grader makes the process group (the exercise is the loop, not the set-up), once for every file.
+    """
+    device = init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = [_observe(p, device, rank, world) for p in paths]
+    shutdown()
+    return results
+
+
+def _observe(path: str, device: torch.device, rank: int, world: int) -> dict:
+    """Each scenario trains a fresh DDP model with the learner's loop; return what was observed."""
+    learner = load_learner(path)
+    out = {}
+    for name, (sizes, k) in SCENARIOS.items():
+        model = make_mlp(seed=5, **MODEL).to(device)
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        probe = Probe(model)
+        ddp.register_comm_hook(None, probe.comm_hook)
+        model.register_forward_pre_hook(probe.before_forward)
+        opt = _recording_sgd(probe, ddp.parameters(), LR)
+        batches = [(x.to(device), y.to(device)) for x, y in micro_batches(sizes, rank, world)]
+        with CapturedPrints() as printed:
+            learner.train_accumulated(ddp, opt, batches, accumulation_steps=k)
+        echo(printed.lines)
+        out[name] = {"steps": probe.steps, "final": cpu_state(model), "mid_grads": probe.mid_grads,
+                     "mid_zero_grad": probe.mid_window_zero_grad}
+    return out
 
 
 @functools.lru_cache(maxsize=1)
@@ -106,44 +141,17 @@ def _recording_sgd(probe: Probe, params, lr: float) -> torch.optim.SGD:
     return RecordingSGD(params, lr=lr)
 
 
-def _observe(path: str, device: torch.device, rank: int, world: int) -> dict:
-    """Each scenario trains a fresh DDP model with the learner's loop; return what was observed."""
-    learner = load_learner(path)
-    out = {}
-    for name, (sizes, k) in SCENARIOS.items():
-        model = make_mlp(seed=5, **MODEL).to(device)
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        probe = Probe(model)
-        ddp.register_comm_hook(None, probe.comm_hook)
-        model.register_forward_pre_hook(probe.before_forward)
-        opt = _recording_sgd(probe, ddp.parameters(), LR)
-        batches = [(x.to(device), y.to(device)) for x, y in micro_batches(sizes, rank, world)]
-        with CapturedPrints() as printed:
-            learner.train_accumulated(ddp, opt, batches, accumulation_steps=k)
-        echo(printed.lines)
-        out[name] = {"steps": probe.steps, "final": cpu_state(model), "mid_grads": probe.mid_grads,
-                     "mid_zero_grad": probe.mid_window_zero_grad}
-    return out
-
-
-def rank_main(paths: list[str]) -> list[dict]:
-    """Runs on every rank: observe each learner file in turn (tests grade several per launch)."""
-    device = init_distributed()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results = [_observe(p, device, rank, world) for p in paths]
-    shutdown()
-    return results
-
-
 def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
     model.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def reference(sizes: list[int], k: int) -> tuple[list[dict], dict]:
+@functools.lru_cache(maxsize=None)  # one per scenario, shared by every file graded in this process
+def reference(scenario: str) -> tuple[list[dict], dict]:
     """Single process on the global batches: per window, the big-batch gradient ``"big"`` and the
     usual wrong answers at the same weights (for feedback); then SGD with the big-batch gradient."""
+    sizes, k = SCENARIOS[scenario]
     model = make_mlp(seed=5, **MODEL)
     per_rank = [micro_batches(sizes, r, WORLD) for r in range(WORLD)]
     out = []
@@ -179,22 +187,27 @@ SHORT_WINDOW_ADVICE = ("this window is shorter than accumulation_steps: normalis
                        "over its own samples (n_i / N), not by accumulation_steps")
 
 
-def diagnose(obs: dict, sizes: list[int], k: int, refs: list[dict]) -> str:
-    """The most specific reason a scenario's gradients or parameters are off ("" if none found)."""
-    wins = windows(len(sizes), k)
+def _schedule_fault(obs: dict, sizes: list[int], k: int) -> str:
+    """Why the optimizer's schedule is off (a window cut by zero_grad, steps in the wrong places), or ""."""
     if obs["mid_zero_grad"]:
         return (f"optimizer.zero_grad() ran in the middle of a window (after micro-step "
                 f"{obs['mid_zero_grad'][0]} of {k}), throwing away the gradients accumulated so far: "
                 "zero the gradients only after optimizer.step(), once per window")
     micro = [s["micro"] for s in obs["steps"]]
-    expected = [len(w) for w in wins]
-    if micro != expected:
-        if len(micro) > len(expected):
-            return (f"optimizer.step() ran {len(micro)} times for {len(sizes)} micro-batches with "
-                    f"accumulation_steps={k}: step once per window of {k} micro-batches "
-                    f"({len(expected)} steps), not every micro-step")
-        return (f"optimizer.step() ran after {micro} micro-batches; the windows have {expected}"
-                + (" (the final, shorter window must still end with a step)" if len(micro) < len(expected) else ""))
+    expected = [len(w) for w in windows(len(sizes), k)]
+    if micro == expected:
+        return ""
+    if len(micro) > len(expected):
+        return (f"optimizer.step() ran {len(micro)} times for {len(sizes)} micro-batches with "
+                f"accumulation_steps={k}: step once per window of {k} micro-batches "
+                f"({len(expected)} steps), not every micro-step")
+    return (f"optimizer.step() ran after {micro} micro-batches; the windows have {expected}"
+            + (" (the final, shorter window must still end with a step)" if len(micro) < len(expected) else ""))
+
+
+def _gradient_fault(obs: dict, sizes: list[int], k: int, refs: list[dict]) -> str:
+    """Which usual wrong normalisation the first wrong window's gradient is, or how far it is off ("")."""
+    wins = windows(len(sizes), k)
     for w, (step, ref) in enumerate(zip(obs["steps"], refs)):
         ok, diff = _close(step["grads"], ref["big"])
         if ok:
@@ -213,67 +226,131 @@ def diagnose(obs: dict, sizes: list[int], k: int, refs: list[dict]) -> str:
     return ""
 
 
-def _verdicts(report: ExerciseReport, results: list[dict]) -> None:
-    r0, r1 = results[0], results[1]  # one observation dict per rank
-    for name, (sizes, k) in SCENARIOS.items():
-        refs, ref_final = reference(sizes, k)
-        obs = r0[name]
-        why = diagnose(obs, sizes, k, refs)
-        final_ok, diff = _close(obs["final"], ref_final)
-        rank_diff = parity(r1[name]["final"], obs["final"]).max_abs_diff
-        report.measurements[f"{name}_max_abs_diff_vs_reference"] = diff
-        params_fb = why or (f"rank 0's parameters differ from the big-batch run (max abs difference {diff:.3g}, "
-                            f"rank 1 differs from rank 0 by {rank_diff:.3g})")
-        nwin = len(windows(len(sizes), k))
-        if name == "equal":
-            first_ok = bool(obs["steps"]) and _close(obs["steps"][0]["grads"], refs[0]["big"])[0]
-            report.check(f"[equal sizes, k={k}] gradient after {k} micro-batches equals one {k}x larger batch", 2,
-                         first_ok and not why, why or "the gradient at the first optimizer step differs")
-            report.check(f"[equal sizes, k={k}] parameters after {nwin} optimizer steps equal the big-batch run",
-                         2, final_ok and not why, params_fb, pass_note=f"max abs difference {diff:.2g}")
-            micro = [s["micro"] for s in obs["steps"]]
-            sched_ok = micro == [k] * nwin and not obs["mid_zero_grad"]
-            report.check(f"[equal sizes, k={k}] one optimizer step and zero_grad per window", 1, sched_ok,
-                         why or f"optimizer.step() ran after {micro} micro-batches; expected {[k] * nwin}")
-            rounds = [s["rounds"] for s in obs["steps"]]
-            report.check(f"[equal sizes, k={k}] gradients all-reduced once per optimizer step", 1,
-                         rounds == [1] * nwin,
-                         f"DDP all-reduced the gradients {rounds} times per optimizer step (counted with a comm "
-                         f"hook); expected once: run the first {k - 1} micro-steps of each window (forward and "
-                         "backward) inside `with model.no_sync():`" if any(r > 1 for r in rounds) else
-                         f"DDP all-reduced {rounds} times per optimizer step; expected once, on the last "
-                         "micro-batch of each window (outside no_sync)")
-            mid0, mid1 = obs["mid_grads"], r1[name]["mid_grads"]
-            if mid0 is None or mid1 is None:
-                differ, gap = False, 0.0
-                fb = "no micro-step ever followed another within a window: accumulate over several micro-batches"
-            else:
-                gap = parity(mid0, mid1).max_abs_diff
-                differ = gap > 1e-6
-                fb = ("on a micro-step that does not end a window the two ranks already had identical "
-                      "gradients: DDP averaged them, which costs an all-reduce per micro-step; use "
-                      "model.no_sync() until the last micro-batch of the window")
-            report.check(f"[equal sizes, k={k}] ranks' gradients still differ inside a window", 1, differ, fb,
-                         pass_note=f"max abs difference between ranks {gap:.2g}")
-        elif name == "unequal":
-            report.check(f"[unequal sizes {sizes}, k={k}] parameters equal the big-batch run", 1.5,
-                         final_ok and not why, params_fb, pass_note=f"max abs difference {diff:.2g}")
-        else:
-            report.check(f"[{len(sizes)} micro-batches, k={k}] the final short window steps, normalised "
-                         "over its own samples", 1.5, final_ok and not why, params_fb,
-                         pass_note=f"max abs difference {diff:.2g}")
+@dataclass
+class Scenario:
+    """One scenario of one file: rank 0's and rank 1's observations, and the single-process reference."""
+
+    name: str
+    ranks: list[dict]
+
+    @property
+    def obs(self) -> dict:  # rank 0's: DDP leaves both ranks with the same steps
+        return self.ranks[0]
+
+    @property
+    def n_windows(self) -> int:
+        sizes, k = SCENARIOS[self.name]
+        return len(windows(len(sizes), k))
+
+    @functools.cached_property
+    def why(self) -> str:
+        """The most specific reason the gradients or parameters are off ("" if none found)."""
+        sizes, k = SCENARIOS[self.name]
+        return _schedule_fault(self.obs, sizes, k) or _gradient_fault(self.obs, sizes, k, reference(self.name)[0])
 
 
-def grade_many(paths: list) -> list[ExerciseReport]:
-    """Grade several files in one launch (the test suite's mutants); the learner's code runs in the ranks.
+@dataclass
+class Run:
+    """One file's run: every rank's observation, as one :class:`Scenario` per scenario."""
 
-    The launch's timeout stays inside ``EXERCISE.time_limit`` for one file, so a hang is reported as
+    ranks: list[dict]
+
+    def __post_init__(self):
+        self.scenarios = {name: Scenario(name, [r[name] for r in self.ranks]) for name in SCENARIOS}
+
+
+def _parameters_match(s: Scenario) -> Verdict:
+    """Rank 0's final parameters against the big-batch run's (the criterion of every scenario)."""
+    ok, diff = _close(s.obs["final"], reference(s.name)[1])
+    measured = {f"{s.name}_max_abs_diff_vs_reference": diff}
+    if ok and not s.why:
+        return passed(f"max abs difference {diff:.2g}", **measured)
+    rank_diff = parity(s.ranks[1]["final"], s.obs["final"]).max_abs_diff
+    return failed(s.why or (f"rank 0's parameters differ from the big-batch run (max abs difference {diff:.3g}, "
+                            f"rank 1 differs from rank 0 by {rank_diff:.3g})"), **measured)
+
+
+# The criteria's names quote their scenario.
+EQUAL_SIZES, K = SCENARIOS["equal"]
+EQUAL = f"[equal sizes, k={K}]"
+UNEQUAL_SIZES, UNEQUAL_K = SCENARIOS["unequal"]
+SHORT_SIZES, SHORT_K = SCENARIOS["short"]
+
+
+@criterion(f"{EQUAL} gradient after {K} micro-batches equals one {K}x larger batch", points=2)
+def first_window_gradient(run: Run) -> Verdict:
+    s = run.scenarios["equal"]
+    first_ok = bool(s.obs["steps"]) and _close(s.obs["steps"][0]["grads"], reference("equal")[0][0]["big"])[0]
+    return passed() if first_ok and not s.why else failed(s.why or "the gradient at the first optimizer step differs")
+
+
+@criterion(f"{EQUAL} parameters after {len(windows(len(EQUAL_SIZES), K))} optimizer steps equal "
+           "the big-batch run", points=2)
+def equal_parameters(run: Run) -> Verdict:
+    return _parameters_match(run.scenarios["equal"])
+
+
+@criterion(f"{EQUAL} one optimizer step and zero_grad per window", points=1)
+def step_per_window(run: Run) -> Verdict:
+    s = run.scenarios["equal"]
+    micro = [step["micro"] for step in s.obs["steps"]]
+    if micro == [K] * s.n_windows and not s.obs["mid_zero_grad"]:
+        return passed()
+    return failed(s.why or f"optimizer.step() ran after {micro} micro-batches; expected {[K] * s.n_windows}")
+
+
+@criterion(f"{EQUAL} gradients all-reduced once per optimizer step", points=1)
+def allreduce_per_step(run: Run) -> Verdict:
+    s = run.scenarios["equal"]
+    rounds = [step["rounds"] for step in s.obs["steps"]]
+    if rounds == [1] * s.n_windows:
+        return passed()
+    if any(r > 1 for r in rounds):
+        return failed(f"DDP all-reduced the gradients {rounds} times per optimizer step (counted with a comm "
+                      f"hook); expected once: run the first {K - 1} micro-steps of each window (forward and "
+                      "backward) inside `with model.no_sync():`")
+    return failed(f"DDP all-reduced {rounds} times per optimizer step; expected once, on the last micro-batch "
+                  "of each window (outside no_sync)")
+
+
+@criterion(f"{EQUAL} ranks' gradients still differ inside a window", points=1)
+def differ_inside_window(run: Run) -> Verdict:
+    # The negative check: identical gradients mid-window mean DDP already averaged them (no no_sync).
+    mid0, mid1 = (r["mid_grads"] for r in run.scenarios["equal"].ranks)
+    if mid0 is None or mid1 is None:
+        return failed("no micro-step ever followed another within a window: accumulate over several micro-batches")
+    gap = parity(mid0, mid1).max_abs_diff
+    if gap > 1e-6:
+        return passed(f"max abs difference between ranks {gap:.2g}")
+    return failed("on a micro-step that does not end a window the two ranks already had identical gradients: "
+                  "DDP averaged them, which costs an all-reduce per micro-step; use model.no_sync() until the "
+                  "last micro-batch of the window")
+
+
+@criterion(f"[unequal sizes {UNEQUAL_SIZES}, k={UNEQUAL_K}] parameters equal the big-batch run", points=1.5)
+def unequal_parameters(run: Run) -> Verdict:
+    return _parameters_match(run.scenarios["unequal"])
+
+
+@criterion(f"[{len(SHORT_SIZES)} micro-batches, k={SHORT_K}] the final short window steps, normalised over "
+           "its own samples", points=1.5)
+def short_window_parameters(run: Run) -> Verdict:
+    return _parameters_match(run.scenarios["short"])
+
+
+CRITERIA = [first_window_gradient, equal_parameters, step_per_window, allreduce_per_step, differ_inside_window,
+            unequal_parameters, short_window_parameters]
+
+
+def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
+    """Grade the files at ``paths`` in one launch at world size 2 (every scenario); one report each.
+
+    For one file the launch's timeout fits inside ``EXERCISE.time_limit``, so a hang is reported as a
     ``LaunchTimeout`` naming the ranks that never finished rather than killed by the outer limit.
     """
-    timeout = EXERCISE.time_limit - 20 + 10 * (len(paths) - 1)
-    return grade_files(EXERCISE, rank_main, paths, world=WORLD, timeout=timeout, verdict=_verdicts)
-
-
-def grade(path) -> ExerciseReport:
-    """Grade the file at ``path``: one launch at world size 2 runs every scenario."""
-    return grade_many([path])[0]
+    reports = [EXERCISE.new_report() for _ in paths]
+    runs, wall_s = launch_files(rank_main, paths, world=WORLD, timeout=launch_timeout(EXERCISE, files=len(paths)))
+    for report, ranks in zip(reports, runs):
+        report.judge(CRITERIA, Run(ranks))
+        report.measurements["launch_s"] = round(wall_s, 2)
+    return [r.scale_to() for r in reports]

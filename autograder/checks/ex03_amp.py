@@ -58,15 +58,21 @@ per tensor                                             own size (100,000 + 2 x 5
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Callable, Sequence
 
 from distlab import device as rank_device
 
-from ..grading import grade_files
+from ..grading import launch_files, launch_timeout
 from ..harness import CapturedPrints, echo, load_learner
 from ..parity import parity
 from ..registry import Exercise
-from ..report import ExerciseReport
+from ..report import ExerciseReport, Verdict, criterion, failed, passed
 from . import _ex03_probes as probes
+# Public here (the tests and benchmarks/bench_amp.py use them); defined with the rank-side instruments.
+from ._ex03_probes import ANSWERS, CASE_TITLES, REAL_MODEL
 
 EXERCISE = Exercise(number=3, name="amp", filename="ex03_amp.py", max_score=10, time_limit=90)
 LOSS_TOL = 0.01          # |loss - fp32 reference loss| <= LOSS_TOL * max(1, |reference|), every step
@@ -74,19 +80,55 @@ RATIO_TOL = 0.10         # a reported ratio within 10% of the truth
 GPU_MIN_SPEEDUP = 1.5    # bf16 over fp32 on the real model, required on a GPU with bf16 tensor cores only
 BF16_TENSOR_CORES = (8, 0)  # Ampere and newer: bf16 matmuls on tensor cores
 RTOL, ATOL = 1e-4, 1e-5  # float32 step vs the single-process reference
+PER_EXTRA_FILE_S = 15.0  # one more file in a launch: every part, and the real model, measured again
 
 
-def rank_main(paths: list[str]) -> list[dict]:
-    """Runs on the one rank: observe each learner file (tests grade several per launch)."""
+def rank_main(paths: list[str], real_models: dict[str, dict] = REAL_MODEL) -> list[dict]:
+    """Runs on the one rank: observe each learner file (tests grade several per launch).
+
+    ``real_models``: the real model's sizes per device type (``REAL_MODEL``; tests: a smaller CPU one).
+    """
     device = rank_device()
     out = []
     for path in paths:
         learner = load_learner(path)
         with CapturedPrints() as printed:
-            obs = probes.observe(learner, device)
+            obs = probes.observe(learner, device, real_models["cuda" if device.type == "cuda" else "cpu"])
         echo(printed.lines)
         out.append(obs)
     return out
+
+
+@dataclass
+class Run:
+    """One file's observations (one rank: mixed precision is not about several processes)."""
+
+    obs: dict
+
+    @cached_property
+    def copied(self) -> dict[str, str]:
+        """For each graded measuring function, why it is the runtime's copy ("" if it is the learner's own)."""
+        answers = self.obs.get("answers", {})
+        return {fn: ANSWERS.feedback(fn, answers.get("is", {}), answers.get("calls", [])) for fn in ANSWERS.graded}
+
+    @property
+    def capability(self) -> tuple[int, ...]:
+        return tuple(self.obs.get("capability") or ())
+
+    @property
+    def on_gpu(self) -> bool:  # the rank ran on a CUDA device
+        return self.obs.get("capability") is not None
+
+    @property
+    def gpu_speedup_graded(self) -> bool:
+        return self.on_gpu and self.capability >= BF16_TENSOR_CORES
+
+    @property
+    def real_missing(self) -> str:
+        """Feedback when the real model's compare() left out keys of the contract ("" if none, or if it did not run)."""
+        r = self.obs["real"]
+        return "" if _err(r) or r.get("skipped") else _missing(r, ("speedup", "baseline_s", "candidate_s",
+                                                                       "memory_ratio"))
 
 
 def _err(part: dict) -> str:
@@ -106,7 +148,8 @@ def _ratio_fb(name: str, got: float, truth: float, why: str) -> tuple[bool, str]
     if abs(got * truth - 1) <= RATIO_TOL:
         return False, (f"{name}: you reported {got:.3g} where the truth is {truth:.3g}, its inverse: "
                        "speedup = baseline_s / candidate_s and memory_ratio = candidate_bytes / baseline_bytes")
-    return False, f"{name}: you reported {got:.3g} where the truth is {truth:.3g} (more than {RATIO_TOL:.0%} off): {why}"
+    return False, (f"{name}: you reported {got:.3g} where the truth is {truth:.3g} "
+                   f"(more than {RATIO_TOL:.0%} off): {why}")
 
 
 def _missing(part: dict, keys: tuple[str, ...]) -> str:
@@ -136,148 +179,188 @@ def _shared_storage_fb(steady: dict) -> str:
             "not each tensor")
 
 
-def _verdicts(report: ExerciseReport, obs: dict) -> None:
-    on_gpu = obs.get("capability") is not None  # the rank ran on a CUDA device
-    # 1. autocast: low-precision linear outputs, fp32 master weights and gradients
-    a = obs["autocast"]
+@criterion("bf16 autocast: linear outputs bf16, master weights float32", points=1.5)
+def autocast_dtypes(run: Run) -> Verdict:
+    a = run.obs["autocast"]
     if _err(a):
-        report.check("bf16 autocast: linear outputs bf16, master weights float32", 1.5, False,
-                     _explain(_err(a), "train_step"))
-    else:
-        outs, params, grads = a["linear_out"], a["param_dtypes"], a["grad_dtypes"]
-        fb = ""
-        if any(d != "torch.float32" for d in params + grads):
-            fb = (f"at optimizer.step() parameters were {sorted(set(params))} and gradients {sorted(set(grads))}: "
-                  "keep the model in float32 (do not call model.to(torch.bfloat16)); autocast casts per op")
-        elif any(d != "torch.bfloat16" for d in outs):
-            fb = (f"the nn.Linear outputs were {outs}: run the forward pass and the loss inside "
-                  "torch.autocast(device_type=x.device.type, dtype=amp_dtype)")
-        report.check("bf16 autocast: linear outputs bf16, master weights float32", 1.5, not fb, fb)
-    # 2. float32 parity, 3. losses within tolerance
-    p = obs["parity"]
-    ref_losses, ref_state = probes.reference_fp32()
+        return failed(_explain(_err(a), "train_step"))
+    outs, params, grads = a["linear_out"], a["param_dtypes"], a["grad_dtypes"]
+    if any(d != "torch.float32" for d in params + grads):
+        return failed(f"at optimizer.step() parameters were {sorted(set(params))} and gradients "
+                      f"{sorted(set(grads))}: keep the model in float32 (do not call model.to(torch.bfloat16)); "
+                      "autocast casts per op")
+    if any(d != "torch.bfloat16" for d in outs):
+        return failed(f"the nn.Linear outputs were {outs}: run the forward pass and the loss inside "
+                      "torch.autocast(device_type=x.device.type, dtype=amp_dtype)")
+    return passed()
+
+
+@criterion("float32 step matches a single-process reference", points=0.5)
+def float32_parity(run: Run) -> Verdict:
+    p = run.obs["parity"]
     if _err(p):
-        report.check("float32 step matches a single-process reference", 0.5, False, _explain(_err(p), "train_step"))
-        report.check(f"bf16 and fp16 losses within {LOSS_TOL} of float32 over {probes.STEPS} steps", 1, False,
-                     _explain(_err(p), "train_step"))
-    else:
-        same = parity(p["fp32_state"], ref_state, rtol=RTOL, atol=ATOL)
-        report.check("float32 step matches a single-process reference", 0.5, same.ok,
-                     f"after {probes.STEPS} float32 steps the weights differ from zero_grad, cross-entropy, "
-                     f"backward, clip_grad_norm_(max_norm={probes.MAX_NORM}), step (max abs difference "
-                     f"{same.max_abs_diff:.3g} in {same.worst})",
-                     pass_note=f"max abs difference {same.max_abs_diff:.2g}")
-        worst = []
-        for kind in ("bf16", "fp16"):
-            gaps = [abs(l - r) / max(1.0, abs(r)) for l, r in zip(p[f"{kind}_losses"], ref_losses)]
-            worst.append((max(gaps), kind, gaps.index(max(gaps))))
-        gap, kind, step = max(worst)
-        report.measurements.update(bf16_max_loss_gap=worst[0][0], fp16_max_loss_gap=worst[1][0])
-        report.check(f"bf16 and fp16 losses within {LOSS_TOL} of float32 over {probes.STEPS} steps", 1,
-                     gap <= LOSS_TOL,
-                     f"the {kind} loss at step {step} is {gap:.3g} away from the float32 reference's "
-                     f"(tolerance {LOSS_TOL}): are forward and loss under autocast, and the scaler used for fp16?",
-                     pass_note=f"largest gap {gap:.2g} ({kind})")
-    # 4. GradScaler order, 5. inf step skipped
-    s = obs["scaler"]
+        return failed(_explain(_err(p), "train_step"))
+    same = parity(p["fp32_state"], probes.reference_fp32()[1], rtol=RTOL, atol=ATOL)
+    if same.ok:
+        return passed(f"max abs difference {same.max_abs_diff:.2g}")
+    return failed(f"after {probes.STEPS} float32 steps the weights differ from zero_grad, cross-entropy, "
+                  f"backward, clip_grad_norm_(max_norm={probes.MAX_NORM}), step (max abs difference "
+                  f"{same.max_abs_diff:.3g} in {same.worst})")
+
+
+@criterion(f"bf16 and fp16 losses within {LOSS_TOL} of float32 over {probes.STEPS} steps", points=1)
+def losses_close(run: Run) -> Verdict:
+    p = run.obs["parity"]
+    if _err(p):
+        return failed(_explain(_err(p), "train_step"))
+    ref_losses = probes.reference_fp32()[0]
+    worst = []  # per kind: (largest relative gap, kind, the step where it is)
+    for kind in ("bf16", "fp16"):
+        gaps = [abs(loss - ref) / max(1.0, abs(ref)) for loss, ref in zip(p[f"{kind}_losses"], ref_losses)]
+        worst.append((max(gaps), kind, gaps.index(max(gaps))))
+    gap, kind, step = max(worst)
+    measured = dict(bf16_max_loss_gap=worst[0][0], fp16_max_loss_gap=worst[1][0])
+    if gap <= LOSS_TOL:
+        return passed(f"largest gap {gap:.2g} ({kind})", **measured)
+    return failed(f"the {kind} loss at step {step} is {gap:.3g} away from the float32 reference's (tolerance "
+                  f"{LOSS_TOL}): are forward and loss under autocast, and the scaler used for fp16?", **measured)
+
+
+@criterion("fp16 GradScaler order: scale, backward, unscale_, clip, step, update", points=1.5)
+def scaler_order(run: Run) -> Verdict:
+    s = run.obs["scaler"]
     if _err(s):
-        for name, pts in (("fp16 GradScaler order", 1.5), ("fp16 step with inf gradients is skipped", 1)):
-            report.check(name, pts, False, _explain(_err(s), "train_step with a scaler"))
-    else:
-        expected = ["scale", "backward", "unscale_", "step", "optimizer.step", "update"]
-        order_fb = ""
-        if s["events"] != expected:
-            order_fb = (f"one fp16 step called {s['events']}; expected {expected}: scaler.scale(loss).backward(), "
-                        "scaler.unscale_(optimizer), clip, scaler.step(optimizer), scaler.update()")
-        elif abs(s["grad_norm"] - probes.MAX_NORM) > 1e-3 * probes.MAX_NORM:
-            order_fb = (f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true "
-                        f"gradients gives max_norm={probes.MAX_NORM}" + (
-                            ": you clipped the scaled gradients; call scaler.unscale_(optimizer) before "
-                            "clip_grad_norm_" if s["grad_norm"] < probes.MAX_NORM / 100 else
-                            ": clip with torch.nn.utils.clip_grad_norm_ after scaler.unscale_"))
-        report.check("fp16 GradScaler order: scale, backward, unscale_, clip, step, update", 1.5, not order_fb,
-                     order_fb)
-        skip_ok = s["inf_params_unchanged"] and s["scale_after_inf"] < s["scale_before_inf"]
-        report.check("fp16 step with inf gradients is skipped", 1, skip_ok,
-                     "a batch containing inf changed the weights: step through scaler.step(optimizer), which "
-                     "skips non-finite steps" if not s["inf_params_unchanged"] else
-                     f"the scale stayed {s['scale_after_inf']:g} after an inf step: call scaler.update() every step")
-    # 6. the measuring method, on simulated workloads; a graded function that is the runtime's copy earns nothing
-    answers = obs.get("answers", {})
-    copied = {fn: probes.ANSWERS.feedback(fn, answers.get("is", {}), answers.get("calls", []))
-              for fn in probes.ANSWERS.graded}
-    m = obs["measure"]
-    for case, (truth, why) in probes.CASES_TRUTH.items():
-        name = f"measuring: {probes.CASE_TITLES[case]}"
-        if copied["median_seconds"]:
-            report.check(name, 1, False, copied["median_seconds"])
-            continue
-        if _err(m):
-            report.check(name, 1, False, _explain(_err(m), "compare / median_seconds"))
-            continue
-        gone = _missing(m[case], ("speedup",))
-        ok, fb = (False, gone) if gone else _ratio_fb("speedup", m[case]["speedup"], truth, why)
-        report.check(name, 1, ok, fb, pass_note=fb)
-    if copied["saved_bytes"]:
-        report.check("measuring: saved-activation bytes and memory ratio", 0.5, False, copied["saved_bytes"])
-    elif not _err(m):
-        gone = _missing(m["steady"], ("memory_ratio",))
-        ok, fb = (False, gone) if gone else _ratio_fb(
-            "memory_ratio", m["steady"]["memory_ratio"], probes.MEMORY_TRUTH,
-            "count each storage packed by torch.autograd.graph.saved_tensors_hooks once")
-        if not ok and not gone:
-            fb = _shared_storage_fb(m["steady"]) or fb
-        report.check("measuring: saved-activation bytes and memory ratio", 0.5, ok, fb, pass_note=fb)
-    else:
-        report.check("measuring: saved-activation bytes and memory ratio", 0.5, False,
-                     _explain(_err(m), "saved_bytes / compare"))
-    # 7. the real model: reported; required only on a GPU with bf16 tensor cores
-    r = obs["real"]
-    gone = "" if _err(r) or r.get("skipped") else _missing(r, ("speedup", "baseline_s", "candidate_s", "memory_ratio"))
-    capability = tuple(obs.get("capability") or ())
-    required = on_gpu and capability >= BF16_TENSOR_CORES
+        return failed(_explain(_err(s), "train_step with a scaler"))
+    expected = ["scale", "backward", "unscale_", "step", "optimizer.step", "update"]
+    if s["events"] != expected:
+        return failed(f"one fp16 step called {s['events']}; expected {expected}: scaler.scale(loss).backward(), "
+                      "scaler.unscale_(optimizer), clip, scaler.step(optimizer), scaler.update()")
+    if abs(s["grad_norm"] - probes.MAX_NORM) <= 1e-3 * probes.MAX_NORM:
+        return passed()
+    # Clipping the scaled gradients leaves the true ones far below max_norm (divided by the scale).
+    how = (": you clipped the scaled gradients; call scaler.unscale_(optimizer) before clip_grad_norm_"
+           if s["grad_norm"] < probes.MAX_NORM / 100 else
+           ": clip with torch.nn.utils.clip_grad_norm_ after scaler.unscale_")
+    return failed(f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true "
+                  f"gradients gives max_norm={probes.MAX_NORM}" + how)
+
+
+@criterion("fp16 step with inf gradients is skipped", points=1)
+def inf_step_skipped(run: Run) -> Verdict:
+    s = run.obs["scaler"]
+    if _err(s):
+        return failed(_explain(_err(s), "train_step with a scaler"))
+    if not s["inf_params_unchanged"]:
+        return failed("a batch containing inf changed the weights: step through scaler.step(optimizer), which "
+                      "skips non-finite steps")
+    if s["scale_after_inf"] < s["scale_before_inf"]:
+        return passed()
+    return failed(f"the scale stayed {s['scale_after_inf']:g} after an inf step: call scaler.update() every step")
+
+
+def _speedup(run: Run, case: str) -> Verdict:
+    """The speedup ``compare`` reported on a simulated workload, against its known truth."""
+    if run.copied["median_seconds"]:  # the runtime's copy earns none of its criteria
+        return failed(run.copied["median_seconds"])
+    m = run.obs["measure"]
+    if _err(m):
+        return failed(_explain(_err(m), "compare / median_seconds"))
+    if gone := _missing(m[case], ("speedup",)):
+        return failed(gone)
+    truth, why = probes.CASES_TRUTH[case]
+    ok, fb = _ratio_fb("speedup", m[case]["speedup"], truth, why)
+    return passed(fb) if ok else failed(fb)
+
+
+@criterion(f"measuring: {CASE_TITLES['steady']}", points=1)
+def steady_speedup(run: Run) -> Verdict:
+    return _speedup(run, "steady")
+
+
+@criterion(f"measuring: {CASE_TITLES['warmup']}", points=1)
+def warmup_speedup(run: Run) -> Verdict:
+    return _speedup(run, "warmup")
+
+
+@criterion(f"measuring: {CASE_TITLES['async']}", points=1)
+def async_speedup(run: Run) -> Verdict:
+    return _speedup(run, "async")
+
+
+@criterion(f"measuring: {CASE_TITLES['outliers']}", points=1)
+def outliers_speedup(run: Run) -> Verdict:
+    return _speedup(run, "outliers")
+
+
+@criterion("measuring: saved-activation bytes and memory ratio", points=0.5)
+def memory_ratio(run: Run) -> Verdict:
+    if run.copied["saved_bytes"]:
+        return failed(run.copied["saved_bytes"])
+    m = run.obs["measure"]
+    if _err(m):
+        return failed(_explain(_err(m), "saved_bytes / compare"))
+    if gone := _missing(m["steady"], ("memory_ratio",)):
+        return failed(gone)
+    ok, fb = _ratio_fb("memory_ratio", m["steady"]["memory_ratio"], probes.MEMORY_TRUTH,
+                       "count each storage packed by torch.autograd.graph.saved_tensors_hooks once")
+    return passed(fb) if ok else failed(_shared_storage_fb(m["steady"]) or fb)
+
+
+@criterion(f"[cuda] real bf16 speedup at least {GPU_MIN_SPEEDUP}x", points=1)
+def gpu_speedup(run: Run) -> Verdict:
+    r, copied = run.obs["real"], run.copied["median_seconds"]
+    got = 0.0 if r.get("skipped") or _err(r) or run.real_missing else r["speedup"]
+    if got >= GPU_MIN_SPEEDUP and not copied:
+        return passed()
+    return failed(copied or run.real_missing or f"your compare() measured {got:.2f}x on the GPU; bf16 tensor cores "
+                  f"should give {GPU_MIN_SPEEDUP}x or more on this wide model: is the step under autocast, and is "
+                  "time measured with sync() after each call?")
+
+
+CRITERIA = [autocast_dtypes, float32_parity, losses_close, scaler_order, inf_step_skipped, steady_speedup,
+            warmup_speedup, async_speedup, outliers_speedup, memory_ratio]
+
+
+def criteria(run: Run) -> list[Callable]:
+    """The criteria this run is judged by: the real speedup only on a GPU with bf16 tensor cores."""
+    return CRITERIA + [gpu_speedup] if run.gpu_speedup_graded else CRITERIA
+
+
+def real_model_notes(run: Run) -> tuple[list[str], dict]:
+    """What the learner's compare() measured on the real model: notes for the report, and its numbers."""
+    r = run.obs["real"]
     if r.get("skipped"):
-        report.notes.append(f"real-model measurement skipped: {copied[r['skipped']]}")
-        got = 0.0
-    elif _err(r) or gone:
-        report.notes.append(f"real-model measurement not available: {gone or _explain(_err(r), 'compare')}")
-        got = 0.0
-    else:
-        got = r["speedup"]
-        report.measurements.update({f"real_{k}": v for k, v in r.items() if isinstance(v, (int, float))})
-        report.notes.append(
-            f"On this machine ({r['device']}, {r['model']}), your compare() measured bf16 autocast "
-            f"{r['speedup']:.2f}x the speed of float32 ({r['baseline_s'] * 1e3:.2f} ms vs "
-            f"{r['candidate_s'] * 1e3:.2f} ms per step) and {r['memory_ratio']:.2f}x its saved-activation "
-            f"bytes. The grader's own memory measurement: {r['peak_ratio']:.2f}x, by {r['peak_method']}.")
-        if not on_gpu:
-            report.notes.append("On a CPU the speedup is reported, not graded: bf16 matmuls are only fast where "
-                                "the CPU has bf16 matrix instructions (AMX); a shared machine adds noise.")
-        elif not required:
-            report.notes.append(f"This GPU has compute capability {'.'.join(map(str, capability))}, without bf16 "
-                                f"tensor cores (8.0+): the speedup is reported, not graded (at least "
-                                f"{GPU_MIN_SPEEDUP}x is required on 8.0 and newer).")
-    if required:
-        report.check(f"[cuda] real bf16 speedup at least {GPU_MIN_SPEEDUP}x", 1,
-                     got >= GPU_MIN_SPEEDUP and not copied["median_seconds"],
-                     copied["median_seconds"] or gone or f"your compare() measured {got:.2f}x on the GPU; bf16 "
-                     f"tensor cores should give {GPU_MIN_SPEEDUP}x or more on this wide model: is the step under "
-                     "autocast, and is time measured with sync() after each call?")
-        for c in report.criteria:  # keep the maximum at 10 with the GPU criterion added
-            c.points, c.earned = c.points * 10 / 11, c.earned * 10 / 11
+        return [f"real-model measurement skipped: {run.copied[r['skipped']]}"], {}
+    if _err(r) or run.real_missing:
+        return [f"real-model measurement not available: {run.real_missing or _explain(_err(r), 'compare')}"], {}
+    notes = [f"On this machine ({r['device']}, {r['model']}), your compare() measured bf16 autocast "
+             f"{r['speedup']:.2f}x the speed of float32 ({r['baseline_s'] * 1e3:.2f} ms vs "
+             f"{r['candidate_s'] * 1e3:.2f} ms per step) and {r['memory_ratio']:.2f}x its saved-activation "
+             f"bytes. The grader's own memory measurement: {r['peak_ratio']:.2f}x, by {r['peak_method']}."]
+    if not run.on_gpu:
+        notes.append("On a CPU the speedup is reported, not graded: bf16 matmuls are only fast where "
+                     "the CPU has bf16 matrix instructions (AMX); a shared machine adds noise.")
+    elif not run.gpu_speedup_graded:
+        notes.append(f"This GPU has compute capability {'.'.join(map(str, run.capability))}, without bf16 "
+                     f"tensor cores (8.0+): the speedup is reported, not graded (at least "
+                     f"{GPU_MIN_SPEEDUP}x is required on 8.0 and newer).")
+    return notes, {f"real_{k}": v for k, v in r.items() if isinstance(v, (int, float))}
 
 
-def grade_many(paths: list) -> list[ExerciseReport]:
-    """Grade several files in one launch (the test suite's mutants).
+def grade(paths: Sequence[Path], real_models: dict[str, dict] = REAL_MODEL) -> list[ExerciseReport]:
+    """Grade the files at ``paths`` in one launch on one rank; one report each.
 
-    For one file the launch's timeout (``time_limit - 20`` s) fits inside the exercise's
-    ``time_limit``, so a hang is reported as a ``LaunchTimeout`` rather than cut by the outer limit.
+    ``real_models`` (tests only): the real model's sizes per device type, e.g. a smaller CPU model,
+    where its speedup is reported but not graded. For one file the launch's timeout fits inside
+    ``EXERCISE.time_limit``, so a hang is reported as a ``LaunchTimeout`` rather than cut by the outer limit.
     """
-    timeout = EXERCISE.time_limit - 20 + 15 * (len(paths) - 1)
-    return grade_files(EXERCISE, rank_main, paths, world=1, timeout=timeout,
-                       verdict=lambda report, per_rank: _verdicts(report, per_rank[0]))
-
-
-def grade(path) -> ExerciseReport:
-    """Grade the file at ``path`` (one launch, one rank)."""
-    return grade_many([path])[0]
+    reports = [EXERCISE.new_report() for _ in paths]
+    timeout = launch_timeout(EXERCISE, files=len(paths), per_extra_file_s=PER_EXTRA_FILE_S)
+    runs, wall_s = launch_files(rank_main, paths, world=1, timeout=timeout, args=(real_models,))
+    for report, (obs,) in zip(reports, runs):
+        run = Run(obs)
+        report.judge(criteria(run), run)
+        notes, measured = real_model_notes(run)
+        report.notes += notes
+        report.measurements.update(measured, launch_s=round(wall_s, 2))
+    return [r.scale_to() for r in reports]
