@@ -23,14 +23,16 @@ RESERVE_S = 20.0
 PER_EXTRA_FILE_S = 10.0  # what one more file costs a launch that already started (no start-up)
 
 
-def launch_timeout(exercise: Exercise, *, files: int = 1, launches: int = 1, reserve_s: float = RESERVE_S,
-                   per_extra_file_s: float = PER_EXTRA_FILE_S) -> float:
+def launch_timeout(exercise: Exercise, *, files: int = 1, launches: int = 1, share: float | None = None,
+                   reserve_s: float = RESERVE_S, per_extra_file_s: float = PER_EXTRA_FILE_S) -> float:
     """The timeout of one of ``launches`` launches, run one after another, that grade ``files`` files.
 
-    For one file the launches share what is left of ``exercise.time_limit`` after ``reserve_s``;
+    For one file the launches share what is left of ``exercise.time_limit`` after ``reserve_s``,
+    equally, or this launch gets ``share`` of it (a fraction; the shares of the launches add up to 1);
     every more file in the same launch (the test suite's mutants) adds ``per_extra_file_s``.
     """
-    return (exercise.time_limit - reserve_s) / launches + per_extra_file_s * (files - 1)
+    fraction = 1 / launches if share is None else share
+    return (exercise.time_limit - reserve_s) * fraction + per_extra_file_s * (files - 1)
 
 
 def launch_files(rank_main: Callable, paths: Sequence[str | Path], *, world: int, timeout: float,

@@ -4,8 +4,10 @@ graded together: one launch per world size (1 and 2; the CLI also grades 4)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from autograder.checks import ex06_scaling as check
 from autograder.runner import grade_one
@@ -35,7 +37,7 @@ def graded(tmp_path_factory):
     for i, repl in enumerate(MISTAKES.values()):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
     out = tmp_path_factory.mktemp("results")
-    reports = check.grade_all(paths, world_sizes=(1, 2), out_dir=out, real=dict(warmup=2, iters=5))
+    reports = check.grade(paths, world_sizes=(1, 2), out_dir=out, real=dict(warmup=2, iters=5))
     return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:]))}, out
 
 
@@ -56,21 +58,31 @@ def test_solution_full_marks_and_real_figures(graded):
 
 
 def test_without_out_dir_nothing_is_left_in_tmp(tmp_path, monkeypatch):
-    """The grader's temporary folder is removed, and the feedback says so (no launch: a fake one)."""
+    """The grader's temporary folder is removed once the files are read back, and the feedback says
+    so (no launch: a fake one writes what the learner's write_results would, and observes rank 0)."""
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    seen = {}
+    written = []
 
-    def fake(paths, world_sizes, base, kept, real):
-        seen.update(base=base, kept=kept)
-        assert base.is_dir()
-        return []
+    def fake_launch(rank_main, paths, *, world, timeout, args):
+        so_far, out_dirs, final, real = args
+        out = Path(out_dirs[0])
+        out.mkdir()  # inside the grader's folder, which exists while the launch runs
+        (out / "scaling.json").write_text(json.dumps({"throughput": {"1": 100.0}, "efficiency": {"1": 1.0}}))
+        (out / "scaling.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+        written.append(out)
+        rank0 = {"rank": 0, "backend": "gloo", "reported": 1.0, "real": 100.0, "step_error": None,
+                 "times": torch.arange(20, dtype=torch.float64).reshape(10, 2), "initial": {}, "final": {},
+                 "throughput": {1: 100.0}, "efficiency": {1: 1.0},
+                 "files": {"json": str(out / "scaling.json"), "plot": str(out / "scaling.png")}}
+        return [[rank0]], 0.0
 
-    monkeypatch.setattr(check, "_grade_into", fake)
-    check.grade_all([SOLUTIONS / FILE])
-    assert seen["kept"] is False and seen["base"].parent == tmp_path and not seen["base"].exists()
-    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(check, "launch_files", fake_launch)
+    (report,) = check.grade([SOLUTIONS / FILE], world_sizes=(1,))
+    assert "JSON result and plot written" not in failed(report)
+    assert "in a temporary folder the grader removed after reading it back" in report.feedback
+    assert written[0].parent.parent == tmp_path and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow

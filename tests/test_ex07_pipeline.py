@@ -32,7 +32,7 @@ def reports(tmp_path_factory):
     paths = [SOLUTIONS / FILE]
     for i, (name, repl) in enumerate(MISTAKES.items()):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
-    graded = check.grade_all(paths)
+    graded = check.grade(paths)
     return {"solution": graded[0], **dict(zip(MISTAKES, graded[1:]))}
 
 

@@ -23,20 +23,22 @@ import contextlib
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
 import distlab
-from distlab import torchrun
 from distlab.models import cpu_state, make_mlp
 from distlab.timing import cpu_cores
 
+from ..grading import launch_files, launch_timeout
 from ..harness import CapturedPrints, echo, load_learner
 from ..parity import parity
 from ..registry import Exercise
-from ..report import ExerciseReport
+from ..report import ExerciseReport, Verdict, criterion, failed, passed
 
 EXERCISE = Exercise(number=6, name="scaling", filename="ex06_scaling.py", max_score=10, time_limit=150)
 WORLD_SIZES = (1, 2, 4)
@@ -44,7 +46,6 @@ SYNTH = dict(batch_size=32, warmup=2, iters=8)
 STEP_S, WARMUP_STEP_S, SLOWER_PER_RANK = 0.03, 0.1, 0.5
 REAL = dict(batch_size=128, hidden=256, warmup=5, iters=30, lr=0.01)
 TOL = 0.10
-MARGIN_S = 15  # the launches' timeouts sum to time_limit - MARGIN_S: a hang is a LaunchTimeout, not a kill
 
 
 class SyntheticStep:
@@ -69,126 +70,220 @@ def _guard(fn, *args, **kwargs):
 
 
 def rank_main(paths: list[str], so_far: list[dict], out_dirs: list[str], final: bool, real: dict) -> list[dict]:
-    """Runs on every rank: the synthetic method check, then the real benchmark, for each file."""
-    dev = distlab.init_distributed()
-    rank, world = dist.get_rank(), dist.get_world_size()
+    """Runs on every rank: the synthetic method check, then the real benchmark, for each file.
+
+    ``so_far[i]``: file i's real figures at the earlier world sizes; in the ``final`` launch rank 0
+    adds this one's and hands them to the learner's efficiency and results functions.
+    """
+    dev = distlab.init_distributed()  # the grader owns the process group: the learner's code never makes one
     observed = []
     for i, path in enumerate(paths):
         learner = load_learner(path)
-        step = SyntheticStep(rank, SYNTH["warmup"])
-        dist.barrier()
-        with CapturedPrints() as out:
-            reported = learner.measure_throughput(step, SYNTH["batch_size"], warmup=SYNTH["warmup"],
-                                                  iters=SYNTH["iters"])
-        echo(out.lines)
-        obs = {"rank": rank, "reported": float(reported), "times": torch.tensor(step.times, dtype=torch.float64)}
-        # The real model: a different start on every rank, so a step without DDP ends with ranks apart.
-        model = make_mlp(seed=1000 + rank, hidden=real["hidden"]).to(dev)
-        obs["initial"] = cpu_state(model)
-        gen = torch.Generator().manual_seed(rank)
-        x = torch.randn(real["batch_size"], 64, generator=gen).to(dev)
-        y = torch.randint(0, 10, (real["batch_size"],), generator=gen).to(dev)
-        dist.barrier()
-        real_step, obs["step_error"] = _guard(learner.make_ddp_step, model, x, y, lr=real["lr"])
-        if real_step is not None:
-            with CapturedPrints():
-                figure = learner.measure_throughput(real_step, real["batch_size"], warmup=real["warmup"],
-                                                    iters=real["iters"])
-            obs["real"] = float(figure)
-        obs["final"] = cpu_state(model)
-        if final and rank == 0 and "real" in obs:
-            throughput = {**{int(k): float(v) for k, v in so_far[i].items()}, world: obs["real"]}
-            obs["throughput"] = throughput
-            eff, obs["efficiency_error"] = _guard(learner.scaling_efficiency, dict(throughput))
-            obs["efficiency"] = {int(k): float(v) for k, v in eff.items()} if isinstance(eff, dict) else None
-            if obs["efficiency"] is not None:
-                files, obs["files_error"] = _guard(learner.write_results, dict(throughput), dict(eff), out_dirs[i])
-                obs["files"] = {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else None
+        obs = _observe_method(learner)
+        obs.update(_observe_real(learner, dev, real))
+        if final and obs["rank"] == 0 and "real" in obs:
+            figures = {**{int(k): float(v) for k, v in so_far[i].items()}, dist.get_world_size(): obs["real"]}
+            obs.update(_observe_results(learner, figures, out_dirs[i]))
         observed.append(obs)
     distlab.shutdown()
     return observed
 
 
-def _truth(ranks: list[dict]) -> dict:
-    """What a correct measurement reports, and what the classic mistakes report, from the step logs."""
-    w, b, n, k = len(ranks), SYNTH["batch_size"], SYNTH["iters"], SYNTH["warmup"]
-    times = [r["times"] for r in ranks]
-    samples = w * b * n
-    window = max(t[-1, 1] for t in times) - max(t[k, 0] for t in times)
-    rank0_alone = times[0][-1, 1] - times[0][k, 0]
-    with_warmup = max(t[-1, 1] for t in times) - min(t[0, 0] for t in times)
-    return {"truth": samples / window.item(), "window": window.item(), "rank0_alone": rank0_alone.item(),
-            "with_warmup": with_warmup.item(), "samples": samples}
+def _observe_method(learner) -> dict:
+    rank = dist.get_rank()
+    step = SyntheticStep(rank, SYNTH["warmup"])
+    dist.barrier()
+    with CapturedPrints() as out:
+        reported = learner.measure_throughput(step, SYNTH["batch_size"], warmup=SYNTH["warmup"],
+                                              iters=SYNTH["iters"])
+    echo(out.lines)
+    return {"rank": rank, "backend": dist.get_backend(), "reported": float(reported),
+            "times": torch.tensor(step.times, dtype=torch.float64)}
 
 
-def _check_method(report: ExerciseReport, ranks: list[dict], points: float) -> None:
-    w = len(ranks)
-    tag = f"[W={w}]"
-    want = SYNTH["warmup"] + SYNTH["iters"]
-    bad = [(r["rank"], len(r["times"])) for r in ranks if len(r["times"]) != want]
-    if bad:
-        report.check(f"{tag} throughput within 10% of the truth", points, False,
-                     f"step() was called {bad[0][1]} times on rank {bad[0][0]}; expected warmup + iters = {want}")
-        return
-    t = _truth(ranks)
-    got = ranks[0]["reported"]
+def _observe_real(learner, dev: torch.device, real: dict) -> dict:
+    """The learner's step and benchmark on the real model; a step that raises costs only its own marks."""
+    rank = dist.get_rank()
+    # A different start on every rank, so a step without DDP ends with ranks apart.
+    model = make_mlp(seed=1000 + rank, hidden=real["hidden"]).to(dev)
+    obs = {"initial": cpu_state(model)}
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(real["batch_size"], 64, generator=gen).to(dev)
+    y = torch.randint(0, 10, (real["batch_size"],), generator=gen).to(dev)
+    dist.barrier()
+    step, obs["step_error"] = _guard(learner.make_ddp_step, model, x, y, lr=real["lr"])
+    if step is not None:
+        with CapturedPrints():
+            obs["real"] = float(learner.measure_throughput(step, real["batch_size"], warmup=real["warmup"],
+                                                           iters=real["iters"]))
+    obs["final"] = cpu_state(model)
+    return obs
+
+
+def _observe_results(learner, throughput: dict[int, float], out_dir: str) -> dict:
+    """Rank 0, last launch: the learner's efficiency of every figure, and the files it writes."""
+    obs = {"throughput": throughput}
+    eff, obs["efficiency_error"] = _guard(learner.scaling_efficiency, dict(throughput))
+    obs["efficiency"] = {int(k): float(v) for k, v in eff.items()} if isinstance(eff, dict) else None
+    if obs["efficiency"] is not None:
+        files, obs["files_error"] = _guard(learner.write_results, dict(throughput), dict(eff), out_dir)
+        obs["files"] = {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else None
+    return obs
+
+
+@dataclass
+class WorldRun:
+    """One file's launch at one world size: every rank's observation, in rank order."""
+
+    ranks: list[dict]
+
+    @property
+    def world(self) -> int:
+        return len(self.ranks)
+
+    def truth(self) -> dict:
+        """What a correct measurement reports, and what the classic mistakes report, from the step logs."""
+        b, n, k = SYNTH["batch_size"], SYNTH["iters"], SYNTH["warmup"]
+        times = [r["times"] for r in self.ranks]
+        samples = self.world * b * n
+        window = max(t[-1, 1] for t in times) - max(t[k, 0] for t in times)
+        rank0_alone = times[0][-1, 1] - times[0][k, 0]
+        with_warmup = max(t[-1, 1] for t in times) - min(t[0, 0] for t in times)
+        return {"truth": samples / window.item(), "window": window.item(), "rank0_alone": rank0_alone.item(),
+                "with_warmup": with_warmup.item(), "samples": samples}
+
+
+def _diagnosis(world: int, got: float, t: dict) -> str:
+    """Which classic mistake the reported figure ``got`` matches, from the truth ``t`` of the step logs."""
     ratio = got / t["truth"]
-    report.measurements[f"W{w}_synthetic_reported_over_truth"] = round(ratio, 3)
-    head = (f"you reported {got:,.0f} samples/s at {w} rank(s); the ranks trained {t['samples']} samples in "
-            f"{t['window']:.3f} s, {t['truth']:,.0f} samples/s (ratio {ratio:.2f})")
-    if w > 1 and abs(ratio * w - 1) <= TOL:
-        why = "you counted one rank's samples: multiply by the world size (every rank trains its own batch)"
-    elif ratio > 1 + TOL and abs(got / (t["samples"] / t["rank0_alone"]) - 1) <= TOL:
-        why = (f"that is rank 0's own time ({t['rank0_alone']:.3f} s) while the slowest rank took "
-               f"{t['window']:.3f} s: call dist.barrier() (and torch.cuda.synchronize() on a GPU) before "
-               "starting and before stopping the clock, so the window covers every rank's steps")
-    elif ratio < 1 - TOL and abs(got / (t["samples"] / t["with_warmup"]) - 1) <= TOL:
-        why = (f"your window ({t['with_warmup']:.3f} s) includes the {SYNTH['warmup']} slow warm-up steps: "
-               "start the clock after the warm-up, behind a barrier")
-    elif ratio > 1:
-        why = "your window is shorter than the time the ranks spent on the timed steps"
-    else:
-        why = "your window is longer than the timed steps: time only the iters steps, after the warm-up"
-    fb, ok = f"{head}: {why}", abs(ratio - 1) <= TOL
-    apart = [r for r in ranks[1:] if r["reported"] != got]
+    if world > 1 and abs(ratio * world - 1) <= TOL:
+        return "you counted one rank's samples: multiply by the world size (every rank trains its own batch)"
+    if ratio > 1 + TOL and abs(got / (t["samples"] / t["rank0_alone"]) - 1) <= TOL:
+        return (f"that is rank 0's own time ({t['rank0_alone']:.3f} s) while the slowest rank took "
+                f"{t['window']:.3f} s: call dist.barrier() (and torch.cuda.synchronize() on a GPU) before "
+                "starting and before stopping the clock, so the window covers every rank's steps")
+    if ratio < 1 - TOL and abs(got / (t["samples"] / t["with_warmup"]) - 1) <= TOL:
+        return (f"your window ({t['with_warmup']:.3f} s) includes the {SYNTH['warmup']} slow warm-up steps: "
+                "start the clock after the warm-up, behind a barrier")
+    if ratio > 1:
+        return "your window is shorter than the time the ranks spent on the timed steps"
+    return "your window is longer than the timed steps: time only the iters steps, after the warm-up"
+
+
+# Worth 2 at each of the three world sizes a learner is graded at (6 of 10 for the method).
+@criterion("[W={world}] throughput within 10% of the truth", points=2)
+def throughput_within_tolerance(run: WorldRun) -> Verdict:
+    want = SYNTH["warmup"] + SYNTH["iters"]
+    bad = [(r["rank"], len(r["times"])) for r in run.ranks if len(r["times"]) != want]
+    if bad:
+        return failed(f"step() was called {bad[0][1]} times on rank {bad[0][0]}; expected warmup + iters = {want}")
+    t, got = run.truth(), run.ranks[0]["reported"]
+    ratio = got / t["truth"]
+    measured = {f"W{run.world}_synthetic_reported_over_truth": round(ratio, 3)}
+    cause = (f"you reported {got:,.0f} samples/s at {run.world} rank(s); the ranks trained {t['samples']} "
+             f"samples in {t['window']:.3f} s, {t['truth']:,.0f} samples/s (ratio {ratio:.2f}): "
+             f"{_diagnosis(run.world, got, t)}")
+    apart = [r for r in run.ranks[1:] if r["reported"] != got]
     if apart:
-        ok = False
-        fb = (f"rank {apart[0]['rank']} returned {apart[0]['reported']:,.1f} samples/s but rank 0 returned "
-              f"{got:,.1f}: return the same figure on every rank (broadcast rank 0's elapsed time, or "
-              f"all-reduce it with MAX, before dividing); " + fb)
-    report.check(f"{tag} throughput within 10% of the truth", points, ok, fb,
-                 pass_note=f"ratio to the truth {ratio:.3f}, the same figure on every rank")
+        return failed(f"rank {apart[0]['rank']} returned {apart[0]['reported']:,.1f} samples/s but rank 0 "
+                      f"returned {got:,.1f}: return the same figure on every rank (broadcast rank 0's elapsed "
+                      f"time, or all-reduce it with MAX, before dividing); " + cause, **measured)
+    if abs(ratio - 1) <= TOL:
+        return passed(f"ratio to the truth {ratio:.3f}, the same figure on every rank", **measured)
+    return failed(cause, **measured)
 
 
-def _check_files(report: ExerciseReport, obs: dict, kept: bool) -> None:
+METHOD_CRITERIA = [throughput_within_tolerance]  # judged at every world size
+
+
+@dataclass
+class Benchmark:
+    """One file's launches at every world size, in order; ``kept``: its results folder outlives grading."""
+
+    runs: list[WorldRun]
+    kept: bool
+
+    @property
+    def last(self) -> dict:
+        """Rank 0's observation in the last launch: the efficiency and the files it wrote."""
+        return self.runs[-1].ranks[0]
+
+    @property
+    def figures(self) -> dict[int, float]:
+        """The real model's throughput at each world size where the learner's step ran."""
+        return {run.world: run.ranks[0]["real"] for run in self.runs if "real" in run.ranks[0]}
+
+
+def _untrained(run: WorldRun) -> str:
+    """'' if the real step trained the model identically on every rank, else what went wrong."""
+    first = run.ranks[0]
+    if first.get("step_error"):
+        return f"make_ddp_step raised {first['step_error']}"
+    if all(torch.equal(first["initial"][k], first["final"][k]) for k in first["final"]):
+        return "the parameters did not change: the step must run forward, backward and optimizer.step()"
+    for r in run.ranks[1:]:
+        diff = parity(r["final"], first["final"], rtol=0, atol=0).max_abs_diff
+        if diff > 0:
+            return (f"at {run.world} workers rank {r['rank']}'s parameters differ from rank 0's by up to "
+                    f"{diff:.3g}: wrap the model in DistributedDataParallel")
+    return ""
+
+
+@criterion("the real step trains with DDP", points=2)
+def trains_with_ddp(bench: Benchmark) -> Verdict:
+    problems = [p for p in map(_untrained, bench.runs) if p]
+    return failed(problems[0]) if problems else passed("parameters changed and agree on every rank")
+
+
+@criterion("scaling efficiency against linear", points=1)
+def efficiency_against_linear(bench: Benchmark) -> Verdict:
+    obs = bench.last
     thr = obs.get("throughput", {})
     ref = {w: thr[w] / (w * thr[1]) for w in thr} if 1 in thr else {}
     eff = obs.get("efficiency")
-    ok = eff is not None and set(eff) == set(ref) and all(abs(eff[w] - ref[w]) <= 1e-6 * ref[w] for w in ref)
-    report.check("scaling efficiency against linear", 1, ok,
-                 obs.get("efficiency_error") and f"scaling_efficiency raised {obs['efficiency_error']}" or
-                 f"for throughputs {thr} expected {ref}, got {eff}: efficiency is throughput[W] / (W * throughput[1])")
-    files, msg = obs.get("files"), obs.get("files_error") and f"write_results raised {obs['files_error']}"
-    if files and not msg:
-        try:
-            doc = json.loads(Path(files["json"]).read_text())
-            got = {int(k): float(v) for k, v in doc["throughput"].items()}
-            geff = {int(k): float(v) for k, v in doc["efficiency"].items()}
-            if got != thr or set(geff) != set(thr):
-                msg = f"the JSON's throughput {got} is not the measured {thr}"
-            elif Path(files["plot"]).read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
-                msg = f"{files['plot']} is not a PNG image: save the figure with fig.savefig(path)"
-        except (OSError, KeyError, ValueError, TypeError, AttributeError) as exc:
-            msg = f"could not read the results back ({type(exc).__name__}: {exc})"
-    report.check("JSON result and plot written", 1, bool(files) and not msg,
-                 msg or "write_results returned no paths",
-                 pass_note=(f"plot: {files['plot']}" + ("" if kept else " (in a temporary folder the grader "
-                            "removed after reading it back; run_scaling() in your file writes scaling-results/)"))
-                 if files else "")
+    if eff is not None and set(eff) == set(ref) and all(abs(eff[w] - ref[w]) <= 1e-6 * ref[w] for w in ref):
+        return passed()
+    if obs.get("efficiency_error"):
+        return failed(f"scaling_efficiency raised {obs['efficiency_error']}")
+    return failed(f"for throughputs {thr} expected {ref}, got {eff}: efficiency is throughput[W] / (W * throughput[1])")
 
 
-def _notes(report: ExerciseReport, thr: dict, eff: dict | None, backend: str) -> None:
-    cores = cpu_cores()
+def _read_back(files: dict, throughput: dict) -> str:
+    """'' if the JSON holds the measured figures and the plot is a PNG, else what is wrong."""
+    try:
+        doc = json.loads(Path(files["json"]).read_text())
+        got = {int(k): float(v) for k, v in doc["throughput"].items()}
+        eff = {int(k): float(v) for k, v in doc["efficiency"].items()}
+        if got != throughput or set(eff) != set(throughput):
+            return f"the JSON's throughput {got} is not the measured {throughput}"
+        if Path(files["plot"]).read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
+            return f"{files['plot']} is not a PNG image: save the figure with fig.savefig(path)"
+    except (OSError, KeyError, ValueError, TypeError, AttributeError) as exc:
+        return f"could not read the results back ({type(exc).__name__}: {exc})"
+    return ""
+
+
+@criterion("JSON result and plot written", points=1)
+def results_written(bench: Benchmark) -> Verdict:
+    obs = bench.last
+    files = obs.get("files")
+    if obs.get("files_error"):
+        return failed(f"write_results raised {obs['files_error']}")
+    if not files:
+        return failed("write_results returned no paths")
+    if problem := _read_back(files, obs.get("throughput", {})):
+        return failed(problem)
+    return passed(f"plot: {files['plot']}" + ("" if bench.kept else " (in a temporary folder the grader removed "
+                  "after reading it back; run_scaling() in your file writes scaling-results/)"))
+
+
+CRITERIA = [trains_with_ddp, efficiency_against_linear, results_written]  # judged once, after every launch
+
+
+def _notes(report: ExerciseReport, bench: Benchmark) -> None:
+    """The real figures, as notes: reported, never graded (speed depends on the machine)."""
+    thr, eff, backend, cores = bench.figures, bench.last.get("efficiency"), bench.last["backend"], cpu_cores()
+    report.measurements["real_samples_per_s"] = {str(k): round(v, 1) for k, v in thr.items()}
     report.notes.append("Your benchmark on the real model (reported, not graded: speed depends on the machine):")
     for w in sorted(thr):
         e = f", efficiency {eff[w]:.0%}" if eff and w in eff else ""
@@ -199,76 +294,52 @@ def _notes(report: ExerciseReport, thr: dict, eff: dict | None, backend: str) ->
                             "on the cores, so the efficiency there measures contention, not DDP.")
 
 
-def launch_timeouts(world_sizes: tuple[int, ...], budget: float = EXERCISE.time_limit - MARGIN_S) -> dict:
-    """Seconds allowed per launch, shared out by world size (start-up grows with the ranks), summing to
-    ``budget``: a hang is then reported as a ``LaunchTimeout`` naming the ranks, inside ``time_limit``."""
+def launch_timeouts(world_sizes: Sequence[int], files: int = 1) -> dict[int, float]:
+    """Seconds allowed per launch: one file's launches share the exercise's budget by weight 2 + W
+    (start-up grows with the ranks), so that a hang is a ``LaunchTimeout`` naming the ranks, inside
+    ``time_limit``; each more file adds ``launch_timeout``'s per-file seconds to every launch."""
     weight = {w: 2 + w for w in world_sizes}
-    return {w: budget * weight[w] / sum(weight.values()) for w in world_sizes}
+    total = sum(weight.values())
+    return {w: launch_timeout(EXERCISE, files=files, share=weight[w] / total) for w in world_sizes}
 
 
-def grade_all(paths: list[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
-              out_dir: Path | None = None, real: dict | None = None) -> list[ExerciseReport]:
-    """Grade several files, one launch per world size (the grader owns the process group).
+def _launches(paths: Sequence[Path], world_sizes: Sequence[int], base: Path,
+              real: dict) -> Iterator[tuple[int, list[list[dict]], float]]:
+    """One launch per world size, in order: each hands the real figures measured so far to the next,
+    and the last one asks the learner's code for the efficiency and the files. Yields
+    ``(world, every file's ranks, seconds)``."""
+    out_dirs = [str(base / f"submission{i}") for i in range(len(paths))]
+    so_far: list[dict] = [{} for _ in paths]
+    timeouts = launch_timeouts(world_sizes, files=len(paths))
+    for world in world_sizes:
+        runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeouts[world],
+                                    args=(so_far, out_dirs, world == world_sizes[-1], real))
+        for figures, ranks in zip(so_far, runs):
+            if "real" in ranks[0]:
+                figures[world] = ranks[0]["real"]
+        yield world, runs, wall_s
 
-    Each launch needs the figures of the previous ones (the efficiency and the files are made at
-    the last world size), so this loops over launches itself rather than using ``grade_files``.
-    ``real`` overrides the real benchmark's settings (tests run fewer steps). The learner's
-    ``write_results`` writes into ``out_dir``/submission<i>; without ``out_dir``, into a temporary
-    folder removed once the files have been read back (the feedback says so).
+
+def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES, out_dir: Path | None = None,
+          real: dict | None = None) -> list[ExerciseReport]:
+    """Grade the files at ``paths``, one launch per world size for all of them; one report each.
+
+    Tests pass fewer ``world_sizes``, and ``real`` to override the real benchmark's settings (fewer
+    steps). The learner's ``write_results`` writes into ``out_dir``/submission<i>; without
+    ``out_dir``, into a temporary folder removed once the files have been read back (the feedback
+    says so).
     """
+    reports = [EXERCISE.new_report() for _ in paths]
+    benches = [Benchmark([], kept=out_dir is not None) for _ in paths]
     with contextlib.ExitStack() as stack:
         base = Path(out_dir) if out_dir else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="distlab-ex06-")))
-        return _grade_into(paths, world_sizes, base, kept=out_dir is not None, real={**REAL, **(real or {})})
-
-
-def _grade_into(paths: list[Path], world_sizes: tuple[int, ...], base: Path, kept: bool,
-                real: dict) -> list[ExerciseReport]:
-    out_dirs = [str(base / f"submission{i}") for i in range(len(paths))]
-    reports = [ExerciseReport(EXERCISE.number, EXERCISE.name, EXERCISE.max_score) for _ in paths]
-    so_far: list[dict] = [{} for _ in paths]
-    trained = [[] for _ in paths]
-    last: list[dict] = [{} for _ in paths]
-    backend = "gloo"
-    timeouts = launch_timeouts(world_sizes)
-    for w in world_sizes:
-        final = w == world_sizes[-1]
-        run = torchrun(rank_main, w, args=([str(p) for p in paths], so_far, out_dirs, final, real),
-                       timeout=timeouts[w])
-        backend = run.backend
-        for i, report in enumerate(reports):
-            ranks = [run.results[r][i] for r in range(w)]
-            _check_method(report, ranks, 6 / len(world_sizes))
-            report.measurements[f"W{w}_launch_s"] = round(run.wall_s, 2)
-            if "real" in ranks[0]:
-                so_far[i][w] = ranks[0]["real"]
-            trained[i].append(_trained(ranks))
-            last[i] = ranks[0]
-    for i, report in enumerate(reports):
-        problems = [t for t in trained[i] if t]
-        report.check("the real step trains with DDP", 2, not problems, problems[0] if problems else "",
-                     pass_note="parameters changed and agree on every rank")
-        _check_files(report, last[i], kept)
-        report.measurements["real_samples_per_s"] = {str(k): round(v, 1) for k, v in so_far[i].items()}
-        _notes(report, so_far[i], last[i].get("efficiency"), backend)
-    return reports
-
-
-def _trained(ranks: list[dict]) -> str:
-    """'' if the real step trained the model identically on every rank, else what went wrong."""
-    first = ranks[0]
-    if first.get("step_error"):
-        return f"make_ddp_step raised {first['step_error']}"
-    if all(torch.equal(first["initial"][k], first["final"][k]) for k in first["final"]):
-        return "the parameters did not change: the step must run forward, backward and optimizer.step()"
-    for r in ranks[1:]:
-        diff = parity(r["final"], first["final"], rtol=0, atol=0).max_abs_diff
-        if diff > 0:
-            return (f"at {len(ranks)} workers rank {r['rank']}'s parameters differ from rank 0's by up to "
-                    f"{diff:.3g}: wrap the model in DistributedDataParallel")
-    return ""
-
-
-def grade(path: Path, world_sizes: tuple[int, ...] = WORLD_SIZES, out_dir: Path | None = None) -> ExerciseReport:
-    """Grade the file at ``path`` (tests pass fewer ``world_sizes`` to run faster)."""
-    return grade_all([path], world_sizes, out_dir)[0]
+        for world, runs, wall_s in _launches(paths, world_sizes, base, {**REAL, **(real or {})}):
+            for report, bench, ranks in zip(reports, benches, runs):
+                bench.runs.append(WorldRun(ranks))
+                report.judge(METHOD_CRITERIA, bench.runs[-1], world=world)
+                report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
+        for report, bench in zip(reports, benches):
+            report.judge(CRITERIA, bench)  # inside the ``with``: the files are read back before they go
+            _notes(report, bench)
+    return [r.scale_to() for r in reports]
