@@ -15,7 +15,6 @@ from pathlib import Path
 
 from distlab.sandbox import SandboxError, preflight
 
-from . import selftest
 from .registry import exercises
 from .report import table, write_json
 from .runner import DEFAULT_DIR, grade
@@ -50,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if args.selftest:
+        from . import selftest  # imports torch: only here
+
         return selftest.run(args.exercise, args.json)
     try:
         preflight()  # as root with a learner user: can that user run this interpreter? One line if not

@@ -1,14 +1,22 @@
 """Which exercises exist: every ``autograder/checks/exNN_*.py`` module is one.
 
 A check module defines ``EXERCISE = Exercise(...)`` and ``grade(paths) -> list[ExerciseReport]``
-(the shape every check has: ``autograder/checks/README.md``).
-Adding an exercise is adding a file; nothing else needs to be edited.
+(the shape every check has: ``autograder/checks/README.md``). Adding an exercise is adding a file;
+nothing else needs to be edited.
+
+:func:`exercises` reads each module's ``EXERCISE = Exercise(...)`` from its source, without
+importing it: the processes that only list or supervise gradings (the CLI, a notebook's
+``check(N)``, nbgrader's steps) then never import torch, which costs seconds each.
+:func:`check_modules` imports them, for the grading subprocess.
 """
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import pkgutil
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 from . import checks
@@ -28,14 +36,34 @@ class Exercise:
         return ExerciseReport(self.number, self.name, self.max_score)
 
 
+def _check_names() -> list[str]:
+    return sorted(info.name for info in pkgutil.iter_modules(checks.__path__) if info.name.startswith("ex"))
+
+
 def check_modules() -> dict[int, ModuleType]:
     found: dict[int, ModuleType] = {}
-    for info in pkgutil.iter_modules(checks.__path__):
-        if info.name.startswith("ex"):
-            module = importlib.import_module(f"{checks.__name__}.{info.name}")
-            found[module.EXERCISE.number] = module
+    for name in _check_names():
+        module = importlib.import_module(f"{checks.__name__}.{name}")
+        found[module.EXERCISE.number] = module
     return dict(sorted(found.items()))
 
 
+def declared(path: Path) -> Exercise:
+    """The ``EXERCISE = Exercise(keyword=literal, ...)`` of the check module at ``path``."""
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["EXERCISE"]:
+            call = node.value
+            if isinstance(call, ast.Call) and not call.args:
+                return Exercise(**{kw.arg: ast.literal_eval(kw.value) for kw in call.keywords})
+    raise ValueError(f"{path}: no `EXERCISE = Exercise(number=..., ...)` with literal keywords")
+
+
+@functools.lru_cache(maxsize=1)
+def _exercises() -> tuple[tuple[int, Exercise], ...]:
+    folder = Path(checks.__file__).parent
+    found = [declared(folder / f"{name}.py") for name in _check_names()]
+    return tuple(sorted((ex.number, ex) for ex in found))
+
+
 def exercises() -> dict[int, Exercise]:
-    return {n: m.EXERCISE for n, m in check_modules().items()}
+    return dict(_exercises())

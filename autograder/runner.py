@@ -13,9 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from distlab.launch import TIME_SCALE_VAR, time_scale
 from distlab.importing import REPO_ROOT, with_repo_on_path
-from distlab.process import run_contained
+from distlab.process import TIME_SCALE_VAR, run_contained, time_scale
 from distlab.sandbox import SCRATCH_VAR, SandboxError, preflight
 
 from .registry import Exercise, exercises

@@ -20,8 +20,9 @@ import torch
 
 import distlab
 from autograder.checks.ex01_ddp import EXERCISE, MODEL, WORLD_SIZES
-from autograder.runner import REPO_ROOT, grade_one
+from autograder.runner import grade_one
 from benchmarks import Row
+from distlab.importing import REPO_ROOT
 from distlab.launch import LaunchTimeout, time_scale
 from distlab.models import make_mlp
 

@@ -33,7 +33,7 @@ import torch
 
 from .distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
 from .importing import REPO_ROOT, with_repo_on_path
-from .process import Finished, run_contained
+from .process import TIME_SCALE_VAR, Finished, run_contained, time_scale  # noqa: F401 (re-exported)
 from .sandbox import learner_sandbox
 
 
@@ -78,18 +78,6 @@ class RunResult:
         """The lines rank ``rank`` printed, without their ``[rankN]`` prefix."""
         tag = f"[rank{rank}] "
         return [ln[len(tag):] for ln in self.lines if ln.startswith(tag)]
-
-
-TIME_SCALE_VAR = "DISTLAB_TIME_SCALE"
-
-
-def time_scale() -> float:
-    """``DISTLAB_TIME_SCALE`` (default 1): multiplies every launch timeout and grading limit,
-    for a machine much slower or busier than the one the limits were set on."""
-    try:
-        return max(float(os.environ.get(TIME_SCALE_VAR, "1")), 0.1)
-    except ValueError:
-        return 1.0
 
 
 def target_string(target: str | Callable) -> str:

@@ -70,6 +70,17 @@ def kill_tagged(job_id: str) -> int:
     return len(procs)
 
 
+TIME_SCALE_VAR = "DISTLAB_TIME_SCALE"
+
+
+def time_scale() -> float:
+    """``DISTLAB_TIME_SCALE`` (default 1): multiplies every launch timeout and grading limit,
+    for a machine much slower or busier than the one the limits were set on."""
+    try:
+        return max(float(os.environ.get(TIME_SCALE_VAR, "1")), 0.1)
+    except ValueError:
+        return 1.0
+
 @dataclass
 class Lines:
     """A job's output lines, bounded: the first ``head`` and the last ``tail`` are kept."""

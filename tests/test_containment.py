@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from autograder.checks.ex01_ddp import EXERCISE
+from autograder.checks.ex07_pipeline import EXERCISE
 from autograder.runner import grade_one
 from tests import hostile
 
-pytestmark = pytest.mark.slow  # each test grades exercise 1 at W=2 and W=4
+# Each test grades exercise 7 (one launch of 2 ranks: the cheapest full grading); what is contained
+# is the same for every exercise, since every launch goes through the one supervisor.
+pytestmark = pytest.mark.slow
+FILE = EXERCISE.filename
 
 
 @pytest.fixture
@@ -26,17 +29,17 @@ def pids(tmp_path):
 def test_background_helpers_cost_no_marks_and_do_not_survive(tmp_path, pids, wait_for, leftover_processes):
     # Before containment, the detached child kept the output pipe open and the correct solution
     # scored 0 at the job's time limit; the scrubbed daemon outlived the grading.
-    hostile.submission(tmp_path / "sub", pids, hostile.DETACHED, hostile.DAEMON)
+    hostile.submission(tmp_path / "sub", pids, hostile.DETACHED, hostile.DAEMON, filename=FILE)
     report = grade_one(EXERCISE, tmp_path / "sub")
     assert report.score == report.max_score, report.feedback
     started = hostile.started(pids)
-    assert len(started["detached"]) == 2 and len(started["daemon"]) == 2  # rank 0 of W=2 and of W=4
+    assert len(started["detached"]) == 1 and len(started["daemon"]) == 1  # by rank 0
     assert wait_for(lambda: hostile.alive(started["detached"] + started["daemon"]) == [], timeout=10)
     assert leftover_processes() == []
 
 
 def test_a_daemon_that_rewrites_reports_changes_nothing(tmp_path, pids, wait_for):
-    hostile.submission(tmp_path / "sub", pids, hostile.FAKE_REPORTS, hostile.BROKEN)
+    hostile.submission(tmp_path / "sub", pids, hostile.FAKE_REPORTS, hostile.BROKEN, filename=FILE)
     report = grade_one(EXERCISE, tmp_path / "sub")
     assert report.score == 0 and "RuntimeError: this submission does not work" in report.feedback
     started = hostile.started(pids)
@@ -45,10 +48,10 @@ def test_a_daemon_that_rewrites_reports_changes_nothing(tmp_path, pids, wait_for
 
 
 def test_sys_exit_at_import_is_named(tmp_path, pids):
-    hostile.submission(tmp_path / "sub", pids, hostile.EXIT_AT_IMPORT)
+    hostile.submission(tmp_path / "sub", pids, hostile.EXIT_AT_IMPORT, filename=FILE)
     report = grade_one(EXERCISE, tmp_path / "sub")
     assert report.score == 0
     assert "your code called sys.exit() on rank" in report.feedback
-    assert "(sys.exit(0) was called) at ex01_ddp.py line" in report.feedback
+    assert f"(sys.exit(0) was called) at {FILE} line" in report.feedback
     assert "the grader imports your file and calls its functions" in report.feedback
     assert "the grader could not finish" not in report.feedback

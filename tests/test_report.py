@@ -67,6 +67,7 @@ def test_launch_timeout_stays_inside_the_exercise_limit_for_one_file():
     assert launch_timeout(EX) < EX.time_limit
     assert sum(launch_timeout(EX, launches=3) for _ in range(3)) < EX.time_limit
     assert launch_timeout(EX, files=3) > launch_timeout(EX)  # mutants graded in the same launch get more
+    assert launch_timeout(EX, share=0.25) + launch_timeout(EX, share=0.75) == pytest.approx(launch_timeout(EX))
 
 
 @pytest.mark.parametrize("number", list(check_modules()))
@@ -80,3 +81,18 @@ def test_every_check_has_the_one_shape(number):
     assert first == "paths", f"{module.__name__}.grade must take the list of paths first"
     rules = [fn for fn in vars(module).values() if callable(fn) and hasattr(fn, "rule")]
     assert rules, f"{module.__name__} declares no @criterion"
+
+
+def test_the_registry_reads_every_exercise_without_importing_torch():
+    import subprocess
+    import sys
+
+    from autograder.registry import exercises
+    from tests.helpers import REPO
+
+    assert exercises() == {n: m.EXERCISE for n, m in check_modules().items()}
+    # The CLI and check(N) only supervise: the grading subprocess imports torch, they need not.
+    code = ("import sys, autograder.__main__, autograder.notebook; from autograder.registry import exercises; "
+            "exercises(); print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

@@ -100,15 +100,15 @@ def test_graded_ranks_run_as_the_learner_and_the_report_is_out_of_their_reach(in
     python, repo = install
     shared = world_readable_dir("distlab-sandbox-")
     try:
-        text = (repo / "solutions" / "ex01_ddp.py").read_text()
+        text = (repo / "solutions" / "ex07_pipeline.py").read_text()  # one launch of 2 ranks
         spy = (f"\nimport os as _os\nopen({str(shared / 'uid' / 'rank')!r} + _os.environ['RANK'], 'w').write(str(_os.getuid()))"
                "\nraise RuntimeError('spied')\n")
         (shared / "uid").mkdir(mode=0o777)
         (shared / "uid").chmod(0o1777)  # a drop box the learner can write to
         (shared / "sub").mkdir()
-        (shared / "sub" / "ex01_ddp.py").write_text(text.replace("\nimport torch\n", "\nimport torch\n" + spy, 1))
+        (shared / "sub" / "ex07_pipeline.py").write_text(text.replace("\nimport torch\n", "\nimport torch\n" + spy, 1))
         os.chmod(shared / "sub", 0o755)
-        done = subprocess.run([python, "-m", "autograder", str(shared / "sub"), "-e", "1", "--json",
+        done = subprocess.run([python, "-m", "autograder", str(shared / "sub"), "-e", "7", "--json",
                                str(tmp_path / "r.json")], cwd=repo, capture_output=True, text=True, timeout=240,
                               env={**os.environ, "DISTLAB_STUDENT_USER": LEARNER, "PYTHONPATH": str(repo)})
         assert done.returncode == 1, done.stderr
