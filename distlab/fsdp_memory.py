@@ -1,6 +1,6 @@
 """Counting the bytes FSDP leaves on a rank: the exact expected figure, the measured one, the peak.
 
-Three tools, used by the FSDP notebook, exercise 4's grader and its benchmark:
+Four tools, used by the FSDP notebook, exercise 4's grader and its benchmark:
 
 * :func:`expected_bytes` is the arithmetic. FSDP2 (``fully_shard``) splits
   every parameter on dim 0 like ``torch.chunk``: rank ``r`` of ``W`` gets rows
@@ -23,10 +23,14 @@ Three tools, used by the FSDP notebook, exercise 4's grader and its benchmark:
   counts from the first op that touches it until it is freed; bytes never
   passed through an op (allocator slack, a library's private C++ buffers) are
   not counted, which is why the GPU path uses ``torch.cuda.max_memory_allocated``.
+* :func:`peak_bound` is what per-block sharding promises for that peak: the
+  sharded state, :data:`UNITS_IN_FLIGHT` unsharded units and the activations
+  (:func:`activation_bytes`) of a :class:`~distlab.resmlp.ResidualMLP`.
 """
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -34,15 +38,21 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
+# Everything counted here is fp32: a parameter, its gradient and each Adam moment take 4 bytes per element.
+BYTES_PER_PARAM = 4
 # fp32 parameter + fp32 gradient + Adam's two fp32 moments = 16 bytes per parameter
-ADAM_BYTES_PER_PARAM = {"params": 4, "grads": 4, "optimizer": 8}
+ADAM_BYTES_PER_PARAM = {"params": BYTES_PER_PARAM, "grads": BYTES_PER_PARAM, "optimizer": 2 * BYTES_PER_PARAM}
+# Per-block FSDP keeps at most this many units' worth of unsharded bytes alive at once: the unit
+# computing (gathered params + all-gather buffer, then its full gradients + the reduce-scatter
+# buffer) and the one being prefetched. Root-only wrapping needs the whole model instead.
+UNITS_IN_FLIGHT = 6
 
 
 OPTIMIZER_STATES = {"adam": 2, "sgd+momentum": 1, "sgd": 0}  # fp32 tensors kept per parameter
 LEVELS = ("none", "optimizer", "+gradients", "full")  # ZeRO-0 (DDP), ZeRO-1, ZeRO-2, ZeRO-3 / FSDP
 
 
-def memory_per_gpu(n_params: float, param_bytes: int = 4, optimizer: str = "adam", world: int = 1,
+def memory_per_gpu(n_params: float, param_bytes: int = BYTES_PER_PARAM, optimizer: str = "adam", world: int = 1,
                    level: str = "full") -> dict[str, float]:
     """Bytes per GPU for params, grads and optimizer state under a ZeRO sharding level.
 
@@ -56,7 +66,7 @@ def memory_per_gpu(n_params: float, param_bytes: int = 4, optimizer: str = "adam
     k = LEVELS.index(level)
     out = {"params": n_params * param_bytes / (world if k >= 3 else 1),
            "grads": n_params * param_bytes / (world if k >= 2 else 1),
-           "optimizer": n_params * 4 * OPTIMIZER_STATES[optimizer] / (world if k >= 1 else 1)}
+           "optimizer": n_params * BYTES_PER_PARAM * OPTIMIZER_STATES[optimizer] / (world if k >= 1 else 1)}
     out["total"] = sum(out.values())
     return out
 
@@ -69,7 +79,7 @@ def shard_rows(rows: int, world: int, rank: int) -> tuple[int, int]:
 
 
 def expected_bytes(shapes: dict[str, tuple[int, ...]], world: int, rank: int,
-                   element_size: int = 4) -> dict[str, int]:
+                   element_size: int = BYTES_PER_PARAM) -> dict[str, int]:
     """Bytes rank ``rank`` holds for params, grads and Adam state when every parameter is sharded."""
     out = {"params": 0, "grads": 0, "optimizer": 0, "padding": 0}
     for shape in shapes.values():
@@ -111,9 +121,41 @@ def full_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return {n: tuple(p.shape) for n, p in model.named_parameters()}
 
 
-def module_bytes(module: nn.Module, element_size: int = 4) -> int:
+def module_bytes(module: nn.Module, element_size: int = BYTES_PER_PARAM) -> int:
     """Unsharded bytes of a module's parameters."""
     return sum(p.numel() for p in module.parameters()) * element_size
+
+
+def unsharded_bytes(shapes: dict[str, Sequence[int]]) -> int:
+    """Params + grads + Adam's two moments of parameters with these shapes, unsharded, on one rank."""
+    return sum(ADAM_BYTES_PER_PARAM.values()) * sum(math.prod(s) for s in shapes.values())
+
+
+def activation_bytes(micro_batch: int, *, in_features: int, hidden: int, depth: int, out_features: int) -> int:
+    """A bound on what a :class:`~distlab.resmlp.ResidualMLP` keeps for backward on a micro-batch.
+
+    Every layer's input and output per sample (the input, the input layer's output, in each
+    block ``hidden`` in, ``2*hidden`` out of ``fc1`` and again out of the ReLU, ``hidden`` out of
+    ``fc2``, and the logits), in fp32, twice: a margin for what autograd saves besides.
+    """
+    per_sample = in_features + hidden + depth * (hidden + 2 * hidden + 2 * hidden + hidden) + out_features
+    return 2 * per_sample * micro_batch * BYTES_PER_PARAM
+
+
+def peak_bound(state_bytes: int, model: nn.Module, activations: int) -> dict[str, int]:
+    """What per-block sharding promises for the peak of a training step, and its parts.
+
+    ``state_bytes`` is this rank's sharded state (params, grads, optimizer) before the step;
+    ``model`` has one ``fully_shard`` unit per block in ``model.blocks`` and the root unit for
+    the rest (sharded or not: a DTensor's ``numel`` is the unsharded one); ``activations`` from
+    :func:`activation_bytes`. The bound is the state + :data:`UNITS_IN_FLIGHT` x the largest
+    unit's unsharded parameters + the activations.
+    """
+    units = [module_bytes(b) for b in model.blocks]
+    units.append(module_bytes(model) - sum(units))  # the root unit: input layer and head
+    one_unit = max(units)
+    return {"state": state_bytes, "unit": one_unit, "activations": activations,
+            "bound": state_bytes + UNITS_IN_FLIGHT * one_unit + activations}
 
 
 class LiveStorageTracker(TorchDispatchMode):

@@ -1,13 +1,17 @@
 """Exercise 4 (FSDP2): the solution scores full marks, the stub zero, and the usual mistakes
 (only the root wrapped, optimizer built before sharding, state dict saved on every rank or on
 none) are each named with their numbers. The solution and both mutants are graded in ONE launch
-at world size 2 (the CLI grades 2 and 4); the stub in one more, through the CLI's code path."""
+at world size 2 (the CLI grades 2 and 4); the stub in one more, through the grading subprocess's
+code (run_one.main, here in-process: the subprocess around it is exercise 1's CLI tests')."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
+from autograder import run_one
 from autograder.checks import ex04_fsdp
-from autograder.runner import grade_one
+from autograder.report import ExerciseReport
 from distlab.fsdp_memory import expected_bytes, full_shapes, memory_per_gpu, shard_rows
 from distlab.resmlp import make_resmlp
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
@@ -41,7 +45,7 @@ def graded(tmp_path_factory):
     """(solution, mutant with three mistakes, mutant that never saves), graded in one launch at W=2."""
     paths = [SOLUTIONS / "ex04_fsdp.py", mutant(tmp_path_factory.mktemp("mistakes"), "ex04_fsdp.py", MISTAKES),
              mutant(tmp_path_factory.mktemp("nosave"), "ex04_fsdp.py", NO_SAVE)]
-    return ex04_fsdp.grade_many(paths, world=2)
+    return ex04_fsdp.grade(paths, world_sizes=(2,))
 
 
 def test_solution_full_marks_with_exact_bytes_and_peak_under_bound(graded):
@@ -59,9 +63,11 @@ def test_solution_full_marks_with_exact_bytes_and_peak_under_bound(graded):
 
 
 @pytest.mark.slow
-def test_stub_scores_zero_not_implemented():
-    report = grade_one(ex04_fsdp.EXERCISE, EXERCISES)
-    assert report.score == 0
+def test_stub_scores_zero_not_implemented(tmp_path):
+    out = tmp_path / "report.json"
+    assert run_one.main(["4", str(EXERCISES / "ex04_fsdp.py"), str(out)]) == 0
+    report = ExerciseReport.from_dict(json.loads(out.read_text()))
+    assert report.score == 0 and not report.ran
     assert "not implemented yet (ex04_fsdp.py line" in report.feedback
 
 

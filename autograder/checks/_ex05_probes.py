@@ -11,6 +11,7 @@ nothing, but its files survive.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -61,23 +62,43 @@ def _full_state(model, optimizer) -> dict:
 
 
 def _run_phase(learner, phase: dict, outdir: Path) -> None:
+    """One ``train`` call, recorded step by step; rank 1 dies where the phase says (per attempt)."""
     rank, attempt = dist.get_rank(), _attempt()
     data = RecordingDataset(synthetic_classification(DATA_SIZE, 64, 10, seed=3))
-    log = open(outdir / f"{phase['name']}-rank{rank}.jsonl", "a")
-    read = {"n": 0}
     kill_step = phase.get("kill_step", {}).get(str(attempt)) if rank == 1 else None
     kill_write = phase.get("kill_write", {}).get(str(attempt)) if rank == 1 else None
+    with open(outdir / f"{phase['name']}-rank{rank}.jsonl", "a") as log, _killed_in_write(kill_write):
+        try:
+            with CapturedPrints() as out:
+                returned = learner.train(phase["dir"], data, steps=phase["steps"], save_every=RUN["save_every"],
+                                         keep=RUN["keep"], seed=RUN["seed"],
+                                         on_step=_step_recorder(data, log, kill_step))
+        except BaseException as exc:  # DCP raises CheckpointException, a BaseException
+            _record_error(outdir / f"{phase['name']}-errors.jsonl", exc)
+            raise
+    echo(out.lines)
+    _save_final(returned, outdir / f"{phase['name']}-final.pt")
+
+
+def _step_recorder(data: RecordingDataset, log, kill_step: int | None):
+    """The ``on_step`` hook: one record per step in ``log``, and SIGKILL after step ``kill_step``."""
+    attempt, read = _attempt(), {"n": 0}
 
     def on_step(step, optimizer):
-        rec = {"attempt": attempt, "step": int(step), "lr": optimizer.param_groups[0]["lr"],
-               "rng": _rng_hash(),
+        rec = {"attempt": attempt, "step": int(step), "lr": optimizer.param_groups[0]["lr"], "rng": _rng_hash(),
                "data": data.accessed[read["n"]:], "fp": _fingerprint(optimizer)}
         read["n"] = len(data.accessed)
         log.write(json.dumps(rec) + "\n")
-        log.flush()
+        log.flush()  # a killed process writes nothing more: what it recorded must be on disk already
         if kill_step is not None and step == kill_step:
             _die()
 
+    return on_step
+
+
+@contextlib.contextmanager
+def _killed_in_write(kill_write: int | None):
+    """While the block runs, this rank dies right after its ``kill_write``-th DCP shard write."""
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     real_write = FileSystemWriter.write_data
     writes = {"n": 0}
@@ -92,33 +113,38 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
 
     FileSystemWriter.write_data = write_data
     try:
-        with CapturedPrints() as out:
-            returned = learner.train(phase["dir"], data, steps=phase["steps"], save_every=RUN["save_every"],
-                                     keep=RUN["keep"], seed=RUN["seed"], on_step=on_step)
-    except BaseException as exc:  # DCP raises CheckpointException, a BaseException
-        # Kept for the verdict: a restarted attempt's error is the telling one.
-        lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
-        cause = next((ln for ln in reversed(lines) if "Error" in ln), lines[0])
-        with open(outdir / f"{phase['name']}-errors.jsonl", "a") as f:
-            f.write(json.dumps({"attempt": attempt, "rank": rank, "error": cause[:300]}) + "\n")
-        raise
+        yield
     finally:
         FileSystemWriter.write_data = real_write
-        log.close()
-    echo(out.lines)
+
+
+def _record_error(errors: Path, exc: BaseException) -> None:
+    """Kept for the verdict: a restarted attempt's error is the telling one (not the crash it follows)."""
+    lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
+    cause = next((ln for ln in reversed(lines) if "Error" in ln), lines[0])
+    with open(errors, "a") as f:
+        f.write(json.dumps({"attempt": _attempt(), "rank": dist.get_rank(), "error": cause[:300]}) + "\n")
+
+
+def _save_final(returned: tuple, path: Path) -> None:
+    """Rank 0 saves the trained model's and optimizer's full state, the step, LR and scheduler epoch."""
     model, optimizer, scheduler, step = returned
-    state = _full_state(model, optimizer)
-    if rank == 0:
+    state = _full_state(model, optimizer)  # a collective: every rank calls it
+    if dist.get_rank() == 0:
         state.update(step=int(step), lr=float(optimizer.param_groups[0]["lr"]),
                      scheduler_epoch=int(scheduler.last_epoch))
-        torch.save(state, outdir / f"{phase['name']}-final.pt")
+        torch.save(state, path)
     dist.barrier()
 
 
-def rank_main(path: str, outdir: str, phases: list[dict]) -> dict:
-    """Runs on every rank: the phases in order (a phase that kills a rank ends the job)."""
+def rank_main(paths: list[str], outdir: str, phases: list[dict]) -> list[dict]:
+    """Runs on every rank: the phases in order for the one file in ``paths`` (one observation).
+
+    One file per launch: a phase that kills a rank ends the whole job, and a restart replays it.
+    """
+    (path,) = paths
     init_distributed()
     learner = load_learner(path)
     for phase in phases:
         _run_phase(learner, phase, Path(outdir))
-    return {"rank": dist.get_rank()}
+    return [{"rank": dist.get_rank()}]
