@@ -14,7 +14,6 @@ from typing import Callable, Sequence
 from distlab import torchrun
 
 from .registry import Exercise
-from .report import ExerciseReport
 
 # What a grading subprocess spends outside its launches: starting Python and torch, the
 # single-process reference, the verdicts. A launch's timeout leaves it, so that a hang is
@@ -44,16 +43,3 @@ def launch_files(rank_main: Callable, paths: Sequence[str | Path], *, world: int
     run = torchrun(rank_main, world, args=([str(p) for p in paths], *args), timeout=timeout)
     return [[per_rank[i] for per_rank in run.results] for i in range(len(paths))], run.wall_s
 
-
-def grade_files(exercise: Exercise, rank_main: Callable, paths: Sequence[str | Path], *, world: int,
-                timeout: float, verdict: Callable[[ExerciseReport, list], None],
-                args: tuple = ()) -> list[ExerciseReport]:
-    """TEMPORARY: the old shape, until every check is converted."""
-    runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeout, args=args)
-    reports = []
-    for ranks in runs:
-        report = exercise.new_report()
-        report.measurements["launch_s"] = round(wall_s, 2)
-        verdict(report, ranks)
-        reports.append(report)
-    return reports

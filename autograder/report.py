@@ -145,9 +145,6 @@ class ExerciseReport:
         self.ran = False
         return self
 
-    def fail_all(self, message: str) -> "ExerciseReport":  # TEMPORARY: until every check is converted
-        return self.did_not_run(message)
-
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(score=self.score, passed=self.passed, feedback=self.feedback)
