@@ -25,7 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
-from distlab.importing import import_path, resolve  # noqa: F401 (import_path: kept importable from here)
+from distlab.importing import resolve
 
 
 class _Prefixed(io.TextIOBase):

@@ -13,7 +13,7 @@ import pytest
 import distlab.memory
 import distlab.timing
 from autograder.checks import ex03_amp as check
-from distlab.worker import import_path
+from distlab.importing import import_path
 
 from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
 
