@@ -2,7 +2,16 @@
 
 Everything here observes; verdicts are computed in ``ex03_amp``. Each part is
 run separately, so a learner who finished ``train_step`` but not the
-measuring functions still gets the marks for the step.
+measuring functions still gets the marks for the step:
+
+* forward hooks record the ``nn.Linear`` output dtypes inside autocast, and a
+  recording optimizer the parameter and gradient dtypes at ``step()``;
+* a recording ``GradScaler`` logs the call order, the optimizer the gradient
+  norm it steps with, and whether a batch with an ``inf`` changed the weights;
+* ``compare`` runs on :class:`distlab.timing.SimulatedWorkload` s under a
+  :class:`distlab.timing.VirtualClock` (``CASES``, whose truths are
+  ``CASES_TRUTH`` and ``MEMORY_TRUTH``), then on the real model;
+* ``ANSWERS`` records which graded functions are the runtime's copies (see :func:`observe`).
 """
 from __future__ import annotations
 
@@ -12,12 +21,14 @@ import traceback
 import torch
 from torch import nn
 
+from distlab import device as rank_device
 from distlab.data import digits
 from distlab.memory import peak_memory
 from distlab.models import cpu_state, make_mlp
 from distlab.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ..answers import RuntimeCopies
+from ..harness import CapturedPrints, echo, load_learner
 
 STEPS, BATCH, LR, MAX_NORM = 12, 64, 0.1, 0.05  # MAX_NORM: small enough that every step clips
 MODEL = dict(hidden=64)
@@ -233,3 +244,19 @@ def observe(learner, device: torch.device, real_model: dict) -> dict:
                    else _attempt(lambda: _real(learner, device, watch, real_model)))
     obs["answers"] = {"is": identified, "calls": watch.calls}
     return obs
+
+
+def rank_main(paths: list[str], real_models: dict[str, dict] = REAL_MODEL) -> list[dict]:
+    """Runs on the one rank: observe each learner file (tests grade several per launch).
+
+    ``real_models``: the real model's sizes per device type (``REAL_MODEL``; tests: a smaller CPU one).
+    """
+    device = rank_device()
+    out = []
+    for path in paths:
+        learner = load_learner(path)
+        with CapturedPrints() as printed:
+            obs = observe(learner, device, real_models["cuda" if device.type == "cuda" else "cpu"])
+        echo(printed.lines)
+        out.append(obs)
+    return out

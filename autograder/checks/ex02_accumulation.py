@@ -20,125 +20,24 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distlab import init_distributed, shutdown
-from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 
 from ..grading import launch_files, launch_timeout
-from ..harness import CapturedPrints, echo, load_learner
 from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
+# The scenarios and data are shared with the rank-side instruments, which define them.
+from ._ex02_probes import LR, MODEL, SCENARIOS, micro_batches, rank_main
 
 EXERCISE = Exercise(number=2, name="accumulation", filename="ex02_accumulation.py", max_score=10, time_limit=90)
 WORLD = 2
-LR = 0.5
-MODEL = dict(hidden=32)
 RTOL, ATOL = 1e-4, 1e-6  # DDP averages per-rank sums: another order than one big mean
-# name -> (micro-batch sizes, identical on every rank; accumulation_steps)
-SCENARIOS = {
-    "equal": ([8] * 12, 4),
-    "unequal": ([4, 12, 8, 10, 2, 6], 3),
-    "short": ([8] * 10, 4),
-}
-
-
-def rank_main(paths: list[str]) -> list[dict]:
-    """Runs on every rank: observe each learner file in turn (tests grade several per launch).
-
-    The grader makes the process group (the exercise is the loop, not the set-up), once for every file.
-    """
-    device = init_distributed()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results = [_observe(p, device, rank, world) for p in paths]
-    shutdown()
-    return results
-
-
-def _observe(path: str, device: torch.device, rank: int, world: int) -> dict:
-    """Each scenario trains a fresh DDP model with the learner's loop; return what was observed."""
-    learner = load_learner(path)
-    out = {}
-    for name, (sizes, k) in SCENARIOS.items():
-        model = make_mlp(seed=5, **MODEL).to(device)
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        probe = Probe(model)
-        ddp.register_comm_hook(None, probe.comm_hook)
-        model.register_forward_pre_hook(probe.before_forward)
-        opt = _recording_sgd(probe, ddp.parameters(), LR)
-        batches = [(x.to(device), y.to(device)) for x, y in micro_batches(sizes, rank, world)]
-        with CapturedPrints() as printed:
-            learner.train_accumulated(ddp, opt, batches, accumulation_steps=k)
-        echo(printed.lines)
-        out[name] = {"steps": probe.steps, "final": cpu_state(model), "mid_grads": probe.mid_grads,
-                     "mid_zero_grad": probe.mid_window_zero_grad}
-    return out
-
-
-@functools.lru_cache(maxsize=1)
-def _digits() -> tuple[torch.Tensor, torch.Tensor]:
-    return digits().tensors
-
-
-def micro_batches(sizes: list[int], rank: int, world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Rank ``rank``'s micro-batches: micro-step i takes consecutive digits, rank-major."""
-    x_all, y_all = _digits()
-    out, start = [], 0
-    for n in sizes:
-        lo = start + rank * n
-        out.append((x_all[lo:lo + n], y_all[lo:lo + n]))
-        start += world * n
-    return out
 
 
 def windows(n: int, k: int) -> list[range]:
     return [range(s, min(s + k, n)) for s in range(0, n, k)]
-
-
-class Probe:
-    """Counters and snapshots shared by the instruments of one scenario."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.forwards = 0          # micro-steps since the last optimizer step
-        self.rounds = 0            # DDP all-reduce rounds since the last optimizer step
-        self.steps: list[dict] = []
-        self.mid_window_zero_grad: list[int] = []  # micro-step count when zero_grad() cut a window
-        self.mid_grads: dict | None = None
-
-    def grads(self) -> dict:
-        return {n: (p.grad.detach().to("cpu", copy=True) if p.grad is not None else torch.zeros_like(p, device="cpu"))
-                for n, p in self.model.named_parameters()}
-
-    def before_forward(self, module, args) -> None:
-        if self.forwards > 0 and self.mid_grads is None:
-            self.mid_grads = self.grads()  # after a micro-step that did not end the window
-        self.forwards += 1
-
-    def comm_hook(self, state, bucket):
-        if bucket.index() == 0:
-            self.rounds += 1
-        return default_hooks.allreduce_hook(None, bucket)
-
-
-def _recording_sgd(probe: Probe, params, lr: float) -> torch.optim.SGD:
-    class RecordingSGD(torch.optim.SGD):
-        def step(self, closure=None):
-            probe.steps.append({"grads": probe.grads(), "micro": probe.forwards, "rounds": probe.rounds})
-            probe.forwards = probe.rounds = 0
-            return super().step(closure)
-
-        def zero_grad(self, set_to_none: bool = True):
-            if probe.forwards > 0:
-                probe.mid_window_zero_grad.append(probe.forwards)
-            return super().zero_grad(set_to_none)
-
-    return RecordingSGD(params, lr=lr)
 
 
 def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:

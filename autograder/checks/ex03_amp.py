@@ -1,60 +1,26 @@
 """Exercise 3 check: autocast training step, GradScaler order, and the method of measuring.
 
-One rank (mixed precision is not about several processes) runs the learner's
-functions under instruments and returns observations; every verdict is
-computed here, against references computed here:
+One rank (mixed precision is not about several processes) runs the learner's functions under the
+instruments of ``_ex03_probes`` and returns observations; every verdict is computed here, against
+references computed here:
 
-* forward hooks record the ``nn.Linear`` output dtypes inside autocast, and a
-  recording optimizer the parameter and gradient dtypes at ``step()``;
-* the float32 step is compared with a single-process reference
-  (assert_close), the bf16 and fp16 losses over ``STEPS`` steps with the
-  reference's float32 losses within ``LOSS_TOL``;
-* a recording ``GradScaler`` logs the call order, the optimizer the gradient
-  norm it steps with (``max_norm`` if clipped after unscaling, ``max_norm /
-  scale`` if clipped before), and a batch with an ``inf`` must be skipped;
-* ``compare`` runs on :class:`distlab.timing.SimulatedWorkload` s under a
-  :class:`distlab.timing.VirtualClock`, whose true speedup and memory ratio
-  the grader knows, so missing warm-up, missing synchronisation, a mean
-  dragged by outliers and an inverted ratio fail deterministically on any
-  machine (within ``RATIO_TOL``); then it runs on the real model and its
-  figures are reported, and required only on a GPU with bf16 tensor cores
-  (compute capability 8.0 or newer, ``GPU_MIN_SPEEDUP``); elsewhere reported with a note;
-* the steady candidate saves one storage as three tensors (``exp``'s output
-  and two views of it, ``probes.SHARED``), so counting per saved tensor
-  instead of per storage gives a wrong memory ratio;
-* ``distlab.timing.median_seconds`` and ``distlab.memory.saved_tensor_bytes``
-  (and ``distributed_median_seconds``), which the notebooks use, are working
-  copies of the graded ``median_seconds`` and ``saved_bytes``: the rank records
-  whether the learner's function *is* one (``probes.ANSWERS.identify``) and
-  which ran during the learner's ``compare`` calls (``probes.ANSWERS.watch``),
-  see :mod:`autograder.answers`. A copy earns none of its function's criteria,
-  and the real model is then not measured (its seconds would be the runtime's).
+* the autocast dtypes; the float32 step against a single-process reference (assert_close), and the
+  bf16 and fp16 losses over ``STEPS`` steps against its float32 losses within ``LOSS_TOL``;
+* the GradScaler's call order, the gradient norm the optimizer steps with (``max_norm`` if clipped
+  after unscaling, ``max_norm / scale`` if clipped before), and a batch with an ``inf`` skipped;
+* ``compare`` on simulated workloads whose true speedup and memory ratio the grader knows, so missing
+  warm-up, missing synchronisation, a mean dragged by outliers, an inverted ratio, and counting each
+  saved tensor (or each tensor's own size) instead of each storage fail deterministically on any
+  machine (within ``RATIO_TOL``); then on the real model, whose speedup is reported, and required
+  only on a GPU with bf16 tensor cores (compute capability 8.0 or newer, ``GPU_MIN_SPEEDUP``);
+* ``distlab.timing.median_seconds`` and ``distlab.memory.saved_tensor_bytes`` (and
+  ``distributed_median_seconds``), which the notebooks use, are working copies of the graded
+  ``median_seconds`` and ``saved_bytes`` (:mod:`autograder.answers`). A copy handed in (imported,
+  aliased, delegating, also through a name bound at import or ``distlab.memory.peak_memory``, or
+  called by ``compare`` instead of the learner's own) earns none of its function's criteria, and the
+  real model is then not measured (its seconds would be the runtime's).
 
-Mistakes whose messages this check names (the older ones: see the tests):
-
-=====================================================  =====================================================
-mistake                                                message (criteria at 0)
-=====================================================  =====================================================
-``from distlab.timing import median_seconds``, or      "median_seconds is distlab's copy
-``median_seconds = distlab.timing.median_seconds``     (distlab.timing.median_seconds): write your own"
-                                                       (the four speedup criteria, and the [cuda] one)
-a ``median_seconds`` that delegates to the copy        "median_seconds is distlab's copy (it calls
-(also through a name bound at import)                  distlab.timing.median_seconds): write your own"
-``compare`` that calls the copy instead of the         "compare calls distlab's copy of median_seconds
-learner's ``median_seconds``                           (distlab.timing.median_seconds) instead of yours:
-                                                       write your own median_seconds and call it"
-``saved_bytes`` imported, aliased, or delegating       "saved_bytes is distlab's copy
-(also through ``distlab.memory.peak_memory``)          (distlab.memory.saved_tensor_bytes): write your own",
-                                                       or "(it calls ...)" (the memory criterion)
-``saved_bytes`` counts each saved tensor, not each     "saved_bytes counted 300,000 bytes for a workload
-storage (``storages[len(storages)] = nbytes``)         whose backward saves 3 tensors sharing one
-                                                       100,000-byte storage (...); the storage holds
-                                                       100,000 bytes, so the memory ratio is 0.25, not
-                                                       0.75: count each storage once, keyed by
-                                                       t.untyped_storage().data_ptr(), not each tensor"
-... or adds ``t.numel() * t.element_size()``           the same, "counted 200,000 bytes ... each tensor's
-per tensor                                             own size (100,000 + 2 x 50,000) ... not 0.5"
-=====================================================  =====================================================
+Each mistake named in the feedback has a mutant in ``tests/test_ex03_amp.py``.
 """
 from __future__ import annotations
 
@@ -63,16 +29,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, Sequence
 
-from distlab import device as rank_device
-
 from ..grading import launch_files, launch_timeout
-from ..harness import CapturedPrints, echo, load_learner
 from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
 from . import _ex03_probes as probes
 # Public here (the tests and benchmarks/bench_amp.py use them); defined with the rank-side instruments.
-from ._ex03_probes import ANSWERS, CASE_TITLES, REAL_MODEL
+from ._ex03_probes import ANSWERS, CASE_TITLES, REAL_MODEL, rank_main
 
 EXERCISE = Exercise(number=3, name="amp", filename="ex03_amp.py", max_score=10, time_limit=90)
 LOSS_TOL = 0.01          # |loss - fp32 reference loss| <= LOSS_TOL * max(1, |reference|), every step
@@ -81,22 +44,6 @@ GPU_MIN_SPEEDUP = 1.5    # bf16 over fp32 on the real model, required on a GPU w
 BF16_TENSOR_CORES = (8, 0)  # Ampere and newer: bf16 matmuls on tensor cores
 RTOL, ATOL = 1e-4, 1e-5  # float32 step vs the single-process reference
 PER_EXTRA_FILE_S = 15.0  # one more file in a launch: every part, and the real model, measured again
-
-
-def rank_main(paths: list[str], real_models: dict[str, dict] = REAL_MODEL) -> list[dict]:
-    """Runs on the one rank: observe each learner file (tests grade several per launch).
-
-    ``real_models``: the real model's sizes per device type (``REAL_MODEL``; tests: a smaller CPU one).
-    """
-    device = rank_device()
-    out = []
-    for path in paths:
-        learner = load_learner(path)
-        with CapturedPrints() as printed:
-            obs = probes.observe(learner, device, real_models["cuda" if device.type == "cuda" else "cpu"])
-        echo(printed.lines)
-        out.append(obs)
-    return out
 
 
 @dataclass
@@ -112,30 +59,26 @@ class Run:
         return {fn: ANSWERS.feedback(fn, answers.get("is", {}), answers.get("calls", [])) for fn in ANSWERS.graded}
 
     @property
-    def capability(self) -> tuple[int, ...]:
+    def capability(self) -> tuple[int, ...]:  # the GPU's compute capability; () where the rank ran on a CPU
         return tuple(self.obs.get("capability") or ())
 
     @property
-    def on_gpu(self) -> bool:  # the rank ran on a CUDA device
-        return self.obs.get("capability") is not None
-
-    @property
-    def gpu_speedup_graded(self) -> bool:
-        return self.on_gpu and self.capability >= BF16_TENSOR_CORES
+    def gpu_speedup_graded(self) -> bool:  # never on a CPU: () < BF16_TENSOR_CORES
+        return self.capability >= BF16_TENSOR_CORES
 
     @property
     def real_missing(self) -> str:
         """Feedback when the real model's compare() left out keys of the contract ("" if none, or if it did not run)."""
         r = self.obs["real"]
-        return "" if _err(r) or r.get("skipped") else _missing(r, ("speedup", "baseline_s", "candidate_s",
+        return "" if r.get("error") or r.get("skipped") else _missing(r, ("speedup", "baseline_s", "candidate_s",
                                                                        "memory_ratio"))
 
 
-def _err(part: dict) -> str:
-    return part.get("error", "")
-
-
-def _explain(error: str, what: str) -> str:
+def _broken(part: dict, what: str) -> str:
+    """Why the part of the exercise observed in ``part`` did not run, from the error it raised ("" if it ran)."""
+    error = part.get("error", "")
+    if not error:
+        return ""
     if error.startswith("NotImplementedError"):
         return f"not implemented yet ({what})"
     return f"{what} raised {error}"
@@ -182,8 +125,8 @@ def _shared_storage_fb(steady: dict) -> str:
 @criterion("bf16 autocast: linear outputs bf16, master weights float32", points=1.5)
 def autocast_dtypes(run: Run) -> Verdict:
     a = run.obs["autocast"]
-    if _err(a):
-        return failed(_explain(_err(a), "train_step"))
+    if why := _broken(a, "train_step"):
+        return failed(why)
     outs, params, grads = a["linear_out"], a["param_dtypes"], a["grad_dtypes"]
     if any(d != "torch.float32" for d in params + grads):
         return failed(f"at optimizer.step() parameters were {sorted(set(params))} and gradients "
@@ -198,8 +141,8 @@ def autocast_dtypes(run: Run) -> Verdict:
 @criterion("float32 step matches a single-process reference", points=0.5)
 def float32_parity(run: Run) -> Verdict:
     p = run.obs["parity"]
-    if _err(p):
-        return failed(_explain(_err(p), "train_step"))
+    if why := _broken(p, "train_step"):
+        return failed(why)
     same = parity(p["fp32_state"], probes.reference_fp32()[1], rtol=RTOL, atol=ATOL)
     if same.ok:
         return passed(f"max abs difference {same.max_abs_diff:.2g}")
@@ -211,8 +154,8 @@ def float32_parity(run: Run) -> Verdict:
 @criterion(f"bf16 and fp16 losses within {LOSS_TOL} of float32 over {probes.STEPS} steps", points=1)
 def losses_close(run: Run) -> Verdict:
     p = run.obs["parity"]
-    if _err(p):
-        return failed(_explain(_err(p), "train_step"))
+    if why := _broken(p, "train_step"):
+        return failed(why)
     ref_losses = probes.reference_fp32()[0]
     worst = []  # per kind: (largest relative gap, kind, the step where it is)
     for kind in ("bf16", "fp16"):
@@ -229,8 +172,8 @@ def losses_close(run: Run) -> Verdict:
 @criterion("fp16 GradScaler order: scale, backward, unscale_, clip, step, update", points=1.5)
 def scaler_order(run: Run) -> Verdict:
     s = run.obs["scaler"]
-    if _err(s):
-        return failed(_explain(_err(s), "train_step with a scaler"))
+    if why := _broken(s, "train_step with a scaler"):
+        return failed(why)
     expected = ["scale", "backward", "unscale_", "step", "optimizer.step", "update"]
     if s["events"] != expected:
         return failed(f"one fp16 step called {s['events']}; expected {expected}: scaler.scale(loss).backward(), "
@@ -248,8 +191,8 @@ def scaler_order(run: Run) -> Verdict:
 @criterion("fp16 step with inf gradients is skipped", points=1)
 def inf_step_skipped(run: Run) -> Verdict:
     s = run.obs["scaler"]
-    if _err(s):
-        return failed(_explain(_err(s), "train_step with a scaler"))
+    if why := _broken(s, "train_step with a scaler"):
+        return failed(why)
     if not s["inf_params_unchanged"]:
         return failed("a batch containing inf changed the weights: step through scaler.step(optimizer), which "
                       "skips non-finite steps")
@@ -258,38 +201,27 @@ def inf_step_skipped(run: Run) -> Verdict:
     return failed(f"the scale stayed {s['scale_after_inf']:g} after an inf step: call scaler.update() every step")
 
 
-def _speedup(run: Run, case: str) -> Verdict:
-    """The speedup ``compare`` reported on a simulated workload, against its known truth."""
-    if run.copied["median_seconds"]:  # the runtime's copy earns none of its criteria
-        return failed(run.copied["median_seconds"])
-    m = run.obs["measure"]
-    if _err(m):
-        return failed(_explain(_err(m), "compare / median_seconds"))
-    if gone := _missing(m[case], ("speedup",)):
-        return failed(gone)
-    truth, why = probes.CASES_TRUTH[case]
-    ok, fb = _ratio_fb("speedup", m[case]["speedup"], truth, why)
-    return passed(fb) if ok else failed(fb)
+def _speedup_criterion(case: str) -> Callable:
+    """The criterion of one simulated workload: the speedup ``compare`` reported, against its known truth."""
+    @criterion(f"measuring: {CASE_TITLES[case]}", points=1)
+    def speedup(run: Run) -> Verdict:
+        if run.copied["median_seconds"]:  # the runtime's copy earns none of its criteria
+            return failed(run.copied["median_seconds"])
+        m = run.obs["measure"]
+        if why := _broken(m, "compare / median_seconds"):
+            return failed(why)
+        if gone := _missing(m[case], ("speedup",)):
+            return failed(gone)
+        truth, why = probes.CASES_TRUTH[case]
+        ok, fb = _ratio_fb("speedup", m[case]["speedup"], truth, why)
+        return passed(fb) if ok else failed(fb)
+    speedup.__name__ = speedup.__qualname__ = f"{case}_speedup"
+    return speedup
 
 
-@criterion(f"measuring: {CASE_TITLES['steady']}", points=1)
-def steady_speedup(run: Run) -> Verdict:
-    return _speedup(run, "steady")
-
-
-@criterion(f"measuring: {CASE_TITLES['warmup']}", points=1)
-def warmup_speedup(run: Run) -> Verdict:
-    return _speedup(run, "warmup")
-
-
-@criterion(f"measuring: {CASE_TITLES['async']}", points=1)
-def async_speedup(run: Run) -> Verdict:
-    return _speedup(run, "async")
-
-
-@criterion(f"measuring: {CASE_TITLES['outliers']}", points=1)
-def outliers_speedup(run: Run) -> Verdict:
-    return _speedup(run, "outliers")
+# One criterion per simulated workload, each worth 1.
+steady_speedup, warmup_speedup, async_speedup, outliers_speedup = map(_speedup_criterion, (
+    "steady", "warmup", "async", "outliers"))
 
 
 @criterion("measuring: saved-activation bytes and memory ratio", points=0.5)
@@ -297,8 +229,8 @@ def memory_ratio(run: Run) -> Verdict:
     if run.copied["saved_bytes"]:
         return failed(run.copied["saved_bytes"])
     m = run.obs["measure"]
-    if _err(m):
-        return failed(_explain(_err(m), "saved_bytes / compare"))
+    if why := _broken(m, "saved_bytes / compare"):
+        return failed(why)
     if gone := _missing(m["steady"], ("memory_ratio",)):
         return failed(gone)
     ok, fb = _ratio_fb("memory_ratio", m["steady"]["memory_ratio"], probes.MEMORY_TRUTH,
@@ -309,7 +241,7 @@ def memory_ratio(run: Run) -> Verdict:
 @criterion(f"[cuda] real bf16 speedup at least {GPU_MIN_SPEEDUP}x", points=1)
 def gpu_speedup(run: Run) -> Verdict:
     r, copied = run.obs["real"], run.copied["median_seconds"]
-    got = 0.0 if r.get("skipped") or _err(r) or run.real_missing else r["speedup"]
+    got = 0.0 if r.get("skipped") or r.get("error") or run.real_missing else r["speedup"]
     if got >= GPU_MIN_SPEEDUP and not copied:
         return passed()
     return failed(copied or run.real_missing or f"your compare() measured {got:.2f}x on the GPU; bf16 tensor cores "
@@ -331,13 +263,13 @@ def real_model_notes(run: Run) -> tuple[list[str], dict]:
     r = run.obs["real"]
     if r.get("skipped"):
         return [f"real-model measurement skipped: {run.copied[r['skipped']]}"], {}
-    if _err(r) or run.real_missing:
-        return [f"real-model measurement not available: {run.real_missing or _explain(_err(r), 'compare')}"], {}
+    if why := run.real_missing or _broken(r, "compare"):
+        return [f"real-model measurement not available: {why}"], {}
     notes = [f"On this machine ({r['device']}, {r['model']}), your compare() measured bf16 autocast "
              f"{r['speedup']:.2f}x the speed of float32 ({r['baseline_s'] * 1e3:.2f} ms vs "
              f"{r['candidate_s'] * 1e3:.2f} ms per step) and {r['memory_ratio']:.2f}x its saved-activation "
              f"bytes. The grader's own memory measurement: {r['peak_ratio']:.2f}x, by {r['peak_method']}."]
-    if not run.on_gpu:
+    if not run.capability:
         notes.append("On a CPU the speedup is reported, not graded: bf16 matmuls are only fast where "
                      "the CPU has bf16 matrix instructions (AMX); a shared machine adds noise.")
     elif not run.gpu_speedup_graded:

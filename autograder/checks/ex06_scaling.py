@@ -22,113 +22,24 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
-import torch.distributed as dist
 
-import distlab
-from distlab.models import cpu_state, make_mlp
 from distlab.timing import cpu_cores
 
 from ..grading import launch_files, launch_timeout
-from ..harness import CapturedPrints, echo, load_learner
 from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
+from ._ex06_probes import SYNTH, rank_main  # the synthetic step's settings, shared with the rank-side instruments
 
 EXERCISE = Exercise(number=6, name="scaling", filename="ex06_scaling.py", max_score=10, time_limit=150)
 WORLD_SIZES = (1, 2, 4)
-SYNTH = dict(batch_size=32, warmup=2, iters=8)
-STEP_S, WARMUP_STEP_S, SLOWER_PER_RANK = 0.03, 0.1, 0.5
 REAL = dict(batch_size=128, hidden=256, warmup=5, iters=30, lr=0.01)
 TOL = 0.10
-
-
-class SyntheticStep:
-    """A step that sleeps for a known time and records when it ran."""
-
-    def __init__(self, rank: int, warmup: int):
-        self.rank, self.warmup, self.times = rank, warmup, []
-
-    def __call__(self) -> None:
-        start = time.perf_counter()
-        slow = len(self.times) < self.warmup
-        time.sleep(WARMUP_STEP_S if slow else STEP_S * (1 + SLOWER_PER_RANK * self.rank))
-        self.times.append((start, time.perf_counter()))
-
-
-def _guard(fn, *args, **kwargs):
-    """(result, None) or (None, "Type: message"): a part that raises costs only its own marks."""
-    try:
-        return fn(*args, **kwargs), None
-    except Exception as exc:  # noqa: BLE001 - reported to the learner
-        return None, f"{type(exc).__name__}: {str(exc).strip()[:300]}" or type(exc).__name__
-
-
-def rank_main(paths: list[str], so_far: list[dict], out_dirs: list[str], final: bool, real: dict) -> list[dict]:
-    """Runs on every rank: the synthetic method check, then the real benchmark, for each file.
-
-    ``so_far[i]``: file i's real figures at the earlier world sizes; in the ``final`` launch rank 0
-    adds this one's and hands them to the learner's efficiency and results functions.
-    """
-    dev = distlab.init_distributed()  # the grader owns the process group: the learner's code never makes one
-    observed = []
-    for i, path in enumerate(paths):
-        learner = load_learner(path)
-        obs = _observe_method(learner)
-        obs.update(_observe_real(learner, dev, real))
-        if final and obs["rank"] == 0 and "real" in obs:
-            figures = {**{int(k): float(v) for k, v in so_far[i].items()}, dist.get_world_size(): obs["real"]}
-            obs.update(_observe_results(learner, figures, out_dirs[i]))
-        observed.append(obs)
-    distlab.shutdown()
-    return observed
-
-
-def _observe_method(learner) -> dict:
-    rank = dist.get_rank()
-    step = SyntheticStep(rank, SYNTH["warmup"])
-    dist.barrier()
-    with CapturedPrints() as out:
-        reported = learner.measure_throughput(step, SYNTH["batch_size"], warmup=SYNTH["warmup"],
-                                              iters=SYNTH["iters"])
-    echo(out.lines)
-    return {"rank": rank, "backend": dist.get_backend(), "reported": float(reported),
-            "times": torch.tensor(step.times, dtype=torch.float64)}
-
-
-def _observe_real(learner, dev: torch.device, real: dict) -> dict:
-    """The learner's step and benchmark on the real model; a step that raises costs only its own marks."""
-    rank = dist.get_rank()
-    # A different start on every rank, so a step without DDP ends with ranks apart.
-    model = make_mlp(seed=1000 + rank, hidden=real["hidden"]).to(dev)
-    obs = {"initial": cpu_state(model)}
-    gen = torch.Generator().manual_seed(rank)
-    x = torch.randn(real["batch_size"], 64, generator=gen).to(dev)
-    y = torch.randint(0, 10, (real["batch_size"],), generator=gen).to(dev)
-    dist.barrier()
-    step, obs["step_error"] = _guard(learner.make_ddp_step, model, x, y, lr=real["lr"])
-    if step is not None:
-        with CapturedPrints():
-            obs["real"] = float(learner.measure_throughput(step, real["batch_size"], warmup=real["warmup"],
-                                                           iters=real["iters"]))
-    obs["final"] = cpu_state(model)
-    return obs
-
-
-def _observe_results(learner, throughput: dict[int, float], out_dir: str) -> dict:
-    """Rank 0, last launch: the learner's efficiency of every figure, and the files it writes."""
-    obs = {"throughput": throughput}
-    eff, obs["efficiency_error"] = _guard(learner.scaling_efficiency, dict(throughput))
-    obs["efficiency"] = {int(k): float(v) for k, v in eff.items()} if isinstance(eff, dict) else None
-    if obs["efficiency"] is not None:
-        files, obs["files_error"] = _guard(learner.write_results, dict(throughput), dict(eff), out_dir)
-        obs["files"] = {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else None
-    return obs
 
 
 @dataclass
