@@ -19,6 +19,7 @@ from distlab.sandbox import SCRATCH_VAR, SandboxError, preflight
 
 from .registry import Exercise, exercises
 from .report import ExerciseReport
+from .stubs import untouched
 
 DEFAULT_DIR = REPO_ROOT / "exercises"
 
@@ -37,6 +38,8 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None) ->
     path = Path(directory) / ex.filename
     if not path.is_file():
         return report.did_not_run(f"{ex.filename} not found in {directory}: nothing to grade")
+    if stub := untouched(path, REPO_ROOT / "solutions" / ex.filename):
+        return report.did_not_run(stub)  # the released stub, unchanged: no job to start to know that
     try:
         preflight()  # once per process; the grading subprocess inherits that it was done
     except SandboxError as exc:
