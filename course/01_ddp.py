@@ -38,65 +38,21 @@
 # %load_ext distlab
 
 # %% [markdown]
-# ## Step 3 by hand: all-reduce makes the half-batch gradients equal the full-batch gradient
+# ## Two experiments, one job
 #
-# Two ranks build the same model, each takes half of one batch of 64 digits, computes its
-# gradient, and averages it with `all_reduce`. We then compute the full-batch gradient in this
-# notebook, in a single process, and compare.
-
-# %%
-# %%torchrun -n 2 --result by_hand
-import torch
-import torch.distributed as dist
-
-import distlab
-from distlab.data import digits
-from distlab.models import make_mlp
-
-device = distlab.init_distributed()           # cuda:LOCAL_RANK under NCCL, the CPU under gloo
-rank, world = dist.get_rank(), dist.get_world_size()
-model = make_mlp(seed=0).to(device)           # same seed: identical replicas
-x, y = (t.to(device) for t in digits().tensors)
-mine = slice(rank * 64 // world, (rank + 1) * 64 // world)   # this rank's half of samples 0..63
-loss = torch.nn.functional.cross_entropy(model(x[mine]), y[mine])
-loss.backward()
-local = {n: p.grad.cpu() for n, p in model.named_parameters()}
-for p in model.parameters():
-    dist.all_reduce(p.grad)                   # sum over ranks ...
-    p.grad /= world                           # ... then average: what DDP does in backward
-print(f"local loss {loss.item():.4f}; gradients averaged over {world} ranks")
-result = {"local": local, "averaged": {n: p.grad.cpu() for n, p in model.named_parameters()}}
-distlab.shutdown()
-
-# %%
-import torch
-
-from distlab.data import digits
-from distlab.models import make_mlp
-
-model = make_mlp(seed=0)
-x, y = digits().tensors
-torch.nn.functional.cross_entropy(model(x[:64]), y[:64]).backward()
-full = {n: p.grad for n, p in model.named_parameters()}
-
-for name, g in full.items():
-    before = (by_hand[0]["local"][name] - g).abs().max().item()
-    after = (by_hand[0]["averaged"][name] - g).abs().max().item()
-    print(f"{name:14s} rank 0 alone differs by {before:.2e}; after all-reduce by {after:.2e}")
-torch.testing.assert_close(by_hand[0]["averaged"], full)   # tolerance: the sums ran in another order
-torch.testing.assert_close(by_hand[0]["averaged"], by_hand[1]["averaged"], rtol=0, atol=0)
-print("averaged gradient == full-batch gradient, and identical on both ranks")
-
-# %% [markdown]
-# ## The real thing: DDP, with and without
+# Starting ranks costs seconds (notebook 00); the two experiments below cost milliseconds, so
+# one job on two ranks runs both, and the sections after it look at what each returned.
 #
-# Below, two ranks train for 3 epochs. Each rank seeds its model **differently**, the way
-# independent processes would. In the first run they train side by side without DDP; in the
-# second the model is wrapped in DDP. A `DistributedSampler` gives each rank its own shard of
-# the 1,792 digits, and `set_epoch` reshuffles every epoch.
+# 1. **Step 3 by hand.** Both ranks build the same model, each takes half of one batch of 64
+#    digits, computes its gradient, and averages it with `all_reduce`. We then compute the
+#    full-batch gradient in this notebook, in a single process, and compare.
+# 2. **The real thing: DDP, with and without.** Both ranks train for 3 epochs, each seeding its
+#    model **differently**, the way independent processes would: first side by side without
+#    DDP, then with the model wrapped in DDP. A `DistributedSampler` gives each rank its own
+#    shard of the 1,792 digits, and `set_epoch` reshuffles every epoch.
 
 # %%
-# %%torchrun -n 2 --result runs
+# %%torchrun -n 2 --result ranks
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -107,10 +63,26 @@ import distlab
 from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 
-device = distlab.init_distributed()
-rank = dist.get_rank()
+device = distlab.init_distributed()           # cuda:LOCAL_RANK under NCCL, the CPU under gloo
+rank, world = dist.get_rank(), dist.get_world_size()
 data = digits()
 result = {}
+
+# 1. Step 3 by hand
+model = make_mlp(seed=0).to(device)           # same seed: identical replicas
+x, y = (t.to(device) for t in data.tensors)
+mine = slice(rank * 64 // world, (rank + 1) * 64 // world)   # this rank's half of samples 0..63
+loss = torch.nn.functional.cross_entropy(model(x[mine]), y[mine])
+loss.backward()
+# a copy (.cpu() of a CPU tensor is the same tensor), since all_reduce below works in place
+result["local"] = {n: p.grad.cpu().clone() for n, p in model.named_parameters()}
+for p in model.parameters():
+    dist.all_reduce(p.grad)                   # sum over ranks ...
+    p.grad /= world                           # ... then average: what DDP does in backward
+print(f"by hand: local loss {loss.item():.4f}; gradients averaged over {world} ranks")
+result["averaged"] = {n: p.grad.cpu() for n, p in model.named_parameters()}
+
+# 2. DDP, with and without
 for use_ddp in (False, True):
     model = make_mlp(seed=100 + rank).to(device)   # a different start on every rank
     ids = [device.index] if device.type == "cuda" else None
@@ -132,18 +104,49 @@ for use_ddp in (False, True):
     result["ddp" if use_ddp else "alone"] = {"state": cpu_state(model), "losses": losses}
 distlab.shutdown()
 
+# %% [markdown]
+# ## Step 3 by hand: all-reduce makes the half-batch gradients equal the full-batch gradient
+#
+# The full-batch gradient, computed here in a single process, against what rank 0 held before
+# and after the all-reduce:
+
+# %%
+import torch
+
+from distlab.data import digits
+from distlab.models import make_mlp
+
+model = make_mlp(seed=0)
+x, y = digits().tensors
+torch.nn.functional.cross_entropy(model(x[:64]), y[:64]).backward()
+full = {n: p.grad for n, p in model.named_parameters()}
+
+for name, g in full.items():
+    before = (ranks[0]["local"][name] - g).abs().max().item()
+    after = (ranks[0]["averaged"][name] - g).abs().max().item()
+    print(f"{name:14s} rank 0 alone differs by {before:.2e}; after all-reduce by {after:.2e}")
+assert any((ranks[0]["local"][n] - g).abs().max() > 1e-4 for n, g in full.items())  # half a batch is not the batch
+torch.testing.assert_close(ranks[0]["averaged"], full)   # tolerance: the sums ran in another order
+torch.testing.assert_close(ranks[0]["averaged"], ranks[1]["averaged"], rtol=0, atol=0)
+print("averaged gradient == full-batch gradient, and identical on both ranks")
+
+# %% [markdown]
+# ## The real thing: DDP, with and without
+#
+# The weights each rank ended with, without DDP and with it, and the losses of the DDP run:
+
 # %%
 import matplotlib.pyplot as plt
 
 for key, label in [("alone", "without DDP"), ("ddp", "with DDP")]:
-    a, b = runs[0][key]["state"], runs[1][key]["state"]
+    a, b = ranks[0][key]["state"], ranks[1][key]["state"]
     gap = max((a[k] - b[k]).abs().max().item() for k in a)
     print(f"{label:12s}: largest weight difference between rank 0 and rank 1 = {gap:.3g}")
-assert all(torch.equal(runs[0]["ddp"]["state"][k], runs[1]["ddp"]["state"][k]) for k in runs[0]["ddp"]["state"])
+assert all(torch.equal(ranks[0]["ddp"]["state"][k], ranks[1]["ddp"]["state"][k]) for k in ranks[0]["ddp"]["state"])
 
 fig, ax = plt.subplots(figsize=(7, 3))
 for rank in (0, 1):
-    ax.plot(runs[rank]["ddp"]["losses"], label=f"rank {rank} with DDP", alpha=0.8)
+    ax.plot(ranks[rank]["ddp"]["losses"], label=f"rank {rank} with DDP", alpha=0.8)
 ax.set_xlabel("step")
 ax.set_ylabel("loss on the rank's local batch")
 ax.set_title("Each rank sees different data, yet holds the same weights")

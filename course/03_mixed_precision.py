@@ -231,7 +231,7 @@ for name, kw in workloads.items():
 # %% [markdown]
 # ## Measured on this machine: speed and memory of fp32, bf16 and fp16
 #
-# One training step of an MLP (256 → 1024 × 3 → 10, batch 256), timed with `median_seconds` at one
+# One training step of an MLP (256 → 512 × 3 → 10, batch 128), timed with `median_seconds` at one
 # thread; memory as the bytes autograd saves for backward (`saved_tensors_hooks`, exact on any
 # device; on a GPU you would also read `torch.cuda.max_memory_allocated`).
 
@@ -243,7 +243,7 @@ from distlab.models import make_mlp
 
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
-xb, yb = torch.randn(256, 256, generator=g), torch.randint(0, 10, (256,), generator=g)
+xb, yb = torch.randn(128, 256, generator=g), torch.randint(0, 10, (128,), generator=g)
 
 
 def step(model, opt, dtype, scaler=None):
@@ -261,7 +261,7 @@ def step(model, opt, dtype, scaler=None):
 
 measured = {}
 for name, dtype in (("float32", None), ("bfloat16", torch.bfloat16), ("float16", torch.float16)):
-    model = make_mlp(seed=0, in_features=256, hidden=1024, depth=3)
+    model = make_mlp(seed=0, in_features=256, hidden=512, depth=3)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu") if dtype is torch.float16 else None
     fn = functools.partial(step, model, opt, dtype, scaler)

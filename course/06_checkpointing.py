@@ -59,7 +59,7 @@
 # %% [markdown]
 # ## Live demo: train, kill a rank, resume
 #
-# The script below trains a sharded (FSDP2) model on 2 ranks for 30 steps, saving every 5 with an
+# The script below trains a sharded (FSDP2) model on 2 ranks for 20 steps, saving every 5 with an
 # atomic commit and keeping 2. It has no dropout and picks each batch from the step number, so
 # model, optimizer and step are all it must save (the exercise has to save the rest too). We run
 # it twice under `torchrun --max-restarts 1`: once undisturbed, and once while rank 1 **SIGKILLs
@@ -94,7 +94,7 @@ from distlab.checkpoint import commit, latest_complete, prune, staging_path
 from distlab.data import synthetic_classification
 from distlab.resmlp import make_resmlp
 
-STEPS, KILL_AT = 30, 13
+STEPS, KILL_AT = 20, 13
 demo = os.path.dirname(os.path.abspath(__file__))
 dev = distlab.init_distributed()  # this rank's device: the CPU under gloo, its GPU under NCCL
 rank, attempt = dist.get_rank(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

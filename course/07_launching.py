@@ -37,7 +37,9 @@
 # Here they are, from a live run of 2 workers on this machine, started the way two *machines*
 # would start them (more on that below): two torchrun agents, one worker each. Each worker also
 # joins the process group and all-reduces its rank, on its own device (the GPU under NCCL), to
-# prove both are in one world.
+# prove both are in one world. Starting a job costs seconds, so the same job then measures what
+# the scaling section at the end of this notebook needs (`probe=`: compute, a DDP step and
+# all-reduce bandwidth on these 2 workers; more on it there).
 
 # %%
 import matplotlib.pyplot as plt
@@ -51,7 +53,9 @@ def env_table(results: list[dict], keys=ENV_VARS[:8]) -> None:
         print(" ".join(f"{r[k]:>16}" for k in keys))
 
 
-multi = multinode_torchrun("distlab.multinode:whoami", nnodes=2, nproc_per_node=1, timeout=60)
+HIDDEN, BATCH = 1024, 32   # the scaling section's MLP: 2.2 M parameters, 8.7 MB of gradients, little compute per sample
+multi = multinode_torchrun("distlab.multinode:whoami", nnodes=2, nproc_per_node=1, timeout=90,
+                           kwargs=dict(probe=dict(hidden=HIDDEN, batch=BATCH)))
 env_table(multi.results)
 print(f"an all-reduce of the ranks gave {multi.results[0]['rank_sum']} on every rank: one world of "
       f"{multi.results[0]['world']} ({multi.backend}, devices {[r['device'] for r in multi.results]})")
@@ -148,8 +152,10 @@ print((REPO_ROOT / "course" / "slurm" / "train.sbatch").read_text().split("set -
 # turns on the cores, so their step time grows for reasons that have nothing to do with
 # communication. A CPU can show the method and the shape of the model; it cannot show the
 # efficiency of GPUs on NVLink or InfiniBand. Below: one worker timed here, two workers measured
-# in one job (compute alone, a DDP step, and all-reduces of 4 KiB up to the gradients' size to
-# fit latency and bus bandwidth), and the model's prediction from those inputs up to 8 workers.
+# in one job, the one at the top of this notebook (compute alone, a DDP step, and all-reduces of
+# 4 KiB up to the gradients' size to fit latency and bus bandwidth; two agents of one worker each
+# on one machine are the same two processes as one agent of two), and the model's prediction from
+# those inputs up to 8 workers.
 
 # %%
 import torch
@@ -160,10 +166,8 @@ from distlab.models import make_mlp
 from distlab.timing import cpu_cores, median_seconds
 
 cores = cpu_cores()
-HIDDEN, BATCH = 1024, 32   # 2.2 M parameters: 8.7 MB of gradients for little compute per sample
-
 torch.set_num_threads(1)   # like each torchrun worker (OMP_NUM_THREADS=1)
-model = make_mlp(seed=0, hidden=HIDDEN, depth=3)
+model = make_mlp(seed=0, hidden=HIDDEN, depth=3)   # the model the 2 workers measured (top of the notebook)
 x, y = torch.randn(BATCH, 64), torch.randint(0, 10, (BATCH,))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
@@ -175,8 +179,8 @@ def local_step():
 
 
 t1 = median_seconds(local_step)   # warm-up, then the median per call (torch.utils.benchmark)
-print(f"measuring 2 workers ({'one core each' if cores >= 2 else 'oversubscribed'}) ...", flush=True)
-p = torchrun("distlab.bandwidth:scaling_probe", 2, kwargs=dict(hidden=HIDDEN, batch=BATCH), timeout=90).results[0]
+p = multi.results[0]["probe"]     # the 2 workers' figures (every rank returned the same)
+print(f"2 workers measured at the top ({'one core each' if cores >= 2 else 'oversubscribed'} on {cores} cores)")
 
 # %%
 print(f"one worker: {t1 * 1e3:.1f} ms per step; gradients {p['grad_bytes'] / 1e6:.1f} MB; "

@@ -135,11 +135,20 @@ def view(dev: torch.device) -> dict:
             "world": dist.get_world_size(), "device": str(dev)}
 
 
-def whoami() -> dict:
-    """Join the job, return :func:`view`, leave: a rank's view of the job."""
+def whoami(probe: dict | None = None) -> dict:
+    """Join the job, return :func:`view`, leave: a rank's view of the job.
+
+    With ``probe`` (keyword arguments of :func:`distlab.bandwidth.scaling_probe`) the same job
+    also measures what the scaling model needs, under ``"probe"``: a second job would spend
+    seconds starting processes to measure milliseconds of work.
+    """
     from .distributed import init_distributed, shutdown
 
     out = view(init_distributed())
+    if probe is not None:
+        from .bandwidth import scaling_probe
+
+        out["probe"] = scaling_probe(**probe)  # joins the same process group
     shutdown()
     return out
 

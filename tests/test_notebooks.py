@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.notebook, pytest.mark.slow]
 
 NOTEBOOKS = sorted((REPO / "course").glob("[0-9][0-9]_*.py"))
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CELL_MARKER = re.compile(r"# %%( |$)")
 
 
 def _describe(source, nb, index: int, error: dict) -> str:
@@ -24,7 +25,8 @@ def _describe(source, nb, index: int, error: dict) -> str:
     tb = [ANSI.sub("", ln) for ln in error.get("traceback", [])]
     tail = "\n".join("\n".join(tb).splitlines()[-12:])
     # where the cell starts in the jupytext source, when every cell has its "# %%" marker
-    markers = [n for n, ln in enumerate(source.read_text().splitlines(), 1) if ln.startswith("# %%")]
+    # ("# %%torchrun" and "# %%time" are cell magics inside a cell, not markers)
+    markers = [n for n, ln in enumerate(source.read_text().splitlines(), 1) if CELL_MARKER.match(ln)]
     where = f"{source.name} line {markers[index]}" if len(markers) == len(nb.cells) else source.name
     return (f"{where}: cell {index} (execution count {cell.get('execution_count')}, starting "
             f"{first!r}) raised {error.get('ename')}: {error.get('evalue')}\n{tail}")
