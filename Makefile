@@ -54,4 +54,4 @@ stubs: setup
 # Instructors: make nbgrader STEP=generate|release|collect|autograde|feedback|export|grade|mark [ARGS="--exercise 1"]
 STEP ?= grade
 nbgrader: setup
-	$(BIN)/python -m autograder.nbgrader_course $(STEP) $(ARGS)
+	$(BIN)/python -m autograder.nbgrader $(STEP) $(ARGS)

@@ -2,7 +2,7 @@
 # grade.sh [STEP [OPTIONS...]]   (the grader image's entrypoint; default step: mark)
 #
 # Grades the nbgrader course mounted at $DISTLAB_COURSE (default /course):
-# `python -m autograder.nbgrader_course STEP --course-dir $DISTLAB_COURSE ...`
+# `python -m autograder.nbgrader STEP --course-dir $DISTLAB_COURSE ...`
 # with `mark` = repair + autograde what is in submitted/, generate feedback,
 # export grades.csv. It runs as root in the container and
 #  1. makes the course directory and the gradebook writable by their owner only
@@ -56,7 +56,7 @@ JSON
 export JUPYTER_PATH="$kernels${JUPYTER_PATH:+:$JUPYTER_PATH}"
 export JUPYTER_RUNTIME_DIR="$runtime"
 
-cmd=(timeout --kill-after=60 "$time_limit" "$python" -m autograder.nbgrader_course "$step"
+cmd=(timeout --kill-after=60 "$time_limit" "$python" -m autograder.nbgrader "$step"
      --course-dir "$course" "$@")
 if [[ "${DISTLAB_DRY_RUN:-0}" == 1 ]]; then
     printf '%q ' "${cmd[@]}"

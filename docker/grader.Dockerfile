@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The instructor's grader image: nbgrader autograde on GPUs (NCCL), learners' code sandboxed.
 #   docker build -f docker/grader.Dockerfile -t distlab-grader .
-#   cd docker && docker compose run --rm grader        # grades ../autograder/nbgrader/submitted
+#   cd docker && docker compose run --rm grader        # grades ../nbgrader/submitted
 # The CUDA runtime image ships NCCL; the torch wheel from PyPI is the CUDA build with its own NCCL.
 FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
 

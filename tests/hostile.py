@@ -3,7 +3,10 @@
 Each snippet is Python source put into a learner's file (after its imports).
 It runs on rank 0 of every job that imports the file, and writes the pid of
 each process it starts to ``<pid_dir>/<name>.<pid>`` so the test can check
-that none of them survived the grading.
+that none of them survived the grading. A snippet that pushes against a
+limit also records what it reached (:func:`recorded`), and every rank fails
+only once it has: so the test knows the limit was reached, and no time is
+spent after that.
 """
 from __future__ import annotations
 
@@ -31,6 +34,16 @@ _DAEMONIZER = (  # run in a fresh interpreter: forking a rank itself (torch's th
     "os.wait()\\n")
 def _daemonize(program):
     _sp.run([_sys.executable, "-c", _DAEMONIZER, program, _PIDS], check=True)
+def _record(name, value=""):
+    _tmp = _os.path.join(_PIDS, f".record-{{name}}.{{_os.getpid()}}")
+    with open(_tmp, "w") as _f:
+        _f.write(str(value))
+    _os.replace(_tmp, _os.path.join(_PIDS, "record-" + name))
+def _wait_for_record(name, timeout=120):
+    import time as _time
+    _end = _time.monotonic() + timeout
+    while not _os.path.exists(_os.path.join(_PIDS, "record-" + name)) and _time.monotonic() < _end:
+        _time.sleep(0.02)  # polling interval
 '''
 
 # A helper the learner starts and forgets: a new session, and our stdout pipe still open.
@@ -83,31 +96,63 @@ for _target in {targets!r}:
 raise RuntimeError("tried to write what is not mine")
 '''
 
-# Forks until the learner user's process limit, for a while; the module then fails.
+# Forks until the learner user's process limit, and keeps it there for a while. The first fork that
+# fails records how many processes the user had then; every rank fails once that is recorded, so the
+# grader ends the job while the bomb still holds the limit.
 FORK_BOMB = '''
+_BOMB = ("import os, sys, time\\n"
+         "def mine():\\n"
+         "    n = 0\\n"
+         "    for p in os.listdir('/proc'):\\n"
+         "        try:\\n"
+         "            n += p.isdigit() and os.stat('/proc/' + p).st_uid == os.getuid()\\n"
+         "        except OSError:\\n"
+         "            pass\\n"
+         "    return n\\n"
+         "end, reached = time.time() + 30, os.path.join(sys.argv[1], 'record-forkbomb')\\n"
+         "while time.time() < end:\\n"
+         "    try:\\n"
+         "        os.fork()\\n"
+         "    except OSError:\\n"
+         "        if not os.path.exists(reached):\\n"
+         "            tmp = os.path.join(sys.argv[1], f'.forkbomb.{{os.getpid()}}')\\n"
+         "            open(tmp, 'w').write(str(mine()))\\n"
+         "            os.replace(tmp, reached)\\n"
+         "        time.sleep(0.01)\\n")
 if _FIRST_RANK:
-    import time as _time
-    _sp.Popen([_sys.executable, "-c", "import os, time\\nend = time.time() + 30\\nwhile time.time() < end:\\n"
-               "    try:\\n        os.fork()\\n    except OSError:\\n        time.sleep(0.01)\\n"])
-    _time.sleep(3)  # the bomb goes off while this rank still runs
+    _sp.Popen([_sys.executable, "-c", _BOMB, _PIDS])
+_wait_for_record("forkbomb")
 raise RuntimeError("fork bomb")
 '''
 
+# Reserves memory until the address-space limit stops it, then records the address space it reached.
+# The chunks are calloc'd and never written: reaching the limit is the point, not filling the machine.
 MEMORY_BOMB = '''
 if _FIRST_RANK:
     _hog = []
-    while True:
-        _hog.append(b"x" * (64 << 20))
+    try:
+        while True:
+            _hog.append(bytes(64 << 20))
+    except MemoryError:
+        _vm = next(l for l in open("/proc/self/status") if l.startswith("VmSize:"))
+        _record("membomb", int(_vm.split()[1]) * 1024)
+        _hog.clear()
+        raise
 '''
 
-# A gigabyte on stdout (in 64 KiB lines), on rank 0 of the 2-rank job; then the module fails.
+# 256 MiB on stdout in 64 KiB lines, on rank 0 of the 2-rank job: 16,384 pieces of the launcher's longest
+# line (16 KiB), more than the 10,000 it keeps (distlab.process.Lines). The module fails on every rank once
+# all of it is written, so all of it goes through the grader.
 SPEW = '''
-if _FIRST_RANK and _os.environ.get("WORLD_SIZE") == "2":
-    _line = "x" * 65535 + "\\n"
-    for _ in range(16384):
-        _sys.stdout.write(_line)
-    _sys.stdout.flush()
-raise RuntimeError("printed a gigabyte")
+if _os.environ.get("WORLD_SIZE") == "2":
+    if _FIRST_RANK:
+        _line = "x" * 65535 + "\\n"
+        for _ in range(4096):
+            _sys.stdout.write(_line)
+        _sys.stdout.flush()
+        _record("spew", 4096 * 65536)
+    _wait_for_record("spew")
+raise RuntimeError("printed 256 MiB")
 '''
 
 
@@ -128,9 +173,17 @@ def started(pid_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """``{kind: [(pid, when noted), ...]}`` of the processes the snippets started."""
     found: dict[str, list[tuple[int, float]]] = {}
     for f in Path(pid_dir).iterdir():
+        if f.name.startswith(("record-", ".")):  # what a snippet recorded (or is writing), not a pid
+            continue
         kind, _, pid = f.name.partition(".")
         found.setdefault(kind, []).append((int(pid), f.stat().st_mtime))
     return found
+
+
+def recorded(pid_dir: Path) -> dict[str, str]:
+    """``{snippet: what it recorded}``: the limits the snippets reached (a fork failed; the address space
+    in bytes when memory ran out; the bytes printed)."""
+    return {f.name.removeprefix("record-"): f.read_text() for f in Path(pid_dir).glob("record-*")}
 
 
 def alive(noted: list[tuple[int, float]]) -> list[int]:

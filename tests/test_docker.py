@@ -99,7 +99,9 @@ def test_compose_grader_has_gpus_and_a_sandbox():
     assert grader["mem_limit"] and grader["memswap_limit"] == grader["mem_limit"]  # no swap on top
     assert 0 < int(grader["pids_limit"]) <= 65536
     assert grader["cap_drop"] == ["ALL"] and "no-new-privileges:true" in grader["security_opt"]
-    assert any(v.endswith(":/course") and "autograder/nbgrader" in v for v in grader["volumes"])
+    course = [v.rsplit(":", 1)[0] for v in grader["volumes"] if v.endswith(":/course")]
+    assert course == ["${DISTLAB_COURSE_DIR:-../nbgrader}"]  # the course directory at the repo's top level
+    assert (DOCKER / "../nbgrader/nbgrader_config.py").is_file()
     assert "8888:8888" in learner["ports"]
 
 
@@ -143,7 +145,7 @@ def test_as_student_drops_to_an_unprivileged_user():
 def make_course(tmp_path: Path) -> Path:
     course = tmp_path / "course"
     course.mkdir()
-    shutil.copy(REPO / "autograder" / "nbgrader" / "nbgrader_config.py", course)
+    shutil.copy(REPO / "nbgrader" / "nbgrader_config.py", course)
     (course / "assignments.json").write_text(json.dumps({"cell_timeout_s": 60, "assignments": {}}))
     (course / "gradebook.db").write_text("")
     (course / "gradebook.db").chmod(0o666)
@@ -160,7 +162,7 @@ def test_grade_sh_sets_up_the_sandbox_and_runs_the_step_with_a_time_limit(tmp_pa
     done = subprocess.run([str(DOCKER / "grade.sh"), "mark", "--exercise", "1"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert f"timeout --kill-after=60 99 {sys.executable} -m autograder.nbgrader_course mark --course-dir " \
+    assert f"timeout --kill-after=60 99 {sys.executable} -m autograder.nbgrader mark --course-dir " \
            f"{course} --exercise 1" in done.stdout
     assert stat.S_IMODE((course / "gradebook.db").stat().st_mode) == 0o600
     assert not course.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)

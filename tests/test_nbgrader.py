@@ -1,60 +1,89 @@
 """The nbgrader course, for real: nbgrader's own commands against a local exchange in a tmp dir.
 
-One class of five learners on exercise 1 (grading the reference solution is
-the slow part; the others fail fast):
+One class of six learners on exercise 7, the cheapest exercise to grade (one
+launch at 2 ranks): what is tested is the nbgrader flow, which is the same
+for every exercise.
 
 * alice submits the reference solution                     -> full marks
 * bob submits the untouched stubs                          -> 0, "not implemented yet"
 * carol edits the test cell to claim full marks, duplicates it,
   and her module fails to import                           -> 0, graded on the original cell
-* dave deletes the test cell and renames train_ddp         -> 0, cell restored, names train_ddp
+* dave deletes the test cell and renames gpipe_step        -> 0, cell restored, names gpipe_step
 * erin's notebook is not JSON and her module is missing    -> 0, released notebook used, "not found"
-* frank submits the stubs and adds a cell that patches json.loads so the
-  test cell reports full marks                              -> 0, regraded outside the kernel
+* frank submits the stubs, barely started, and adds a cell that patches
+  json.loads so the test cell reports full marks            -> 0, regraded outside the kernel
 
 then feedback is generated and released, grades exported, and autograde is
-run again to show it duplicates nothing.
+run again to show it duplicates nothing. The instructor's steps are the CLI's
+(each nbgrader command a process of its own, as in class); the learners'
+fetch and submit are nbgrader's own apps run in this process, as nbgrader's
+test suite runs them.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import runpy
 import shutil
 import sqlite3
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from autograder import nbgrader_course
-from autograder.nbgrader_assignments import grade_id
+from autograder.nbgrader.assignments import grade_id
+from autograder.nbgrader.course import main as nbgrader_main
 from autograder.registry import exercises
 from distlab.launch import time_scale
 from tests.helpers import REPO, SOLUTIONS
 
 pytestmark = pytest.mark.timeout(900)
-EX = exercises()[1]
-ASSIGNMENT = "ex01_ddp"
+EX = exercises()[7]
+ASSIGNMENT = Path(EX.filename).stem
 LEARNERS = ("alice", "bob", "carol", "dave", "erin", "frank")
 
 
+@contextlib.contextmanager
+def in_folder(folder: Path):
+    """Run the block in ``folder``, and leave ``sys.path`` as it was (nbgrader puts the folder on it)."""
+    cwd, path = os.getcwd(), sys.path[:]
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
+
+
 def learner_nbgrader(home: Path, exchange: Path, *args: str) -> None:
-    """A learner's nbgrader command, run in their home folder (no course config there)."""
-    cmd = [sys.executable, "-m", "nbgrader", *args, "--course", "distlab", f"--Exchange.root={exchange}"]
-    env = {**os.environ, "JUPYTER_DATA_DIR": str(home / ".jupyter")}  # the learner's own nbgrader cache
-    done = subprocess.run(cmd, cwd=home, env=env, capture_output=True, text=True,
-                          timeout=180 * time_scale())  # a hang guard, scaled (DISTLAB_TIME_SCALE)
-    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stderr[-2000:]}"
+    """A learner's nbgrader command, run in their home folder (no course config there), with their own cache.
 
+    nbgrader's own app, run in this process the way nbgrader's test suite runs it
+    (``nbgrader.tests.run_nbgrader``): a process per command would cost a Python and
+    nbgrader start-up each, most of what a learner's command takes.
+    """
+    from jupyter_core.application import NoStart
+    from nbgrader.apps import NbGraderApp
 
-def in_parallel(fn, items):
-    with ThreadPoolExecutor(len(items)) as pool:
-        list(pool.map(fn, items))
+    argv = [*args, "--course", "distlab", f"--Exchange.root={exchange}",
+            f"--Exchange.cache={home / '.jupyter' / 'nbgrader_cache'}"]
+    app = NbGraderApp.instance()
+    with in_folder(home):
+        try:
+            app.initialize(argv)
+            app.start()
+            code = 0
+        except NoStart:  # what `nbgrader` raises once its subcommand has run
+            code = 0
+        except SystemExit as exc:  # how the subcommand reports a failure
+            code = exc.code
+        finally:
+            app.reset()
+    assert code in (0, None), f"nbgrader {' '.join(args)} failed (exit status {code})"
 
 
 def tamper(folder: Path, learner: str) -> None:
@@ -76,8 +105,8 @@ def tamper(folder: Path, learner: str) -> None:
         nb = nbformat.read(nb_path, as_version=4)
         nb.cells = [c for c in nb.cells if not c.metadata.get("nbgrader", {}).get("grade")]
         nbformat.write(nb, nb_path)
-        assert "def train_ddp(" in solution
-        module.write_text(solution.replace("def train_ddp(", "def train_data_parallel("))
+        assert "def gpipe_step(" in solution
+        module.write_text(solution.replace("def gpipe_step(", "def gpipe_schedule("))
     elif learner == "frank":
         nb = nbformat.read(nb_path, as_version=4)
         cheat = ("import json\n_loads = json.loads\n\n"
@@ -90,6 +119,9 @@ def tamper(folder: Path, learner: str) -> None:
                  "json.loads = _full_marks\n")
         nb.cells.insert(1, nbformat.v4.new_code_cell(cheat))
         nbformat.write(nb, nb_path)
+        # Not the untouched stub (the grader knows that one without running it, and reads no report):
+        # his module is graded by running it, and the kernel reads the report with the patched json.loads.
+        module.write_text(module.read_text() + "\nSTARTED = True\n")
     elif learner == "erin":
         nb_path.write_text('{"cells": [ this is not json')
         module.unlink()
@@ -102,7 +134,7 @@ def gradebook_rows(db: Path) -> dict[str, list]:
 
 
 def scores(db: Path) -> dict[str, tuple[float | None, bool]]:
-    """``{student: (auto_score, needs_manual_grade)}`` of exercise 1's test cell."""
+    """``{student: (auto_score, needs_manual_grade)}`` of the exercise's test cell."""
     with sqlite3.connect(db) as con:
         rows = con.execute(
             "SELECT sa.student_id, g.auto_score, g.needs_manual_grade FROM grade g "
@@ -136,14 +168,14 @@ def course(tmp_path_factory):
 def run_cycle(root: Path) -> dict:
     course, exchange = root / "course", root / "exchange"
     course.mkdir()
-    shutil.copy(REPO / "autograder" / "nbgrader" / "nbgrader_config.py", course)
+    shutil.copy(REPO / "nbgrader" / "nbgrader_config.py", course)
 
     start = time.perf_counter()
 
     def instructor(*args: str) -> None:
         argv = [*args, "--course-dir", str(course), "--exchange", str(exchange), "--exercise", str(EX.number),
                 "--timeout", str(int(600 * time_scale()))]  # a hang guard, scaled (DISTLAB_TIME_SCALE)
-        assert nbgrader_course.main(argv) == 0, f"nbgrader_course {args[0]} failed"
+        assert nbgrader_main(argv) == 0, f"python -m autograder.nbgrader {args[0]} failed"
         print(f"[nbgrader cycle] {' '.join(args)} done at {time.perf_counter() - start:.1f} s", flush=True)
 
     instructor("generate")
@@ -151,12 +183,13 @@ def run_cycle(root: Path) -> dict:
     homes = {name: root / name for name in LEARNERS}
     for home in homes.values():
         home.mkdir()
-    in_parallel(lambda n: learner_nbgrader(homes[n], exchange, "fetch_assignment", ASSIGNMENT), ["alice", "bob"])
+    for name in ("alice", "bob"):
+        learner_nbgrader(homes[name], exchange, "fetch_assignment", ASSIGNMENT)
     for name in ("carol", "dave", "erin", "frank"):
         shutil.copytree(homes["bob"] / ASSIGNMENT, homes[name] / ASSIGNMENT)
     for name in LEARNERS:
         tamper(homes[name] / ASSIGNMENT, name)
-    in_parallel(lambda n: learner_nbgrader(homes[n], exchange, "submit", ASSIGNMENT, "--student", n), LEARNERS)
+        learner_nbgrader(homes[name], exchange, "submit", ASSIGNMENT, "--student", name)
     print(f"[nbgrader cycle] learners fetched and submitted at {time.perf_counter() - start:.1f} s", flush=True)
     instructor("grade")  # collect, repair + autograde, generate and release feedback, export
     db = course / "gradebook.db"
@@ -172,7 +205,7 @@ def test_release_strips_hidden_tests_and_ships_the_stub(course):
     released = course["homes"]["bob"] / ASSIGNMENT
     text = (released / f"{ASSIGNMENT}.ipynb").read_text()
     assert "HIDDEN TESTS" not in text and "_sys.modules" not in text
-    assert "grade(1)" in text
+    assert f"grade({EX.number})" in text
     assert (released / EX.filename).read_text() == (REPO / "exercises" / EX.filename).read_text()
     assert "### BEGIN SOLUTION" not in (released / EX.filename).read_text()
 
@@ -198,15 +231,15 @@ def test_each_problem_has_a_clear_message(course):
     assert f"score {EX.max_score:g}/{EX.max_score:g}" in check_cell_output(c, "alice")
     assert "not implemented yet" in check_cell_output(c, "bob")
     assert "ModuleNotFoundError" in check_cell_output(c, "carol")
-    assert "train_ddp" in check_cell_output(c, "dave")
+    assert "gpipe_step" in check_cell_output(c, "dave")
     assert f"{EX.filename} not found" in check_cell_output(c, "erin")
     notes = (c / "nbgrader_problems.txt").read_text()
     for learner, words in {"carol": ["was edited", "more than once"], "dave": ["was deleted"],
                            "erin": ["could not be read", f"{EX.filename} was not in your submission"]}.items():
         for w in words:
             assert f"{learner} / {ASSIGNMENT}: " in notes and w in notes, (learner, w)
-    assert "frank / ex01_ddp: the notebook reported 10 points but the grader, run outside the notebook, " \
-        "gives 0" in notes
+    assert f"frank / {ASSIGNMENT}: the notebook reported {EX.max_score:g} points but the grader, run outside " \
+        "the notebook, gives 0" in notes
     assert "alice" not in notes and "bob" not in notes
     # erin's own file is kept, and the note is in the feedback released to her
     assert (c / "submitted" / "erin" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb.rejected").is_file()
@@ -297,7 +330,7 @@ def test_every_exercise_in_the_registry_is_an_assignment_and_the_config_follows(
     """No nbgrader run: the generated source/ and what nbgrader_config.py makes of it."""
     from traitlets.config.loader import PyFileConfigLoader
 
-    from autograder.nbgrader_assignments import write_source
+    from autograder.nbgrader.assignments import write_source
     from autograder.stubs import generate
 
     made = write_source(tmp_path)
@@ -311,9 +344,55 @@ def test_every_exercise_in_the_registry_is_an_assignment_and_the_config_follows(
         graded = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
         assert len(graded) == 1 and graded[0].metadata.nbgrader["points"] == ex.max_score
         assert f"grade({ex.number})" in graded[0].source and "BEGIN HIDDEN TESTS" in graded[0].source
-    shutil.copy(REPO / "autograder" / "nbgrader" / "nbgrader_config.py", tmp_path)
+    shutil.copy(REPO / "nbgrader" / "nbgrader_config.py", tmp_path)
     c = PyFileConfigLoader("nbgrader_config.py", path=str(tmp_path)).load_config()
     assert c.CourseDirectory.root == str(tmp_path)
     assert c.Execute.timeout > max(ex.time_limit for ex in known.values())  # the check's own limit fires first
     assert c.Autograde.exclude_overwriting == {Path(ex.filename).stem: [ex.filename] for ex in known.values()}
     assert c.OverwriteCells.add_missing_cells is True
+
+
+def test_a_submission_that_did_not_run_gets_one_line_and_an_unfinished_one_none(tmp_path):
+    """The instructor's line comes from the feedback the test cell printed, as ExerciseReport writes it."""
+    from autograder.nbgrader.verify import did_not_run
+
+    def cell_printed(student: str, message: str) -> None:
+        feedback = EX.new_report().did_not_run(message).feedback
+        cell = nbformat.v4.new_code_cell("grade(7)", metadata={"nbgrader": {"grade_id": grade_id(EX)}},
+                                         outputs=[nbformat.v4.new_output("stream", text=f"{feedback}\n")])
+        folder = tmp_path / "autograded" / student / ASSIGNMENT
+        folder.mkdir(parents=True)
+        nbformat.write(nbformat.v4.new_notebook(cells=[cell]), folder / f"{ASSIGNMENT}.ipynb")
+
+    cell_printed("carol", "your code raised on rank 0: ModuleNotFoundError: no module named 'x'")
+    cell_printed("bob", "not implemented yet (ex07_pipeline.py line 40 in gpipe_step: raise NotImplementedError)")
+    assert did_not_run(tmp_path, "carol", ASSIGNMENT, grade_id(EX)) == [
+        f"carol / {ASSIGNMENT}: 0 points, the submission did not run: your code raised on rank 0: "
+        "ModuleNotFoundError: no module named 'x'"]
+    assert did_not_run(tmp_path, "bob", ASSIGNMENT, grade_id(EX)) == []
+    assert did_not_run(tmp_path, "erin", ASSIGNMENT, grade_id(EX)) == []  # no notebook: nothing to say
+
+
+def test_the_old_names_still_work(monkeypatch, capsys):
+    """Released notebooks import ``autograder.nbgrader_cell``; instructors' scripts run
+    ``python -m autograder.nbgrader_course``; both are the new modules under the old names."""
+    import autograder.nbgrader_cell as released
+    from autograder.nbgrader import cell
+
+    assert (released.grade, released.stubs_left) == (cell.grade, cell.stubs_left)
+    for module in ("autograder.nbgrader", "autograder.nbgrader_course"):
+        monkeypatch.setattr(sys, "argv", [module, "--help"])
+        with pytest.raises(SystemExit) as exited:
+            runpy.run_module(module, run_name="__main__")
+        assert exited.value.code == 0
+        assert "mark" in capsys.readouterr().out
+
+
+def test_the_course_folder_does_not_hide_the_nbgrader_package():
+    """The class's data is in the repository's ``nbgrader/`` folder (no ``__init__.py``): from the repository
+    root, ``import nbgrader`` still finds nbgrader itself, since a package beats a bare folder."""
+    from importlib.util import find_spec
+
+    assert REPO in [Path(p).resolve() for p in sys.path if p]  # the folder is where Python looks (conftest)
+    assert (REPO / "nbgrader").is_dir() and not (REPO / "nbgrader" / "__init__.py").exists()
+    assert Path(find_spec("nbgrader").origin).parent != REPO / "nbgrader"

@@ -13,7 +13,7 @@ in the course directory gets
   the contract of every function to write), a cell that lists what is still
   a stub, and one locked test cell worth the exercise's ``max_score`` that
   grades the module with the checks of ``python -m autograder`` (see
-  :mod:`autograder.nbgrader_cell`). Its ``### BEGIN HIDDEN TESTS`` region,
+  :mod:`autograder.nbgrader.cell`). Its ``### BEGIN HIDDEN TESTS`` region,
   removed from the released notebook and restored at autograding, makes the
   cell load the instructor's grader afresh whatever the learner's cells did.
 
@@ -29,9 +29,9 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from .nbgrader_cell import fresh_grader_source
-from .registry import Exercise, exercises
-from .stubs import BEGIN, REPO_ROOT, strip_solutions
+from ..registry import Exercise, exercises
+from ..stubs import BEGIN, REPO_ROOT, strip_solutions
+from .cell import fresh_grader_source
 
 SOLUTIONS = REPO_ROOT / "solutions"
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
@@ -74,6 +74,8 @@ def contracts(solution_source: str) -> list[tuple[str, str]]:
     return out
 
 
+# The cells import ``autograder.nbgrader_cell`` (a re-export of :mod:`.cell`), not the module itself:
+# it is what every notebook in learners' hands imports, so a notebook works with any checkout.
 def check_cell_source(ex: Exercise, hidden: bool = True) -> str:
     """The test cell: the instructor's version, with the hidden region unless ``hidden=False``."""
     head = (f"# Grades {ex.filename} (beside this notebook) with the checks of\n"

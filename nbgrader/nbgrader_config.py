@@ -1,11 +1,12 @@
 """nbgrader configuration of the distlab course; this folder is the course root.
 
-Run nbgrader here, or use ``python -m autograder.nbgrader_course`` which does.
+Run nbgrader here, or use ``python -m autograder.nbgrader`` which does.
 ``source/`` and ``assignments.json`` are generated from the registry and
-``solutions/`` (``python -m autograder.nbgrader_course generate``), one
-assignment per exercise; ``release/``, ``submitted/``, ``autograded/``,
-``feedback/`` and ``gradebook.db`` are the class's data, not the repository's.
-The exchange is ``$DISTLAB_EXCHANGE`` (default ``/srv/nbgrader/exchange``).
+``solutions/`` (``python -m autograder.nbgrader generate``), one assignment
+per exercise; ``release/``, ``submitted/``, ``autograded/``, ``feedback/``,
+``gradebook.db`` and ``grades.csv`` are the class's data, not the
+repository's (``.gitignore`` here). The exchange is ``$DISTLAB_EXCHANGE``
+(default ``/srv/nbgrader/exchange``).
 """
 import json
 import os
