@@ -12,7 +12,8 @@ import ast
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from distlab.importing import REPO_ROOT
+
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
 

@@ -29,8 +29,10 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from distlab.importing import REPO_ROOT
+
 from ..registry import Exercise, exercises
-from ..stubs import BEGIN, REPO_ROOT, strip_solutions
+from ..stubs import BEGIN, strip_solutions
 from .cell import fresh_grader_source
 
 SOLUTIONS = REPO_ROOT / "solutions"

@@ -30,7 +30,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..stubs import REPO_ROOT
+from distlab.importing import REPO_ROOT
+
 from .assignments import MANIFEST, write_source
 from .repair import repair_course
 from .verify import regrade
