@@ -44,6 +44,11 @@ def generate(src: Path = REPO_ROOT / "solutions", dst: Path = REPO_ROOT / "exerc
     return {dst / p.name: strip_solutions(p.read_text(), str(p)) for p in sorted(src.glob("ex*.py"))}
 
 
+def raises_not_implemented(node: ast.AST) -> bool:
+    """Whether ``node`` is a ``raise NotImplementedError`` statement: what a stub's functions still do."""
+    return isinstance(node, ast.Raise) and "NotImplementedError" in ast.unparse(node)
+
+
 def untouched(path: Path, solution: Path, max_bytes: int = 1 << 20) -> str | None:
     """If the file at ``path`` is still the stub made from ``solution`` (the same code; comments and
     blank lines aside), the one line of feedback that says so; otherwise ``None``.
@@ -62,7 +67,7 @@ def untouched(path: Path, solution: Path, max_bytes: int = 1 << 20) -> str | Non
     if ast.dump(mine) != ast.dump(stub):
         return None
     left = [(node, raise_) for node in mine.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            for raise_ in ast.walk(node) if isinstance(raise_, ast.Raise) and "NotImplementedError" in ast.unparse(raise_)]
+            for raise_ in ast.walk(node) if raises_not_implemented(raise_)]
     if not left:
         return None
     first, raise_ = left[0]
