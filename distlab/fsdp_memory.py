@@ -127,8 +127,9 @@ def module_bytes(module: nn.Module, element_size: int = BYTES_PER_PARAM) -> int:
 
 
 def unsharded_bytes(shapes: dict[str, Sequence[int]]) -> int:
-    """Params + grads + Adam's two moments of parameters with these shapes, unsharded, on one rank."""
-    return sum(ADAM_BYTES_PER_PARAM.values()) * sum(math.prod(s) for s in shapes.values())
+    """Params + grads + Adam's two moments of parameters with these shapes, unsharded, on one rank
+    (:func:`memory_per_gpu` at ZeRO level "none", for these exact shapes)."""
+    return int(memory_per_gpu(sum(math.prod(s) for s in shapes.values()), level="none")["total"])
 
 
 def activation_bytes(micro_batch: int, *, in_features: int, hidden: int, depth: int, out_features: int) -> int:
