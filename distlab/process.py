@@ -81,6 +81,7 @@ def time_scale() -> float:
     except ValueError:
         return 1.0
 
+
 @dataclass
 class Lines:
     """A job's output lines, bounded: the first ``head`` and the last ``tail`` are kept."""

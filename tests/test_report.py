@@ -2,6 +2,8 @@
 "did not run" state (autograder/report.py, autograder/checks/README.md)."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from autograder.grading import launch_timeout
@@ -75,8 +77,6 @@ def test_every_check_has_the_one_shape(number):
     module = check_modules()[number]
     assert module.EXERCISE.number == number
     assert callable(module.rank_main) and callable(module.grade)
-    import inspect
-
     first = next(iter(inspect.signature(module.grade).parameters))
     assert first == "paths", f"{module.__name__}.grade must take the list of paths first"
     rules = [fn for fn in vars(module).values() if callable(fn) and hasattr(fn, "rule")]
