@@ -10,17 +10,27 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from distlab import LaunchError, LaunchTimeout, RankFailure
 from distlab.sandbox import SandboxError
 
+from .diagnosis import KnownError, translate
 from .registry import check_modules
 
 
-def explain(exc: LaunchError, path: Path) -> str:
-    """One learner-facing paragraph for a launch that failed while grading the file at ``path``."""
+def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> str:
+    """One learner-facing paragraph for a launch that failed while grading the file at ``path``.
+
+    An error that ``known`` (the check's ``KNOWN_ERRORS``) or the common ones recognise is named as
+    its mistake first, with PyTorch's own words after it.
+    """
     if isinstance(exc, RankFailure):
         where = _learner_frame(exc.traceback, path)
+        at = f"\n  at {where}" if where else ""
+        raw = f"{exc.exc_type}: {exc.exc_message.strip()[:500]}"
+        if cause := translate(raw, known):
+            return f"{cause}\n  (rank {exc.rank} raised {raw}){at}"
         if exc.exc_type == "NotImplementedError":
             return f"not implemented yet{(' (' + where + ')') if where else ''}"
         if exc.exc_type == "SystemExit":
@@ -28,8 +38,7 @@ def explain(exc: LaunchError, path: Path) -> str:
                     (f" at {where}" if where else "") + ": the grader imports your file and calls its "
                     "functions, so nothing was graded; remove the exit (and any code that runs at import "
                     "outside a function or an `if __name__ == '__main__':` block)")
-        return f"your code raised on rank {exc.rank}: {exc.exc_type}: {exc.exc_message.strip()[:500]}" + (
-            f"\n  at {where}" if where else "")
+        return f"your code raised on rank {exc.rank}: {raw}{at}"
     if isinstance(exc, LaunchTimeout):
         return f"{exc} Look for a collective (all_reduce, barrier) that only some ranks reach."
     return str(exc)
@@ -52,7 +61,7 @@ def main(argv: list[str]) -> int:
     try:
         (report,) = module.grade([path])
     except LaunchError as exc:
-        report = ex.new_report().did_not_run(explain(exc, path))
+        report = ex.new_report().did_not_run(explain(exc, path, getattr(module, "KNOWN_ERRORS", ())))
     except SandboxError as exc:  # the grading machine's set-up, not the learner's code
         report = ex.new_report().did_not_run(f"the grader is not set up: {exc}")
     out.write_text(__import__("json").dumps(report.to_dict()))

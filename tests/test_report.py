@@ -6,6 +6,7 @@ import inspect
 
 import pytest
 
+from autograder.diagnosis import KnownError, declared_mistakes, diagnose, mistake, translate
 from autograder.grading import launch_timeout
 from autograder.registry import Exercise, check_modules
 from autograder.report import DID_NOT_RUN, ExerciseReport, criterion, failed, passed, total_points
@@ -81,6 +82,38 @@ def test_every_check_has_the_one_shape(number):
     assert first == "paths", f"{module.__name__}.grade must take the list of paths first"
     rules = [fn for fn in vars(module).values() if callable(fn) and hasattr(fn, "rule")]
     assert rules, f"{module.__name__} declares no @criterion"
+
+
+@pytest.mark.parametrize("number", list(check_modules()))
+def test_every_declared_mistake_is_in_the_docstring_table(number):
+    module = check_modules()[number]
+    rows = [line.split("|")[1].strip() for line in (module.__doc__ or "").splitlines()
+            if line.lstrip().startswith("|")]
+    missing = [name for name in declared_mistakes(module) if name not in rows]
+    assert not missing, f"{module.__name__}'s docstring table 'mistake | message' lacks {missing}"
+
+
+def test_diagnose_names_the_first_cause_that_explains_and_none_otherwise():
+    @mistake("too big")
+    def too_big(x):
+        return f"{x} is over 10" if x > 10 else None
+
+    @mistake("odd")
+    def odd(x):
+        return f"{x} is odd" if x % 2 else None
+
+    assert diagnose([too_big, odd], 13) == "13 is over 10"
+    assert diagnose([too_big, odd], 3) == "3 is odd"
+    assert diagnose([too_big, odd], 4) is None
+
+
+def test_known_errors_are_translated_the_checks_first_then_the_common_ones():
+    known = [KnownError("scaler.update() missing", r"unscale_\(\) is being called after step", "call update()")]
+    assert translate("RuntimeError: unscale_() is being called after step().", known) == \
+        "scaler.update() missing: call update()"
+    gloo = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 30000ms for recv"
+    assert translate(gloo).startswith("a collective called on some ranks only")
+    assert translate("ValueError: something else", known) is None
 
 
 def test_the_registry_reads_every_exercise_without_importing_torch():

@@ -1,0 +1,98 @@
+"""Diagnosis: from what the ranks observed to the mistake that explains it, with numbers.
+
+A failing criterion knows its *symptom* ("weights differ from one process trained on the same
+batches"); the learner needs the *cause* ("each rank read 16 of its 32 samples per step"). A check
+declares the likely causes of its failures next to its criteria, one function each, named where it
+is defined::
+
+    @mistake("forward called on model.module, bypassing DDP")
+    def inner_forward(run: Run) -> str | None:
+        n = run.ranks[0]["inner_forwards"]
+        if run.ranks[0]["ddp_forwards"] == 0 and n:
+            return f"all {n} forward passes called model.module(...): ... call model(...)"
+        return None                                           # does not explain what was observed
+
+and a criterion that fails asks :func:`diagnose` for the first cause that explains it, in the order
+given (most specific first), before falling back on the symptom::
+
+    return failed(diagnose([inner_forward, loss_scaled, ...], run) or f"weights differ ... {diff:.3g}")
+
+A cause must *test* the observation, never guess: advice that names a step the learner did right
+("wrap the model in DDP" when it was wrapped) is worse than the symptom alone.
+
+Errors the learner's code raises for a known mistake ("unscale_() is being called after step()")
+are translated the same way, by :class:`KnownError` patterns a check lists in ``KNOWN_ERRORS``
+(``run_one.explain`` consults them, and :data:`COMMON_ERRORS`, before showing the raw error).
+
+Every check's module docstring carries a table "mistake -> message" listing its mistakes
+(``tests/test_report.py`` holds the tables to the declared names).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Optional, Sequence
+
+Cause = Callable[..., Optional[str]]
+
+
+def mistake(name: str) -> Callable[[Cause], Cause]:
+    """Declare the decorated ``f(*subject) -> str | None`` the test for the mistake ``name``.
+
+    It returns the learner-facing message (the cause, with the numbers that show it) when the
+    observation is explained by this mistake, and ``None`` otherwise.
+    """
+    def declare(fn: Cause) -> Cause:
+        fn.mistake = name
+        return fn
+    return declare
+
+
+def diagnose(causes: Sequence[Cause], *subject: Any) -> str | None:
+    """The message of the first of ``causes`` that explains ``subject``, or ``None``."""
+    for cause in causes:
+        message = cause(*subject)
+        if message:
+            return message
+    return None
+
+
+def declared_mistakes(module: ModuleType) -> list[str]:
+    """The names of the mistakes a check module declares, with ``@mistake`` or in ``KNOWN_ERRORS``."""
+    names = [fn.mistake for fn in vars(module).values() if callable(fn) and hasattr(fn, "mistake")]
+    return names + [known.mistake for known in getattr(module, "KNOWN_ERRORS", ())]
+
+
+@dataclass(frozen=True)
+class KnownError:
+    """An error PyTorch raises for a known mistake: ``pattern`` (a regex) on ``"Type: message"``."""
+
+    mistake: str
+    pattern: str
+    message: str
+
+    def matches(self, error: str) -> bool:
+        return re.search(self.pattern, error, flags=re.S) is not None
+
+
+# Errors any exercise can raise, whatever its check.
+COMMON_ERRORS = (
+    KnownError("a collective called on some ranks only",
+               r"Timed out waiting \d+ms for (recv|send)|Connection closed by peer|Socket Timeout",
+               "a collective (all_reduce, barrier, a state-dict or checkpoint call) ran on some ranks but "
+               "not the others, so they waited for a partner that never came: every rank must make the "
+               "same collective calls in the same order (do not put them under `if rank == 0:`)"),
+    KnownError("default process group used before init_process_group",
+               r"Default process group has not been initialized",
+               "a torch.distributed call ran before init_process_group(): set up the process group "
+               "first (setup()), then wrap, shard or communicate"),
+)
+
+
+def translate(error: str, known: Sequence[KnownError] = ()) -> str | None:
+    """The message of the first known mistake (the check's, then the common ones) ``error`` shows."""
+    for entry in (*known, *COMMON_ERRORS):
+        if entry.matches(error):
+            return f"{entry.mistake}: {entry.message}"
+    return None
