@@ -15,6 +15,7 @@ from pathlib import Path
 
 from distlab.sandbox import SandboxError, preflight
 
+from .progress import to_stderr
 from .registry import exercises
 from .report import table, write_json
 from .runner import DEFAULT_DIR, grade
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     except SandboxError as exc:
         print(f"autograder: error: {exc}", file=sys.stderr)
         return 2
-    reports = grade(directory, args.exercise)
+    reports = grade(directory, args.exercise, on_progress=to_stderr)  # the table comes at the end
     if not reports:
         names = ", ".join(ex.filename for ex in known.values())
         print(f"autograder: error: no exercise files in {directory} (looked for {names})", file=sys.stderr)

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 from distlab import torchrun
 
+from . import progress
 from .registry import Exercise
 
 # What a grading subprocess spends outside its launches: starting Python and torch, the
@@ -40,6 +41,8 @@ def launch_files(rank_main: Callable, paths: Sequence[str | Path], *, world: int
 
     Returns, for each path, every rank's observation of it (rank order), and the launch's seconds.
     """
-    run = torchrun(rank_main, world, args=([str(p) for p in paths], *args), timeout=timeout)
+    files = f" for {len(paths)} files" if len(paths) > 1 else ""
+    with progress.step(f"[W={world}] torchrun, {world} ranks{files}"):
+        run = torchrun(rank_main, world, args=([str(p) for p in paths], *args), timeout=timeout)
     return [[per_rank[i] for per_rank in run.results] for i in range(len(paths))], run.wall_s
 

@@ -17,6 +17,7 @@ from distlab.importing import REPO_ROOT, with_repo_on_path
 from distlab.process import TIME_SCALE_VAR, run_contained, time_scale
 from distlab.sandbox import SCRATCH_VAR, SandboxError, preflight
 
+from .progress import Callback, relay
 from .registry import Exercise, exercises
 from .report import ExerciseReport
 from .stubs import untouched
@@ -24,14 +25,16 @@ from .stubs import untouched
 DEFAULT_DIR = REPO_ROOT / "exercises"
 
 
-def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None) -> ExerciseReport:
+def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
+              on_progress: Callback = None) -> ExerciseReport:
     """Grade ``ex`` from the file in ``directory`` in a subprocess limited to ``time_limit`` s.
 
     The grading subprocess (``autograder.run_one``) runs as this process's user and never imports
     the learner's file; only the torchrun ranks it launches do, as the learner user in the grading
     image (:mod:`distlab.sandbox`). Its report goes to a private folder that nothing of the
     learner's ever learns the name of, and that the learner user cannot enter; the ranks get a
-    separate scratch folder as their ``TMPDIR``.
+    separate scratch folder as their ``TMPDIR``. ``on_progress`` receives a line as each launch
+    or scenario starts and ends (:mod:`autograder.progress`).
     """
     time_limit = (time_limit or ex.time_limit) * time_scale()
     report = ex.new_report()
@@ -52,7 +55,7 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None) ->
         env = {**os.environ, "TMPDIR": scratch, SCRATCH_VAR: scratch,
                "PYTHONPATH": with_repo_on_path(os.environ)}
         cmd = [sys.executable, "-m", "autograder.run_one", str(ex.number), str(path.resolve()), str(out)]
-        finished = run_contained(cmd, timeout=time_limit, env=env, cwd=REPO_ROOT)
+        finished = run_contained(cmd, timeout=time_limit, env=env, cwd=REPO_ROOT, on_line=relay(on_progress))
         if finished.timed_out:
             return report.did_not_run(
                 f"grading took longer than its {time_limit:g} s limit and was stopped: an endless loop "
@@ -64,9 +67,15 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None) ->
             return report.did_not_run(f"the grader could not finish (exit code {finished.returncode}):\n{tail}")
 
 
-def grade(directory: Path = DEFAULT_DIR, only: list[int] | None = None) -> list[ExerciseReport]:
+def grade(directory: Path = DEFAULT_DIR, only: list[int] | None = None, *,
+          on_progress: Callback = None) -> list[ExerciseReport]:
     """Grade the exercises numbered ``only`` (default: every exercise whose file is in ``directory``)."""
     known = exercises()
     if only is None:
         only = [n for n, ex in known.items() if (Path(directory) / ex.filename).is_file()]
-    return [grade_one(known[n], Path(directory)) for n in only]
+    reports = []
+    for n in only:
+        if on_progress:
+            on_progress(f"exercise {n} ({known[n].filename})")
+        reports.append(grade_one(known[n], Path(directory), on_progress=on_progress))
+    return reports

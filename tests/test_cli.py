@@ -53,8 +53,12 @@ def test_a_missing_file_scores_zero_and_says_so(tmp_path):
 @pytest.mark.slow
 def test_a_file_that_does_not_import_names_the_error(tmp_path):
     (tmp_path / ex07_pipeline.EXERCISE.filename).write_text("def setup(:\n    pass\n")
-    report = grade_one(ex07_pipeline.EXERCISE, tmp_path)
+    progress: list[str] = []
+    report = grade_one(ex07_pipeline.EXERCISE, tmp_path, on_progress=progress.append)
     assert report.score == 0
+    # the notebook's check(N) and the CLI show each launch as it starts and ends
+    assert progress[0] == "[W=2] torchrun, 2 ranks ..." and len(progress) == 2, progress
+    assert re.fullmatch(r"\[W=2\] torchrun, 2 ranks: stopped after \d+ s", progress[1]), progress
     # Every rank raises the same SyntaxError; which one the launcher hears of first is a race
     # (a rank torchrun stops before it writes its error is not reported). Deterministic: a rank
     # of the job is named, with the error and the learner's file and line.

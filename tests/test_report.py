@@ -129,3 +129,15 @@ def test_the_registry_reads_every_exercise_without_importing_torch():
             "exercises(); print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_the_notebook_shows_feedback_as_a_table_of_criterion_points_and_message():
+    from autograder.notebook import Feedback
+
+    report = EX.new_report()
+    report.judge([ranks_agree, matches], {"agree": False}, world=2)
+    report.notes.append("a <note>")
+    page = Feedback(report)._repr_html_()
+    assert page.count('<tr class="fail">') == 2 and 'class="distlab-feedback"' in page
+    assert "<td>✘ [W=2] ranks agree</td>" in page and "&lt;note&gt;" in page and "<note>" not in page
+    assert repr(Feedback(report)).startswith("score 0/") and report.feedback in repr(Feedback(report))
