@@ -37,6 +37,7 @@ import pytest
 
 from autograder.nbgrader.assignments import grade_id
 from autograder.nbgrader.course import main as nbgrader_main
+from autograder.nbgrader.verify import cell_text
 from autograder.registry import exercises
 from distlab.launch import time_scale
 from tests.helpers import REPO, SOLUTIONS
@@ -148,8 +149,7 @@ def check_cell_output(course: Path, learner: str) -> str:
     cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id(EX)]
     assert len(cells) == 1, f"{learner}: {len(cells)} test cells graded"
     assert "_sys.modules" in cells[0].source, "the hidden part of the test cell was not restored"
-    # progress lines are printed (stream); the feedback is displayed (text/plain beside the HTML table)
-    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in cells[0].outputs)
+    return cell_text(cells[0])
 
 
 @pytest.fixture(scope="module")

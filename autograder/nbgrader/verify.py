@@ -60,9 +60,15 @@ def did_not_run(course_dir: Path, student: str, assignment: str, cell_id: str) -
         return []
     for cell in nb.cells:
         if cell.metadata.get("nbgrader", {}).get("grade_id") == cell_id:
-            text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+            text = cell_text(cell)
             runs = [ln.removeprefix(DID_NOT_RUN_PREFIX) for ln in text.splitlines()
                     if ln.startswith(DID_NOT_RUN_PREFIX) and not ln.startswith(DID_NOT_RUN_PREFIX + UNFINISHED)]
             if runs:
                 return [f"{student} / {assignment}: 0 points, the submission did not run: {runs[0][:300]}"]
     return []
+
+
+def cell_text(cell) -> str:
+    """What a cell showed as text: printed lines (check(N)'s progress) and the plain-text form of what
+    it displayed (check(N)'s feedback, shown as a table in JupyterLab)."""
+    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in cell.get("outputs", []))
