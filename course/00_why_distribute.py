@@ -18,11 +18,11 @@
 #
 # | scenario | symptom | what helps | notebook |
 # |---|---|---|---|
-# | **time** | one epoch takes hours | split each batch over W workers (data parallelism) | 01 DDP, 07 launching |
+# | **time** | one epoch takes hours | split each batch over W workers (data parallelism) | 01 DDP, 06 launching |
 # | **memory** | the batch you want does not fit | accumulate gradients over micro-batches; lower precision | 02, 03 |
-# | **model size** | weights + gradients + optimizer state do not fit on one device | shard the training state (FSDP / ZeRO), split the layers (pipeline) | 04, 05 |
+# | **model size** | weights + gradients + optimizer state do not fit on one device | shard the training state (FSDP / ZeRO), split the layers (pipeline) | 04, 07 |
 #
-# and once a run takes days, **checkpointing** (06) stops one crash from costing you the run.
+# and once a run takes days, **checkpointing** (05) stops one crash from costing you the run.
 #
 # This notebook does the arithmetic that tells you which case you are in, then starts your
 # first distributed job: several real processes, talking over a real communication backend.

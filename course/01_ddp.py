@@ -63,6 +63,7 @@ import distlab
 from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 
+# on a GPU: sets cuda:LOCAL_RANK (not cuda:RANK) *before* init_process_group; see the section below
 device = distlab.init_distributed()           # cuda:LOCAL_RANK under NCCL, the CPU under gloo
 rank, world = dist.get_rank(), dist.get_world_size()
 data = digits()
@@ -85,7 +86,7 @@ result["averaged"] = {n: p.grad.cpu() for n, p in model.named_parameters()}
 # 2. DDP, with and without
 for use_ddp in (False, True):
     model = make_mlp(seed=100 + rank).to(device)   # a different start on every rank
-    ids = [device.index] if device.type == "cuda" else None
+    ids = [device.index] if device.type == "cuda" else None   # LOCAL_RANK's GPU; [rank] fails on node 2
     net = DDP(model, device_ids=ids) if use_ddp else model   # DDP broadcasts rank 0's weights here
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=32, sampler=sampler)
@@ -159,6 +160,27 @@ plt.show()
 # apply the same averaged gradient every step. Without it they are two unrelated models. The
 # loss curves differ because each rank's loss is measured on its own shard.
 #
+# ## Two GPU mistakes the code above avoids
+#
+# Many DDP examples contain two mistakes that work on one machine, or on this CPU, and fail on
+# a cluster. The code above gets both right through `distlab.init_distributed()`
+# (`distlab/distributed.py`), so here they are by name:
+#
+# * **The global rank used as the GPU index**: `model.to(rank)`, `DDP(model, device_ids=[rank])`,
+#   `torch.cuda.set_device(rank)`. On one machine the global rank and the rank on the machine
+#   coincide. On the second node of a job with 4 GPUs per node the ranks are 4 to 7 while the
+#   node's GPUs are `cuda:0` to `cuda:3`: `cuda:4` does not exist ("invalid device ordinal").
+#   The GPU index is **`LOCAL_RANK`**, which torchrun sets on each machine (notebook 06 shows
+#   `RANK` and `LOCAL_RANK` side by side). `distlab.device()` returns `cuda:LOCAL_RANK`, and the
+#   cell above passes `device_ids=[device.index]`.
+# * **`torch.cuda.set_device` called after `init_process_group`.** Until it is called, every
+#   process's current GPU is `cuda:0`: whatever the process group does on the GPU before then
+#   (a `barrier()`, the creation of NCCL communicators) lands there, so every rank of the node
+#   puts a CUDA context on GPU 0 (memory lost there) and a collective can hang on the wrong
+#   device (the PyTorch DDP tutorials warn of both). Call `torch.cuda.set_device(local_rank)`
+#   **before** `init_process_group`, or pass `device_id=torch.device("cuda", local_rank)` to it,
+#   which also binds the group to that GPU; `init_distributed` does both.
+#
 # ## Exercise 1: from one process to DDP
 #
 # Open **`exercises/ex01_ddp.py`**. It contains `train_single`, a working single-process loop,
@@ -175,7 +197,8 @@ plt.show()
 # * the weights match the single-process reference (`torch.testing.assert_close`);
 # * only rank 0 printed, and rank 0 alone saved the unwrapped model; teardown destroys the group.
 #
-# Run the cell below after each change, or from a shell: `python -m autograder --exercise 1`.
+# Run the cell below after each change (`check(1)`), or from a shell in the repository's root:
+# `make grade` grades every exercise, `.venv/bin/python -m autograder --exercise 1` this one.
 # Until you fill the stubs in, it reports "not implemented yet".
 
 # %%

@@ -200,7 +200,8 @@ plt.tight_layout(); plt.show()
 # | `ShardingStrategy.SHARD_GRAD_OP` (ZeRO-2) | `reshard_after_forward=False` |
 # | `ShardingStrategy.NO_SHARD` | DDP |
 # | `FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=True))` | `get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))` |
-# | `StateDictType.SHARDED_STATE_DICT` + `FSDP.optim_state_dict` | `get_state_dict(model, optimizer)` + `torch.distributed.checkpoint` (notebook 06) |
+# | `StateDictType.SHARDED_STATE_DICT` + `FSDP.optim_state_dict` | `get_state_dict(model, optimizer)` + `torch.distributed.checkpoint` (notebook 05) |
+# | `FSDP.full_optim_state_dict` / `FSDP.optim_state_dict_to_load(model, optim, osd)` + `optim.load_state_dict` | `get_optimizer_state_dict(model, optim)` / `set_optimizer_state_dict(model, optim, osd)` (notebook 05) |
 # | `mixed_precision=MixedPrecision(...)` | `fully_shard(..., mp_policy=MixedPrecisionPolicy(...))` |
 #
 # ## Exercise 4

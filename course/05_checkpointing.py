@@ -12,10 +12,13 @@
 # ---
 
 # %% [markdown]
-# # 06 · Checkpoints that survive a crash
+# # 05 · Checkpoints that survive a crash
 #
 # Long jobs die: a node fails, a job is pre-empted, a rank runs out of memory. A checkpoint is
 # only useful if the run that resumes from it continues **exactly** where the old one stopped.
+# Notebook 04 sharded the training state over the ranks; this one saves it without gathering it
+# and resumes from it after a crash, with torchrun restarting the job (notebook 06 looks closer
+# at torchrun and its restarts).
 #
 # ## Sharded or full?
 #
@@ -39,8 +42,9 @@
 # | RNG state of **each** rank | dropout masks, random augmentations | `torch.get_rng_state()` per rank |
 #
 # Miss any one and the resumed run still trains, just not the same run: the loss curve looks
-# plausible and the bug goes unnoticed. torchtitan hit a subtle one (issue #647): after a DCP load
-# some state objects went stale, so a run resumed **twice** drifted. Test two resumes, not one.
+# plausible and the bug goes unnoticed. torchtitan hit a subtle one (issue #571, fixed by pull
+# request #647): after a DCP load some state objects went stale, so a run resumed **twice**
+# drifted. Test two resumes, not one.
 #
 # ## Atomic commits
 #
@@ -55,6 +59,17 @@
 # and `FSDP.optim_state_dict(model, optim)`, then `dcp.save`; `StateDictType.FULL_STATE_DICT` is
 # the full checkpoint. `get_state_dict`/`set_state_dict` replace both, for FSDP2, DDP and plain
 # models alike. Older DCP code calls `save_state_dict`/`load_state_dict`; now `dcp.save`/`dcp.load`.
+#
+# **The optimizer is where FSDP1-era code breaks.** It saves the optimizer with
+# `FSDP.full_optim_state_dict(model, optim)` (or `FSDP.optim_state_dict`) and loads it with
+# `FSDP.optim_state_dict_to_load(model, optim, osd)` (or `scatter_full_optim_state_dict`)
+# followed by `optim.load_state_dict(...)`. Those functions work on FSDP1's
+# `FullyShardedDataParallel` wrapper and its flattened parameters; on a `fully_shard` (FSDP2)
+# model they fail with an `AttributeError` or an `IndexError` that names nothing you wrote
+# (torch 2.13). With FSDP2 the optimizer's state is DTensors like the parameters: take it with
+# `get_optimizer_state_dict(model, optim)` and put it back with
+# `set_optimizer_state_dict(model, optim, osd)`, or both model and optimizer at once with
+# `get_state_dict`/`set_state_dict` as the demo below does.
 
 # %% [markdown]
 # ## Live demo: train, kill a rank, resume
@@ -75,7 +90,7 @@ from pathlib import Path
 
 # %load_ext distlab
 
-demo = Path(tempfile.mkdtemp(prefix="distlab-06-"))
+demo = Path(tempfile.mkdtemp(prefix="distlab-05-"))
 
 # %%
 # %%writefile {demo}/train_demo.py
@@ -114,6 +129,7 @@ def train(name: str, kill_at: int = 0) -> None:
         model_sd, optim_sd = get_state_dict(model, opt)
         state = {"model": model_sd, "optim": optim_sd, "step": 0}
         dcp.load(state, checkpoint_id=found[1])  # fills the sharded tensors in place
+        # FSDP2's optimizer load (not FSDP1's FSDP.optim_state_dict_to_load + optim.load_state_dict)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         step = state["step"]
         if rank == 0:

@@ -1,10 +1,10 @@
 # ---
 # jupyter:
 #   jupytext:
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#       format_version: '1.3'
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 7. Launching: torchrun, many machines, failures, and how well it scales
+# # 06 · Launching: torchrun, many machines, failures, and how well it scales
 #
 # Every notebook so far started its ranks with `distlab.torchrun`, a thin wrapper around
 # PyTorch's launcher `torchrun` (`python -m torch.distributed.run`). This notebook looks at the
@@ -33,6 +33,10 @@
 # | `GROUP_RANK` | which machine (node) this is, 0 … nnodes-1 |
 # | `MASTER_ADDR`, `MASTER_PORT` | where the process group's store listens |
 # | `TORCHELASTIC_RESTART_COUNT` | how many times the workers were restarted |
+#
+# The GPU index is `LOCAL_RANK`, never `RANK`: on the second machine the global ranks start
+# where the first machine's ended, and `.to(rank)` or `device_ids=[rank]` asks for a GPU that
+# does not exist (notebook 01 names this mistake and the order of `set_device`).
 #
 # Here they are, from a live run of 2 workers on this machine, started the way two *machines*
 # would start them (more on that below): two torchrun agents, one worker each. Each worker also
@@ -106,7 +110,7 @@ print(" ".join(command_lines(2, 4, "10.0.0.1:29400", "myjob", ["train.py"])[0]))
 # others were waiting in a collective for the dead one and would hang until their timeout) and
 # starts them all again, up to K times. The new processes rejoin a fresh process group
 # (`TORCHELASTIC_RESTART_COUNT` tells them which attempt this is) and must resume from their
-# last checkpoint (notebook 06). Below, rank 1 crashes in attempt 0:
+# last checkpoint (notebook 05). Below, rank 1 crashes in attempt 0:
 
 # %%
 from distlab import torchrun
@@ -128,7 +132,10 @@ assert [r["attempt"] for r in restart.results] == [1, 1]
 # ## On a Slurm cluster
 # `course/slurm/train.sbatch` is a ready batch script: one task (one torchrun agent) per node,
 # GPUs-per-node workers each, rendezvous on the allocation's first node, a port derived from
-# the job id. Submit it with `sbatch course/slurm/train.sbatch train.py --your-args`.
+# the job id. The task's CPUs are shared by its workers: each gets `OMP_NUM_THREADS` = CPUs per
+# task ÷ workers per node (16 CPUs and 4 workers: 4 threads each; 16 each would put 64 threads
+# on 16 CPUs), and `srun` is given `--cpus-per-task` explicitly. Submit it with
+# `sbatch course/slurm/train.sbatch train.py --your-args`.
 
 # %%
 from distlab.launch import REPO_ROOT

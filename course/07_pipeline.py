@@ -1,10 +1,10 @@
 # ---
 # jupyter:
 #   jupytext:
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
-#       format_version: '1.3'
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -12,9 +12,9 @@
 # ---
 
 # %% [markdown]
-# # 5. Pipeline parallelism
+# # 07 · Pipeline parallelism
 #
-# Data parallelism (notebook 1) and FSDP (notebook 4) give every rank the *whole* model's
+# Data parallelism (notebook 01) and FSDP (notebook 04) give every rank the *whole* model's
 # computation on a slice of the batch. **Pipeline parallelism** gives every rank a slice of
 # the *model*: rank 0 holds the first layers (stage 0), rank 1 the next ones (stage 1), and so
 # on. Activations flow forward from stage to stage with point-to-point `send`/`recv`; gradients

@@ -12,6 +12,11 @@
   allocated before ``fn``), and the saved-tensor bytes on the CPU, whose
   allocator keeps no peak statistic. It returns which method it used, so a
   report can say what was measured.
+* :func:`saved_tensor_bytes_by_kind` splits the same count into the
+  activations and the weights a layer saves (``linear`` keeps its weight for
+  the gradient of its input): the parameters themselves, which exist anyway,
+  and the 16-bit copies of them that ``torch.autocast`` makes for the step,
+  which are extra memory.
 """
 from __future__ import annotations
 
@@ -57,3 +62,71 @@ def peak_memory(fn: Callable[[], object], device: torch.device | str, *,
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before, "torch.cuda.max_memory_allocated (peak above the start)"
     return saved_tensor_bytes(fn, exclude=exclude), "bytes of tensors saved for backward (saved_tensors_hooks)"
+
+
+ACTIVATIONS, PARAMETERS, PARAMETER_COPIES = "activations", "parameters", "parameter copies"
+
+
+# autograd nodes of ops whose output is a cast, a copy or a view of their one input
+_COPY_OR_VIEW = frozenset({
+    "ToCopyBackward0", "CloneBackward0", "TBackward0", "TransposeBackward0", "PermuteBackward0",
+    "ViewBackward0", "UnsafeViewBackward0", "AliasBackward0", "ExpandBackward0", "SliceBackward0",
+    "SelectBackward0", "SqueezeBackward0", "SqueezeBackward1", "UnsqueezeBackward0",
+})
+
+
+def _copy_of_parameter(t: torch.Tensor, params: set[tuple]) -> bool:
+    """Whether ``t`` is a cast, copy or view of a parameter (through any chain of them).
+
+    Follows ``t.grad_fn`` back through :data:`_COPY_OR_VIEW` nodes; an ``AccumulateGrad``
+    node at the end holds the leaf (``.variable``), a parameter or not. Any other op (``w * x``,
+    a matmul) makes ``t`` an activation.
+    """
+    node = t.grad_fn
+    while node is not None:
+        leaf = getattr(node, "variable", None)
+        if leaf is not None:
+            return _key(leaf) in params
+        if type(node).__name__ not in _COPY_OR_VIEW:
+            return False
+        inputs = [n for n, _ in node.next_functions if n is not None]
+        if len(inputs) != 1:
+            return False
+        node = inputs[0]
+    return False
+
+
+def saved_tensor_bytes_by_kind(fn: Callable[[], object], parameters: Iterable[torch.Tensor]) -> dict[str, int]:
+    """Bytes autograd saved for backward while ``fn()`` ran, each storage once, by kind.
+
+    ``{"activations": ..., "parameters": ..., "parameter copies": ...}``:
+
+    * ``"parameters"``: storages of ``parameters`` themselves (``linear`` saves its
+      weight in float32); they exist whether or not a step runs, so they are no extra memory.
+    * ``"parameter copies"``: casts, copies and views of a parameter, such as the
+      bfloat16/float16 copy of a weight that ``torch.autocast`` casts for ``linear``; extra
+      memory, held until backward.
+    * ``"activations"``: everything else (the layers' inputs and outputs, the input batch).
+
+    ``activations`` is :func:`saved_tensor_bytes` with ``exclude=parameters`` less the copies;
+    the three add up to :func:`saved_tensor_bytes` without ``exclude``.
+    """
+    params = {_key(p) for p in parameters}
+    seen: dict[tuple, tuple[str, int]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _key(t)
+        kind = (PARAMETERS if key in params else
+                PARAMETER_COPIES if _copy_of_parameter(t, params) else ACTIVATIONS)
+        old = seen.get(key)
+        nbytes = max(old[1] if old else 0, t.untyped_storage().nbytes())
+        # a storage saved both as a parameter's copy and as something else counts as an activation
+        seen[key] = (kind if old is None or old[0] == kind else ACTIVATIONS, nbytes)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    out = {ACTIVATIONS: 0, PARAMETERS: 0, PARAMETER_COPIES: 0}
+    for kind, nbytes in seen.values():
+        out[kind] += nbytes
+    return out

@@ -3,7 +3,9 @@
 GPipe (Huang et al., 2019, "GPipe: Efficient Training of Giant Neural
 Networks using Pipeline Parallelism") splits a batch into ``m`` micro-batches
 and streams them through ``p`` stages: all forwards, then all backwards.
-1F1B (Narayanan et al., 2019, "PipeDream") interleaves one forward and one
+1F1B (PipeDream-Flush: Narayanan et al., 2021, "Memory-Efficient
+Pipeline-Parallel DNN Training", ICML; the 2019 PipeDream, without the
+flush, updates asynchronously) interleaves one forward and one
 backward per stage once the pipeline is full, which keeps at most ``p - s``
 micro-batches' activations alive on stage ``s`` instead of ``m``. Both idle
 for the same fraction of the step, the *bubble* ``(p - 1) / (m + p - 1)``.

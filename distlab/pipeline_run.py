@@ -1,10 +1,11 @@
 """A real pipeline-parallel step with ``torch.distributed.pipelining``, timed stage by stage.
 
 :func:`pipelined_step` splits an MLP into one stage per rank, drives it with
-``ScheduleGPipe`` (Huang et al., 2019, GPipe) or ``Schedule1F1B`` (Narayanan
-et al., 2019, PipeDream), wraps every stage in :class:`distlab.pipeline.TimedStage`
-so each rank returns the start and end of every forward and backward it ran,
-and checks the stage's gradients against the unsplit model's.
+``ScheduleGPipe`` (Huang et al., 2019, GPipe) or ``Schedule1F1B`` (PipeDream-Flush:
+Narayanan et al., 2021, "Memory-Efficient Pipeline-Parallel DNN Training"),
+wraps every stage in :class:`distlab.pipeline.TimedStage` so each rank returns
+the start and end of every forward and backward it ran, and checks the stage's
+gradients against the unsplit model's.
 :func:`pipeline_sweep` runs several configurations in one job (one launch).
 The timeline maths and the drawing are in :mod:`distlab.pipeline`.
 """

@@ -20,11 +20,17 @@ directory and commit it with an atomic rename once every rank has finished
 Legacy names: DCP with ``get_state_dict`` replaces FSDP1's
 ``FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT)`` plus
 ``FSDP.optim_state_dict``; a full checkpoint is ``StateDictType.FULL_STATE_DICT``.
+FSDP1's optimizer load (``FSDP.optim_state_dict_to_load`` then
+``optimizer.load_state_dict``, or ``FSDP.full_optim_state_dict``) does not work
+on a ``fully_shard`` model: load with ``set_state_dict`` (or
+``set_optimizer_state_dict``).
 
 The grader runs ``train`` under torchrun, kills a rank with SIGKILL at steps
 it chooses (once in the middle of a checkpoint write), and resumes with
-torchrun's ``--max-restarts`` and with a fresh job. Check with
-``python -m autograder --exercise 5`` or from the notebook ``course/06_checkpointing``.
+torchrun's ``--max-restarts`` and with a fresh job. Check your work from the
+repository's root with ``make grade`` (every exercise) or
+``.venv/bin/python -m autograder --exercise 5`` (this one), or with
+``check(5)`` in the notebook ``course/05_checkpointing``.
 """
 from __future__ import annotations
 

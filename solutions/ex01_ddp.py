@@ -14,8 +14,9 @@ together do exactly what ``train_single`` would do with a global batch of
 4. Log and save on rank 0 only: every rank holds the same model.
 5. ``teardown``: leave the process group.
 
-Check your work from the shell with ``python -m autograder --exercise 1`` or
-from the notebook ``course/01_ddp``. Every function raises
+Check your work from the repository's root with ``make grade`` (every
+exercise) or ``.venv/bin/python -m autograder --exercise 1`` (this one),
+or with ``check(1)`` in the notebook ``course/01_ddp``. Every function raises
 ``NotImplementedError`` until you fill it in.
 """
 from __future__ import annotations
@@ -61,8 +62,11 @@ def setup() -> torch.device:
 
     Use ``distlab.backend()`` for the backend ("nccl" on GPUs, "gloo" on the
     CPU) and pass a ``timeout`` (say 60 s) so a hang fails fast instead of
-    after the 10-30 minute default. On NCCL, also ``torch.cuda.set_device``.
-    Return ``distlab.device()``.
+    after the 10-30 minute default. On NCCL, also ``torch.cuda.set_device``,
+    *before* ``init_process_group`` (until then the current GPU is ``cuda:0``,
+    where the group's first work would land). Return ``distlab.device()``:
+    ``cuda:LOCAL_RANK``, the GPU on this machine, never ``cuda:RANK`` (on a
+    second node the global rank is not a GPU index).
     """
     ### BEGIN SOLUTION
     device = distlab.device()
@@ -92,6 +96,7 @@ def train_ddp(model: nn.Module, dataset: Dataset, *, epochs: int, batch_size: in
       (do not pass ``shuffle=True`` to the ``DataLoader`` as well) and call
       ``sampler.set_epoch(epoch)`` at the start of every epoch.
     * Wrap ``model`` (already on this rank's device) in ``DistributedDataParallel``
+      (on a GPU, ``device_ids=[that device's index]``, not ``[rank]``)
       and optimise it with ``torch.optim.SGD(..., lr=lr)`` on the mean cross-entropy.
     * Print the epoch loss on rank 0 only; nothing is printed on other ranks.
     * Save ``model.module.state_dict()`` (the unwrapped model, so its keys have

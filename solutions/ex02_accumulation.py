@@ -16,9 +16,10 @@ Write ``train_accumulated`` so that:
 3. every micro-step except the last of its window runs inside
    ``model.no_sync()``, so DDP all-reduces once per optimizer step.
 
-Check your work with ``python -m autograder --exercise 2`` or from the notebook
-``course/02_gradient_accumulation``. The function raises
-``NotImplementedError`` until you fill it in.
+Check your work from the repository's root with ``make grade`` (every
+exercise) or ``.venv/bin/python -m autograder --exercise 2`` (this one),
+or with ``check(2)`` in the notebook ``course/02_gradient_accumulation``.
+The function raises ``NotImplementedError`` until you fill it in.
 """
 from __future__ import annotations
 

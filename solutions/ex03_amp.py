@@ -21,8 +21,10 @@ Write:
 
 The grader checks the measuring functions on simulated workloads whose true
 cost it knows (slow first calls, outliers, asynchronous work), then reports
-what your functions measure on the real model. Check your work with
-``python -m autograder --exercise 3`` or from ``course/03_mixed_precision``.
+what your functions measure on the real model. Check your work from the
+repository's root with ``make grade`` (every exercise) or
+``.venv/bin/python -m autograder --exercise 3`` (this one), or with
+``check(3)`` in the notebook ``course/03_mixed_precision``.
 Every function raises ``NotImplementedError`` until you fill it in.
 
 The notebooks time and count with ``distlab.timing.median_seconds`` and
@@ -101,7 +103,11 @@ def median_seconds(fn: Callable[[], object], sync: Callable[[], None], *, warmup
 
 
 def saved_bytes(fn: Callable[[], object]) -> int:
-    """Bytes of the tensors autograd saves for backward while ``fn()`` runs (its activations).
+    """Bytes of the tensors autograd saves for backward while ``fn()`` runs.
+
+    That is the activations and also the weights layers keep for backward
+    (``linear`` saves its weight: the float32 parameter itself, or under
+    autocast its 16-bit copy); notebook 03 shows the two apart.
 
     Count every tensor passed to the pack hook of
     ``torch.autograd.graph.saved_tensors_hooks`` once per distinct storage

@@ -22,8 +22,10 @@ after ``distlab.init_distributed()``. Legacy names: ``fully_shard`` replaces
 the ``FullyShardedDataParallel`` wrapper (FSDP1) with ``auto_wrap_policy``;
 the full state dict below replaces ``FSDP.state_dict_type(model,
 StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True,
-rank0_only=True))``. Check with ``python -m autograder --exercise 4`` or
-from the notebook ``course/04_fsdp``.
+rank0_only=True))``. Check your work from the repository's root with
+``make grade`` (every exercise) or ``.venv/bin/python -m autograder
+--exercise 4`` (this one), or with ``check(4)`` in the notebook
+``course/04_fsdp``.
 """
 from __future__ import annotations
 

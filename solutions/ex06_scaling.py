@@ -18,8 +18,10 @@ to get wrong, and a wrong method gives a confident wrong number. Write:
 ``run_scaling`` (given) launches your benchmark at 1, 2 and 4 workers. The
 grader first runs ``measure_throughput`` on a synthetic step whose duration
 it controls and compares your figure with the truth, then runs your
-benchmark on the real model and shows you the figures. Check your work with
-``python -m autograder --exercise 6`` or from the notebook ``course/07_launching``.
+benchmark on the real model and shows you the figures. Check your work
+from the repository's root with ``make grade`` (every exercise) or
+``.venv/bin/python -m autograder --exercise 6`` (this one), or with
+``check(6)`` in the notebook ``course/06_launching``.
 """
 from __future__ import annotations
 

@@ -19,9 +19,10 @@ Write ``gpipe_step`` for a 2-stage pipeline:
    micro-batch's loss so the sum is the mean loss of the whole batch.
 
 The process group is already set up; ``stage`` is this rank's part of the
-model. Check your work with ``python -m autograder --exercise 7`` or from the
-notebook ``course/05_pipeline``. The function raises ``NotImplementedError``
-until you fill it in.
+model. Check your work from the repository's root with ``make grade``
+(every exercise) or ``.venv/bin/python -m autograder --exercise 7`` (this
+one), or with ``check(7)`` in the notebook ``course/07_pipeline``.
+The function raises ``NotImplementedError`` until you fill it in.
 """
 from __future__ import annotations
 
