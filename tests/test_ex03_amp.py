@@ -9,6 +9,7 @@ or called from a thin wrapper."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import distlab.memory
 import distlab.timing
@@ -29,9 +30,25 @@ MUTANTS = {
         "        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"
         "        scaler.unscale_(optimizer)\n",
     },
-    "inverted_ratios": {
+    "inverted_ratios_scaled_loss_returned": {
         '"speedup": baseline_s / candidate_s': '"speedup": candidate_s / baseline_s',
         '"memory_ratio": candidate_bytes / baseline_bytes': '"memory_ratio": baseline_bytes / candidate_bytes',
+        "        scaler.scale(loss).backward()\n": "        loss = scaler.scale(loss)\n        loss.backward()\n",
+    },
+    # each mutant below has one mistake in train_step and one in saved_bytes (independent parts)
+    "no_update_bytes_per_view_address": {
+        "        scaler.update()             # lower the scale": "        pass             # lower the scale",
+        "storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()": "storages[t.data_ptr()] = t.nbytes",
+    },
+    "cast_no_zero_grad_first_view_bytes": {
+        "    optimizer.zero_grad()\n": "    if amp_dtype is not None:\n        model.to(amp_dtype)\n",
+        "storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()":
+        "storages.setdefault(t.untyped_storage().data_ptr(), t.nbytes)",
+    },
+    "summed_loss_unclipped": {
+        "cross_entropy(model(x), y)": 'cross_entropy(model(x), y, reduction="sum")',
+        "        loss.backward()\n        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n":
+        "        loss.backward()\n",
     },
     "no_autocast_no_scaler_step": {
         "enabled=amp_dtype is not None": "enabled=False",
@@ -114,7 +131,7 @@ def test_clip_before_unscale(reports):
 
 
 def test_wrong_ratio_direction(reports):
-    report = reports["inverted_ratios"]
+    report = reports["inverted_ratios_scaled_loss_returned"]
     assert "its inverse: speedup = baseline_s / candidate_s" in feedback_of(report, "steady workload")
     assert "its inverse" in feedback_of(report, "memory ratio")
 
@@ -158,11 +175,63 @@ def test_saved_bytes_from_distlab_earns_nothing(reports, mutant, how):
     assert _earned(reports[mutant], MEMORY_CRITERION) == (0, f"saved_bytes is distlab's copy {how}: write your own")
 
 
-def test_shared_storage_counted_per_tensor(reports):
-    fb = feedback_of(reports["imported_median_per_tensor_bytes"], "memory ratio")
-    assert "saved_bytes counted 300,000 bytes" in fb
-    assert "3 tensors sharing one 100,000-byte storage" in fb and "not 0.75" in fb
+@pytest.mark.parametrize("mutant,counted,how,ratio", [
+    ("imported_median_per_tensor_bytes", "200,000", "the storage's 100,000 bytes once per saved tensor (2 x 100,000)",
+     "0.5"),
+    ("no_update_bytes_per_view_address", "50,000", "each view's own bytes (2 x 25,000)", "0.125"),
+    ("cast_no_zero_grad_first_view_bytes", "25,000", "one view's 25,000 bytes for the storage", "0.0625"),
+])
+def test_storage_shared_by_views_counted_wrong(reports, mutant, counted, how, ratio):
+    """Three wrong ways to count a storage that saved views share; the workload tells each from the right one."""
+    fb = feedback_of(reports[mutant], "memory ratio")
+    assert f"saved_bytes counted {counted} bytes" in fb and f"that is {how}" in fb, fb
+    assert "2 views, a quarter each, of one 100,000-byte storage" in fb and f"not {ratio}:" in fb
     assert "count each storage once, keyed by t.untyped_storage().data_ptr()" in fb
+
+
+def test_missing_scaler_update_named_and_other_parts_keep_their_marks(reports):
+    report = reports["no_update_bytes_per_view_address"]
+    order = feedback_of(report, "GradScaler order")
+    assert "never scaler.update()" in order and "call scaler.update() after scaler.step(optimizer)" in order
+    assert feedback_of(report, "inf gradients").startswith("scaler.update() not called: ")
+    assert "(the step after it raised RuntimeError: unscale_() is being called after step()" in \
+        feedback_of(report, "inf gradients")
+    assert feedback_of(report, "losses within").startswith("scaler.update() not called: ")
+    assert set(failed(report)) == {"fp16 GradScaler order: scale, backward, unscale_, clip, step, update",
+                                   "fp16 step with inf gradients is skipped", MEMORY_CRITERION,
+                                   f"bf16 and fp16 losses within {check.LOSS_TOL} of float32 over {check.probes.STEPS} "
+                                   "steps"}, failed(report)
+
+
+def test_model_cast_and_missing_zero_grad_named(reports):
+    report = reports["cast_no_zero_grad_first_view_bytes"]
+    fb = feedback_of(report, "float32 step matches")
+    assert fb.startswith("when the backward of step 2 began, .grad still held gradients of norm") and \
+        "call optimizer.zero_grad() at the start of train_step" in fb, fb
+    assert "keep the model in float32" in feedback_of(report, "bf16 autocast")
+    for name in ("GradScaler order", "inf gradients", "losses within"):
+        assert feedback_of(report, name).startswith("model cast to float16: the parameters, so their gradients, "
+                                                    "are float16"), (name, feedback_of(report, name))
+    assert not any("measuring: " in k and k != MEMORY_CRITERION for k in failed(report))
+
+
+def test_summed_loss_and_missing_clip_named(reports):
+    report = reports["summed_loss_unclipped"]
+    fb = feedback_of(report, "float32 step matches")
+    assert fb.startswith("the optimizer stepped with a gradient norm of") and "at step 1, where clipping to " \
+        "max_norm=0.05 gives 0.05" in fb, fb
+    fb = feedback_of(report, "losses within")
+    assert "loss is 64x the float32 reference's, the batch size (64): the cross-entropy was summed" in fb, fb
+    # the fp16 branch clips, but a summed loss times the scale overflows float16: its first step is skipped
+    fb = feedback_of(report, "GradScaler order")
+    assert "scaler.step skipped optimizer.step because the scaled gradients overflowed float16" in fb and \
+        "the first fp16 loss is 64x the float32 reference's" in fb, fb
+    assert not any(k.startswith("measuring") or "autocast" in k or "inf gradients" in k for k in failed(report))
+
+
+def test_scaled_loss_returned_named(reports):
+    fb = feedback_of(reports["inverted_ratios_scaled_loss_returned"], "losses within")
+    assert fb.startswith("the fp16 loss train_step returned is 65536x the reference's, the GradScaler's scale"), fb
 
 
 def test_runtime_copies_recognised_in_process(tmp_path):
@@ -203,3 +272,58 @@ def test_real_speedup_graded_on_a_gpu_with_bf16_tensor_cores_only(capability, gr
     assert report.score == pytest.approx(10 / 11 if graded else 0, abs=0.01)  # the score is rounded to 0.01
     cuda = f"[cuda] real bf16 speedup at least {check.GPU_MIN_SPEEDUP}x"
     assert any(c.name == cuda for c in report.criteria) == graded
+
+
+def _raised(fn) -> str:
+    try:
+        fn()
+    except Exception as exc:  # what run_one / the rank side see: "Type: message"
+        return f"{type(exc).__name__}: {exc}"
+    raise AssertionError("no error raised")
+
+
+def _fp16_steps(mistake: str, steps: int = 2) -> None:
+    """``steps`` fp16 GradScaler steps on the CPU, with one ``mistake`` (as the learner would make it)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    if mistake == "half":
+        model.half()
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu")
+    for _ in range(steps):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(2, 8)).float().square().mean()
+        scaler.scale(loss).backward()
+        if mistake == "zero_grad_after_backward":
+            opt.zero_grad()
+        scaler.unscale_(opt)
+        if mistake == "unscale_twice":
+            scaler.unscale_(opt)
+        scaler.step(opt)
+        if mistake != "no_update":
+            scaler.update()
+
+
+@pytest.mark.parametrize("mistake,name", [
+    ("no_update", "scaler.update() not called"),
+    ("unscale_twice", "scaler.unscale_ called twice in one step"),
+    ("half", "model cast to float16"),
+    ("zero_grad_after_backward", "gradients cleared before scaler.step"),
+])
+def test_scaler_errors_translated(mistake, name):
+    """No launch: each GradScaler misuse, run here, raises PyTorch's error, which KNOWN_ERRORS names."""
+    from autograder.diagnosis import translate
+
+    error = _raised(lambda: _fp16_steps(mistake))
+    assert translate(error, check.KNOWN_ERRORS).startswith(f"{name}: "), error
+
+
+def test_step_count_and_unscaled_loss_named():
+    """No launch: the causes of the float32 run and of the GradScaler order, on observations."""
+    assert check.steps_not_one({"steps": [1, 2, 2]}) == (
+        "train_step called optimizer.step() 2 times in step 2 (per step: [1, 2, 2]): step once per train_step, "
+        "after clipping")
+    assert check.steps_not_one({"steps": [1, 1]}) is None
+    fb = check.not_scaled({"events": ["backward", "unscale_", "step", "optimizer.step", "update"], "grad_norm": 0.05})
+    assert "never scaler.scale(loss)" in fb
+    assert check.not_scaled({"events": ["scale"], "grad_norm": 0.05}) is None

@@ -1,8 +1,12 @@
-"""Exercise 4 (FSDP2): the solution scores full marks, the stub zero, and the usual mistakes
-(only the root wrapped, optimizer built before sharding, state dict saved on every rank or on
-none) are each named with their numbers. The solution and both mutants are graded in ONE launch
-at world size 2 (the CLI grades 2 and 4); the stub in one more, through the grading subprocess's
-code (run_one.main, here in-process: the subprocess around it is exercise 1's CLI tests')."""
+"""Exercise 4 (FSDP2): the solution scores full marks, the stub zero, and the usual mistakes are each
+named with their numbers: only the root wrapped, optimizer built before sharding, the root not sharded,
+reshard_after_forward=False, zero_grad missing, the state dict saved on every rank or on none, its
+collective called on rank 0 only (the other ranks' instruments complete it: the training is still
+graded), without cpu_offload, or through FSDP1's state_dict_type. Independent mistakes share a mutant;
+the solution and the five mutants are graded in ONE launch at world size 2 (the CLI grades 2 and 4);
+the stub in one more, through the grading subprocess's code (run_one.main, here in-process: the
+subprocess around it is exercise 1's CLI tests'). The other causes and the errors PyTorch raises are
+tested on observations, without a launch."""
 from __future__ import annotations
 
 import json
@@ -11,6 +15,7 @@ import pytest
 
 from autograder import run_one
 from autograder.checks import ex04_fsdp
+from autograder.diagnosis import translate
 from autograder.report import ExerciseReport
 from distlab.fsdp_memory import expected_bytes, full_shapes, memory_per_gpu, shard_rows
 from distlab.resmlp import make_resmlp
@@ -31,25 +36,49 @@ def test_calculator_gives_the_overview_figures():
     assert memory_per_gpu(7e9, 4, "adam", 8, "optimizer")["total"] == 7e9 * (4 + 4 + 8 / 8)
 
 
-MISTAKES = {
+MISTAKES = {  # three independent mistakes: sharding, optimizer, export
     "    for block in model.blocks:\n        fully_shard(block)": "    for block in []:\n        fully_shard(block)",
     "    model = shard(model)\n    optimizer = make_optimizer(model, lr)":
         "    optimizer = make_optimizer(model, lr)\n    model = shard(model)",
     "    if dist.get_rank() != 0:\n        return None\n    torch.save(state, path)": "    torch.save(state, path)",
 }
-NO_SAVE = {"    torch.save(state, path)\n    return state": "    return state"}
+NO_SAVE_NO_RESHARD_NO_ZERO_GRAD = {  # memory, parity and export each get one
+    "    torch.save(state, path)\n    return state": "    return state",
+    "        fully_shard(block)  #": "        fully_shard(block, reshard_after_forward=False)  #",
+    "    optimizer.zero_grad()\n": "",
+}
+RANK0_STATE_DICT_ROOT_UNSHARDED = {
+    "    state = get_model_state_dict(model, options=options)  # a collective: all ranks call it\n"
+    "    if dist.get_rank() != 0:\n        return None\n":
+        "    if dist.get_rank() != 0:\n        return None\n    state = get_model_state_dict(model, options=options)\n",
+    "    fully_shard(model)\n    return model": "    return model",
+}
+NO_CPU_OFFLOAD = {"StateDictOptions(full_state_dict=True, cpu_offload=True)": "StateDictOptions(full_state_dict=True)"}
+FSDP1_EXPORT = {
+    "    state = get_model_state_dict(model, options=options)  # a collective: all ranks call it\n":
+        "    from torch.distributed.fsdp import FullStateDictConfig, StateDictType\n"
+        "    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n\n"
+        "    config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)\n"
+        "    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):\n"
+        "        state = model.state_dict()\n",
+}
+FILES = {"mistakes": MISTAKES, "no_save_no_reshard_no_zero_grad": NO_SAVE_NO_RESHARD_NO_ZERO_GRAD,
+         "rank0_state_dict_root_unsharded": RANK0_STATE_DICT_ROOT_UNSHARDED, "no_cpu_offload": NO_CPU_OFFLOAD,
+         "fsdp1_export": FSDP1_EXPORT}
+EXPORT = "[W=2] rank 0 exports the full state dict once"
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """(solution, mutant with three mistakes, mutant that never saves), graded in one launch at W=2."""
-    paths = [SOLUTIONS / "ex04_fsdp.py", mutant(tmp_path_factory.mktemp("mistakes"), "ex04_fsdp.py", MISTAKES),
-             mutant(tmp_path_factory.mktemp("nosave"), "ex04_fsdp.py", NO_SAVE)]
-    return ex04_fsdp.grade(paths, world_sizes=(2,))
+def graded(tmp_path_factory) -> dict:
+    """The solution and every mutant, graded in one launch at W=2."""
+    paths = {"solution": SOLUTIONS / "ex04_fsdp.py"}
+    for name, change in FILES.items():
+        paths[name] = mutant(tmp_path_factory.mktemp(name), "ex04_fsdp.py", change)
+    return dict(zip(paths, ex04_fsdp.grade(list(paths.values()), world_sizes=(2,))))
 
 
 def test_solution_full_marks_with_exact_bytes_and_peak_under_bound(graded):
-    report = graded[0]
+    report = graded["solution"]
     assert report.score == report.max_score, report.feedback
     m = report.measurements
     assert m["W2_max_abs_diff_vs_reference"] < 1e-3
@@ -72,7 +101,7 @@ def test_stub_scores_zero_not_implemented(tmp_path):
 
 
 def test_root_only_optimizer_first_and_every_rank_saving_are_named(graded):
-    fails = failed(graded[1])
+    fails = failed(graded["mistakes"])
     assert "[W=2] parameters are DTensors sharded on dim 0" not in fails  # root-only still shards
     peak = fails["[W=2] peak memory within the per-block bound"]
     assert peak.startswith("only the root is wrapped (0 of 8 blocks are fully_shard units)")
@@ -81,15 +110,93 @@ def test_root_only_optimizer_first_and_every_rank_saving_are_named(graded):
     assert "the optimizer does not hold 36 of the model's 36 parameters" in opt
     assert "Build the optimizer after shard(model)" in opt
     held = fails["[W=2] each rank holds 1/2 of params, grads and Adam state"]
-    assert "optimizer: expected 1072624 B, measured 0 B" in held
-    assert "max abs difference" in fails["[W=2] matches single-process training"]
-    assert fails["[W=2] rank 0 exports the full state dict once"].startswith(
-        "torch.save was called on ranks [0, 1]")
+    assert "optimizer: expected 1072624 B, measured 0 B" in held and "it was built before fully_shard" in held
+    assert fails["[W=2] matches single-process training"].startswith(
+        "on rank 0 the optimizer does not hold 36 of the model's 36 parameters")
+    assert fails[EXPORT].startswith("torch.save was called on ranks [0, 1]")
 
 
-def test_saving_nothing_names_the_path(graded):
-    fails = failed(graded[2])
-    assert list(fails) == ["[W=2] rank 0 exports the full state dict once"]
-    assert fails["[W=2] rank 0 exports the full state dict once"].startswith("nothing was saved to /")
-    assert "full_state-2.pt: torch.save the full state dict to export_path on rank 0" in \
-        fails["[W=2] rank 0 exports the full state dict once"]
+def test_saving_nothing_reshard_false_and_no_zero_grad_are_named(graded):
+    fails = failed(graded["no_save_no_reshard_no_zero_grad"])
+    assert set(fails) == {EXPORT, "[W=2] peak memory within the per-block bound",
+                          "[W=2] matches single-process training"}, fails
+    assert fails[EXPORT].startswith("nothing was saved to /")
+    assert "full_state-2.pt: torch.save the full state dict to export_path on rank 0" in fails[EXPORT]
+    peak = fails["[W=2] peak memory within the per-block bound"]
+    assert peak.startswith("8 of 8 blocks kept their parameters unsharded after forward (reshard_after_forward=False)"
+                           ": every rank holds their full 0.") and "fully_shard(block) with the default" in peak, peak
+    assert "shard each block with its own fully_shard call" not in peak.lower()
+    parity = fails["[W=2] matches single-process training"]
+    assert parity.startswith("when the backward of step 2 began, .grad still held gradients of norm") and \
+        "call optimizer.zero_grad() at the start of train_step" in parity, parity
+
+
+def test_state_dict_on_rank0_only_is_named_and_training_still_graded(graded):
+    report = graded["rank0_state_dict_root_unsharded"]
+    fails = failed(report)
+    assert fails[EXPORT].startswith("get_model_state_dict(full_state_dict=True, cpu_offload=True) ran on rank 0 "
+                                    "only: rank(s) [1] never called it"), fails[EXPORT]
+    root = "the blocks are sharded, but 4 parameters"
+    for name in ("[W=2] parameters are DTensors sharded on dim 0", "[W=2] matches single-process training",
+                 "[W=2] each rank holds 1/2 of params, grads and Adam state",
+                 "[W=2] peak memory within the per-block bound"):
+        assert root in fails[name] and "Call fully_shard(model) on the root" in fails[name], (name, fails[name])
+    assert "[W=2] optimizer built after sharding" not in fails
+
+
+def test_full_state_dict_without_cpu_offload_is_named(graded):
+    fails = failed(graded["no_cpu_offload"])
+    assert list(fails) == [EXPORT], fails
+    assert fails[EXPORT].startswith("get_model_state_dict(full_state_dict=True) returned the full state dict "
+                                    "(36 tensors, ") and "on rank 1 too" in fails[EXPORT], fails[EXPORT]
+
+
+def test_fsdp1_export_is_named_and_training_still_graded(graded):
+    fails = failed(graded["fsdp1_export"])
+    assert list(fails) == [EXPORT], fails
+    assert fails[EXPORT].startswith("FullyShardedDataParallel.state_dict_type (FSDP1) does not apply to fully_shard")
+
+
+def _run(world: int = 2, **observed) -> ex04_fsdp.Run:
+    """No launch: a run whose ranks observed ``observed`` over a correct step."""
+    ok = dict(world=world, dtensors=36, n_params=36, plain=[], opt_foreign=0, blocks_wrapped=8, root_wrapped=True,
+              blocks_unsharded_after_forward=[], leftover_grad_norm=0.0, optimizer_steps=1, partnered=[],
+              state_dict_calls=[], after_training_error={})
+    return ex04_fsdp.Run([{**ok, "rank": r, **observed} for r in range(world)])
+
+
+def test_causes_without_a_launch():
+    assert ex04_fsdp.some_blocks(_run(), {"blocks_wrapped": 4, "root_wrapped": True}, "peak 3 MiB").startswith(
+        "only 4 of 8 blocks are fully_shard units, so the root unshards the others together: peak 3 MiB")
+    assert ex04_fsdp.steps_not_one(_run(optimizer_steps=2)) == \
+        "train_step called optimizer.step() 2 times in step 2: step once, after backward"
+    assert ex04_fsdp.nothing_sharded(_run(dtensors=0, blocks_wrapped=0, root_wrapped=False)).startswith(
+        "none of the 36 parameters is a DTensor")
+    raised = _run(after_training_error={"error": "OSError: [Errno 28] No space left on device", "where": "line 9: x",
+                                        "fsdp1": False})
+    assert ex04_fsdp.export_raised(raised) == (
+        "the export (after training) raised on rank 0: OSError: [Errno 28] No space left on device (line 9: x); "
+        "the training was graded, the export was not")
+    unfinished = _run(after_training_error={"error": "NotImplementedError: ", "fsdp1": False,
+                                            "where": "line 90: raise NotImplementedError"})
+    assert ex04_fsdp.export_raised(unfinished) == ("not implemented yet (the export, after training: line 90: raise "
+                                                   "NotImplementedError); the training was graded")
+    for cause in (ex04_fsdp.some_blocks, ex04_fsdp.root_only, ex04_fsdp.no_reshard):
+        assert cause(_run(), _run().ranks[0], "") is None  # a correct run explains nothing
+    for cause in (ex04_fsdp.steps_not_one, ex04_fsdp.nothing_sharded, ex04_fsdp.root_not_sharded,
+                  ex04_fsdp.grads_not_zeroed, ex04_fsdp.optimizer_first, ex04_fsdp.one_sided_collective,
+                  ex04_fsdp.fsdp1_api, ex04_fsdp.export_raised, ex04_fsdp.full_everywhere):
+        assert cause(_run()) is None, cause
+
+
+@pytest.mark.parametrize("raised,name", [  # PyTorch 2.13's words, as the ranks raise them
+    ("ValueError: fully_shard does not support containers that do not implement forward: ModuleList(",
+     "fully_shard called on the ModuleList"),
+    ("AssertionError: Each distinct composable distributed API can only be applied to a module once. fully_shard "
+     "has already been applied to the following module:", "fully_shard applied twice to one module"),
+    ("TypeError: Invariant encountered: value was None when it should not be", "root sharded before its blocks"),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 30000ms for recv "
+     "operation to complete", "state-dict collective on rank 0 only, not completed"),
+])
+def test_known_errors_named(raised, name):
+    assert translate(raised, ex04_fsdp.KNOWN_ERRORS).startswith(f"{name}: ")

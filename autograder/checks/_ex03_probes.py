@@ -6,8 +6,13 @@ measuring functions still gets the marks for the step:
 
 * forward hooks record the ``nn.Linear`` output dtypes inside autocast, and a
   recording optimizer the parameter and gradient dtypes at ``step()``;
+* each of the float32, bf16 and fp16 runs records, per ``train_step``, the gradient norm
+  left in ``.grad`` when backward began (zero unless ``zero_grad`` was skipped), the
+  ``optimizer.step()`` calls and the gradient norm each stepped with;
 * a recording ``GradScaler`` logs the call order, the optimizer the gradient
-  norm it steps with, and whether a batch with an ``inf`` changed the weights;
+  norm it steps with, and whether a batch with an ``inf`` changed the weights
+  (the first step and the ``inf`` step each on their own, so a missing
+  ``scaler.update()``, which makes the second raise, still shows the first's order);
 * ``compare`` runs on :class:`distlab.timing.SimulatedWorkload` s under a
   :class:`distlab.timing.VirtualClock` (``CASES``, whose truths are
   ``CASES_TRUTH`` and ``MEMORY_TRUTH``), then on the real model;
@@ -40,17 +45,35 @@ WARMUP, MIN_RUN_TIME = 3, 0.2
 # here, when the rank imports this module, before any learner file is loaded.
 ANSWERS = RuntimeCopies({
     "median_seconds": ("distlab.timing.median_seconds", "distlab.timing.distributed_median_seconds"),
-    "saved_bytes": ("distlab.memory.saved_tensor_bytes",),
+    "saved_bytes": ("distlab.memory.saved_tensor_bytes", "distlab.memory.saved_tensor_bytes_by_kind"),
 })
 # Simulated workloads: (baseline kwargs, candidate kwargs); costs in seconds on a virtual clock.
 _B = dict(saved_bytes=40_000)  # every workload saves something, so any memory_ratio is defined
-# The steady candidate saves one 100,000-byte storage as 3 tensors (exp's output and 2 views of it):
-# counted per storage 100,000 bytes (ratio 0.25), per saved tensor 300,000 (0.75), by each tensor's
-# own size 200,000 (0.5).
-SHARED = dict(storage=100_000, views=2)
+# The steady candidate's backward keeps one 100,000-byte storage alive through 2 saved views of a quarter
+# of it each (SharedViews): counted per storage 100,000 bytes (ratio 0.25); the storage once per saved
+# tensor 200,000 (0.5); each view's own size 50,000 (0.125); one view's size per storage 25,000 (0.0625).
+SHARED = dict(storage=100_000, views=2, view=25_000)
+
+
+class SharedViews(SimulatedWorkload):
+    """A workload whose backward keeps one float32 storage of ``storage`` bytes alive through ``views``
+    saved views of a quarter of it each, none of them the whole: ``y = w * 2`` saves nothing (a product
+    with a number), and each ``sin`` saves its input, a view of ``y``."""
+
+    def __init__(self, clock: VirtualClock, seconds: float, *, storage: int, views: int, **kwargs) -> None:
+        super().__init__(clock, seconds, **kwargs)
+        self.storage, self.n_views = storage, views
+
+    def __call__(self) -> torch.Tensor:
+        super().__call__()  # the cost on the clock (no saved_bytes: nothing saved there)
+        y = torch.ones(self.storage // 4, dtype=torch.float32, requires_grad=True) * 2
+        q = y.numel() // 4
+        return sum(y[i * q:(i + 1) * q].sin().sum() for i in range(self.n_views))
+
+
 CASES = {
     "steady": (dict(seconds=0.020, saved_bytes=400_000),
-               dict(seconds=0.008, saved_bytes=SHARED["storage"], views=SHARED["views"])),
+               dict(seconds=0.008, storage=SHARED["storage"], views=SHARED["views"])),
     "warmup": (dict(seconds=0.020, **_B), dict(seconds=0.010, slow_calls=WARMUP, slow_seconds=1.0, **_B)),
     "async": (dict(seconds=0.030, asynchronous=True, **_B), dict(seconds=0.012, asynchronous=True, **_B)),
     "outliers": (dict(seconds=0.020, **_B), dict(seconds=0.005, outlier_every=4, outlier_seconds=0.200, **_B)),
@@ -104,6 +127,24 @@ def reference_fp32() -> tuple[list[float], dict]:
     return losses, cpu_state(model)
 
 
+def _norm(tensors) -> float:
+    """The total 2-norm of ``tensors`` (the ``.grad`` s that exist); 0.0 for none."""
+    norms = [t.detach().float().norm() for t in tensors if t is not None]
+    return torch.linalg.vector_norm(torch.stack(norms)).item() if norms else 0.0
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that calls ``on_step(params)`` at every ``step()``, before stepping."""
+
+    def __init__(self, params, lr: float, on_step) -> None:
+        super().__init__(params, lr=lr)
+        self.on_step = on_step
+
+    def step(self, closure=None):
+        self.on_step([p for g in self.param_groups for p in g["params"]])
+        return super().step(closure)
+
+
 def _autocast(learner, device) -> dict:
     model = make_mlp(seed=3, **MODEL).to(device)
     outs = []
@@ -112,32 +153,48 @@ def _autocast(learner, device) -> dict:
             m.register_forward_hook(lambda mod, args, out: outs.append(str(out.dtype)))
     seen = {}
 
-    class RecordingSGD(torch.optim.SGD):
-        def step(self, closure=None):
-            ps = [p for g in self.param_groups for p in g["params"]]
-            seen.update(params=[str(p.dtype) for p in ps], grads=[str(p.grad.dtype) for p in ps if p.grad is not None])
-            return super().step(closure)
+    def on_step(ps):
+        seen.update(params=[str(p.dtype) for p in ps], grads=[str(p.grad.dtype) for p in ps if p.grad is not None])
 
     x, y = batches(device)[0]
-    learner.train_step(model, RecordingSGD(model.parameters(), lr=LR), x, y, amp_dtype=torch.bfloat16,
+    learner.train_step(model, RecordingSGD(model.parameters(), LR, on_step), x, y, amp_dtype=torch.bfloat16,
                        max_norm=MAX_NORM)
     return {"linear_out": outs, "param_dtypes": seen.get("params", []), "grad_dtypes": seen.get("grads", [])}
 
 
+def _run(learner, device, dtype) -> dict:
+    """``STEPS`` steps of one kind: the losses, and per step the gradient norm left in ``.grad`` when its
+    backward began, the number of ``optimizer.step()`` calls and the gradient norm of each."""
+    model = make_mlp(seed=3, **MODEL).to(device)
+    params = list(model.parameters())
+    seen: dict = {"leftover": [], "step_norms": [], "steps": []}
+
+    def at_backward(grad) -> None:  # the output's gradient: the backward pass begins
+        seen["leftover"].append(_norm(p.grad for p in params))
+
+    def on_forward(mod, args, out) -> None:  # None: the output is not replaced
+        if out.requires_grad:
+            out.register_hook(at_backward)
+
+    model.register_forward_hook(on_forward)
+    opt = RecordingSGD(params, LR, lambda ps: seen["step_norms"].append(_norm(p.grad for p in ps)))
+    scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
+    losses = []
+    for x, y in batches(device):
+        calls = len(seen["step_norms"])
+        losses.append(float(learner.train_step(model, opt, x, y, amp_dtype=dtype, scaler=scaler, max_norm=MAX_NORM)))
+        seen["steps"].append(len(seen["step_norms"]) - calls)
+    return {"losses": losses, **seen, **({"state": cpu_state(model)} if dtype is None else {})}
+
+
 def _parity(learner, device) -> dict:
-    out = {}
-    for kind, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
-        model = make_mlp(seed=3, **MODEL).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=LR)
-        scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
-        out[f"{kind}_losses"] = [float(learner.train_step(model, opt, x, y, amp_dtype=dtype, scaler=scaler,
-                                                          max_norm=MAX_NORM)) for x, y in batches(device)]
-        if kind == "fp32":
-            out["fp32_state"] = cpu_state(model)
-    return out
+    """The float32, bf16 and fp16 runs, each on its own: one that raises does not hide the others."""
+    return {kind: _attempt(lambda dtype=dtype: _run(learner, device, dtype))
+            for kind, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16))}
 
 
 def _scaler(learner, device) -> dict:
+    """One fp16 step's call order and stepped gradient norm, then (on its own) a step with an inf in its batch."""
     events: list[str] = []
     norms: list[float] = []
 
@@ -158,26 +215,28 @@ def _scaler(learner, device) -> dict:
             events.append("update")
             return super().update(new_scale)
 
-    class RecordingSGD(torch.optim.SGD):
-        def step(self, closure=None):
-            events.append("optimizer.step")
-            ps = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
-            norms.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ps])).item())
-            return super().step(closure)
+    def on_step(ps):
+        events.append("optimizer.step")
+        norms.append(_norm(p.grad for p in ps))
 
     model = make_mlp(seed=3, **MODEL).to(device)
     first = next(model.parameters())
     first.register_post_accumulate_grad_hook(lambda p: events.append("backward"))
-    opt, scaler = RecordingSGD(model.parameters(), lr=LR), RecordingScaler(device.type)
+    opt, scaler = RecordingSGD(model.parameters(), LR, on_step), RecordingScaler(device.type)
     (x, y), (x2, y2) = batches(device)[:2]
     learner.train_step(model, opt, x, y, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
-    first_events, grad_norm = list(events), (norms[0] if norms else float("nan"))
+    out = {"events": list(events), "grad_norm": norms[0] if norms else float("nan")}
     bad = x2.clone()
     bad[0, 0] = float("inf")
     before, scale_before = cpu_state(model), scaler.get_scale()
-    learner.train_step(model, opt, bad, y2, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
+
+    def inf_step() -> dict:
+        learner.train_step(model, opt, bad, y2, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
+        return {}
+
+    inf_error = _attempt(inf_step).get("error", "")  # a missing scaler.update() makes this step raise
     after = cpu_state(model)
-    return {"events": first_events, "grad_norm": grad_norm, "scale_before_inf": scale_before,
+    return {**out, "inf_error": inf_error, "scale_before_inf": scale_before,
             "scale_after_inf": scaler.get_scale(),
             "inf_params_unchanged": all(torch.equal(before[k], after[k]) for k in before)}
 
@@ -193,7 +252,8 @@ def _measure(learner, watch) -> dict:
     out = {}
     for case, (base_kw, cand_kw) in CASES.items():
         clock = VirtualClock()
-        base, cand = SimulatedWorkload(clock, **base_kw), SimulatedWorkload(clock, **cand_kw)
+        base, cand = (SharedViews(clock, **kw) if "storage" in kw else SimulatedWorkload(clock, **kw)
+                      for kw in (base_kw, cand_kw))
         with clock.installed(), watch:
             res = learner.compare(base, cand, sync=clock.sync, warmup=WARMUP, min_run_time=MIN_RUN_TIME)
         out[case] = {k: float(res[k]) for k in ("speedup", "memory_ratio") if k in res}

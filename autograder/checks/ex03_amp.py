@@ -10,7 +10,7 @@ references computed here:
   after unscaling, ``max_norm / scale`` if clipped before), and a batch with an ``inf`` skipped;
 * ``compare`` on simulated workloads whose true speedup and memory ratio the grader knows, so missing
   warm-up, missing synchronisation, a mean dragged by outliers, an inverted ratio, and counting each
-  saved tensor (or each tensor's own size) instead of each storage fail deterministically on any
+  saved tensor (or each view's own size) instead of each storage fail deterministically on any
   machine (within ``RATIO_TOL``); then on the real model, whose speedup is reported, and required
   only on a GPU with bf16 tensor cores (compute capability 8.0 or newer, ``GPU_MIN_SPEEDUP``);
 * ``distlab.timing.median_seconds`` and ``distlab.memory.saved_tensor_bytes`` (and
@@ -20,15 +20,35 @@ references computed here:
   called by ``compare`` instead of the learner's own) earns none of its function's criteria, and the
   real model is then not measured (its seconds would be the runtime's).
 
-Each mistake named in the feedback has a mutant in ``tests/test_ex03_amp.py``.
+A failure names the first cause below that explains the observations (each has a mutant in
+``tests/test_ex03_amp.py``); errors PyTorch raises are translated, and the other parts keep their marks:
+
+| mistake | message |
+|---|---|
+| loss summed over the batch | "the first bf16 loss is 64x the float32 reference's, the batch size (64) ..." |
+| scaled loss returned | "the fp16 loss train_step returned is 65536x the reference's, the scale ..." |
+| optimizer.zero_grad() not called | "when the backward of step 2 began, .grad still held gradients of norm 0.05 ..." |
+| optimizer.step() not called once per step | "train_step called optimizer.step() 2 times in step 1 ..." |
+| gradients not clipped to max_norm | "the optimizer stepped with a gradient norm of 11.6 at step 1, where ..." |
+| scaler.update() not called | "one fp16 step called [...] and never scaler.update(): ..." (also raised) |
+| optimizer.step() instead of scaler.step() | "... 'optimizer.step' but not scaler.step(optimizer), which ..." |
+| loss not scaled | "... never scaler.scale(loss): call scaler.scale(loss).backward() ..." |
+| first fp16 step skipped | "one fp16 step called [...]: scaler.step skipped optimizer.step because ..." |
+| clipped before unscale_ | "... a gradient norm of 7.6e-07 ...: you clipped the scaled gradients ..." |
+| scaler.unscale_ called twice in one step | "unscale_(optimizer) ran twice before one scaler.step() ..." (raised) |
+| model cast to float16 | "the parameters, so their gradients, are float16 ..." (raised) |
+| gradients cleared before scaler.step | "scaler.step(optimizer) found no gradients ..." (raised) |
+| saved_bytes counts tensors, not storages | "saved_bytes counted 50,000 bytes ... each view's own bytes ..." |
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..diagnosis import KnownError, diagnose, mistake, translate
 from ..grading import launch_files, launch_timeout
 from ..parity import parity
 from ..registry import Exercise
@@ -44,6 +64,21 @@ GPU_MIN_SPEEDUP = 1.5    # bf16 over fp32 on the real model, required on a GPU w
 BF16_TENSOR_CORES = (8, 0)  # Ampere and newer: bf16 matmuls on tensor cores
 RTOL, ATOL = 1e-4, 1e-5  # float32 step vs the single-process reference
 PER_EXTRA_FILE_S = 15.0  # one more file in a launch: every part, and the real model, measured again
+KNOWN_ERRORS = [
+    KnownError("scaler.update() not called",
+               r"unscale_\(\) is being called after step\(\)|step\(\) has already been called since the last update",
+               "the GradScaler was not updated after scaler.step(optimizer), so the next step found it still "
+               "'stepped' (and the scale never adapts): call scaler.update() once per step, after scaler.step"),
+    KnownError("scaler.unscale_ called twice in one step", r"unscale_\(\) has already been called on this optimizer",
+               "unscale_(optimizer) ran twice before one scaler.step(): call it once, after backward and before "
+               "clipping (scaler.step does not unscale again)"),
+    KnownError("model cast to float16", r"Attempting to unscale FP16 gradients",
+               "the parameters, so their gradients, are float16: keep the model in float32 (no model.half() or "
+               "model.to(torch.float16)); autocast runs the ops in float16 and the scaler unscales float32 gradients"),
+    KnownError("gradients cleared before scaler.step", r"No inf checks were recorded for this optimizer",
+               "scaler.step(optimizer) found no gradients on the optimizer's parameters: zero the gradients at the "
+               "start of the step (optimizer.zero_grad()), not between backward and scaler.step"),
+]
 
 
 @dataclass
@@ -51,6 +86,11 @@ class Run:
     """One file's observations (one rank: mixed precision is not about several processes)."""
 
     obs: dict
+
+    def kind(self, kind: str) -> dict:
+        """The ``fp32``, ``bf16`` or ``fp16`` run's observations (the error, where the runs raised as a whole)."""
+        p = self.obs["parity"]
+        return p.get(kind, p)
 
     @cached_property
     def copied(self) -> dict[str, str]:
@@ -81,6 +121,8 @@ def _broken(part: dict, what: str) -> str:
         return ""
     if error.startswith("NotImplementedError"):
         return f"not implemented yet ({what})"
+    if cause := translate(error, KNOWN_ERRORS):
+        return f"{cause} ({what} raised {error})"
     return f"{what} raised {error}"
 
 
@@ -104,22 +146,115 @@ def _missing(part: dict, keys: tuple[str, ...]) -> str:
             "return baseline_s, candidate_s, speedup, baseline_bytes, candidate_bytes and memory_ratio")
 
 
-def _shared_storage_fb(steady: dict) -> str:
-    """Feedback when the steady candidate's bytes are those of counting each saved tensor ("" if not)."""
-    storage, views = probes.SHARED["storage"], probes.SHARED["views"]
-    tensors = views + 1
-    per_tensor, by_size = tensors * storage, 2 * storage  # the views partition the storage
+@mistake("saved_bytes counts tensors, not storages")
+def counted_tensors(steady: dict) -> str | None:
+    """The steady candidate keeps one storage alive through views of a quarter of it each (SharedViews)."""
+    storage, views, view = probes.SHARED["storage"], probes.SHARED["views"], probes.SHARED["view"]
     got = steady.get("candidate_bytes")
-    if got is None or not any(abs(got - wrong) <= 0.01 * wrong for wrong in (per_tensor, by_size)):
-        return ""
-    once_per_tensor = abs(got - per_tensor) <= 0.01 * per_tensor
-    how = (f"the storage's bytes once per tensor ({tensors} x {storage:,})" if once_per_tensor
-           else f"each tensor's own size ({storage:,} + {views} x {storage // views:,})")
-    return (f"saved_bytes counted {got:,.0f} bytes for a workload whose backward saves {tensors} tensors sharing "
-            f"one {storage:,}-byte storage (exp's output and {views} views of it), that is {how}; the storage "
-            f"holds {storage:,} bytes, so the memory ratio is {probes.MEMORY_TRUTH:g}, not "
-            f"{steady['memory_ratio']:.3g}: count each storage once, keyed by t.untyped_storage().data_ptr(), "
-            "not each tensor")
+    ways = {views * storage: f"the storage's {storage:,} bytes once per saved tensor ({views} x {storage:,})",
+            views * view: f"each view's own bytes ({views} x {view:,})",
+            view: f"one view's {view:,} bytes for the storage"}
+    how = next((text for wrong, text in ways.items() if got is not None and abs(got - wrong) <= 0.01 * wrong), None)
+    if how is None:
+        return None
+    return (f"saved_bytes counted {got:,.0f} bytes for a workload whose backward saves {views} views, a quarter "
+            f"each, of one {storage:,}-byte storage, that is {how}; the whole storage stays allocated while any "
+            f"view of it is saved, so the memory ratio is {probes.MEMORY_TRUTH:g}, not {steady['memory_ratio']:.3g}: "
+            "count each storage once, keyed by t.untyped_storage().data_ptr(), as t.untyped_storage().nbytes()")
+
+
+@mistake("loss summed over the batch")
+def loss_summed(kind: str, losses: list[float]) -> str | None:
+    ratio = losses[0] / probes.reference_fp32()[0][0]
+    if abs(ratio / probes.BATCH - 1) > 0.02:
+        return None
+    return (f"the first {kind} loss is {ratio:.3g}x the float32 reference's, the batch size ({probes.BATCH}): the "
+            "cross-entropy was summed over the batch; use the mean (cross_entropy's default reduction='mean')")
+
+
+@mistake("scaled loss returned")
+def scaled_loss_returned(kind: str, losses: list[float]) -> str | None:
+    ratio = losses[0] / probes.reference_fp32()[0][0]
+    if kind != "fp16" or ratio < 2 ** 7 or abs(ratio / 2 ** round(math.log2(ratio)) - 1) > 0.02:
+        return None
+    return (f"the fp16 loss train_step returned is {ratio:.0f}x the reference's, the GradScaler's scale: return "
+            "the loss itself (loss.detach()), and back-propagate scaler.scale(loss)")
+
+
+@mistake("optimizer.zero_grad() not called")
+def grads_not_zeroed(p: dict) -> str | None:
+    step = next((i for i, n in enumerate(p.get("leftover", [])) if n > 0), None)
+    if step is None:
+        return None
+    return (f"when the backward of step {step + 1} began, .grad still held gradients of norm "
+            f"{p['leftover'][step]:.3g} from the step before, and backward added to them: call "
+            "optimizer.zero_grad() at the start of train_step")
+
+
+@mistake("optimizer.step() not called once per step")
+def steps_not_one(p: dict) -> str | None:
+    bad = next(((i, n) for i, n in enumerate(p.get("steps", [])) if n != 1), None)
+    if bad is None:
+        return None
+    return (f"train_step called optimizer.step() {bad[1]} times in step {bad[0] + 1} (per step: {p['steps']}): "
+            "step once per train_step, after clipping")
+
+
+@mistake("gradients not clipped to max_norm")
+def not_clipped(p: dict) -> str | None:
+    off = next(((i, n) for i, n in enumerate(p.get("step_norms", [])) if abs(n / probes.MAX_NORM - 1) > 1e-3), None)
+    if off is None:
+        return None
+    return (f"the optimizer stepped with a gradient norm of {off[1]:.3g} at step {off[0] + 1}, where clipping to "
+            f"max_norm={probes.MAX_NORM} gives {probes.MAX_NORM} on this model (every step clips): call "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) after backward, before the step")
+
+
+STEP_CAUSES = [grads_not_zeroed, steps_not_one, not_clipped]  # tested on the float32 run: no autocast, no scaler
+
+
+@mistake("scaler.update() not called")
+def no_update(s: dict) -> str | None:
+    if "update" in s["events"]:
+        return None
+    return (f"one fp16 step called {s['events']} and never scaler.update(): the scale never adapts (it must drop "
+            "after a step with inf gradients) and the next step's unscale_ raises: call scaler.update() after "
+            "scaler.step(optimizer), every step")
+
+
+@mistake("optimizer.step() instead of scaler.step()")
+def optimizer_stepped(s: dict) -> str | None:
+    if "step" in s["events"] or "optimizer.step" not in s["events"]:
+        return None
+    return (f"one fp16 step called {s['events']}: 'optimizer.step' but not scaler.step(optimizer), which skips "
+            "steps with inf/NaN gradients (and unscales them if unscale_ was not called): call "
+            "scaler.step(optimizer) instead of optimizer.step()")
+
+
+@mistake("loss not scaled")
+def not_scaled(s: dict) -> str | None:
+    if "scale" in s["events"]:
+        return None
+    return (f"one fp16 step called {s['events']}, never scaler.scale(loss): small float16 gradients underflow "
+            "to zero unless the loss is scaled; call scaler.scale(loss).backward()")
+
+
+@mistake("first fp16 step skipped")
+def step_skipped(s: dict, fp16_losses: list[float]) -> str | None:
+    if "step" not in s["events"] or "optimizer.step" in s["events"]:
+        return None
+    why = loss_summed("fp16", fp16_losses) if fp16_losses else None
+    return (f"one fp16 step called {s['events']}: scaler.step skipped optimizer.step because the scaled gradients "
+            "overflowed float16, which this model's do not at the default scale" + (f"; {why}" if why else ""))
+
+
+@mistake("clipped before unscale_")
+def clipped_scaled(s: dict) -> str | None:
+    if not s["grad_norm"] < probes.MAX_NORM / 100:  # nan: no optimizer.step
+        return None
+    return (f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true gradients "
+            f"gives max_norm={probes.MAX_NORM}: you clipped the scaled gradients; call scaler.unscale_(optimizer) "
+            "before clip_grad_norm_")
 
 
 @criterion("bf16 autocast: linear outputs bf16, master weights float32", points=1.5)
@@ -140,33 +275,37 @@ def autocast_dtypes(run: Run) -> Verdict:
 
 @criterion("float32 step matches a single-process reference", points=0.5)
 def float32_parity(run: Run) -> Verdict:
-    p = run.obs["parity"]
+    p = run.kind("fp32")
     if why := _broken(p, "train_step"):
         return failed(why)
-    same = parity(p["fp32_state"], probes.reference_fp32()[1], rtol=RTOL, atol=ATOL)
+    same = parity(p["state"], probes.reference_fp32()[1], rtol=RTOL, atol=ATOL)
     if same.ok:
         return passed(f"max abs difference {same.max_abs_diff:.2g}")
-    return failed(f"after {probes.STEPS} float32 steps the weights differ from zero_grad, cross-entropy, "
-                  f"backward, clip_grad_norm_(max_norm={probes.MAX_NORM}), step (max abs difference "
-                  f"{same.max_abs_diff:.3g} in {same.worst})")
+    return failed(diagnose(STEP_CAUSES, p) or
+                  f"after {probes.STEPS} float32 steps the weights differ from zero_grad, cross-entropy, backward, "
+                  f"clip_grad_norm_(max_norm={probes.MAX_NORM}), step (max abs difference {same.max_abs_diff:.3g} "
+                  f"in {same.worst})")
 
 
 @criterion(f"bf16 and fp16 losses within {LOSS_TOL} of float32 over {probes.STEPS} steps", points=1)
 def losses_close(run: Run) -> Verdict:
-    p = run.obs["parity"]
-    if why := _broken(p, "train_step"):
-        return failed(why)
+    for kind in ("bf16", "fp16"):
+        if why := _broken(run.kind(kind), f"the {kind} train_step"):
+            return failed(why)
     ref_losses = probes.reference_fp32()[0]
     worst = []  # per kind: (largest relative gap, kind, the step where it is)
     for kind in ("bf16", "fp16"):
-        gaps = [abs(loss - ref) / max(1.0, abs(ref)) for loss, ref in zip(p[f"{kind}_losses"], ref_losses)]
+        gaps = [abs(loss - ref) / max(1.0, abs(ref)) for loss, ref in zip(run.kind(kind)["losses"], ref_losses)]
         worst.append((max(gaps), kind, gaps.index(max(gaps))))
     gap, kind, step = max(worst)
     measured = dict(bf16_max_loss_gap=worst[0][0], fp16_max_loss_gap=worst[1][0])
     if gap <= LOSS_TOL:
         return passed(f"largest gap {gap:.2g} ({kind})", **measured)
-    return failed(f"the {kind} loss at step {step} is {gap:.3g} away from the float32 reference's (tolerance "
-                  f"{LOSS_TOL}): are forward and loss under autocast, and the scaler used for fp16?", **measured)
+    fp32 = run.kind("fp32")
+    cause = diagnose([loss_summed, scaled_loss_returned], kind, run.kind(kind)["losses"]) or (
+        "error" not in fp32 and diagnose(STEP_CAUSES, fp32))
+    return failed(cause or f"the {kind} loss at step {step + 1} is {gap:.3g} away from the float32 reference's "
+                  f"(tolerance {LOSS_TOL}), though the float32 step has none of the usual mistakes", **measured)
 
 
 @criterion("fp16 GradScaler order: scale, backward, unscale_, clip, step, update", points=1.5)
@@ -175,23 +314,21 @@ def scaler_order(run: Run) -> Verdict:
     if why := _broken(s, "train_step with a scaler"):
         return failed(why)
     expected = ["scale", "backward", "unscale_", "step", "optimizer.step", "update"]
-    if s["events"] != expected:
-        return failed(f"one fp16 step called {s['events']}; expected {expected}: scaler.scale(loss).backward(), "
-                      "scaler.unscale_(optimizer), clip, scaler.step(optimizer), scaler.update()")
-    if abs(s["grad_norm"] - probes.MAX_NORM) <= 1e-3 * probes.MAX_NORM:
+    if s["events"] == expected and abs(s["grad_norm"] - probes.MAX_NORM) <= 1e-3 * probes.MAX_NORM:
         return passed()
-    # Clipping the scaled gradients leaves the true ones far below max_norm (divided by the scale).
-    how = (": you clipped the scaled gradients; call scaler.unscale_(optimizer) before clip_grad_norm_"
-           if s["grad_norm"] < probes.MAX_NORM / 100 else
-           ": clip with torch.nn.utils.clip_grad_norm_ after scaler.unscale_")
-    return failed(f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true "
-                  f"gradients gives max_norm={probes.MAX_NORM}" + how)
+    losses = run.kind("fp16").get("losses", [])
+    return failed(diagnose([not_scaled, optimizer_stepped, no_update], s) or step_skipped(s, losses) or
+                  clipped_scaled(s) or (
+        f"one fp16 step called {s['events']}; expected {expected}: scaler.scale(loss).backward(), "
+        "scaler.unscale_(optimizer), clip, scaler.step(optimizer), scaler.update()" if s["events"] != expected else
+        f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true gradients "
+        f"gives max_norm={probes.MAX_NORM}: clip with torch.nn.utils.clip_grad_norm_ after scaler.unscale_"))
 
 
 @criterion("fp16 step with inf gradients is skipped", points=1)
 def inf_step_skipped(run: Run) -> Verdict:
     s = run.obs["scaler"]
-    if why := _broken(s, "train_step with a scaler"):
+    if why := _broken(s, "train_step with a scaler") or _broken({"error": s["inf_error"]}, "the step after it"):
         return failed(why)
     if not s["inf_params_unchanged"]:
         return failed("a batch containing inf changed the weights: step through scaler.step(optimizer), which "
@@ -235,7 +372,7 @@ def memory_ratio(run: Run) -> Verdict:
         return failed(gone)
     ok, fb = _ratio_fb("memory_ratio", m["steady"]["memory_ratio"], probes.MEMORY_TRUTH,
                        "count each storage packed by torch.autograd.graph.saved_tensors_hooks once")
-    return passed(fb) if ok else failed(_shared_storage_fb(m["steady"]) or fb)
+    return passed(fb) if ok else failed(counted_tensors(m["steady"]) or fb)
 
 
 @criterion(f"[cuda] real bf16 speedup at least {GPU_MIN_SPEEDUP}x", points=1)

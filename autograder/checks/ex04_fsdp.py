@@ -2,15 +2,40 @@
 
 Every rank builds the same :class:`~distlab.resmlp.ResidualMLP` and trains it
 with the learner's ``train_fsdp`` on its slice of each global batch. The
-grader wraps the learner's ``train_step`` to observe one step from inside the
-rank: the placements and storage bytes of parameters, gradients and Adam
-state (compared with the exact padded figure of :func:`distlab.fsdp_memory.expected_bytes`),
-and the peak of live tensor storage during the step (CPU:
+instruments of ``_ex04_probes`` observe one step from inside the rank: the
+placements and storage bytes of parameters, gradients and Adam state
+(compared with the exact padded figure of :func:`distlab.fsdp_memory.expected_bytes`),
+the peak of live tensor storage during the step (CPU:
 :class:`~distlab.fsdp_memory.LiveStorageTracker`; GPU: ``max_memory_allocated``)
-against :func:`distlab.fsdp_memory.peak_bound`.
+against :func:`distlab.fsdp_memory.peak_bound`, which blocks reshard after
+forward, whether ``.grad`` was zeroed, and the state-dict calls of every rank.
 The verdicts are computed here, against a single-process Adam run on the
 same global batches (parity, assert_close: reduce-scatter sums in another
 order than one big batch).
+
+A failure names the first cause below that explains the observations (each has a
+mutant or an in-process test in ``tests/test_ex04_fsdp.py``); a state-dict collective
+that only some ranks call is completed by the others' instruments, so that the
+training is still graded:
+
+| mistake | message |
+|---|---|
+| optimizer built before sharding | "on rank 0 the optimizer does not hold 36 of the model's 36 parameters ..." |
+| root not sharded | "the blocks are sharded, but 4 parameters (['inp.weight', ...]) are plain tensors ..." |
+| nothing sharded | "none of the 36 parameters is a DTensor: shard(model) must call fully_shard ..." |
+| only the root wrapped | "only the root is wrapped (0 of 8 blocks are fully_shard units) ..." |
+| some blocks not wrapped | "only 4 of 8 blocks are fully_shard units ..." |
+| blocks keep parameters unsharded after forward | "8 of 8 blocks kept their parameters unsharded after forward ..." |
+| optimizer.zero_grad() not called | "when the backward of step 2 began, .grad still held gradients of norm 1.6 ..." |
+| optimizer.step() not called once per step | "train_step called optimizer.step() 0 times ..." |
+| state-dict collective called on some ranks only | "get_model_state_dict(...) ran on rank 0 only: ..." |
+| FSDP1 state_dict_type on an FSDP2 model | "FullyShardedDataParallel.state_dict_type (FSDP1) does not apply ..." |
+| export raised | "the export (after training) raised ...; the training was graded, the export was not" |
+| full state dict on every rank | "get_model_state_dict(...) returned the full state dict ... on rank 1 too ..." |
+| fully_shard called on the ModuleList | "fully_shard needs a module with a forward ..." (raised) |
+| fully_shard applied twice to one module | "fully_shard ran twice on the same module ..." (raised) |
+| root sharded before its blocks | "fully_shard(model) ran before fully_shard(block) ..." (raised) |
+| state-dict collective on rank 0 only, not completed | "a collective ... ran on rank 0 only ..." (raised) |
 """
 from __future__ import annotations
 
@@ -22,20 +47,18 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from distlab import init_distributed
-from distlab.data import synthetic_classification
-from distlab.fsdp_memory import (UNITS_IN_FLIGHT, LiveStorageTracker, activation_bytes, expected_bytes, full_shapes,
-                                 measured_bytes, peak_bound, unsharded_bytes)
+from distlab.fsdp_memory import UNITS_IN_FLIGHT, unsharded_bytes
 from distlab.resmlp import make_resmlp
 
+from ..diagnosis import KnownError, diagnose, mistake, translate
 from ..grading import launch_files, launch_timeout
-from ..harness import CapturedPrints, SaveSpy, echo, load_learner
 from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
+# Public here (the tests and benchmarks/bench_fsdp.py use them); defined with the rank-side instruments.
+from ._ex04_probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, SEED, STEPS, data, global_batches, rank_main
 
 # A launch of the solution took 22 s at W=2 and 24 s at W=4 on 2 cores at load 6 (32 s and 40 s at
 # load 7; less when idle). The two launches run one after the other and share what time_limit leaves
@@ -46,104 +69,27 @@ EXERCISE = Exercise(number=4, name="fsdp", filename="ex04_fsdp.py", max_score=10
 WORLD_SIZES = (2, 4)
 LAUNCH_SHARES = {2: 4, 4: 5}
 PER_EXTRA_FILE_S = 20
-MODEL = dict(in_features=64, hidden=90, out_features=10, depth=8)
-STEPS, MICRO_BATCH, LR, SEED = 4, 8, 1e-2, 11
-MEASURE_STEP = 2  # the second step: Adam's state exists before it, so the step sees the steady state
 RTOL, ATOL = 1e-3, 1e-4  # reduce-scatter sums in another order; Adam's 1/sqrt(v) amplifies it on tiny gradients
 PARTS = ("params", "grads", "optimizer")
+KNOWN_ERRORS = [
+    KnownError("fully_shard called on the ModuleList", r"fully_shard does not support containers that do not implement",
+               "fully_shard needs a module with a forward, and model.blocks is a ModuleList: call fully_shard(block) "
+               "for each block in model.blocks, then fully_shard(model)"),
+    KnownError("fully_shard applied twice to one module", r"can only be applied to a module once",
+               "fully_shard ran twice on the same module (shard called twice, or the root in the blocks' loop): "
+               "call it once per block, then once on the root"),
+    KnownError("root sharded before its blocks", r"Invariant encountered: value was None when it should not be",
+               "fully_shard(model) ran before fully_shard(block), so the blocks' parameters were already DTensors: "
+               "shard every block first, then the root"),
+    KnownError("state-dict collective on rank 0 only, not completed", r"Timed out waiting \d+ms for (recv|send)",
+               "a collective (most likely the state dict: DTensor.full_tensor(), or a checkpoint save) ran on rank 0 "
+               "only: rank 0 waited for the others, which had returned. Every rank must make the call (it "
+               "all-gathers the shards); only the torch.save is for rank 0"),
+]
 
 
-def _data():
-    return synthetic_classification(256, MODEL["in_features"], MODEL["out_features"], seed=SEED)  # no sklearn
-
-
-def _global_batches(world: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(SEED)
-    perm = torch.randperm(len(_data()), generator=g)
-    size = MICRO_BATCH * world
-    return [perm[s * size:(s + 1) * size] for s in range(STEPS)]
-
-
-def rank_main(paths: list[str], outdir: str) -> list[dict]:
-    """Runs on every rank: each file in turn trains with the learner's code; one observation per file.
-
-    The grader makes the process group (the learner's file does not), so every file uses the same one.
-    """
-    device = init_distributed()
-    return [_observe(p, Path(outdir) / f"full_state-{i}.pt", device) for i, p in enumerate(paths)]
-
-
-def _observe(path: str, export: Path, device: torch.device) -> dict:
-    """One file on this rank: the learner trains; the wrapped ``train_step`` observes one step."""
-    with SaveSpy() as saves:  # before the import, so ``from torch import save`` binds the spy too
-        return _train_observed(load_learner(path), export, device, saves)
-
-
-def _train_observed(learner, export: Path, device: torch.device, saves: SaveSpy) -> dict:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model = make_resmlp(seed=SEED, **MODEL).to(device)  # the same start on every rank
-    shapes = full_shapes(model)
-    x_all, y_all = _data().tensors
-    mine = slice(rank * MICRO_BATCH, (rank + 1) * MICRO_BATCH)  # this rank's slice of each global batch
-    batches = [(x_all[idx[mine]].to(device), y_all[idx[mine]].to(device)) for idx in _global_batches(world)]
-    seen = _observe_step(learner, device)
-    with CapturedPrints() as out:
-        returned = learner.train_fsdp(model, batches, lr=LR, export_path=str(export))
-    echo(out.lines)
-    trained = returned[0] if isinstance(returned, tuple) else model
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    final = get_model_state_dict(trained, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    dist.barrier()
-    return {"rank": rank, "world": world, "shapes": {k: list(v) for k, v in shapes.items()},
-            "final": final if rank == 0 else {}, "saves": saves.paths, "printed": out.lines,
-            "expected": expected_bytes(shapes, world, rank), "device": device.type, "export": str(export),
-            **seen}
-
-
-def _observe_step(learner, device: torch.device) -> dict:
-    """Wrap the learner's ``train_step`` so that step ``MEASURE_STEP`` is measured; returns what it will see."""
-    seen: dict = {"steps": 0}
-    real_step = learner.train_step
-
-    def observed_step(model, optimizer, x, y):
-        seen["steps"] += 1
-        if seen["steps"] != MEASURE_STEP:
-            return real_step(model, optimizer, x, y)
-        before = measured_bytes(model, optimizer)
-        loss, peak = _step_peak(real_step, model, optimizer, (x, y), device, sum(before.values()))
-        seen.update(before=before, after=measured_bytes(model, optimizer), peak=peak, **_layout(model, optimizer),
-                    bound=peak_bound(sum(before.values()), model, activation_bytes(MICRO_BATCH, **MODEL)))
-        return loss
-
-    learner.train_step = observed_step  # train_fsdp looks it up in its module when it calls it
-    return seen
-
-
-def _step_peak(step, model: nn.Module, optimizer, batch: tuple, device: torch.device, state_bytes: int):
-    """Run one ``step`` and return its loss and the peak bytes during it (the state it starts from included)."""
-    params = list(model.parameters())
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        live = torch.cuda.memory_allocated()  # state + cuBLAS workspace + the batch, already there
-        loss = step(model, optimizer, *batch)
-        torch.cuda.synchronize()
-        return loss, state_bytes + torch.cuda.max_memory_allocated() - live
-    with LiveStorageTracker() as mem:
-        mem.track(*params, *(p.grad for p in params if p.grad is not None),
-                  *(v for s in optimizer.state.values() for v in s.values()))
-        loss = step(model, optimizer, *batch)
-    return loss, mem.peak
-
-
-def _layout(model: nn.Module, optimizer) -> dict:
-    """How the parameters are sharded and whether the optimizer holds them."""
-    params = list(model.parameters())
-    opt_ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    return {"placements": sorted({str(getattr(p, "placements", "plain tensor")) for p in params}),
-            "dtensors": sum(type(p).__name__ == "DTensor" for p in params), "n_params": len(params),
-            "opt_foreign": sum(id(p) not in opt_ids for p in params),
-            "blocks_wrapped": sum(type(b).__name__.startswith("FSDP") for b in model.blocks)}
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.3f} MiB"
 
 
 @functools.cache
@@ -151,8 +97,8 @@ def reference(world: int) -> dict:
     """Single-process Adam on the whole global batch of every step (the same for every file graded)."""
     model = make_resmlp(seed=SEED, **MODEL)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
-    x_all, y_all = _data().tensors
-    for idx in _global_batches(world):
+    x_all, y_all = data().tensors
+    for idx in global_batches(world):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
         opt.step()
@@ -174,6 +120,11 @@ class Run:
         """Whether the measured step ran at all (else there is nothing to judge)."""
         return "before" in self.ranks[0]
 
+    def block_bytes(self, blocks: list[int]) -> int:
+        """The unsharded float32 bytes of the parameters of ``blocks``."""
+        return sum(4 * math.prod(shape) for name, shape in self.ranks[0]["shapes"].items()
+                   if name.split(".")[:2] in [["blocks", str(i)] for i in blocks])
+
     def bytes_summary(self) -> str:
         r0 = self.ranks[0]
         total = sum(r0["expected"][p] for p in PARTS)
@@ -184,8 +135,134 @@ class Run:
                 f"unsharded (1/W would be {unsharded // self.world} B)")
 
 
-def _mb(n: float) -> str:
-    return f"{n / 2**20:.3f} MiB"
+@mistake("optimizer built before sharding")
+def optimizer_first(run: Run) -> str | None:
+    r = next((r for r in run.ranks if r["opt_foreign"]), None)
+    if r is None:
+        return None
+    return (f"on rank {r['rank']} the optimizer does not hold {r['opt_foreign']} of the model's {r['n_params']} "
+            "parameters: it was built before fully_shard replaced them with DTensors, so it updates stale tensors. "
+            "Build the optimizer after shard(model)")
+
+
+@mistake("nothing sharded")
+def nothing_sharded(run: Run) -> str | None:
+    r = run.ranks[0]
+    if r["dtensors"]:
+        return None
+    return (f"none of the {r['n_params']} parameters is a DTensor: shard(model) must call fully_shard on every "
+            "block and then on the root, before the optimizer is built")
+
+
+@mistake("root not sharded")
+def root_not_sharded(run: Run, explain: str = "") -> str | None:
+    r = run.ranks[0]
+    if r["root_wrapped"] or not r["blocks_wrapped"]:
+        return None
+    return (f"the blocks are sharded, but {len(r['plain'])} parameters ({r['plain']}) are plain tensors: the root's "
+            "own layers are not sharded (every rank holds them whole, their gradients are never averaged across "
+            "ranks, and each block, its own FSDP root, keeps its parameters unsharded from forward to backward)"
+            f"{': ' + explain if explain else ''}. Call fully_shard(model) on the root after the blocks")
+
+
+@mistake("only the root wrapped")
+def root_only(run: Run, worst: dict, explain: str) -> str | None:
+    if worst["blocks_wrapped"] or not worst["root_wrapped"]:
+        return None
+    return (f"only the root is wrapped (0 of {MODEL['depth']} blocks are fully_shard units), so forward and backward "
+            f"unshard the whole model at once: {explain}. Call fully_shard on each block before the root")
+
+
+@mistake("blocks keep parameters unsharded after forward")
+def no_reshard(run: Run, worst: dict, explain: str) -> str | None:
+    kept = worst.get("blocks_unsharded_after_forward", [])
+    if not kept or not worst["root_wrapped"]:  # a block that is its own FSDP root never reshards after forward
+        return None
+    return (f"{len(kept)} of {MODEL['depth']} blocks kept their parameters unsharded after forward "
+            f"(reshard_after_forward=False): every rank holds their full {_mb(run.block_bytes(kept))} from "
+            f"forward until backward, not one block's at a time ({explain}). Call fully_shard(block) with the "
+            "default reshard_after_forward=True")
+
+
+@mistake("some blocks not wrapped")
+def some_blocks(run: Run, worst: dict, explain: str) -> str | None:
+    if worst["blocks_wrapped"] in (0, MODEL["depth"]) or not worst["root_wrapped"]:
+        return None
+    return (f"only {worst['blocks_wrapped']} of {MODEL['depth']} blocks are fully_shard units, so the root unshards "
+            f"the others together: {explain}. Call fully_shard on every block in model.blocks, then the root")
+
+
+@mistake("optimizer.zero_grad() not called")
+def grads_not_zeroed(run: Run) -> str | None:
+    r = max(run.ranks, key=lambda r: r.get("leftover_grad_norm") or 0.0)
+    if not r.get("leftover_grad_norm"):
+        return None
+    return (f"when the backward of step {MEASURE_STEP} began, .grad still held gradients of norm "
+            f"{r['leftover_grad_norm']:.3g} (rank {r['rank']}'s shard) from the step before, and FSDP added the new "
+            "ones to them: call optimizer.zero_grad() at the start of train_step")
+
+
+@mistake("optimizer.step() not called once per step")
+def steps_not_one(run: Run) -> str | None:
+    n = run.ranks[0].get("optimizer_steps", 1)
+    if n == 1:
+        return None
+    return f"train_step called optimizer.step() {n} times in step {MEASURE_STEP}: step once, after backward"
+
+
+TRAINING_CAUSES = [optimizer_first, nothing_sharded, root_not_sharded, grads_not_zeroed, steps_not_one]
+
+
+def _called(record: dict) -> str:
+    options = ", ".join(f"{k}={v}" for k, v in record["options"].items()
+                        if k in ("full_state_dict", "cpu_offload") and v)
+    return f"{record['fn']}({options})" if options else f"{record['fn']}(...)"
+
+
+@mistake("state-dict collective called on some ranks only")
+def one_sided_collective(run: Run) -> str | None:
+    made = [(r["rank"], call) for r in run.ranks for call in r["partnered"]]
+    if not made:
+        return None
+    callers = sorted({call["for_rank"] for _, call in made})
+    absent = sorted({rank for rank, _ in made})
+    only = f"rank {callers[0]} only" if len(callers) == 1 else f"ranks {callers} only"
+    return (f"{_called(made[0][1])} ran on {only}: rank(s) {absent} never called it, so the callers waited for them "
+            "(the grader made the missing call, so the training could be graded). It is a collective: call it on "
+            "every rank, and torch.save on rank 0 only")
+
+
+@mistake("FSDP1 state_dict_type on an FSDP2 model")
+def fsdp1_api(run: Run) -> str | None:
+    err = run.ranks[0]["after_training_error"]
+    if not err.get("fsdp1"):
+        return None
+    return (f"FullyShardedDataParallel.state_dict_type (FSDP1) does not apply to fully_shard (FSDP2) modules: the "
+            f"export raised {err['error']} ({err['where']}). Use get_model_state_dict(model, "
+            "options=StateDictOptions(full_state_dict=True, cpu_offload=True))")
+
+
+@mistake("export raised")
+def export_raised(run: Run) -> str | None:
+    r = next((r for r in run.ranks if r["after_training_error"]), None)
+    if r is None:
+        return None
+    err = r["after_training_error"]
+    if err["error"].startswith("NotImplementedError"):
+        return f"not implemented yet (the export, after training: {err['where']}); the training was graded"
+    cause = translate(err["error"], KNOWN_ERRORS) or f"the export (after training) raised on rank {r['rank']}"
+    return f"{cause}: {err['error']} ({err['where']}); the training was graded, the export was not"
+
+
+@mistake("full state dict on every rank")
+def full_everywhere(run: Run) -> str | None:
+    calls = [(r["rank"], c) for r in run.ranks if r["rank"] for c in r["state_dict_calls"] if c.get("tensors")]
+    if not calls:
+        return None
+    rank, c = calls[0]
+    return (f"{_called(c)} returned the full state dict ({c['tensors']} tensors, {_mb(c['bytes'])}) on rank {rank} "
+            "too: every rank gathered a whole copy of the model, which FSDP exists to avoid. Pass "
+            "StateDictOptions(full_state_dict=True, cpu_offload=True): only rank 0 then receives it, on the CPU")
 
 
 @criterion("[W={world}] parameters are DTensors sharded on dim 0", points=1)
@@ -194,19 +271,14 @@ def sharded_on_dim0(run: Run) -> Verdict:
     if not bad:
         return passed()
     r = bad[0]
-    return failed(f"on rank {r['rank']} {r['dtensors']} of {r['n_params']} parameters are DTensors, placements "
+    return failed(diagnose([nothing_sharded, root_not_sharded], run) or
+                  f"on rank {r['rank']} {r['dtensors']} of {r['n_params']} parameters are DTensors, placements "
                   f"{r['placements']}: call fully_shard on the blocks and the root")
 
 
 @criterion("[W={world}] optimizer built after sharding", points=1)
 def optimizer_after_sharding(run: Run) -> Verdict:
-    foreign = [r for r in run.ranks if r["opt_foreign"]]
-    if not foreign:
-        return passed()
-    r = foreign[0]
-    return failed(f"on rank {r['rank']} the optimizer does not hold {r['opt_foreign']} of the model's "
-                  f"{r['n_params']} parameters: it was built before fully_shard replaced them with DTensors, so "
-                  "it updates stale tensors. Build the optimizer after shard(model)")
+    return failed(why) if (why := optimizer_first(run)) else passed()
 
 
 @criterion("[W={world}] each rank holds 1/{world} of params, grads and Adam state", points=2)
@@ -221,8 +293,9 @@ def holds_its_share(run: Run) -> Verdict:
                 wrong.append(f"rank {r['rank']} {part}: expected {exp} B, measured {got} B")
     if not wrong:
         return passed(run.bytes_summary(), **measured)
-    return failed("; ".join(wrong[:4]) + " (expected = ceil(rows/W) padded rows per param and grad, the rank's "
-                  "real rows for exp_avg and exp_avg_sq, 4 B for each step)", **measured)
+    why = diagnose([optimizer_first, nothing_sharded, root_not_sharded], run)
+    return failed("; ".join(wrong[:4]) + (f": {why}" if why else " (expected = ceil(rows/W) padded rows per param "
+                  "and grad, the rank's real rows for exp_avg and exp_avg_sq, 4 B for each step)"), **measured)
 
 
 @criterion("[W={world}] peak memory within the per-block bound", points=2)
@@ -239,11 +312,11 @@ def peak_within_bound(run: Run) -> Verdict:
                f"activations {_mb(b['activations'])}")
     if worst["peak"] <= b["bound"]:  # the worst ratio is within its bound, so every rank's is
         return passed(explain, **measured)
-    if worst["blocks_wrapped"] == 0:
-        return failed(f"only the root is wrapped (0 of {MODEL['depth']} blocks are fully_shard units), so "
-                      f"forward and backward unshard the whole model at once: {explain}. Call fully_shard on "
-                      "each block before the root", **measured)
-    return failed(f"{explain}: shard each block with its own fully_shard call, then the root", **measured)
+    return failed(nothing_sharded(run) or diagnose([root_only, some_blocks], run, worst, explain) or
+                  root_not_sharded(run, explain) or
+                  no_reshard(run, worst, explain) or
+                  f"{explain}, though every block is its own fully_shard unit and reshards after forward",
+                  **measured)
 
 
 @criterion("[W={world}] matches single-process training", points=2)
@@ -254,14 +327,18 @@ def matches_reference(run: Run) -> Verdict:
         return passed(f"max abs difference {par.max_abs_diff:.2g}", **measured)
     where = (f"max abs difference {par.max_abs_diff:.3g} in '{par.worst}'" if math.isfinite(par.max_abs_diff)
              else f"the trained state dict does not match the model's: {par.worst}")
-    return failed(f"after {STEPS} Adam steps (lr={LR}) the weights differ from one process trained on the "
-                  f"global batches of {run.world}x{MICRO_BATCH} ({where}, rtol={RTOL}, atol={ATOL}): zero the "
-                  "gradients, step once per micro-batch, and build the optimizer on the sharded parameters",
+    return failed(diagnose(TRAINING_CAUSES, run) or
+                  f"after {STEPS} Adam steps (lr={LR}) the weights differ from one process trained on the "
+                  f"global batches of {run.world}x{MICRO_BATCH} ({where}, rtol={RTOL}, atol={ATOL}), though the "
+                  f"optimizer holds the sharded parameters, and step {MEASURE_STEP} began from zeroed gradients "
+                  "and stepped once",
                   **measured)
 
 
 @criterion("[W={world}] rank 0 exports the full state dict once", points=2)
 def exports_once(run: Run) -> Verdict:
+    if why := diagnose([one_sided_collective, fsdp1_api, export_raised], run):
+        return failed(why)
     r0 = run.ranks[0]
     export, final = Path(r0["export"]), r0["final"]
     savers = [r["rank"] for r in run.ranks if r["saves"]]
@@ -279,7 +356,7 @@ def exports_once(run: Run) -> Verdict:
                       "(full_state_dict=True, cpu_offload=True) so it holds plain tensors")
     if any(not torch.equal(saved[k], final[k]) for k in final):
         return failed("the saved weights differ from the trained model's: export after training")
-    return passed()
+    return failed(why) if (why := full_everywhere(run)) else passed()
 
 
 CRITERIA = [sharded_on_dim0, optimizer_after_sharding, holds_its_share, peak_within_bound, matches_reference,
