@@ -6,6 +6,7 @@ tensors, lists, strings) and the verdict is computed in the grading process.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.abc
 import io
 import os
@@ -104,7 +105,10 @@ def own_rendezvous(tag: str, timeout: timedelta = timedelta(seconds=60)):
     read the first one's keys (after ``destroy_process_group`` the default group is named "0"
     again) and gloo would connect to stale peers and hang. So rank 0 hosts a new store for each
     file and ``MASTER_PORT`` points at it while the block runs: the learner's code initialises
-    as usual. A process group the file left behind is destroyed after the block.
+    as usual. A process group the file left behind is destroyed after the block, after a garbage
+    collection on every rank: a DDP or FSDP object of the learner's that outlived the file would
+    otherwise be collected at a different moment on each rank, freeing its group out of step with the
+    others (the rank that frees it first then waits out the timeout).
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host, agent_port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
@@ -119,6 +123,7 @@ def own_rendezvous(tag: str, timeout: timedelta = timedelta(seconds=60)):
         yield
     finally:
         os.environ["MASTER_PORT"] = agent_port
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
         agent.set(f"{key}/done/{rank}", "1")

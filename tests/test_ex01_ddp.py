@@ -52,11 +52,34 @@ MUTANTS = {
         "    if rank == 0:\n        torch.save(": "    if True:\n        torch.save(",
         "    dist.destroy_process_group()": "    pass",
     },
-    "wrong_lr": {
-        "torch.optim.SGD(ddp_model.parameters(), lr=lr)": "torch.optim.SGD(ddp_model.parameters(), lr=lr * 1.5)",
+    # The linear scaling rule applied by hand: DDP already averages, so the step is simply 2x too big.
+    "lr_scaled": {
+        "torch.optim.SGD(ddp_model.parameters(), lr=lr)":
+            "torch.optim.SGD(ddp_model.parameters(), lr=lr * dist.get_world_size())",
         # Saving through `from torch import save` is still seen (and is correct).
         "import torch\n": "import torch\nfrom torch import save\n",
         "        torch.save(ddp_model.module": "        save(ddp_model.module",
+    },
+    "inner_forward": {"cross_entropy(ddp_model(x), y)": "cross_entropy(ddp_model.module(x), y)"},
+    "shuffle_false": {"DistributedSampler(dataset, shuffle=True, seed=seed)":
+                      "DistributedSampler(dataset, shuffle=False, seed=seed)"},
+    "sampler_seed_per_rank": {"DistributedSampler(dataset, shuffle=True, seed=seed)":
+                              "DistributedSampler(dataset, shuffle=True, seed=seed + rank)"},
+    "half_batch": {"DataLoader(dataset, batch_size=batch_size, sampler=sampler)":
+                   "DataLoader(dataset, batch_size=batch_size // dist.get_world_size(), sampler=sampler)"},
+    "loss_times_world": {"cross_entropy(ddp_model(x), y)": "cross_entropy(ddp_model(x), y) * dist.get_world_size()"},
+    "loss_over_world": {"cross_entropy(ddp_model(x), y)": "cross_entropy(ddp_model(x), y) / dist.get_world_size()"},
+    # Sums the gradients DDP has just averaged.
+    "manual_all_reduce": {"            loss.backward()\n": "            loss.backward()\n"
+                          "            for p in ddp_model.parameters():\n                dist.all_reduce(p.grad)\n"},
+    # Averages the gradients by hand instead of DDP, but nothing broadcast rank 0's initial weights.
+    "manual_average_no_broadcast": {
+        "ddp_model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)": "ddp_model = model",
+        "            loss.backward()\n": "            loss.backward()\n            for p in ddp_model.parameters():\n"
+                                        "                dist.all_reduce(p.grad)\n"
+                                        "                p.grad /= dist.get_world_size()\n",
+        "torch.save(ddp_model.module.state_dict(), checkpoint_path)":
+            "torch.save(ddp_model.state_dict(), checkpoint_path)",
     },
 }
 
@@ -72,11 +95,11 @@ def graded(tmp_path_factory):
 @pytest.mark.slow
 def test_no_sampler_and_no_ddp_are_named(graded):
     fails = failed(graded["no_ddp_no_sampler"])
-    assert "did you pass a DistributedSampler to the DataLoader?" in fails["[W=2] each rank reads its own shard"]
-    assert "rank 1 read" not in fails["[W=2] each rank reads its own shard"]
+    shard = fails["[W=2] each rank reads its own shard"]
+    assert shard.startswith("every rank read all 1792 samples in each epoch (rank 0 read 1792 per epoch, not its 896)")
+    assert "pass a DistributedSampler" in shard
     same = fails["[W=2] same parameters on every rank"]
-    assert "rank 0 and rank 1 ended with different weights (max abs difference" in same
-    assert "wrap the model in DistributedDataParallel" in same
+    assert same.startswith("the model was never wrapped in DistributedDataParallel: each rank trained alone")
     # One mistake, one message: what needs the shards is not judged a second time.
     assert fails["[W=2] new shuffle every epoch"] == "not checked: needs '[W=2] each rank reads its own shard' first"
 
@@ -87,7 +110,8 @@ def test_set_epoch_logging_and_saving_mistakes_are_named(graded):
     fails = failed(report)
     assert set(fails) == {"[W=2] new shuffle every epoch", "[W=2] only rank 0 logs",
                           "[W=2] rank 0 saves the model once", "[W=2] teardown destroys the process group"}
-    assert "call sampler.set_epoch(epoch)" in fails["[W=2] new shuffle every epoch"]
+    assert fails["[W=2] new shuffle every epoch"].startswith(
+        "epoch 0 and epoch 1 read the samples in the same shuffled order: call sampler.set_epoch(epoch)")
     assert fails["[W=2] only rank 0 logs"].startswith("rank 1 printed 2 lines (first: 'epoch 0: mean loss")
     assert fails["[W=2] rank 0 saves the model once"] == "torch.save was called on ranks [0, 1]: save on rank 0 only"
     assert "still initialised on ranks [0, 1]" in fails["[W=2] teardown destroys the process group"]
@@ -95,9 +119,75 @@ def test_set_epoch_logging_and_saving_mistakes_are_named(graded):
     assert report.score == 6 and report.max_score == 10
 
 
-def test_wrong_learning_rate_breaks_parity_with_numbers(graded):
-    fails = failed(graded["wrong_lr"])
-    assert list(fails) == ["[W=2] matches single-process training"]
-    msg = fails["[W=2] matches single-process training"]
-    assert "weights differ from one process trained on the same global batches of 2x32" in msg
-    assert "max abs difference" in msg and "use SGD with lr=0.2" in msg
+def _only(report, criterion: str) -> str:
+    """The feedback of ``criterion``, asserting that it is the one criterion that failed (those that need it
+    are "not checked")."""
+    fails = {name: msg for name, msg in failed(report).items() if not msg.startswith("not checked: needs")}
+    assert list(fails) == [f"[W=2] {criterion}"], fails
+    return fails[f"[W=2] {criterion}"]
+
+
+def test_scaled_learning_rate_is_named_with_its_factor(graded):
+    msg = _only(graded["lr_scaled"], "matches single-process training")
+    assert msg.startswith("the optimizer's learning rate was 0.4, 2x the lr=0.2 given")
+
+
+def test_forward_on_the_inner_module_is_named_not_a_missing_wrap(graded):
+    msg = _only(graded["inner_forward"], "same parameters on every rank")
+    assert msg.startswith("all 56 forward passes called model.module(x), bypassing DDP's gradient all-reduce")
+    assert "wrap the model" not in msg
+
+
+def test_shuffle_false_is_named_not_set_epoch(graded):
+    msg = _only(graded["shuffle_false"], "new shuffle every epoch")
+    assert msg.startswith("rank 0 read its shard in index order (0, 2, 4, ...) in both epochs")
+    assert "shuffle=False" in msg
+
+
+def test_samplers_seeded_per_rank_are_named(graded):
+    fails = failed(graded["sampler_seed_per_rank"])
+    msg = fails["[W=2] each rank reads its own shard"]
+    assert "although each read its 896 once: their DistributedSamplers shuffled with different seeds" in msg
+    assert not any(name in fails for name in ("[W=2] same parameters on every rank", "[W=2] only rank 0 logs"))
+
+
+def test_half_batch_per_rank_is_named_with_numbers(graded):
+    msg = _only(graded["half_batch"], "matches single-process training")
+    assert msg.startswith("each rank read 16 samples per step, not batch_size=32: batch_size is per rank")
+
+
+def test_loss_times_world_size_is_named_with_the_gradient_ratio(graded):
+    msg = _only(graded["loss_times_world"], "matches single-process training")
+    assert msg.startswith("the first step's gradient is 2x the reference's on the same global batch: the loss "
+                          "was multiplied by the world size (2)")
+
+
+def test_loss_over_world_size_is_named_with_the_gradient_ratio(graded):
+    msg = _only(graded["loss_over_world"], "matches single-process training")
+    assert msg.startswith("the first step's gradient is 0.5x the reference's on the same global batch: the loss "
+                          "was divided by the world size (2)")
+
+
+def test_all_reduce_on_top_of_ddp_is_named(graded):
+    msg = _only(graded["manual_all_reduce"], "matches single-process training")
+    assert msg.startswith("the first step's gradient is 2x the reference's: the gradients were also summed by "
+                          "hand (6 dist.all_reduce calls on .grad before the first step) on top of DDP")
+
+
+def test_hand_averaging_without_a_broadcast_is_named(graded):
+    msg = _only(graded["manual_average_no_broadcast"], "same parameters on every rank")
+    assert msg.startswith("the ranks made the same updates but started from different weights (rank 1 and rank 0 "
+                          "differed by")
+    assert "nothing broadcast rank 0's weights" in msg
+
+
+def test_known_errors_are_translated():
+    from autograder.diagnosis import translate
+    known = ex01_ddp.KNOWN_ERRORS
+    assert translate("ValueError: sampler option is mutually exclusive with shuffle", known) \
+        .startswith("DataLoader given a sampler and shuffle=True: ")
+    assert translate("ValueError: DistributedDataParallel device_ids and output_device arguments only work with "
+                     "single-device/multiple-device GPU modules or CPU modules, but got device_ids [0]", known) \
+        .startswith("device_ids given for a CPU model: ")
+    assert translate("ValueError: trying to initialize the default process group twice!", known) \
+        .startswith("init_process_group called twice: ")

@@ -24,6 +24,21 @@ MUTANTS = {
         "            window_loss += loss.item()\n":
             "            window_loss += loss.item()\n            optimizer.step()\n            optimizer.zero_grad()\n",
     },
+    "never_zero_grad": {"        optimizer.step()\n        optimizer.zero_grad()\n": "        optimizer.step()\n"},
+    "zero_grad_before_step": {
+        "        optimizer.step()\n        optimizer.zero_grad()\n":
+            "        optimizer.zero_grad()\n        optimizer.step()\n",
+    },
+    # Every micro-batch weighs the same, whatever its size: right for equal sizes only.
+    "equal_weights": {" * (len(y) / total)": " / len(window)"},
+    # Skips the step of a window shorter than accumulation_steps (and so its samples).
+    "no_step_on_short_window": {
+        "        optimizer.step()\n        optimizer.zero_grad()\n":
+            "        if len(window) == accumulation_steps:\n"
+            "            optimizer.step()\n        optimizer.zero_grad()\n",
+    },
+    # no_sync() on the window's last micro-step too: DDP never averages.
+    "never_synced": {"contextlib.nullcontext() if boundary else model.no_sync()": "model.no_sync()"},
 }
 
 
@@ -61,7 +76,7 @@ def test_short_window_divided_by_k(reports):
     unequal = feedback_of(report, "unequal sizes")
     assert "equal weights" not in unequal  # k=3 windows: 1/k is 1/3 there
     assert "divided by accumulation_steps=3" in unequal
-    # Every window of the unequal scenario has k micro-batches: no "shorter window" advice there.
+    # The first wrong window of the unequal scenario has k micro-batches: no "shorter window" advice there.
     assert "scale each micro-batch's mean loss by n_i / N" in unequal and "shorter" not in unequal
     assert not any("[equal sizes" in name for name in failed(report))
 
@@ -69,7 +84,7 @@ def test_short_window_divided_by_k(reports):
 def test_allreduce_every_micro_step(reports):
     report = reports["not_divided_no_sync"]
     allreduce = feedback_of(report, "all-reduced once")
-    assert "[4, 4, 4] times per optimizer step" in allreduce and "model.no_sync()" in allreduce
+    assert "[4, 4, 4] times per window of 4 micro-steps" in allreduce and "model.no_sync()" in allreduce
     assert "identical gradients" in feedback_of(report, "still differ inside a window")
 
 
@@ -85,3 +100,60 @@ def test_step_every_micro_step(reports):
     msg = "optimizer.step() ran 12 times for 12 micro-batches with accumulation_steps=4"
     assert msg in feedback_of(report, "one optimizer step and zero_grad per window")
     assert "final short window" in " ".join(failed(report))
+    # Its no_sync() was right: one all-reduce per window; the mid-window check names the schedule.
+    assert not any("all-reduced once" in name for name in failed(report))
+    assert msg in feedback_of(report, "still differ inside a window")
+
+
+def test_never_zeroed_is_named_and_the_first_window_still_passes(reports):
+    report = reports["never_zero_grad"]
+    msg = ("at the start of window 1 the gradients still held the previous window's (zero_grad() ran 0 times in "
+           "3 windows)")
+    assert msg in feedback_of(report, "one optimizer step and zero_grad per window")
+    assert msg in feedback_of(report, "parameters after 3 optimizer steps")
+    # The first window's gradient, its all-reduce and the ranks' difference mid-window were right.
+    assert not any(k in name for name in failed(report) for k in ("gradient after", "all-reduced", "still differ"))
+
+
+def test_zero_grad_before_step_is_named(reports):
+    report = reports["zero_grad_before_step"]
+    msg = "zero_grad() ran after the window's last backward but before optimizer.step(), so 3 of 3 steps saw all-zero"
+    assert msg in feedback_of(report, "one optimizer step and zero_grad per window")
+    assert msg in feedback_of(report, "after 4 micro-batches")
+    assert "in the middle of a window" not in report.feedback
+
+
+def test_equal_weights_for_unequal_micro_batches(reports):
+    report = reports["equal_weights"]
+    unequal = feedback_of(report, "unequal sizes")
+    assert "is the micro-batch gradients divided by the 3 micro-batches (equal weights), not the mean over its N=24" \
+        in unequal and "its share of the window's samples n_i / N" in unequal
+    # With equal sizes dividing by the number of micro-batches is right, and so is the short window (2 of 8 each).
+    assert list(failed(report)) == [name for name in failed(report) if "unequal sizes" in name]
+
+
+def test_never_synced_is_named(reports):
+    report = reports["never_synced"]
+    msg = "DDP never all-reduced the gradients of window 0 (0 all-reduce rounds in its 4 micro-steps, 3 of 3 windows"
+    assert msg in feedback_of(report, "all-reduced once")
+    assert msg in feedback_of(report, "after 4 micro-batches")
+    assert "model.no_sync()" in feedback_of(report, "all-reduced once")
+    # The ranks did keep their own gradients inside the windows, and the schedule was right.
+    assert not any(k in name for name in failed(report) for k in ("still differ", "zero_grad per window"))
+
+
+def test_skipped_short_window_step_is_named(reports):
+    report = reports["no_step_on_short_window"]
+    msg = ("optimizer.step() ran after [4, 4] micro-batches; the windows have [4, 4, 2] (the final, shorter window "
+           "must still end with a step)")
+    assert msg in feedback_of(report, "final short window")
+    assert "the windows have [3, 3, 2]" in feedback_of(report, "unequal sizes")
+    assert not any("[equal sizes" in name for name in failed(report))
+
+
+def test_known_errors_are_translated():
+    from autograder.diagnosis import translate
+    assert translate("AttributeError: 'Sequential' object has no attribute 'no_sync'", check.KNOWN_ERRORS) \
+        .startswith("no_sync called on model.module: ")
+    assert "backward() ran twice" in translate("RuntimeError: Trying to backward through the graph a second time "
+                                               "(or directly access saved tensors...", check.KNOWN_ERRORS)

@@ -25,7 +25,7 @@ MODEL = dict(hidden=32)
 # name -> (micro-batch sizes, identical on every rank; accumulation_steps)
 SCENARIOS = {
     "equal": ([8] * 12, 4),
-    "unequal": ([4, 12, 8, 10, 2, 6], 3),
+    "unequal": ([4, 12, 8, 10, 2, 6, 5, 7], 3),  # the last window short: 1/k, 1/2 and n_i/N all differ
     "short": ([8] * 10, 4),
 }
 
@@ -52,13 +52,16 @@ def _observe(path: str, device: torch.device, rank: int, world: int) -> dict:
         probe = Probe(model)
         ddp.register_comm_hook(None, probe.comm_hook)
         model.register_forward_pre_hook(probe.before_forward)
+        for module in (ddp, model):  # model.zero_grad() clears the gradients as well as the optimizer's
+            module.zero_grad = probe.spy_zero_grad(module.zero_grad)
         opt = _recording_sgd(probe, ddp.parameters(), LR)
         batches = [(x.to(device), y.to(device)) for x, y in micro_batches(sizes, rank, world)]
         with CapturedPrints() as printed:
             learner.train_accumulated(ddp, opt, batches, accumulation_steps=k)
         echo(printed.lines)
         out[name] = {"steps": probe.steps, "final": cpu_state(model), "mid_grads": probe.mid_grads,
-                     "mid_zero_grad": probe.mid_window_zero_grad}
+                     "zero_grads": probe.zero_grads, "start_cleared": probe.start_cleared,
+                     "total_rounds": probe.total_rounds + [probe.rounds]}
     return out
 
 
@@ -84,19 +87,33 @@ class Probe:
     def __init__(self, model: nn.Module):
         self.model = model
         self.forwards = 0          # micro-steps since the last optimizer step
-        self.rounds = 0            # DDP all-reduce rounds since the last optimizer step
+        self.rounds = 0            # DDP all-reduce rounds so far
+        self.total_rounds: list[int] = []  # self.rounds at each forward (and at the end)
         self.steps: list[dict] = []
-        self.mid_window_zero_grad: list[int] = []  # micro-step count when zero_grad() cut a window
+        self.zero_grads: list[tuple[int, int]] = []  # (optimizer steps so far, micro-steps since) per zero_grad()
+        self.start_cleared: list[bool] = []  # at the first forward of every window but the first: .grad zero?
         self.mid_grads: dict | None = None
+
+    def cleared(self) -> bool:
+        return all(p.grad is None or not p.grad.any() for p in self.model.parameters())
 
     def grads(self) -> dict:
         return {n: (p.grad.detach().to("cpu", copy=True) if p.grad is not None else torch.zeros_like(p, device="cpu"))
                 for n, p in self.model.named_parameters()}
 
     def before_forward(self, module, args) -> None:
+        if self.forwards == 0 and self.steps:
+            self.start_cleared.append(self.cleared())
         if self.forwards > 0 and self.mid_grads is None:
             self.mid_grads = self.grads()  # after a micro-step that did not end the window
         self.forwards += 1
+        self.total_rounds.append(self.rounds)
+
+    def spy_zero_grad(self, zero_grad):
+        def spy(*args, **kwargs):
+            self.zero_grads.append((len(self.steps), self.forwards))
+            return zero_grad(*args, **kwargs)
+        return spy
 
     def comm_hook(self, state, bucket):
         # DDP's reducer runs in C++: wrapping dist.all_reduce would see nothing, a comm hook sees every round.
@@ -108,13 +125,10 @@ class Probe:
 def _recording_sgd(probe: Probe, params, lr: float) -> torch.optim.SGD:
     class RecordingSGD(torch.optim.SGD):
         def step(self, closure=None):
-            probe.steps.append({"grads": probe.grads(), "micro": probe.forwards, "rounds": probe.rounds})
-            probe.forwards = probe.rounds = 0
+            probe.steps.append({"grads": probe.grads(), "params": cpu_state(probe.model), "micro": probe.forwards})
+            probe.forwards = 0
             return super().step(closure)
 
-        def zero_grad(self, set_to_none: bool = True):
-            if probe.forwards > 0:
-                probe.mid_window_zero_grad.append(probe.forwards)
-            return super().zero_grad(set_to_none)
-
-    return RecordingSGD(params, lr=lr)
+    opt = RecordingSGD(params, lr=lr)
+    opt.zero_grad = probe.spy_zero_grad(opt.zero_grad)
+    return opt

@@ -5,9 +5,33 @@ learner, so a run that skips DDP's initial broadcast ends with ranks apart.
 The data set records which indices each rank read; from those logs the
 grader rebuilds every global batch and trains a single-process reference on
 them, which the ranks' final parameters must match (CS336-style parity).
+Inside the ranks (``_ex01_probes``) global hooks also record which module
+each forward entered (the DDP wrapper or the model inside it), each batch's
+size, the weights at the first forward, every DDP built around the model,
+the gradients and lr at the first optimizer step, and gradients all-reduced
+by hand; a failure names the first cause below that explains them:
+
+| mistake | message |
+|---|---|
+| forward called on model.module | "all 56 forward passes called model.module(x), bypassing DDP's gradient all-reduce ..." |
+| ranks not synchronised at the start | "the ranks made the same updates but started from different weights ..." |
+| model not wrapped in DDP | "the model was never wrapped in DistributedDataParallel: each rank trained alone ..." |
+| no DistributedSampler | "every rank read all 1792 samples in each epoch (...): pass a DistributedSampler ..." |
+| samplers seeded differently on each rank | "ranks 0 and 1 shared 436 samples in epoch 0 although each read its 896 once ..." |
+| DistributedSampler built with shuffle=False | "rank 0 read its shard in index order (0, 2, 4, ...) in both epochs ..." |
+| sampler.set_epoch not called | "epoch 0 and epoch 1 read the samples in the same shuffled order: call sampler.set_epoch" |
+| batch_size treated as global | "each rank read 16 samples per step, not batch_size=32: batch_size is per rank ..." |
+| learning rate changed | "the optimizer's learning rate was 0.4, 2x the lr=0.2 given ..." |
+| gradients all-reduced by hand on top of DDP | "the first step's gradient is 2x the reference's: ... summed by hand (6 dist.all_reduce" |
+| loss multiplied by the world size | "the first step's gradient is 2x the reference's on the same global batch: ..." |
+| loss divided by the world size | "the first step's gradient is 0.5x the reference's on the same global batch: ..." |
+| DataLoader given a sampler and shuffle=True | "a DataLoader takes either sampler= or shuffle=True, not both ..." (raised) |
+| device_ids given for a CPU model | "device_ids=[...] is for a model on one GPU ..." (raised) |
+| init_process_group called twice | "the process group was initialised twice ..." (raised) |
 """
 from __future__ import annotations
 
+import functools
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,55 +39,33 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-import distlab
-from distlab.data import RecordingDataset, digits
+from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 
+from ..diagnosis import KnownError, diagnose, mistake
 from ..grading import launch_files, launch_timeout
-from ..harness import CapturedPrints, SaveSpy, echo, load_learner, own_rendezvous
 from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
+from ._ex01_probes import CONFIG, MODEL, rank_main
 
 EXERCISE = Exercise(number=1, name="ddp", filename="ex01_ddp.py", max_score=10, time_limit=150)
 WORLD_SIZES = (2, 4)
-CONFIG = dict(epochs=2, batch_size=32, lr=0.2, seed=7)
-MODEL = dict(hidden=64)
 RTOL, ATOL = 1e-4, 1e-5  # all-reduce sums in another order than one big batch's mean
 
-
-def rank_main(paths: list[str], ckpt_dir: str) -> list[dict]:
-    """Runs on every rank: each file in turn trains with the learner's code; returns what was observed."""
-    out = []
-    for i, path in enumerate(paths):
-        with own_rendezvous(f"file{i}"):  # the learner's setup() makes the process group, once per file
-            out.append(_observe(path, Path(ckpt_dir) / str(i)))
-    return out
-
-
-def _observe(path: str, ckpt_dir: Path) -> dict:
-    with SaveSpy() as saves:  # before the import, so ``from torch import save`` binds the spy too
-        learner = load_learner(path)
-        learner.setup()
-        if not dist.is_initialized():
-            raise RuntimeError("setup() returned but no process group is initialised")
-        rank = dist.get_rank()
-        model = make_mlp(seed=1000 + rank, **MODEL).to(distlab.device())  # a different start on every rank
-        initial = cpu_state(model)
-        data = RecordingDataset(digits())
-        saves.paths.clear()  # only what train_ddp saves counts
-        with CapturedPrints() as out:
-            trained = learner.train_ddp(model, data, checkpoint_path=str(ckpt_dir / "model.pt"), **CONFIG)
-    echo(out.lines)
-    final = cpu_state(trained if trained is not None else model)
-    learner.teardown()
-    return {
-        "rank": rank, "initial": initial, "final": final, "accessed": data.accessed,
-        "printed": out.lines, "saves": saves.paths, "still_initialized": dist.is_initialized(),
-    }
+KNOWN_ERRORS = [
+    KnownError("DataLoader given a sampler and shuffle=True", r"sampler option is mutually exclusive with shuffle",
+               "a DataLoader takes either sampler= or shuffle=True, not both: the DistributedSampler shuffles "
+               "(DistributedSampler(dataset, shuffle=True, seed=seed)); drop shuffle=True from the DataLoader"),
+    KnownError("device_ids given for a CPU model", r"device_ids and output_device arguments only work with",
+               "device_ids=[...] is for a model on one GPU: on the CPU build DistributedDataParallel(model) "
+               "without it, and on a GPU pass the local device's index (not the global rank)"),
+    KnownError("init_process_group called twice", r"initialize the default process group twice",
+               "the process group was initialised twice: setup() makes it, once; train_ddp must not call "
+               "setup() or init_process_group() again"),
+]
 
 
 @dataclass
@@ -83,10 +85,165 @@ class Run:
         return self.ranks[rank]["accessed"][e * local:(e + 1) * local]
 
     def global_batches(self) -> list[list[int]]:
-        """Every optimizer step's global batch: the ranks' local batches, concatenated in rank order."""
+        """Every optimizer step's global batch as the contract has it: the ranks' local batches of
+        ``batch_size``, concatenated in rank order."""
         local, bs = self.samples_per_rank, CONFIG["batch_size"]
         return [sum((self.epoch(r, e)[s:s + bs] for r in range(self.world)), [])
                 for e in range(CONFIG["epochs"]) for s in range(0, local, bs)]
+
+    def first_batch(self, rank: int) -> list[int]:
+        """The samples ``rank`` had read when its first forward ran: its first batch, as it really was."""
+        forwards = self.ranks[rank]["forwards"]
+        return self.ranks[rank]["accessed"][:forwards[0][2]] if forwards else []
+
+    @functools.cached_property
+    def gradient_ratio(self) -> float | None:
+        """Rank 0's first-step gradient over one process's on the same global batch, at the same weights
+        (``None`` when the two do not point the same way: then no scale factor explains the difference)."""
+        r0 = self.ranks[0]
+        if not r0["first_step"] or r0["at_first_forward"] is None:
+            return None
+        model = make_mlp(seed=0, **MODEL)
+        model.load_state_dict(r0["at_first_forward"])
+        x_all, y_all = digits().tensors
+        idx = sum((self.first_batch(r) for r in range(self.world)), [])
+        nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
+        ref = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
+        got = torch.cat([r0["first_step"]["grads"][n].flatten() for n, _ in model.named_parameters()]).double()
+        ratio = float(got @ ref / (ref @ ref))
+        return ratio if torch.allclose(got, ratio * ref, rtol=1e-3, atol=1e-6) else None
+
+    def ratio_is(self, value: float) -> bool:
+        return self.gradient_ratio is not None and abs(self.gradient_ratio - value) < 1e-2 * value
+
+
+# Causes: each tests what the ranks observed and returns the message, or None.
+
+@mistake("forward called on model.module")
+def inner_forward(run: Run) -> str | None:
+    r0 = run.ranks[0]
+    inner = sum(not via_ddp for via_ddp, _, _ in r0["forwards"])
+    if not (r0["ddp_built"] and inner):
+        return None
+    count = f"all {inner}" if inner == len(r0["forwards"]) else f"{inner} of {len(r0['forwards'])}"
+    return (f"{count} forward passes called model.module(x), bypassing DDP's gradient all-reduce: the model was "
+            "wrapped, but only a forward through the wrapper (ddp_model(x)) makes its backward average the gradients")
+
+
+@mistake("ranks not synchronised at the start")
+def not_synchronised(run: Run) -> str | None:
+    r0 = run.ranks[0]
+    for r in run.ranks[1:] if r0["at_first_forward"] is not None else []:
+        start = parity(r["at_first_forward"], r0["at_first_forward"], rtol=0, atol=0)
+        moved = {n: (r["final"][n] - r["at_first_forward"][n]) - (r0["final"][n] - r0["at_first_forward"][n])
+                 for n in r0["final"]}
+        if not start and parity(moved, {n: torch.zeros_like(t) for n, t in moved.items()}, rtol=0, atol=ATOL):
+            how = ("DDP was built with init_sync=False, which skips that broadcast" if False in r0["ddp_built"]
+                   else "nothing broadcast rank 0's weights: wrap the model in DistributedDataParallel, which does "
+                   "when it is built (or dist.broadcast every parameter from rank 0 first)")
+            return (f"the ranks made the same updates but started from different weights (rank {r['rank']} and rank "
+                    f"0 differed by {start.max_abs_diff:.3g} in '{start.worst}' at the first forward): {how}")
+    return None
+
+
+@mistake("model not wrapped in DDP")
+def not_wrapped(run: Run) -> str | None:
+    r0 = run.ranks[0]
+    if r0["ddp_built"] or r0["grad_all_reduces"]:
+        return None
+    return ("the model was never wrapped in DistributedDataParallel: each rank trained alone on its own data, from "
+            "its own initial weights; wrap it, so it broadcasts rank 0's weights and averages the gradients")
+
+
+@mistake("no DistributedSampler")
+def no_sampler(run: Run) -> str | None:
+    n, per_epoch = len(digits()), len(run.ranks[0]["accessed"]) / CONFIG["epochs"]
+    if per_epoch != n:
+        return None
+    return (f"every rank read all {n} samples in each epoch (rank 0 read {per_epoch:g} per epoch, not its "
+            f"{run.samples_per_rank}): pass a DistributedSampler to the DataLoader (sampler=...) so each rank "
+            "reads only its shard")
+
+
+@mistake("samplers seeded differently on each rank")
+def seeded_apart(run: Run) -> str | None:
+    local, shards = run.samples_per_rank, [set(run.epoch(r, 0)) for r in range(run.world)]
+    overlap = len(shards[0] & shards[1])
+    if not overlap or any(len(s) != local for s in shards):
+        return None
+    return (f"ranks 0 and 1 shared {overlap} samples in epoch 0 although each read its {local} once: their "
+            "DistributedSamplers shuffled with different seeds; give every rank the same seed (seed=seed), and the "
+            "sampler hands each rank a different slice of one permutation")
+
+
+@mistake("DistributedSampler built with shuffle=False")
+def unshuffled(run: Run) -> str | None:
+    in_order = list(range(len(digits())))[0::run.world][:run.samples_per_rank]
+    if not all(run.epoch(0, e) == in_order for e in range(CONFIG["epochs"])):
+        return None
+    return ("rank 0 read its shard in index order (0, {}, {}, ...) in both epochs: the DistributedSampler was "
+            "built with shuffle=False; build it with shuffle=True, seed=seed, and call sampler.set_epoch(epoch) "
+            "every epoch").format(run.world, 2 * run.world)
+
+
+@mistake("sampler.set_epoch not called")
+def no_set_epoch(run: Run) -> str | None:
+    if run.epoch(0, 0) != run.epoch(0, 1):
+        return None
+    return ("epoch 0 and epoch 1 read the samples in the same shuffled order: call sampler.set_epoch(epoch) at "
+            "the start of every epoch")
+
+
+@mistake("batch_size treated as global")
+def batch_not_per_rank(run: Run) -> str | None:
+    bs, forwards = CONFIG["batch_size"], run.ranks[0]["forwards"]
+    if not forwards or forwards[0][1] == bs:
+        return None
+    return (f"each rank read {forwards[0][1]} samples per step, not batch_size={bs}: batch_size is per rank (the "
+            f"global batch is {run.world}x{bs}); give it to the DataLoader unchanged")
+
+
+@mistake("learning rate changed")
+def lr_changed(run: Run) -> str | None:
+    step, lr = run.ranks[0]["first_step"], CONFIG["lr"]
+    if not step or abs(step["lr"] - lr) < 1e-9:
+        return None
+    return (f"the optimizer's learning rate was {step['lr']:g}, {step['lr'] / lr:.3g}x the lr={lr} given: use it "
+            "as given; DDP averages the gradients, so each step is already the step of the global batch")
+
+
+@mistake("gradients all-reduced by hand on top of DDP")
+def double_all_reduce(run: Run) -> str | None:
+    calls = (run.ranks[0]["first_step"] or {}).get("grad_all_reduces", 0)
+    if not (calls and run.ranks[0]["ddp_built"] and run.ratio_is(run.world)):
+        return None
+    return (f"the first step's gradient is {run.gradient_ratio:.3g}x the reference's: the gradients were also "
+            f"summed by hand ({calls} dist.all_reduce calls on .grad before the first step) on top of DDP, which "
+            "had already averaged them in backward; remove the all_reduce")
+
+
+@mistake("loss multiplied by the world size")
+def loss_times_world(run: Run) -> str | None:
+    if not run.ratio_is(run.world):
+        return None
+    return (f"the first step's gradient is {run.gradient_ratio:.3g}x the reference's on the same global batch: "
+            f"the loss was multiplied by the world size ({run.world}); DDP averages the gradients over the ranks, "
+            "so use the plain mean cross-entropy")
+
+
+@mistake("loss divided by the world size")
+def loss_over_world(run: Run) -> str | None:
+    if not run.ratio_is(1 / run.world):
+        return None
+    return (f"the first step's gradient is {run.gradient_ratio:.3g}x the reference's on the same global batch: "
+            f"the loss was divided by the world size ({run.world}); DDP already averages the gradients over the "
+            "ranks, so use the plain mean cross-entropy")
+
+
+RANKS_APART = [inner_forward, not_synchronised, not_wrapped]
+SHARDS = [no_sampler, seeded_apart]
+SHUFFLE = [unshuffled, no_set_epoch]
+STEP = [batch_not_per_rank, lr_changed, double_all_reduce, loss_times_world, loss_over_world]
 
 
 @criterion("[W={world}] same parameters on every rank", points=2)
@@ -97,25 +254,23 @@ def same_parameters(run: Run) -> Verdict:
     worst, other = max(gaps, key=lambda g: g[0].max_abs_diff)
     if all(g.ok for g, _ in gaps):
         return passed()
-    return failed(f"rank 0 and rank {other} ended with different weights (max abs difference "
-                  f"{worst.max_abs_diff:.3g} in '{worst.worst}'): wrap the model in DistributedDataParallel so "
-                  "it broadcasts rank 0's weights and averages gradients")
+    return failed(diagnose(RANKS_APART, run) or f"rank 0 and rank {other} ended with different weights (max abs "
+                  f"difference {worst.max_abs_diff:.3g} in '{worst.worst}')")
 
 
 @criterion("[W={world}] each rank reads its own shard", points=2)
 def own_shard(run: Run) -> Verdict:
     n, local, epochs = len(digits()), run.samples_per_rank, CONFIG["epochs"]
-    hint = "did you pass a DistributedSampler to the DataLoader?"
     read = len(run.ranks[0]["accessed"]) / epochs
     if any(len(r["accessed"]) != epochs * local for r in run.ranks):
-        return failed(f"each rank should read {local} samples per epoch ({n} / {run.world} ranks) but rank 0 "
-                      f"read {read:g}: {hint}")
+        return failed(diagnose(SHARDS, run) or f"each rank should read {local} samples per epoch ({n} / "
+                      f"{run.world} ranks) but rank 0 read {read:g}")
     for e in range(epochs):
         seen = [set(run.epoch(r, e)) for r in range(run.world)]
         overlap, covered = len(seen[0] & seen[1]), len(set().union(*seen))
         if overlap or covered != n:
-            return failed(f"in epoch {e} ranks 0 and 1 shared {overlap} samples and together covered "
-                          f"{covered} of {n}: {hint}")
+            return failed(diagnose(SHARDS, run) or f"in epoch {e} ranks 0 and 1 shared {overlap} samples and "
+                          f"together covered {covered} of {n}")
     return passed()
 
 
@@ -123,8 +278,7 @@ def own_shard(run: Run) -> Verdict:
 def reshuffled(run: Run) -> Verdict:
     if run.epoch(0, 0) != run.epoch(0, 1):
         return passed()
-    return failed("epoch 0 and epoch 1 read the samples in the same order: call sampler.set_epoch(epoch) at "
-                  "the start of every epoch")
+    return failed(diagnose(SHUFFLE, run) or "epoch 0 and epoch 1 read the samples in the same order")
 
 
 def _reference(initial: dict, global_batches: list[list[int]]) -> dict:
@@ -141,7 +295,7 @@ def _reference(initial: dict, global_batches: list[list[int]]) -> dict:
     return cpu_state(model)
 
 
-@criterion("[W={world}] matches single-process training", points=2, requires=[own_shard])
+@criterion("[W={world}] matches single-process training", points=2, requires=[own_shard, same_parameters])
 def matches_reference(run: Run) -> Verdict:
     r0, bs = run.ranks[0], CONFIG["batch_size"]
     match = parity(r0["final"], _reference(r0["initial"], run.global_batches()), rtol=RTOL, atol=ATOL)
@@ -149,10 +303,11 @@ def matches_reference(run: Run) -> Verdict:
     measured = {f"W{run.world}_max_abs_diff_vs_reference": diff}
     if match.ok:
         return passed(f"max abs difference {diff:.2g}", **measured)
-    return failed(f"weights differ from one process trained on the same global batches of {run.world}x{bs} "
-                  f"(max abs difference {diff:.3g} in '{match.worst}', tolerance rtol={RTOL}, atol={ATOL}): "
-                  f"use SGD with lr={CONFIG['lr']} on the mean cross-entropy, one step per batch, and let DDP "
-                  "average the gradients (do not also all-reduce them yourself)", **measured)
+    steps = len(run.global_batches())
+    return failed(diagnose(STEP, run) or f"weights differ from one process trained on the same global batches of "
+                  f"{run.world}x{bs} (max abs difference {diff:.3g} in '{match.worst}', tolerance rtol={RTOL}, "
+                  f"atol={ATOL}; rank 0's optimizer stepped {r0['steps']} times, {steps} expected): use SGD with "
+                  f"lr={CONFIG['lr']} on the mean cross-entropy, one step per batch", **measured)
 
 
 @criterion("[W={world}] only rank 0 logs", points=1)
@@ -189,6 +344,8 @@ def rank0_saves_once(run: Run) -> Verdict:
 
 @criterion("[W={world}] teardown destroys the process group", points=1)
 def teardown_destroys(run: Run) -> Verdict:
+    if raised := [(r["rank"], r["teardown_error"]) for r in run.ranks if r["teardown_error"]]:
+        return failed(f"teardown() raised on rank {raised[0][0]}: {raised[0][1]}")
     left_open = [r["rank"] for r in run.ranks if r["still_initialized"]]
     if not left_open:
         return passed()

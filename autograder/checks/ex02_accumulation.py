@@ -4,13 +4,29 @@ Three scenarios run in one launch, each from the same initial weights:
 equal micro-batches (k=4, 3 windows), unequal micro-batches (k=3), and a
 final window shorter than k. Inside the ranks the grader only observes:
 an optimizer that records the gradients it is asked to step with, a forward
-pre-hook that counts micro-steps and snapshots the gradients in the middle
-of a window, and a DDP communication hook that counts all-reduces (DDP's
-reducer runs in C++, so wrapping ``dist.all_reduce`` would see nothing).
-The grader recomputes every window's gradient and the parameters from a
-single process on the concatenated global batch (CS336-style parity), and
-requires the ranks' gradients to *differ* mid-window (the negative check of
-huggingface/accelerate's ``test_sync.py``).
+pre-hook that counts micro-steps, snapshots the gradients in the middle of a
+window and sees whether ``.grad`` is zero when a window starts, spies on
+``zero_grad`` (the optimizer's and the model's), and a DDP communication hook
+that counts all-reduces (DDP's reducer runs in C++, so wrapping
+``dist.all_reduce`` would see nothing). The grader recomputes every window's
+gradient and the parameters from a single process on the concatenated global
+batch (CS336-style parity), and requires the ranks' gradients to *differ*
+mid-window (the negative check of huggingface/accelerate's ``test_sync.py``).
+A failure names the first cause below that explains the observations:
+
+| mistake | message |
+|---|---|
+| zero_grad inside a window | "optimizer.zero_grad() ran in the middle of a window (after micro-step 1 of 4) ..." |
+| zero_grad between the last backward and step | "... before optimizer.step(), so 3 of 3 steps saw all-zero gradients ..." |
+| optimizer.step() every micro-step | "optimizer.step() ran 12 times for 12 micro-batches with accumulation_steps=4 ..." |
+| optimizer.step() missing or misplaced | "optimizer.step() ran after [4, 4] micro-batches; the windows have [4, 4, 2] ..." |
+| gradients never zeroed between windows | "at the start of window 1 the gradients still held the previous window's ..." |
+| every micro-step inside no_sync | "DDP never all-reduced the gradients of window 0 (0 all-reduce rounds ..." |
+| loss not divided | "the gradient of window 0 (...) is the micro-batch gradients not divided, not the mean ..." |
+| loss divided by accumulation_steps | "... gradients divided by accumulation_steps=4, not the mean over its N=16 samples ..." |
+| micro-batches weighted equally | "... gradients divided by the 3 micro-batches (equal weights), not the mean over its N=24 ..." |
+| no_sync called on model.module | "no_sync() is a method of the DistributedDataParallel wrapper ..." (raised) |
+| the window's summed loss back-propagated every micro-step | "backward() ran twice through the same graph ..." (raised) |
 """
 from __future__ import annotations
 
@@ -24,6 +40,7 @@ from torch import nn
 
 from distlab.models import cpu_state, make_mlp
 
+from ..diagnosis import KnownError, diagnose, mistake
 from ..grading import launch_files, launch_timeout
 from ..parity import parity
 from ..registry import Exercise
@@ -36,6 +53,18 @@ WORLD = 2
 RTOL, ATOL = 1e-4, 1e-6  # DDP averages per-rank sums: another order than one big mean
 
 
+KNOWN_ERRORS = [
+    KnownError("no_sync called on model.module", r"has no attribute 'no_sync'",
+               "no_sync() is a method of the DistributedDataParallel wrapper, not of the model inside it: "
+               "call `with model.no_sync():` on the DDP model you were given"),
+    KnownError("the window's summed loss back-propagated every micro-step",
+               r"Trying to backward through the graph a second time",
+               "backward() ran twice through the same graph: a loss summed over the window was back-propagated "
+               "on every micro-step; call backward() on each micro-batch's scaled loss once, and keep a float "
+               "(loss.item()) for the window's log"),
+]
+
+
 def windows(n: int, k: int) -> list[range]:
     return [range(s, min(s + k, n)) for s in range(0, n, k)]
 
@@ -46,29 +75,37 @@ def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@functools.lru_cache(maxsize=None)  # one per scenario, shared by every file graded in this process
-def reference(scenario: str) -> tuple[list[dict], dict]:
-    """Single process on the global batches: per window, the big-batch gradient ``"big"`` and the
-    usual wrong answers at the same weights (for feedback); then SGD with the big-batch gradient."""
-    sizes, k = SCENARIOS[scenario]
-    model = make_mlp(seed=5, **MODEL)
+@functools.lru_cache(maxsize=None)
+def _global_micro_batches(scenario: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Micro-step i's global micro-batch: every rank's i-th, concatenated."""
+    sizes, _ = SCENARIOS[scenario]
     per_rank = [micro_batches(sizes, r, WORLD) for r in range(WORLD)]
-    out = []
-    for win in windows(len(sizes), k):
-        cat = lambda i, part: torch.cat([per_rank[r][j][part] for j in i for r in range(WORLD)])  # noqa: E731
-        big = _grad(model, cat(win, 0), cat(win, 1))
-        micro = [_grad(model, cat([i], 0), cat([i], 1)) for i in win]
-        total = {n: sum(g[n] for g in micro) for n in big}
-        out.append({
-            "big": big,
-            "not divided": total,
+    return [(torch.cat([b[i][0] for b in per_rank]), torch.cat([b[i][1] for b in per_rank])) for i in range(len(sizes))]
+
+
+def window_gradients(scenario: str, w: int, params: dict) -> dict[str, dict]:
+    """At ``params``: window ``w``'s big-batch gradient ``"big"``, and the usual wrong answers (for feedback)."""
+    sizes, k = SCENARIOS[scenario]
+    win, batches = windows(len(sizes), k)[w], _global_micro_batches(scenario)
+    model = make_mlp(seed=5, **MODEL)
+    model.load_state_dict(params)
+    big = _grad(model, torch.cat([batches[i][0] for i in win]), torch.cat([batches[i][1] for i in win]))
+    micro = [_grad(model, *batches[i]) for i in win]
+    total = {n: sum(g[n] for g in micro) for n in big}
+    return {"big": big, "not divided": total,
             f"divided by accumulation_steps={k}": {n: t / k for n, t in total.items()},
-            f"divided by the {len(win)} micro-batches (equal weights)": {n: t / len(win) for n, t in total.items()},
-        })
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p -= LR * big[n]
-    return out, cpu_state(model)
+            f"divided by the {len(win)} micro-batches (equal weights)": {n: t / len(win) for n, t in total.items()}}
+
+
+@functools.lru_cache(maxsize=None)  # one per scenario, shared by every file graded in this process
+def reference(scenario: str) -> dict:
+    """The final parameters of single-process SGD with each window's big-batch gradient."""
+    sizes, k = SCENARIOS[scenario]
+    params = cpu_state(make_mlp(seed=5, **MODEL))
+    for w in range(len(windows(len(sizes), k))):
+        big = window_gradients(scenario, w, params)["big"]
+        params = {n: p - LR * big[n] for n, p in params.items()}
+    return params
 
 
 def _close(a: dict, b: dict) -> tuple[bool, float]:
@@ -76,53 +113,121 @@ def _close(a: dict, b: dict) -> tuple[bool, float]:
     return p.ok, p.max_abs_diff
 
 
-ADVICE = {
-    "not divided": "the loss was not divided; scale each micro-batch's mean loss by n_i / N",
-    "divided by accumulation_steps": "scale each micro-batch's mean loss by n_i / N, its share of the "
-                                     "window's samples, rather than dividing by accumulation_steps",
-    "divided by the": "weight each micro-batch's mean loss by its share of the window's samples n_i / N",
-}
-SHORT_WINDOW_ADVICE = ("this window is shorter than accumulation_steps: normalise the final, shorter window "
-                       "over its own samples (n_i / N), not by accumulation_steps")
+def _zero_grads(s: "Scenario", mid: bool) -> list[tuple[int, int]]:
+    """zero_grad() calls as (window, micro-steps done): inside a window (``mid``) or after its last backward."""
+    return [(w, f) for w, f in s.obs["zero_grads"]
+            if 0 < f and w < s.n_windows and (f < s.expected_micro[w]) == mid]
 
 
-def _schedule_fault(obs: dict, sizes: list[int], k: int) -> str:
-    """Why the optimizer's schedule is off (a window cut by zero_grad, steps in the wrong places), or ""."""
-    if obs["mid_zero_grad"]:
-        return (f"optimizer.zero_grad() ran in the middle of a window (after micro-step "
-                f"{obs['mid_zero_grad'][0]} of {k}), throwing away the gradients accumulated so far: "
-                "zero the gradients only after optimizer.step(), once per window")
-    micro = [s["micro"] for s in obs["steps"]]
-    expected = [len(w) for w in windows(len(sizes), k)]
-    if micro == expected:
-        return ""
-    if len(micro) > len(expected):
-        return (f"optimizer.step() ran {len(micro)} times for {len(sizes)} micro-batches with "
-                f"accumulation_steps={k}: step once per window of {k} micro-batches "
-                f"({len(expected)} steps), not every micro-step")
-    return (f"optimizer.step() ran after {micro} micro-batches; the windows have {expected}"
-            + (" (the final, shorter window must still end with a step)" if len(micro) < len(expected) else ""))
+@mistake("zero_grad inside a window")
+def zero_grad_mid_window(s: "Scenario") -> str | None:
+    if not (cut := _zero_grads(s, mid=True)):
+        return None
+    return (f"optimizer.zero_grad() ran in the middle of a window (after micro-step {cut[0][1]} of {s.k}), throwing "
+            "away the gradients accumulated so far: zero the gradients only after optimizer.step(), once per window")
 
 
-def _gradient_fault(obs: dict, sizes: list[int], k: int, refs: list[dict]) -> str:
-    """Which usual wrong normalisation the first wrong window's gradient is, or how far it is off ("")."""
-    wins = windows(len(sizes), k)
-    for w, (step, ref) in enumerate(zip(obs["steps"], refs)):
+@mistake("zero_grad between the last backward and step")
+def zero_grad_before_step(s: "Scenario") -> str | None:
+    zeroed = [step for step in s.obs["steps"] if not any(g.any() for g in step["grads"].values())]
+    if not (zeroed and _zero_grads(s, mid=False)):
+        return None
+    return (f"optimizer.zero_grad() ran after the window's last backward but before optimizer.step(), so "
+            f"{len(zeroed)} of {len(s.obs['steps'])} steps saw all-zero gradients and moved nothing: call "
+            "optimizer.step() first, then optimizer.zero_grad()")
+
+
+@mistake("optimizer.step() every micro-step")
+def step_every_micro_step(s: "Scenario") -> str | None:
+    if len(s.micro) <= s.n_windows:
+        return None
+    return (f"optimizer.step() ran {len(s.micro)} times for {len(s.sizes)} micro-batches with accumulation_steps="
+            f"{s.k}: step once per window of {s.k} micro-batches ({s.n_windows} steps), not every micro-step")
+
+
+@mistake("optimizer.step() missing or misplaced")
+def step_misplaced(s: "Scenario") -> str | None:
+    if s.micro == s.expected_micro:
+        return None
+    short = " (the final, shorter window must still end with a step)" if len(s.micro) < s.n_windows else ""
+    return f"optimizer.step() ran after {s.micro} micro-batches; the windows have {s.expected_micro}{short}"
+
+
+@mistake("gradients never zeroed between windows")
+def never_zeroed(s: "Scenario") -> str | None:
+    if not (stale := [w + 1 for w, ok in enumerate(s.obs["start_cleared"]) if not ok]):
+        return None
+    return (f"at the start of window {stale[0]} the gradients still held the previous window's (zero_grad() ran "
+            f"{len(s.obs['zero_grads'])} times in {s.n_windows} windows), so it stepped with both windows' "
+            "gradients: call optimizer.zero_grad() after every optimizer.step()")
+
+
+@mistake("every micro-step inside no_sync")
+def never_synced(s: "Scenario") -> str | None:
+    if not (unsynced := [w for w, n in enumerate(s.window_rounds) if n == 0]):
+        return None
+    return (f"DDP never all-reduced the gradients of window {unsynced[0]} (0 all-reduce rounds in its "
+            f"{s.expected_micro[unsynced[0]]} micro-steps, {len(unsynced)} of {s.n_windows} windows so, counted "
+            "with a comm hook), so each rank stepped with its own gradient: run the last micro-step of each window "
+            "outside model.no_sync()")
+
+
+def _first_wrong(s: "Scenario") -> tuple[int, float] | None:
+    """The first optimizer step whose gradient is not its window's big-batch gradient, and by how much."""
+    for w, (step, ref) in enumerate(zip(s.obs["steps"], s.references)):
         ok, diff = _close(step["grads"], ref["big"])
-        if ok:
-            continue
-        n = sum(sizes[i] for i in wins[w])
-        what = f"window {w} ({[sizes[i] for i in wins[w]]} samples per micro-batch on each rank)"
-        for wrong, grads in list(ref.items())[1:]:
-            if _close(step["grads"], grads)[0]:
-                advice = next(v for key, v in ADVICE.items() if wrong.startswith(key))
-                if wrong.startswith("divided by accumulation_steps") and len(wins[w]) != k:
-                    advice = SHORT_WINDOW_ADVICE
-                return (f"the gradient of {what} is the micro-batch gradients {wrong}, not the mean over "
-                        f"its N={n} samples (max abs difference {diff:.3g}): {advice}")
-        return (f"the gradient at optimizer step {w} differs from one batch of the window's {WORLD * n} "
-                f"global samples (max abs difference {diff:.3g})")
-    return ""
+        if not ok:
+            return w, diff
+    return None
+
+
+def _normalisation(s: "Scenario", wrong: str, advice: str) -> str | None:
+    """The message if every step's gradient is the micro-batch gradients ``wrong`` (at that step's weights)."""
+    label = [next(key for key in ref if key.startswith(wrong)) for ref in s.references]
+    first = _first_wrong(s)
+    if not first or not all(_close(step["grads"], ref[label[w]])[0]
+                            for w, (step, ref) in enumerate(zip(s.obs["steps"], s.references))):
+        return None
+    w, diff = first
+    win = windows(len(s.sizes), s.k)[w]
+    if wrong.startswith("divided by accumulation_steps") and len(win) != s.k:
+        advice = ("this window is shorter than accumulation_steps: normalise the final, shorter window over its "
+                  "own samples (n_i / N), not by accumulation_steps")
+    return (f"the gradient of window {w} ({[s.sizes[i] for i in win]} samples per micro-batch on each rank) is "
+            f"the micro-batch gradients {label[w]}, not the mean over its N={sum(s.sizes[i] for i in win)} "
+            f"samples (max abs difference {diff:.3g}): {advice}")
+
+
+@mistake("loss not divided")
+def not_divided(s: "Scenario") -> str | None:
+    return _normalisation(s, "not divided", "the loss was not divided; scale each micro-batch's mean loss by n_i / N")
+
+
+@mistake("loss divided by accumulation_steps")
+def divided_by_k(s: "Scenario") -> str | None:
+    return _normalisation(s, "divided by accumulation_steps", "scale each micro-batch's mean loss by n_i / N, "
+                          "its share of the window's samples, rather than dividing by accumulation_steps")
+
+
+@mistake("micro-batches weighted equally")
+def equal_weights(s: "Scenario") -> str | None:
+    return _normalisation(s, "divided by the", "weight each micro-batch's mean loss by its share of the "
+                          "window's samples n_i / N")
+
+
+# Most specific first: a broken schedule explains wrong gradients, not the other way round.
+SCHEDULE = [zero_grad_mid_window, zero_grad_before_step, step_every_micro_step, step_misplaced, never_zeroed]
+CAUSES = SCHEDULE + [never_synced, not_divided, divided_by_k, equal_weights]
+
+
+def _first_wrong_step(s: "Scenario") -> str:
+    """The symptom when no cause explains it: which step's gradient is off, by how much."""
+    if (first := _first_wrong(s)) is None:
+        return ""
+    w, diff = first
+    n = sum(s.sizes[i] for i in windows(len(s.sizes), s.k)[w])
+    return (f"the gradient at optimizer step {w} differs from one batch of the window's {WORLD * n} global "
+            f"samples (max abs difference {diff:.3g})")
 
 
 @dataclass
@@ -136,16 +241,25 @@ class Scenario:
     def obs(self) -> dict:  # rank 0's: DDP leaves both ranks with the same steps
         return self.ranks[0]
 
-    @property
-    def n_windows(self) -> int:
-        sizes, k = SCENARIOS[self.name]
-        return len(windows(len(sizes), k))
+    def __post_init__(self):
+        self.sizes, self.k = SCENARIOS[self.name]
+        self.n_windows = len(windows(len(self.sizes), self.k))
+        self.micro = [step["micro"] for step in self.obs["steps"]]  # micro-steps before each optimizer step
+        self.expected_micro = [len(w) for w in windows(len(self.sizes), self.k)]
+        total = self.obs["total_rounds"]  # all-reduce rounds so far at each micro-step's forward, and at the end
+        self.window_rounds = [total[min(w.stop, len(total) - 1)] - total[w.start]
+                              for w in windows(len(self.sizes), self.k) if w.start < len(total)]
+
+    @functools.cached_property
+    def references(self) -> list[dict]:
+        """Each window's big-batch gradient and the usual wrong ones, at the weights rank 0 stepped from."""
+        steps = self.obs["steps"][:self.n_windows]
+        return [window_gradients(self.name, w, step["params"]) for w, step in enumerate(steps)]
 
     @functools.cached_property
     def why(self) -> str:
         """The most specific reason the gradients or parameters are off ("" if none found)."""
-        sizes, k = SCENARIOS[self.name]
-        return _schedule_fault(self.obs, sizes, k) or _gradient_fault(self.obs, sizes, k, reference(self.name)[0])
+        return diagnose(CAUSES, self) or _first_wrong_step(self)
 
 
 @dataclass
@@ -160,7 +274,7 @@ class Run:
 
 def _parameters_match(s: Scenario) -> Verdict:
     """Rank 0's final parameters against the big-batch run's (the criterion of every scenario)."""
-    ok, diff = _close(s.obs["final"], reference(s.name)[1])
+    ok, diff = _close(s.obs["final"], reference(s.name))
     measured = {f"{s.name}_max_abs_diff_vs_reference": diff}
     if ok and not s.why:
         return passed(f"max abs difference {diff:.2g}", **measured)
@@ -179,8 +293,12 @@ SHORT_SIZES, SHORT_K = SCENARIOS["short"]
 @criterion(f"{EQUAL} gradient after {K} micro-batches equals one {K}x larger batch", points=2)
 def first_window_gradient(run: Run) -> Verdict:
     s = run.scenarios["equal"]
-    first_ok = bool(s.obs["steps"]) and _close(s.obs["steps"][0]["grads"], reference("equal")[0][0]["big"])[0]
-    return passed() if first_ok and not s.why else failed(s.why or "the gradient at the first optimizer step differs")
+    first_ok = bool(s.obs["steps"]) and _close(s.obs["steps"][0]["grads"], s.references[0]["big"])[0]
+    if first_ok and s.micro[0] == K:
+        return passed()
+    first_window = [c for c in CAUSES if c is not never_zeroed]  # stale gradients start in window 1
+    return failed(diagnose(first_window, s) or _first_wrong_step(s) or "the first optimizer step came after "
+                  f"{s.micro[0]} micro-batches, not {K}")
 
 
 @criterion(f"{EQUAL} parameters after {len(windows(len(EQUAL_SIZES), K))} optimizer steps equal "
@@ -191,25 +309,26 @@ def equal_parameters(run: Run) -> Verdict:
 
 @criterion(f"{EQUAL} one optimizer step and zero_grad per window", points=1)
 def step_per_window(run: Run) -> Verdict:
+    # Passes only on what was seen: a step after every K micro-steps, and .grad zero at every later window's start.
     s = run.scenarios["equal"]
-    micro = [step["micro"] for step in s.obs["steps"]]
-    if micro == [K] * s.n_windows and not s.obs["mid_zero_grad"]:
-        return passed()
-    return failed(s.why or f"optimizer.step() ran after {micro} micro-batches; expected {[K] * s.n_windows}")
+    cleared = s.obs["start_cleared"]
+    if s.micro == s.expected_micro and cleared == [True] * (s.n_windows - 1) and not diagnose(SCHEDULE, s):
+        return passed(f"zero_grad() ran {len(s.obs['zero_grads'])} times in {s.n_windows} windows")
+    return failed(diagnose(SCHEDULE, s) or f"optimizer.step() ran after {s.micro} micro-batches; expected "
+                  f"{s.expected_micro}, with the gradients zeroed at the start of every window")
 
 
-@criterion(f"{EQUAL} gradients all-reduced once per optimizer step", points=1)
-def allreduce_per_step(run: Run) -> Verdict:
+@criterion(f"{EQUAL} gradients all-reduced once per window", points=1)
+def allreduce_per_window(run: Run) -> Verdict:
     s = run.scenarios["equal"]
-    rounds = [step["rounds"] for step in s.obs["steps"]]
-    if rounds == [1] * s.n_windows:
+    if s.window_rounds == [1] * s.n_windows:
         return passed()
-    if any(r > 1 for r in rounds):
-        return failed(f"DDP all-reduced the gradients {rounds} times per optimizer step (counted with a comm "
-                      f"hook); expected once: run the first {K - 1} micro-steps of each window (forward and "
-                      "backward) inside `with model.no_sync():`")
-    return failed(f"DDP all-reduced {rounds} times per optimizer step; expected once, on the last micro-batch "
-                  "of each window (outside no_sync)")
+    if any(r > 1 for r in s.window_rounds):
+        return failed(f"DDP all-reduced the gradients {s.window_rounds} times per window of {K} micro-steps (counted "
+                      f"with a comm hook); expected once: run the first {K - 1} micro-steps of each window (forward "
+                      "and backward) inside `with model.no_sync():`")
+    return failed(diagnose([never_synced], s) or f"DDP all-reduced {s.window_rounds} times per window; expected "
+                  "once, on the last micro-batch of each window (outside no_sync)")
 
 
 @criterion(f"{EQUAL} ranks' gradients still differ inside a window", points=1)
@@ -217,7 +336,8 @@ def differ_inside_window(run: Run) -> Verdict:
     # The negative check: identical gradients mid-window mean DDP already averaged them (no no_sync).
     mid0, mid1 = (r["mid_grads"] for r in run.scenarios["equal"].ranks)
     if mid0 is None or mid1 is None:
-        return failed("no micro-step ever followed another within a window: accumulate over several micro-batches")
+        return failed(diagnose(SCHEDULE, run.scenarios["equal"]) or "no micro-step ever followed another within a "
+                      "window: accumulate over several micro-batches")
     gap = parity(mid0, mid1).max_abs_diff
     if gap > 1e-6:
         return passed(f"max abs difference between ranks {gap:.2g}")
@@ -237,7 +357,7 @@ def short_window_parameters(run: Run) -> Verdict:
     return _parameters_match(run.scenarios["short"])
 
 
-CRITERIA = [first_window_gradient, equal_parameters, step_per_window, allreduce_per_step, differ_inside_window,
+CRITERIA = [first_window_gradient, equal_parameters, step_per_window, allreduce_per_window, differ_inside_window,
             unequal_parameters, short_window_parameters]
 
 
