@@ -22,6 +22,8 @@ from ..harness import CapturedPrints, SaveSpy, echo, load_learner, own_rendezvou
 
 CONFIG = dict(epochs=2, batch_size=32, lr=0.2, seed=7)
 MODEL = dict(hidden=64)
+# The grader's tolerance against one process (ex01_ddp and _ex01_causes both use it).
+RTOL, ATOL = 1e-4, 1e-5  # all-reduce sums in another order than one big batch's mean
 
 
 def rank_main(paths: list[str], ckpt_dir: str) -> list[dict]:

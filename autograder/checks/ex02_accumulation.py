@@ -17,16 +17,16 @@ A failure names the first cause below that explains the observations:
 | mistake | message |
 |---|---|
 | zero_grad inside a window | "optimizer.zero_grad() ran in the middle of a window (after micro-step 1 of 4) ..." |
-| zero_grad between the last backward and step | "... before optimizer.step(), so 3 of 3 steps saw all-zero gradients ..." |
-| optimizer.step() every micro-step | "optimizer.step() ran 12 times for 12 micro-batches with accumulation_steps=4 ..." |
-| optimizer.step() missing or misplaced | "optimizer.step() ran after [4, 4] micro-batches; the windows have [4, 4, 2] ..." |
-| gradients never zeroed between windows | "at the start of window 1 the gradients still held the previous window's ..." |
+| zero_grad between the last backward and step | "... so 3 of 3 steps saw all-zero gradients ..." |
+| optimizer.step() every micro-step | "optimizer.step() ran 12 times for 12 micro-batches ..." |
+| optimizer.step() missing or misplaced | "... ran after [4, 4] micro-batches; the windows have [4, 4, 2] ..." |
+| gradients never zeroed between windows | "at the start of window 1 the gradients still held the previous ..." |
 | every micro-step inside no_sync | "DDP never all-reduced the gradients of window 0 (0 all-reduce rounds ..." |
 | loss not divided | "the gradient of window 0 (...) is the micro-batch gradients not divided, not the mean ..." |
-| loss divided by accumulation_steps | "... gradients divided by accumulation_steps=4, not the mean over its N=16 samples ..." |
-| micro-batches weighted equally | "... gradients divided by the 3 micro-batches (equal weights), not the mean over its N=24 ..." |
+| loss divided by accumulation_steps | "... divided by accumulation_steps=4, not the mean over its N=16 samples ..." |
+| micro-batches weighted equally | "... divided by the 3 micro-batches (equal weights), not the mean ..." |
 | no_sync called on model.module | "no_sync() is a method of the DistributedDataParallel wrapper ..." (raised) |
-| the window's summed loss back-propagated every micro-step | "backward() ran twice through the same graph ..." (raised) |
+| the window's summed loss back-propagated every micro-step | "backward() ran twice through the same graph" (raised) |
 """
 from __future__ import annotations
 
@@ -40,33 +40,20 @@ from torch import nn
 
 from distlab.models import cpu_state, make_mlp
 
-from ..diagnosis import KnownError, diagnose, mistake
+from ..diagnosis import diagnose
 from ..grading import launch_files, launch_timeout
 from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
+from ._ex02_causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
+# By name, so that this module declares them (diagnosis.declared_mistakes looks here).
+from ._ex02_causes import (close, divided_by_k, equal_weights, first_wrong, never_synced, never_zeroed, not_divided,
+                           step_every_micro_step, step_misplaced, zero_grad_before_step, zero_grad_mid_window)
 # The scenarios and data are shared with the rank-side instruments, which define them.
-from ._ex02_probes import LR, MODEL, SCENARIOS, micro_batches, rank_main
+from ._ex02_probes import LR, MODEL, SCENARIOS, micro_batches, rank_main, windows
 
 EXERCISE = Exercise(number=2, name="accumulation", filename="ex02_accumulation.py", max_score=10, time_limit=90)
 WORLD = 2
-RTOL, ATOL = 1e-4, 1e-6  # DDP averages per-rank sums: another order than one big mean
-
-
-KNOWN_ERRORS = [
-    KnownError("no_sync called on model.module", r"has no attribute 'no_sync'",
-               "no_sync() is a method of the DistributedDataParallel wrapper, not of the model inside it: "
-               "call `with model.no_sync():` on the DDP model you were given"),
-    KnownError("the window's summed loss back-propagated every micro-step",
-               r"Trying to backward through the graph a second time",
-               "backward() ran twice through the same graph: a loss summed over the window was back-propagated "
-               "on every micro-step; call backward() on each micro-batch's scaled loss once, and keep a float "
-               "(loss.item()) for the window's log"),
-]
-
-
-def windows(n: int, k: int) -> list[range]:
-    return [range(s, min(s + k, n)) for s in range(0, n, k)]
 
 
 def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
@@ -108,113 +95,6 @@ def reference(scenario: str) -> dict:
     return params
 
 
-def _close(a: dict, b: dict) -> tuple[bool, float]:
-    p = parity(a, b, rtol=RTOL, atol=ATOL)
-    return p.ok, p.max_abs_diff
-
-
-def _zero_grads(s: "Scenario", mid: bool) -> list[tuple[int, int]]:
-    """zero_grad() calls as (window, micro-steps done): inside a window (``mid``) or after its last backward."""
-    return [(w, f) for w, f in s.obs["zero_grads"]
-            if 0 < f and w < s.n_windows and (f < s.expected_micro[w]) == mid]
-
-
-@mistake("zero_grad inside a window")
-def zero_grad_mid_window(s: "Scenario") -> str | None:
-    if not (cut := _zero_grads(s, mid=True)):
-        return None
-    return (f"optimizer.zero_grad() ran in the middle of a window (after micro-step {cut[0][1]} of {s.k}), throwing "
-            "away the gradients accumulated so far: zero the gradients only after optimizer.step(), once per window")
-
-
-@mistake("zero_grad between the last backward and step")
-def zero_grad_before_step(s: "Scenario") -> str | None:
-    zeroed = [step for step in s.obs["steps"] if not any(g.any() for g in step["grads"].values())]
-    if not (zeroed and _zero_grads(s, mid=False)):
-        return None
-    return (f"optimizer.zero_grad() ran after the window's last backward but before optimizer.step(), so "
-            f"{len(zeroed)} of {len(s.obs['steps'])} steps saw all-zero gradients and moved nothing: call "
-            "optimizer.step() first, then optimizer.zero_grad()")
-
-
-@mistake("optimizer.step() every micro-step")
-def step_every_micro_step(s: "Scenario") -> str | None:
-    if len(s.micro) <= s.n_windows:
-        return None
-    return (f"optimizer.step() ran {len(s.micro)} times for {len(s.sizes)} micro-batches with accumulation_steps="
-            f"{s.k}: step once per window of {s.k} micro-batches ({s.n_windows} steps), not every micro-step")
-
-
-@mistake("optimizer.step() missing or misplaced")
-def step_misplaced(s: "Scenario") -> str | None:
-    if s.micro == s.expected_micro:
-        return None
-    short = " (the final, shorter window must still end with a step)" if len(s.micro) < s.n_windows else ""
-    return f"optimizer.step() ran after {s.micro} micro-batches; the windows have {s.expected_micro}{short}"
-
-
-@mistake("gradients never zeroed between windows")
-def never_zeroed(s: "Scenario") -> str | None:
-    if not (stale := [w + 1 for w, ok in enumerate(s.obs["start_cleared"]) if not ok]):
-        return None
-    return (f"at the start of window {stale[0]} the gradients still held the previous window's (zero_grad() ran "
-            f"{len(s.obs['zero_grads'])} times in {s.n_windows} windows), so it stepped with both windows' "
-            "gradients: call optimizer.zero_grad() after every optimizer.step()")
-
-
-@mistake("every micro-step inside no_sync")
-def never_synced(s: "Scenario") -> str | None:
-    if not (unsynced := [w for w, n in enumerate(s.window_rounds) if n == 0]):
-        return None
-    return (f"DDP never all-reduced the gradients of window {unsynced[0]} (0 all-reduce rounds in its "
-            f"{s.expected_micro[unsynced[0]]} micro-steps, {len(unsynced)} of {s.n_windows} windows so, counted "
-            "with a comm hook), so each rank stepped with its own gradient: run the last micro-step of each window "
-            "outside model.no_sync()")
-
-
-def _first_wrong(s: "Scenario") -> tuple[int, float] | None:
-    """The first optimizer step whose gradient is not its window's big-batch gradient, and by how much."""
-    for w, (step, ref) in enumerate(zip(s.obs["steps"], s.references)):
-        ok, diff = _close(step["grads"], ref["big"])
-        if not ok:
-            return w, diff
-    return None
-
-
-def _normalisation(s: "Scenario", wrong: str, advice: str) -> str | None:
-    """The message if every step's gradient is the micro-batch gradients ``wrong`` (at that step's weights)."""
-    label = [next(key for key in ref if key.startswith(wrong)) for ref in s.references]
-    first = _first_wrong(s)
-    if not first or not all(_close(step["grads"], ref[label[w]])[0]
-                            for w, (step, ref) in enumerate(zip(s.obs["steps"], s.references))):
-        return None
-    w, diff = first
-    win = windows(len(s.sizes), s.k)[w]
-    if wrong.startswith("divided by accumulation_steps") and len(win) != s.k:
-        advice = ("this window is shorter than accumulation_steps: normalise the final, shorter window over its "
-                  "own samples (n_i / N), not by accumulation_steps")
-    return (f"the gradient of window {w} ({[s.sizes[i] for i in win]} samples per micro-batch on each rank) is "
-            f"the micro-batch gradients {label[w]}, not the mean over its N={sum(s.sizes[i] for i in win)} "
-            f"samples (max abs difference {diff:.3g}): {advice}")
-
-
-@mistake("loss not divided")
-def not_divided(s: "Scenario") -> str | None:
-    return _normalisation(s, "not divided", "the loss was not divided; scale each micro-batch's mean loss by n_i / N")
-
-
-@mistake("loss divided by accumulation_steps")
-def divided_by_k(s: "Scenario") -> str | None:
-    return _normalisation(s, "divided by accumulation_steps", "scale each micro-batch's mean loss by n_i / N, "
-                          "its share of the window's samples, rather than dividing by accumulation_steps")
-
-
-@mistake("micro-batches weighted equally")
-def equal_weights(s: "Scenario") -> str | None:
-    return _normalisation(s, "divided by the", "weight each micro-batch's mean loss by its share of the "
-                          "window's samples n_i / N")
-
-
 # Most specific first: a broken schedule explains wrong gradients, not the other way round.
 SCHEDULE = [zero_grad_mid_window, zero_grad_before_step, step_every_micro_step, step_misplaced, never_zeroed]
 CAUSES = SCHEDULE + [never_synced, not_divided, divided_by_k, equal_weights]
@@ -222,7 +102,7 @@ CAUSES = SCHEDULE + [never_synced, not_divided, divided_by_k, equal_weights]
 
 def _first_wrong_step(s: "Scenario") -> str:
     """The symptom when no cause explains it: which step's gradient is off, by how much."""
-    if (first := _first_wrong(s)) is None:
+    if (first := first_wrong(s)) is None:
         return ""
     w, diff = first
     n = sum(s.sizes[i] for i in windows(len(s.sizes), s.k)[w])
@@ -274,7 +154,7 @@ class Run:
 
 def _parameters_match(s: Scenario) -> Verdict:
     """Rank 0's final parameters against the big-batch run's (the criterion of every scenario)."""
-    ok, diff = _close(s.obs["final"], reference(s.name))
+    ok, diff = close(s.obs["final"], reference(s.name))
     measured = {f"{s.name}_max_abs_diff_vs_reference": diff}
     if ok and not s.why:
         return passed(f"max abs difference {diff:.2g}", **measured)
@@ -293,7 +173,7 @@ SHORT_SIZES, SHORT_K = SCENARIOS["short"]
 @criterion(f"{EQUAL} gradient after {K} micro-batches equals one {K}x larger batch", points=2)
 def first_window_gradient(run: Run) -> Verdict:
     s = run.scenarios["equal"]
-    first_ok = bool(s.obs["steps"]) and _close(s.obs["steps"][0]["grads"], s.references[0]["big"])[0]
+    first_ok = bool(s.obs["steps"]) and close(s.obs["steps"][0]["grads"], s.references[0]["big"])[0]
     if first_ok and s.micro[0] == K:
         return passed()
     first_window = [c for c in CAUSES if c is not never_zeroed]  # stale gradients start in window 1

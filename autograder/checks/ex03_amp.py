@@ -42,18 +42,22 @@ A failure names the first cause below that explains the observations (each has a
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..diagnosis import KnownError, diagnose, mistake, translate
+from ..diagnosis import diagnose
 from ..grading import launch_files, launch_timeout
 from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
 from . import _ex03_probes as probes
+from ._ex03_causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
+# By name, so that this module declares them (diagnosis.declared_mistakes looks here).
+from ._ex03_causes import (broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing, no_update,
+                           not_clipped, not_scaled, optimizer_stepped, scaled_loss_returned, step_skipped,
+                           steps_not_one)
 # Public here (the tests and benchmarks/bench_amp.py use them); defined with the rank-side instruments.
 from ._ex03_probes import ANSWERS, CASE_TITLES, REAL_MODEL, rank_main
 
@@ -64,21 +68,6 @@ GPU_MIN_SPEEDUP = 1.5    # bf16 over fp32 on the real model, required on a GPU w
 BF16_TENSOR_CORES = (8, 0)  # Ampere and newer: bf16 matmuls on tensor cores
 RTOL, ATOL = 1e-4, 1e-5  # float32 step vs the single-process reference
 PER_EXTRA_FILE_S = 15.0  # one more file in a launch: every part, and the real model, measured again
-KNOWN_ERRORS = [
-    KnownError("scaler.update() not called",
-               r"unscale_\(\) is being called after step\(\)|step\(\) has already been called since the last update",
-               "the GradScaler was not updated after scaler.step(optimizer), so the next step found it still "
-               "'stepped' (and the scale never adapts): call scaler.update() once per step, after scaler.step"),
-    KnownError("scaler.unscale_ called twice in one step", r"unscale_\(\) has already been called on this optimizer",
-               "unscale_(optimizer) ran twice before one scaler.step(): call it once, after backward and before "
-               "clipping (scaler.step does not unscale again)"),
-    KnownError("model cast to float16", r"Attempting to unscale FP16 gradients",
-               "the parameters, so their gradients, are float16: keep the model in float32 (no model.half() or "
-               "model.to(torch.float16)); autocast runs the ops in float16 and the scaler unscales float32 gradients"),
-    KnownError("gradients cleared before scaler.step", r"No inf checks were recorded for this optimizer",
-               "scaler.step(optimizer) found no gradients on the optimizer's parameters: zero the gradients at the "
-               "start of the step (optimizer.zero_grad()), not between backward and scaler.step"),
-]
 
 
 @dataclass
@@ -110,20 +99,8 @@ class Run:
     def real_missing(self) -> str:
         """Feedback when the real model's compare() left out keys of the contract ("" if none, or if it did not run)."""
         r = self.obs["real"]
-        return "" if r.get("error") or r.get("skipped") else _missing(r, ("speedup", "baseline_s", "candidate_s",
-                                                                       "memory_ratio"))
-
-
-def _broken(part: dict, what: str) -> str:
-    """Why the part of the exercise observed in ``part`` did not run, from the error it raised ("" if it ran)."""
-    error = part.get("error", "")
-    if not error:
-        return ""
-    if error.startswith("NotImplementedError"):
-        return f"not implemented yet ({what})"
-    if cause := translate(error, KNOWN_ERRORS):
-        return f"{cause} ({what} raised {error})"
-    return f"{what} raised {error}"
+        return "" if r.get("error") or r.get("skipped") else missing(r, ("speedup", "baseline_s", "candidate_s",
+                                                                      "memory_ratio"))
 
 
 def _ratio_fb(name: str, got: float, truth: float, why: str) -> tuple[bool, str]:
@@ -137,130 +114,13 @@ def _ratio_fb(name: str, got: float, truth: float, why: str) -> tuple[bool, str]
                    f"(more than {RATIO_TOL:.0%} off): {why}")
 
 
-def _missing(part: dict, keys: tuple[str, ...]) -> str:
-    """Feedback when compare() returned a dict without some of the contract's keys ("" if none missing)."""
-    gone = [k for k in keys if k not in part]
-    if not gone:
-        return ""
-    return (f"compare() returned a dict without {', '.join(repr(k) for k in gone)} (it had {sorted(part)}): "
-            "return baseline_s, candidate_s, speedup, baseline_bytes, candidate_bytes and memory_ratio")
-
-
-@mistake("saved_bytes counts tensors, not storages")
-def counted_tensors(steady: dict) -> str | None:
-    """The steady candidate keeps one storage alive through views of a quarter of it each (SharedViews)."""
-    storage, views, view = probes.SHARED["storage"], probes.SHARED["views"], probes.SHARED["view"]
-    got = steady.get("candidate_bytes")
-    ways = {views * storage: f"the storage's {storage:,} bytes once per saved tensor ({views} x {storage:,})",
-            views * view: f"each view's own bytes ({views} x {view:,})",
-            view: f"one view's {view:,} bytes for the storage"}
-    how = next((text for wrong, text in ways.items() if got is not None and abs(got - wrong) <= 0.01 * wrong), None)
-    if how is None:
-        return None
-    return (f"saved_bytes counted {got:,.0f} bytes for a workload whose backward saves {views} views, a quarter "
-            f"each, of one {storage:,}-byte storage, that is {how}; the whole storage stays allocated while any "
-            f"view of it is saved, so the memory ratio is {probes.MEMORY_TRUTH:g}, not {steady['memory_ratio']:.3g}: "
-            "count each storage once, keyed by t.untyped_storage().data_ptr(), as t.untyped_storage().nbytes()")
-
-
-@mistake("loss summed over the batch")
-def loss_summed(kind: str, losses: list[float]) -> str | None:
-    ratio = losses[0] / probes.reference_fp32()[0][0]
-    if abs(ratio / probes.BATCH - 1) > 0.02:
-        return None
-    return (f"the first {kind} loss is {ratio:.3g}x the float32 reference's, the batch size ({probes.BATCH}): the "
-            "cross-entropy was summed over the batch; use the mean (cross_entropy's default reduction='mean')")
-
-
-@mistake("scaled loss returned")
-def scaled_loss_returned(kind: str, losses: list[float]) -> str | None:
-    ratio = losses[0] / probes.reference_fp32()[0][0]
-    if kind != "fp16" or ratio < 2 ** 7 or abs(ratio / 2 ** round(math.log2(ratio)) - 1) > 0.02:
-        return None
-    return (f"the fp16 loss train_step returned is {ratio:.0f}x the reference's, the GradScaler's scale: return "
-            "the loss itself (loss.detach()), and back-propagate scaler.scale(loss)")
-
-
-@mistake("optimizer.zero_grad() not called")
-def grads_not_zeroed(p: dict) -> str | None:
-    step = next((i for i, n in enumerate(p.get("leftover", [])) if n > 0), None)
-    if step is None:
-        return None
-    return (f"when the backward of step {step + 1} began, .grad still held gradients of norm "
-            f"{p['leftover'][step]:.3g} from the step before, and backward added to them: call "
-            "optimizer.zero_grad() at the start of train_step")
-
-
-@mistake("optimizer.step() not called once per step")
-def steps_not_one(p: dict) -> str | None:
-    bad = next(((i, n) for i, n in enumerate(p.get("steps", [])) if n != 1), None)
-    if bad is None:
-        return None
-    return (f"train_step called optimizer.step() {bad[1]} times in step {bad[0] + 1} (per step: {p['steps']}): "
-            "step once per train_step, after clipping")
-
-
-@mistake("gradients not clipped to max_norm")
-def not_clipped(p: dict) -> str | None:
-    off = next(((i, n) for i, n in enumerate(p.get("step_norms", [])) if abs(n / probes.MAX_NORM - 1) > 1e-3), None)
-    if off is None:
-        return None
-    return (f"the optimizer stepped with a gradient norm of {off[1]:.3g} at step {off[0] + 1}, where clipping to "
-            f"max_norm={probes.MAX_NORM} gives {probes.MAX_NORM} on this model (every step clips): call "
-            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) after backward, before the step")
-
-
 STEP_CAUSES = [grads_not_zeroed, steps_not_one, not_clipped]  # tested on the float32 run: no autocast, no scaler
-
-
-@mistake("scaler.update() not called")
-def no_update(s: dict) -> str | None:
-    if "update" in s["events"]:
-        return None
-    return (f"one fp16 step called {s['events']} and never scaler.update(): the scale never adapts (it must drop "
-            "after a step with inf gradients) and the next step's unscale_ raises: call scaler.update() after "
-            "scaler.step(optimizer), every step")
-
-
-@mistake("optimizer.step() instead of scaler.step()")
-def optimizer_stepped(s: dict) -> str | None:
-    if "step" in s["events"] or "optimizer.step" not in s["events"]:
-        return None
-    return (f"one fp16 step called {s['events']}: 'optimizer.step' but not scaler.step(optimizer), which skips "
-            "steps with inf/NaN gradients (and unscales them if unscale_ was not called): call "
-            "scaler.step(optimizer) instead of optimizer.step()")
-
-
-@mistake("loss not scaled")
-def not_scaled(s: dict) -> str | None:
-    if "scale" in s["events"]:
-        return None
-    return (f"one fp16 step called {s['events']}, never scaler.scale(loss): small float16 gradients underflow "
-            "to zero unless the loss is scaled; call scaler.scale(loss).backward()")
-
-
-@mistake("first fp16 step skipped")
-def step_skipped(s: dict, fp16_losses: list[float]) -> str | None:
-    if "step" not in s["events"] or "optimizer.step" in s["events"]:
-        return None
-    why = loss_summed("fp16", fp16_losses) if fp16_losses else None
-    return (f"one fp16 step called {s['events']}: scaler.step skipped optimizer.step because the scaled gradients "
-            "overflowed float16, which this model's do not at the default scale" + (f"; {why}" if why else ""))
-
-
-@mistake("clipped before unscale_")
-def clipped_scaled(s: dict) -> str | None:
-    if not s["grad_norm"] < probes.MAX_NORM / 100:  # nan: no optimizer.step
-        return None
-    return (f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true gradients "
-            f"gives max_norm={probes.MAX_NORM}: you clipped the scaled gradients; call scaler.unscale_(optimizer) "
-            "before clip_grad_norm_")
 
 
 @criterion("bf16 autocast: linear outputs bf16, master weights float32", points=1.5)
 def autocast_dtypes(run: Run) -> Verdict:
     a = run.obs["autocast"]
-    if why := _broken(a, "train_step"):
+    if why := broken(a, "train_step"):
         return failed(why)
     outs, params, grads = a["linear_out"], a["param_dtypes"], a["grad_dtypes"]
     if any(d != "torch.float32" for d in params + grads):
@@ -276,7 +136,7 @@ def autocast_dtypes(run: Run) -> Verdict:
 @criterion("float32 step matches a single-process reference", points=0.5)
 def float32_parity(run: Run) -> Verdict:
     p = run.kind("fp32")
-    if why := _broken(p, "train_step"):
+    if why := broken(p, "train_step"):
         return failed(why)
     same = parity(p["state"], probes.reference_fp32()[1], rtol=RTOL, atol=ATOL)
     if same.ok:
@@ -290,7 +150,7 @@ def float32_parity(run: Run) -> Verdict:
 @criterion(f"bf16 and fp16 losses within {LOSS_TOL} of float32 over {probes.STEPS} steps", points=1)
 def losses_close(run: Run) -> Verdict:
     for kind in ("bf16", "fp16"):
-        if why := _broken(run.kind(kind), f"the {kind} train_step"):
+        if why := broken(run.kind(kind), f"the {kind} train_step"):
             return failed(why)
     ref_losses = probes.reference_fp32()[0]
     worst = []  # per kind: (largest relative gap, kind, the step where it is)
@@ -311,7 +171,7 @@ def losses_close(run: Run) -> Verdict:
 @criterion("fp16 GradScaler order: scale, backward, unscale_, clip, step, update", points=1.5)
 def scaler_order(run: Run) -> Verdict:
     s = run.obs["scaler"]
-    if why := _broken(s, "train_step with a scaler"):
+    if why := broken(s, "train_step with a scaler"):
         return failed(why)
     expected = ["scale", "backward", "unscale_", "step", "optimizer.step", "update"]
     if s["events"] == expected and abs(s["grad_norm"] - probes.MAX_NORM) <= 1e-3 * probes.MAX_NORM:
@@ -328,7 +188,7 @@ def scaler_order(run: Run) -> Verdict:
 @criterion("fp16 step with inf gradients is skipped", points=1)
 def inf_step_skipped(run: Run) -> Verdict:
     s = run.obs["scaler"]
-    if why := _broken(s, "train_step with a scaler") or _broken({"error": s["inf_error"]}, "the step after it"):
+    if why := broken(s, "train_step with a scaler") or broken({"error": s["inf_error"]}, "the step after it"):
         return failed(why)
     if not s["inf_params_unchanged"]:
         return failed("a batch containing inf changed the weights: step through scaler.step(optimizer), which "
@@ -345,9 +205,9 @@ def _speedup_criterion(case: str) -> Callable:
         if run.copied["median_seconds"]:  # the runtime's copy earns none of its criteria
             return failed(run.copied["median_seconds"])
         m = run.obs["measure"]
-        if why := _broken(m, "compare / median_seconds"):
+        if why := broken(m, "compare / median_seconds"):
             return failed(why)
-        if gone := _missing(m[case], ("speedup",)):
+        if gone := missing(m[case], ("speedup",)):
             return failed(gone)
         truth, why = probes.CASES_TRUTH[case]
         ok, fb = _ratio_fb("speedup", m[case]["speedup"], truth, why)
@@ -366,9 +226,9 @@ def memory_ratio(run: Run) -> Verdict:
     if run.copied["saved_bytes"]:
         return failed(run.copied["saved_bytes"])
     m = run.obs["measure"]
-    if why := _broken(m, "saved_bytes / compare"):
+    if why := broken(m, "saved_bytes / compare"):
         return failed(why)
-    if gone := _missing(m["steady"], ("memory_ratio",)):
+    if gone := missing(m["steady"], ("memory_ratio",)):
         return failed(gone)
     ok, fb = _ratio_fb("memory_ratio", m["steady"]["memory_ratio"], probes.MEMORY_TRUTH,
                        "count each storage packed by torch.autograd.graph.saved_tensors_hooks once")
@@ -400,7 +260,7 @@ def real_model_notes(run: Run) -> tuple[list[str], dict]:
     r = run.obs["real"]
     if r.get("skipped"):
         return [f"real-model measurement skipped: {run.copied[r['skipped']]}"], {}
-    if why := run.real_missing or _broken(r, "compare"):
+    if why := run.real_missing or broken(r, "compare"):
         return [f"real-model measurement not available: {why}"], {}
     notes = [f"On this machine ({r['device']}, {r['model']}), your compare() measured bf16 autocast "
              f"{r['speedup']:.2f}x the speed of float32 ({r['baseline_s'] * 1e3:.2f} ms vs "
