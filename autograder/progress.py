@@ -33,7 +33,10 @@ def step(what: str) -> Iterator[None]:
 
 
 def _say(text: str) -> None:
-    print(PREFIX + text, flush=True)
+    # One write per line: a check's launches run in threads (exercise 1's two world sizes at once),
+    # and print() writes the text and its newline separately, so two lines could interleave.
+    sys.stdout.write(f"{PREFIX}{text}\n")
+    sys.stdout.flush()
 
 
 def relay(on_progress: Callback) -> Callback:
