@@ -83,6 +83,11 @@ COMMON_ERRORS = (
                "a collective (all_reduce, barrier, a state-dict or checkpoint call) ran on some ranks but "
                "not the others, so they waited for a partner that never came: every rank must make the "
                "same collective calls in the same order (do not put them under `if rank == 0:`)"),
+    KnownError("a graded function renamed or missing",
+               r"AttributeError: module 'learner_ex\d+_\w+' has no attribute '\w+'",  # harness.load_learner's name
+               "the grader imports your file and calls the functions of the stub by their names: keep "
+               "every function the stub defines, with its name and arguments (the name it looked for is "
+               "in the error below)"),
     KnownError("default process group used before init_process_group",
                r"Default process group has not been initialized",
                "a torch.distributed call ran before init_process_group(): set up the process group "

@@ -10,8 +10,8 @@ for every exercise.
   and her module fails to import                           -> 0, graded on the original cell
 * dave deletes the test cell and renames gpipe_step        -> 0, cell restored, names gpipe_step
 * erin's notebook is not JSON and her module is missing    -> 0, released notebook used, "not found"
-* frank submits the stubs, barely started, and adds a cell that patches
-  json.loads so the test cell reports full marks            -> 0, regraded outside the kernel
+* frank submits the stubs and adds a cell that patches round() so the
+  test cell reports full marks                             -> 0, regraded outside the kernel
 
 then feedback is generated and released, grades exported, and autograde is
 run again to show it duplicates nothing. The instructor's steps are the CLI's
@@ -110,19 +110,16 @@ def tamper(folder: Path, learner: str) -> None:
         module.write_text(solution.replace("def gpipe_step(", "def gpipe_schedule("))
     elif learner == "frank":
         nb = nbformat.read(nb_path, as_version=4)
-        cheat = ("import json\n_loads = json.loads\n\n"
-                 "def _full_marks(s, *a, **k):\n"
-                 "    d = _loads(s, *a, **k)\n"
-                 "    if isinstance(d, dict) and 'criteria' in d:  # the grader's report\n"
-                 f"        d['criteria'] = [{{'name': 'all', 'points': {EX.max_score}, 'earned': {EX.max_score}, "
-                 "'feedback': ''}]\n"
-                 "    return d\n\n"
-                 "json.loads = _full_marks\n")
+        # The kernel is his: a cell of his runs before the test cell and patches a builtin the grader
+        # uses (round() of the report's score), so the cell reports full marks for the untouched stub.
+        cheat = ("import builtins, sys\n_round = builtins.round\n\n"
+                 "def _full_marks(x, *a):\n"
+                 "    if sys._getframe(1).f_globals.get('__name__') == 'autograder.report':\n"
+                 f"        return {EX.max_score}\n"
+                 "    return _round(x, *a)\n\n"
+                 "builtins.round = _full_marks\n")
         nb.cells.insert(1, nbformat.v4.new_code_cell(cheat))
         nbformat.write(nb, nb_path)
-        # Not the untouched stub (the grader knows that one without running it, and reads no report):
-        # his module is graded by running it, and the kernel reads the report with the patched json.loads.
-        module.write_text(module.read_text() + "\nSTARTED = True\n")
     elif learner == "erin":
         nb_path.write_text('{"cells": [ this is not json')
         module.unlink()
@@ -232,6 +229,7 @@ def test_each_problem_has_a_clear_message(course):
     assert f"score {EX.max_score:g}/{EX.max_score:g}" in check_cell_output(c, "alice")
     assert "not implemented yet" in check_cell_output(c, "bob")
     assert "ModuleNotFoundError" in check_cell_output(c, "carol")
+    assert "a graded function renamed or missing" in check_cell_output(c, "dave")
     assert "gpipe_step" in check_cell_output(c, "dave")
     assert f"{EX.filename} not found" in check_cell_output(c, "erin")
     notes = (c / "nbgrader_problems.txt").read_text()

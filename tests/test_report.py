@@ -114,6 +114,9 @@ def test_known_errors_are_translated_the_checks_first_then_the_common_ones():
     gloo = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 30000ms for recv"
     assert translate(gloo).startswith("a collective called on some ranks only")
     assert translate("ValueError: something else", known) is None
+    renamed = "AttributeError: module 'learner_ex07_pipeline' has no attribute 'gpipe_step'"
+    assert translate(renamed).startswith("a graded function renamed or missing: ")
+    assert translate("AttributeError: module 'torch' has no attribute 'cudaa'") is None  # the learner's typo
 
 
 def test_the_registry_reads_every_exercise_without_importing_torch():
