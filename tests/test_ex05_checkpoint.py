@@ -1,8 +1,10 @@
-"""Exercise 5 (crash-proof checkpoints): the solution resumes bit-identically after SIGKILLs
+"""Exercise 5 (crash-proof checkpoints): the solution resumes bit-identically after a stop and SIGKILLs
 (fresh job, torchrun restarts, twice, another world size), and the mistakes (no data position,
-no scheduler, no RNG, no pruning, writing in place) are named. "Not implemented yet" goes through
-the same code path as exercise 4's stub test (run_one.explain), and notebook 06's check cell
-grades this exercise's stub on every notebook run, so no launch is spent on it here."""
+no scheduler, no RNG, no pruning, writing in place, a step counter off by one, another rank's RNG,
+model and optimizer not restored, a checkpoint collective on rank 0 only) are named, and only
+what differs. "Not implemented yet" goes through the same code path as exercise 4's stub test
+(run_one.explain), and notebook 05's check cell grades this exercise's stub on every notebook run,
+so no launch is spent on it here."""
 from __future__ import annotations
 
 import os
@@ -10,6 +12,7 @@ import os
 import pytest
 
 from autograder.checks import ex05_checkpoint
+from autograder.diagnosis import translate
 from distlab import checkpoint
 from tests.helpers import SOLUTIONS, failed, mutant
 
@@ -37,33 +40,100 @@ def test_solution_resumes_exactly_in_every_scenario():
     assert "resumed from step 3" in report.feedback
 
 
-# Not marked slow although it takes ~30 s: exercise 5's one launch in make test-fast (its cheapest).
-def test_missing_state_pruning_and_in_place_writes_are_named(tmp_path):
-    path = mutant(tmp_path, "ex05_checkpoint.py", {
-        # resume without the data position, the scheduler or the RNG state
-        "        step, position = resumed\n": "        step, position = resumed[0], {\"epoch\": 0, \"offset\": 0}\n",
-        "    scheduler.load_state_dict(state[\"scheduler\"])\n": "",
-        "        torch.set_rng_state(rng[\"cpu\"])\n": "        pass\n",
-        # keep every checkpoint
-        "        prune(root, keep)\n": "",
-        # write in place and trust the newest directory
-        "    found = latest_complete(root)\n":
-            "    found = max(((int(p.name[5:]), p) for p in Path(root).glob(\"step_*\")), default=None)\n",
-        "    dcp.save(state, checkpoint_id=staged)\n":
-            "    staged = final_path(root, step)\n    dcp.save(state, checkpoint_id=staged)\n",
-        "        commit(root, step)  # atomic rename: a crash before this leaves only a .tmp- directory\n":
-            "        pass\n",
-    })
-    (report,) = ex05_checkpoint.grade([path], scenarios=("fresh", "restart"))
+MISSING_STATE = {
+    # resume without the data position, the scheduler or the RNG state
+    "        step, position = resumed\n": "        step, position = resumed[0], {\"epoch\": 0, \"offset\": 0}\n",
+    "    scheduler.load_state_dict(state[\"scheduler\"])\n": "",
+    "        torch.set_rng_state(rng[\"cpu\"])\n": "        pass\n",
+    # keep every checkpoint
+    "        prune(root, keep)\n": "",
+    # write in place and trust the newest directory
+    "    found = latest_complete(root)\n":
+        "    found = max(((int(p.name[5:]), p) for p in Path(root).glob(\"step_*\")), default=None)\n",
+    "    dcp.save(state, checkpoint_id=staged)\n":
+        "    staged = final_path(root, step)\n    dcp.save(state, checkpoint_id=staged)\n",
+    "        commit(root, step)  # atomic rename: a crash before this leaves only a .tmp- directory\n":
+        "        pass\n",
+}
+# One mistake each, graded on the first scenarios only (the fresh job): they share its launches with
+# MISSING_STATE's file. The last one fails the uninterrupted run, so it is last in the launch.
+FRESH_ONLY = {
+    "counter one ahead": {"        step, position = resumed\n":
+                          "        step, position = resumed\n        step += 1  # the next step to run\n"},
+    "rank 0's RNG on every rank": {"path / f\"rng-rank{dist.get_rank()}.pt\"": "path / \"rng-rank0.pt\""},
+    "rebuilt after loading": {
+        "        step, position = resumed\n":
+            "        step, position = resumed\n        model, optimizer, scheduler = build(steps, seed)\n"},
+    "dcp.save on rank 0 only": {"    dcp.save(state, checkpoint_id=staged)\n":
+                                "    if dist.get_rank() == 0:\n        dcp.save(state, checkpoint_id=staged)\n"},
+}
+FRESH = "a fresh job resumes exactly"
+
+
+# Not marked slow although it takes ~50 s: exercise 5's launches in make test-fast (its cheapest): one
+# reference launch for the five files, one resume launch (three process starts, for the restarts).
+@pytest.fixture(scope="module")
+def mutants(tmp_path_factory):
+    changes = {"missing state": MISSING_STATE, **FRESH_ONLY}
+    paths = [mutant(tmp_path_factory.mktemp(f"m{i}"), "ex05_checkpoint.py", c) for i, c in enumerate(changes.values())]
+    reports = ex05_checkpoint.grade(paths, scenarios_of=[("fresh", "restart")] + [("fresh",)] * len(FRESH_ONLY))
+    return dict(zip(changes, reports))
+
+
+def test_missing_state_pruning_and_in_place_writes_are_named(mutants):
+    report = mutants["missing state"]
     fails = failed(report)
     assert "holds ['step_00000003', 'step_00000006', 'step_00000009', 'step_00000012']" in \
         fails["keeps only the last K checkpoints"]
-    fresh = fails["a fresh job resumes exactly"]
+    fresh = fails[FRESH]
     assert "at step 4 rank 0 read samples" in fresh and "save the data position" in fresh
-    assert "save scheduler.state_dict()" in fresh
+    assert "(the samples of step 1)" in fresh  # the epoch started over
+    assert "the learning rate it set for step 5 was" in fresh and "save scheduler.state_dict()" in fresh
     assert "save each rank's torch.get_rng_state()" in fresh
+    assert "weights" not in fresh and "Adam" not in fresh and "step counter" not in fresh  # those were restored
     write = fails["an interrupted write is never loaded"]
     assert "killed while writing step 6's checkpoint" in write and "should resume from step 3" in write
     assert ".metadata" in write  # the restarted job tripped on the half-written checkpoint
     assert fails["two crashes, still exact"] == "not checked: needs 'torchrun --max-restarts resumes exactly' first"
     assert report.score == 0
+
+
+def test_a_step_counter_off_by_one_is_named_alone(mutants):
+    fresh = failed(mutants["counter one ahead"])[FRESH]
+    assert "the first step after resuming was numbered 5, but it trained exactly what the uninterrupted run " \
+        "trained at step 4" in fresh
+    assert "the checkpoint was written after step 3, so the step counter is 1 ahead" in fresh
+    for other in ("data position", "scheduler", "get_rng_state", "set_state_dict"):
+        assert other not in fresh  # data, schedule, RNG, model and optimizer were all restored
+
+
+def test_another_ranks_rng_state_is_named(mutants):
+    fresh = failed(mutants["rank 0's RNG on every rank"])[FRESH]
+    assert fresh.endswith("at step 4 rank 1's RNG state is rank 0's, so dropout drew rank 0's masks: each rank "
+                          "restores its own rng-rank{R}.pt (the RNG state differs per rank)")
+
+
+def test_model_optimizer_and_scheduler_not_restored_are_named_not_the_rest(mutants):
+    fresh = failed(mutants["rebuilt after loading"])[FRESH]
+    assert "at step 4 rank 0 resumed with other weights than the uninterrupted run had before step 4" in fresh
+    assert "the freshly built model's: train the model the checkpoint was loaded into" in fresh
+    assert "Adam's step count was 0 where the uninterrupted run's was 3" in fresh
+    assert "the learning rate was" in fresh
+    assert "samples" not in fresh and "RNG" not in fresh and "step counter" not in fresh
+
+
+def test_a_checkpoint_collective_on_rank_0_only_is_named(mutants):
+    report = mutants["dcp.save on rank 0 only"]
+    assert not report.ran and report.score == 0
+    assert "dcp.save ran on rank 0 (at step 3) but not on rank 1: it is a collective" in report.feedback
+    assert "rank 1 raised" in report.feedback  # what PyTorch said, after the cause
+
+
+@pytest.mark.parametrize("raised, name", [
+    ("RuntimeError: Parent directory /tmp/x/A/.tmp-step_00000003 does not exist.",
+     "a checkpoint written on some ranks only"),
+    ("CheckpointException: ... RuntimeError: Missing key in checkpoint state_dict: rng.",
+     "dcp.load of a key the checkpoint lacks"),
+])
+def test_errors_of_known_mistakes_are_translated(raised, name):
+    assert translate(raised, ex05_checkpoint.KNOWN_ERRORS).startswith(name)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from autograder.checks import ex06_scaling as check
+from autograder.diagnosis import translate
 from autograder.runner import grade_one
 
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
@@ -27,6 +28,17 @@ MISTAKES = {
     "no DDP, own figure per rank": {
         "ddp = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)": "ddp = model",
         "dist.broadcast(elapsed, src=0)": "None"},
+    # two more: the warm-up steps' samples counted (not timed), and the speed-up returned as the efficiency
+    "warm-up samples, speed-up": {
+        "return dist.get_world_size() * batch_size * iters / elapsed.item()":
+            "return dist.get_world_size() * batch_size * (warmup + iters) / elapsed.item()",
+        "return {w: t / (w * base) for w, t in sorted(throughput.items())}":
+            "return {w: t / base for w, t in sorted(throughput.items())}"},
+    # and two more: the clocks all-reduced with the default SUM, and the forward on the inner module
+    "summed clocks, inner forward": {"dist.broadcast(elapsed, src=0)": "dist.all_reduce(elapsed)",
+                                     "ddp(x), y)": "ddp.module(x), y)"},
+    "CPU clock": {"start = time.perf_counter()": "start = time.process_time()",
+                  "time.perf_counter() - start": "time.process_time() - start"},
 }
 METHOD = "[W={}] throughput within 10% of the truth"
 
@@ -112,6 +124,7 @@ def test_step_without_ddp_leaves_ranks_apart(graded):
     f = failed(graded[0]["no DDP, own figure per rank"])
     assert set(f) == {"the real step trains with DDP", METHOD.format(2)}
     assert "rank 1's parameters differ from rank 0's" in f["the real step trains with DDP"]
+    assert "no DistributedDataParallel was made" in f["the real step trains with DDP"]
 
 
 @pytest.mark.slow
@@ -119,6 +132,44 @@ def test_a_figure_per_rank_fails_the_same_figure_clause(graded):
     f = failed(graded[0]["no DDP, own figure per rank"])
     assert "return the same figure on every rank" in f[METHOD.format(2)]
     assert "rank 1 returned" in f[METHOD.format(2)]
+
+
+@pytest.mark.slow
+def test_counting_the_warmup_samples_and_the_speedup_are_named(graded):
+    f = failed(graded[0]["warm-up samples, speed-up"])
+    assert set(f) == {METHOD.format(1), METHOD.format(2), "scaling efficiency against linear"}
+    for w in (1, 2):
+        assert "that is (2 + 8) / 8: you counted the samples of the 2 warm-up steps too" in f[METHOD.format(w)]
+    assert "the speed-up throughput[2] / throughput[1]" in f["scaling efficiency against linear"]
+
+
+@pytest.mark.slow
+def test_summed_clocks_and_the_inner_forward_are_named_not_their_lookalikes(graded):
+    f = failed(graded[0]["summed clocks, inner forward"])
+    assert set(f) == {METHOD.format(2), "the real step trains with DDP"}
+    assert "all-reduced the elapsed time with SUM" in f[METHOD.format(2)]
+    assert "counted one rank's samples" not in f[METHOD.format(2)]  # the same 1/W ratio, another cause
+    ddp = f["the real step trains with DDP"]
+    assert "wrapped in DistributedDataParallel, but no forward went through the wrapper" in ddp
+    assert "wrap the model" not in ddp  # it was wrapped
+
+
+@pytest.mark.slow
+def test_cpu_time_is_named(graded):
+    f = failed(graded[0]["CPU clock"])
+    assert set(f) == {METHOD.format(1), METHOD.format(2)}
+    assert "you timed with time.process_time()" in f[METHOD.format(1)]
+
+
+@pytest.mark.parametrize("raised, name", [
+    ("TypeError: Invalid function argument. Expected parameter `tensor` of type torch.Tensor\n but got <class "
+     "'float'> instead.", "a Python float passed to a collective"),
+    ("ValueError: trying to initialize the default process group twice!",
+     "the process group initialised again in the benchmark"),
+    ("RuntimeError: No backend type associated with device type cpu", "a CPU tensor in an NCCL collective"),
+])
+def test_errors_of_known_mistakes_are_translated(raised, name):
+    assert translate(raised, check.KNOWN_ERRORS).startswith(name)
 
 
 def test_launch_timeouts_fit_the_time_limit():

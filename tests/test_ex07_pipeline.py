@@ -1,10 +1,13 @@
 """Exercise 7 (GPipe by hand): the solution scores full marks, each known mistake fails with its
-own feedback. The solution and the mutants are graded in one launch (the stub: test_selftest.py)."""
+own feedback, naming the cause. The solution and the mutants are graded in one launch (the stub:
+test_selftest.py); each file runs in its own process group, so the mutants whose sends and recvs do
+not match (one of them a deadlock, stopped by a short p2p timeout) cost only their own marks."""
 from __future__ import annotations
 
 import pytest
 
 from autograder.checks import ex07_pipeline as check
+from autograder.diagnosis import translate
 from tests.helpers import SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename
@@ -17,12 +20,32 @@ SEND_LATER = """            out = stage(x_i)
         for out in outputs:
             dist.send(out.detach().contiguous(), dst=1)
 """
+BACKWARD_LATER = """        losses.append(loss)
+    for act, loss in zip(inputs, losses):
+        loss.backward()
+"""
+BACKWARD_AT_ONCE = """        losses.append(loss)
+        loss.backward()
+"""
 MISTAKES = {
     "one micro-batch": {"m = n_microbatches": "m = 1"},
     "sends after the forward loop": {SEND_NOW: SEND_LATER},
     "loss not scaled": {"cross_entropy(stage(act), y_i) / m": "cross_entropy(stage(act), y_i)"},
     "stage 0 ignores the received gradient": {"out.backward(grad)": "out.sum().backward()"},
+    "split instead of chunk": {"x.chunk(m)": "x.split(m)", "y.chunk(m)": "y.split(m)"},
+    "last micro-batch's loss returned": {"return torch.stack(losses).sum().detach()": "return loss.detach()"},
+    # two independent mistakes: the backward in reverse on stage 1 only, and the mean of the divided losses
+    "reversed backward, mean loss": {
+        "for act, loss in zip(inputs, losses):": "for act, loss in reversed(list(zip(inputs, losses))):",
+        "torch.stack(losses).sum()": "torch.stack(losses).mean()"},
+    "no requires_grad_": {"        act.requires_grad_()\n": ""},
+    "gradients never sent back": {"        dist.send(act.grad.contiguous(), dst=0)\n": ""},
+    "stage 1 backward per micro-batch (deadlock)": {BACKWARD_LATER: BACKWARD_AT_ONCE},
+    "whole batch's labels on stage 1": {"cross_entropy(stage(act), y_i) / m": "cross_entropy(stage(act), y) / m"},
 }
+GRADS = "stage {} gradients match the unsplit model"
+COUNT, LOSS, OVERLAP = ("each stage processes every micro-batch once", "loss matches the unsplit model",
+                        "stages overlap in time")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +53,7 @@ def reports(tmp_path_factory):
     paths = [SOLUTIONS / FILE]
     for i, (name, repl) in enumerate(MISTAKES.items()):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
-    graded = check.grade(paths)
+    graded = check.grade(paths, p2p_timeout_s=1.5)  # the deadlock's cost: 1.5 s x DISTLAB_TIME_SCALE
     return {"solution": graded[0], **dict(zip(MISTAKES, graded[1:]))}
 
 
@@ -47,31 +70,87 @@ def test_solution_full_marks(reports):
 
 def test_no_microbatches_fails_count_and_overlap(reports):
     f = failed(reports["one micro-batch"])
-    assert "stage 0 ran 1 forward(s) of [64] rows; expected 4 micro-batches of 16" in \
-        f["each stage processes every micro-batch once"]
-    assert "not checked" in f["stages overlap in time"]
+    assert "stage 0 ran one forward of all 64 rows" in f[COUNT] and "x.chunk(4)" in f[COUNT]
+    assert "not checked" in f[OVERLAP]
     # Without micro-batches the maths is still right: only the schedule is wrong.
-    assert "loss matches the unsplit model" not in f
+    assert set(f) == {COUNT, OVERLAP}
+
+
+def test_split_instead_of_chunk_is_named_and_explains_the_factor(reports):
+    f = failed(reports["split instead of chunk"])
+    assert "stage 0 ran 16 forwards of 4 rows: x.split(4) cuts pieces of 4 rows" in f[COUNT]
+    for name in (LOSS, GRADS.format(0), GRADS.format(1)):
+        assert "4.00x the unsplit model's because the batch went through in 16 micro-batches" in f[name], f[name]
+        assert "divide each micro-batch's loss" not in f[name]  # it was divided: the split is the mistake
 
 
 def test_sending_after_the_loop_fails_overlap_only(reports):
     f = failed(reports["sends after the forward loop"])
-    assert list(f) == ["stages overlap in time"]
-    assert "after stage 0 finished all 4 forwards" in f["stages overlap in time"]
-    assert "not after the loop" in f["stages overlap in time"]
+    assert list(f) == [OVERLAP]
+    assert "sent its first activations only after all 4 of its forwards" in f[OVERLAP]
+    assert "inside the forward loop" in f[OVERLAP]
 
 
 def test_unscaled_loss_fails_parity_with_the_factor(reports):
     f = failed(reports["loss not scaled"])
-    assert "divide each micro-batch's loss by n_microbatches" in f["loss matches the unsplit model"]
+    assert "divide each micro-batch's loss by n_microbatches" in f[LOSS] and "4.00x" in f[LOSS]
     for s in (0, 1):
-        assert "4.00x the unsplit model's" in f[f"stage {s} gradients match the unsplit model"]
+        assert "gradients are 4.00x the unsplit model's with 4 micro-batches" in f[GRADS.format(s)]
+    assert COUNT not in f and OVERLAP not in f
 
 
 def test_ignoring_the_received_gradient_fails_stage0_only(reports):
     f = failed(reports["stage 0 ignores the received gradient"])
-    assert list(f) == ["stage 0 gradients match the unsplit model"]
-    assert "stage 1's gradients match" in f["stage 0 gradients match the unsplit model"]
+    assert list(f) == [GRADS.format(0)]
+    assert "for micro-batch 0 is all ones (what out.sum().backward() gives)" in f[GRADS.format(0)]
+
+
+def test_returning_the_last_loss_is_named(reports):
+    f = failed(reports["last micro-batch's loss returned"])
+    assert list(f) == [LOSS]
+    assert "micro-batch 3's loss divided by 4" in f[LOSS] and "not the last one" in f[LOSS]
+
+
+def test_reversed_backward_and_averaged_loss_are_each_named(reports):
+    f = failed(reports["reversed backward, mean loss"])
+    assert set(f) == {LOSS, GRADS.format(0)}
+    assert "in the order [3, 2, 1, 0]" in f[GRADS.format(0)] and "in the order [0, 1, 2, 3]" in f[GRADS.format(0)]
+    assert "1/4 of the batch mean" in f[LOSS] and "sum them instead of averaging" in f[LOSS]
+
+
+def test_missing_requires_grad_is_named_not_a_hang(reports):
+    f = failed(reports["no requires_grad_"])
+    assert {COUNT, GRADS.format(0), GRADS.format(1)} <= set(f)
+    for name in (COUNT, GRADS.format(0), GRADS.format(1)):
+        assert "stage 1's 4 received activations did not require grad" in f[name], f[name]
+        assert "act.requires_grad_()" in f[name]
+    assert "AttributeError" in f[COUNT]  # what rank 1 raised, quoted after the cause
+
+
+def test_gradients_never_sent_back_are_counted(reports):
+    f = failed(reports["gradients never sent back"])
+    assert set(f) == {COUNT, GRADS.format(0)}  # the loss and stage 1's gradients are right, and the overlap
+    assert "stage 1 sent 0 of 4 gradients back to rank 0" in f[GRADS.format(0)]
+    assert "waited in dist.recv for the first one" in f[GRADS.format(0)]
+
+
+def test_both_stages_sending_at_once_is_a_named_deadlock(reports):
+    f = failed(reports["stage 1 backward per micro-batch (deadlock)"])
+    for name in (COUNT, LOSS, GRADS.format(0), GRADS.format(1)):
+        assert "both stages were waiting in dist.send at once" in f[name], f[name]
+    assert "stage 0 sending micro-batch 1's activations, stage 1 sending micro-batch 0's gradient" in f[COUNT]
+    assert "all forwards, then all backwards" in f[COUNT] and "s timeout" in f[COUNT]
+
+
+def test_a_rank_that_raises_leaves_its_peer_waiting_and_both_are_named(reports):
+    f = failed(reports["whole batch's labels on stage 1"])
+    assert f[COUNT].startswith("rank 1 raised ValueError") and "ex07_pipeline.py line" in f[COUNT]
+    assert "so rank 0 waited in dist.send (stage 0 sending micro-batch 1's activations)" in f[COUNT]
+
+
+def test_a_deadlock_that_escapes_the_rank_is_translated():
+    gloo = "RuntimeError: [unbound_buffer.cc:129] Timed out waiting 3000ms for send operation to complete"
+    assert translate(gloo, check.KNOWN_ERRORS).startswith("a send/recv deadlock between the stages")
 
 # The stub's grading (0, "not implemented yet", through the CLI's subprocess) is in
 # tests/test_selftest.py, which grades exercise 7's solution and stub as an instructor does.

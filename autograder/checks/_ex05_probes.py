@@ -1,13 +1,22 @@
-"""Rank-side instruments of the exercise 5 check: run the learner's ``train``, kill it, record.
+"""Rank-side instruments of the exercise 5 check: run the learner's ``train``, stop or kill it, record.
 
 Everything here observes; the verdicts are computed in ``ex05_checkpoint``.
-A launch runs a list of *phases* (one ``train`` call each, on its own
-checkpoint directory). Rank 1 can SIGKILL itself after a given step, or
-inside its N-th DCP write (its shard on disk, DCP's ``.metadata`` not),
-chosen per torchrun attempt. Every rank appends one record per step to a
-file (the step, the LR, a hash of its RNG state, the sample indices it read,
-the float64 sum of its local parameter shards): a killed process returns
-nothing, but its files survive.
+A launch runs, for each learner file, a list of *phases* (one ``train`` call
+each, on its own checkpoint directory). A phase can end with every rank
+raising :class:`Stopped` after a given step (the job ends there, so a new job
+can resume: several files share such a launch), or with rank 1 SIGKILLing
+itself after a given step or inside its N-th DCP write (its shard on disk,
+DCP's ``.metadata`` not), chosen per torchrun attempt. Every rank appends one
+record per step to a file: the step, the sample indices it read, the float64
+sum of its local parameter shards and the learning rate after the step (the
+scheduler's next value), and a snapshot taken just
+before ``optimizer.step()`` of what the step started from (the weights, Adam's
+step count and moments, the learning rate, a hash of the RNG state). It also
+logs each call of a DCP or state-dict function, a collective every rank must
+make. A killed process returns nothing, but its files survive.
+
+The scenarios themselves, as the phases of each launch, are at the end (``run_scenarios``, called
+from the grading process).
 """
 from __future__ import annotations
 
@@ -17,18 +26,37 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint.state_dict as dcp_state
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from distlab import init_distributed
+from distlab import LaunchError, init_distributed, torchrun
 from distlab.data import RecordingDataset, synthetic_classification
 
 from ..harness import CapturedPrints, echo, load_learner
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
 DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the run crosses an epoch
+WORLD = 2
+SCENARIOS = ("fresh", "restart", "reshard")
+FRESH_STOP = 5                 # fresh-job scenario: stopped after step 5, resumes from step 3
+WRITE_KILL = 2                 # restart scenario, attempt 0: killed inside the 2nd checkpoint write (step 6)
+SECOND_KILL = 8                # restart scenario, attempt 1: killed after step 8, resumes from step 6
+COLLECTIVES = {dcp: ("save", "load", "async_save"),
+               dcp_state: ("get_state_dict", "set_state_dict", "get_model_state_dict", "get_optimizer_state_dict",
+                           "set_model_state_dict", "set_optimizer_state_dict")}
+_now = {"log": None, "tag": "", "step": 0, "pre": None}  # the phase running: call log, tag, last step, snapshot
+
+
+class Stopped(BaseException):
+    """Raised from ``on_step`` on every rank: the job stops there (a BaseException, past ``except Exception``)."""
 
 
 def _attempt() -> int:
@@ -49,49 +77,96 @@ def _rng_hash() -> str:
     return hashlib.sha1(state).hexdigest()[:16]
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _fingerprint(optimizer) -> float:
     with torch.no_grad():
-        return float(sum(p.to_local().double().sum().item() if hasattr(p, "to_local") else p.double().sum().item()
-                         for g in optimizer.param_groups for p in g["params"]))
+        return float(sum(_local(p).double().sum().item() for g in optimizer.param_groups for p in g["params"]))
+
+
+def _snapshot(optimizer, args, kwargs) -> None:
+    """Global optimizer step pre-hook: what this step starts from (the last call before ``on_step`` wins)."""
+    first = optimizer.state.get(optimizer.param_groups[0]["params"][0], {})
+    moments = sum(_local(v).double().sum().item() for s in optimizer.state.values() for k, v in s.items()
+                  if k in ("exp_avg", "exp_avg_sq"))
+    _now["pre"] = {"fp": _fingerprint(optimizer), "adam_step": float(first.get("step", 0)), "moments": moments,
+                   "lr": float(optimizer.param_groups[0]["lr"]), "rng": _rng_hash()}
+
+
+def _spy(name: str, real):
+    def spy(*args, **kwargs):
+        if _now["log"] is not None:  # logged before the call: a call that hangs or raises is on disk already
+            _now["log"].write(json.dumps({"call": name, "after_step": _now["step"], "attempt": _attempt(),
+                                          "tag": _now["tag"]}) + "\n")
+            _now["log"].flush()
+        return real(*args, **kwargs)
+    return spy
+
+
+def _spy_on_collectives() -> None:
+    """Before the learner's file is imported, so ``from ... import get_state_dict`` binds the spy too."""
+    for module, names in COLLECTIVES.items():
+        for name in names:
+            real = getattr(module, name, None)
+            if real is not None and not hasattr(real, "__wrapped_by_grader__"):
+                wrapped = _spy(("dcp." if module is dcp else "") + name, real)
+                wrapped.__wrapped_by_grader__ = True
+                setattr(module, name, wrapped)
 
 
 def _full_state(model, optimizer) -> dict:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
     msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {"model": msd, "optim": osd.get("state", {}) if isinstance(osd, dict) else {}}
 
 
 def _run_phase(learner, phase: dict, outdir: Path) -> None:
-    """One ``train`` call, recorded step by step; rank 1 dies where the phase says (per attempt)."""
-    rank, attempt = dist.get_rank(), _attempt()
+    """One ``train`` call, recorded step by step; rank 1 dies, or every rank stops, where the phase says."""
+    rank, attempt, name = dist.get_rank(), _attempt(), phase["name"]
+    if phase.get("once") and ((outdir / f"{name}-final.pt").exists() or (outdir / f"{name}-errors.jsonl").exists()):
+        return  # a torchrun restart replays the launch: this phase already ran in an earlier attempt
     data = RecordingDataset(synthetic_classification(DATA_SIZE, 64, 10, seed=3))
     kill_step = phase.get("kill_step", {}).get(str(attempt)) if rank == 1 else None
     kill_write = phase.get("kill_write", {}).get(str(attempt)) if rank == 1 else None
-    with open(outdir / f"{phase['name']}-rank{rank}.jsonl", "a") as log, _killed_in_write(kill_write):
+    hook = register_optimizer_step_pre_hook(_snapshot)
+    with open(outdir / f"{name}-rank{rank}.jsonl", "a") as log, \
+            open(outdir / f"{name}-calls-rank{rank}.jsonl", "a") as calls, _killed_in_write(kill_write):
+        _now.update(log=calls, tag=phase["tag"], step=0, pre=None)
         try:
             with CapturedPrints() as out:
                 returned = learner.train(phase["dir"], data, steps=phase["steps"], save_every=RUN["save_every"],
                                          keep=RUN["keep"], seed=RUN["seed"],
-                                         on_step=_step_recorder(data, log, kill_step))
+                                         on_step=_step_recorder(data, log, phase, kill_step))
+        except Stopped:
+            echo(out.lines)
+            if rank == 0:
+                (outdir / f"{name}-stopped").touch()
+            return
         except BaseException as exc:  # DCP raises CheckpointException, a BaseException
-            _record_error(outdir / f"{phase['name']}-errors.jsonl", exc)
+            _record_error(outdir / f"{name}-errors.jsonl", exc)
             raise
+        finally:
+            _now["log"] = None
+            hook.remove()
     echo(out.lines)
-    _save_final(returned, outdir / f"{phase['name']}-final.pt")
+    _save_final(returned, outdir / f"{name}-final.pt")
 
 
-def _step_recorder(data: RecordingDataset, log, kill_step: int | None):
-    """The ``on_step`` hook: one record per step in ``log``, and SIGKILL after step ``kill_step``."""
-    attempt, read = _attempt(), {"n": 0}
+def _step_recorder(data: RecordingDataset, log, phase: dict, kill_step: int | None):
+    """The ``on_step`` hook: one record per step in ``log``; SIGKILL after ``kill_step``, stop after ``stop_step``."""
+    read = {"n": 0}
 
     def on_step(step, optimizer):
-        rec = {"attempt": attempt, "step": int(step), "lr": optimizer.param_groups[0]["lr"], "rng": _rng_hash(),
-               "data": data.accessed[read["n"]:], "fp": _fingerprint(optimizer)}
-        read["n"] = len(data.accessed)
+        rec = {"attempt": _attempt(), "tag": phase["tag"], "step": int(step), "data": data.accessed[read["n"]:],
+               "fp": _fingerprint(optimizer), "lr": optimizer.param_groups[0]["lr"], "pre": _now["pre"]}
+        read["n"], _now["step"] = len(data.accessed), int(step)
         log.write(json.dumps(rec) + "\n")
         log.flush()  # a killed process writes nothing more: what it recorded must be on disk already
         if kill_step is not None and step == kill_step:
             _die()
+        if step == phase.get("stop_step"):
+            raise Stopped()
 
     return on_step
 
@@ -137,14 +212,83 @@ def _save_final(returned: tuple, path: Path) -> None:
     dist.barrier()
 
 
-def rank_main(paths: list[str], outdir: str, phases: list[dict]) -> list[dict]:
-    """Runs on every rank: the phases in order for the one file in ``paths`` (one observation).
+def rank_main(paths: list[str], outdirs: list[str], phases: list[list[dict]]) -> list[dict]:
+    """Runs on every rank: for each file in ``paths``, its ``phases`` in order, recorded in its ``outdirs``.
 
-    One file per launch: a phase that kills a rank ends the whole job, and a restart replays it.
+    A phase that kills a rank ends the whole job (and a torchrun restart replays the launch); one
+    that stops every rank lets the next file run.
     """
-    (path,) = paths
     init_distributed()
-    learner = load_learner(path)
-    for phase in phases:
-        _run_phase(learner, phase, Path(outdir))
-    return [{"rank": dist.get_rank()}]
+    _spy_on_collectives()
+    for path, outdir, file_phases in zip(paths, outdirs, phases):
+        Path(outdir).mkdir(parents=True, exist_ok=True)
+        learner = load_learner(path)
+        for phase in file_phases:
+            _run_phase(learner, phase, Path(outdir))
+    return [{"rank": dist.get_rank()} for _ in paths]
+
+
+def _launch(paths: Sequence[str], outdirs: Sequence[str], phases: list[list[dict]], world: int, timeout: float,
+            max_restarts: int = 0) -> tuple[LaunchError | None, float]:
+    """One launch of each file's phases; a killed job is expected, so its error is returned, not raised."""
+    t = time.perf_counter()
+    try:
+        torchrun(rank_main, world, args=(list(paths), list(outdirs), phases), timeout=timeout,
+                 max_restarts=max_restarts)
+    except LaunchError as exc:
+        return exc, round(time.perf_counter() - t, 2)
+    return None, round(time.perf_counter() - t, 2)
+
+
+def _batch(files: Sequence[int], paths, outdirs, phases: Callable[[int], list[dict]], world: int, launch: str,
+           timeout: Callable[[str, int], float], out: list[dict]) -> None:
+    """Launch ``files`` together (none kills a rank); when the launch dies in one file's phases, launch the
+    files after it again. The error goes in that file's ``out[i][launch]``."""
+    todo = list(files)
+    while todo:
+        err, wall_s = _launch([paths[i] for i in todo], [outdirs[i] for i in todo], [phases(i) for i in todo],
+                              world, timeout(launch, len(todo)))
+        ended = [all((Path(outdirs[i]) / (f"{p['name']}-stopped" if "stop_step" in p else f"{p['name']}-final.pt"))
+                     .exists() for p in phases(i)) for i in todo]
+        for i in todo:
+            out[i][f"{launch}_launch_s"] = wall_s
+        if err is None or all(ended):
+            return
+        stuck = ended.index(False)
+        out[todo[stuck]][launch], todo = err, todo[stuck + 1:]
+
+
+def run_scenarios(paths: Sequence[str], outdirs: Sequence[str], wanted: Sequence[tuple[str, ...]],
+                  reshard_world: int, timeout: Callable[[str, int], float]) -> list[dict]:
+    """The launches, in order: the reference (and the job stopped for the fresh scenario), the resumes (the
+    fresh jobs, then the restarts: one launch per file, the fresh jobs of the others ride in the first),
+    the reshard. Returns, per file, the error of each launch that died in its phases and the seconds."""
+    n, out = len(paths), [{} for _ in paths]
+
+    def phase(i: int, d: str, **kw) -> dict:
+        return dict(name=d, dir=str(Path(outdirs[i]) / d), steps=RUN["steps"], **kw)
+
+    _batch(range(n), paths, outdirs, lambda i: [phase(i, "A", tag="ref")] + (
+        [phase(i, "C", tag="first", stop_step=FRESH_STOP)] if "fresh" in wanted[i] else []),
+        WORLD, "reference", timeout, out)
+    live = [i for i in range(n) if (Path(outdirs[i]) / "A-final.pt").exists()]
+    fresh = [i for i in live if "fresh" in wanted[i] and (Path(outdirs[i]) / "C-stopped").exists()]
+    restart = [i for i in live if "restart" in wanted[i]]
+    guests = [i for i in fresh if i not in restart]
+
+    def resume(i: int) -> list[dict]:
+        return [phase(i, "C", tag="resume", once=True)] if i in fresh else []
+
+    for k, j in enumerate(restart):
+        files = (guests if k == 0 else []) + [j]
+        b = phase(j, "B", tag="restart", kill_write={"0": WRITE_KILL}, kill_step={"1": SECOND_KILL})
+        phases = [resume(i) + ([b] if i == j else []) for i in files]
+        out[j]["resume"], out[j]["resume_launch_s"] = _launch(
+            [paths[i] for i in files], [outdirs[i] for i in files], phases, WORLD, timeout("resume", len(files)),
+            max_restarts=2)
+    if guests and not restart:
+        _batch(guests, paths, outdirs, resume, WORLD, "resume", timeout, out)
+    reshard = [i for i in live if "reshard" in wanted[i]]
+    _batch(reshard, paths, outdirs, lambda i: [dict(phase(i, "R", tag="reshard"), dir=str(Path(outdirs[i]) / "A"))],
+           reshard_world, "reshard", timeout, out)
+    return out

@@ -1,41 +1,61 @@
-"""Exercise 5 check: kill a rank, resume, and demand the very same weights.
+"""Exercise 5 check: stop or kill a job, resume, and demand the very same weights.
 
-Scenarios, in three torchrun launches per file (the rank side is in ``_ex05_probes``):
+Scenarios, in three torchrun launches (the rank side is in ``_ex05_probes``):
 
 1. ``reference``: an uninterrupted run in directory A (its records and final
    state are the yardstick), then, in the same processes, a run in directory C
-   in which rank 1 SIGKILLs itself at step ``FRESH_KILL`` (the job dies; no restart).
+   that every rank stops after step ``FRESH_STOP`` (the job ends there).
 2. ``fresh`` + ``restart``: a new job (``--max-restarts=2``) first finishes C
    from its checkpoint (the fresh-job resume), then trains in directory B. In
    attempt 0 rank 1 is killed *inside* its second checkpoint write of B (its
    shard is on disk, DCP's ``.metadata`` is not), so attempt 1 must resume from
    the previous complete checkpoint; attempt 1 is killed at ``SECOND_KILL``;
-   attempt 2 finishes. (C, already complete, resumes at its last step in
-   attempts 1 and 2 and trains no further.)
+   attempt 2 finishes. (C, finished in attempt 0, is not replayed.)
 3. ``reshard``: a job at another world size resumes from A's last checkpoint.
 
+The reference, the fresh job alone and the reshard launches take several files
+at once (tests); a file with the restart scenario has a resume launch of its own.
 On the CPU, reduction order is fixed, so resumed runs must match the
 uninterrupted one bit for bit (``torch.equal``); on a GPU within assert_close's tolerance.
+Where they do not, what each step started from (weights, Adam state, learning
+rate, samples, RNG state, step number) is compared with the uninterrupted run,
+and only what differs is named.
+
+| mistake | message |
+|---|---|
+| step counter off after resuming | "the first step after resuming was numbered 5, but it trained ... step 4 ..." |
+| model not restored | "rank 0 resumed with other weights than ... before step 4 (sum ... vs ...): ..." |
+| optimizer state not restored | "Adam's step count was 0 where the uninterrupted run's was 3: ..." |
+| data position not restored | "rank 0 read samples [..]... instead of [..]... (the samples of step 1): ..." |
+| scheduler not restored | "the learning rate it set for step 5 was 0.0025 instead of 0.00225 (...): ..." |
+| another rank's RNG state restored | "rank 1's RNG state is rank 0's, so dropout drew rank 0's masks: ..." |
+| RNG state not restored | "rank 0's RNG state differs ...: save each rank's torch.get_rng_state() ..." |
+| checkpoints not pruned | "after 12 steps saving every 3 with keep=2 the directory holds [...]: ..." |
+| an interrupted write loaded (no staging and commit) | "rank 1 was killed while writing step 6's checkpoint ..." |
+| a checkpoint collective called on some ranks only | "dcp.save ran on rank 0 (at step 3) but not on rank 1: ..." |
+| a checkpoint written on some ranks only | (RuntimeError "Parent directory ... does not exist") "... dcp.save ..." |
+| dcp.load of a key the checkpoint lacks | (RuntimeError "Missing key in checkpoint state_dict") "dcp.load fills ..." |
 """
 from __future__ import annotations
 
 import json
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from distlab import LaunchError, pick_backend, torchrun
+from distlab import LaunchError, RankFailure, pick_backend
 from distlab.checkpoint import complete_checkpoints
 
+from ..diagnosis import KnownError, mistake
 from ..grading import launch_timeout
 from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from ._ex05_probes import RUN, rank_main
+from ._ex05_probes import (FRESH_STOP, RUN, SCENARIOS, SECOND_KILL, WORLD, WRITE_KILL,  # noqa: F401 (rank_main:
+                           rank_main, run_scenarios)                                 # every check has one)
 
 # Grading the solution (all three launches, reshard to 4 ranks) took 42 s on 2 cores at load 4;
 # the resume launch (three process starts) is the longest. The launches share what time_limit
@@ -43,17 +63,21 @@ from ._ex05_probes import RUN, rank_main
 # a hang is reported as a LaunchTimeout naming the ranks, not cut off by the CLI.
 EXERCISE = Exercise(number=5, name="checkpoint", filename="ex05_checkpoint.py", max_score=10, time_limit=120)
 SHARES = {"reference": 3, "resume": 4, "reshard": 3}
-WORLD, RESHARD_WORLD = 2, 4
-FRESH_KILL = 5                 # fresh-job scenario: killed after step 5, resumes from step 3
-WRITE_KILL = 2                 # restart scenario, attempt 0: killed inside the 2nd checkpoint write (step 6)
-SECOND_KILL = 8                # restart scenario, attempt 1: killed after step 8, resumes from step 6
+RESHARD_WORLD = 4
 RESUMED_FROM = RUN["save_every"] * (WRITE_KILL - 1)  # the last checkpoint committed before the killed write
 INTERRUPTED = RUN["save_every"] * WRITE_KILL         # the step whose checkpoint write was killed
-SCENARIOS = ("fresh", "restart", "reshard")
+KNOWN_ERRORS = [
+    KnownError("a checkpoint written on some ranks only", r"Parent directory \S*\.tmp-step_\d+ does not exist",
+               "this rank's staging directory was never made: dcp.save (which makes it) ran on other ranks only. "
+               "Every rank calls get_state_dict and dcp.save, then saves its own RNG state"),
+    KnownError("dcp.load of a key the checkpoint lacks", r"Missing key in checkpoint state_dict",
+               "dcp.load fills the keys of the dict you pass it, and each must have been saved: build the same "
+               "structure save_checkpoint saved (get_state_dict gives the tensors to load into)"),
+]
 
 
-def _timeout(launch: str) -> float:
-    return launch_timeout(EXERCISE, share=SHARES[launch] / sum(SHARES.values()))
+def _timeout(launch: str, files: int = 1) -> float:
+    return launch_timeout(EXERCISE, files=files, share=SHARES[launch] / sum(SHARES.values()))
 
 
 def _exact(world: int) -> bool:
@@ -61,9 +85,13 @@ def _exact(world: int) -> bool:
     return pick_backend(world) == "gloo"
 
 
+def _close(a: float, b: float) -> bool:
+    return a == b if _exact(WORLD) else abs(a - b) <= 1e-5 * (1 + abs(b))
+
+
 @dataclass
 class Run:
-    """One file's launches: where the ranks recorded each phase, and what the launches raised.
+    """One file's phases: where the ranks recorded each, and what the launches raised.
 
     Filled in as the launches go; what a later launch could change (A's directory) is read at once.
     """
@@ -74,16 +102,31 @@ class Run:
     ref_rec: list = field(default_factory=list)    # A's records, per rank
     checkpoints: list[str] = field(default_factory=list)  # what A's directory held after the run
     committed: list[int] = field(default_factory=list)    # the steps of its complete checkpoints
-    reached: int = 0               # the last step rank 1 recorded in C before it was killed
+    reached: int = 0               # the last step rank 1 recorded in C before the job stopped
     resume_error: LaunchError | None = None
     reshard_error: LaunchError | None = None
 
-    def records(self, name: str, world: int = WORLD) -> list[list[dict]]:
+    def load_reference(self) -> bool:
+        """Read the uninterrupted run (A) and how far C got before its job stopped; False if A did not finish."""
+        if (ref := self.final("A")) is None:
+            return False
+        self.ref, self.ref_rec = ref, self.records("A")
+        self.checkpoints = sorted(p.name for p in (self.out / "A").iterdir())
+        self.committed = [s for s, _ in complete_checkpoints(self.out / "A")]
+        self.reached = max((x["step"] for x in self.records("C", tag="first")[1]), default=0)
+        return True
+
+    def records(self, name: str, world: int = WORLD, kind: str = "", **match) -> list[list[dict]]:
+        """Per rank, the phase's records (``kind="calls"``: its DCP calls) whose fields equal ``match``."""
         out = []
         for r in range(world):
-            f = self.out / f"{name}-rank{r}.jsonl"
-            out.append([json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()] if f.is_file() else [])
+            f = self.out / f"{name}-{kind + '-' if kind else ''}rank{r}.jsonl"
+            lines = [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()] if f.is_file() else []
+            out.append([x for x in lines if all(x.get(k) == v for k, v in match.items())])
         return out
+
+    def ref_at(self, rank: int, step: int) -> dict | None:
+        return next((x for x in self.ref_rec[rank] if x["step"] == step), None)
 
     def final(self, name: str) -> dict | None:
         f = self.out / f"{name}-final.pt"
@@ -91,7 +134,7 @@ class Run:
 
     def attempt_steps(self, attempt: int) -> list[int]:
         """The steps rank 0 trained in B during torchrun attempt ``attempt``."""
-        return [x["step"] for x in self.records("B")[0] if x["attempt"] == attempt]
+        return [x["step"] for x in self.records("B", attempt=attempt)[0]]
 
     def phase_error(self, name: str, first_attempt: int = 0) -> str:
         """What a phase raised (not a peer's "connection closed" after a kill), as ``attempt A, rank R: ...``."""
@@ -104,49 +147,147 @@ class Run:
         """What stopped the restart scenario: what a restarted attempt tripped on, not the kill before it."""
         err = self.resume_error
         if err is not None:
-            err = self.phase_error("B", first_attempt=1) or err
+            err = one_sided_collective(self, "B", attempt=1) or self.phase_error("B", first_attempt=1) or err
         if not self.records("B")[0]:
             err = f"the job failed before it reached this scenario: {self.phase_error('C') or err}"
         return err
 
 
-def _launch(path: Path, out: Path, phases: list[dict], world: int, timeout: float,
-            **kw) -> tuple[LaunchError | None, float]:
-    """One launch of the phases; a killed job is expected, so its error is returned, not raised."""
-    t = time.perf_counter()
-    try:
-        torchrun(rank_main, world, args=([str(path)], str(out), phases), timeout=timeout, **kw)
-    except LaunchError as exc:
-        return exc, round(time.perf_counter() - t, 2)
-    return None, round(time.perf_counter() - t, 2)
+@mistake("a checkpoint collective called on some ranks only")
+def one_sided_collective(run: Run, name: str, world: int = WORLD, **match) -> str | None:
+    """The first DCP or state-dict call one rank made more often than another in a phase."""
+    calls = run.records(name, world, kind="calls", **match)
+    for call in dict.fromkeys(c["call"] for rank in calls for c in rank):
+        made = [[c for c in rank if c["call"] == call] for rank in calls]
+        more = max(range(world), key=lambda r: len(made[r]))
+        fewer = min(range(world), key=lambda r: len(made[r]))
+        if len(made[more]) != len(made[fewer]):
+            done = made[more][len(made[fewer])]["after_step"]
+            when = f"at step {done + 1}" if done else "before the first step"
+            return (f"{call} ran on rank {more} ({when}) but not on rank {fewer}: it is a "
+                    "collective, so every rank calls it (each writes or reads its own shards); do not put it under "
+                    "`if rank == 0:`")
+    return None
 
 
-def _run_file(path: Path, out: Path, scenarios: Sequence[str], reshard_world: int, measured: dict) -> Run:
-    """The launches for one file, in order: the reference (and the run killed for the fresh job), the
-    resume (the fresh job, then the restarts), the reshard. Raises if the uninterrupted run failed."""
-    run, steps = Run(out, reshard_world), RUN["steps"]
-    A, B, C = (str(out / d) for d in "ABC")
-    phases = [dict(name="A", dir=A, steps=steps)]
-    if "fresh" in scenarios:
-        phases.append(dict(name="C", dir=C, steps=steps, kill_step={"0": FRESH_KILL}))
-    err, measured["reference_launch_s"] = _launch(path, out, phases, WORLD, _timeout("reference"))
-    ref = run.final("A")
-    if ref is None:  # the uninterrupted run itself failed: that is the learner's error
-        raise err if err else LaunchError("the uninterrupted run returned no final state")
-    run.ref, run.ref_rec = ref, run.records("A")
-    run.checkpoints = sorted(p.name for p in Path(A).iterdir()) if Path(A).is_dir() else []
-    run.committed = [s for s, _ in complete_checkpoints(A)]
-    run.reached = max((x["step"] for x in run.records("C")[1]), default=0)
-    resume = [dict(name="C", dir=C, steps=steps)] if "fresh" in scenarios and run.reached == FRESH_KILL else []
-    if "restart" in scenarios:
-        resume.append(dict(name="B", dir=B, steps=steps, kill_write={"0": WRITE_KILL}, kill_step={"1": SECOND_KILL}))
-    if resume:
-        run.resume_error, measured["resume_launch_s"] = _launch(
-            path, out, resume, WORLD, _timeout("resume"), max_restarts=2 if "restart" in scenarios else 0)
-    if "reshard" in scenarios:
-        run.reshard_error, _ = _launch(path, out, [dict(name="R", dir=A, steps=steps)], reshard_world,
-                                       _timeout("reshard"))
-    return run
+@mistake("step counter off after resuming")
+def step_shift(run: Run, xs: list[dict], first: bool) -> str | None:
+    s = xs[0]["step"]
+    for k in (1, -1, 2, -2):
+        refs = [run.ref_at(r, s + k) for r in range(len(xs))]
+        if all(a is not None and not _differs(x, a) for x, a in zip(xs, refs)):
+            return (f"{'the first step after resuming' if first else f'step {s}'} was numbered {s}, but it trained "
+                    f"exactly what the uninterrupted run trained at step {s + k} (the same weights, Adam state, "
+                    f"learning rate, RNG state and samples): the checkpoint was written after step {s + k - 1}, so "
+                    f"the step counter is {abs(k)} {'behind' if k > 0 else 'ahead'}. Resume with step = {s + k - 1}, "
+                    f"the number of steps done, so that the next step is {s + k}")
+    return None
+
+
+def _differs(x: dict, a: dict) -> list[str]:
+    """What a step started from that differs between a record ``x`` and the uninterrupted run's ``a``."""
+    p, q = x.get("pre"), a.get("pre")
+    out = [] if x["data"] == a["data"] else ["data"]
+    if p and q:
+        adam = p["adam_step"] != q["adam_step"] or not _close(p["moments"], q["moments"])
+        out += [k for k, bad in (("model", not _close(p["fp"], q["fp"])), ("optimizer", adam),
+                                 ("scheduler", p["lr"] != q["lr"] or x["lr"] != a["lr"]),
+                                 ("rng", p["rng"] != q["rng"])) if bad]
+    return out
+
+
+@mistake("model not restored")
+def model_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if "model" not in _differs(x, a):
+        return None
+    fresh = run.ref_rec[r][0]["pre"] if run.ref_rec[r] else None
+    how = ("the freshly built model's: train the model the checkpoint was loaded into" if fresh and
+           _close(x["pre"]["fp"], fresh["fp"]) else "restore the model")
+    return (f"rank {r} resumed with other weights than the uninterrupted run had before step {x['step']} (sum of "
+            f"its shards {x['pre']['fp']:.9g} vs {a['pre']['fp']:.9g}): {how} (dcp.load into get_state_dict's "
+            "tensors, then set_state_dict)")
+
+
+@mistake("optimizer state not restored")
+def optimizer_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if "optimizer" not in _differs(x, a):
+        return None
+    p, q = x["pre"], a["pre"]
+    what = (f"Adam's step count was {p['adam_step']:g} where the uninterrupted run's was {q['adam_step']:g}"
+            if p["adam_step"] != q["adam_step"] else
+            f"Adam's moments differ (sum {p['moments']:.9g} vs {q['moments']:.9g})")
+    return what + ": save the optimizer's state from get_state_dict(model, optimizer) and load it with set_state_dict"
+
+
+@mistake("data position not restored")
+def data_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if x["data"] == a["data"]:
+        return None
+    same = [y["step"] for y in run.ref_rec[r] if y["data"] == x["data"]]
+    return (f"rank {r} read samples {x['data'][:3]}... instead of {a['data'][:3]}..."
+            + (f" (the samples of step {same[0]})" if same else "")
+            + ": save the data position (sampler epoch and batch offset) and continue from it")
+
+
+@mistake("scheduler not restored")
+def scheduler_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if "scheduler" not in _differs(x, a):
+        return None
+    advice = ": save scheduler.state_dict() and load it on resume"
+    if x["pre"]["lr"] == a["pre"]["lr"]:  # the optimizer's state gave this step's rate back, not the schedule
+        return (f"the learning rate it set for step {x['step'] + 1} was {x['lr']:.6g} instead of {a['lr']:.6g} (the "
+                "optimizer's state restored the current rate, not the schedule)" + advice)
+    same = [y["step"] for y in run.ref_rec[r] if y["pre"] and y["pre"]["lr"] == x["pre"]["lr"]]
+    return (f"the learning rate was {x['pre']['lr']:.6g} instead of {a['pre']['lr']:.6g}"
+            + (f" (the uninterrupted run's at step {same[0]}: the schedule started over)" if same else "") + advice)
+
+
+@mistake("another rank's RNG state restored")
+def other_ranks_rng(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if "rng" not in _differs(x, a):
+        return None
+    for q in range(len(run.ref_rec)):
+        b = run.ref_at(q, x["step"])
+        if q != r and b and b["pre"] and b["pre"]["rng"] == x["pre"]["rng"]:
+            return (f"rank {r}'s RNG state is rank {q}'s, so dropout drew rank {q}'s masks: each rank restores its "
+                    "own rng-rank{R}.pt (the RNG state differs per rank)")
+    return None
+
+
+@mistake("RNG state not restored")
+def rng_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if "rng" not in _differs(x, a) or other_ranks_rng(run, x, a, r):
+        return None
+    return (f"rank {r}'s RNG state differs from the uninterrupted run's, so dropout drew other masks: save each "
+            "rank's torch.get_rng_state() and restore it")
+
+
+COMPONENTS = [model_not_restored, optimizer_not_restored, data_not_restored, scheduler_not_restored,
+              other_ranks_rng, rng_not_restored]
+
+
+def _diagnose(run: Run, got: list[list[dict]]) -> str:
+    """Name what differs from the uninterrupted run at the first step of ``got`` (the resumed records,
+    per rank) where anything does: the step number, or what the step started from, each with numbers."""
+    for i in range(min(map(len, got), default=0)):
+        xs = [g[i] for g in got]
+        refs = [run.ref_at(r, x["step"]) for r, x in enumerate(xs)]
+        if all(a is not None and not _differs(x, a) and _close(x["fp"], a["fp"]) for x, a in zip(xs, refs)):
+            continue
+        if shift := step_shift(run, xs, i == 0):
+            return shift
+        missing = [r for r, a in enumerate(refs) if a is None]
+        if missing:
+            return f"rank {missing[0]} reported step {xs[0]['step']}, which the uninterrupted run never reached"
+        parts = [next((m for r, (x, a) in enumerate(zip(xs, refs)) if (m := cause(run, x, a, r))), None)
+                 for cause in COMPONENTS]
+        if any(parts):
+            return f"at step {xs[0]['step']} " + "; ".join(p for p in parts if p)
+        r = next(r for r, (x, a) in enumerate(zip(xs, refs)) if not _close(x["fp"], a["fp"]))
+        return (f"after step {xs[r]['step']} rank {r}'s parameters differ (sum of its shards {xs[r]['fp']:.9g} vs "
+                f"{refs[r]['fp']:.9g}) although the step started from the same weights, Adam state, learning rate, "
+                "samples and RNG state as the uninterrupted run's")
+    return ""
 
 
 def _same_state(ref: dict, got: dict | None, world: int = WORLD) -> tuple[bool, str]:
@@ -165,78 +306,62 @@ def _same_state(ref: dict, got: dict | None, world: int = WORLD) -> tuple[bool, 
     return True, ""
 
 
-def _diagnose(ref: list[list[dict]], got: list[list[dict]], attempt: int | None = None) -> str:
-    """Name the first thing that differs from the uninterrupted run, step by step, rank by rank."""
-    for rank, (ref_r, got_r) in enumerate(zip(ref, got)):
-        by_step = {x["step"]: x for x in ref_r}
-        for x in got_r:
-            if attempt is not None and x["attempt"] != attempt:
-                continue
-            a, s = by_step.get(x["step"]), x["step"]
-            if a is None:
-                return f"rank {rank} reported step {s}, which the uninterrupted run never reached"
-            wrong = []  # every component that differs, so several mistakes are all named
-            if x["data"] != a["data"]:
-                wrong.append(f"rank {rank} read samples {x['data'][:3]}... instead of {a['data'][:3]}...: save "
-                             "the data position (sampler epoch and batch offset) and continue from it")
-            if x["lr"] != a["lr"]:
-                wrong.append(f"the learning rate was {x['lr']:.6g} instead of {a['lr']:.6g}: save "
-                             "scheduler.state_dict() and load it on resume")
-            if x["rng"] != a["rng"]:
-                wrong.append(f"rank {rank}'s RNG state differs from the uninterrupted run's, so dropout drew "
-                             "other masks: save each rank's torch.get_rng_state() and restore it")
-            if wrong:
-                return f"at step {s} " + "; ".join(wrong)
-            if (x["fp"] != a["fp"]) if _exact(WORLD) else abs(x["fp"] - a["fp"]) > 1e-5 * (1 + abs(a["fp"])):
-                return (f"after step {s} rank {rank}'s parameters differ (sum of its shards {x['fp']:.9g} vs "
-                        f"{a['fp']:.9g}) although data, LR and RNG match: restore model and optimizer with "
-                        "dcp.load into get_state_dict's tensors, then set_state_dict")
-    return ""
+@mistake("checkpoints not pruned")
+def not_pruned(run: Run) -> str | None:
+    steps = RUN["steps"]
+    want = list(range(steps, 0, -RUN["save_every"]))[:RUN["keep"]][::-1]
+    if run.committed == want and len(run.checkpoints) == len(want):
+        return None
+    return (f"after {steps} steps saving every {RUN['save_every']} with keep={RUN['keep']} the directory holds "
+            f"{run.checkpoints}, expected the committed steps {want} only: call prune(root, keep) on rank 0 after "
+            "each commit")
 
 
 @criterion("keeps only the last K checkpoints", points=1)
 def keeps_last_k(run: Run) -> Verdict:
-    steps = RUN["steps"]
-    want = list(range(steps, 0, -RUN["save_every"]))[:RUN["keep"]][::-1]
-    if run.committed == want and len(run.checkpoints) == len(want):
-        return passed(f"kept steps {run.committed}")
-    return failed(f"after {steps} steps saving every {RUN['save_every']} with keep={RUN['keep']} the directory "
-                  f"holds {run.checkpoints}, expected the committed steps {want} only: call prune(root, keep) on "
-                  "rank 0 after each commit")
+    return failed(why) if (why := not_pruned(run)) else passed(f"kept steps {run.committed}")
 
 
 @criterion("a fresh job resumes exactly", points=2)
 def fresh_job_resumes(run: Run) -> Verdict:
     got = run.final("C")
     ok, why = _same_state(run.ref, got)
-    if ok and run.reached == FRESH_KILL:
+    if ok and run.reached == FRESH_STOP:
         return passed("bit-identical to the uninterrupted run" if _exact(WORLD) else "within tolerance")
-    if run.reached != FRESH_KILL:
-        why = f"the run to be killed at step {FRESH_KILL} stopped at step {run.reached}"
+    if run.reached != FRESH_STOP:
+        why = f"the run to be stopped after step {FRESH_STOP} stopped at step {run.reached}"
     elif got is None:
-        why = f"the fresh job failed: {run.phase_error('C') or run.resume_error}"
+        cause = one_sided_collective(run, "C", tag="resume") or run.phase_error("C") or run.resume_error
+        why = f"the fresh job failed: {cause}"
     else:
-        why = _diagnose(run.ref_rec, run.records("C")) or why
-    return failed(f"killed rank 1 after step {FRESH_KILL} and started a new job on the same directory: {why}")
+        why = _diagnose(run, run.records("C", tag="resume")) or why
+    return failed(f"stopped the job after step {FRESH_STOP} and started a new one on the same directory: {why}")
+
+
+@mistake("an interrupted write loaded (no staging and commit)")
+def interrupted_write_loaded(run: Run) -> str | None:
+    att1 = run.attempt_steps(1)
+    if att1 and att1[0] == RESUMED_FROM + 1:
+        return None
+    err = run.restart_error()
+    seen = f"it resumed at step {att1[0]}" if att1 else f"it never trained again ({err})" if err else "no steps ran"
+    return (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, which "
+            f"should resume from step {RESUMED_FROM}, but {seen}. Write into staging_path(), commit() on rank 0 "
+            "after a barrier, and load only latest_complete()")
 
 
 @criterion("an interrupted write is never loaded", points=2)
 def interrupted_write_never_loaded(run: Run) -> Verdict:
-    att1 = run.attempt_steps(1)
-    if att1 and att1[0] == RESUMED_FROM + 1:
-        return passed(f"killed inside step {INTERRUPTED}'s write; resumed from step {RESUMED_FROM}")
-    err = run.restart_error()
-    seen = f"it resumed at step {att1[0]}" if att1 else f"it never trained again ({err})" if err else "no steps ran"
-    return failed(f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the "
-                  f"job, which should resume from step {RESUMED_FROM}, but {seen}. Write into staging_path(), "
-                  "commit() on rank 0 after a barrier, and load only latest_complete()")
+    if why := interrupted_write_loaded(run):
+        return failed(why)
+    return passed(f"killed inside step {INTERRUPTED}'s write; resumed from step {RESUMED_FROM}")
 
 
 @criterion("torchrun --max-restarts resumes exactly", points=2)
 def restart_resumes(run: Run) -> Verdict:
     # Attempt 1 must match the uninterrupted run step by step until it is killed again.
     att1 = run.attempt_steps(1)
-    diag = _diagnose(run.ref_rec, run.records("B"), attempt=1)
+    diag = _diagnose(run, run.records("B", attempt=1))
     if att1 and att1[-1] == SECOND_KILL and not diag:
         return passed(f"steps {att1[0]}-{SECOND_KILL} identical to the uninterrupted run")
     return failed(diag or f"not checked: the first restart did not run to step {SECOND_KILL} "
@@ -249,7 +374,7 @@ def two_crashes(run: Run) -> Verdict:
     err = run.restart_error()
     if ok and err is None:
         return passed("final weights and Adam state identical after resuming twice")
-    return failed(_diagnose(run.ref_rec, run.records("B"), attempt=2) or why or str(err))
+    return failed(_diagnose(run, run.records("B", attempt=2)) or why or str(err))
 
 
 @criterion("resumes at world size {reshard_world} from a {world}-rank checkpoint", points=2)
@@ -257,7 +382,7 @@ def reshards(run: Run) -> Verdict:
     got, err = run.final("R"), run.reshard_error
     ok, why = _same_state(run.ref, got, run.reshard_world)
     if err is not None:
-        ok, why = False, f"the job failed: {err}"
+        ok, why = False, f"the job failed: {one_sided_collective(run, 'R', run.reshard_world) or err}"
     elif got is not None and (got["step"], got["lr"]) != (run.ref["step"], run.ref["lr"]):
         ok, why = False, (f"it came back at step {got['step']} with lr {got['lr']:.6g}, expected step "
                           f"{run.ref['step']} and lr {run.ref['lr']:.6g}")
@@ -277,19 +402,37 @@ def criteria(scenarios: Sequence[str] = SCENARIOS) -> list:
     return [keeps_last_k] + [fn for s in SCENARIOS if s in scenarios for fn in SCENARIO_CRITERIA[s]]
 
 
-def grade(paths: Sequence[Path], scenarios: tuple[str, ...] = SCENARIOS,
-          reshard_world: int = RESHARD_WORLD) -> list[ExerciseReport]:
-    """Grade the files at ``paths``; tests pass fewer ``scenarios`` or a cheaper ``reshard_world``.
+def _failure(run: Run, path: Path, err: LaunchError | None) -> str:
+    """Why the uninterrupted run failed: a one-sided collective, else the error as run_one explains it."""
+    from ..run_one import explain
+    cause = one_sided_collective(run, "A") or one_sided_collective(run, "C", tag="first")
+    if err is None:
+        return cause or "the uninterrupted run returned no final state"
+    if cause:
+        raw = f"rank {err.rank} raised {err.exc_type}: {err.exc_message.strip()[:300]}" if isinstance(
+            err, RankFailure) else str(err)
+        return f"{cause}\n  ({raw})"
+    return explain(err, path, KNOWN_ERRORS)
 
-    One file after the other, each with its own launches: every launch kills a rank (and with it the
-    job) on purpose, and torchrun restarts the whole job, so files cannot share a launch. A subset of
-    scenarios still scores out of ``max_score`` (scale_to).
+
+def grade(paths: Sequence[Path], scenarios: tuple[str, ...] = SCENARIOS, reshard_world: int = RESHARD_WORLD,
+          scenarios_of: Sequence[tuple[str, ...]] | None = None) -> list[ExerciseReport]:
+    """Grade the files at ``paths``; tests pass fewer ``scenarios`` (``scenarios_of``: per file) or a
+    cheaper ``reshard_world``. A subset of scenarios still scores out of ``max_score`` (scale_to).
+
+    The files share the reference, fresh-job and reshard launches; each file with the restart
+    scenario has a resume launch of its own, since torchrun restarts the whole job after a kill.
     """
-    reports = []
-    for path in paths:
-        report = EXERCISE.new_report()
-        with tempfile.TemporaryDirectory(prefix="ex05-") as tmp:
-            run = _run_file(Path(path), Path(tmp), scenarios, reshard_world, report.measurements)
-            report.judge(criteria(scenarios), run, world=WORLD, reshard_world=reshard_world)
-        reports.append(report.scale_to())
-    return reports
+    wanted = [tuple(s) for s in scenarios_of] if scenarios_of else [tuple(scenarios)] * len(paths)
+    reports = [EXERCISE.new_report() for _ in paths]
+    with tempfile.TemporaryDirectory(prefix="ex05-") as tmp:
+        runs = [Run(Path(tmp) / f"file{i}", reshard_world) for i in range(len(paths))]
+        launched = run_scenarios([str(p) for p in paths], [str(r.out) for r in runs], wanted, reshard_world, _timeout)
+        for path, report, run, sc, got in zip(paths, reports, runs, wanted, launched):
+            report.measurements.update({k: v for k, v in got.items() if k.endswith("_s")})
+            run.resume_error, run.reshard_error = got.get("resume"), got.get("reshard")
+            if run.load_reference():
+                report.judge(criteria(sc), run, world=WORLD, reshard_world=reshard_world)
+            else:
+                report.did_not_run(_failure(run, Path(path), got.get("reference")))
+    return [r.scale_to() for r in reports]

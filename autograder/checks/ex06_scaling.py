@@ -16,6 +16,27 @@ rank's last step; every rank must return the same figure (compared exactly:
 a broadcast or a MAX all-reduce copies it bit for bit). Then the learner's benchmark runs on the real model at
 each world size; its figures, efficiency, JSON and plot are reported, never
 judged by speed (a 2-core machine running 4 workers is oversubscribed).
+
+The rank side (``_ex06_probes``) also records, from the learner's file, each clock read and
+collective in ``measure_throughput`` (with the steps done at that moment), and whether the real
+step made and called a DistributedDataParallel wrapper: a cause is named on that evidence, and on
+the figure's ratio to the truth only where the evidence is missing.
+
+| mistake | message |
+|---|---|
+| CPU time measured instead of wall-clock time | "you timed with time.process_time(), which counts ... CPU time ..." |
+| the ranks' elapsed times summed (all_reduce's default SUM) | "you all-reduced the elapsed time with SUM ..." |
+| counted one rank's samples | "you counted one rank's samples: the 2 ranks trained 512 ..." |
+| clock stopped without a barrier (rank 0's own time) | "that is rank 0's own time (0.24 s) while ... 0.36 s: ..." |
+| warm-up steps timed | "your window (0.44 s) includes the 2 slow warm-up steps: ..." |
+| warm-up steps' samples counted | "that is (2 + 8) / 8: you counted the samples of the 2 warm-up steps too" |
+| a different figure on every rank | "rank 1 returned 1,420.3 samples/s but rank 0 returned 1,776.0: ..." |
+| the step does not use DDP | "... (they started from different weights, and no DistributedDataParallel was made)" |
+| forward called on the inner module, bypassing DDP | "... but no forward went through the wrapper ..." |
+| efficiency as the speed-up (not divided by W) | "you returned 1.8 at 2 workers, the speed-up ...: divides it by 2" |
+| a Python float passed to a collective | (TypeError "Expected parameter `tensor` ...") "collectives work on tensors" |
+| the process group initialised again in the benchmark | (ValueError "... initialize ... twice") "..." |
+| a CPU tensor in an NCCL collective | (RuntimeError "No backend type associated with device type cpu") "..." |
 """
 from __future__ import annotations
 
@@ -30,6 +51,7 @@ import torch
 
 from distlab.timing import cpu_cores
 
+from ..diagnosis import KnownError, diagnose, mistake
 from ..grading import launch_files, launch_timeout
 from ..parity import parity
 from ..registry import Exercise
@@ -40,6 +62,17 @@ EXERCISE = Exercise(number=6, name="scaling", filename="ex06_scaling.py", max_sc
 WORLD_SIZES = (1, 2, 4)
 REAL = dict(batch_size=128, hidden=256, warmup=5, iters=30, lr=0.01)
 TOL = 0.10
+KNOWN_ERRORS = [
+    KnownError("a Python float passed to a collective", r"Expected parameter `tensor` of type torch\.Tensor",
+               "collectives work on tensors: put the elapsed time in one (torch.tensor(elapsed, dtype=torch.float64, "
+               "device=distlab.device())), all-reduce or broadcast it, then read it back with .item()"),
+    KnownError("the process group initialised again in the benchmark",
+               r"trying to initialize the default process group twice",
+               "the grader (and bench_rank) already made the process group: measure_throughput and make_ddp_step "
+               "use it, they do not call init_process_group"),
+    KnownError("a CPU tensor in an NCCL collective", r"No backend type associated with device type cpu",
+               "under NCCL a collective's tensor must be on the rank's GPU: create it with device=distlab.device()"),
+]
 
 
 @dataclass
@@ -63,22 +96,104 @@ class WorldRun:
         return {"truth": samples / window.item(), "window": window.item(), "rank0_alone": rank0_alone.item(),
                 "with_warmup": with_warmup.item(), "samples": samples}
 
+    def ratio(self) -> float:
+        """Rank 0's figure over the truth."""
+        return self.ranks[0]["reported"] / self.truth()["truth"]
 
-def _diagnosis(world: int, got: float, t: dict) -> str:
-    """Which classic mistake the reported figure ``got`` matches, from the truth ``t`` of the step logs."""
-    ratio = got / t["truth"]
-    if world > 1 and abs(ratio * world - 1) <= TOL:
-        return "you counted one rank's samples: multiply by the world size (every rank trains its own batch)"
-    if ratio > 1 + TOL and abs(got / (t["samples"] / t["rank0_alone"]) - 1) <= TOL:
-        return (f"that is rank 0's own time ({t['rank0_alone']:.3f} s) while the slowest rank took "
-                f"{t['window']:.3f} s: call dist.barrier() (and torch.cuda.synchronize() on a GPU) before "
-                "starting and before stopping the clock, so the window covers every rank's steps")
-    if ratio < 1 - TOL and abs(got / (t["samples"] / t["with_warmup"]) - 1) <= TOL:
-        return (f"your window ({t['with_warmup']:.3f} s) includes the {SYNTH['warmup']} slow warm-up steps: "
-                "start the clock after the warm-up, behind a barrier")
-    if ratio > 1:
-        return "your window is shorter than the time the ranks spent on the timed steps"
-    return "your window is longer than the timed steps: time only the iters steps, after the warm-up"
+    def events(self, kind: str | None = None) -> list[dict]:
+        """Rank 0's clock reads and collectives in ``measure_throughput``, in order (``kind``: one of them)."""
+        return [e for e in self.ranks[0].get("method", []) if kind is None or e["kind"] == kind]
+
+
+def _near(a: float, b: float, rel: float = TOL / 2) -> bool:
+    return abs(a - b) <= rel * abs(b)
+
+
+def _window(run: WorldRun) -> float:
+    """The window rank 0's figure implies: every rank's timed samples over it."""
+    return run.truth()["samples"] / run.ranks[0]["reported"]
+
+
+@mistake("CPU time measured instead of wall-clock time")
+def cpu_clock(run: WorldRun) -> str | None:
+    cpu = sorted({e["name"] for e in run.events("clock")} & {"process_time", "process_time_ns", "thread_time",
+                                                              "thread_time_ns"})
+    if cpu and run.ratio() > 1 + TOL:
+        return (f"you timed with time.{cpu[0]}(), which counts this process's CPU time ({_window(run):.3f} s), not "
+                f"the {run.truth()['window']:.3f} s of wall-clock time the steps took (waiting for a GPU, the "
+                "network or the other ranks uses no CPU): use time.perf_counter()")
+    return None
+
+
+@mistake("the ranks' elapsed times summed (all_reduce's default SUM)")
+def summed_clocks(run: WorldRun) -> str | None:
+    summed = [e for e in run.events("collective") if e["name"] == "all_reduce" and e.get("op") == "SUM"]
+    if run.world > 1 and summed and _near(run.ratio() * run.world, 1):
+        return (f"you all-reduced the elapsed time with SUM (all_reduce's default), adding the {run.world} ranks' "
+                f"clocks: a window of {_window(run):.3f} s for steps that took {run.truth()['window']:.3f} s. "
+                "Pass op=dist.ReduceOp.MAX (the slowest rank's time), or broadcast rank 0's")
+    return None
+
+
+@mistake("counted one rank's samples")
+def one_rank_samples(run: WorldRun) -> str | None:
+    if run.world > 1 and _near(run.ratio() * run.world, 1):
+        return (f"you counted one rank's samples: the {run.world} ranks trained {run.truth()['samples']} "
+                "(world_size * batch_size * iters): multiply by the world size (every rank trains its own batch)")
+    return None
+
+
+@mistake("warm-up steps timed")
+def warmup_timed(run: WorldRun) -> str | None:
+    t, reads, k = run.truth(), run.events("clock"), SYNTH["warmup"]
+    started = reads[0]["steps"] if reads else None
+    looks_so = _near(run.ranks[0]["reported"], t["samples"] / t["with_warmup"], TOL)
+    if run.ratio() < 1 - TOL and (started is not None and started < k or started is None and looks_so):
+        slow = k - (started or 0)
+        return (f"your window ({_window(run):.3f} s) includes the {slow} slow warm-up steps"
+                + (f" (you read the clock after {started} of the {k})" if started else "")
+                + ": start the clock after the warm-up, behind a barrier")
+    return None
+
+
+@mistake("warm-up steps' samples counted")
+def warmup_samples(run: WorldRun) -> str | None:
+    k, n = SYNTH["warmup"], SYNTH["iters"]
+    if _near(run.ratio(), (k + n) / n, 0.04):
+        return (f"that is ({k} + {n}) / {n}: you counted the samples of the {k} warm-up steps too, but did not "
+                "time them: count world_size * batch_size * iters")
+    return None
+
+
+@mistake("clock stopped without a barrier (rank 0's own time)")
+def no_barrier(run: WorldRun) -> str | None:
+    t, events = run.truth(), run.events()
+    reads = [i for i, e in enumerate(events) if e["kind"] == "clock"]
+    total = SYNTH["warmup"] + SYNTH["iters"]
+    if run.world == 1 or run.ratio() <= 1 + TOL:
+        return None
+    if reads:  # evidence: nothing synchronised the ranks between rank 0's last step and its last clock read
+        if any(e["kind"] == "collective" and e["steps"] == total for e in events[:reads[-1]]):
+            return None
+    elif not _near(run.ranks[0]["reported"], t["samples"] / t["rank0_alone"], TOL):
+        return None
+    return (f"that is rank 0's own time ({t['rank0_alone']:.3f} s) while the slowest rank took {t['window']:.3f} s"
+            + (": rank 0 read the clock after its last step with no barrier in between" if reads else "")
+            + ": call dist.barrier() (and torch.cuda.synchronize() on a GPU) before starting and before stopping "
+            "the clock, so the window covers every rank's steps")
+
+
+@mistake("a different figure on every rank")
+def figure_per_rank(run: WorldRun) -> str | None:
+    got, apart = run.ranks[0]["reported"], [r for r in run.ranks[1:] if r["reported"] != run.ranks[0]["reported"]]
+    if apart:
+        return (f"rank {apart[0]['rank']} returned {apart[0]['reported']:,.1f} samples/s but rank 0 returned "
+                f"{got:,.1f}: return the same figure on every rank (broadcast rank 0's elapsed time, or all-reduce "
+                "it with MAX, before dividing)")
+    return None
+
+
+METHOD_CAUSES = [cpu_clock, summed_clocks, one_rank_samples, no_barrier, warmup_timed, warmup_samples]
 
 
 # Worth 2 at each of the three world sizes a learner is graded at (6 of 10 for the method).
@@ -88,20 +203,18 @@ def throughput_within_tolerance(run: WorldRun) -> Verdict:
     bad = [(r["rank"], len(r["times"])) for r in run.ranks if len(r["times"]) != want]
     if bad:
         return failed(f"step() was called {bad[0][1]} times on rank {bad[0][0]}; expected warmup + iters = {want}")
-    t, got = run.truth(), run.ranks[0]["reported"]
-    ratio = got / t["truth"]
+    t, got, ratio = run.truth(), run.ranks[0]["reported"], run.ratio()
     measured = {f"W{run.world}_synthetic_reported_over_truth": round(ratio, 3)}
-    cause = (f"you reported {got:,.0f} samples/s at {run.world} rank(s); the ranks trained {t['samples']} "
-             f"samples in {t['window']:.3f} s, {t['truth']:,.0f} samples/s (ratio {ratio:.2f}): "
-             f"{_diagnosis(run.world, got, t)}")
-    apart = [r for r in run.ranks[1:] if r["reported"] != got]
-    if apart:
-        return failed(f"rank {apart[0]['rank']} returned {apart[0]['reported']:,.1f} samples/s but rank 0 "
-                      f"returned {got:,.1f}: return the same figure on every rank (broadcast rank 0's elapsed "
-                      f"time, or all-reduce it with MAX, before dividing); " + cause, **measured)
-    if abs(ratio - 1) <= TOL:
+    if abs(ratio - 1) <= TOL and not figure_per_rank(run):
         return passed(f"ratio to the truth {ratio:.3f}, the same figure on every rank", **measured)
-    return failed(cause, **measured)
+    why = diagnose(METHOD_CAUSES, run) if abs(ratio - 1) > TOL else ""
+    if not why and abs(ratio - 1) > TOL:
+        why = ("your window is shorter than the time the ranks spent on the timed steps" if ratio > 1 else
+               "your window is longer than the timed steps: time only the iters steps, after the warm-up")
+    cause = (f"you reported {got:,.0f} samples/s at {run.world} rank(s); the ranks trained {t['samples']} samples "
+             f"in {t['window']:.3f} s, {t['truth']:,.0f} samples/s (ratio {ratio:.2f})" + (f": {why}" if why else ""))
+    apart = figure_per_rank(run)
+    return failed(f"{apart}; {cause}" if apart else cause, **measured)
 
 
 METHOD_CRITERIA = [throughput_within_tolerance]  # judged at every world size
@@ -132,12 +245,36 @@ def _untrained(run: WorldRun) -> str:
         return f"make_ddp_step raised {first['step_error']}"
     if all(torch.equal(first["initial"][k], first["final"][k]) for k in first["final"]):
         return "the parameters did not change: the step must run forward, backward and optimizer.step()"
+    return diagnose([no_ddp, inner_forward], run) or ""
+
+
+def _apart(run: WorldRun) -> tuple[int, float] | None:
+    """The first rank whose parameters differ from rank 0's after the real benchmark, and by how much."""
     for r in run.ranks[1:]:
-        diff = parity(r["final"], first["final"], rtol=0, atol=0).max_abs_diff
+        diff = parity(r["final"], run.ranks[0]["final"], rtol=0, atol=0).max_abs_diff
         if diff > 0:
-            return (f"at {run.world} workers rank {r['rank']}'s parameters differ from rank 0's by up to "
-                    f"{diff:.3g}: wrap the model in DistributedDataParallel")
-    return ""
+            return r["rank"], diff
+    return None
+
+
+@mistake("the step does not use DDP")
+def no_ddp(run: WorldRun) -> str | None:
+    apart = _apart(run)
+    if apart and not run.ranks[0].get("ddp_wrapped"):
+        return (f"at {run.world} workers rank {apart[0]}'s parameters differ from rank 0's by up to {apart[1]:.3g} "
+                "(they started from different weights, and no DistributedDataParallel was made): wrap the model in "
+                "DistributedDataParallel, which broadcasts rank 0's weights and averages every step's gradients")
+    return None
+
+
+@mistake("forward called on the inner module, bypassing DDP")
+def inner_forward(run: WorldRun) -> str | None:
+    apart, first = _apart(run), run.ranks[0]
+    if apart and first.get("ddp_wrapped") and not first.get("ddp_forwards"):
+        return (f"at {run.world} workers rank {apart[0]}'s parameters differ from rank 0's by up to {apart[1]:.3g}: "
+                "the model was wrapped in DistributedDataParallel, but no forward went through the wrapper "
+                "(ddp.module(x) skips the gradient all-reduce): call ddp(x)")
+    return None
 
 
 @criterion("the real step trains with DDP", points=2)
@@ -156,7 +293,18 @@ def efficiency_against_linear(bench: Benchmark) -> Verdict:
         return passed()
     if obs.get("efficiency_error"):
         return failed(f"scaling_efficiency raised {obs['efficiency_error']}")
-    return failed(f"for throughputs {thr} expected {ref}, got {eff}: efficiency is throughput[W] / (W * throughput[1])")
+    return failed(speedup(thr, eff) or f"for throughputs {thr} expected {ref}, got {eff}: efficiency is "
+                  "throughput[W] / (W * throughput[1])")
+
+
+@mistake("efficiency as the speed-up (not divided by W)")
+def speedup(thr: dict, eff: dict | None) -> str | None:
+    if 1 in thr and eff and set(eff) == set(thr) and all(_near(eff[w], thr[w] / thr[1], 1e-6) for w in thr):
+        w = max(thr)
+        return (f"you returned {eff[w]:.3g} at {w} workers, the speed-up throughput[{w}] / throughput[1]: the "
+                f"efficiency divides it by {w} as well, throughput[W] / (W * throughput[1]) = "
+                f"{thr[w] / (w * thr[1]):.3g} (1 at linear scaling)")
+    return None
 
 
 def _read_back(files: dict, throughput: dict) -> str:
