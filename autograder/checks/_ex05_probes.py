@@ -40,6 +40,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from distlab import LaunchError, init_distributed, torchrun
 from distlab.data import RecordingDataset, synthetic_classification
 
+from .. import progress
 from ..harness import CapturedPrints, echo, load_learner
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
@@ -229,15 +230,17 @@ def rank_main(paths: list[str], outdirs: list[str], phases: list[list[dict]]) ->
 
 
 def _launch(paths: Sequence[str], outdirs: Sequence[str], phases: list[list[dict]], world: int, timeout: float,
-            max_restarts: int = 0) -> tuple[LaunchError | None, float]:
+            max_restarts: int = 0, label: str = "") -> tuple[LaunchError | None, float]:
     """One launch of each file's phases; a killed job is expected, so its error is returned, not raised."""
-    t = time.perf_counter()
-    try:
-        torchrun(rank_main, world, args=(list(paths), list(outdirs), phases), timeout=timeout,
-                 max_restarts=max_restarts)
-    except LaunchError as exc:
-        return exc, round(time.perf_counter() - t, 2)
-    return None, round(time.perf_counter() - t, 2)
+    t, error = time.perf_counter(), None
+    files = f" for {len(paths)} files" if len(paths) > 1 else ""
+    with progress.step(f"[W={world}] {label} launch, torchrun{files}"):
+        try:
+            torchrun(rank_main, world, args=(list(paths), list(outdirs), phases), timeout=timeout,
+                     max_restarts=max_restarts)
+        except LaunchError as exc:
+            error = exc
+    return error, round(time.perf_counter() - t, 2)
 
 
 def _batch(files: Sequence[int], paths, outdirs, phases: Callable[[int], list[dict]], world: int, launch: str,
@@ -247,7 +250,7 @@ def _batch(files: Sequence[int], paths, outdirs, phases: Callable[[int], list[di
     todo = list(files)
     while todo:
         err, wall_s = _launch([paths[i] for i in todo], [outdirs[i] for i in todo], [phases(i) for i in todo],
-                              world, timeout(launch, len(todo)))
+                              world, timeout(launch, len(todo)), label=launch)
         ended = [all((Path(outdirs[i]) / (f"{p['name']}-stopped" if "stop_step" in p else f"{p['name']}-final.pt"))
                      .exists() for p in phases(i)) for i in todo]
         for i in todo:
@@ -285,7 +288,7 @@ def run_scenarios(paths: Sequence[str], outdirs: Sequence[str], wanted: Sequence
         phases = [resume(i) + ([b] if i == j else []) for i in files]
         out[j]["resume"], out[j]["resume_launch_s"] = _launch(
             [paths[i] for i in files], [outdirs[i] for i in files], phases, WORLD, timeout("resume", len(files)),
-            max_restarts=2)
+            max_restarts=2, label="restart")
     if guests and not restart:
         _batch(guests, paths, outdirs, resume, WORLD, "resume", timeout, out)
     reshard = [i for i in live if "reshard" in wanted[i]]
