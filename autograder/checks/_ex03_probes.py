@@ -1,4 +1,4 @@
-"""Rank-side instruments of the exercise 3 check, and the references the grader compares with.
+"""Rank-side instruments of the exercise 3 check (what they run on, and the references: ``_ex03_workloads``).
 
 Everything here observes; verdicts are computed in ``ex03_amp``. Each part is
 run separately, so a learner who finished ``train_step`` but not the
@@ -13,9 +13,9 @@ measuring functions still gets the marks for the step:
   norm it steps with, and whether a batch with an ``inf`` changed the weights
   (the first step and the ``inf`` step each on their own, so a missing
   ``scaler.update()``, which makes the second raise, still shows the first's order);
-* ``compare`` runs on :class:`distlab.timing.SimulatedWorkload` s under a
+* ``compare`` runs on the simulated workloads of ``_ex03_workloads`` under a
   :class:`distlab.timing.VirtualClock` (``CASES``, whose truths are
-  ``CASES_TRUTH`` and ``MEMORY_TRUTH``), then on the real model;
+  ``CASES_TRUTH`` and ``MEMORY_TRUTH``), then on the real model (``REAL_MODEL``);
 * ``ANSWERS`` records which graded functions are the runtime's copies (see :func:`observe`).
 """
 from __future__ import annotations
@@ -27,70 +27,26 @@ import torch
 from torch import nn
 
 from distlab import device as rank_device
-from distlab.data import digits
 from distlab.memory import peak_memory
 from distlab.models import cpu_state, make_mlp
 from distlab.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ..answers import RuntimeCopies
 from ..harness import CapturedPrints, echo, load_learner
+from ._ex03_workloads import CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, SharedViews, batches
+# Re-exported: ex03_amp, _ex03_causes and the tests read them as probes.NAME.
+from ._ex03_workloads import (BATCH, CASE_TITLES, CASES_TRUTH, MEMORY_TRUTH, SHARED, STEPS,  # noqa: F401
+                              reference_fp32)
 
-STEPS, BATCH, LR, MAX_NORM = 12, 64, 0.1, 0.05  # MAX_NORM: small enough that every step clips
-MODEL = dict(hidden=64)
 # The real model whose bf16 speedup is reported (graded on a GPU with bf16 tensor cores), per device type.
 REAL_MODEL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
               "cuda": dict(in_features=1024, hidden=4096, depth=4, batch=4096)}
-WARMUP, MIN_RUN_TIME = 3, 0.2
 # The runtime's working copies of the graded measuring functions (the notebooks use them): resolved
 # here, when the rank imports this module, before any learner file is loaded.
 ANSWERS = RuntimeCopies({
     "median_seconds": ("distlab.timing.median_seconds", "distlab.timing.distributed_median_seconds"),
     "saved_bytes": ("distlab.memory.saved_tensor_bytes", "distlab.memory.saved_tensor_bytes_by_kind"),
 })
-# Simulated workloads: (baseline kwargs, candidate kwargs); costs in seconds on a virtual clock.
-_B = dict(saved_bytes=40_000)  # every workload saves something, so any memory_ratio is defined
-# The steady candidate's backward keeps one 100,000-byte storage alive through 2 saved views of a quarter
-# of it each (SharedViews): counted per storage 100,000 bytes (ratio 0.25); the storage once per saved
-# tensor 200,000 (0.5); each view's own size 50,000 (0.125); one view's size per storage 25,000 (0.0625).
-SHARED = dict(storage=100_000, views=2, view=25_000)
-
-
-class SharedViews(SimulatedWorkload):
-    """A workload whose backward keeps one float32 storage of ``storage`` bytes alive through ``views``
-    saved views of a quarter of it each, none of them the whole: ``y = w * 2`` saves nothing (a product
-    with a number), and each ``sin`` saves its input, a view of ``y``."""
-
-    def __init__(self, clock: VirtualClock, seconds: float, *, storage: int, views: int, **kwargs) -> None:
-        super().__init__(clock, seconds, **kwargs)
-        self.storage, self.n_views = storage, views
-
-    def __call__(self) -> torch.Tensor:
-        super().__call__()  # the cost on the clock (no saved_bytes: nothing saved there)
-        y = torch.ones(self.storage // 4, dtype=torch.float32, requires_grad=True) * 2
-        q = y.numel() // 4
-        return sum(y[i * q:(i + 1) * q].sin().sum() for i in range(self.n_views))
-
-
-CASES = {
-    "steady": (dict(seconds=0.020, saved_bytes=400_000),
-               dict(seconds=0.008, storage=SHARED["storage"], views=SHARED["views"])),
-    "warmup": (dict(seconds=0.020, **_B), dict(seconds=0.010, slow_calls=WARMUP, slow_seconds=1.0, **_B)),
-    "async": (dict(seconds=0.030, asynchronous=True, **_B), dict(seconds=0.012, asynchronous=True, **_B)),
-    "outliers": (dict(seconds=0.020, **_B), dict(seconds=0.005, outlier_every=4, outlier_seconds=0.200, **_B)),
-}
-MEMORY_TRUTH = 0.25
-CASES_TRUTH = {
-    "steady": (2.5, "time with torch.utils.benchmark.Timer (or perf_counter) and divide baseline by candidate"),
-    "warmup": (2.0, f"this workload's first {WARMUP} calls take 1 s each, like a real step's first calls "
-                    "(allocator, kernel selection, caches): call fn(); sync() `warmup` times before timing"),
-    "async": (2.5, "this workload returns before its work is done, like a CUDA kernel launch: time "
-                   "`fn(); sync()` together, not fn() alone"),
-    "outliers": (4.0, "one call in four takes 40x longer (a noisy neighbour): report the median per call, "
-                      "not the mean"),
-}
-CASE_TITLES = {"steady": "speedup of a steady workload (direction: baseline / candidate)",
-               "warmup": "slow first calls are warmed up", "async": "asynchronous work is synchronised",
-               "outliers": "outliers do not drag the result (median)"}
 
 
 def _attempt(fn) -> dict:
@@ -99,32 +55,6 @@ def _attempt(fn) -> dict:
     except Exception as exc:  # the verdict explains it; one broken part must not hide the others
         last = traceback.extract_tb(exc.__traceback__)[-1]
         return {"error": f"{type(exc).__name__}: {str(exc)[:300]} (line {last.lineno}: {last.line})"}
-
-
-@functools.lru_cache(maxsize=1)
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    return digits(STEPS * BATCH).tensors
-
-
-def batches(device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    x, y = _data()
-    return [(x[i:i + BATCH].to(device), y[i:i + BATCH].to(device)) for i in range(0, STEPS * BATCH, BATCH)]
-
-
-@functools.lru_cache(maxsize=1)  # the grading process compares every file it grades with it
-def reference_fp32() -> tuple[list[float], dict]:
-    """The float32 step done here, in one process: losses and final weights (do not modify them)."""
-    model = make_mlp(seed=3, **MODEL)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
-    for x, y in batches(torch.device("cpu")):
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-        opt.step()
-        losses.append(loss.item())
-    return losses, cpu_state(model)
 
 
 def _norm(tensors) -> float:

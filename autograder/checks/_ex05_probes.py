@@ -50,6 +50,8 @@ SCENARIOS = ("fresh", "restart", "reshard")
 FRESH_STOP = 5                 # fresh-job scenario: stopped after step 5, resumes from step 3
 WRITE_KILL = 2                 # restart scenario, attempt 0: killed inside the 2nd checkpoint write (step 6)
 SECOND_KILL = 8                # restart scenario, attempt 1: killed after step 8, resumes from step 6
+RESUMED_FROM = RUN["save_every"] * (WRITE_KILL - 1)  # the last checkpoint committed before the killed write
+INTERRUPTED = RUN["save_every"] * WRITE_KILL         # the step whose checkpoint write was killed
 COLLECTIVES = {dcp: ("save", "load", "async_save"),
                dcp_state: ("get_state_dict", "set_state_dict", "get_model_state_dict", "get_optimizer_state_dict",
                            "set_model_state_dict", "set_optimizer_state_dict")}

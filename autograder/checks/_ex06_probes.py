@@ -21,6 +21,7 @@ from ..harness import CapturedPrints, echo, load_learner
 
 SYNTH = dict(batch_size=32, warmup=2, iters=8)
 STEP_S, WARMUP_STEP_S, SLOWER_PER_RANK = 0.03, 0.1, 0.5
+TOL = 0.10  # the grader's tolerance on the figure: these step times move each mistake's far outside it
 CLOCKS = ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns", "process_time",
           "process_time_ns", "thread_time", "thread_time_ns")
 COLLECTIVES = ("barrier", "all_reduce", "broadcast", "all_gather", "all_gather_object", "reduce", "gather")

@@ -46,16 +46,21 @@ from typing import Sequence
 
 import torch
 
-from distlab import LaunchError, RankFailure, pick_backend
+from distlab import LaunchError, RankFailure
 from distlab.checkpoint import complete_checkpoints
 
-from ..diagnosis import KnownError, mistake
 from ..grading import launch_timeout
 from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from ._ex05_probes import (FRESH_STOP, RUN, SCENARIOS, SECOND_KILL, WORLD, WRITE_KILL,  # noqa: F401 (rank_main:
-                           rank_main, run_scenarios)                                 # every check has one)
+from ._ex05_causes import KNOWN_ERRORS, diagnose_resume, exact
+# By name, so that this module declares them (diagnosis.declared_mistakes looks here), also those only
+# diagnose_resume asks for.
+from ._ex05_causes import (data_not_restored, interrupted_write_loaded, model_not_restored,  # noqa: F401 (declared)
+                           not_pruned, one_sided_collective, optimizer_not_restored, other_ranks_rng, rng_not_restored,
+                           scheduler_not_restored, step_shift)
+from ._ex05_probes import (FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL,  # noqa: F401 (rank_main:
+                           WORLD, rank_main, run_scenarios)                                   # every check has one)
 
 # Grading the solution (all three launches, reshard to 4 ranks) took 42 s on 2 cores at load 4;
 # the resume launch (three process starts) is the longest. The launches share what time_limit
@@ -64,29 +69,10 @@ from ._ex05_probes import (FRESH_STOP, RUN, SCENARIOS, SECOND_KILL, WORLD, WRITE
 EXERCISE = Exercise(number=5, name="checkpoint", filename="ex05_checkpoint.py", max_score=10, time_limit=120)
 SHARES = {"reference": 3, "resume": 4, "reshard": 3}
 RESHARD_WORLD = 4
-RESUMED_FROM = RUN["save_every"] * (WRITE_KILL - 1)  # the last checkpoint committed before the killed write
-INTERRUPTED = RUN["save_every"] * WRITE_KILL         # the step whose checkpoint write was killed
-KNOWN_ERRORS = [
-    KnownError("a checkpoint written on some ranks only", r"Parent directory \S*\.tmp-step_\d+ does not exist",
-               "this rank's staging directory was never made: dcp.save (which makes it) ran on other ranks only. "
-               "Every rank calls get_state_dict and dcp.save, then saves its own RNG state"),
-    KnownError("dcp.load of a key the checkpoint lacks", r"Missing key in checkpoint state_dict",
-               "dcp.load fills the keys of the dict you pass it, and each must have been saved: build the same "
-               "structure save_checkpoint saved (get_state_dict gives the tensors to load into)"),
-]
 
 
 def _timeout(launch: str, files: int = 1) -> float:
     return launch_timeout(EXERCISE, files=files, share=SHARES[launch] / sum(SHARES.values()))
-
-
-def _exact(world: int) -> bool:
-    """Bit-identical under gloo on the CPU; within tolerance under NCCL (GPU kernels may reorder)."""
-    return pick_backend(world) == "gloo"
-
-
-def _close(a: float, b: float) -> bool:
-    return a == b if _exact(WORLD) else abs(a - b) <= 1e-5 * (1 + abs(b))
 
 
 @dataclass
@@ -153,168 +139,20 @@ class Run:
         return err
 
 
-@mistake("a checkpoint collective called on some ranks only")
-def one_sided_collective(run: Run, name: str, world: int = WORLD, **match) -> str | None:
-    """The first DCP or state-dict call one rank made more often than another in a phase."""
-    calls = run.records(name, world, kind="calls", **match)
-    for call in dict.fromkeys(c["call"] for rank in calls for c in rank):
-        made = [[c for c in rank if c["call"] == call] for rank in calls]
-        more = max(range(world), key=lambda r: len(made[r]))
-        fewer = min(range(world), key=lambda r: len(made[r]))
-        if len(made[more]) != len(made[fewer]):
-            done = made[more][len(made[fewer])]["after_step"]
-            when = f"at step {done + 1}" if done else "before the first step"
-            return (f"{call} ran on rank {more} ({when}) but not on rank {fewer}: it is a "
-                    "collective, so every rank calls it (each writes or reads its own shards); do not put it under "
-                    "`if rank == 0:`")
-    return None
-
-
-@mistake("step counter off after resuming")
-def step_shift(run: Run, xs: list[dict], first: bool) -> str | None:
-    s = xs[0]["step"]
-    for k in (1, -1, 2, -2):
-        refs = [run.ref_at(r, s + k) for r in range(len(xs))]
-        if all(a is not None and not _differs(x, a) for x, a in zip(xs, refs)):
-            return (f"{'the first step after resuming' if first else f'step {s}'} was numbered {s}, but it trained "
-                    f"exactly what the uninterrupted run trained at step {s + k} (the same weights, Adam state, "
-                    f"learning rate, RNG state and samples): the checkpoint was written after step {s + k - 1}, so "
-                    f"the step counter is {abs(k)} {'behind' if k > 0 else 'ahead'}. Resume with step = {s + k - 1}, "
-                    f"the number of steps done, so that the next step is {s + k}")
-    return None
-
-
-def _differs(x: dict, a: dict) -> list[str]:
-    """What a step started from that differs between a record ``x`` and the uninterrupted run's ``a``."""
-    p, q = x.get("pre"), a.get("pre")
-    out = [] if x["data"] == a["data"] else ["data"]
-    if p and q:
-        adam = p["adam_step"] != q["adam_step"] or not _close(p["moments"], q["moments"])
-        out += [k for k, bad in (("model", not _close(p["fp"], q["fp"])), ("optimizer", adam),
-                                 ("scheduler", p["lr"] != q["lr"] or x["lr"] != a["lr"]),
-                                 ("rng", p["rng"] != q["rng"])) if bad]
-    return out
-
-
-@mistake("model not restored")
-def model_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
-    if "model" not in _differs(x, a):
-        return None
-    fresh = run.ref_rec[r][0]["pre"] if run.ref_rec[r] else None
-    how = ("the freshly built model's: train the model the checkpoint was loaded into" if fresh and
-           _close(x["pre"]["fp"], fresh["fp"]) else "restore the model")
-    return (f"rank {r} resumed with other weights than the uninterrupted run had before step {x['step']} (sum of "
-            f"its shards {x['pre']['fp']:.9g} vs {a['pre']['fp']:.9g}): {how} (dcp.load into get_state_dict's "
-            "tensors, then set_state_dict)")
-
-
-@mistake("optimizer state not restored")
-def optimizer_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
-    if "optimizer" not in _differs(x, a):
-        return None
-    p, q = x["pre"], a["pre"]
-    what = (f"Adam's step count was {p['adam_step']:g} where the uninterrupted run's was {q['adam_step']:g}"
-            if p["adam_step"] != q["adam_step"] else
-            f"Adam's moments differ (sum {p['moments']:.9g} vs {q['moments']:.9g})")
-    return what + ": save the optimizer's state from get_state_dict(model, optimizer) and load it with set_state_dict"
-
-
-@mistake("data position not restored")
-def data_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
-    if x["data"] == a["data"]:
-        return None
-    same = [y["step"] for y in run.ref_rec[r] if y["data"] == x["data"]]
-    return (f"rank {r} read samples {x['data'][:3]}... instead of {a['data'][:3]}..."
-            + (f" (the samples of step {same[0]})" if same else "")
-            + ": save the data position (sampler epoch and batch offset) and continue from it")
-
-
-@mistake("scheduler not restored")
-def scheduler_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
-    if "scheduler" not in _differs(x, a):
-        return None
-    advice = ": save scheduler.state_dict() and load it on resume"
-    if x["pre"]["lr"] == a["pre"]["lr"]:  # the optimizer's state gave this step's rate back, not the schedule
-        return (f"the learning rate it set for step {x['step'] + 1} was {x['lr']:.6g} instead of {a['lr']:.6g} (the "
-                "optimizer's state restored the current rate, not the schedule)" + advice)
-    same = [y["step"] for y in run.ref_rec[r] if y["pre"] and y["pre"]["lr"] == x["pre"]["lr"]]
-    return (f"the learning rate was {x['pre']['lr']:.6g} instead of {a['pre']['lr']:.6g}"
-            + (f" (the uninterrupted run's at step {same[0]}: the schedule started over)" if same else "") + advice)
-
-
-@mistake("another rank's RNG state restored")
-def other_ranks_rng(run: Run, x: dict, a: dict, r: int) -> str | None:
-    if "rng" not in _differs(x, a):
-        return None
-    for q in range(len(run.ref_rec)):
-        b = run.ref_at(q, x["step"])
-        if q != r and b and b["pre"] and b["pre"]["rng"] == x["pre"]["rng"]:
-            return (f"rank {r}'s RNG state is rank {q}'s, so dropout drew rank {q}'s masks: each rank restores its "
-                    "own rng-rank{R}.pt (the RNG state differs per rank)")
-    return None
-
-
-@mistake("RNG state not restored")
-def rng_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
-    if "rng" not in _differs(x, a) or other_ranks_rng(run, x, a, r):
-        return None
-    return (f"rank {r}'s RNG state differs from the uninterrupted run's, so dropout drew other masks: save each "
-            "rank's torch.get_rng_state() and restore it")
-
-
-COMPONENTS = [model_not_restored, optimizer_not_restored, data_not_restored, scheduler_not_restored,
-              other_ranks_rng, rng_not_restored]
-
-
-def _diagnose(run: Run, got: list[list[dict]]) -> str:
-    """Name what differs from the uninterrupted run at the first step of ``got`` (the resumed records,
-    per rank) where anything does: the step number, or what the step started from, each with numbers."""
-    for i in range(min(map(len, got), default=0)):
-        xs = [g[i] for g in got]
-        refs = [run.ref_at(r, x["step"]) for r, x in enumerate(xs)]
-        if all(a is not None and not _differs(x, a) and _close(x["fp"], a["fp"]) for x, a in zip(xs, refs)):
-            continue
-        if shift := step_shift(run, xs, i == 0):
-            return shift
-        missing = [r for r, a in enumerate(refs) if a is None]
-        if missing:
-            return f"rank {missing[0]} reported step {xs[0]['step']}, which the uninterrupted run never reached"
-        parts = [next((m for r, (x, a) in enumerate(zip(xs, refs)) if (m := cause(run, x, a, r))), None)
-                 for cause in COMPONENTS]
-        if any(parts):
-            return f"at step {xs[0]['step']} " + "; ".join(p for p in parts if p)
-        r = next(r for r, (x, a) in enumerate(zip(xs, refs)) if not _close(x["fp"], a["fp"]))
-        return (f"after step {xs[r]['step']} rank {r}'s parameters differ (sum of its shards {xs[r]['fp']:.9g} vs "
-                f"{refs[r]['fp']:.9g}) although the step started from the same weights, Adam state, learning rate, "
-                "samples and RNG state as the uninterrupted run's")
-    return ""
-
-
 def _same_state(ref: dict, got: dict | None, world: int = WORLD) -> tuple[bool, str]:
     if got is None:
         return False, "the run did not finish"
-    exact = _exact(world)
+    bitwise = exact(world)
     pairs = [(f"model '{k}'", v, got["model"].get(k)) for k, v in ref["model"].items()]
     pairs += [(f"optimizer '{k}'.{j}", v, got["optim"].get(k, {}).get(j)) for k, s in ref["optim"].items()
               for j, v in s.items()]
     for name, a, b in pairs:
         if b is None or a.shape != b.shape:
             return False, f"{name} is missing or has another shape"
-        par = parity(b, a, rtol=0 if exact else None, atol=0 if exact else None)
+        par = parity(b, a, rtol=0 if bitwise else None, atol=0 if bitwise else None)
         if not par.ok:
             return False, f"{name} differs (max abs difference {par.max_abs_diff:.3g})"
     return True, ""
-
-
-@mistake("checkpoints not pruned")
-def not_pruned(run: Run) -> str | None:
-    steps = RUN["steps"]
-    want = list(range(steps, 0, -RUN["save_every"]))[:RUN["keep"]][::-1]
-    if run.committed == want and len(run.checkpoints) == len(want):
-        return None
-    return (f"after {steps} steps saving every {RUN['save_every']} with keep={RUN['keep']} the directory holds "
-            f"{run.checkpoints}, expected the committed steps {want} only: call prune(root, keep) on rank 0 after "
-            "each commit")
 
 
 @criterion("keeps only the last K checkpoints", points=1)
@@ -327,27 +165,15 @@ def fresh_job_resumes(run: Run) -> Verdict:
     got = run.final("C")
     ok, why = _same_state(run.ref, got)
     if ok and run.reached == FRESH_STOP:
-        return passed("bit-identical to the uninterrupted run" if _exact(WORLD) else "within tolerance")
+        return passed("bit-identical to the uninterrupted run" if exact(WORLD) else "within tolerance")
     if run.reached != FRESH_STOP:
         why = f"the run to be stopped after step {FRESH_STOP} stopped at step {run.reached}"
     elif got is None:
         cause = one_sided_collective(run, "C", tag="resume") or run.phase_error("C") or run.resume_error
         why = f"the fresh job failed: {cause}"
     else:
-        why = _diagnose(run, run.records("C", tag="resume")) or why
+        why = diagnose_resume(run, run.records("C", tag="resume")) or why
     return failed(f"stopped the job after step {FRESH_STOP} and started a new one on the same directory: {why}")
-
-
-@mistake("an interrupted write loaded (no staging and commit)")
-def interrupted_write_loaded(run: Run) -> str | None:
-    att1 = run.attempt_steps(1)
-    if att1 and att1[0] == RESUMED_FROM + 1:
-        return None
-    err = run.restart_error()
-    seen = f"it resumed at step {att1[0]}" if att1 else f"it never trained again ({err})" if err else "no steps ran"
-    return (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, which "
-            f"should resume from step {RESUMED_FROM}, but {seen}. Write into staging_path(), commit() on rank 0 "
-            "after a barrier, and load only latest_complete()")
 
 
 @criterion("an interrupted write is never loaded", points=2)
@@ -361,7 +187,7 @@ def interrupted_write_never_loaded(run: Run) -> Verdict:
 def restart_resumes(run: Run) -> Verdict:
     # Attempt 1 must match the uninterrupted run step by step until it is killed again.
     att1 = run.attempt_steps(1)
-    diag = _diagnose(run, run.records("B", attempt=1))
+    diag = diagnose_resume(run, run.records("B", attempt=1))
     if att1 and att1[-1] == SECOND_KILL and not diag:
         return passed(f"steps {att1[0]}-{SECOND_KILL} identical to the uninterrupted run")
     return failed(diag or f"not checked: the first restart did not run to step {SECOND_KILL} "
@@ -374,7 +200,7 @@ def two_crashes(run: Run) -> Verdict:
     err = run.restart_error()
     if ok and err is None:
         return passed("final weights and Adam state identical after resuming twice")
-    return failed(_diagnose(run, run.records("B", attempt=2)) or why or str(err))
+    return failed(diagnose_resume(run, run.records("B", attempt=2)) or why or str(err))
 
 
 @criterion("resumes at world size {reshard_world} from a {world}-rank checkpoint", points=2)
