@@ -29,6 +29,8 @@ Every check's module docstring carries a table "mistake -> message" listing its 
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
 from dataclasses import dataclass
 from types import ModuleType
@@ -59,9 +61,15 @@ def diagnose(causes: Sequence[Cause], *subject: Any) -> str | None:
 
 
 def declared_mistakes(module: ModuleType) -> list[str]:
-    """The names of the mistakes a check module declares, with ``@mistake`` or in ``KNOWN_ERRORS``."""
-    names = [fn.mistake for fn in vars(module).values() if callable(fn) and hasattr(fn, "mistake")]
-    return names + [known.mistake for known in getattr(module, "KNOWN_ERRORS", ())]
+    """The names of the mistakes a check module declares: ``@mistake`` functions in it or in its
+    ``_exNN_causes`` module (``ex05_checkpoint`` -> ``_ex05_causes``), and its ``KNOWN_ERRORS``."""
+    package, _, name = module.__name__.rpartition(".")
+    spaces = [vars(module)]
+    causes = f"{package}._{name.split('_')[0]}_causes"
+    if package and importlib.util.find_spec(causes) is not None:
+        spaces.append(vars(importlib.import_module(causes)))
+    names = [fn.mistake for space in spaces for fn in space.values() if callable(fn) and hasattr(fn, "mistake")]
+    return list(dict.fromkeys(names)) + [known.mistake for known in getattr(module, "KNOWN_ERRORS", ())]
 
 
 @dataclass(frozen=True)

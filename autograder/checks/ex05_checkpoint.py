@@ -53,12 +53,7 @@ from ..grading import launch_timeout
 from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from ._ex05_causes import KNOWN_ERRORS, diagnose_resume, exact
-# By name, so that this module declares them (diagnosis.declared_mistakes looks here), also those only
-# diagnose_resume asks for.
-from ._ex05_causes import (data_not_restored, interrupted_write_loaded, model_not_restored,  # noqa: F401 (declared)
-                           not_pruned, one_sided_collective, optimizer_not_restored, other_ranks_rng, rng_not_restored,
-                           scheduler_not_restored, step_shift)
+from ._ex05_causes import KNOWN_ERRORS, diagnose_resume, exact, interrupted_write_loaded, not_pruned, one_sided_collective
 from ._ex05_probes import (FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL,  # noqa: F401 (rank_main:
                            WORLD, rank_main, run_scenarios)                                   # every check has one)
 
