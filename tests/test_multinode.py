@@ -96,19 +96,23 @@ def test_slurm_script_runs_srun_torchrun_with_the_head_node_rendezvous(tmp_path)
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(stat.S_IRWXU)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
-           "SLURM_JOB_NODELIST": "gpu-node-[07-08]", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4"}
+           "SLURM_JOB_NODELIST": "gpu-node-[07-08]", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4",
+           "SLURM_CPUS_PER_TASK": "16"}
+    env.pop("OMP_NUM_THREADS", None)
     out = subprocess.run(["bash", str(SBATCH), "train.py", "--epochs", "3"], env=env, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     argv = log.read_text().splitlines()
-    assert argv[:2] == ["--kill-on-bad-exit=1", "torchrun"]
-    assert argv[2:] == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
+    # the node's 16 CPUs go to the step's task explicitly, and its 4 workers share them: 4 threads each
+    assert argv[:3] == ["--cpus-per-task=16", "--kill-on-bad-exit=1", "torchrun"]
+    assert "16 CPUs per node (4 threads per worker)" in out.stdout
+    assert argv[3:] == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
                         "--rdzv-endpoint=gpu-node-07:24242", "--rdzv-id=4242", "--max-restarts=3",
                         "train.py", "--epochs", "3"]
     # torchrun itself accepts these options (the names are checked against its parser).
     from torch.distributed.run import get_args_parser
 
-    args = get_args_parser().parse_args(argv[2:])
+    args = get_args_parser().parse_args(argv[3:])
     assert (args.nnodes, args.nproc_per_node, args.rdzv_endpoint, args.training_script_args) == \
         ("2", "4", "gpu-node-07:24242", ["--epochs", "3"])
 
