@@ -110,7 +110,6 @@ def steps_not_one(run: Run) -> str | None:
     return f"train_step called optimizer.step() {n} times in step {MEASURE_STEP}: step once, after backward"
 
 
-
 def _called(record: dict) -> str:
     options = ", ".join(f"{k}={v}" for k, v in record["options"].items()
                         if k in ("full_state_dict", "cpu_offload") and v)
