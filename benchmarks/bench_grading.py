@@ -11,6 +11,8 @@ nbgrader test as pytest runs it), beside the launch floor of ``bench_launch`` in
 """
 from __future__ import annotations
 
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -33,11 +35,27 @@ def _timed(fn):
     return value, time.perf_counter() - start
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of every finished process this one started, and theirs."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _floor(cpu_s: float) -> str:
+    """The wall-time floor that ``cpu_s`` of work sets on this machine's cores."""
+    cores = os.cpu_count() or 1
+    return f"{cpu_s:.0f} CPU-s in its processes: no less than {cpu_s / cores:.0f} s on {cores} cores"
+
+
 def rows() -> list[Row]:
     solutions = REPO_ROOT / "solutions"
+    cpu_before = _children_cpu_s()
     report, ex01_s = _timed(lambda: grade_one(exercises()[1], solutions))
+    ex01_cpu_s = _children_cpu_s() - cpu_before  # most of it: 9 processes import torch, 6 DDPs import torch._dynamo
     assert report.passed, report.feedback  # a fast grade of a wrong answer would mean nothing
+    cpu_before = _children_cpu_s()
     reports, all_s = _timed(lambda: grade(solutions))
+    all_cpu_s = _children_cpu_s() - cpu_before
     assert all(r.passed for r in reports), [r.feedback for r in reports if not r.passed]
     done, cycle_s = _timed(lambda: subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_nbgrader.py"],
@@ -45,9 +63,9 @@ def rows() -> list[Row]:
     assert done.returncode == 0, done.stdout[-2000:]
     return [
         Row("grading", "grade exercise 1 (solution, W=2 and W=4), one grading subprocess", ex01_s, "s",
-            _verdict(ex01_s, TARGETS_S["ex01"])),
+            f"{_verdict(ex01_s, TARGETS_S['ex01'])}; {_floor(ex01_cpu_s)}"),
         Row("grading", f"grade all {len(reports)} reference solutions (make grade DIR=solutions)", all_s, "s",
-            _verdict(all_s, TARGETS_S["solutions"]) + "; one grading subprocess each, in turn"),
+            f"{_verdict(all_s, TARGETS_S['solutions'])}; one grading subprocess each, in turn; {_floor(all_cpu_s)}"),
         Row("grading", "the nbgrader cycle test (pytest tests/test_nbgrader.py)", cycle_s, "s",
             _verdict(cycle_s, TARGETS_S["nbgrader"])),
     ]
