@@ -44,9 +44,7 @@ import matplotlib.pyplot as plt
 import ipywidgets as widgets
 from IPython.display import display
 
-from distlab import torchrun
-from distlab.pipeline import (as_events, bubble_fraction, gantt, ideal_schedule, peak_in_flight,
-                              theoretical_bubble)
+from distlab.pipeline import bubble_fraction, gantt, ideal_schedule, peak_in_flight, theoretical_bubble
 
 # %% [markdown]
 # ## The ideal schedules
@@ -101,55 +99,167 @@ display(widgets.interactive(
 
 # %% [markdown]
 # ## Measured, not only drawn
-# Now a real run: an MLP (width 1024, batch 512) split into 2 stages on 2 ranks, driven by
-# `torch.distributed.pipelining`. `distlab.pipeline.TimedStage` wraps each stage's module and
-# logs the start and end of every forward and backward it actually runs; each rank returns
-# its log. A first untimed step warms up (the library infers the shapes it will send).
+# Now real runs: an MLP split into stages on 2 ranks, driven by `torch.distributed.pipelining`.
+# `distlab.pipeline.TimedStage` wraps each stage's module and logs the start and end of every
+# forward and backward it actually runs; each rank returns its log. A first untimed step warms
+# up (the library infers the shapes it will send). The measured bubble is the share of
+# `stages x step time` in which no stage computed.
 #
-# On a CPU the two stages share this machine's cores with everything else, and gloo's
-# `send`/`recv` add a per-message cost (not measured here) that the formula ignores: expect the measured
-# bubble above the formula, more so with many small micro-batches. On GPUs with NCCL the
-# same code runs; communication is cheaper relative to compute there.
+# The formula ignores one cost: every micro-batch crosses every stage boundary twice (its
+# activations forward, their gradient back), and each `send`/`recv` costs time. So we measure
+# that first, in the same job: a ping-pong between the two ranks, the median round trip per
+# message size. Half of it is the one-way cost `c`.
+#
+# Two workloads: **sized** (8 layers of width 1024, narrowed to 64 features where a stage
+# hands over to the next, batch 256: each micro-batch's compute is ≥ 10x `c` even at m = 8)
+# and **small micro-batches** (width 256, batch 64: at m = 8 a micro-batch is 8 rows, and the
+# messages cost a large share of its compute).
+#
+# *Only p = 2 here:* this machine may have 2 cores, and 4 ranks on 2 cores would wait for a
+# core, not for their input; `make bench` measures p = 4 where there are ≥ 4 cores.
 
 # %%
-SIZE = dict(width=1024, batch=512)  # large enough that matrix products, not messages, dominate a step
-RUNS = [dict(schedule="gpipe", n_microbatches=4, **SIZE), dict(schedule="1f1b", n_microbatches=4, **SIZE),
-        dict(schedule="gpipe", n_microbatches=1, **SIZE), dict(schedule="gpipe", n_microbatches=8, **SIZE)]
-print("running 4 pipelined steps on 2 ranks ...", flush=True)
-job = torchrun("distlab.pipeline_run:pipeline_sweep", 2, args=(RUNS,), timeout=120)
-timelines = [as_events([job.results[r][i]["events"] for r in range(2)]) for i in range(len(RUNS))]
+import numpy as np
 
+from distlab.pipeline_bench import MEMORY, MICRO, SIZED, SMALL, select, sweep
+
+RUNS = ([dict(schedule="gpipe", n_microbatches=m, **SIZED) for m in MICRO]
+        + [dict(schedule="1f1b", n_microbatches=4, **SIZED)]
+        + [dict(schedule="gpipe", n_microbatches=m, **SMALL) for m in MICRO]
+        + [dict(schedule="gpipe", n_microbatches=m, **MEMORY) for m in MICRO]
+        + [dict(schedule="1f1b", n_microbatches=m, **MEMORY) for m in MICRO if m >= 2]  # 1F1B needs m >= p
+        + [dict(schedule="interleaved1f1b", n_microbatches=m, stages_per_rank=2, **SIZED) for m in (2, 4, 8)]
+        + [dict(schedule="zbv", n_microbatches=8, **SIZED)])
+print(f"running {len(RUNS)} pipelined steps and a send/recv ping-pong on 2 ranks ...", flush=True)
+figs, costs = sweep(RUNS, 2, timeout=180)
+F = [dict(f, **r) for r, f in zip(RUNS, figs)]
+pick = lambda schedule, workload: select(RUNS, figs, schedule, workload)  # noqa: E731
+
+fig, ax = plt.subplots(figsize=(5, 3))
+ax.loglog([c["bytes"] for c in costs], [c["round_trip_s"] * 1e6 for c in costs], "o-")
+ax.set_xlabel("message size (bytes)")
+ax.set_ylabel("send/recv round trip (µs)")
+ax.set_title("gloo point-to-point, this machine", fontsize=10)
+fig.tight_layout()
+plt.show()
+for c in costs:
+    print(f"{c['bytes'] / 1024:8g} KiB: round trip {c['round_trip_s'] * 1e6:7.0f} µs, "
+          f"one way c = {c['round_trip_s'] * 5e5:6.0f} µs")
+
+# %% [markdown]
+# The measured GPipe bubble against the formula. The dashed lines add what the messages cost,
+# `(p-1)/(m+p-1) + m·(p-1)·c / step time`, with `c` measured above at each run's message size
+# and the run's own step time.
+#
+# *Sized:* the bubble falls with m as the formula says, on it at m = 1 and 2. At m = 4 and 8
+# this 2-core machine usually measures 5-15 points more, and the messages do not explain it
+# (`c` is ~100x below a micro-batch's compute: the dashed line sits on the formula). Read the
+# timeline below: when both stages compute at once, each runs slower than alone (they share
+# the caches, the memory bus and, on a VM, perhaps a physical core), unevenly, and the faster
+# stage waits for the slower. The formula assumes equal, constant stage times.
+#
+# *Small micro-batches:* far above the formula, and the messages explain only part of the
+# gap. The rest is the schedule's own work per micro-batch (Python in
+# `torch.distributed.pipelining`: building the send/recv ops, the chunks, the loss), about as
+# long as an 8-row micro-batch's compute. Both costs are paid per micro-batch, which is why
+# micro-batches must stay large enough to hide them: the bubble formula only rewards more
+# micro-batches while each one is still much more compute than overhead.
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 3.5))
+ms = np.arange(1, 9)
+ax.plot(ms, [theoretical_bubble(2, m) for m in ms], "k-", label="formula (p-1)/(m+p-1)")
+for size, label, color in ((SIZED, "sized", "C0"), (SMALL, "small micro-batches", "C3")):
+    runs = pick("gpipe", size)
+    ax.plot([f["m"] for f in runs], [f["bubble"] for f in runs], "o", color=color, label=f"measured, {label}")
+    ax.plot([f["m"] for f in runs], [f["with_messages"] for f in runs], "--", color=color,
+            label=f"formula + m(p-1)c/step, {label}")
+ax.set_xlabel("micro-batches m")
+ax.set_ylabel("bubble")
+ax.set_ylim(0, 1)
+ax.legend(fontsize=7)
+fig.tight_layout()
+plt.show()
+print(f"{'workload':>9} {'m':>3} {'measured':>9} {'formula':>8} {'+messages':>10} {'compute/mb':>11} {'c':>7}")
+for size, label in ((SIZED, "sized"), (SMALL, "small")):
+    for f in pick("gpipe", size):
+        print(f"{label:>9} {f['m']:>3} {f['bubble']:>9.1%} {f['formula']:>8.1%} {f['with_messages']:>10.1%} "
+              f"{f['compute_per_mb_s'] * 1e3:>8.2f} ms {f['c'] * 1e6:>4.0f} µs")
+
+# %% [markdown]
+# The timelines behind two of those points, GPipe and 1F1B with m = 4 on the sized workload:
+
+# %%
 fig, axes = plt.subplots(2, 1, figsize=(10, 3.2))
-for ax, run, ev in zip(axes, RUNS[:2], timelines[:2]):
-    gantt(ax, [e.__class__(e.stage, e.kind, e.mb, e.start * 1e3, e.end * 1e3, e.rows) for e in ev],
-          f"measured {run['schedule'].upper()}, m={run['n_microbatches']}: bubble {bubble_fraction(ev):.1%} "
-          f"(formula {theoretical_bubble(2, run['n_microbatches']):.1%})")
+for ax, f in zip(axes, [pick("gpipe", SIZED)[2], pick("1f1b", SIZED)[0]]):
+    gantt(ax, [e.__class__(e.stage, e.kind, e.mb, e.start * 1e3, e.end * 1e3, e.rows) for e in f["events"]],
+          f"measured {f['schedule'].upper()}, m={f['m']}: bubble {f['bubble']:.1%} (formula {f['formula']:.1%})")
     ax.set_xlabel("ms")
 fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The measured bubble next to the formula, for GPipe with 1, 4 and 8 micro-batches:
+# ## Memory, measured
+# `distlab.pipeline_bench.SavedBytes` counts the bytes autograd keeps for the backward
+# (`torch.autograd.graph.saved_tensors_hooks`) on stage 0, at their peak during the step. The
+# micro-batch is fixed (32 rows), so a step with m micro-batches does m times the work.
+# GPipe keeps every micro-batch's activations until its backwards start: m × a. 1F1B starts
+# backwards once p micro-batches are in flight: min(m, p) × a.
 
 # %%
-print(f"{'schedule':>8} {'m':>3} {'measured bubble':>16} {'(p-1)/(m+p-1)':>14}")
-for run, ev in sorted(zip(RUNS, timelines), key=lambda t: (t[0]["schedule"], t[0]["n_microbatches"])):
-    print(f"{run['schedule']:>8} {run['n_microbatches']:>3} {bubble_fraction(ev):>16.1%} "
-          f"{theoretical_bubble(2, run['n_microbatches']):>14.1%}")
+gp, ob = pick("gpipe", MEMORY), pick("1f1b", MEMORY)
+a = gp[0]["saved_peak_bytes"]
+fig, ax = plt.subplots(figsize=(5, 3))
+ax.plot([f["m"] for f in gp], [f["saved_peak_bytes"] / 2**20 for f in gp], "o", color="C0", label="GPipe, measured")
+ax.plot(ms, ms * a / 2**20, "-", color="C0", lw=0.8, label="m × a")
+ax.plot([f["m"] for f in ob], [f["saved_peak_bytes"] / 2**20 for f in ob], "s", color="C1", label="1F1B, measured")
+ax.plot(ms[1:], np.minimum(ms[1:], 2) * a / 2**20, "-", color="C1", lw=0.8, label="min(m, p) × a")
+ax.set_xlabel("micro-batches m")
+ax.set_ylabel("stage-0 peak saved (MiB)")
+ax.legend(fontsize=7)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Interleaved 1F1B and zero bubble
+# **Interleaved 1F1B** (Narayanan et al., *Efficient Large-Scale Language Model Training on
+# GPU Clusters Using Megatron-LM*, SC'21) gives each rank `v` smaller stages (here rank 0
+# holds stages 0 and 2, rank 1 stages 1 and 3): the pipeline fills in `1/v` of the time, so
+# the bubble is `(p-1)/(v·m + p-1)`, at the price of `v` times as many messages.
+# **Zero bubble** (Qi et al., *Zero Bubble Pipeline Parallelism*, ICLR 2024) splits each
+# backward into the input gradient (needed by the previous stage now) and the weight gradient
+# (needed only at the optimizer step), and fills the bubble with the latter. Both run on this
+# CPU with gloo (`ScheduleInterleaved1F1B`, `ScheduleZBVZeroBubble`). The zero-bubble run is
+# not timed per stage: `TimedStage`'s marks are views, which its split backward cannot
+# `detach_()`, so we compare its step time.
+
+# %%
+il = pick("interleaved1f1b", SIZED)
+print(f"{'schedule':>16} {'m':>3} {'measured':>9} {'(p-1)/(vm+p-1)':>15} {'step':>8}")
+for f in pick("gpipe", SIZED)[1:] + il:
+    print(f"{f['schedule']:>16} {f['m']:>3} {f['bubble']:>9.1%} {f['formula']:>15.1%} {f['wall_s'] * 1e3:>5.0f} ms")
+zbv = pick("zbv", SIZED)[0]
+print(f"ZBV zero bubble, m=8: step {zbv['wall_s'] * 1e3:.0f} ms, interleaved 1F1B {il[-1]['wall_s'] * 1e3:.0f} ms")
+
+# %% [markdown]
+# On this CPU, interleaving does not deliver its formula: the measured bubble stays near
+# GPipe's. It doubles the stage boundaries, and the new ones are wide (1024 features, not the
+# 64 of the rank boundary), so it sends more and larger messages; it doubles the schedule's
+# actions, each with its own per-micro-batch overhead; and its stages are half as long, so the
+# same overheads weigh twice as much. The formula counts none of these. On GPUs, where a
+# stage is long next to a message over NVLink, interleaving pays; here the overheads win.
 
 # %% [markdown]
 # ## Parity: the pipelined model is the same model
-# Splitting into stages and micro-batches must not change the mathematics: the loss and every
-# gradient match the unsplit model's (up to float rounding: micro-batch gradients are summed
-# in another order). Each rank compared its stage's gradients with `assert_close`.
+# Splitting into stages and micro-batches must not change the mathematics: every gradient
+# matches the unsplit model's (up to float rounding: micro-batch gradients are summed in
+# another order). Each rank compared its stages' gradients with `assert_close`.
 
 # %%
-for run, i in zip(RUNS, range(len(RUNS))):
-    last = job.results[1][i]
-    print(f"{run['schedule']:>5} m={run['n_microbatches']}: loss {last['loss']:.6f} (unsplit {last['unsplit_loss']:.6f}); "
-          + ", ".join(f"stage {r} gradients match: {job.results[r][i]['grads_match']} "
-                      f"(max abs diff {job.results[r][i]['max_grad_diff']:.1e})" for r in range(2)))
-assert all(job.results[r][i]["grads_match"] for r in range(2) for i in range(len(RUNS))), "a pipelined run lost parity"
+for f in F:
+    print(f"{f['schedule']:>16} m={f['m']} width {f['width']}: gradients match {f['grads_match']} "
+          f"(max abs diff {f['max_grad_diff']:.1e})")
+assert all(f["grads_match"] for f in F), "a pipelined run lost parity"
 
 # %% [markdown]
 # ## Exercise 7: GPipe by hand

@@ -1,0 +1,212 @@
+"""What a pipeline's measurements need beyond a timeline: the per-message cost and the saved-tensor bytes.
+
+* :func:`message_cost` runs on two ranks: a ``send``/``recv`` ping-pong per
+  message size, the median round trip. Half of it, ``c``, is what every
+  micro-batch pays per stage boundary and direction, a cost the bubble formula
+  ``(p - 1) / (m + p - 1)`` of GPipe (Huang et al., 2019) and 1F1B
+  (PipeDream-Flush: Narayanan et al., 2021) ignores. With ``m`` micro-batches
+  a step sends ``2 m`` messages per boundary, so the measured bubble is about
+  ``formula + m (p - 1) c / step_time`` (:func:`bubble_with_messages`).
+* :class:`SavedBytes` wraps a stage's module and counts, with
+  ``torch.autograd.graph.saved_tensors_hooks``, the bytes autograd keeps for
+  the backward: live now and at the peak. GPipe's stage 0 keeps all ``m``
+  micro-batches' before its first backward, 1F1B's at most ``p``.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch import nn
+
+
+def message_cost(sizes: list[int], reps: int = 30, warmup: int = 5) -> list[dict]:
+    """Runs on every rank (2 ranks; the process group left open): the median ``send``/``recv``
+    round trip between ranks 0 and 1 for messages of ``sizes`` float32 elements.
+
+    Rank 0 sends, rank 1 receives and sends the same tensor back; ``warmup``
+    untimed round trips first (gloo connects lazily), then ``reps`` timed ones,
+    the median kept (one descheduled round trip does not move it). Returns, on
+    every rank, ``[{"bytes": .., "round_trip_s": ..}, ...]``.
+    """
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    out = []
+    for n in sizes:
+        buf = torch.zeros(n)
+        times = []
+        for i in range(warmup + reps):
+            start = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        dist.broadcast(t, 0)  # rank 0's clock saw the whole round trip
+        out.append({"bytes": 4 * n, "round_trip_s": t.item()})
+    return out
+
+
+def message_cost_job(sizes: list[int], reps: int = 30) -> list[dict]:
+    """Runs on every rank: :func:`message_cost` in a job of its own (initialises and shuts down)."""
+    from .distributed import init_distributed, shutdown
+
+    init_distributed()
+    try:
+        return message_cost(sizes, reps)
+    finally:
+        shutdown()
+
+
+def one_way_cost(costs: list[dict], nbytes: int) -> float:
+    """Half the round trip for a message of ``nbytes``, interpolated linearly between the measured sizes."""
+    pts = sorted((c["bytes"], c["round_trip_s"] / 2) for c in costs)
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+        if nbytes <= b1:
+            return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
+    (b0, t0), (b1, t1) = pts[-2], pts[-1]
+    return t1 + (t1 - t0) * (nbytes - b1) / (b1 - b0)
+
+
+def bubble_with_messages(p: int, m: int, c: float, step_s: float, v: int = 1) -> float:
+    """The bubble formula plus the messages: ``(p-1)/(v m + p-1) + m (p-1) c / step_s``.
+
+    Each of the ``m`` micro-batches crosses each of the ``p - 1`` boundaries
+    forward and backward; a stage waits ``c`` for each message it receives, and
+    the ``2 m`` waits of one boundary are shared by its two stages, ``m c`` each,
+    so the idle share of ``p x step_s`` grows by ``m (p - 1) c / step_s``.
+    """
+    return (p - 1) / (v * m + p - 1) + m * (p - 1) * c / step_s
+
+
+class _Held:
+    """What autograd stores instead of a saved tensor: the tensor, and a counter that forgets it when freed."""
+
+    def __init__(self, meter: "SavedBytes", t: torch.Tensor):
+        self.meter, self.t, self.key, self.gen = meter, t, (t.data_ptr(), t.nbytes), meter.gen
+        meter._add(self.key, t.nbytes)
+
+    def __del__(self):
+        if self.meter.gen == self.gen:
+            self.meter._drop(self.key)
+
+
+class SavedBytes(nn.Module):
+    """Runs ``module`` and counts the bytes autograd saves for its backward: ``live`` and ``peak``.
+
+    A tensor saved twice (a ReLU's output is also the next Linear's input)
+    counts once: saved tensors are keyed by address and size, reference counted.
+    The count falls when autograd frees a micro-batch's graph after its backward.
+    Parameters (a Linear saves its weight) are left out: they are not activations.
+    """
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+        self._refs: dict[tuple[int, int], int] = {}
+        self._params = {(q.data_ptr(), q.nbytes) for q in module.parameters()}
+        self.live = self.peak = self.gen = 0
+
+    def _add(self, key, nbytes: int) -> None:
+        if key in self._params:
+            return
+        self._refs[key] = self._refs.get(key, 0) + 1
+        if self._refs[key] == 1:
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+
+    def _drop(self, key) -> None:
+        if key in self._params or key not in self._refs:
+            return
+        self._refs[key] -= 1
+        if self._refs[key] == 0:
+            del self._refs[key]
+            self.live -= key[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "meta":  # shape inference, not work
+            return self.module(x)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: _Held(self, t), lambda h: h.t):
+            return self.module(x)
+
+    def reset(self) -> None:
+        """Count from zero again (after a warm-up step): tensors saved before are no longer counted
+        (the library may still hold the last micro-batch's graph of the step before)."""
+        self.gen += 1
+        self._refs.clear()
+        self.live = self.peak = 0
+
+
+# ---- the workloads the notebook, the benchmark and the tests share ----------------------------
+
+#: Compute per micro-batch >= 10x the per-message cost even at m = 8 (on a CPU core with gloo):
+#: 1024 features inside a stage, 64 where one stage hands over to the next (16 KiB messages at m = 8).
+SIZED = dict(width=1024, depth=8, batch=256, boundary=64)
+#: Tiny micro-batches: the per-message cost is a large share of each, the bubble is far above the formula.
+SMALL = dict(width=256, depth=4, batch=64)
+#: Memory: a fixed micro-batch of 32 rows, so a step of m micro-batches has m times the work.
+MEMORY = dict(width=256, depth=4, microbatch_rows=32, memory=True)
+MICRO = (1, 2, 4, 8)
+#: Message sizes (float32 elements) for :func:`message_cost`: 1 KiB to 4 MiB.
+MESSAGE_SIZES = [2 ** k for k in range(8, 21, 2)]
+
+
+def message_bytes(run: dict) -> int:
+    """Bytes one micro-batch sends across a stage boundary (the largest, with ``v`` stages per rank):
+    its rows x the boundary's features, float32."""
+    rows = run.get("microbatch_rows") or run["batch"] // run["n_microbatches"]
+    v = 2 if run["schedule"] == "zbv" else run.get("stages_per_rank", 1)
+    return 4 * rows * (run["width"] if v > 1 else run.get("boundary") or run["width"])  # v > 1: wide cuts too
+
+
+def summarize(run: dict, per_rank: list[dict], costs: list[dict] | None = None) -> dict:
+    """One run's figures: measured bubble, the formula, the step time, the compute per micro-batch,
+    and with ``costs`` (:func:`message_cost`) the per-message cost ``c`` and the model with messages."""
+    from .pipeline import as_events, bubble_fraction
+
+    p, m = len(per_rank), run["n_microbatches"]
+    v = 2 if run["schedule"] == "zbv" else run.get("stages_per_rank", 1)
+    events = as_events([r["events"] for r in per_rank])
+    span = (max(e.end for e in events) - min(e.start for e in events)) if events else max(
+        r["step_s"] for r in per_rank)
+    work = [e.end - e.start for e in events if e.stage == 0]
+    out = {"schedule": run["schedule"], "m": m, "p": p, "v": v, "step_s": span,
+           "wall_s": max(r["step_s"] for r in per_rank),
+           "bubble": bubble_fraction(events) if events else float("nan"),
+           "formula": (p - 1) / (v * m + p - 1),
+           "compute_per_mb_s": sum(work) / max(1, m * v),  # stage 0's forward + backward per micro-batch
+           "grads_match": all(r["grads_match"] for r in per_rank),
+           "max_grad_diff": max(r["max_grad_diff"] for r in per_rank), "events": events,
+           "cpu_share": min(r.get("cpu_share", 1.0) for r in per_rank)}
+    if costs:
+        c = one_way_cost(costs, message_bytes(run))
+        out.update(c=c, with_messages=bubble_with_messages(p, m, c, span, v))
+    if "saved_peak_bytes" in per_rank[0]:
+        out["saved_peak_bytes"] = per_rank[0]["saved_peak_bytes"]
+    return out
+
+
+def sweep(runs: list[dict], nprocs: int = 2, messages: bool = True, timeout: float = 300) -> tuple[list[dict], list]:
+    """Launch ``runs`` in one job of ``nprocs`` ranks (plus the message ping-pong); return each run's
+    :func:`summarize` and the message costs."""
+    from .launch import torchrun
+    from .pipeline_run import pipeline_sweep
+
+    res = torchrun(pipeline_sweep, nprocs, args=(runs, MESSAGE_SIZES if messages else None),
+                   timeout=timeout).results
+    costs = res[0][-1]["message_cost"] if messages else None
+    return [summarize(run, [res[r][i] for r in range(nprocs)], costs) for i, run in enumerate(runs)], costs
+
+
+def select(runs: list[dict], figures: list[dict], schedule: str, workload: dict) -> list[dict]:
+    """The figures of the runs of ``schedule`` on ``workload`` (one of :data:`SIZED`, :data:`SMALL`, :data:`MEMORY`)."""
+    return [dict(f, **r) for r, f in zip(runs, figures) if r["schedule"] == schedule
+            and all(r.get(k) == workload.get(k) for k in ("width", "boundary", "memory"))]
