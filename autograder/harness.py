@@ -96,6 +96,22 @@ def echo(lines: list[str]) -> None:
         print(ln, file=sys.stdout)
 
 
+def grad_norm(params) -> float:
+    """The total 2-norm of the ``.grad`` of ``params`` that have one (a DTensor's: this rank's shard); 0.0
+    when none has."""
+    norms = [getattr(p.grad, "_local_tensor", p.grad).detach().float().norm() for p in params if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(norms)).item() if norms else 0.0
+
+
+def on_backward_start(model: torch.nn.Module, callback) -> torch.utils.hooks.RemovableHandle:
+    """Call ``callback()`` each time a backward through ``model``'s output begins (before any ``.grad`` of
+    that backward is written: what ``.grad`` holds then is what ``zero_grad`` should have cleared)."""
+    def on_forward(mod, args, out) -> None:  # None: the output is not replaced
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad: callback())
+    return model.register_forward_hook(on_forward)
+
+
 @contextlib.contextmanager
 def own_rendezvous(tag: str, timeout: timedelta = timedelta(seconds=60)):
     """A fresh store for the process group one learner file creates, for the block; every rank enters.

@@ -32,7 +32,7 @@ from distlab.models import cpu_state, make_mlp
 from distlab.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ..answers import RuntimeCopies
-from ..harness import CapturedPrints, echo, load_learner
+from ..harness import CapturedPrints, echo, grad_norm, load_learner, on_backward_start
 from ._ex03_workloads import CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, SharedViews, batches
 # Re-exported: ex03_amp, _ex03_causes and the tests read them as probes.NAME.
 from ._ex03_workloads import (BATCH, CASE_TITLES, CASES_TRUTH, MEMORY_TRUTH, SHARED, STEPS,  # noqa: F401
@@ -55,12 +55,6 @@ def _attempt(fn) -> dict:
     except Exception as exc:  # the verdict explains it; one broken part must not hide the others
         last = traceback.extract_tb(exc.__traceback__)[-1]
         return {"error": f"{type(exc).__name__}: {str(exc)[:300]} (line {last.lineno}: {last.line})"}
-
-
-def _norm(tensors) -> float:
-    """The total 2-norm of ``tensors`` (the ``.grad`` s that exist); 0.0 for none."""
-    norms = [t.detach().float().norm() for t in tensors if t is not None]
-    return torch.linalg.vector_norm(torch.stack(norms)).item() if norms else 0.0
 
 
 class RecordingSGD(torch.optim.SGD):
@@ -99,15 +93,8 @@ def _run(learner, device, dtype) -> dict:
     params = list(model.parameters())
     seen: dict = {"leftover": [], "step_norms": [], "steps": []}
 
-    def at_backward(grad) -> None:  # the output's gradient: the backward pass begins
-        seen["leftover"].append(_norm(p.grad for p in params))
-
-    def on_forward(mod, args, out) -> None:  # None: the output is not replaced
-        if out.requires_grad:
-            out.register_hook(at_backward)
-
-    model.register_forward_hook(on_forward)
-    opt = RecordingSGD(params, LR, lambda ps: seen["step_norms"].append(_norm(p.grad for p in ps)))
+    on_backward_start(model, lambda: seen["leftover"].append(grad_norm(params)))
+    opt = RecordingSGD(params, LR, lambda ps: seen["step_norms"].append(grad_norm(ps)))
     scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
     losses = []
     for x, y in batches(device):
@@ -147,7 +134,7 @@ def _scaler(learner, device) -> dict:
 
     def on_step(ps):
         events.append("optimizer.step")
-        norms.append(_norm(p.grad for p in ps))
+        norms.append(grad_norm(ps))
 
     model = make_mlp(seed=3, **MODEL).to(device)
     first = next(model.parameters())

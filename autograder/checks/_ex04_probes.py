@@ -36,7 +36,7 @@ from distlab.fsdp_memory import (LiveStorageTracker, activation_bytes, expected_
                                  peak_bound)
 from distlab.resmlp import make_resmlp
 
-from ..harness import CapturedPrints, SaveSpy, echo, load_learner
+from ..harness import CapturedPrints, SaveSpy, echo, grad_norm, load_learner, on_backward_start
 
 MODEL = dict(in_features=64, hidden=90, out_features=10, depth=8)
 STEPS, MICRO_BATCH, LR, SEED = 4, 8, 1e-2, 11
@@ -147,7 +147,7 @@ class _StepProbe:
         for i, block in enumerate(self.model.blocks):
             if type(block).__name__.startswith("FSDP"):
                 self.handles.append(block.register_forward_hook(self._after_block(i)))  # after FSDP's own
-        self.handles.append(self.model.register_forward_hook(self._on_output))
+        self.handles.append(on_backward_start(self.model, self._at_backward))
         self.handles.append(self.optimizer.register_step_post_hook(self._on_step))
         return self
 
@@ -157,14 +157,9 @@ class _StepProbe:
                 self.seen["blocks_unsharded_after_forward"].append(i)
         return hook
 
-    def _on_output(self, mod, args, out) -> None:  # None: the output is not replaced
-        if isinstance(out, torch.Tensor) and out.requires_grad:
-            out.register_hook(self._at_backward)
-
-    def _at_backward(self, grad) -> None:
+    def _at_backward(self) -> None:
         if self.seen["leftover_grad_norm"] is None:  # the first backward of the step
-            local = [getattr(p.grad, "_local_tensor", p.grad).float().norm() for p in self.params if p.grad is not None]
-            self.seen["leftover_grad_norm"] = torch.linalg.vector_norm(torch.stack(local)).item() if local else 0.0
+            self.seen["leftover_grad_norm"] = grad_norm(self.params)
 
     def _on_step(self, optimizer, args, kwargs) -> None:
         self.seen["optimizer_steps"] += 1
