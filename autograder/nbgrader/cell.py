@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from ..notebook import check
-from ..stubs import raises_not_implemented
+from ..stubs import unwritten
 
 
 @contextlib.contextmanager
@@ -98,8 +98,7 @@ def stubs_left(filename: str | Path, directory: str | Path = ".") -> list[str]:
     except SyntaxError as exc:
         print(f"{filename} line {exc.lineno}: syntax error: {exc.msg}")
         return []
-    left = [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and any(raises_not_implemented(s) for s in node.body)]
+    left = list(dict.fromkeys(name for name, _ in unwritten(tree.body)))
     print(f"still to write in {filename}: {', '.join(left)}" if left else
           f"no stubs left in {filename}: run the check below")
     return left
