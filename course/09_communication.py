@@ -1,0 +1,418 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Communication made visible
+#
+# Earlier notebooks made three claims about communication and never showed them:
+#
+# * DDP all-reduces the gradients **in buckets, while backward still computes** (notebook 01;
+#   Li et al., *PyTorch Distributed*, VLDB 2020);
+# * FSDP moves **1.5x DDP's bytes** (notebook 04; Rajbhandari et al., *ZeRO*, SC'20);
+# * scaling is **lost to communication** (notebook 06).
+#
+# Here they are measured on 2 ranks: a profiler trace of DDP's steps, the bytes of every
+# collective counted, the FLOPs of a step counted and set against the machine's peak. The last
+# part makes jobs hang on purpose and uses the real tools that say why.
+#
+# The code is the same on GPUs with NCCL; the figures are this machine's (2 ranks on CPU cores
+# with gloo), and where a CPU differs from a GPU the text says how.
+#
+# ## One job, every measurement
+# Starting ranks costs seconds, so one job of 2 ranks runs every measurement of the first three
+# parts (`distlab.comm_job.communication`), and the cells after it look at what came back:
+#
+# 1. DDP trained for a few steps under `torch.profiler` in six configurations (bucket sizes,
+#    `gradient_as_bucket_view`, `static_graph`), each rank writing a trace;
+# 2. one training step under DDP and under FSDP, every collective counted;
+# 3. an all-reduce against a reduce-scatter plus an all-gather, and all-reduce bandwidth from
+#    4 KiB to 16 MiB;
+# 4. exercise 6's workload at W = 1 and 2, with its FLOPs and the machine's matmul peak.
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+
+from distlab import torchrun
+from distlab.launch import REPO_ROOT
+from distlab.profiling import Span, gantt
+
+TRACES = REPO_ROOT / "runs" / "09_communication"   # runs/ is git-ignored; JupyterLab shows it
+TRACES.mkdir(parents=True, exist_ok=True)
+print("measuring DDP, FSDP, collectives and MFU on 2 ranks ...", flush=True)
+job = torchrun("distlab.comm_job:communication", 2, args=(str(TRACES),), timeout=240, stream=True)
+R = job.results   # R[rank]: that rank's figures
+print(f"done in {job.wall_s:.0f} s on {job.backend}; seconds per part: "
+      + ", ".join(f"{k} {v:.1f}" for k, v in R[0]["seconds"].items()))
+
+# %% [markdown]
+# ## 1. DDP's buckets, seen in a trace
+# Each configuration ran two steps untimed (the first one uses a single bucket; DDP rebuilds its
+# buckets at the second, in the order it saw gradients become ready), then
+# `distlab.profiling.profile_steps`: `torch.profiler.profile` with a schedule, one warm-up step
+# and one recorded step, written with `export_chrome_trace` (one step keeps the file small).
+# The model is a residual MLP of 8.4 M parameters (34 MB of fp32 gradients), batch 64 per rank.
+# The recipe:
+
+# %%
+import inspect
+
+from distlab import profiling
+
+print(inspect.getsource(profiling.profile_steps))
+for r in range(2):
+    path = TRACES / f"ddp_rank{r}.json"
+    print(f"rank {r}'s trace (DDP defaults, 1 step): {path.relative_to(REPO_ROOT)}, {path.stat().st_size / 1e3:.0f} kB")
+
+# %% [markdown]
+# **Open a trace**: download `runs/09_communication/ddp_rank0.json` and drop it on
+# <https://ui.perfetto.dev> (or `chrome://tracing`). The main thread shows `ProfilerStep#`,
+# `DistributedDataParallel.forward` and one `autograd::engine::evaluate_function` per backward
+# operation; gloo's own threads show `gloo:all_reduce`, one per bucket. On a GPU the all-reduce
+# is an `ncclDevKernel_AllReduce...` kernel on NCCL's stream, beside the compute stream.
+#
+# `distlab.profiling.trace_spans` reads the same file back: compute is every operator on the
+# thread that runs the step (coloured by phase: forward, backward, DDP copying reduced buckets
+# into `.grad`, optimizer), communication is each `gloo:all_reduce` (on a GPU: the NCCL
+# kernels). Below, the recorded step of three configurations, each rank on its own clock.
+# The **overlap fraction** is the communication time that compute hides, over all communication:
+#
+# $$\text{overlap} = \frac{|\,\text{comm} \cap \text{compute}\,|}{|\,\text{comm}\,|}$$
+
+# %%
+def config(rank: int, label: str) -> dict:
+    return next(c for c in R[rank]["ddp"] if c["label"] == label)
+
+
+def spans(rank: int, label: str) -> list[Span]:
+    return [Span(*s) for s in config(rank, label)["spans"]]
+
+
+SWEEP = ["1 MB", "25 MB", "default (25 MB, first 1 MB)", "100 MB (one bucket)"]
+shown = [SWEEP[0], SWEEP[2], SWEEP[3]]
+fig, axes = plt.subplots(len(shown), 1, figsize=(10, 2.3 * len(shown)))
+for ax, label in zip(axes, shown):
+    first_step = max(config(r, label)["steps"][0][1] for r in range(2))
+    overlap = " / ".join(f"{config(r, label)['overlap']:.0%}" for r in range(2))
+    gantt(ax, [spans(r, label) for r in range(2)], until=first_step,
+          title=f"bucket_cap_mb {label}: {len(config(0, label)['buckets'][-1])} bucket(s), "
+                f"overlap {overlap} (rank 0 / 1)")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Read the comm rows against the backward (orange). With **one bucket** nothing can start until
+# backward has produced the last gradient: the all-reduce follows the backward and overlaps
+# nothing. With **1 MB** buckets (one per weight matrix here: a bucket closes once it holds at
+# least its cap, and a parameter is never split) the first all-reduce starts after the first
+# backward operation and the buckets run while backward continues. **DDP's default** sits
+# between: its first bucket (the last layers' gradients, ready first) is capped at 1 MiB
+# (`dist._DEFAULT_FIRST_BUCKET_BYTES`), the rest at 25 MiB, so here it has two buckets. Passing
+# `bucket_cap_mb=25` explicitly is *not* the default: it drops the small first bucket, and the
+# one big bucket is ready only at the end of backward.
+
+# %%
+pairs = [[config(r, label) for r in range(2)] for label in SWEEP]
+step_ms = [max(c["step_s"] for c in p) * 1e3 for p in pairs]
+overlap = [np.mean([c["overlap"] for c in p]) for p in pairs]
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+names = ["1", "25", "default", "100 (one)"]
+a1.bar(names, step_ms, color="#4c72b0")
+a1.set(xlabel="bucket_cap_mb", ylabel="step time (ms, slower rank)", title="step time")
+a2.bar(names, overlap, color="#c44e52")
+a2.set(xlabel="bucket_cap_mb", ylabel="overlap fraction", ylim=(0, 1), title="communication hidden under compute")
+fig.tight_layout()
+plt.show()
+print(f"{'bucket_cap_mb':>28} {'buckets (MB)':>26} {'step':>7} {'backward':>9} {'comm':>7} {'overlap':>8} "
+      f"{'exposed':>8}")
+for label, p in zip(SWEEP, pairs):
+    c = p[0]
+    sizes = ", ".join(f"{b / 1e6:.1f}" for b in c["buckets"][-1])
+    print(f"{label:>28} {sizes:>26} {max(x['step_s'] for x in p) * 1e3:5.0f}ms {c['backward_s'] * 1e3:7.0f}ms "
+          f"{c['comm_s'] * 1e3:5.0f}ms {c['overlap']:>8.0%} {c['comm_s'] * (1 - c['overlap']) * 1e3:6.0f}ms")
+
+# %% [markdown]
+# (The table is rank 0's; *exposed* = comm x (1 − overlap), the communication nothing hid.)
+#
+# **What this CPU shows, and what it cannot.** The overlap fraction follows the bucket size as
+# the paper says: small buckets hide most of the all-reduce, one bucket hides none. The step
+# time does not follow it here. On a CPU the all-reduce is *work for the same cores*: gloo sums
+# and copies the buckets on CPU threads while backward computes on the same two cores (and two
+# ranks already fill them), so hidden communication slows the backward beside it (compare the
+# backward column). On a GPU, NCCL runs on the GPU's own links and a few of its SMs while the
+# compute kernels run, so hidden communication is close to free; that is where small buckets
+# buy step time, until the per-message latency of too many buckets eats it. The trace is how
+# you find out which case you are in.
+#
+# ### `gradient_as_bucket_view` and `static_graph`
+# * `gradient_as_bucket_view=True` makes every `.grad` a view into its bucket. Without it DDP
+#   keeps the gradients twice (the `.grad` tensors and the buckets) and copies each reduced
+#   bucket back into `.grad` (the purple `bucket copy` in the Gantt).
+# * `static_graph=True` promises that every step uses the same parameters in the same order. DDP
+#   then records the first iteration and rebuilds its buckets one iteration later; it also
+#   supports what a dynamic graph cannot (reentrant activation checkpointing, parameters unused
+#   in a static way) without `find_unused_parameters=True`'s graph traversal every step.
+
+# %%
+print(f"{'configuration':>34} {'grads outside buckets':>22} {'bucket copy/step':>17} {'step':>7}  "
+      "buckets per iteration")
+for label in ["default (25 MB, first 1 MB)", "default + gradient_as_bucket_view", "default + static_graph"]:
+    c = config(0, label)
+    step = max(config(r, label)["step_s"] for r in range(2))
+    print(f"{label:>34} {c['grad_copy_bytes'] / 1e6:>19.1f} MB {c['bucket_copy_s'] * 1e3:>14.1f} ms "
+          f"{step * 1e3:5.0f}ms  {[len(b) for b in c['buckets']]}")
+
+# %% [markdown]
+# Measured: the view saves one full copy of the gradients (34 MB here; the `.grad` storages
+# *are* the buckets) and the copy-back time; `static_graph` shows its bucket rebuild one
+# iteration later, and no step-time difference on this model, whose graph is the same every
+# step anyway. Step times move by more than these savings from run to run on a shared
+# 2-core machine, so read the memory and the copy time, not the step time, for these two.
+#
+# ## 2. What collectives cost
+# ### An all-reduce is a reduce-scatter then an all-gather
+# The ring all-reduce (Patarasuk & Yuan, 2009) is two halves: a **reduce-scatter** leaves each of
+# the n ranks the sum of one n-th of the tensor, an **all-gather** gives every rank every sum.
+# Each half sends (n−1)/n of the tensor per rank, hence the all-reduce's 2(n−1)/n (nccl-tests'
+# bus bandwidth factor). Run both ways on the same 8 MB (small integers, so every order of
+# summation gives the same floats):
+
+# %%
+ra = R[0]["rs_ag"]
+print(f"all-reduce == reduce-scatter + all-gather, bit for bit: {all(r['rs_ag']['equal'] for r in R)}")
+print(f"{ra['bytes'] / 2**20:.0f} MiB on {job.backend}: all-reduce {ra['allreduce_s'] * 1e3:.2f} ms; "
+      f"reduce-scatter {ra['reduce_scatter_s'] * 1e3:.2f} ms + all-gather {ra['allgather_s'] * 1e3:.2f} ms "
+      f"= {(ra['reduce_scatter_s'] + ra['allgather_s']) * 1e3:.2f} ms")
+
+# %% [markdown]
+# The results are equal; the times are the backend's. NCCL implements its ring all-reduce as
+# exactly these two phases, so the halves add up to the whole there. gloo's all-reduce is its
+# own algorithm, and its reduce-scatter is not the cheaper half of it: on this machine the
+# two calls together cost more than one all-reduce. The ZeRO accounting below counts bytes,
+# which are the same either way.
+#
+# ### Bus bandwidth against message size
+# Time per all-reduce of S bytes on n ranks, modelled as a latency α plus the bytes each link
+# carries over a bandwidth β: $t(S) = \alpha + \frac{2(n-1)}{n}\frac{S}{\beta}$, fitted by least
+# squares (`distlab.bandwidth.fit_latency_bandwidth`) and drawn over the measured points as the
+# bus bandwidth it implies, $\text{busbw}(S) = \frac{2(n-1)}{n}\, S / t(S)$.
+
+# %%
+from distlab.bandwidth import bus_factor
+
+rows, (alpha, beta) = R[0]["bandwidth"], R[0]["fit"]
+sizes = np.array([r["bytes"] for r in rows], dtype=float)
+grid = np.logspace(np.log10(sizes[0]), np.log10(sizes[-1]), 100)
+model_s = alpha + bus_factor(2) * grid / beta
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2))
+a1.loglog(sizes, [r["time_s"] * 1e3 for r in rows], "o", label="measured (median, slower rank)")
+a1.loglog(grid, model_s * 1e3, "-",
+          label=f"α + 2(n-1)/n·S/β: α = {alpha * 1e6:.0f} µs, β = {beta / 1e9:.2f} GB/s")
+a1.set(xlabel="message size S (bytes)", ylabel="time per all-reduce (ms)")
+a2.semilogx(sizes, [r["busbw"] / 1e9 for r in rows], "o")
+a2.semilogx(grid, bus_factor(2) * grid / model_s / 1e9, "-")
+a2.set(xlabel="message size S (bytes)", ylabel="bus bandwidth (GB/s)")
+a1.legend(fontsize=7)
+fig.suptitle(f"all-reduce, 2 ranks, {job.backend}", fontsize=10)
+fig.tight_layout()
+plt.show()
+for r in rows:
+    print(f"{r['bytes'] / 1024:>8.0f} KiB  {r['time_s'] * 1e3:7.3f} ms  busbw {r['busbw'] / 1e9:5.2f} GB/s")
+
+# %% [markdown]
+# Small messages are all latency (their bus bandwidth is far below β), large ones approach β:
+# the reason DDP groups gradients into buckets of megabytes rather than sending each tensor
+# alone. The least-squares fit weighs every point's *absolute* error in seconds, so the largest
+# messages decide it and α comes out rough (the left panel shows how far the smallest messages
+# sit from the line); the smallest message's own time is the better measure of the latency.
+#
+# ### DDP's bytes against FSDP's, counted
+# `distlab.comm_bytes.CollectiveBytes` is a `TorchDispatchMode` (like PyTorch's `CommDebugMode`)
+# that sees every `c10d` collective on its way to the backend, DDP's own included, and records
+# its size; a DDP comm hook counts DDP's buckets as a cross-check. One training step of notebook
+# 04's model (8 residual blocks, 268 K parameters, Ψ = 1.07 MB), after two warm-up steps:
+# under DDP; under FSDP2 with one unit per block and the root (FSDP2 leaves the root
+# *unsharded* after forward, since the backward needs it at once); and with the root told to
+# reshard (`fully_shard(model, reshard_after_forward=True)`). Wire bytes are what each rank sends
+# in the ring algorithms: all-reduce 2(n−1)/n · S, all-gather and reduce-scatter (n−1)/n · S.
+
+# %%
+b = R[0]["bytes"]
+assert b["ddp"]["hook_bytes_per_step"] == b["ddp"]["allreduce"]["bytes"], "the comm hook and the counter disagree"
+ddp_wire = b["ddp"]["wire_bytes"]
+print(f"{'':>22} {'all-gather':>17} {'reduce-scatter':>17} {'all-reduce':>15} {'wire/rank':>10} "
+      f"{'ZeRO predicts':>13} {'x DDP':>6}")
+for name, label in (("ddp", "DDP"), ("fsdp", "FSDP2, root kept"), ("fsdp_root_resharded", "FSDP2, root resharded")):
+    m = b[name]
+    pred = m["prediction"]["fsdp"] if "prediction" in m else b["fsdp"]["prediction"]["ddp"]
+    cols = [f"{m[k]['calls']:>3} x {m[k]['bytes'] / 1e6:6.3f} MB" if k in m else f"{'-':>14}"
+            for k in ("allgather", "reduce_scatter", "allreduce")]
+    print(f"{label:>22} {cols[0]:>17} {cols[1]:>17} {cols[2]:>15} {m['wire_bytes'] / 1e6:>7.3f} MB "
+          f"{pred / 1e6:>10.3f} MB {m['wire_bytes'] / ddp_wire:>6.3f}")
+for name in ("fsdp", "fsdp_root_resharded"):
+    assert abs(b[name]["wire_bytes"] / b[name]["prediction"]["fsdp"] - 1) < 0.05
+
+# %% [markdown]
+# The counts match the ZeRO accounting to the byte. Every block is all-gathered twice (forward,
+# then backward: it was freed in between) and reduce-scattered once; with the root resharded too
+# that is 3(n−1)/n · Ψ against DDP's 2(n−1)/n · Ψ, **exactly 1.5x**. By default the root (the
+# input and output layers, 2.5% of the parameters here) is gathered once, so FSDP sends
+# (3Ψ − Ψ_root)/(2Ψ) = 1.487x. The sharded memory is paid for in bytes on the wire.
+#
+# ## 3. MFU: how much of the machine a step uses
+# **Model FLOPs utilisation** (Chowdhery et al., *PaLM*, 2022, appendix B) is the FLOPs a step
+# needs, per second, over the hardware's peak. The FLOPs: Kaplan et al. (2020) estimate 6N per
+# token for N parameters (2N forward, 4N backward); `torch.utils.flop_counter.FlopCounterMode`
+# counts the matrix products of a real step. The workload is exercise 6's (notebook 06's MLP,
+# width 1024, 3 hidden layers, batch 32 per worker; for an MLP a sample is a token).
+
+# %%
+m = R[0]["mfu"]
+print(f"parameters N = {m['params']:,}; batch {m['batch']} samples (tokens) per worker")
+print(f"FlopCounterMode, one step: {m['flops_per_step'] / 1e6:,.1f} MFLOP")
+print(f"6 N x tokens (Kaplan):     {m['six_n'] / 1e6:,.1f} MFLOP  "
+      f"(counted / rule = {m['flops_per_step'] / m['six_n']:.4f})")
+print(f"6 x weights x tokens - 2 x first-layer weights x tokens: {m['exact'] / 1e6:,.1f} MFLOP "
+      f"(equal to the count: {m['exact'] == m['flops_per_step']})")
+
+# %% [markdown]
+# The count is 1.1% below 6N, for two reasons the rule ignores: N counts the biases, whose adds
+# are not matrix products (a bias is one add per token, not six multiply-adds), and the first
+# layer's *input* needs no gradient, so its backward is 2 FLOPs per weight, not 4. Both shrink
+# as models grow, which is why 6N is good enough at scale.
+#
+# **The peak** is measured, not assumed: the best rate of large matrix products (256 to 1024
+# square, fp32, one thread per rank as torchrun's workers have) on the same ranks at the same
+# time as the step. On a GPU compare it with the datasheet as well (`distlab.mfu.DATASHEET`:
+# e.g. H100/H200 SXM 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32).
+
+# %%
+from distlab.mfu import DATASHEET
+
+print(f"{'W':>2} {'step':>8} {'achieved':>12} {'peak (matmul)':>14} {'MFU':>6}  vs datasheet")
+for row in m["rows"]:
+    sheet = f"{row['mfu_datasheet']:.2%} of {m['device']}" if row["mfu_datasheet"] else "(CPU: no datasheet)"
+    print(f"{row['world']:>2} {row['step_s'] * 1e3:6.1f}ms {row['achieved'] / 1e9:8.1f} GF/s "
+          f"{row['peak'] / 1e9:9.1f} GF/s {row['mfu']:>6.1%}  {sheet}")
+print("datasheet peaks known:", ", ".join(pattern.replace("\\b", "") for pattern, _ in DATASHEET))
+fig, ax = plt.subplots(figsize=(4, 2.8))
+ax.bar([str(r["world"]) for r in m["rows"]], [r["mfu"] for r in m["rows"]], color="#55a868")
+ax.set(xlabel="workers W", ylabel="MFU", ylim=(0, 1), title="exercise 6's workload")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# One worker already leaves most of the peak unused: batch 32 makes the matrix products small
+# (32 x 1024 by 1024 x 1024) and Python and the optimizer take their share. At W = 2 every
+# worker also all-reduces 8.7 MB of gradients per step, and on this machine that costs more
+# than the compute: MFU falls by more than half, the efficiency loss of notebook 06 seen as
+# FLOPs. W = 4 needs 4 cores (`make bench` measures it where it has them; with fewer cores the
+# workers would wait for a core, not for the network).
+#
+# ## 4. Debugging a hang
+# A collective finishes only when *every* rank calls it, with matching shapes, in the same
+# order. A rank that skips one (a branch only some ranks take) or calls two in another order
+# leaves the others waiting without a word until the process group's timeout: 30 minutes for
+# gloo, 10 for NCCL. Our launcher sets seconds; without these tools, all a gloo job says then is
+# `Timed out waiting ... ms for recv operation to complete`, with no hint of which collective.
+#
+# Two jobs hang on purpose below, each bounded by short timeouts; they mostly wait, so they
+# start together and the cells after this one show what each printed.
+
+# %%
+from concurrent.futures import ThreadPoolExecutor
+
+from distlab.hang import detail_report, short_report, stuck_job
+
+hang_demos = ThreadPoolExecutor(max_workers=2)
+detail_started = hang_demos.submit(detail_report, timeout=60)
+stuck_started = hang_demos.submit(stuck_job, barrier_timeout_s=3, timeout=60)
+
+# %% [markdown]
+# ### `TORCH_DISTRIBUTED_DEBUG=DETAIL`: a mismatch report instead of a hang
+# With `DETAIL`, every collective is checked before it runs: the ranks exchange a fingerprint of
+# it (operation, sequence number, shapes, dtypes) and raise if they differ. Below, each rank
+# all-reduces two metrics, `loss` (1 value) and `per_class_correct` (10), but rank 1 in the other
+# order (a dict built differently on each rank).
+
+# %%
+detail = detail_started.result()
+print("launcher:", detail["error"][:90], "...")
+for rank in sorted(detail["reports"]):
+    print(f"\nrank {rank} raised:\n{short_report(detail['reports'][rank])}")
+
+# %% [markdown]
+# Each rank names its own collective and its peer's, and the difference (the shapes). One trap
+# in torch 2.13: when the two fingerprints have different *lengths* (an all-reduce of one tensor
+# against a barrier, which has none), the peer's half is misread and shows as, e.g.,
+# `OpType=GATHER` with no shapes; each rank's description of *its own* collective is always
+# right, so read both ranks' reports. `DETAIL` costs an extra collective per collective: a
+# debugging switch, not a default.
+#
+# ### `monitored_barrier` names the missing rank; a stack dump shows where each rank is
+# Now rank 0 skips an all-reduce that rank 1 enters, and goes on to
+# `dist.monitored_barrier(wait_all_ranks=True)`, which waits a few seconds and then names every
+# rank that did not arrive (gloo only). While both are stuck, the notebook dumps every rank's
+# Python stack twice:
+#
+# * **faulthandler** (standard library, nothing to install): each rank ran
+#   `faulthandler.register(signal.SIGUSR1, file=..., all_threads=True)` at start, so
+#   `kill -USR1 <pid>` makes it write every thread's stack without stopping it;
+# * **py-spy** (`pip install py-spy`): `py-spy dump --pid <pid>` reads the stack from outside,
+#   with no cooperation from the process, if it may *ptrace* it (a container may need
+#   `--cap-add SYS_PTRACE`; when it cannot, its error is printed below and faulthandler still works).
+
+# %%
+stuck = stuck_started.result()
+hang_demos.shutdown()
+print("rank 0's monitored_barrier raised:", stuck["monitored_barrier"].get(0, "(nothing printed)"))
+for rank, error in sorted(stuck["errors"].items()):
+    print(f"rank {rank}'s own error: {error[:150]}")
+for rank in (0, 1):
+    print(f"\n--- rank {rank}, said it blocks in {stuck['blocked_in'].get(rank)}: faulthandler")
+    print(stuck["faulthandler"].get(rank, "(no dump)"))
+    print(f"--- rank {rank}: py-spy dump")
+    print(stuck["py_spy"].get(rank, "(no dump)"))
+print("\nprocesses of the job still running:", stuck["left_running"] or "none")
+
+# %% [markdown]
+# Rank 0's `monitored_barrier` said *"Ranks 1 failed to pass monitoredBarrier"*; rank 1 only
+# learnt that its peer was gone (`Connection closed by peer`) when rank 0's error ended the job.
+# The stacks say the rest: rank 0 waits in `monitored_barrier`, rank 1 in `all_reduce`, each at
+# its line of `distlab/hang.py`. Ranks in *different* collectives, or at different lines, is the
+# signature of a skipped or reordered collective; all ranks in the same collective points
+# instead at a rank that is slow or dead before it.
+#
+# ### On GPUs: NCCL's flight recorder and `NCCL_DEBUG`
+# * **Flight recorder**: with `TORCH_FR_BUFFER_SIZE=2000` (torch 2.13's name; older releases read
+#   `TORCH_NCCL_TRACE_BUFFER_SIZE`) every rank keeps its last 2000 collectives in a ring buffer:
+#   operation, sequence number, sizes, state (scheduled, started, completed) and the Python
+#   stack that issued it. With `TORCH_NCCL_DUMP_ON_TIMEOUT=1` each rank writes the buffer when
+#   NCCL's watchdog sees a timeout, to `TORCH_FR_DUMP_TEMP_FILE` + rank (older:
+#   `TORCH_NCCL_DEBUG_INFO_TEMP_FILE`), and `torchfrtrace <folder> -p <prefix>` (installed with
+#   torch) lines the ranks' buffers up and reports the first collective on which they disagree
+#   and the ranks that never reached it. In torch 2.13 it records gloo's collectives too.
+# * **`NCCL_DEBUG=INFO`** (with `NCCL_DEBUG_SUBSYS=COLL` for every collective) makes NCCL print
+#   its set-up (the rings and trees it built, over which transports) and its calls: the first
+#   thing to read when a job hangs at start or runs at a fraction of the expected bandwidth.
+#
+# ## Summary
+# * The profiler's trace shows DDP's buckets all-reducing while backward computes; the overlap
+#   fraction grows as buckets shrink. Whether that buys step time depends on whether
+#   communication has its own hardware (GPUs: yes; a CPU: no).
+# * Counted bytes match the ZeRO accounting: FSDP sends 1.5x DDP's bytes (less when the root
+#   stays gathered).
+# * FLOPs counted with `FlopCounterMode` match 6N up to biases and the first layer; MFU shows the
+#   scaling loss of notebook 06 as unused FLOPs.
+# * A hang has tools: `TORCH_DISTRIBUTED_DEBUG=DETAIL`, `monitored_barrier`, faulthandler or
+#   py-spy stacks, and on GPUs the flight recorder.

@@ -1,0 +1,53 @@
+"""FLOPs counted against Kaplan's 6N rule, the datasheet table, and the MFU arithmetic (distlab.mfu).
+
+Counts are exact (FlopCounterMode counts matrix products by their shapes); no speed is asserted.
+"""
+import pytest
+import torch
+
+from distlab.mfu import datasheet_peak, exact_mlp_flops, matmul_peak, mfu, six_n_rule, step_flops
+from distlab.models import make_mlp
+from distlab.resmlp import make_resmlp
+
+
+def _batch(n, features=64, classes=10):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, features, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+
+@pytest.mark.parametrize("model", [make_resmlp(0), make_mlp(0, hidden=1024, depth=3)], ids=["resmlp", "ex06-mlp"])
+def test_counted_flops_are_6n_less_biases_and_the_first_layers_input_gradient(model):
+    x, y = _batch(32)
+    counted = step_flops(model, x, y)
+    assert counted == exact_mlp_flops(model, 32)
+    # What 6N counts and the counter does not: 6 FLOPs per bias and token (adds, not matrix
+    # products), and 2 per first-layer weight and token (that layer's input needs no gradient).
+    biases = sum(p.numel() for p in model.parameters() if p.dim() == 1)
+    first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear)).weight.numel()
+    assert six_n_rule(model, 32) - counted == 6 * biases * 32 + 2 * first * 32
+    assert counted / six_n_rule(model, 32) == pytest.approx(1, abs=0.02)
+
+
+def test_step_flops_leaves_no_gradients_behind():
+    model = make_resmlp(0)
+    step_flops(model, *_batch(4))
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("name, dtype, peak", [
+    ("NVIDIA H200", torch.bfloat16, 989e12),
+    ("NVIDIA H100 80GB HBM3", torch.bfloat16, 989e12),
+    ("NVIDIA H100 PCIe", torch.float32, 51e12),
+    ("NVIDIA A100-SXM4-80GB", torch.float32, 19.5e12),
+    ("NVIDIA L4", torch.bfloat16, 121e12),
+    ("NVIDIA L40S", torch.bfloat16, None),   # not L4: not in the table
+    ("cpu", torch.float32, None),
+])
+def test_datasheet_peaks_by_device_name(name, dtype, peak):
+    assert datasheet_peak(name, dtype) == peak
+
+
+def test_mfu_is_achieved_over_peak():
+    assert mfu(flops_per_step=2e9, step_s=0.1, peak_flops_per_s=40e9) == pytest.approx(0.5)
+    best = matmul_peak(sizes=(32, 64), reps=1)
+    assert best["flops_per_s"] > 0 and best["n"] in (32, 64) and best["dtype"] == "fp32"
