@@ -204,7 +204,8 @@ print(f"{ra['bytes'] / 2**20:.0f} MiB on {job.backend}: all-reduce {ra['allreduc
 # ### Bus bandwidth against message size
 # Time per all-reduce of S bytes on n ranks, modelled as a latency α plus the bytes each link
 # carries over a bandwidth β: $t(S) = \alpha + \frac{2(n-1)}{n}\frac{S}{\beta}$, fitted by least
-# squares (`distlab.bandwidth.fit_latency_bandwidth`) and drawn over the measured points as the
+# squares of the relative errors (`distlab.bandwidth.fit_latency_bandwidth`: in seconds, the
+# largest messages would decide it alone) and drawn over the measured points as the
 # bus bandwidth it implies, $\text{busbw}(S) = \frac{2(n-1)}{n}\, S / t(S)$.
 
 # %%
@@ -232,9 +233,9 @@ for r in rows:
 # %% [markdown]
 # Small messages are all latency (their bus bandwidth is far below β), large ones approach β:
 # the reason DDP groups gradients into buckets of megabytes rather than sending each tensor
-# alone. The least-squares fit weighs every point's *absolute* error in seconds, so the largest
-# messages decide it and α comes out rough (the left panel shows how far the smallest messages
-# sit from the line); the smallest message's own time is the better measure of the latency.
+# alone. Where the points bend away from the line, the model's two numbers are not the whole
+# story: gloo changes algorithm with the message size, and on 2 CPU cores the ranks' copies
+# compete with each other.
 #
 # ### DDP's bytes against FSDP's, counted
 # `distlab.comm_bytes.CollectiveBytes` is a `TorchDispatchMode` (like PyTorch's `CommDebugMode`)

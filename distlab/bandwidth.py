@@ -57,11 +57,15 @@ def allreduce_time(nbytes: float, world: int, busbw: float, latency_s: float = 0
 
 def fit_latency_bandwidth(rows: list[dict], world: int) -> tuple[float, float]:
     """Least-squares ``time = latency + bus_factor * bytes / busbw`` over measured ``rows``:
-    returns ``(latency_s, busbw)``; the smallest message shows latency, the largest bandwidth."""
+    returns ``(latency_s, busbw)``; the smallest message shows latency, the largest bandwidth.
+
+    The fit minimises *relative* errors (each row divided by its time): the sizes span
+    three or more decades, and in seconds the largest messages' errors would outweigh the
+    small ones' whole times, leaving the latency to chance."""
     x = torch.tensor([bus_factor(world) * r["bytes"] for r in rows], dtype=torch.float64)
     y = torch.tensor([r["time_s"] for r in rows], dtype=torch.float64)
-    a = torch.stack([torch.ones_like(x), x], dim=1)
-    latency, inv_bw = torch.linalg.lstsq(a, y.unsqueeze(1)).solution.squeeze(1).tolist()
+    a = torch.stack([torch.ones_like(x), x], dim=1) / y.unsqueeze(1)
+    latency, inv_bw = torch.linalg.lstsq(a, torch.ones_like(y).unsqueeze(1)).solution.squeeze(1).tolist()
     return max(latency, 0.0), 1.0 / max(inv_bw, 1e-15)
 
 

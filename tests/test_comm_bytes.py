@@ -69,3 +69,15 @@ def test_fsdp_sends_what_zero_predicts_and_ddp_what_its_comm_hook_sees():
         assert b["fsdp"]["allgather"]["calls"] == 1 + 2 * 8 and b["fsdp"]["reduce_scatter"]["calls"] == 1 + 8
         assert b["rs_ag_equal"]
     assert results[0] == results[1]
+
+
+def test_latency_bandwidth_fit_recovers_both_and_keeps_the_latency_under_large_message_noise():
+    from distlab.bandwidth import bus_factor, fit_latency_bandwidth
+
+    sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+    exact = [dict(bytes=b, time_s=1e-4 + bus_factor(2) * b / 2e9) for b in sizes]
+    latency, busbw = fit_latency_bandwidth(exact, 2)
+    assert latency == pytest.approx(1e-4) and busbw == pytest.approx(2e9)
+    # the largest message 10 % slow (3 ms, 30x the latency): the latency stays within 10 %
+    noisy = exact[:-1] + [dict(exact[-1], time_s=exact[-1]["time_s"] * 1.1)]
+    assert fit_latency_bandwidth(noisy, 2)[0] == pytest.approx(1e-4, rel=0.1)
