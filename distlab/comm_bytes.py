@@ -50,6 +50,16 @@ def _nbytes(arg) -> int:
     return 0
 
 
+#: How the notebooks write the kinds that c10d spells "allreduce", "allgather", "reduce_scatter".
+LABELS = {"allreduce": "all-reduce", "allgather": "all-gather", "reduce_scatter": "reduce-scatter"}
+_UNLABEL = {v: k for k, v in LABELS.items()}
+
+
+def label(kind: str) -> str:
+    """``"all-reduce"`` for ``"allreduce"``, and so on (other kinds as they are)."""
+    return LABELS.get(kind, kind)
+
+
 def collective_kind(op_name: str) -> str:
     """``"allreduce"``, ``"allgather"``, ``"reduce_scatter"``... from a c10d operator's name."""
     name = op_name.lower().replace("all_gather", "allgather").replace("all_reduce", "allreduce")
@@ -58,7 +68,9 @@ def collective_kind(op_name: str) -> str:
 
 def wire_bytes(kind: str, nbytes: float, world: int) -> float:
     """Bytes one rank sends for a collective of full size ``nbytes`` on ``world`` ranks (ring; NaN for
-    an operation this table does not know, so that a total including it says so)."""
+    an operation this table does not know, so that a total including it says so). ``kind`` as
+    :func:`collective_kind` or :func:`label` writes it."""
+    kind = _UNLABEL.get(kind, kind)
     return BUS_FACTORS[kind](world) * nbytes if kind in BUS_FACTORS else float("nan")
 
 
