@@ -15,11 +15,12 @@ All in one job of 2 ranks (distlab.pipeline_bench.sweep):
   beside (p-1)/(v m + p-1), and ZBV zero-bubble (Qi et al., 2024): step time
   against interleaved 1F1B's (its split backward is not timed per stage).
 
-On a 2-core machine the sized bubble follows the formula at m = 1, 2 and sits 5-15
-points above it at m = 4, 8: two stages computing at once each run slower than one
-alone, unevenly (the per-message cost is 100x below the compute there). The small
-micro-batches' gap is partly the messages (the "with messages" model) and partly the
-schedule's own per-micro-batch work in torch.distributed.pipelining.
+Beside each GPipe bubble, a model made of what the run measured
+(distlab.pipeline_bench.bubble_model): each stage's forward and backward, the
+schedule's own work between two actions o, and the message c. On a 2-core machine the
+sized bubble follows the formula at m = 1, 2 and sits 5-17 points above it at m = 4, 8:
+about half is o, the rest messages that wait for a core while both ranks compute. The
+small micro-batches' gap is mostly o, which is as long as an 8-row micro-batch's compute.
 
 p = 4 needs 4 ranks with a core each: it runs only where this machine has >= 4
 cores (on 2 cores, 4 ranks share them and a stage waits for a core, not for
@@ -46,10 +47,14 @@ def _runs() -> list[dict]:
 
 
 def _bubble_rows(label: str, figures: list[dict]) -> list[Row]:
-    return [Row("pipeline", f"{label} bubble, p={f['p']}, v={f['v']}, m={f['m']}", f["bubble"], "fraction",
-                f"formula (p-1)/(v*m+p-1) = {f['formula']:.3f}; with messages {f['with_messages']:.3f}; "
+    def note(f: dict) -> str:
+        model = f"model (measured f, b, o = {f['overhead_s'] * 1e3:.2f} ms, c) {f['model']:.3f}; " if "model" in f else ""
+        return (f"formula (p-1)/(v*m+p-1) = {f['formula']:.3f}; with messages {f['with_messages']:.3f}; {model}"
                 f"compute/micro-batch {f['compute_per_mb_s'] * 1e3:.2f} ms = {f['compute_per_mb_s'] / f['c']:.0f} c; "
-                f"gradients match: {f['grads_match']}") for f in figures]
+                f"gradients match: {f['grads_match']}")
+
+    return [Row("pipeline", f"{label} bubble, p={f['p']}, v={f['v']}, m={f['m']}", f["bubble"], "fraction", note(f))
+            for f in figures]
 
 
 def rows() -> list[Row]:

@@ -111,9 +111,9 @@ display(widgets.interactive(
 # message size. Half of it is the one-way cost `c`.
 #
 # Two workloads: **sized** (8 layers of width 1024, narrowed to 64 features where a stage
-# hands over to the next, batch 256: each micro-batch's compute is ≥ 10x `c` even at m = 8)
-# and **small micro-batches** (width 256, batch 64: at m = 8 a micro-batch is 8 rows, and the
-# messages cost a large share of its compute).
+# hands over to the next, batch 1024: each micro-batch's compute is ≥ 10x what the schedule pays
+# per micro-batch, even at m = 8) and **small micro-batches** (width 256, batch 64: at m = 8 a
+# micro-batch is 8 rows, and the per-micro-batch costs are a large share of its compute).
 #
 # *Only p = 2 here:* this machine may have 2 cores, and 4 ranks on 2 cores would wait for a
 # core, not for their input; `make bench` measures p = 4 where there are ≥ 4 cores.
@@ -147,21 +147,30 @@ for c in costs:
           f"one way c = {c['round_trip_s'] * 5e5:6.0f} µs")
 
 # %% [markdown]
-# The measured GPipe bubble against the formula. The dashed lines add what the messages cost,
-# `(p-1)/(m+p-1) + m·(p-1)·c / step time`, with `c` measured above at each run's message size
-# and the run's own step time.
+# The measured GPipe bubble against the formula, and against a **model made of what the run
+# measured** (`distlab.pipeline_bench.bubble_model`): every action of stage `s` takes a slot of its
+# own compute (`f_s` forward, `b_s` backward, medians from the timeline), plus the schedule's own
+# work between two actions `o`, plus the message `c`. The forwards stream through the stages at
+# the pace of the slowest slot, and so do the backwards:
 #
-# *Sized:* the bubble falls with m as the formula says, on it at m = 1 and 2. At m = 4 and 8
-# this 2-core machine usually measures 5-15 points more, and the messages do not explain it
-# (`c` is ~100x below a micro-batch's compute: the dashed line sits on the formula). Read the
-# timeline below: when both stages compute at once, each runs slower than alone (they share
-# the caches, the memory bus and, on a VM, perhaps a physical core), unevenly, and the faster
-# stage waits for the slower. The formula assumes equal, constant stage times.
+# $$\text{step} = \sum_s (f_s + o + c) + (m-1)\max_s (f_s + o + c) + \text{the same for } b,
+# \qquad \text{bubble} = 1 - \frac{m \sum_s (f_s + b_s)}{p \cdot \text{step}}$$
 #
-# *Small micro-batches:* far above the formula, and the messages explain only part of the
-# gap. The rest is the schedule's own work per micro-batch (Python in
-# `torch.distributed.pipelining`: building the send/recv ops, the chunks, the loss), about as
-# long as an 8-row micro-batch's compute. Both costs are paid per micro-batch, which is why
+# With equal stages and `o = c = 0` it is the formula. `o` is read off the timeline: the idle gap
+# between two actions that wait for no message (stage 0's forwards, the last stage's backwards):
+# Python in `torch.distributed.pipelining` building the chunks, the send and receive ops, the loss.
+# The dotted lines keep only the messages, `(p-1)/(m+p-1) + m·(p-1)·c / step time`.
+#
+# *Sized:* on the formula at m = 1 and 2, and falling with m. At m = 4 and 8 this 2-core machine
+# measures 5-17 points more: about half of it is `o` (~0.6 ms per action against ~8 ms of forward
+# at m = 8), which the model adds; the rest is messages that arrive late. The ping-pong measured
+# `c` between idle ranks; during the step the sender keeps computing, and gloo's communication
+# thread must wait for a core (2 ranks on 2 cores: none is free). On a machine with a spare core
+# per rank, or on GPUs, that part goes away.
+#
+# *Small micro-batches:* far above the formula. The messages (dotted) explain little; the
+# schedule's own work per action is about as long as an 8-row micro-batch's compute, and the
+# model with `o` comes within 10-20 points. Both costs are paid per micro-batch, which is why
 # micro-batches must stay large enough to hide them: the bubble formula only rewards more
 # micro-batches while each one is still much more compute than overhead.
 
@@ -172,19 +181,23 @@ ax.plot(ms, [theoretical_bubble(2, m) for m in ms], "k-", label="formula (p-1)/(
 for size, label, color in ((SIZED, "sized", "C0"), (SMALL, "small micro-batches", "C3")):
     runs = pick("gpipe", size)
     ax.plot([f["m"] for f in runs], [f["bubble"] for f in runs], "o", color=color, label=f"measured, {label}")
-    ax.plot([f["m"] for f in runs], [f["with_messages"] for f in runs], "--", color=color,
+    ax.plot([f["m"] for f in runs], [f["with_messages"] for f in runs], ":", color=color,
             label=f"formula + m(p-1)c/step, {label}")
+    ax.plot([f["m"] for f in runs], [f["model"] for f in runs], "--", color=color,
+            label=f"model: measured f, b, o, c, {label}")
 ax.set_xlabel("micro-batches m")
 ax.set_ylabel("bubble")
 ax.set_ylim(0, 1)
 ax.legend(fontsize=7)
 fig.tight_layout()
 plt.show()
-print(f"{'workload':>9} {'m':>3} {'measured':>9} {'formula':>8} {'+messages':>10} {'compute/mb':>11} {'c':>7}")
+print(f"{'workload':>9} {'m':>3} {'measured':>9} {'formula':>8} {'+messages':>10} {'model':>6} "
+      f"{'compute/mb':>11} {'o':>7} {'c':>7}")
 for size, label in ((SIZED, "sized"), (SMALL, "small")):
     for f in pick("gpipe", size):
         print(f"{label:>9} {f['m']:>3} {f['bubble']:>9.1%} {f['formula']:>8.1%} {f['with_messages']:>10.1%} "
-              f"{f['compute_per_mb_s'] * 1e3:>8.2f} ms {f['c'] * 1e6:>4.0f} µs")
+              f"{f['model']:>6.1%} {f['compute_per_mb_s'] * 1e3:>8.2f} ms {f['overhead_s'] * 1e6:>4.0f} µs "
+              f"{f['c'] * 1e6:>4.0f} µs")
 
 # %% [markdown]
 # The timelines behind two of those points, GPipe and 1F1B with m = 4 on the sized workload:

@@ -87,6 +87,41 @@ def bubble_with_messages(p: int, m: int, c: float, step_s: float, v: int = 1) ->
     return (p - 1) / (v * m + p - 1) + m * (p - 1) * c / step_s
 
 
+def stage_costs(events: list, p: int) -> dict:
+    """What one GPipe run measured of each stage, for :func:`bubble_model`: the median forward ``f``
+    and backward ``b`` per micro-batch of every stage, and the per-action overhead ``o``.
+
+    ``o`` is the median idle gap between two consecutive actions that wait for no message: stage
+    0's forwards (its input is local) and the last stage's backwards (its gradient comes from its
+    own loss). It is the schedule's own work between two computations (Python in
+    ``torch.distributed.pipelining``: the chunk, the send and receive ops, the loss), which no
+    message explains.
+    """
+    def of(stage: int, kind: str) -> list:
+        return sorted((e for e in events if e.stage == stage and e.kind == kind), key=lambda e: e.mb)
+
+    free = [b.start - a.end for s, kind in ((0, "F"), (p - 1, "B")) for a, b in zip(of(s, kind), of(s, kind)[1:])]
+    return {"f": [statistics.median(e.end - e.start for e in of(s, "F")) for s in range(p)],
+            "b": [statistics.median(e.end - e.start for e in of(s, "B")) for s in range(p)],
+            "o": statistics.median(free) if free else 0.0}
+
+
+def bubble_model(f: list[float], b: list[float], m: int, o: float = 0.0, c: float = 0.0) -> float:
+    """GPipe's (and 1F1B's) bubble from measured costs, not from equal stages and free messages.
+
+    Every action of stage ``s`` occupies a slot of its compute (``f[s]`` forward, ``b[s]``
+    backward), the overhead ``o`` and the wait ``c`` for its message. The forwards stream through
+    the stages as a pipeline whose throughput is set by the slowest slot: they take
+    ``sum(slots) + (m - 1) max(slots)``, and so do the backwards. The bubble is the share of
+    ``p x step`` in which no stage computes. With equal stages and ``o = c = 0`` it is the formula
+    ``(p-1)/(m+p-1)`` of Huang et al. (2019).
+    """
+    p = len(f)
+    fwd, bwd = [x + o + c for x in f], [x + o + c for x in b]
+    step = sum(fwd) + (m - 1) * max(fwd) + sum(bwd) + (m - 1) * max(bwd)
+    return 1.0 - m * (sum(f) + sum(b)) / (p * step)
+
+
 class _Held:
     """What autograd stores instead of a saved tensor: the tensor, and a counter that forgets it when freed."""
 
@@ -147,9 +182,11 @@ class SavedBytes(nn.Module):
 
 # ---- the workloads the notebook, the benchmark and the tests share ----------------------------
 
-#: Compute per micro-batch >= 10x the per-message cost even at m = 8 (on a CPU core with gloo):
-#: 1024 features inside a stage, 64 where one stage hands over to the next (16 KiB messages at m = 8).
-SIZED = dict(width=1024, depth=8, batch=256, boundary=64)
+#: Compute per micro-batch >= 10x what the schedule pays per micro-batch even at m = 8 (on a CPU core
+#: with gloo): the message (~0.1 ms) and the schedule's own work between two actions (~0.6 ms,
+#: :func:`stage_costs`), against ~8 ms forward and ~17 ms backward per stage. 1024 features inside a
+#: stage, 64 where one stage hands over to the next (32 KiB messages at m = 8).
+SIZED = dict(width=1024, depth=8, batch=1024, boundary=64)
 #: Tiny micro-batches: the per-message cost is a large share of each, the bubble is far above the formula.
 SMALL = dict(width=256, depth=4, batch=64)
 #: Memory: a fixed micro-batch of 32 rows, so a step of m micro-batches has m times the work.
@@ -189,6 +226,10 @@ def summarize(run: dict, per_rank: list[dict], costs: list[dict] | None = None) 
     if costs:
         c = one_way_cost(costs, message_bytes(run))
         out.update(c=c, with_messages=bubble_with_messages(p, m, c, span, v))
+        if run["schedule"] == "gpipe" and events:  # stage_costs reads GPipe's order of actions
+            measured = stage_costs(events, p)
+            out.update(overhead_s=measured["o"],
+                       model=bubble_model(measured["f"], measured["b"], m, measured["o"], c))
     if "saved_peak_bytes" in per_rank[0]:
         out["saved_peak_bytes"] = per_rank[0]["saved_peak_bytes"]
     return out
