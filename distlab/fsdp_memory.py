@@ -38,6 +38,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
+from .memory import local_tensor
+
 # Everything counted here is fp32: a parameter, its gradient and each Adam moment take 4 bytes per element.
 BYTES_PER_PARAM = 4
 # fp32 parameter + fp32 gradient + Adam's two fp32 moments = 16 bytes per parameter
@@ -92,14 +94,10 @@ def expected_bytes(shapes: dict[str, tuple[int, ...]], world: int, rank: int,
     return out
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def _storage_bytes(tensors) -> int:
     seen: dict[int, int] = {}
     for t in tensors:
-        st = _local(t).untyped_storage()
+        st = local_tensor(t).untyped_storage()
         seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
 

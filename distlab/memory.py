@@ -25,7 +25,16 @@ from typing import Callable, Iterable
 import torch
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (the memory it holds here); any other tensor itself."""
+    if hasattr(t, "to_local"):  # a DTensor (FSDP2, tensor parallelism), without importing torch.distributed
+        with torch.no_grad():
+            return t.to_local()
+    return t
+
+
 def _key(t: torch.Tensor) -> tuple:
+    t = local_tensor(t)
     return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
 
 
@@ -33,15 +42,17 @@ def saved_tensor_bytes(fn: Callable[[], object], *, exclude: Iterable[torch.Tens
     """Bytes of the distinct tensors autograd saved for backward while ``fn()`` ran.
 
     Storages of the tensors in ``exclude`` (e.g. ``model.parameters()``, which
-    ``linear`` saves but which exist anyway) are not counted.
+    ``linear`` saves but which exist anyway) are not counted. A DTensor counts as its
+    shard on this rank.
     """
     seen: dict[tuple, int] = {}
     skip = {_key(t) for t in exclude}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _key(t)
+        mine = local_tensor(t)
+        key = _key(mine)
         if key not in skip:
-            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
+            seen[key] = max(seen.get(key, 0), mine.untyped_storage().nbytes())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -17,7 +17,6 @@ benchmark and tests share; exercise 8's autograd Functions ``f``/``g`` are not h
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import statistics
 import time
@@ -34,6 +33,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
 from torch.utils._pytree import tree_leaves
 
 from .comm_bytes import collective_kind, label, wire_bytes
+from .memory import local_tensor, saved_tensor_bytes
 from .resmlp import Block
 
 
@@ -111,36 +111,9 @@ class CommCounter(CommDebugMode):
         return sum(wire_bytes(kind, n, world) for kind, n in self.ops)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    if isinstance(t, DTensor):
-        with torch.no_grad():
-            return t.to_local()
-    return t
-
-
-@contextlib.contextmanager
-def saved_local_bytes(exclude=()):
-    """``with saved_local_bytes(model.parameters()) as saved: ...``; then ``saved["bytes"]``:
-    the bytes autograd saved for backward on *this rank*, each storage once, a DTensor counted
-    by its local shard (``distlab.memory.saved_tensor_bytes`` for plain tensors does the same)."""
-    skip = {_local(p).untyped_storage().data_ptr() for p in exclude}
-    seen: dict[int, int] = {}
-    out = {"bytes": 0}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = _local(t).untyped_storage()
-        if storage.data_ptr() not in skip:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield out
-    out["bytes"] = sum(seen.values())
-
-
 def param_bytes(module: nn.Module) -> tuple[int, int]:
     """``(bytes on this rank, bytes unsplit)`` of a module's parameters (a DTensor's ``numel`` is global)."""
-    local = sum(_local(p).numel() * p.element_size() for p in module.parameters())
+    local = sum(local_tensor(p).numel() * p.element_size() for p in module.parameters())
     return local, sum(p.numel() * p.element_size() for p in module.parameters())
 
 
@@ -169,14 +142,16 @@ def step_report(model: nn.Module, ref: nn.Module, x, y, world: int, x_ref=None, 
     (``world``: the group they run in), the bytes saved for backward on this rank, and the
     largest differences of the loss (same batch only) and of the gradients.
     """
-    with CommCounter() as fwd, saved_local_bytes(model.parameters()) as saved:
-        loss = F.cross_entropy(model(x), y)
+    step: dict = {}
+    with CommCounter() as fwd:  # saved_tensor_bytes counts a DTensor by its shard on this rank
+        saved = saved_tensor_bytes(lambda: step.update(loss=F.cross_entropy(model(x), y)), exclude=model.parameters())
+    loss = step["loss"]
     with CommCounter() as bwd:
         loss.backward()
     ref_loss = F.cross_entropy(ref(x if x_ref is None else x_ref), y if y_ref is None else y_ref)
     ref_loss.backward()
     return {"forward": fwd.counts(), "backward": bwd.counts(), "forward_bytes": fwd.ring_bytes(world),
-            "backward_bytes": bwd.ring_bytes(world), "saved_bytes": saved["bytes"],
+            "backward_bytes": bwd.ring_bytes(world), "saved_bytes": saved,
             "loss_diff": (loss - ref_loss).abs().item() if x_ref is None else float("nan"),
             "grad_diff": grad_diff(model, ref)}
 
@@ -203,13 +178,15 @@ def sequence_parallel_report(mesh, *, batch: int, seq: int, hidden: int, seed: i
         sp = name == "sequence parallel"
         model = parallelize_module(seeded(norm_block, seed, hidden).to(dev), mesh, plan)
         xin = (x.chunk(t, dim=1)[r] if sp else x).clone().requires_grad_()
-        with CommCounter() as fwd, saved_local_bytes(model.parameters()) as saved:
-            out = model(xin)
-            out = out.to_local() if isinstance(out, DTensor) else out  # (with its autograd history)
+        step: dict = {}
+        with CommCounter() as fwd:
+            saved = saved_tensor_bytes(lambda: step.update(out=model(xin)), exclude=model.parameters())
+        out = step["out"]
+        out = out.to_local() if isinstance(out, DTensor) else out  # (with its autograd history)
         with CommCounter() as bwd:
             out.sum().backward()
         mine = (lambda z: z.chunk(t, dim=1)[r]) if sp else (lambda z: z)  # noqa: E731
-        report[name] = {"forward": fwd.counts(), "backward": bwd.counts(), "saved_bytes": saved["bytes"],
+        report[name] = {"forward": fwd.counts(), "backward": bwd.counts(), "saved_bytes": saved,
                         "forward_bytes": fwd.ring_bytes(t), "backward_bytes": bwd.ring_bytes(t),
                         "out_diff": (out - mine(out_ref)).abs().max().item(),
                         "input_grad_diff": (xin.grad - mine(x_ref.grad)).abs().max().item(),
@@ -271,9 +248,9 @@ def tp_job(*, hidden: int = 64, depth: int = 2, batch: int = 8, seq: int = 16, s
         block = model.blocks[0]
         matrices = [block.fc1.weight, block.fc2.weight]
         out = {"world": w, "step": step_report(model, ref, x, y, w), "block_bytes": param_bytes(block),
-               "matrix_bytes": (sum(_local(p).nbytes for p in matrices), sum(p.nbytes for p in matrices)),
+               "matrix_bytes": (sum(local_tensor(p).nbytes for p in matrices), sum(p.nbytes for p in matrices)),
                "placements": {n: str(p.placements) for n, p in block.named_parameters()},
-               "local_shapes": {n: tuple(_local(p).shape) for n, p in block.named_parameters()},
+               "local_shapes": {n: tuple(local_tensor(p).shape) for n, p in block.named_parameters()},
                "sp": sequence_parallel_report(mesh, batch=2, seq=seq, hidden=hidden, seed=seed)}
         if timed:
             out["time"] = _times(model, ref, x, y, calls, repeats)

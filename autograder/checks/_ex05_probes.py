@@ -39,6 +39,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from distlab import LaunchError, init_distributed, torchrun
 from distlab.data import RecordingDataset, synthetic_classification
+from distlab.memory import local_tensor
 
 from .. import progress
 from ..harness import CapturedPrints, echo, load_learner
@@ -80,19 +81,15 @@ def _rng_hash() -> str:
     return hashlib.sha1(state).hexdigest()[:16]
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def _fingerprint(optimizer) -> float:
     with torch.no_grad():
-        return float(sum(_local(p).double().sum().item() for g in optimizer.param_groups for p in g["params"]))
+        return float(sum(local_tensor(p).double().sum().item() for g in optimizer.param_groups for p in g["params"]))
 
 
 def _snapshot(optimizer, args, kwargs) -> None:
     """Global optimizer step pre-hook: what this step starts from (the last call before ``on_step`` wins)."""
     first = optimizer.state.get(optimizer.param_groups[0]["params"][0], {})
-    moments = sum(_local(v).double().sum().item() for s in optimizer.state.values() for k, v in s.items()
+    moments = sum(local_tensor(v).double().sum().item() for s in optimizer.state.values() for k, v in s.items()
                   if k in ("exp_avg", "exp_avg_sq"))
     _now["pre"] = {"fp": _fingerprint(optimizer), "adam_step": float(first.get("step", 0)), "moments": moments,
                    "lr": float(optimizer.param_groups[0]["lr"]), "rng": _rng_hash()}
