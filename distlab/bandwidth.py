@@ -92,7 +92,7 @@ def scaling_probe(hidden: int = 1024, batch: int = 32, steps: int = 5, repeats: 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .distributed import init_distributed, shutdown
-    from .models import make_mlp
+    from .models import make_mlp, sgd_step
 
     dev = init_distributed()
     w = dist.get_world_size()
@@ -101,14 +101,8 @@ def scaling_probe(hidden: int = 1024, batch: int = 32, steps: int = 5, repeats: 
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
     def timed(net: nn.Module) -> float:
-        opt = torch.optim.SGD(net.parameters(), lr=0.01)
-
-        def step() -> None:
-            opt.zero_grad()
-            nn.functional.cross_entropy(net(x), y).backward()
-            opt.step()
-
-        return distributed_median_seconds(step, calls=steps, repeats=repeats, device=dev, warmup=3)
+        return distributed_median_seconds(sgd_step(net, x, y, lr=0.01), calls=steps, repeats=repeats, device=dev,
+                                          warmup=3)
 
     compute_s = timed(copy.deepcopy(model))
     step_s = timed(DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None))

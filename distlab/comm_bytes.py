@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .models import sgd_step
+
 #: Bytes each rank sends per byte of the collective's full size S, ring algorithms (nccl-tests' busbw
 #: factors); a point-to-point send sends its bytes once, a receive none.
 BUS_FACTORS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
@@ -132,13 +134,7 @@ STEPS = 3  # two to warm up (DDP rebuilds its buckets, FSDP initialises lazily),
 
 def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, world: int) -> dict:
     """``STEPS - 1`` uncounted steps, then one step counted by :class:`CollectiveBytes`; its totals."""
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-    def step() -> None:
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-
+    step = sgd_step(model, x, y, lr=1e-3)
     for _ in range(STEPS - 1):
         step()
     with CollectiveBytes(world) as counted:

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from .models import sgd_step
 from .profiling import profile_steps, summarize, trace_spans
 from .resmlp import make_resmlp
 
@@ -87,15 +88,14 @@ def run_config(config: dict, device: torch.device, trace: Path, steps: int = 1) 
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
     log, iteration = [], [0]
     ddp.register_comm_hook(None, _logging_hook(log, iteration))
-    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(dist.get_rank())  # each rank its own samples
     x = torch.randn(BATCH, MODEL["in_features"], generator=gen).to(device)
     y = torch.randint(0, MODEL["out_features"], (BATCH,), generator=gen).to(device)
 
+    train = sgd_step(ddp, x, y, lr=1e-3)
+
     def step() -> None:
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
+        train()
         iteration[0] += 1
 
     for _ in range(2):  # iteration 0: one bucket; 1: rebuilt (2 with static_graph: the profiler's warm-up)

@@ -98,17 +98,6 @@ def mfu(flops_per_step: float, step_s: float, peak_flops_per_s: float) -> float:
     return flops_per_step / step_s / peak_flops_per_s
 
 
-def _trainer(net: nn.Module, x: torch.Tensor, y: torch.Tensor):
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
-
-    def step() -> None:
-        opt.zero_grad()
-        nn.functional.cross_entropy(net(x), y).backward()
-        opt.step()
-
-    return step
-
-
 def scaling_mfu(hidden: int = 1024, batch: int = 32, depth: int = 3, calls: int = 5, repeats: int = 3) -> dict:
     """Runs on every rank of an initialised job: the MFU of exercise 6's workload (notebook 06's
     MLP, ``make_mlp(hidden, depth)``, ``batch`` samples per worker, SGD) at ``W = 1`` (rank 0 alone
@@ -125,7 +114,7 @@ def scaling_mfu(hidden: int = 1024, batch: int = 32, depth: int = 3, calls: int 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .distributed import device as rank_device
-    from .models import make_mlp
+    from .models import make_mlp, sgd_step
     from .timing import distributed_median_seconds, median_seconds, synchronize
 
     dev, rank, world = rank_device(), dist.get_rank(), dist.get_world_size()
@@ -139,14 +128,14 @@ def scaling_mfu(hidden: int = 1024, batch: int = 32, depth: int = 3, calls: int 
     solo = [None]
     if rank == 0:  # one worker with the machine to itself: the others wait, idle, in the barrier below
         peak = matmul_peak(dev)["flops_per_s"]
-        step_s = median_seconds(_trainer(copy.deepcopy(model), x, y), lambda: synchronize(dev))
+        step_s = median_seconds(sgd_step(copy.deepcopy(model), x, y, lr=0.01), lambda: synchronize(dev))
         solo[0] = {"world": 1, "step_s": step_s, "peak": peak, "achieved": flops / step_s}
     dist.barrier()
     dist.broadcast_object_list(solo, src=0)
     peak = torch.tensor([matmul_peak(dev)["flops_per_s"]], dtype=torch.float64, device=dev)
     dist.all_reduce(peak)  # the sum of the ranks' peaks, measured at the same time
     ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    step_s = distributed_median_seconds(_trainer(ddp, x, y), calls=calls, repeats=repeats, device=dev, warmup=3)
+    step_s = distributed_median_seconds(sgd_step(ddp, x, y, lr=0.01), calls=calls, repeats=repeats, device=dev, warmup=3)
     rows = [solo[0], {"world": world, "step_s": step_s, "peak": peak.item(), "achieved": world * flops / step_s}]
     sheet = datasheet_peak(out["device"]) if dev.type == "cuda" else None  # fp32: the workload's dtype
     for row in rows:

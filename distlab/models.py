@@ -29,6 +29,19 @@ def make_mlp(seed: int, **kwargs) -> MLP:
         return MLP(**kwargs)
 
 
+def sgd_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float):
+    """A closure that runs one SGD step of ``model`` (plain, DDP or FSDP) on the cross-entropy of
+    ``(x, y)``: the step the timing and counting jobs repeat."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step() -> None:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
 def cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """A detached CPU copy of ``model``'s state dict (``module.`` prefixes of DDP removed)."""
     inner = getattr(model, "module", model)
