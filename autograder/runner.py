@@ -13,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from distlab import warm
 from distlab.importing import REPO_ROOT, with_repo_on_path
 from distlab.process import TIME_SCALE_VAR, run_contained, time_scale
 from distlab.sandbox import SCRATCH_VAR, SandboxError, preflight
@@ -52,6 +53,7 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
         out = Path(private) / "report.json"
         # Everything the grading subprocess and its ranks put in temp files lands in the scratch folder
         # and goes with it, even when they are killed before they can clean up after themselves.
+        warm.available()  # the grading subprocesses launch through this process's warm server
         env = {**os.environ, "TMPDIR": scratch, SCRATCH_VAR: scratch,
                "PYTHONPATH": with_repo_on_path(os.environ)}
         cmd = [sys.executable, "-m", "autograder.run_one", str(ex.number), str(path.resolve()), str(out)]

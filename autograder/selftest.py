@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import distlab
+from distlab import warm
 from distlab.launch import TIME_SCALE_VAR, LaunchError, time_scale
 from distlab.sandbox import status as sandbox_status
 
@@ -185,7 +186,9 @@ def render(doc: dict) -> str:
              f"root: {'yes' if box['root'] else 'no'}  learner sandbox: "
              + (f"on (user {box['learner_user']})" if box["sandboxed"] else "off")
              + ("  (learners' code runs as root here: the grading image sets DISTLAB_STUDENT_USER)"
-                if box["root"] and not box["sandboxed"] else ""), ""]
+                if box["root"] and not box["sandboxed"] else ""),
+             "launches: " + ("warm (torchrun's engine, ranks forked from a server that imported torch once)"
+                             if doc.get("launch") == "warm" else "the torchrun CLI (no warm server here)"), ""]
     probes = [("probe", "backend", "devices", "time", "result")]
     probes += [(f"W={p['world_size']}", p["backend"] or "-", ", ".join(sorted(set(p["devices"]))) or "-",
                 f"{p['seconds']:.1f} s", "ok" if not p["error"] else "FAIL") for p in doc["probes"]]
@@ -218,7 +221,7 @@ def run(only: list[int] | None = None, json_path: str | None = None) -> int:
     """The self-test: probes first (a broken launcher or GPU shows in seconds), then the gradings."""
     start = time.monotonic()
     known = [ex for n, ex in exercises().items() if only is None or n in only]
-    doc = {"environment": environment(), "sandbox": sandbox_status()}
+    doc = {"environment": environment(), "sandbox": sandbox_status(), "launch": warm.path_in_use()}
     doc["probes"] = run_probes()
     doc["stub_workers"] = stub_workers(len(known), doc["sandbox"]["sandboxed"])
     doc["solutions"], doc["stubs"] = grade_all(known, doc["stub_workers"])

@@ -34,6 +34,7 @@ import torch
 from .distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
 from .importing import REPO_ROOT, with_repo_on_path
 from .process import TIME_SCALE_VAR, Finished, run_contained, time_scale  # noqa: F401 (re-exported)
+from . import warm
 from .sandbox import learner_sandbox
 
 
@@ -124,16 +125,32 @@ def torchrun(
     callback = _print_line if stream is True else (stream or None)
     with tempfile.TemporaryDirectory(prefix="distlab-") as tmp:
         outdir = Path(tmp)
-        write_spec(outdir, target_s, args=args, kwargs=kwargs, argv=argv)
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nprocs}", f"--max-restarts={max_restarts}",
-            "--monitor-interval=0.1", "-m", "distlab.worker", str(outdir / "spec.pkl"),
-        ]
+        spec = write_spec(outdir, target_s, args=args, kwargs=kwargs, argv=argv)
+        torchrun_argv = ["--standalone", f"--nproc-per-node={nprocs}", f"--max-restarts={max_restarts}",
+                         "--monitor-interval=0.1"]
         # Collectives time out (and gloo names the peer that never came) before the job does.
-        finished = run_contained(cmd, timeout=timeout, env=job_env(outdir, backend, 0.75 * timeout, env), cwd=cwd,
-                                 on_line=callback, **learner_sandbox(outdir))
+        finished = run_torchrun(torchrun_argv, spec, timeout=timeout, cwd=cwd, on_line=callback,
+                                env=job_env(outdir, backend, 0.75 * timeout, env), **learner_sandbox(outdir))
         return collect(outdir, nprocs, backend, finished, timeout)
+
+
+def run_torchrun(torchrun_argv: list[str], spec: Path, *, timeout: float, env: dict[str, str],
+                 cwd: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
+                 user: str | None = None, rlimits: dict[int, int] | None = None) -> Finished:
+    """``torchrun TORCHRUN_ARGV -m distlab.worker SPEC``, contained, at most ``timeout`` s.
+
+    Warm (:mod:`distlab.warm`: the agent and ranks forked from a server that imported torch once)
+    where this process can have a server; otherwise the torchrun CLI under :func:`run_contained`.
+    Both give the same ranks the same environment and the same :class:`Finished`.
+    """
+    if warm.available(env):
+        try:
+            return warm.launch(torchrun_argv, str(spec), timeout=timeout, env=env, cwd=cwd, on_line=on_line,
+                               user=user, rlimits=rlimits)
+        except warm.ServerUnavailable as exc:
+            warm.forget(str(exc))
+    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv, "-m", "distlab.worker", str(spec)]
+    return run_contained(cmd, timeout=timeout, env=env, cwd=cwd, on_line=on_line, user=user, rlimits=rlimits)
 
 
 def write_spec(outdir: Path, target: str, *, args: tuple = (), kwargs: dict | None = None,
@@ -190,7 +207,7 @@ def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output:
     # torchrun's failure summary has "rank : N (local_rank: N)" then "exitcode : -9 (pid: …)".
     # Its "Root Cause" is whichever exit it noticed first, which can be a peer's "connection
     # reset"; a rank killed by a signal other than the SIGTERM torchrun sends peers is the cause.
-    died = {int(r): int(c) for r, c in _EXIT_RE.findall(output)
+    died = {int(r): int(c) for r, c in [*_EXIT_RE.findall(output), *_recorded_exits(outdir)]
             if int(c) < 0 and int(c) != -signal.SIGTERM}
     silent = sorted(r for r in died if r not in {e["rank"] for e in errors})
     if silent:
@@ -209,6 +226,17 @@ def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output:
     return LaunchError(
         f"torchrun exited with code {returncode}; ranks {missing} returned nothing. "
         f"Last lines:\n{tail}", output)
+
+
+def _recorded_exits(outdir: Path) -> list[tuple[str, int]]:
+    """(rank, exit code) pairs a warm launch's agent wrote (:func:`distlab.agent.record_exits`)."""
+    pairs = []
+    for p in outdir.glob("exits-*.json"):
+        try:
+            pairs += [(r, int(c)) for r, c in json.loads(p.read_text()).items()]
+        except (OSError, ValueError):
+            continue
+    return pairs
 
 
 _EXIT_RE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")

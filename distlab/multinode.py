@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -34,8 +33,8 @@ from typing import Callable
 import torch
 
 from .distributed import pick_backend
-from .launch import RunResult, collect, job_env, target_string, time_scale, write_spec
-from .process import Finished, run_contained
+from .launch import RunResult, collect, job_env, run_torchrun, target_string, time_scale, write_spec
+from .process import Finished
 from .sandbox import learner_sandbox
 
 ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -93,8 +92,8 @@ def multinode_torchrun(target: str | Callable, nnodes: int = 2, nproc_per_node: 
     callback = print if stream is True else (stream or None)
     with tempfile.TemporaryDirectory(prefix="distlab-mn-") as tmp:
         outdir = Path(tmp)
-        program = ["--monitor-interval=0.1", "-m", "distlab.worker",
-                   str(write_spec(outdir, target_string(target), args=args, kwargs=kwargs))]
+        spec = write_spec(outdir, target_string(target), args=args, kwargs=kwargs)
+        program = ["--monitor-interval=0.1", "-m", "distlab.worker", str(spec)]
         env = job_env(outdir, backend, 0.75 * timeout)
         commands = command_lines(nnodes, nproc_per_node, endpoint, uuid.uuid4().hex, program)
         sandbox = learner_sandbox(outdir)
@@ -108,10 +107,10 @@ def multinode_torchrun(target: str | Callable, nnodes: int = 2, nproc_per_node: 
                     callback(line)
 
         def agent(node: int) -> Finished:
-            cmd = [sys.executable, "-m", "torch.distributed.run", *commands[node][1:],
-                   f"--rdzv-conf=is_host={int(node == 0)},join_timeout={int(timeout)}"]
+            options = [*commands[node][1:-len(program)], program[0],
+                       f"--rdzv-conf=is_host={int(node == 0)},join_timeout={int(timeout)}"]
             node_env = env if gpus[node] is None else {**env, "CUDA_VISIBLE_DEVICES": gpus[node]}
-            return run_contained(cmd, timeout=timeout, env=node_env, on_line=on_line, **sandbox)
+            return run_torchrun(options, spec, timeout=timeout, env=node_env, on_line=on_line, **sandbox)
 
         with ThreadPoolExecutor(nnodes) as pool:
             agents = list(pool.map(agent, range(nnodes)))

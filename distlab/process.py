@@ -146,37 +146,52 @@ def run_contained(cmd: list[str], *, timeout: float, env: dict[str, str] | None 
     ``user``/``rlimits``: run the command as that user under those limits (root only).
     """
     job_id = uuid.uuid4().hex
-    lines, pipe = Lines(), queue.Queue()
     start = time.monotonic()
     proc = subprocess.Popen(
         reaper_command(cmd, user=user, rlimits=rlimits, grace_s=grace_s),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         env=tag_env(job_id, dict(os.environ if env is None else env)), cwd=cwd, start_new_session=True)
-    threading.Thread(target=_read, args=(proc.stdout, pipe), daemon=True).start()
-    timed_out, drain_until = False, None
     try:
-        while True:
-            now = time.monotonic()
-            if not timed_out and now - start > timeout:
-                timed_out = True
-                proc.send_signal(signal.SIGTERM)  # the reaper ends the whole tree, then exits
-            if drain_until is None and proc.poll() is not None:
-                drain_until = now + grace_s
-            if drain_until is not None and now > drain_until:
-                break  # only escaped processes still hold the pipe: stop listening to them
-            try:
-                line = pipe.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            lines.add(line)
-            if on_line:
-                on_line(line)
+        # SIGTERM: the reaper ends the whole tree, then exits.
+        timed_out, lines = follow(proc.stdout, timeout=timeout, start=start, on_line=on_line, grace_s=grace_s,
+                                  exited=lambda: proc.poll() is not None,
+                                  stop=lambda: proc.send_signal(signal.SIGTERM))
     finally:
         _end(proc, grace_s)
         kill_tagged(job_id)
-    return Finished(proc.returncode, timed_out, lines.all(), time.monotonic() - start)
+    return Finished(proc.returncode, timed_out, lines, time.monotonic() - start)
+
+
+def follow(stream, *, timeout: float, start: float, on_line: Callable[[str], None] | None, grace_s: float,
+           exited: Callable[[], bool], stop: Callable[[], None]) -> tuple[bool, list[str]]:
+    """Read a job's output ``stream`` until the job has ``exited()`` and its pipe is drained, calling
+    ``stop()`` once if ``timeout`` passes first; return (timed out, the lines kept).
+
+    The pipe is read on a thread, so a process that keeps it open after the job has exited (a
+    learner's detached helper) holds the caller for ``grace_s`` at most.
+    """
+    lines, pipe = Lines(), queue.Queue()
+    threading.Thread(target=_read, args=(stream, pipe), daemon=True).start()
+    timed_out, drain_until = False, None
+    while True:
+        now = time.monotonic()
+        if not timed_out and now - start > timeout:
+            timed_out = True
+            stop()
+        if drain_until is None and exited():
+            drain_until = now + grace_s
+        if drain_until is not None and now > drain_until:
+            break  # only escaped processes still hold the pipe: stop listening to them
+        try:
+            line = pipe.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        lines.add(line)
+        if on_line:
+            on_line(line)
+    return timed_out, lines.all()
 
 
 def _end(proc: subprocess.Popen, grace_s: float) -> None:

@@ -163,7 +163,7 @@ def kill_user(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
-def _become(user: str | None, rlimits: dict[int, int]) -> None:
+def become(user: str | None, rlimits: dict[int, int]) -> None:
     """In the forked child: the rlimits, then (as root) the user, then no new privileges."""
     for res, value in rlimits.items():
         resource.setrlimit(res, (value, value))
@@ -200,7 +200,7 @@ def start(cmd: list[str], user: str | None, rlimits: dict[int, int]) -> int:
     try:  # pragma: no cover - the child
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)  # SIG_IGN would survive exec
-        _become(user, rlimits)
+        become(user, rlimits)
         os.execv(program, cmd)
     except BaseException as exc:  # pragma: no cover - the child
         os.write(2, f"reaper: cannot start {cmd[0]}: {exc}\n".encode())

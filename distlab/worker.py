@@ -153,5 +153,32 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+def entry(spec_path: str) -> int:
+    """The same program as a function: torchrun's entry point in a warm launch (:mod:`distlab.agent`).
+
+    The rank is a fork of the warm server, not a new interpreter, so first it is made one as far as
+    the job can tell: it dies with its agent (as a CLI rank dies with its pipe), reads
+    ``OMP_NUM_THREADS`` as a new interpreter would, and reseeds NumPy's global generator (Python's
+    ``random`` reseeds itself after a fork). A rank that failed exits with its code here; one
+    that succeeded runs its exit handlers and returns, so torchrun collects its return value.
+    """
+    from distlab import reaper
+
+    reaper.prctl(reaper.PR_SET_PDEATHSIG, 9)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        import torch
+
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    code = main(spec_path)
+    if code:
+        _exit_now(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    return 0
+
+
 if __name__ == "__main__":
     _exit_now(main(sys.argv[1]))

@@ -24,16 +24,20 @@ def mutant(tmp_path: Path, filename: str, replacements: dict[str, str]) -> Path:
 
 
 def session_processes() -> list:
-    """Live processes started by this test session (they carry its marker), except this one."""
+    """Live processes started by this test session (they carry its marker), except this one and its
+    warm launch server (:mod:`distlab.warm`), which outlives every launch by design."""
     import os
 
     import psutil
 
+    from distlab import warm
+
     marker = os.environ["DISTLAB_TEST_SESSION"]
+    ours = {os.getpid(), *warm.server_pids()}
     found = []
     for p in psutil.process_iter():
         try:
-            if p.pid != os.getpid() and p.environ().get("DISTLAB_TEST_SESSION") == marker \
+            if p.pid not in ours and p.environ().get("DISTLAB_TEST_SESSION") == marker \
                     and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.Error, OSError):
