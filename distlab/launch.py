@@ -173,6 +173,7 @@ def job_env(outdir: Path, backend: str, collective_timeout: float,
     with the job."""
     (outdir / "tmp").mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(outdir / "tmp"), **(extra or {})}
+    env.pop(warm.SERVER_VAR, None)  # a rank never learns where the warm server is
     env.update({
         BACKEND_VAR: backend, TIMEOUT_VAR: str(max(5, int(collective_timeout))), "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": with_repo_on_path(env),

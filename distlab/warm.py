@@ -156,7 +156,6 @@ def launch(argv: list[str], spec: str, *, timeout: float, env: dict[str, str],
     request = {"argv": list(argv), "spec": str(spec), "env": tag_env(job_id, dict(env)),
                "cwd": str(cwd or os.getcwd()), "user": user, "rlimits": {str(k): v for k, v in (rlimits or {}).items()},
                "grace_s": grace_s}
-    request["env"].pop(SERVER_VAR, None)  # a rank never sees the server
     read_fd, write_fd = os.pipe()
     start = time.monotonic()
     try:
@@ -191,6 +190,18 @@ def _announce(why: str) -> None:
         print(f"distlab: launching with the torchrun CLI ({why})", file=sys.stderr, flush=True)
 
 
+def _identity() -> list[str]:
+    """What a server's forks carry over: the interpreter, the checkout, the user."""
+    return [sys.executable, str(REPO_ROOT), str(os.geteuid())]
+
+
+def _inherited() -> str | None:
+    """The socket of the parent's server (``DISTLAB_FORKSERVER``), if it forks what this process would
+    run: the same interpreter, checkout and user (a grader run from another venv starts its own)."""
+    path, *identity = os.environ.get(SERVER_VAR, "").split(os.pathsep)
+    return path if path and identity == _identity() and os.path.exists(path) else None
+
+
 def get() -> ForkServer:
     """This process's server: the parent's (``DISTLAB_FORKSERVER``), or one started now."""
     global _server, _failed
@@ -198,8 +209,8 @@ def get() -> ForkServer:
         if _failed:
             raise ServerUnavailable(_failed)
         if _server is None:
-            inherited = os.environ.get(SERVER_VAR)
-            if inherited and os.path.exists(inherited):
+            inherited = _inherited()
+            if inherited:
                 _server = ForkServer(inherited)
             else:
                 try:
@@ -207,7 +218,7 @@ def get() -> ForkServer:
                 except (ServerUnavailable, OSError) as exc:
                     _failed = str(exc)
                     raise ServerUnavailable(_failed) from None
-                os.environ[SERVER_VAR] = _server.path
+                os.environ[SERVER_VAR] = os.pathsep.join([_server.path, *_identity()])
                 atexit.register(shutdown)
         return _server
 
@@ -218,7 +229,7 @@ def shutdown() -> None:
     with _lock:
         if _server is not None and _server.proc is not None:
             _server.close()
-            if os.environ.get(SERVER_VAR) == _server.path:
+            if os.environ.get(SERVER_VAR, "").split(os.pathsep)[0] == _server.path:
                 del os.environ[SERVER_VAR]
         _server = None
 

@@ -106,3 +106,79 @@ def return_unloadable():
     import fractions
 
     return fractions.Fraction(1, 3)
+
+
+_DAEMONIZER = (  # a fresh interpreter double-forks: forking a rank itself (torch's threads) can deadlock the child
+    "import os, sys\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        os.execve(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)'], {})\n"
+    "    open(os.path.join(sys.argv[1], f'daemon.{pid}'), 'w').close()\n"
+    "    os._exit(0)\n"
+    "os.wait()\n")
+
+
+def leave_helpers(pid_dir: str) -> int:
+    """Rank 0 leaves a detached helper holding the output pipe (a new session) and a real daemon
+    (double fork, ``setsid``, ``execve`` with an empty environment, so no job tag); both write
+    ``<pid_dir>/<kind>.<pid>``. Every rank then returns its rank at once."""
+    distlab.init_distributed()
+    rank = dist.get_rank()
+    if rank == 0:
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        open(os.path.join(pid_dir, f"helper.{helper.pid}"), "w").close()
+        subprocess.run([sys.executable, "-c", _DAEMONIZER, pid_dir], check=True, env={})
+    dist.barrier()
+    distlab.shutdown()
+    return rank
+
+
+def killed_in_all_reduce() -> None:
+    """Rank 1 dies by SIGKILL while rank 0 waits for it in an all-reduce."""
+    distlab.init_distributed()
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), 9)
+    dist.all_reduce(torch.ones(1))
+
+
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+
+
+def torchrun_view() -> dict:
+    """What a rank sees of its launcher: torchrun's variables (names, and the values that are not
+    a port or an id), how many threads, and whether it may use CUDA after the fork."""
+    env = {k: v for k, v in os.environ.items() if k in TORCHRUN_VARS or k.startswith("TORCHELASTIC_")}
+    for volatile in ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"):
+        env[volatile] = "set" if env.get(volatile) else ""
+    bad_fork = bool(getattr(torch.cuda, "_is_in_bad_fork", lambda: False)())
+    return {"env": env, "threads": torch.get_num_threads(), "cuda_bad_fork": bad_fork}
+
+
+def sandbox_view(server_pid: int, server_socket: str) -> dict:
+    """What a rank in the learner sandbox can do to its launcher: its user, privileges, limits, and
+    whether it can signal the warm server or reach its socket."""
+    import ctypes
+    import resource
+    import socket
+
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+    pdeathsig = ctypes.c_int()
+    ctypes.CDLL(None).prctl(2, ctypes.byref(pdeathsig), 0, 0, 0)  # PR_GET_PDEATHSIG
+    out = {"uid": os.getuid(), "euid": os.geteuid(), "no_new_privs": status["NoNewPrivs"].strip(),
+           "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0], "pdeathsig": pdeathsig.value,
+           "sees_server_var": "DISTLAB_FORKSERVER" in os.environ}
+    try:
+        os.kill(server_pid, 0)
+        out["signal_server"] = "allowed"
+    except PermissionError:
+        out["signal_server"] = "refused"
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(server_socket)
+        out["connect_server"] = "allowed"
+    except OSError as exc:
+        out["connect_server"] = type(exc).__name__
+    return out
