@@ -100,7 +100,11 @@ plt.show()
 # which leaves the sum of every rank's tensor on every rank.
 #
 # The `%%torchrun` cell magic runs a cell's code that way, here on 4 ranks. Every rank is a
-# fresh Python process: names defined elsewhere in this notebook do not exist inside it.
+# process of its own: names defined elsewhere in this notebook do not exist inside it.
+# Underneath, `distlab.torchrun` runs torchrun's own engine (`elastic_launch`) with the
+# arguments of `torchrun --standalone --nproc-per-node=4 cell.py`, but forks the ranks from a
+# server that imported torch once (`--start-method=fork`), so a launch costs about a second
+# instead of every rank importing torch again.
 # (`%%time`, IPython's, on the first line prints how long the whole cell took: we come back to
 # that below.)
 
@@ -141,8 +145,9 @@ assert len({r["pid"] for r in ranks}) == 4 and {r["sum"] for r in ranks} == {10.
 # ## What costs what
 #
 # Starting the processes is not free: torchrun starts, then each rank imports torch and joins
-# the rendezvous. That fixed cost is why distributed training pays off for long jobs, not for a
-# few seconds of work. Compare the `Wall time` printed under the 4-rank cell, the whole job seen
+# the rendezvous. The torchrun CLI pays all of it on every launch (10 s or more on a 2-core
+# laptop); `distlab.torchrun` pays the imports once per notebook, on its first launch. That
+# fixed cost is why distributed training pays off for long jobs, not for a few seconds of work. Compare the `Wall time` printed under the 4-rank cell, the whole job seen
 # from this notebook, with the work the ranks did once they were up, timed inside them:
 
 # %%

@@ -15,7 +15,10 @@
 # # 06 · Launching: torchrun, many machines, failures, and how well it scales
 #
 # Every notebook so far started its ranks with `distlab.torchrun`, a thin wrapper around
-# PyTorch's launcher `torchrun` (`python -m torch.distributed.run`). This notebook looks at the
+# PyTorch's launcher `torchrun` (`python -m torch.distributed.run`): it calls torchrun's own
+# engine with the arguments of `torchrun --standalone --nproc-per-node=N`, from a server process
+# that imported torch once, so that each rank is a fork of it (`--start-method=fork`) instead of
+# a new interpreter importing torch again. For a script, the CLI line is all you need. This notebook looks at the
 # launcher itself: what it gives each worker, how several machines form one job, what happens
 # when a worker dies, how to run on a Slurm cluster, and finally how to measure whether adding
 # workers pays off (exercise 6).

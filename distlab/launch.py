@@ -1,7 +1,7 @@
 """Launch Python code under torchrun from a notebook, a test or the grader.
 
     >>> from distlab import torchrun
-    >>> run = torchrun("distlab.examples:allreduce_demo", nprocs=2, timeout=60)
+    >>> run = torchrun("distlab.examples:ddp_barrier", nprocs=2, timeout=60)
     >>> run.results          # what each rank returned, in rank order
 
 * Rendezvous is ``--standalone`` (c10d on ``localhost:0``): the OS picks a

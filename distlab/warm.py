@@ -268,3 +268,30 @@ def server_pids() -> set[int]:
     """The processes of the server this process started (none if it has none): they outlive launches."""
     with _lock:
         return _server.pids() if _server is not None and _server.proc is not None else set()
+
+
+class cli_launches:
+    """``with warm.cli_launches():`` launches in this block use the torchrun CLI (for side-by-side
+    measurements of both paths in one run)."""
+
+    def __enter__(self):
+        self.before = os.environ.get(LAUNCH_VAR)
+        os.environ[LAUNCH_VAR] = "cli"
+
+    def __exit__(self, *exc):
+        if self.before is None:
+            os.environ.pop(LAUNCH_VAR, None)
+        else:
+            os.environ[LAUNCH_VAR] = self.before
+
+
+def server_cpu_s() -> float:
+    """CPU seconds spent so far by this process's server and every job it has forked and collected."""
+    import psutil
+
+    with _lock:
+        pid = _server.pid if _server is not None and _server.proc is not None else None
+    if pid is None:
+        return 0.0
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
