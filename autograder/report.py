@@ -23,6 +23,8 @@ from typing import Any, Callable, Sequence
 # The one criterion of a report whose exercise did not run at all (not implemented, raised, timed
 # out, not found): its feedback line reads "FAIL runs: <why>" (nbgrader's notes look for it).
 DID_NOT_RUN = "runs"
+# How the feedback of an exercise that was not graded begins (after "FAIL runs: ").
+NOT_GRADED = "not graded"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class ExerciseReport:
     measurements: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     ran: bool = True
+    not_graded: str = ""  # why the code was not scored at all (the machine, not the code): regrade it
 
     @property
     def score(self) -> float:
@@ -145,6 +148,13 @@ class ExerciseReport:
         self.ran = False
         return self
 
+    def machine_too_slow(self, message: str) -> "ExerciseReport":
+        """Not graded: the run was still advancing when it ran out of time, so the code is not scored
+        (its 0 is a placeholder; ``not_graded`` says why, and nbgrader's cycle lists it for a regrade)."""
+        self.did_not_run(f"{NOT_GRADED}: {message}")
+        self.not_graded = message
+        return self
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(score=self.score, passed=self.passed, feedback=self.feedback)
@@ -154,14 +164,14 @@ class ExerciseReport:
     def from_dict(cls, d: dict) -> "ExerciseReport":
         crits = [Criterion(**c) for c in d.get("criteria", [])]
         return cls(d["exercise"], d["name"], d["max_score"], crits,
-                   d.get("measurements", {}), d.get("notes", []), bool(d.get("ran", True)))
+                   d.get("measurements", {}), d.get("notes", []), bool(d.get("ran", True)), d.get("not_graded", ""))
 
 
 def table(reports: list[ExerciseReport]) -> str:
     """A readable summary table followed by each exercise's feedback."""
     rows = [("exercise", "score", "result")]
-    rows += [(f"{r.exercise} {r.name}", f"{r.score:g}/{r.max_score:g}", "pass" if r.passed else "FAIL")
-             for r in reports]
+    rows += [(f"{r.exercise} {r.name}", "-" if r.not_graded else f"{r.score:g}/{r.max_score:g}",
+              "NOT GRADED" if r.not_graded else "pass" if r.passed else "FAIL") for r in reports]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
     out.insert(1, "  ".join("-" * w for w in widths))

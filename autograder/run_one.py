@@ -7,12 +7,14 @@ it launches. Verdicts are computed here from what the ranks returned.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from distlab import LaunchError, LaunchTimeout, RankFailure
+from distlab import LaunchError, LaunchHang, LaunchTimeout, MachineTooSlow, RankFailure
+from distlab.process import PROGRESS_VAR, note_progress
 from distlab.sandbox import SandboxError
 
 from .diagnosis import KnownError, translate
@@ -39,6 +41,9 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
                     "functions, so nothing was graded; remove the exit (and any code that runs at import "
                     "outside a function or an `if __name__ == '__main__':` block)")
         return f"your code raised on rank {exc.rank}: {raw}{at}"
+    if isinstance(exc, LaunchHang):
+        return (f"{exc}. A collective that only some ranks reach, or that ranks reach in a different order, "
+                "waits forever.")
     if isinstance(exc, LaunchTimeout):
         return f"{exc} Look for a collective (all_reduce, barrier) that only some ranks reach."
     return str(exc)
@@ -56,12 +61,15 @@ def _learner_frame(tb: str, path: Path) -> str:
 
 def main(argv: list[str]) -> int:
     number, path, out = int(argv[0]), Path(argv[1]), Path(argv[2])
+    note_progress(os.environ.get(PROGRESS_VAR))  # started: the runner's limit counts from here as progress
     module = check_modules()[number]
     ex = module.EXERCISE
     try:
         (report,) = module.grade([path])
     except LaunchError as exc:
         report = ex.new_report().did_not_run(explain(exc, path, getattr(module, "KNOWN_ERRORS", ())))
+    except MachineTooSlow as exc:  # slow is not wrong: the code is not scored
+        report = ex.new_report().machine_too_slow(str(exc))
     except SandboxError as exc:  # the grading machine's set-up, not the learner's code
         report = ex.new_report().did_not_run(f"the grader is not set up: {exc}")
     out.write_text(__import__("json").dumps(report.to_dict()))

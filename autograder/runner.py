@@ -15,7 +15,7 @@ from pathlib import Path
 
 from distlab import warm
 from distlab.importing import REPO_ROOT, with_repo_on_path
-from distlab.process import TIME_SCALE_VAR, run_contained, time_scale
+from distlab.process import PROGRESS_VAR, TIME_SCALE_VAR, ProgressLimit, run_contained, time_scale
 from distlab.sandbox import SCRATCH_VAR, SandboxError, preflight
 
 from .progress import Callback, relay
@@ -54,10 +54,18 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
         # Everything the grading subprocess and its ranks put in temp files lands in the scratch folder
         # and goes with it, even when they are killed before they can clean up after themselves.
         warm.available()  # the grading subprocesses launch through this process's warm server
-        env = {**os.environ, "TMPDIR": scratch, SCRATCH_VAR: scratch,
+        progress = Path(private) / "progress"  # the launches count their ranks' advances here
+        env = {**os.environ, "TMPDIR": scratch, SCRATCH_VAR: scratch, PROGRESS_VAR: str(progress),
                "PYTHONPATH": with_repo_on_path(os.environ)}
         cmd = [sys.executable, "-m", "autograder.run_one", str(ex.number), str(path.resolve()), str(out)]
-        finished = run_contained(cmd, timeout=time_limit, env=env, cwd=REPO_ROOT, on_line=relay(on_progress))
+        limit = ProgressLimit(str(progress), time_limit, recent_s=5 * time_scale())
+        finished = run_contained(cmd, timeout=time_limit, env=env, cwd=REPO_ROOT, on_line=relay(on_progress),
+                                 should_stop=limit)
+        if finished.timed_out and limit.advancing:  # slow is not wrong: the code is not scored
+            return report.machine_too_slow(
+                f"this machine was too slow for this grading: it was still advancing "
+                f"{finished.wall_s - time_limit:.0f} s past its {time_limit:g} s limit "
+                f"(grade again with {TIME_SCALE_VAR}=2)")
         if finished.timed_out:
             return report.did_not_run(
                 f"grading took longer than its {time_limit:g} s limit and was stopped: an endless loop "

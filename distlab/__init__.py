@@ -11,7 +11,8 @@ _WHERE = {
     "backend": "distributed", "device": "distributed", "init_distributed": "distributed",
     "pick_backend": "distributed", "rank": "distributed", "shutdown": "distributed",
     "world_size": "distributed",
-    "LaunchError": "launch", "LaunchTimeout": "launch", "RankFailure": "launch", "RunResult": "launch",
+    "LaunchError": "launch", "LaunchHang": "launch", "LaunchTimeout": "launch", "MachineTooSlow": "launch",
+    "RankFailure": "launch", "RunResult": "launch",
     "torchrun": "launch",
 }
 __all__ = sorted(_WHERE)

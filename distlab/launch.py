@@ -25,6 +25,7 @@ import re
 import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -33,8 +34,9 @@ import torch
 
 from .distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
 from .importing import REPO_ROOT, with_repo_on_path
-from .process import TIME_SCALE_VAR, Finished, run_contained, time_scale  # noqa: F401 (re-exported)
-from . import warm
+from .process import (PROGRESS_VAR, TIME_SCALE_VAR, Finished, note_progress,  # noqa: F401 (re-exported)
+                      run_contained, time_scale)
+from . import heartbeat, warm
 from .sandbox import learner_sandbox
 
 
@@ -62,6 +64,65 @@ class LaunchTimeout(LaunchError):
         who = f"; ranks {unfinished} never finished (a hang in a collective?)" if unfinished else ""
         super().__init__(f"job ran past its {timeout:g} s limit and was ended{who}", output)
         self.unfinished = unfinished
+
+
+class LaunchHang(LaunchTimeout):
+    """Every rank stopped advancing while one or more waited in a collective: ended early, and named."""
+
+    def __init__(self, after_s: float, where: str, output: str = ""):
+        LaunchError.__init__(self, f"the job hung: no rank advanced for {after_s:.0f} s, and it was ended: {where}",
+                             output)
+        self.unfinished, self.where = [], where
+
+
+class MachineTooSlow(RuntimeError):
+    """The ranks were still advancing when the launch ran out of time, even extended: the machine's
+    problem, not the code's. Not a :class:`LaunchError`, so no check scores it as the code's failure."""
+
+    def __init__(self, limit_s: float, over_s: float):
+        super().__init__(
+            f"this machine was too slow for this launch: its ranks were still advancing {over_s:.0f} s past "
+            f"its {limit_s:g} s limit (grade again with {TIME_SCALE_VAR}=2)")
+        self.limit_s, self.over_s = limit_s, over_s
+
+
+@dataclass
+class Supervision:
+    """When to end a launch: at its limit, unless the ranks still advance (then up to ``extend`` times
+    the limit); or as soon as it hangs (:meth:`distlab.heartbeat.Watch.hung` for ``hang_after_s``).
+
+    ``verdict`` says why it was ended: ``"timeout"`` (the code stopped advancing), ``"hang"``, or
+    ``"slow"`` (still advancing at the bound: the machine's problem). ``progress_file``, if set
+    (``DISTLAB_PROGRESS_FILE``, by the grader), counts the advances seen, for the grading's own limit.
+    """
+
+    watch: "heartbeat.Watch"
+    timeout: float
+    extend: float = 3.0
+    hang_after_s: float = 10.0
+    recent_s: float = 5.0
+    verdict: str | None = None
+    progress_file: str | None = field(default_factory=lambda: os.environ.get(PROGRESS_VAR))
+    _seen: float | None = None
+
+    def __call__(self, elapsed: float) -> bool:
+        now = time.monotonic()
+        self.watch.poll(now)
+        last = self.watch.last_advance()
+        if last is not None and last != self._seen:
+            self._seen = last
+            note_progress(self.progress_file)
+        last = last if last is not None else now - elapsed  # a job that has just started is advancing
+        if self.watch.hung(now, self.hang_after_s):
+            self.verdict = "hang"
+            return True
+        if elapsed <= self.timeout:
+            return False
+        advancing = now - last < self.recent_s
+        if advancing and elapsed < self.extend * self.timeout:
+            return False  # slow is not wrong: the ranks still get somewhere
+        self.verdict = "slow" if advancing else "timeout"
+        return True
 
 
 @dataclass
@@ -128,15 +189,22 @@ def torchrun(
         spec = write_spec(outdir, target_s, args=args, kwargs=kwargs, argv=argv)
         torchrun_argv = ["--standalone", f"--nproc-per-node={nprocs}", f"--max-restarts={max_restarts}",
                          "--monitor-interval=0.1"]
+        scale = time_scale()
+        supervision = Supervision(heartbeat.Watch(outdir, nprocs), timeout, hang_after_s=10 * scale,
+                                  recent_s=5 * scale)
         # Collectives time out (and gloo names the peer that never came) before the job does.
         finished = run_torchrun(torchrun_argv, spec, timeout=timeout, cwd=cwd, on_line=callback,
-                                env=job_env(outdir, backend, 0.75 * timeout, env), **learner_sandbox(outdir))
-        return collect(outdir, nprocs, backend, finished, timeout)
+                                env=job_env(outdir, backend, 0.75 * timeout, env), should_stop=supervision,
+                                **learner_sandbox(outdir))
+        run = collect(outdir, nprocs, backend, finished, timeout, supervision)
+        note_progress(supervision.progress_file)  # a launch that finished is progress too
+        return run
 
 
 def run_torchrun(torchrun_argv: list[str], spec: Path, *, timeout: float, env: dict[str, str],
                  cwd: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
-                 user: str | None = None, rlimits: dict[int, int] | None = None) -> Finished:
+                 user: str | None = None, rlimits: dict[int, int] | None = None,
+                 should_stop: Callable[[float], bool] | None = None) -> Finished:
     """``torchrun TORCHRUN_ARGV -m distlab.worker SPEC``, contained, at most ``timeout`` s.
 
     Warm (:mod:`distlab.warm`: the agent and ranks forked from a server that imported torch once)
@@ -146,11 +214,12 @@ def run_torchrun(torchrun_argv: list[str], spec: Path, *, timeout: float, env: d
     if warm.available(env):
         try:
             return warm.launch(torchrun_argv, str(spec), timeout=timeout, env=env, cwd=cwd, on_line=on_line,
-                               user=user, rlimits=rlimits)
+                               user=user, rlimits=rlimits, should_stop=should_stop)
         except warm.ServerUnavailable as exc:
             warm.forget(str(exc))
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv, "-m", "distlab.worker", str(spec)]
-    return run_contained(cmd, timeout=timeout, env=env, cwd=cwd, on_line=on_line, user=user, rlimits=rlimits)
+    return run_contained(cmd, timeout=timeout, env=env, cwd=cwd, on_line=on_line, user=user, rlimits=rlimits,
+                         should_stop=should_stop)
 
 
 def write_spec(outdir: Path, target: str, *, args: tuple = (), kwargs: dict | None = None,
@@ -174,6 +243,7 @@ def job_env(outdir: Path, backend: str, collective_timeout: float,
     (outdir / "tmp").mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(outdir / "tmp"), **(extra or {})}
     env.pop(warm.SERVER_VAR, None)  # a rank never learns where the warm server is
+    env.pop(PROGRESS_VAR, None)  # nor where the grader counts its progress
     env.update({
         BACKEND_VAR: backend, TIMEOUT_VAR: str(max(5, int(collective_timeout))), "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": with_repo_on_path(env),
@@ -183,10 +253,16 @@ def job_env(outdir: Path, backend: str, collective_timeout: float,
     return env
 
 
-def collect(outdir: Path, nprocs: int, backend: str, finished: Finished, timeout: float) -> RunResult:
+def collect(outdir: Path, nprocs: int, backend: str, finished: Finished, timeout: float,
+            supervision: Supervision | None = None) -> RunResult:
     """Every rank's result from ``outdir``, or the exception that names what went wrong."""
     output = "\n".join(finished.lines)
     done = {int(p.stem.split("-")[1]) for p in outdir.glob("result-*.pt")}
+    verdict = supervision.verdict if supervision else None
+    if finished.timed_out and verdict == "hang":
+        raise LaunchHang(supervision.hang_after_s, supervision.watch.report(), output)
+    if finished.timed_out and verdict == "slow":
+        raise MachineTooSlow(timeout, finished.wall_s - timeout)
     if finished.timed_out:
         raise LaunchTimeout(timeout, sorted(set(range(nprocs)) - done), output)
     if finished.returncode != 0 or len(done) < nprocs:

@@ -82,6 +82,53 @@ def time_scale() -> float:
         return 1.0
 
 
+PROGRESS_VAR = "DISTLAB_PROGRESS_FILE"
+
+
+def note_progress(path: str | None) -> None:
+    """Count one more advance of a job in ``path`` (a grading's progress file), if there is one."""
+    if not path:
+        return
+    try:
+        count = int(Path(path).read_text() or 0) if os.path.exists(path) else 0
+        tmp = f"{path}.tmp"
+        Path(tmp).write_text(str(count + 1))
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass
+
+
+@dataclass
+class ProgressLimit:
+    """``should_stop`` for :func:`run_contained`: ``timeout``, extended (up to ``extend`` times) while
+    the count in ``path`` grows (:func:`note_progress`, written by the launches inside the job).
+
+    Slow is not wrong: ``advancing`` says, once it has stopped the job, whether the job was still
+    advancing then (the machine's problem) or had stopped advancing (the code's).
+    """
+
+    path: str
+    timeout: float
+    extend: float = 3.0
+    recent_s: float = 5.0
+    advancing: bool = False
+    _count: str = ""
+    _at: float | None = None
+
+    def __call__(self, elapsed: float) -> bool:
+        now = time.monotonic()
+        try:
+            count = Path(self.path).read_text()
+        except OSError:
+            count = ""
+        if count != self._count or self._at is None:  # a job that has just started is advancing
+            self._count, self._at = count, now
+        if elapsed <= self.timeout:
+            return False
+        self.advancing = now - self._at < self.recent_s
+        return not (self.advancing and elapsed < self.extend * self.timeout)
+
+
 @dataclass
 class Lines:
     """A job's output lines, bounded: the first ``head`` and the last ``tail`` are kept."""
@@ -138,13 +185,16 @@ def _read(stream, out: queue.Queue) -> None:
 def run_contained(cmd: list[str], *, timeout: float, env: dict[str, str] | None = None,
                   cwd: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
                   user: str | None = None, rlimits: dict[int, int] | None = None,
-                  grace_s: float = 1.0) -> Finished:
+                  grace_s: float = 1.0, should_stop: Callable[[float], bool] | None = None) -> Finished:
     """Run ``cmd`` contained (see the module docstring) for at most ``timeout`` seconds.
 
     ``on_line`` receives each output line (stdout and stderr together) in the
     calling thread as it arrives, so a notebook shows them in the running cell.
     ``user``/``rlimits``: run the command as that user under those limits (root only).
+    ``should_stop(elapsed_s)``, if given, decides instead of ``timeout`` when the job is ended
+    (a limit that extends while the job advances: :class:`distlab.launch.Supervision`).
     """
+    should_stop = should_stop or (lambda elapsed: elapsed > timeout)
     job_id = uuid.uuid4().hex
     start = time.monotonic()
     proc = subprocess.Popen(
@@ -153,8 +203,8 @@ def run_contained(cmd: list[str], *, timeout: float, env: dict[str, str] | None 
         env=tag_env(job_id, dict(os.environ if env is None else env)), cwd=cwd, start_new_session=True)
     try:
         # SIGTERM: the reaper ends the whole tree, then exits.
-        timed_out, lines = follow(proc.stdout, timeout=timeout, start=start, on_line=on_line, grace_s=grace_s,
-                                  exited=lambda: proc.poll() is not None,
+        timed_out, lines = follow(proc.stdout, should_stop=should_stop, start=start, on_line=on_line,
+                                  grace_s=grace_s, exited=lambda: proc.poll() is not None,
                                   stop=lambda: proc.send_signal(signal.SIGTERM))
     finally:
         _end(proc, grace_s)
@@ -162,10 +212,10 @@ def run_contained(cmd: list[str], *, timeout: float, env: dict[str, str] | None 
     return Finished(proc.returncode, timed_out, lines, time.monotonic() - start)
 
 
-def follow(stream, *, timeout: float, start: float, on_line: Callable[[str], None] | None, grace_s: float,
-           exited: Callable[[], bool], stop: Callable[[], None]) -> tuple[bool, list[str]]:
+def follow(stream, *, should_stop: Callable[[float], bool], start: float, on_line: Callable[[str], None] | None,
+           grace_s: float, exited: Callable[[], bool], stop: Callable[[], None]) -> tuple[bool, list[str]]:
     """Read a job's output ``stream`` until the job has ``exited()`` and its pipe is drained, calling
-    ``stop()`` once if ``timeout`` passes first; return (timed out, the lines kept).
+    ``stop()`` once if ``should_stop(seconds since start)`` says so first; return (stopped, the lines kept).
 
     The pipe is read on a thread, so a process that keeps it open after the job has exited (a
     learner's detached helper) holds the caller for ``grace_s`` at most.
@@ -175,7 +225,7 @@ def follow(stream, *, timeout: float, start: float, on_line: Callable[[str], Non
     timed_out, drain_until = False, None
     while True:
         now = time.monotonic()
-        if not timed_out and now - start > timeout:
+        if not timed_out and drain_until is None and should_stop(now - start):
             timed_out = True
             stop()
         if drain_until is None and exited():

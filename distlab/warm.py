@@ -149,8 +149,10 @@ class _Events:
 def launch(argv: list[str], spec: str, *, timeout: float, env: dict[str, str],
            cwd: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
            user: str | None = None, rlimits: dict[int, int] | None = None, grace_s: float = 1.0,
-           server: ForkServer | None = None) -> Finished:
-    """``torchrun ARGV distlab.worker SPEC`` through the warm server, contained; at most ``timeout`` s."""
+           server: ForkServer | None = None, should_stop: Callable[[float], bool] | None = None) -> Finished:
+    """``torchrun ARGV distlab.worker SPEC`` through the warm server, contained; at most ``timeout`` s
+    (or until ``should_stop(elapsed_s)``, as :func:`distlab.process.run_contained`)."""
+    should_stop = should_stop or (lambda elapsed: elapsed > timeout)
     server = server or get()
     job_id = uuid.uuid4().hex
     request = {"argv": list(argv), "spec": str(spec), "env": tag_env(job_id, dict(env)),
@@ -165,8 +167,8 @@ def launch(argv: list[str], spec: str, *, timeout: float, env: dict[str, str],
     events = _Events(conn)
     with conn, os.fdopen(read_fd, "rb") as stream:
         try:
-            timed_out, lines = follow(stream, timeout=timeout, start=start, on_line=on_line, grace_s=grace_s,
-                                      exited=events.exited, stop=events.stop)
+            timed_out, lines = follow(stream, should_stop=should_stop, start=start, on_line=on_line,
+                                      grace_s=grace_s, exited=events.exited, stop=events.stop)
             events.wait(grace_s + 30)  # the job root sweeps, then reports
         finally:
             if events.code is None:

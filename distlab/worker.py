@@ -96,6 +96,10 @@ def main(spec_path: str) -> int:
     for p in spec.get("sys_path", []):
         if p not in sys.path:
             sys.path.insert(0, p)
+    if spec.get("heartbeat", True):
+        from distlab import heartbeat
+
+        heartbeat.start(outdir, rank)  # before the target is imported: the launcher tells slow from stuck
     try:
         if spec["kind"] == "script":
             sys.argv = [spec["target"], *spec.get("argv", [])]

@@ -15,12 +15,13 @@ from pathlib import Path
 import nbformat
 
 from ..registry import exercises
-from ..report import DID_NOT_RUN
+from ..report import DID_NOT_RUN, NOT_GRADED
 from ..runner import grade_one
 from .assignments import grade_id
 
 # How a report that did not run reads in the feedback a test cell prints (ExerciseReport.feedback).
 DID_NOT_RUN_PREFIX = f"FAIL {DID_NOT_RUN}: "
+NOT_GRADED_MARK = "NOT GRADED, the machine was too slow"
 UNFINISHED = "not implemented yet"  # a stub left as it was: unfinished work, not a problem to report
 
 
@@ -38,7 +39,12 @@ def regrade(course_dir: Path, exercise_of: dict[str, int], student: str | None =
                     continue
                 grade = gb.find_grade(grade_id(ex), a, a, sub.student.id)
                 if not grade.score:
-                    lines += did_not_run(course_dir, sub.student.id, a, grade_id(ex))
+                    found = did_not_run(course_dir, sub.student.id, a, grade_id(ex))
+                    if any(NOT_GRADED_MARK in line for line in found):
+                        # Slow is not wrong: no score at all (nbgrader lists it as needing grading), not a 0.
+                        grade.auto_score, grade.needs_manual_grade = None, True
+                        gb.db.commit()
+                    lines += found
                     continue
                 truth = grade_one(ex, course_dir / "autograded" / sub.student.id / a).score
                 if abs(truth - grade.score) > 1e-6:
@@ -63,6 +69,10 @@ def did_not_run(course_dir: Path, student: str, assignment: str, cell_id: str) -
             text = cell_text(cell)
             runs = [ln.removeprefix(DID_NOT_RUN_PREFIX) for ln in text.splitlines()
                     if ln.startswith(DID_NOT_RUN_PREFIX) and not ln.startswith(DID_NOT_RUN_PREFIX + UNFINISHED)]
+            if runs and runs[0].startswith(NOT_GRADED):
+                return [f"{student} / {assignment}: {NOT_GRADED_MARK} (no score recorded): {runs[0][:300]}; "
+                        f"regrade it: make nbgrader STEP=autograde ARGS=\"--student {student} --force\" "
+                        "with DISTLAB_TIME_SCALE=2"]
             if runs:
                 return [f"{student} / {assignment}: 0 points, the submission did not run: {runs[0][:300]}"]
     return []

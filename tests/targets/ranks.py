@@ -182,3 +182,28 @@ def sandbox_view(server_pid: int, server_socket: str) -> dict:
     except OSError as exc:
         out["connect_server"] = type(exc).__name__
     return out
+
+
+def barrier_while_rank1_sleeps(seconds: float = 600) -> None:
+    """Rank 0 waits in a barrier that rank 1 never reaches: it sleeps (a hang at the learner's line)."""
+    distlab.init_distributed()
+    if dist.get_rank() == 1:
+        time.sleep(seconds)
+    dist.barrier()
+
+
+def slow_steps(steps: int, step_s: float) -> int:
+    """``steps`` optimizer steps, each ``step_s`` long: slow, and advancing all the way."""
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        time.sleep(step_s)
+    return steps
+
+
+def spin() -> None:
+    """A loop that keeps a core busy and gets nowhere."""
+    while True:
+        pass
