@@ -76,3 +76,23 @@ def test_nbgrader_lists_a_submission_not_graded_for_a_regrade_not_as_a_zero(tmp_
     (line,) = verify.did_not_run(tmp_path, "alice", "ex07_pipeline", "check")
     assert verify.NOT_GRADED_MARK in line and "0 points" not in line
     assert 'ARGS="--student alice --force"' in line and "DISTLAB_TIME_SCALE=2" in line
+
+
+def test_a_correct_solution_gets_full_marks_on_a_machine_loaded_at_twice_its_cores():
+    # Exercise 5 is the one that lost points under load before (its restart launch ran past a fixed
+    # budget): graded beside 2 busy loops per core, it still gets full marks.
+    import os
+    import subprocess
+    import sys
+
+    from autograder.checks.ex05_checkpoint import EXERCISE as EX05
+
+    hog = "import time\nend = time.monotonic() + 900\nwhile time.monotonic() < end:\n    pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        report = grade_one(EX05, SOLUTIONS)
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait()
+    assert report.passed and not report.not_graded, report.feedback
