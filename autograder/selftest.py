@@ -22,6 +22,7 @@ from pathlib import Path
 import distlab
 from distlab import warm
 from distlab.launch import TIME_SCALE_VAR, LaunchError, time_scale
+from distlab.process import calibrate
 from distlab.sandbox import status as sandbox_status
 
 from .registry import Exercise, exercises
@@ -137,6 +138,24 @@ def grade_all(known: list[Exercise], workers: int) -> tuple[list[dict], list[dic
     return solutions, stubs
 
 
+BUDGET_SHARE = 0.4  # a reference grading should take at most this share of its limit on the grading machine
+
+
+def calibrate_budgets(solutions: list[dict]) -> dict:
+    """Budgets from the references' own cost on this machine: if a reference used more than
+    :data:`BUDGET_SHARE` of its limit, record the time scale that brings it back to that share, so
+    gradings here (without ``DISTLAB_TIME_SCALE``) get limits sized to this machine."""
+    if TIME_SCALE_VAR in os.environ or not solutions:
+        return {"time_scale": time_scale(), "source": TIME_SCALE_VAR if TIME_SCALE_VAR in os.environ else "default"}
+    worst = max(solutions, key=lambda s: s["seconds"] / s["limit_s"])
+    needed = time_scale() * worst["seconds"] / (BUDGET_SHARE * worst["limit_s"])
+    if needed <= 1.0:
+        calibrate(1.0, "the references fit their limits here")
+        return {"time_scale": 1.0, "source": "measured"}
+    why = f"reference {worst['exercise']} took {worst['seconds']:.0f} of its {worst['limit_s']:g} s limit"
+    return {"time_scale": round(needed, 2), "source": "measured", "file": str(calibrate(needed, why)), "why": why}
+
+
 def surprises(doc: dict) -> list[str]:
     """One line per thing an instructor must look at before grading a class on this machine."""
     out = []
@@ -202,6 +221,10 @@ def render(doc: dict) -> str:
                      f"{t['score']:g}/{t['max_score']:g}" if t else "-", _timing(t)))
     lines += _rows_table(rows)
     lines += ["", f"stubs graded {doc['stub_workers']} at a time; self-test took {doc['seconds']:.0f} s"]
+    cal = doc.get("calibration") or {}
+    if cal.get("source") == "measured":
+        lines.append(f"time scale for gradings on this machine: {cal['time_scale']:g}, from the references' own "
+                     f"cost here" + (f" ({cal['why']}; recorded in {cal['file']})" if cal.get("why") else ""))
     found = doc["surprises"]
     lines += [f"SURPRISE: {s}" for s in found] or ["no surprises: this machine grades as expected"]
     return "\n".join(lines)
@@ -225,5 +248,6 @@ def run(only: list[int] | None = None, json_path: str | None = None) -> int:
     doc["probes"] = run_probes()
     doc["stub_workers"] = stub_workers(len(known), doc["sandbox"]["sandboxed"])
     doc["solutions"], doc["stubs"] = grade_all(known, doc["stub_workers"])
+    doc["calibration"] = calibrate_budgets(doc["solutions"])
     doc["seconds"] = round(time.monotonic() - start, 1)
     return finish(doc, json_path)

@@ -10,6 +10,7 @@ import pytest
 
 from autograder.__main__ import main
 from autograder.checks.ex07_pipeline import EXERCISE
+from autograder import selftest
 from autograder.selftest import finish, stub_workers, surprises
 from distlab.launch import time_scale
 from tests.helpers import REPO
@@ -104,3 +105,16 @@ def test_selftest_of_one_exercise_passes_and_writes_its_json(tmp_path):
     limit = EXERCISE.time_limit * time_scale()  # times are reported, never asserted (tests/conftest.py, rule 3)
     assert solution["limit_s"] == stub["limit_s"] == pytest.approx(limit, abs=0.01) and solution["seconds"] > 0 and stub["seconds"] >= 0  # an untouched stub: no job
     assert "no surprises" in proc.stdout
+
+
+def test_budgets_come_from_the_references_own_cost_here(tmp_path, monkeypatch):
+    from distlab import process
+
+    monkeypatch.delenv(selftest.TIME_SCALE_VAR, raising=False)
+    monkeypatch.setattr(process, "CALIBRATION", tmp_path / "time_scale.json")
+    slow = [{"exercise": 5, "seconds": 48.0, "limit_s": 60.0}, {"exercise": 1, "seconds": 5.0, "limit_s": 90.0}]
+    cal = selftest.calibrate_budgets(slow)
+    assert cal["time_scale"] == 2.0 and "reference 5 took 48 of its 60 s limit" in cal["why"]
+    assert process.time_scale() == 2.0  # later gradings on this machine
+    selftest.calibrate_budgets([{"exercise": 1, "seconds": 5.0, "limit_s": 90.0}])
+    assert process.time_scale() == 1.0
