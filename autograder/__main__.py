@@ -6,6 +6,9 @@ Exit status: 0 all graded exercises pass, 1 any fails, 2 bad usage.
 
 ``python -m autograder --selftest [--exercise N ...] [--json FILE]`` checks this
 machine instead (see :mod:`autograder.selftest`): exit status 0 no surprises, 1 any.
+
+``python -m autograder class ROOT [--jobs N] [--exercise N ...] [--csv FILE] [--json FILE]`` grades
+a whole class, N gradings at a time (see :mod:`autograder.classroom`).
 """
 from __future__ import annotations
 
@@ -22,6 +25,11 @@ from .runner import DEFAULT_DIR, grade
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["class"]:  # python -m autograder class ROOT ...: a whole class (autograder.classroom)
+        from .classroom import main as grade_class
+
+        return grade_class(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__.splitlines()[2])
     parser.add_argument("directory", nargs="?",
                         help="folder holding exNN_*.py files (default: exercises/)")

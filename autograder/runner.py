@@ -16,7 +16,7 @@ from pathlib import Path
 from distlab import warm
 from distlab.importing import REPO_ROOT, with_repo_on_path
 from distlab.process import PROGRESS_VAR, TIME_SCALE_VAR, ProgressLimit, run_contained, time_scale
-from distlab.sandbox import SCRATCH_VAR, SandboxError, preflight
+from distlab.sandbox import SCRATCH_VAR, STUDENT_USER_VAR, SandboxError, preflight
 
 from .progress import Callback, relay
 from .registry import Exercise, exercises
@@ -27,7 +27,7 @@ DEFAULT_DIR = REPO_ROOT / "exercises"
 
 
 def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
-              on_progress: Callback = None) -> ExerciseReport:
+              on_progress: Callback = None, learner: str | None = None) -> ExerciseReport:
     """Grade ``ex`` from the file in ``directory`` in a subprocess limited to ``time_limit`` s.
 
     The grading subprocess (``autograder.run_one``) runs as this process's user and never imports
@@ -35,7 +35,9 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
     image (:mod:`distlab.sandbox`). Its report goes to a private folder that nothing of the
     learner's ever learns the name of, and that the learner user cannot enter; the ranks get a
     separate scratch folder as their ``TMPDIR``. ``on_progress`` receives a line as each launch
-    or scenario starts and ends (:mod:`autograder.progress`).
+    or scenario starts and ends (:mod:`autograder.progress`). ``learner``: in the sandbox, the user
+    this grading's ranks run as (default ``DISTLAB_STUDENT_USER``; :mod:`autograder.classroom` gives
+    each concurrent grading its own).
     """
     time_limit = (time_limit or ex.time_limit) * time_scale()
     report = ex.new_report()
@@ -56,7 +58,7 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
         warm.available()  # the grading subprocesses launch through this process's warm server
         progress = Path(private) / "progress"  # the launches count their ranks' advances here
         env = {**os.environ, "TMPDIR": scratch, SCRATCH_VAR: scratch, PROGRESS_VAR: str(progress),
-               "PYTHONPATH": with_repo_on_path(os.environ)}
+               "PYTHONPATH": with_repo_on_path(os.environ), **({STUDENT_USER_VAR: learner} if learner else {})}
         cmd = [sys.executable, "-m", "autograder.run_one", str(ex.number), str(path.resolve()), str(out)]
         limit = ProgressLimit(str(progress), time_limit, recent_s=5 * time_scale())
         finished = run_contained(cmd, timeout=time_limit, env=env, cwd=REPO_ROOT, on_line=relay(on_progress),

@@ -1,0 +1,157 @@
+"""Grade a whole class: ``python -m autograder class ROOT [--jobs N] [--exercise N ...] [--csv F] [--json F]``.
+
+ROOT holds one folder per learner, named by the learner's id, each with any of the ``exNN_*.py``
+files. Every learner's every exercise is graded exactly as ``python -m autograder DIR`` grades it
+(:func:`autograder.runner.grade_one`: its own grading subprocess, its own launches, each contained),
+``N`` gradings at a time, so no two learners' code ever share a process. The grades do not depend
+on ``N``: a grading that runs out of time while still advancing is *not graded*, never scored
+(slow is not wrong), so contention between gradings cannot turn time into marks.
+
+In the learner sandbox (root, ``DISTLAB_STUDENT_USER``), learners graded at the same time must not
+share a user either (one could signal the other's ranks, or read its scratch files): each
+concurrent grading takes one user of ``DISTLAB_STUDENT_USERS`` (comma-separated; default the one
+``DISTLAB_STUDENT_USER``), so ``N`` is at most their number.
+
+Written: a CSV row per learner (id, one column per exercise, total; ``not graded`` where the
+machine was too slow), the JSON of every report, and progress on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from distlab.sandbox import STUDENT_USER_VAR, SandboxError, learner_user, preflight
+
+from .registry import Exercise, exercises
+from .report import ExerciseReport
+from .runner import grade_one
+
+USERS_VAR = "DISTLAB_STUDENT_USERS"
+RANKS_PER_JOB = 4  # the largest world a check launches (exercises 1, 2, 8 grade at W=4)
+
+
+def default_jobs() -> int:
+    """What the machine holds: one job per free set of GPUs on GPUs, cores / ranks per job on CPUs."""
+    gpus = len(glob.glob("/dev/nvidia[0-9]*")) if os.environ.get("CUDA_VISIBLE_DEVICES") != "" else 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, (gpus if gpus else cores) // RANKS_PER_JOB)
+
+
+def learner_users() -> list[str | None]:
+    """The users concurrent gradings run learners as: ``[None]`` outside the sandbox."""
+    if learner_user() is None:
+        return [None]
+    names = [u.strip() for u in os.environ.get(USERS_VAR, "").split(",") if u.strip()]
+    return names or [os.environ[STUDENT_USER_VAR].strip()]
+
+
+def learners(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+class Progress:
+    """``[3/8 learners] 0:12 elapsed, about 0:20 left`` on stderr, as each learner's last grading ends."""
+
+    def __init__(self, total: int, per_learner: int):
+        self.total, self.per_learner, self.start = total, per_learner, time.monotonic()
+        self.left: dict[str, int] = {}
+        self.done, self.lock = 0, threading.Lock()
+
+    def graded(self, learner: str) -> None:
+        with self.lock:
+            self.left[learner] = self.left.get(learner, self.per_learner) - 1
+            if self.left[learner]:
+                return
+            self.done += 1
+            elapsed = time.monotonic() - self.start
+            eta = elapsed / self.done * (self.total - self.done)
+            print(f"[{self.done}/{self.total} learners] {_clock(elapsed)} elapsed, about {_clock(eta)} left",
+                  file=sys.stderr, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+def grade_class(root: Path, only: list[int] | None = None, jobs: int | None = None
+                ) -> dict[str, list[ExerciseReport]]:
+    """``{learner id: [report per exercise]}``, graded ``jobs`` at a time (each with its own user in the sandbox)."""
+    known = exercises()
+    chosen: list[Exercise] = [known[n] for n in (only or known)]
+    users = learner_users()
+    jobs = min(jobs or default_jobs(), len(users))
+    free: queue.Queue = queue.Queue()
+    for user in users[:jobs]:
+        free.put(user)
+    folks = learners(root)
+    progress = Progress(len(folks), len(chosen))
+
+    def one(task: tuple[Path, Exercise]) -> ExerciseReport:
+        folder, ex = task
+        user = free.get()
+        try:
+            return grade_one(ex, folder, learner=user)
+        finally:
+            free.put(user)
+            progress.graded(folder.name)
+
+    tasks = [(folder, ex) for folder in folks for ex in chosen]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        reports = list(pool.map(one, tasks))
+    out: dict[str, list[ExerciseReport]] = {}
+    for (folder, _), report in zip(tasks, reports):
+        out.setdefault(folder.name, []).append(report)
+    return out
+
+
+def write_csv(results: dict[str, list[ExerciseReport]], path: str | Path) -> None:
+    """One row per learner: the id, each exercise's score (``not graded`` when it was not), the total."""
+    first = next(iter(results.values()), [])
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["learner", *(f"ex{r.exercise:02d}_{r.name}" for r in first), "total"])
+        for learner, reports in results.items():
+            writer.writerow([learner, *("not graded" if r.not_graded else f"{r.score:g}" for r in reports),
+                             f"{sum(r.score for r in reports if not r.not_graded):g}"])
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograder class", description=__doc__.splitlines()[0])
+    parser.add_argument("root", help="one folder per learner (named by the learner's id) of exNN_*.py files")
+    parser.add_argument("--jobs", "-j", type=int, help=f"gradings at a time (default: what this machine holds, "
+                                                        f"{default_jobs()} here)")
+    parser.add_argument("--exercise", "-e", type=int, action="append", metavar="N", help="only exercise N")
+    parser.add_argument("--csv", metavar="FILE", help="the grades, a row per learner (default ROOT/grades.csv)")
+    parser.add_argument("--json", metavar="FILE", help="every report as JSON")
+    args = parser.parse_args(argv)
+    root = Path(args.root)
+    if not root.is_dir() or not learners(root):
+        print(f"autograder: error: {root} holds no learner folders", file=sys.stderr)
+        return 2
+    unknown = [n for n in args.exercise or [] if n not in exercises()]
+    if unknown or (args.jobs is not None and args.jobs < 1):
+        print(f"autograder: error: {'no exercise ' + str(unknown[0]) if unknown else '--jobs must be 1 or more'}",
+              file=sys.stderr)
+        return 2
+    try:
+        preflight()
+    except SandboxError as exc:
+        print(f"autograder: error: {exc}", file=sys.stderr)
+        return 2
+    results = grade_class(root, args.exercise, args.jobs)
+    write_csv(results, args.csv or root / "grades.csv")
+    if args.json:
+        Path(args.json).write_text(json.dumps({k: [r.to_dict() for r in v] for k, v in results.items()}, indent=2))
+    missed = sum(r.not_graded != "" for v in results.values() for r in v)
+    print(f"graded {len(results)} learners; wrote {args.csv or root / 'grades.csv'}"
+          + (f"; {missed} exercise(s) not graded (the machine was too slow): grade them again" if missed else ""))
+    return 0

@@ -1,0 +1,65 @@
+"""A whole class graded in parallel gets the same grades as graded one at a time (autograder.classroom).
+
+Eight learners for exercise 7 (one 2-rank launch each, the cheapest full grading): two correct,
+the stub, a file that does not import, a missing file, two mutants (one never sends the gradients back), and a hostile
+one that leaves a daemon and a detached helper. Graded with --jobs 1 and --jobs 4, the two CSVs are
+identical, and nothing either run started is left.
+"""
+from __future__ import annotations
+
+import csv
+import shutil
+
+import pytest
+
+from autograder.__main__ import main
+from tests import hostile
+from tests.helpers import REPO, SOLUTIONS, mutant
+
+pytestmark = pytest.mark.slow
+FILE = "ex07_pipeline.py"
+
+
+@pytest.fixture
+def classroom(tmp_path):
+    root = tmp_path / "class"
+    for name in ("ada", "bo"):
+        (root / name).mkdir(parents=True)
+        shutil.copy(SOLUTIONS / FILE, root / name / FILE)
+    (root / "cy").mkdir()
+    shutil.copy(REPO / "exercises" / FILE, root / "cy" / FILE)  # the stub, untouched
+    (root / "di").mkdir()
+    (root / "di" / FILE).write_text("def broken(:\n")
+    (root / "ed").mkdir()  # submitted nothing
+    (root / "fa").mkdir()
+    mutant(root / "fa", FILE, {"        dist.send(act.grad.contiguous(), dst=0)\n": ""})
+    (root / "gu").mkdir()
+    mutant(root / "gu", FILE, {"cross_entropy(stage(act), y_i) / m": "cross_entropy(stage(act), y) / m"})
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    hostile.submission(root / "hu", pids, hostile.DETACHED, hostile.DAEMON, filename=FILE)
+    return root, pids
+
+
+def _grades(path) -> list[list[str]]:
+    with open(path) as f:
+        return list(csv.reader(f))
+
+
+def test_a_class_graded_four_at_a_time_gets_the_grades_of_one_at_a_time(classroom, tmp_path, wait_for,
+                                                                         leftover_processes, capsys):
+    root, pids = classroom
+    assert main(["class", str(root), "-e", "7", "--jobs", "1", "--csv", str(tmp_path / "one.csv")]) == 0
+    assert main(["class", str(root), "-e", "7", "--jobs", "4", "--csv", str(tmp_path / "four.csv"),
+                 "--json", str(tmp_path / "four.json")]) == 0
+    one, four = _grades(tmp_path / "one.csv"), _grades(tmp_path / "four.csv")
+    assert one == four
+    assert one[0] == ["learner", "ex07_pipeline", "total"]
+    scores = {row[0]: row[1] for row in one[1:]}
+    assert {k: scores[k] for k in ("ada", "bo", "cy", "di", "ed", "hu")} == \
+        {"ada": "10", "bo": "10", "cy": "0", "di": "0", "ed": "0", "hu": "10"}
+    assert float(scores["fa"]) < 10 and float(scores["gu"]) < 10  # the mutants lose marks
+    assert "[8/8 learners]" in capsys.readouterr().err
+    started = hostile.started(pids)
+    assert wait_for(lambda: hostile.alive(started["detached"] + started["daemon"]) == [], timeout=10)
+    assert leftover_processes() == []
