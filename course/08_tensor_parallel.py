@@ -82,7 +82,8 @@ draw_megatron_mlp(2)
 
 # %% [markdown]
 # ## One job for every distributed demo
-# Starting a job costs seconds (every rank imports torch), so the four demos of this notebook
+# Every job pays its start (a rendezvous, process groups, and with the torchrun CLI every rank
+# importing torch), so the four demos of this notebook
 # run in **one job of 4 ranks** on a 2 × 2 `DeviceMesh`: `dp` × `tp`, rank = 2·dp + tp. The
 # first three demos use only the `tp` dimension: ranks {0, 1} and {2, 3} are two tensor-parallel
 # pairs doing the same work, as two data-parallel replicas would (both ranks of a pair must see
