@@ -117,7 +117,10 @@ class _Events:
 
     def exited(self) -> bool:
         while not self.gone and select.select([self.conn], [], [], 0)[0]:
-            data = self.conn.recv(4096)
+            try:
+                data = self.conn.recv(4096)
+            except OSError:  # the job root was killed: no report will come
+                data = b""
             if not data:
                 self.gone = True
             self.buffer += data
@@ -162,6 +165,9 @@ def launch(argv: list[str], spec: str, *, timeout: float, env: dict[str, str],
     start = time.monotonic()
     try:
         conn = server.connect(request, write_fd)
+    except BaseException:
+        os.close(read_fd)
+        raise
     finally:
         os.close(write_fd)
     events = _Events(conn)
