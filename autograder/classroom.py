@@ -1,5 +1,9 @@
 """Grade a whole class: ``python -m autograder class ROOT [--jobs N] [--exercise N ...] [--csv F] [--json F]``.
 
+Across machines, each task of a Slurm job array grades one ``--slice K/N`` of the learners and
+``python -m autograder class merge OUT.csv SLICE.csv ...`` joins their CSVs
+(``course/slurm/grade_class.sbatch``).
+
 ROOT holds one folder per learner, named by the learner's id, each with any of the ``exNN_*.py``
 files. Every learner's every exercise is graded exactly as ``python -m autograder DIR`` grades it
 (:func:`autograder.runner.grade_one`: its own grading subprocess, its own launches, each contained),
@@ -54,8 +58,33 @@ def learner_users() -> list[str | None]:
     return names or [os.environ[STUDENT_USER_VAR].strip()]
 
 
-def learners(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+def learners(root: Path, part: tuple[int, int] = (0, 1)) -> list[Path]:
+    """The learner folders of ``root``, in id order; with ``part=(k, n)`` only every n-th from the k-th
+    (one slice of the class, for one task of a Slurm job array)."""
+    k, n = part
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))[k::n]
+
+
+def parse_slice(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> (K, N), 0 <= K < N."""
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+        raise argparse.ArgumentTypeError(f"--slice takes K/N with 0 <= K < N, not {text!r}")
+    return int(k), int(n)
+
+
+def merge(out: str | Path, parts: list[str | Path]) -> int:
+    """One CSV from the slices' CSVs (the same columns), learners in id order; returns how many."""
+    header, rows = None, []
+    for part in parts:
+        with open(part, newline="") as f:
+            lines = list(csv.reader(f))
+        if header is not None and lines[0] != header:
+            raise ValueError(f"{part}: its columns {lines[0]} differ from {header}: graded with other exercises?")
+        header, rows = lines[0], rows + lines[1:]
+    with open(out, "w", newline="") as f:
+        csv.writer(f).writerows([header, *sorted(rows)])
+    return len(rows)
 
 
 class Progress:
@@ -82,8 +111,8 @@ def _clock(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
-def grade_class(root: Path, only: list[int] | None = None, jobs: int | None = None
-                ) -> dict[str, list[ExerciseReport]]:
+def grade_class(root: Path, only: list[int] | None = None, jobs: int | None = None,
+                part: tuple[int, int] = (0, 1)) -> dict[str, list[ExerciseReport]]:
     """``{learner id: [report per exercise]}``, graded ``jobs`` at a time (each with its own user in the sandbox)."""
     known = exercises()
     chosen: list[Exercise] = [known[n] for n in (only or known)]
@@ -92,7 +121,7 @@ def grade_class(root: Path, only: list[int] | None = None, jobs: int | None = No
     free: queue.Queue = queue.Queue()
     for user in users[:jobs]:
         free.put(user)
-    folks = learners(root)
+    folks = learners(root, part)
     progress = Progress(len(folks), len(chosen))
 
     def one(task: tuple[Path, Exercise]) -> ExerciseReport:
@@ -125,6 +154,16 @@ def write_csv(results: dict[str, list[ExerciseReport]], path: str | Path) -> Non
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["merge"]:  # python -m autograder class merge OUT.csv SLICE.csv ...
+        if len(argv) < 3:
+            print("usage: python -m autograder class merge OUT.csv SLICE.csv [SLICE.csv ...]", file=sys.stderr)
+            return 2
+        try:
+            print(f"merged {merge(argv[1], argv[2:])} learners into {argv[1]}")
+        except (OSError, ValueError, IndexError) as exc:
+            print(f"autograder: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     parser = argparse.ArgumentParser(prog="python -m autograder class", description=__doc__.splitlines()[0])
     parser.add_argument("root", help="one folder per learner (named by the learner's id) of exNN_*.py files")
     parser.add_argument("--jobs", "-j", type=int, help=f"gradings at a time (default: what this machine holds, "
@@ -132,9 +171,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--exercise", "-e", type=int, action="append", metavar="N", help="only exercise N")
     parser.add_argument("--csv", metavar="FILE", help="the grades, a row per learner (default ROOT/grades.csv)")
     parser.add_argument("--json", metavar="FILE", help="every report as JSON")
+    parser.add_argument("--slice", type=parse_slice, default=(0, 1), metavar="K/N",
+                        help="grade only every N-th learner from the K-th (a Slurm array task's share)")
     args = parser.parse_args(argv)
     root = Path(args.root)
-    if not root.is_dir() or not learners(root):
+    if not root.is_dir() or not learners(root, args.slice):
         print(f"autograder: error: {root} holds no learner folders", file=sys.stderr)
         return 2
     unknown = [n for n in args.exercise or [] if n not in exercises()]
@@ -147,7 +188,7 @@ def main(argv: list[str]) -> int:
     except SandboxError as exc:
         print(f"autograder: error: {exc}", file=sys.stderr)
         return 2
-    results = grade_class(root, args.exercise, args.jobs)
+    results = grade_class(root, args.exercise, args.jobs, args.slice)
     write_csv(results, args.csv or root / "grades.csv")
     if args.json:
         Path(args.json).write_text(json.dumps({k: [r.to_dict() for r in v] for k, v in results.items()}, indent=2))

@@ -63,3 +63,29 @@ def test_a_class_graded_four_at_a_time_gets_the_grades_of_one_at_a_time(classroo
     started = hostile.started(pids)
     assert wait_for(lambda: hostile.alive(started["detached"] + started["daemon"]) == [], timeout=10)
     assert leftover_processes() == []
+
+
+@pytest.mark.timeout(300)
+def test_a_slurm_array_grades_slices_and_the_last_task_merges_them(tmp_path):
+    """course/slurm/grade_class.sbatch run as two array tasks (by bash, as Slurm would run them), on
+    learners whose files need no launch (stubs, nothing): every learner in one merged CSV."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root, out = tmp_path / "class", tmp_path / "out"
+    for name in ("ann", "ben", "cat"):
+        (root / name).mkdir(parents=True)
+    shutil.copy(REPO / "exercises" / FILE, root / "ben" / FILE)
+    script = REPO / "course" / "slurm" / "grade_class.sbatch"
+    for task in (1, 0):
+        env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_COUNT": "2",
+               "DISTLAB_VENV": str(Path(sys.executable).parent.parent), "DISTLAB_REPO": str(REPO)}
+        done = subprocess.run(["bash", str(script), str(root), str(out)], env=env, capture_output=True, text=True,
+                              timeout=240)
+        assert done.returncode == 0, done.stderr
+    assert (out / "grades.csv").exists() and "merged 3 learners" in done.stdout
+    rows = _grades(out / "grades.csv")
+    assert [r[0] for r in rows[1:]] == ["ann", "ben", "cat"] and len(rows[0]) == 2 + 8
+    assert {r[-1] for r in rows[1:]} == {"0"}
