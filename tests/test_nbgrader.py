@@ -189,7 +189,8 @@ def run_cycle(root: Path) -> dict:
         tamper(homes[name] / ASSIGNMENT, name)
         learner_nbgrader(homes[name], exchange, "submit", ASSIGNMENT, "--student", name)
     print(f"[nbgrader cycle] learners fetched and submitted at {time.perf_counter() - start:.1f} s", flush=True)
-    instructor("grade")  # collect, repair + autograde, generate and release feedback, export
+    # collect, repair + autograde (two learners at a time, one writer to the gradebook), feedback, export
+    instructor("grade", "--jobs", "2")
     db = course / "gradebook.db"
     first = gradebook_rows(db), scores(db), (course / "grades.csv").read_text()
     # Autograde (and repair) again the cheapest learner: nothing may be duplicated.

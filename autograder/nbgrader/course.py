@@ -5,7 +5,8 @@ Steps, each over every exercise's assignment (or ``--exercise N``, repeatable):
 ``generate``   write ``source/`` from the registry and ``solutions/``, then ``nbgrader generate_assignment``
 ``release``    ``nbgrader release_assignment`` to the exchange
 ``collect``    ``nbgrader collect``
-``autograde``  repair the submissions (see :mod:`autograder.nbgrader.repair`), ``nbgrader autograde``,
+``autograde``  repair the submissions (see :mod:`autograder.nbgrader.repair`), ``nbgrader autograde``
+               (``--jobs N``: N learners at once, :mod:`autograder.nbgrader.parallel`),
                then regrade outside the kernel every submission credited with points
                (:mod:`autograder.nbgrader.verify`)
 ``feedback``   ``nbgrader generate_feedback`` and ``nbgrader release_feedback``
@@ -33,6 +34,7 @@ from pathlib import Path
 from distlab.importing import REPO_ROOT
 
 from .assignments import MANIFEST, write_source
+from .parallel import autograde_in_parallel
 from .repair import repair_course
 from .verify import regrade
 
@@ -55,7 +57,7 @@ NBGRADER_MAIN = ("import sys\nsys.modules['rfc3987_syntax'] = None\n"
 class Course:
     def __init__(self, course_dir: Path = COURSE_DIR, exchange: str | None = None,
                  only: list[int] | None = None, force: bool = False, timeout_s: float | None = None,
-                 student: str | None = None):
+                 student: str | None = None, jobs: int = 1):
         self.dir = Path(course_dir).resolve()
         self.env = dict(os.environ)
         # nbgrader runs `alembic` (and the kernel `python`) from PATH: use this interpreter's, venv or not.
@@ -67,6 +69,7 @@ class Course:
         self.force = force
         self.timeout_s = timeout_s
         self.student = student
+        self.jobs = jobs
         self.failed: list[str] = []
 
     @property
@@ -131,9 +134,24 @@ class Course:
         problems = repair_course(self.dir, self.modules, self.student)
         self._problems([f"{student} / {assignment}: {note}" for (student, assignment), notes in problems.items()
                         for note in notes])
+        jobs = self._parallel_jobs()
         for a in self.assignments:
-            self.nbgrader("autograde", a, *self._options())
+            if jobs > 1:  # each learner's autograde in its own process, one writer to the gradebook
+                autograde_in_parallel(self.dir, a, jobs, self.nbgrader, ["--force"] if self.force else [])
+            else:
+                self.nbgrader("autograde", a, *self._options())
         self.verify()
+
+    def _parallel_jobs(self) -> int:
+        """How many learners autograde at once: ``--jobs``, but one in the learner sandbox, where every
+        kernel runs as the one learner user and each autograde ends all of that user's processes."""
+        from distlab.sandbox import learner_user
+
+        if self.jobs > 1 and not self.student and learner_user():
+            print("autograde: one learner at a time in the learner sandbox (the kernels share its one user)",
+                  flush=True)
+            return 1
+        return 1 if self.student else self.jobs
 
     def verify(self) -> None:
         """Regrade outside any kernel what the gradebook credits with points (:mod:`.verify`)."""
@@ -183,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only exercise N's assignment (repeatable)")
     parser.add_argument("--force", action="store_true", help="redo autograde/feedback/release over old results")
     parser.add_argument("--student", help="autograde/feedback only this learner")
+    parser.add_argument("--jobs", "-j", type=int, default=1,
+                        help="autograde this many learners at once (one writer to the gradebook; default 1)")
     parser.add_argument("--timeout", type=float, default=6 * 3600,
                         help="seconds allowed to each nbgrader command (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -193,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"no exercise {unknown[0]} (known: {', '.join(map(str, exercises()))})")
     _moved_data_note(Path(args.course_dir))
+    if args.jobs < 1:
+        parser.error("--jobs must be 1 or more")
     course = Course(Path(args.course_dir), args.exchange, args.exercise, args.force, args.timeout,
-                    args.student)
+                    args.student, args.jobs)
     getattr(course, args.step)()
     for f in course.failed:
         print(f"autograder.nbgrader: failed: nbgrader {f}", file=sys.stderr)
