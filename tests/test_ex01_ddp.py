@@ -191,3 +191,42 @@ def test_known_errors_are_translated():
         .startswith("device_ids given for a CPU model: ")
     assert translate("ValueError: trying to initialize the default process group twice!", known) \
         .startswith("init_process_group called twice: ")
+
+
+STYLES = ("by_attribute", "by_alias", "by_name")  # torch.save(...), T.save(...), save(...) after `from torch import save`
+STYLES_MODULE = (
+    "import torch\nimport torch as T\nimport torch.distributed as D\nfrom torch import save\n"
+    "from torch.distributed import all_reduce\n\n\n"
+    "def by_attribute(t, f):\n    torch.save(t, f)\n    torch.distributed.all_reduce(t)\n\n\n"
+    "def by_alias(t, f):\n    T.save(t, f)\n    D.all_reduce(t)\n\n\n"
+    "def by_name(t, f):\n    save(t, f)\n    all_reduce(t)\n")
+
+
+@pytest.mark.parametrize("imported", ["before the spies", "under the spies"])
+def test_the_save_and_all_reduce_spies_see_every_import_style(tmp_path, imported):
+    """No launch (one gloo rank in this process): each way of naming torch.save and dist.all_reduce is
+    counted, whether the file was imported before the spies were entered or while they were."""
+    import torch
+    import torch.distributed as dist
+
+    from autograder.checks._ex01_probes import AllReduceSpy
+    from autograder.harness import SaveSpy, watched
+    from distlab.importing import import_path
+
+    (tmp_path / "styles.py").write_text(STYLES_MODULE)
+    load = lambda: watched(import_path(tmp_path / "styles.py", name=f"learner_styles_{imported[0]}"))  # noqa: E731
+    param = torch.nn.Parameter(torch.ones(3))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        learner = load() if imported == "before the spies" else None
+        with SaveSpy() as saves, AllReduceSpy() as reduces:
+            learner = learner or load()
+            reduces.grads = [param]
+            for i, style in enumerate(STYLES):
+                param.grad = torch.ones(3)
+                getattr(learner, style)(param.grad, tmp_path / f"{i}.pt")
+        assert saves.paths == [str(tmp_path / f"{i}.pt") for i in range(3)] and reduces.calls == 3
+        if imported == "before the spies":  # the names it bound are put back (bound under them, they stay spies)
+            assert learner.save is torch.save and learner.all_reduce is dist.all_reduce
+    finally:
+        dist.destroy_process_group()

@@ -200,3 +200,31 @@ def test_causes_without_a_launch():
 ])
 def test_known_errors_named(raised, name):
     assert translate(raised, ex04_fsdp.KNOWN_ERRORS).startswith(f"{name}: ")
+
+
+@pytest.mark.parametrize("imported", ["before the spy", "under the spy"])
+def test_the_state_dict_spy_sees_every_import_style(tmp_path, imported):
+    """No launch (one gloo rank in this process): get_model_state_dict imported by name, through an alias
+    of its module, or by attribute, is recorded each time."""
+    import torch
+    import torch.distributed as dist
+
+    from autograder.checks._ex04_probes import StateDictSpy
+    from autograder.harness import watched
+    from distlab.importing import import_path
+
+    (tmp_path / "styles.py").write_text(
+        "import torch.distributed.checkpoint.state_dict\nimport torch.distributed.checkpoint.state_dict as S\n"
+        "from torch.distributed.checkpoint.state_dict import get_model_state_dict\n\n\n"
+        "def every_style(model):\n    get_model_state_dict(model)\n    S.get_model_state_dict(model)\n"
+        "    torch.distributed.checkpoint.state_dict.get_model_state_dict(model)\n")
+    load = lambda: watched(import_path(tmp_path / "styles.py", name=f"learner_dsd_{imported[0]}"))  # noqa: E731
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        learner = load() if imported == "before the spy" else None
+        with StateDictSpy("test/styles") as spy:
+            learner = learner or load()
+            learner.every_style(torch.nn.Linear(3, 2))
+    finally:
+        dist.destroy_process_group()
+    assert [c["fn"] for c in spy.calls] == ["get_model_state_dict"] * 3

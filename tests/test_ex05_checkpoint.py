@@ -141,3 +141,40 @@ def test_a_checkpoint_collective_on_rank_0_only_is_named(mutants):
 ])
 def test_errors_of_known_mistakes_are_translated(raised, name):
     assert translate(raised, ex05_checkpoint.KNOWN_ERRORS).startswith(name)
+
+
+@pytest.mark.parametrize("imported", ["before the spies", "under the spies"])
+def test_the_checkpoint_spies_see_every_import_style(tmp_path, imported):
+    """No launch (one gloo rank in this process): DCP's save by attribute, through an alias of its module
+    and by name from ``state_dict_saver``, and get_state_dict by name, are each logged."""
+    import io
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    from autograder.checks import _ex05_probes as probes
+    from autograder.harness import watched
+    from distlab.importing import import_path
+
+    (tmp_path / "styles.py").write_text(
+        "import torch.distributed.checkpoint\nimport torch.distributed.checkpoint as DCP\n"
+        "from torch.distributed.checkpoint.state_dict import get_state_dict\n"
+        "from torch.distributed.checkpoint.state_dict_saver import save\n\n\n"
+        "def every_style(model, optimizer, root):\n    model_sd, _ = get_state_dict(model, optimizer)\n"
+        "    torch.distributed.checkpoint.save(model_sd, checkpoint_id=root / 'a')\n"
+        "    DCP.save(model_sd, checkpoint_id=root / 'b')\n    save(model_sd, checkpoint_id=root / 'c')\n")
+    load = lambda: watched(import_path(tmp_path / "styles.py", name=f"learner_dcp_{imported[0]}"))  # noqa: E731
+    model = torch.nn.Linear(3, 2)
+    log = io.StringIO()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        learner = load() if imported == "before the spies" else None
+        with probes._collective_spies():
+            learner = learner or load()
+            probes._now.update(log=log, tag="styles", step=0)
+            learner.every_style(model, torch.optim.SGD(model.parameters(), lr=0.1), tmp_path)
+    finally:
+        probes._now["log"] = None
+        dist.destroy_process_group()
+    assert [json.loads(ln)["call"] for ln in log.getvalue().splitlines()] == ["get_state_dict"] + ["dcp.save"] * 3

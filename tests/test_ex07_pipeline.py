@@ -154,3 +154,29 @@ def test_a_deadlock_that_escapes_the_rank_is_translated():
 
 # The stub's grading (0, "not implemented yet", through the CLI's subprocess) is in
 # tests/test_selftest.py, which grades exercise 7's solution and stub as an instructor does.
+
+
+@pytest.mark.parametrize("imported", ["before the spy", "under the spy"])
+def test_the_p2p_spy_sees_every_import_style(tmp_path, monkeypatch, imported):
+    """No launch, no peer: the spy wraps stand-ins for send/recv/isend/irecv, and the calls of a file that
+    names them by attribute, through an alias or by name are each recorded."""
+    import torch
+    import torch.distributed as dist
+
+    from autograder.checks._ex07_probes import P2PSpy
+    from autograder.harness import watched
+    from distlab.importing import import_path
+
+    for name in P2PSpy.NAMES:  # what the spy wraps: no process group needed
+        monkeypatch.setattr(dist, name, lambda tensor, *args, **kwargs: None)
+    (tmp_path / "styles.py").write_text(
+        "import torch.distributed\nimport torch.distributed as D\nfrom torch.distributed import irecv, isend\n\n\n"
+        "def every_style(t):\n    torch.distributed.send(t, dst=1)\n    D.recv(t, src=1)\n"
+        "    isend(t, dst=1)\n    irecv(t, src=1)\n")
+    load = lambda: watched(import_path(tmp_path / "styles.py", name=f"learner_p2p_{imported[0]}"))  # noqa: E731
+    learner = load() if imported == "before the spy" else None
+    with P2PSpy() as spy:
+        learner = learner or load()
+        learner.every_style(torch.zeros(2))
+    assert [(c["op"], c["async"], c["peer"]) for c in spy.calls] == [
+        ("send", False, 1), ("recv", False, 1), ("send", True, 1), ("recv", True, 1)]

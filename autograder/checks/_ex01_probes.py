@@ -18,7 +18,7 @@ import distlab
 from distlab.data import RecordingDataset, digits
 from distlab.models import cpu_state, make_mlp
 
-from ..harness import CapturedPrints, SaveSpy, echo, load_learner, own_rendezvous
+from ..harness import CapturedPrints, Replace, SaveSpy, echo, load_learner, own_rendezvous
 
 CONFIG = dict(epochs=2, batch_size=32, lr=0.2, seed=7)
 MODEL = dict(hidden=64)
@@ -69,32 +69,25 @@ def _observe(path: str, ckpt_dir: Path) -> dict:
     }
 
 
-class AllReduceSpy(contextlib.AbstractContextManager):
+class AllReduceSpy(Replace):
     """Counts ``dist.all_reduce`` calls made from Python on a tensor that is some parameter's ``.grad``.
 
     DDP's own all-reduces run in its C++ reducer and never pass through here: what this counts is
-    gradients all-reduced by hand.
+    gradients all-reduced by hand (``dist.all_reduce`` or ``from torch.distributed import all_reduce``:
+    enter it before the learner's file is imported, see :class:`Replace`).
     """
 
     def __init__(self):
         self.grads: list = []  # the parameters whose .grad counts
         self.calls = 0
-        self._real = dist.all_reduce
+        super().__init__({(dist, "all_reduce"): self._spy})
 
-    def __enter__(self):
-        real = self._real
-
-        def spy(tensor, *args, **kwargs):
+    def _spy(self, real):
+        def all_reduce(tensor, *args, **kwargs):
             if any(p.grad is not None and p.grad.data_ptr() == tensor.data_ptr() for p in self.grads):
                 self.calls += 1
             return real(tensor, *args, **kwargs)
-
-        dist.all_reduce = spy
-        return self
-
-    def __exit__(self, *exc):
-        dist.all_reduce = self._real
-        return False
+        return all_reduce
 
 
 class Probe(contextlib.AbstractContextManager):
@@ -138,22 +131,21 @@ class Probe(contextlib.AbstractContextManager):
                 "optimizer": type(optimizer).__name__, "grad_all_reduces": self.reduces.calls,
             }
 
-    def __enter__(self):
-        real_init, probe = DDP.__init__, self
-
+    def _init(self, real_init):
         def init(ddp, module, *args, **kwargs):
-            if module is probe.model:
-                probe.ddp_built.append(bool(kwargs.get("init_sync", True)))
+            if module is self.model:
+                self.ddp_built.append(bool(kwargs.get("init_sync", True)))
             real_init(ddp, module, *args, **kwargs)
+        return init
 
-        self._real_init = real_init
-        DDP.__init__ = init
+    def __enter__(self):
+        self._ddp = Replace({(DDP, "__init__"): self._init}).__enter__()
         self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post),
                          register_optimizer_step_pre_hook(self._step)]
         return self
 
     def __exit__(self, *exc):
-        DDP.__init__ = self._real_init
+        self._ddp.__exit__(*exc)
         for handle in self._handles:
             handle.remove()
         return False

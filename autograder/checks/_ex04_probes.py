@@ -17,6 +17,7 @@ a :class:`~distlab.resmlp.ResidualMLP` on every rank; around it:
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
 import traceback
@@ -36,7 +37,7 @@ from distlab.fsdp_memory import (LiveStorageTracker, activation_bytes, expected_
                                  peak_bound)
 from distlab.resmlp import make_resmlp
 
-from ..harness import CapturedPrints, SaveSpy, echo, grad_norm, load_learner, on_backward_start
+from ..harness import CapturedPrints, Replace, SaveSpy, echo, grad_norm, load_learner, on_backward_start
 
 MODEL = dict(in_features=64, hidden=90, out_features=10, depth=8)
 STEPS, MICRO_BATCH, LR, SEED = 4, 8, 1e-2, 11
@@ -199,26 +200,19 @@ def _layout(model: nn.Module, optimizer) -> dict:
             "root_wrapped": type(model).__name__.startswith("FSDP")}
 
 
-class StateDictSpy:
+class StateDictSpy(Replace):
     """Records this rank's calls of the state-dict collectives, in ``calls`` and in the process group's
-    store (so the other ranks see a call they never made), and makes the calls another rank waits in."""
+    store (so the other ranks see a call they never made), and makes the calls another rank waits in.
+    Entered before the learner's file is imported (:class:`Replace`): ``from ... import
+    get_model_state_dict`` is seen too."""
 
     def __init__(self, tag: str) -> None:
-        self.tag, self.calls, self.real = tag, [], {name: getattr(dsd, name) for name in STATE_DICT_CALLS}
+        self.tag, self.calls, self.real_fn = tag, [], {name: getattr(dsd, name) for name in STATE_DICT_CALLS}
         self.store = dist.distributed_c10d._get_default_store()
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        super().__init__({(dsd, name): functools.partial(self._spy, name) for name in STATE_DICT_CALLS})
 
-    def __enter__(self) -> "StateDictSpy":
-        for name in STATE_DICT_CALLS:
-            setattr(dsd, name, self._spy(name))
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        for name, fn in self.real.items():
-            setattr(dsd, name, fn)
-        return False
-
-    def _spy(self, name: str):
+    def _spy(self, name: str, real):
         def spy(*args, **kwargs):
             options = kwargs.get("options")
             record = {"fn": name, "options": {k: v for k, v in asdict(options).items() if isinstance(v, bool)}
@@ -226,7 +220,7 @@ class StateDictSpy:
             self.calls.append(record)
             self.store.set(f"{self.tag}/call/{self.rank}/{len(self.calls)}", json.dumps(record))
             self.store.add(f"{self.tag}/entered/{self.rank}", 1)
-            result = self.real[name](*args, **kwargs)
+            result = real(*args, **kwargs)
             first = result[0] if isinstance(result, tuple) else result
             tensors = [v for v in first.values() if isinstance(v, torch.Tensor)] if isinstance(first, dict) else []
             record.update(tensors=len(tensors), bytes=sum(t.numel() * t.element_size() for t in tensors))
@@ -255,6 +249,6 @@ class StateDictSpy:
     def _make(self, record: dict, model: nn.Module, optimizer) -> None:
         options = StateDictOptions(**record["options"])
         if record["fn"] == "get_model_state_dict":
-            self.real["get_model_state_dict"](model, options=options)
+            self.real_fn["get_model_state_dict"](model, options=options)
         else:
-            self.real[record["fn"]](model, optimizer, options=options)
+            self.real_fn[record["fn"]](model, optimizer, options=options)

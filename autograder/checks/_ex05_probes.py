@@ -20,7 +20,6 @@ from the grading process).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -34,6 +33,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.distributed.checkpoint.state_dict as dcp_state
+import torch.distributed.checkpoint.state_dict_loader as dcp_loader
+import torch.distributed.checkpoint.state_dict_saver as dcp_saver
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -42,7 +43,7 @@ from distlab.data import RecordingDataset, synthetic_classification
 from distlab.memory import local_tensor
 
 from .. import progress
-from ..harness import CapturedPrints, echo, load_learner
+from ..harness import CapturedPrints, Replace, echo, load_learner
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
 DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the run crosses an epoch
@@ -53,9 +54,11 @@ WRITE_KILL = 2                 # restart scenario, attempt 0: killed inside the 
 SECOND_KILL = 8                # restart scenario, attempt 1: killed after step 8, resumes from step 6
 RESUMED_FROM = RUN["save_every"] * (WRITE_KILL - 1)  # the last checkpoint committed before the killed write
 INTERRUPTED = RUN["save_every"] * WRITE_KILL         # the step whose checkpoint write was killed
-COLLECTIVES = {dcp: ("save", "load", "async_save"),
-               dcp_state: ("get_state_dict", "set_state_dict", "get_model_state_dict", "get_optimizer_state_dict",
-                           "set_model_state_dict", "set_optimizer_state_dict")}
+# (module, name, the name logged): DCP's and the state-dict API's collectives, by every public name.
+COLLECTIVES = [(dcp, n, f"dcp.{n}") for n in ("save", "load", "async_save")] + [
+    (dcp_saver, "save", "dcp.save"), (dcp_saver, "async_save", "dcp.async_save"), (dcp_loader, "load", "dcp.load")] + [
+    (dcp_state, n, n) for n in ("get_state_dict", "set_state_dict", "get_model_state_dict", "get_optimizer_state_dict",
+                                "set_model_state_dict", "set_optimizer_state_dict")]
 _now = {"log": None, "tag": "", "step": 0, "pre": None}  # the phase running: call log, tag, last step, snapshot
 
 
@@ -95,25 +98,23 @@ def _snapshot(optimizer, args, kwargs) -> None:
                    "lr": float(optimizer.param_groups[0]["lr"]), "rng": _rng_hash()}
 
 
-def _spy(name: str, real):
-    def spy(*args, **kwargs):
-        if _now["log"] is not None:  # logged before the call: a call that hangs or raises is on disk already
-            _now["log"].write(json.dumps({"call": name, "after_step": _now["step"], "attempt": _attempt(),
-                                          "tag": _now["tag"]}) + "\n")
-            _now["log"].flush()
-        return real(*args, **kwargs)
-    return spy
+def _spy(name: str):
+    def make(real):
+        def spy(*args, **kwargs):
+            if _now["log"] is not None:  # logged before the call: a call that hangs or raises is on disk already
+                _now["log"].write(json.dumps({"call": name, "after_step": _now["step"], "attempt": _attempt(),
+                                              "tag": _now["tag"]}) + "\n")
+                _now["log"].flush()
+            return real(*args, **kwargs)
+        return spy
+    return make
 
 
-def _spy_on_collectives() -> None:
-    """Before the learner's file is imported, so ``from ... import get_state_dict`` binds the spy too."""
-    for module, names in COLLECTIVES.items():
-        for name in names:
-            real = getattr(module, name, None)
-            if real is not None and not hasattr(real, "__wrapped_by_grader__"):
-                wrapped = _spy(("dcp." if module is dcp else "") + name, real)
-                wrapped.__wrapped_by_grader__ = True
-                setattr(module, name, wrapped)
+def _collective_spies() -> Replace:
+    """Entered before the learner's file is imported, so ``from ... import get_state_dict`` (or
+    ``state_dict_saver.save``) binds the spy too (:class:`~autograder.harness.Replace`)."""
+    return Replace({(module, name): _spy(label) for module, name, label in COLLECTIVES
+                    if getattr(module, name, None) is not None})
 
 
 def _full_state(model, optimizer) -> dict:
@@ -171,26 +172,22 @@ def _step_recorder(data: RecordingDataset, log, phase: dict, kill_step: int | No
     return on_step
 
 
-@contextlib.contextmanager
-def _killed_in_write(kill_write: int | None):
-    """While the block runs, this rank dies right after its ``kill_write``-th DCP shard write."""
+def _killed_in_write(kill_write: int | None) -> Replace:
+    """While entered, this rank dies right after its ``kill_write``-th DCP shard write."""
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
-    real_write = FileSystemWriter.write_data
     writes = {"n": 0}
 
-    def write_data(self, plan, planner):
-        fut = real_write(self, plan, planner)
-        fut.wait()
-        writes["n"] += 1
-        if kill_write is not None and writes["n"] == kill_write:
-            _die()  # this rank's shard is written; DCP's .metadata never will be
-        return fut
+    def make(real_write):
+        def write_data(self, plan, planner):
+            fut = real_write(self, plan, planner)
+            fut.wait()
+            writes["n"] += 1
+            if kill_write is not None and writes["n"] == kill_write:
+                _die()  # this rank's shard is written; DCP's .metadata never will be
+            return fut
+        return write_data
 
-    FileSystemWriter.write_data = write_data
-    try:
-        yield
-    finally:
-        FileSystemWriter.write_data = real_write
+    return Replace({(FileSystemWriter, "write_data"): make})
 
 
 def _record_error(errors: Path, exc: BaseException) -> None:
@@ -219,12 +216,12 @@ def rank_main(paths: list[str], outdirs: list[str], phases: list[list[dict]]) ->
     that stops every rank lets the next file run.
     """
     init_distributed()
-    _spy_on_collectives()
-    for path, outdir, file_phases in zip(paths, outdirs, phases):
-        Path(outdir).mkdir(parents=True, exist_ok=True)
-        learner = load_learner(path)
-        for phase in file_phases:
-            _run_phase(learner, phase, Path(outdir))
+    with _collective_spies():
+        for path, outdir, file_phases in zip(paths, outdirs, phases):
+            Path(outdir).mkdir(parents=True, exist_ok=True)
+            learner = load_learner(path)
+            for phase in file_phases:
+                _run_phase(learner, phase, Path(outdir))
     return [{"rank": dist.get_rank()} for _ in paths]
 
 

@@ -14,6 +14,7 @@ Either error is caught here and returned with the rest of the observation.
 """
 from __future__ import annotations
 
+import functools
 import time
 import traceback
 from datetime import timedelta
@@ -29,7 +30,7 @@ from distlab.models import make_mlp
 from distlab.pipeline import Delay, TimedStage
 from distlab.process import time_scale
 
-from ..harness import CapturedPrints, echo, load_learner, own_rendezvous
+from ..harness import CapturedPrints, Replace, echo, load_learner, own_rendezvous
 
 BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 64, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
 DELAYS = (0.03, 0.015)                           # seconds of "compute" per forward, stage 0 and stage 1
@@ -45,32 +46,27 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
     return x[:BATCH], y[:BATCH]
 
 
-class P2PSpy:
-    """While the block runs, records every ``dist.send/recv/isend/irecv``: its peer, shape, when it was
-    called and returned (``t1`` stays ``None`` if it raised), and a copy of each tensor received."""
+class P2PSpy(Replace):
+    """While entered, records every ``dist.send/recv/isend/irecv``: its peer,
+    shape, when it was called and returned (``t1`` stays ``None`` if it raised), and a copy of each tensor
+    received. Entered before the learner's file is imported (:class:`Replace`): ``from
+    torch.distributed import isend`` is seen too. Not ``distributed_c10d``'s own names: torch's functions
+    call each other by them (``send`` calls ``isend``), and each call would be recorded twice."""
 
     NAMES = ("send", "recv", "isend", "irecv")
 
     def __init__(self):
         self.calls: list[dict] = []
         self._async_recv: list[tuple[dict, torch.Tensor]] = []
-
-    def __enter__(self):
-        self._real = {n: getattr(dist, n) for n in self.NAMES}
-        for n in self.NAMES:
-            setattr(dist, n, self._spy(n))
-        return self
+        super().__init__({(dist, n): functools.partial(self._spy, n) for n in self.NAMES})
 
     def __exit__(self, *exc):
-        for n, fn in self._real.items():
-            setattr(dist, n, fn)
+        super().__exit__(*exc)
         for call, tensor in self._async_recv:  # what an irecv's buffer holds once the step is over
             call["value"] = tensor.detach().cpu().clone()
         return False
 
-    def _spy(self, name: str):
-        real = self._real[name]
-
+    def _spy(self, name: str, real):
         def spy(tensor, *args, **kwargs):
             peer = kwargs.get("dst", kwargs.get("src", args[0] if args else None))
             call = {"op": name.lstrip("i"), "async": name[0] == "i", "peer": peer, "shape": list(tensor.shape),
@@ -129,19 +125,20 @@ def _observe(path: str, p2p_timeout_s: float) -> dict:
     if dist.get_world_size() != 2:
         raise RuntimeError("exercise 7 is a 2-stage pipeline: run it on 2 ranks")
     x, y = (t.to(dev) for t in batch())
-    learner = load_learner(path)
     layers = model()[:BOUNDARY] if rank == 0 else model()[BOUNDARY:]
     stage = TimedStage(nn.Sequential(Delay(DELAYS[rank]), *layers).to(dev), rank, sync=dev.type == "cuda")
     probe = StageProbe(stage)
-    dist.barrier()
     loss = error = where = None
-    with P2PSpy() as p2p, CapturedPrints() as out:
-        try:
-            loss = learner.gpipe_step(stage, x.clone(), y.clone(), n_microbatches=MICRO, hidden=HIDDEN)
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported, so the other criteria are still judged
-            error, where = f"{type(exc).__name__}: {str(exc).strip()[:300]}", _learner_frame(exc, path)
+    with P2PSpy() as p2p:  # before the import: the send and recv it binds are spied on too
+        learner = load_learner(path)
+        dist.barrier()
+        with CapturedPrints() as out:
+            try:
+                loss = learner.gpipe_step(stage, x.clone(), y.clone(), n_microbatches=MICRO, hidden=HIDDEN)
+            except NotImplementedError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported, so the other criteria are still judged
+                error, where = f"{type(exc).__name__}: {str(exc).strip()[:300]}", _learner_frame(exc, path)
     echo(out.lines)
     return {
         "rank": rank, "events": stage.log(), "error": error, "where": where, "p2p": p2p.calls,
