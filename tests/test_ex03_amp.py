@@ -16,6 +16,7 @@ import distlab.timing
 from autograder.checks import ex03_amp as check
 from distlab.importing import import_path
 
+from tests import independent
 from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
 
 FILE = check.EXERCISE.filename
@@ -73,6 +74,18 @@ MUTANTS = {
                                "def _own_median_seconds(",
         "def saved_bytes(": "from distlab.memory import saved_tensor_bytes as saved_bytes\n\n\ndef _own_saved_bytes(",
     },
+    # A hand-written timing loop on a clock imported by name (``from time import perf_counter``): the
+    # virtual clock is what it reads too, so only its one mistake, no warm-up, fails.
+    "perf_counter_by_name_no_warmup": {
+        "from torch.utils import benchmark\n": "from torch.utils import benchmark\nimport statistics\n"
+                                              "from time import perf_counter\n",
+        "    for _ in range(warmup):\n        fn()\n        sync()\n"
+        "    timer = benchmark.Timer(stmt=\"fn(); sync()\", globals={\"fn\": fn, \"sync\": sync},\n"
+        "                            num_threads=torch.get_num_threads())\n"
+        "    return timer.blocked_autorange(min_run_time=min_run_time).median\n":
+        "    times = []\n    while sum(times) < min_run_time:\n        start = perf_counter()\n        fn()\n"
+        "        sync()\n        times.append(perf_counter() - start)\n    return statistics.median(times)\n",
+    },
 }
 SPEEDUP_CRITERIA = [f"measuring: {t}" for t in check.CASE_TITLES.values()]  # earned by median_seconds
 MEMORY_CRITERION = "measuring: saved-activation bytes and memory ratio"     # earned by saved_bytes
@@ -88,7 +101,10 @@ REAL_MODELS = {**check.REAL_MODEL, "cpu": dict(in_features=64, hidden=128, depth
 def reports(tmp_path_factory) -> dict:
     paths = solution_and_mutants(tmp_path_factory.mktemp("ex03"), FILE, MUTANTS)
     paths["stub"] = EXERCISES / FILE
-    return dict(zip(paths, check.grade(list(paths.values()), real_models=REAL_MODELS)))
+    paths["independent"] = independent.path(3)
+    graded = dict(zip(paths, check.grade(list(paths.values()), real_models=REAL_MODELS)))
+    independent.record(3, graded["independent"])
+    return graded
 
 
 def test_solution_full_marks(reports):
@@ -108,6 +124,12 @@ def test_stub_not_implemented(reports):
 def test_missing_warmup(reports):
     fb = feedback_of(reports["no_warmup_no_sync_mean_clip_scaled"], "slow first calls")
     assert "call fn(); sync() `warmup` times before timing" in fb
+
+
+def test_a_clock_imported_by_name_is_the_virtual_one(reports):
+    bad = failed(reports["perf_counter_by_name_no_warmup"])
+    assert list(bad) == ["measuring: slow first calls are warmed up"], bad  # steady, async, outliers: right
+    assert "call fn(); sync() `warmup` times before timing" in bad["measuring: slow first calls are warmed up"]
 
 
 def test_missing_sync(reports):
@@ -327,3 +349,41 @@ def test_step_count_and_unscaled_loss_named():
     fb = check.not_scaled({"events": ["backward", "unscale_", "step", "optimizer.step", "update"], "grad_norm": 0.05})
     assert "never scaler.scale(loss)" in fb
     assert check.not_scaled({"events": ["scale"], "grad_norm": 0.05}) is None
+
+
+CLOCK_STYLES = (  # every way a learner's file may read the clock, each a function of no arguments
+    "import time\nimport time as t\nimport timeit\nfrom time import perf_counter, perf_counter_ns\n"
+    "from timeit import default_timer\nfrom torch.utils import benchmark\n\n\n"
+    "def by_attribute():\n    return time.perf_counter()\n\n\n"
+    "def by_alias():\n    return t.monotonic()\n\n\n"
+    "def by_name():\n    return perf_counter()\n\n\n"
+    "def by_name_ns():\n    return perf_counter_ns() / 1e9\n\n\n"
+    "def by_timeit_name():\n    return default_timer()\n\n\n"
+    "def by_default_argument(clock=time.perf_counter):\n    return clock()\n\n\n"
+    "def timeit_seconds(fn):\n    return timeit.timeit(fn, number=4) / 4\n\n\n"
+    "def benchmark_seconds(fn):\n    return benchmark.Timer(stmt='fn()', globals={'fn': fn}).timeit(4).median\n")
+
+
+@pytest.mark.parametrize("imported", ["under the clocks", "before the clocks"])
+def test_every_clock_a_file_can_read_is_the_virtual_one(tmp_path, imported):
+    """No launch: whichever way the learner's file names a clock (``from time import perf_counter``, an
+    alias, an attribute, ``timeit``'s), it reads the case's virtual clock, and the real one outside it."""
+    from autograder.checks._ex03_workloads import Clocks
+    from autograder.harness import watched
+
+    (tmp_path / "clocks.py").write_text(CLOCK_STYLES)
+    load = lambda: watched(import_path(tmp_path / "clocks.py", name=f"learner_clocks_{imported[0]}"))  # noqa: E731
+    learner, clocks = load() if imported.startswith("before") else None, Clocks()
+    with clocks.replaced():
+        learner = learner or load()
+        with clocks.reading(distlab.timing.VirtualClock()) as clock:
+            clock.advance(0.5)
+            read = {name: getattr(learner, name)() for name in ("by_attribute", "by_alias", "by_name",
+                                                              "by_name_ns", "by_timeit_name", "by_default_argument")}
+            timed = [learner.timeit_seconds(lambda: clock.advance(0.25)),
+                     learner.benchmark_seconds(lambda: clock.advance(0.25))]
+        outside = learner.by_name()
+    if imported.startswith("before"):  # a default argument is bound before any instrument could be entered
+        assert read.pop("by_default_argument") != 1000.5
+    assert read == dict.fromkeys(read, 1000.5) and timed == [0.25, 0.25]
+    assert outside != 1000.5 and learner.by_name() != 1000.5  # the real clock, also for names bound under it

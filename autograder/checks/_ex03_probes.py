@@ -15,7 +15,9 @@ measuring functions still gets the marks for the step:
   ``scaler.update()``, which makes the second raise, still shows the first's order);
 * ``compare`` runs on the simulated workloads of ``_ex03_workloads`` under a
   :class:`distlab.timing.VirtualClock` (``CASES``, whose truths are
-  ``CASES_TRUTH`` and ``MEMORY_TRUTH``), then on the real model (``REAL_MODEL``);
+  ``CASES_TRUTH`` and ``MEMORY_TRUTH``), which every clock the learner's code reads
+  follows, however it was imported (``Clocks``, replaced before the file is imported),
+  then on the real model (``REAL_MODEL``), on the real clocks;
 * ``ANSWERS`` records which graded functions are the runtime's copies (see :func:`observe`).
 """
 from __future__ import annotations
@@ -33,7 +35,7 @@ from distlab.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ..answers import RuntimeCopies
 from ..harness import CapturedPrints, echo, grad_norm, load_learner, on_backward_start
-from ._ex03_workloads import CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, SharedViews, batches
+from ._ex03_workloads import CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, SharedViews, batches
 # Re-exported: ex03_amp, _ex03_causes and the tests read them as probes.NAME.
 from ._ex03_workloads import (BATCH, CASE_TITLES, CASES_TRUTH, MEMORY_TRUTH, SHARED, STEPS,  # noqa: F401
                               reference_fp32)
@@ -165,13 +167,13 @@ def _number(value) -> float | None:
         return None
 
 
-def _measure(learner, watch) -> dict:
+def _measure(learner, watch, clocks: Clocks) -> dict:
     out = {}
     for case, (base_kw, cand_kw) in CASES.items():
         clock = VirtualClock()
         base, cand = (SharedViews(clock, **kw) if "storage" in kw else SimulatedWorkload(clock, **kw)
                       for kw in (base_kw, cand_kw))
-        with clock.installed(), watch:
+        with clocks.reading(clock), watch:
             res = learner.compare(base, cand, sync=clock.sync, warmup=WARMUP, min_run_time=MIN_RUN_TIME)
         out[case] = {k: float(res[k]) for k in ("speedup", "memory_ratio") if k in res}
         out[case].update({k: v for k in ("baseline_bytes", "candidate_bytes")
@@ -197,7 +199,7 @@ def _real(learner, device, watch, cfg: dict) -> dict:
             "device": name, "model": f"MLP {cfg['in_features']}-{cfg['hidden']}x{cfg['depth']}, batch {cfg['batch']}"}
 
 
-def observe(learner, device: torch.device, real_model: dict) -> dict:
+def observe(learner, device: torch.device, real_model: dict, clocks: Clocks) -> dict:
     """Every part of the exercise, each under its own instruments.
 
     ``answers``: which graded functions *are* the runtime's copies (before any call), and which
@@ -206,6 +208,7 @@ def observe(learner, device: torch.device, real_model: dict) -> dict:
     The real model is only measured with the learner's own ``median_seconds`` (its seconds would be
     the runtime's otherwise, and they take the longest to measure): ``{"skipped": "median_seconds"}``.
     ``real_model``: the real model's sizes (``REAL_MODEL``'s for this device, or the tests' smaller ones).
+    ``clocks``: replaced since before the learner's file was imported (:class:`Clocks`).
     """
     capability = list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     identified = ANSWERS.identify(learner)
@@ -214,7 +217,7 @@ def observe(learner, device: torch.device, real_model: dict) -> dict:
            "autocast": _attempt(lambda: _autocast(learner, device)),
            "parity": _attempt(lambda: _parity(learner, device)),
            "scaler": _attempt(lambda: _scaler(learner, device)),
-           "measure": _attempt(lambda: _measure(learner, watch))}
+           "measure": _attempt(lambda: _measure(learner, watch, clocks))}
     timed_by_runtime = "median_seconds" in identified or any(
         dotted in ANSWERS.graded["median_seconds"] for dotted, _ in watch.calls)
     obs["real"] = ({"skipped": "median_seconds"} if timed_by_runtime
@@ -231,9 +234,11 @@ def rank_main(paths: list[str], real_models: dict[str, dict] = REAL_MODEL) -> li
     device = rank_device()
     out = []
     for path in paths:
-        learner = load_learner(path)
-        with CapturedPrints() as printed:
-            obs = observe(learner, device, real_models["cuda" if device.type == "cuda" else "cpu"])
+        clocks = Clocks()
+        with clocks.replaced():  # before the import: a clock the file binds then is the virtual one too
+            learner = load_learner(path)
+            with CapturedPrints() as printed:
+                obs = observe(learner, device, real_models["cuda" if device.type == "cuda" else "cpu"], clocks)
         echo(printed.lines)
         out.append(obs)
     return out

@@ -5,11 +5,17 @@ Shared by the rank-side instruments (``_ex03_probes``, which re-exports it) and 
 * the step's settings, its batches of the digits and the single-process float32 reference
   (:func:`reference_fp32`) the float32 step is compared with;
 * the :class:`distlab.timing.SimulatedWorkload` s ``compare`` measures under a
-  :class:`distlab.timing.VirtualClock` (``CASES``), and their truths (``CASES_TRUTH``, ``MEMORY_TRUTH``).
+  :class:`distlab.timing.VirtualClock` (``CASES``), and their truths (``CASES_TRUTH``, ``MEMORY_TRUTH``);
+* :class:`Clocks`: every clock the learner's code can read, pointed at a case's virtual clock.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
+import time
+import timeit
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -17,6 +23,8 @@ from torch import nn
 from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 from distlab.timing import SimulatedWorkload, VirtualClock
+
+from ..harness import Replace
 
 STEPS, BATCH, LR, MAX_NORM = 12, 64, 0.1, 0.05  # MAX_NORM: small enough that every step clips
 MODEL = dict(hidden=64)
@@ -43,6 +51,61 @@ class SharedViews(SimulatedWorkload):
         y = torch.ones(self.storage // 4, dtype=torch.float32, requires_grad=True) * 2
         q = y.numel() // 4
         return sum(y[i * q:(i + 1) * q].sin().sum() for i in range(self.n_views))
+
+
+_PERF_COUNTER = time.perf_counter  # the real one (this module is imported before any learner file)
+
+
+class Clocks:
+    """The clocks the learner's code can read (``time.perf_counter``, ``monotonic``, ``time``,
+    ``process_time`` and their ``_ns`` forms, ``timeit.default_timer`` and ``timeit.Timer``'s default
+    timer), read from the virtual clock of :meth:`reading` on the grading thread and from the real
+    ones everywhere else.
+
+    ``with clocks.replaced():`` is entered before the learner's file is imported (:class:`Replace`),
+    so ``from time import perf_counter``, ``from timeit import default_timer`` or a default argument
+    bound at import read the same clock as ``time.perf_counter()``: no legal import style changes
+    what is measured. Another thread (the launcher's heartbeat) always reads the real clocks.
+    """
+
+    def __init__(self) -> None:
+        self.clock: VirtualClock | None = None
+        self._thread = threading.get_ident()
+
+    def _reader(self, ns: bool) -> Callable[[Callable], Callable]:
+        def make(real: Callable) -> Callable:
+            def read():
+                clock = self.clock
+                if clock is None or threading.get_ident() != self._thread:
+                    return real()
+                return int(clock.now * 1e9) if ns else clock.now
+            read.__name__ = getattr(real, "__name__", "clock")
+            return read
+        return make
+
+    def _timer_init(self, real_init: Callable) -> Callable:
+        """``timeit.Timer`` defaults to the ``default_timer`` bound when ``timeit`` was imported."""
+        def init(timer_self, stmt="pass", setup="pass", timer=None, globals=None):
+            if timer is None or timer is _PERF_COUNTER:  # timeit's default_timer, or timeit.timeit's
+                timer = timeit.default_timer                # the stand-in while replaced
+            real_init(timer_self, stmt, setup, timer, globals)
+        return init
+
+    def replaced(self) -> Replace:
+        targets = {(time, n): self._reader(False) for n in VirtualClock._NAMES}
+        targets.update({(time, n + "_ns"): self._reader(True) for n in VirtualClock._NAMES})
+        targets[(timeit, "default_timer")] = self._reader(False)
+        targets[(timeit.Timer, "__init__")] = self._timer_init
+        return Replace(targets)
+
+    @contextlib.contextmanager
+    def reading(self, clock: VirtualClock) -> Iterator[VirtualClock]:
+        """While the block runs, every clock the learner reads is ``clock``."""
+        self.clock = clock
+        try:
+            yield clock
+        finally:
+            self.clock = None
 
 
 CASES = {
