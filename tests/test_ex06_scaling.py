@@ -1,6 +1,8 @@
-"""Exercise 6 (DDP scaling benchmark): the solution scores full marks, the stub 0, and each
-classic measuring mistake fails with its own diagnosis. The solution and the mutants are
-graded together: one launch per world size (1 and 2; the CLI also grades 4)."""
+"""Exercise 6 (DDP scaling benchmark): the solution and an independent one (tests/independent) score
+full marks, the stub 0, and each classic measuring mistake fails with its own diagnosis, whatever the
+file's import style; what the real run does (wrappers built, all-reduces and collectives per step) is
+counted. The solution, the independent one and the mutants are graded together: one launch per world
+size (1 and 2; the CLI also grades 4)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +15,7 @@ from autograder.checks import ex06_scaling as check
 from autograder.diagnosis import translate
 from autograder.runner import grade_one
 
+from tests import independent
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename
@@ -39,8 +42,25 @@ MISTAKES = {
                                      "ddp(x), y)": "ddp.module(x), y)"},
     "CPU clock": {"start = time.perf_counter()": "start = time.process_time()",
                   "time.perf_counter() - start": "time.process_time() - start"},
+    # The ranks arrive at the timed steps at different times: no barrier before the clock starts (and a
+    # barrier of its own in every real step, which the real run counts).
+    "no start barrier, barrier per step": {
+        "    dist.barrier()                    # nobody starts the clock before everyone is warm\n": "",
+        "        opt.step()\n": "        opt.step()\n        dist.barrier()\n"},
+    "wrapper per step": {
+        "    def step() -> None:\n": "    def step() -> None:\n        ddp = DDP(model, device_ids=None)\n"},
+    # names bound at import are spied on: the missing barrier is seen from the clock reads
+    "from-imports, no end barrier": {
+        "import time\n": "from time import perf_counter\n",
+        "import torch.distributed as dist\n": "import torch.distributed as dist\nfrom torch.distributed import barrier\n",
+        "time.perf_counter()": "perf_counter()",
+        "    dist.barrier()                    # ... on every rank, the slowest included\n": "",
+        "    dist.barrier()                    # nobody": "    barrier()                    # nobody"},
 }
+REAL_FEW_STEPS = dict(warmup=2, iters=5)  # the real benchmark's steps in the tests (a learner's: REAL)
 METHOD = "[W={}] throughput within 10% of the truth"
+REAL = "the real run: one DDP wrapper, one all-reduce per step, the steps after the warm-up timed"
+NOT_CHECKED = "not checked: needs 'the real step trains with DDP' first"
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +68,11 @@ def graded(tmp_path_factory):
     paths = [SOLUTIONS / FILE]
     for i, repl in enumerate(MISTAKES.values()):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
+    paths.append(independent.path(6))
     out = tmp_path_factory.mktemp("results")
-    reports = check.grade(paths, world_sizes=(1, 2), out_dir=out, real=dict(warmup=2, iters=5))
-    return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:]))}, out
+    reports = check.grade(paths, world_sizes=(1, 2), out_dir=out, real=REAL_FEW_STEPS)
+    independent.record(6, reports[-1])
+    return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:-1])), "independent": reports[-1]}, out
 
 
 @pytest.mark.slow
@@ -58,6 +80,7 @@ def test_solution_full_marks_and_real_figures(graded):
     reports, out = graded
     r = reports["solution"]
     assert r.score == r.max_score, r.feedback
+    assert "7 steps, one wrapper and one gradient all-reduce per step at 1, 2 worker(s)" in r.feedback
     # A ratio of timings, but not of the machine's speed: the truth is computed from the very step
     # times the ranks recorded, so only the barriers' latency separates a correct figure from it
     # (0.989-0.998 measured on 2 cores at load 5.5, against a 10% tolerance). The mistakes are off
@@ -122,7 +145,8 @@ def test_no_barrier_times_rank_zero_alone(graded):
 @pytest.mark.slow
 def test_step_without_ddp_leaves_ranks_apart(graded):
     f = failed(graded[0]["no DDP, own figure per rank"])
-    assert set(f) == {"the real step trains with DDP", METHOD.format(2)}
+    assert set(f) == {"the real step trains with DDP", METHOD.format(2), REAL}
+    assert f[REAL] == NOT_CHECKED
     assert "rank 1's parameters differ from rank 0's" in f["the real step trains with DDP"]
     assert "no DistributedDataParallel was made" in f["the real step trains with DDP"]
 
@@ -146,7 +170,8 @@ def test_counting_the_warmup_samples_and_the_speedup_are_named(graded):
 @pytest.mark.slow
 def test_summed_clocks_and_the_inner_forward_are_named_not_their_lookalikes(graded):
     f = failed(graded[0]["summed clocks, inner forward"])
-    assert set(f) == {METHOD.format(2), "the real step trains with DDP"}
+    assert set(f) == {METHOD.format(2), "the real step trains with DDP", REAL}
+    assert f[REAL] == NOT_CHECKED  # one mistake, one message
     assert "all-reduced the elapsed time with SUM" in f[METHOD.format(2)]
     assert "counted one rank's samples" not in f[METHOD.format(2)]  # the same 1/W ratio, another cause
     ddp = f["the real step trains with DDP"]
@@ -159,6 +184,37 @@ def test_cpu_time_is_named(graded):
     f = failed(graded[0]["CPU clock"])
     assert set(f) == {METHOD.format(1), METHOD.format(2)}
     assert "you timed with time.process_time()" in f[METHOD.format(1)]
+
+
+@pytest.mark.slow
+def test_a_clock_started_before_the_late_rank_arrived_is_named(graded):
+    f = failed(graded[0]["no start barrier, barrier per step"])
+    assert set(f) == {METHOD.format(2), REAL}
+    assert "rank 0 started the clock when its own warm-up ended" in f[METHOD.format(2)]
+    assert "before rank 1 finished its warm-up" in f[METHOD.format(2)]
+    assert "dist.barrier() after the warm-up" in f[METHOD.format(2)]
+
+
+@pytest.mark.slow
+def test_a_collective_in_every_real_step_is_counted(graded):
+    real = failed(graded[0]["no start barrier, barrier per step"])[REAL]
+    assert real.startswith("at 1 worker(s) step() itself called dist.barrier (7 calls in 7 steps)"), real
+
+
+@pytest.mark.slow
+def test_a_wrapper_rebuilt_in_every_step_is_named_from_the_real_run(graded):
+    r = graded[0]["wrapper per step"]
+    f = failed(r)
+    assert list(f) == [REAL]  # its synthetic figures and its training are right
+    assert f[REAL].startswith("at 1 worker(s) step() built a new DistributedDataParallel in 7 of its 7 calls")
+    assert "Build the wrapper and the optimizer once, in make_ddp_step" in f[REAL]
+
+
+@pytest.mark.slow
+def test_names_bound_by_from_imports_are_seen(graded):
+    f = failed(graded[0]["from-imports, no end barrier"])
+    assert list(f) == [METHOD.format(2)]
+    assert "rank 0 read the clock after its last step with no barrier in between" in f[METHOD.format(2)]
 
 
 @pytest.mark.parametrize("raised, name", [
@@ -180,3 +236,41 @@ def test_launch_timeouts_fit_the_time_limit():
 def test_stub_is_not_implemented():
     r = grade_one(check.EXERCISE, EXERCISES)
     assert r.score == 0 and "not implemented yet" in r.feedback, r.feedback
+
+
+@pytest.mark.parametrize("imported", ["before the spies", "under the spies"])
+def test_the_method_and_ddp_spies_see_every_import_style(tmp_path, imported):
+    """No launch (one gloo rank in this process): clocks and collectives named by attribute, through an
+    alias or by name (``timeit``'s clock too), and a DDP made under another name, are each seen, with the
+    steps done at that moment, and DDP's gradient all-reduce is counted."""
+    import torch.distributed as dist
+
+    from autograder.checks._ex06_probes import CountedStep, DDPSpy, MethodSpy
+    from autograder.harness import watched
+    from distlab.importing import import_path
+
+    path = tmp_path / "styles.py"
+    path.write_text(
+        "import time\nimport time as T\nimport torch\nimport torch.distributed as D\n"
+        "from time import perf_counter\nfrom timeit import default_timer\nfrom torch.distributed import barrier\n"
+        "from torch.nn.parallel import DistributedDataParallel as Wrapper\n\n\n"
+        "def every_style(step):\n    time.perf_counter()\n    barrier()\n    step()\n    T.monotonic()\n"
+        "    perf_counter()\n    default_timer()\n    D.all_reduce(torch.ones(1), op=D.ReduceOp.MAX)\n\n\n"
+        "def make_step():\n    model = Wrapper(torch.nn.Linear(3, 2))\n\n"
+        "    def step():\n        model(torch.ones(4, 3)).sum().backward()\n    return step\n")
+    load = lambda: watched(import_path(path, name=f"learner_ex06_{imported[0]}"))  # noqa: E731
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        learner = load() if imported == "before the spies" else None
+        with MethodSpy(str(path)) as spy, DDPSpy() as ddp:
+            learner = learner or load()
+            step = ddp.counter = CountedStep(learner.make_step())
+            with spy.watching(step) as events:
+                learner.every_style(step)
+    finally:
+        dist.destroy_process_group()
+    assert [(e["name"], e["steps"]) for e in events] == [
+        ("perf_counter", 0), ("barrier", 0), ("monotonic", 1), ("perf_counter", 1), ("perf_counter", 1),
+        ("all_reduce", 1)]
+    assert events[-1]["op"] == "MAX"
+    assert (ddp.wrapped, ddp.built_in_step, ddp.forwards, ddp.rounds) == (1, 0, 1, 1)

@@ -3,8 +3,10 @@
 The method's causes and the real step's each take the :class:`~autograder.checks.ex06_scaling.WorldRun`
 of one world size. The method's test the clock reads and collectives rank 0 made in
 ``measure_throughput`` first, and the figure's ratio to the truth only where those are missing; the
-efficiency's takes the throughputs and what ``scaling_efficiency`` returned. ``ex06_scaling``'s
-criteria ask for them, most specific first.
+real run's (``REAL_CAUSES``) what was counted there, which no figure can hide: the DDP wrappers
+built, DDP's gradient all-reduces and the learner's own collectives per step, the steps called and
+those between the clock reads; the efficiency's takes the throughputs and what
+``scaling_efficiency`` returned. ``ex06_scaling``'s criteria ask for them, most specific first.
 """
 from __future__ import annotations
 
@@ -106,6 +108,110 @@ def no_barrier(run: WorldRun) -> str | None:
             + (": rank 0 read the clock after its last step with no barrier in between" if reads else "")
             + ": call dist.barrier() (and torch.cuda.synchronize() on a GPU) before starting and before stopping "
             "the clock, so the window covers every rank's steps")
+
+
+@mistake("clock started without a barrier (a rank still warming up)")
+def no_start_barrier(run: WorldRun) -> str | None:
+    k, events = SYNTH["warmup"], run.events()
+    if run.world == 1 or run.ratio() >= 1 - TOL:
+        return None
+    starts = [r["times"][k, 0].item() for r in run.ranks]  # when each rank began its first timed step
+    late = max(range(run.world), key=starts.__getitem__)
+    gap = starts[late] - starts[0]
+    if gap <= 0:
+        return None
+    reads = [i for i, e in enumerate(events) if e["kind"] == "clock" and e["steps"] == k]
+    if reads:  # evidence: nothing synchronised the ranks between rank 0's warm-up and its clock's start
+        if any(e["kind"] == "collective" and e["steps"] == k for e in events[:reads[0]]):
+            return None
+    elif not _near(run.ranks[0]["reported"], run.truth()["samples"] / (run.truth()["window"] + gap), TOL):
+        return None
+    return (f"rank 0 started the clock when its own warm-up ended, {gap:.3f} s before rank {late} finished "
+            f"its warm-up: your window ({_window(run):.3f} s) includes that wait, while the timed steps took "
+            f"{run.truth()['window']:.3f} s. Call dist.barrier() after the warm-up (after "
+            "torch.cuda.synchronize() on a GPU), then start the clock")
+
+
+def _real(run: WorldRun) -> dict:
+    return run.ranks[0]
+
+
+@mistake("the DDP wrapper rebuilt in every step")
+def wrapper_per_step(run: WorldRun) -> str | None:
+    r = _real(run)
+    if not r.get("ddp_built_in_step"):
+        return None
+    return (f"at {run.world} worker(s) step() built a new DistributedDataParallel in {r['ddp_built_in_step']} of "
+            f"its {r['real_steps']} calls: each construction broadcasts rank 0's weights and checks every "
+            "parameter's shape across the ranks (collectives, and a new bucket layout), which the timed window "
+            "then counts as DDP's cost. Build the wrapper and the optimizer once, in make_ddp_step, and let "
+            "step() run only the forward, backward and optimizer.step()")
+
+
+@mistake("not one DDP wrapper built by make_ddp_step")
+def wrappers_made(run: WorldRun) -> str | None:
+    n = _real(run).get("ddp_built_in_make", 1)
+    if n == 1:
+        return None
+    return (f"at {run.world} worker(s) make_ddp_step built {n} DistributedDataParallel wrappers: wrap the model "
+            "once (a wrapper around a wrapper all-reduces every gradient twice)")
+
+
+@mistake("gradients not all-reduced once per step")
+def grad_rounds(run: WorldRun) -> str | None:
+    r = _real(run)
+    rounds, steps = r.get("ddp_rounds"), r.get("real_steps", 0)
+    if rounds is None or not steps or rounds == steps:
+        return None
+    if rounds < steps:
+        return (f"at {run.world} worker(s) DDP all-reduced the gradients {rounds} times in {steps} steps: every "
+                "backward must sync them (do not run the step under no_sync(), and call the wrapper, not .module)")
+    return (f"at {run.world} worker(s) DDP all-reduced the gradients {rounds} times in {steps} steps, "
+            f"{rounds / steps:.3g} per step: run one forward and one backward per step")
+
+
+@mistake("a collective of your own in every step")
+def collectives_in_step(run: WorldRun) -> str | None:
+    r = _real(run)
+    inside = [e["name"] for e in r.get("real_method", []) if e["kind"] == "collective" and e.get("in_step")]
+    if not inside:
+        return None
+    names = ", ".join(f"dist.{n}" for n in dict.fromkeys(inside))
+    return (f"at {run.world} worker(s) step() itself called {names} ({len(inside)} calls in {r['real_steps']} "
+            "steps), on top of DDP's gradient all-reduce: the timed window then measures those collectives "
+            "too. DDP already averages the gradients; synchronise or log outside the timed steps")
+
+
+def _timed(events: list[dict], k: int, n: int) -> tuple[int | None, bool]:
+    """From the clock reads outside a step: the steps done when the clock started (the last read after at
+    most ``k``), and whether it was read after the last of the ``k + n`` steps."""
+    reads = [e["steps"] for e in events if e["kind"] == "clock" and not e.get("in_step")]
+    return max((s for s in reads if s <= k), default=None), k + n in reads
+
+
+@mistake("the real run timed other steps than the iters after the warm-up")
+def timed_other_steps(run: WorldRun) -> str | None:
+    r, k, n = _real(run), run.real["warmup"], run.real["iters"]
+    if r.get("real_steps", k + n) != k + n:
+        return (f"at {run.world} worker(s) measure_throughput called the real step {r['real_steps']} times; "
+                f"expected warmup + iters = {k + n} (warmup={k}, iters={n})")
+    events = r.get("real_method", [])
+    if not any(e["kind"] == "clock" for e in events):
+        return None  # a clock the spies do not see (CUDA events): the synthetic step judged the method
+    start, stopped = _timed(events, k, n)
+    synth_start, synth_stopped = _timed(run.events(), SYNTH["warmup"], SYNTH["iters"])
+    if (start == k) == (synth_start == SYNTH["warmup"]) and stopped == synth_stopped:
+        return None  # timed as on the synthetic step: its criterion judged (and named) the method
+    if start != k:
+        return (f"on the real model your clock started after {start} steps, so the window timed "
+                f"{k + n - (start or 0)} steps where the {n} after the {k} warm-up steps count"
+                if start is not None else f"on the real model no clock was read after the {k} warm-up steps")
+    if not stopped:
+        return f"on the real model the clock was not read after the last of the {k + n} steps"
+    return None
+
+
+REAL_CAUSES = [wrapper_per_step, wrappers_made, grad_rounds, collectives_in_step, timed_other_steps]
 
 
 @mistake("a different figure on every rank")

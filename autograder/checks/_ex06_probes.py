@@ -2,29 +2,45 @@
 and the learner's benchmark run on the real model.
 
 Everything here observes; the verdicts, and the truth from the recorded step times, are computed in
-``ex06_scaling``.
+``ex06_scaling``. The instruments that replace library functions (the clocks and collectives of
+:class:`MethodSpy`, DDP's constructor, forward and comm-hook registration in :class:`DDPSpy`) are
+entered before the learner's file is imported (:class:`~autograder.harness.Replace`), so ``from time
+import perf_counter`` or ``from torch.distributed import barrier`` are seen as ``time.perf_counter()``
+and ``dist.barrier()`` are; they record only while a run is watched.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+import timeit
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 import distlab
 from distlab.models import cpu_state, make_mlp
 
-from ..harness import CapturedPrints, echo, load_learner
+from ..harness import CapturedPrints, Replace, echo, load_learner
 
 SYNTH = dict(batch_size=32, warmup=2, iters=8)
+# Rank r's timed steps take STEP_S * (1 + SLOWER_PER_RANK * r); the warm-up steps WARMUP_STEP_S, except
+# rank LATE_RANK's, LATE_WARMUP_S: that rank arrives at the timed steps last (a missing barrier before
+# the clock starts shows), and rank 0 is neither the last to start nor the last to finish.
 STEP_S, WARMUP_STEP_S, SLOWER_PER_RANK = 0.03, 0.1, 0.5
+LATE_RANK, LATE_WARMUP_S = 1, 0.2
 TOL = 0.10  # the grader's tolerance on the figure: these step times move each mistake's far outside it
-CLOCKS = ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns", "process_time",
-          "process_time_ns", "thread_time", "thread_time_ns")
-COLLECTIVES = ("barrier", "all_reduce", "broadcast", "all_gather", "all_gather_object", "reduce", "gather")
+CLOCKS = [(time, n) for n in ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns",
+                              "process_time", "process_time_ns", "thread_time", "thread_time_ns")]
+CLOCKS.append((timeit, "default_timer"))  # time.perf_counter itself: the spy records it under that name
+# distributed_c10d's names too: torch's functions call each other by them, but the spy records a call only
+# from the learner's file.
+COLLECTIVES = [(module, n) for module in (dist, c10d)
+               for n in ("barrier", "all_reduce", "broadcast", "all_gather", "all_gather_object", "reduce", "gather")]
 _clock = time.perf_counter  # the grader's own clock: the learner's reads of time.* are spied on
 
 
@@ -33,67 +49,124 @@ class SyntheticStep:
 
     def __init__(self, rank: int, warmup: int):
         self.rank, self.warmup, self.times = rank, warmup, []
+        self.active = False  # never inside a learner's step (MethodSpy's events say so)
+
+    @property
+    def calls(self) -> int:
+        return len(self.times)
 
     def __call__(self) -> None:
         start = _clock()
-        slow = len(self.times) < self.warmup
-        time.sleep(WARMUP_STEP_S if slow else STEP_S * (1 + SLOWER_PER_RANK * self.rank))
+        if len(self.times) < self.warmup:
+            time.sleep(LATE_WARMUP_S if self.rank == LATE_RANK else WARMUP_STEP_S)
+        else:
+            time.sleep(STEP_S * (1 + SLOWER_PER_RANK * self.rank))
         self.times.append((start, _clock()))
 
 
-class MethodSpy:
-    """While ``measure_throughput`` runs: each clock it read (``time.*``) and collective it called, from
-    the learner's file, in order, with the number of steps done at that moment (an all_reduce's op too)."""
+class CountedStep:
+    """The learner's real step, counted: how many calls, and whether one is running."""
 
-    def __init__(self, step: SyntheticStep, path: str):
-        self.step, self.path, self.events = step, str(Path(path).resolve()), []
+    def __init__(self, step):
+        self.step, self.calls, self.active = step, 0, False
 
-    def __enter__(self):
-        self._saved = [(time, n, getattr(time, n)) for n in CLOCKS] + [(dist, n, getattr(dist, n)) for n in COLLECTIVES]
-        for module, name, real in self._saved:
-            setattr(module, name, self._spy(module is time, name, real))
-        return self
-
-    def __exit__(self, *exc):
-        for module, name, real in self._saved:
-            setattr(module, name, real)
-        return False
-
-    def _spy(self, clock: bool, name: str, real):
-        def spy(*args, **kwargs):
-            if str(Path(sys._getframe(1).f_code.co_filename).resolve()) == self.path:
-                event = {"kind": "clock" if clock else "collective", "name": name, "steps": len(self.step.times)}
-                if name == "all_reduce":
-                    op = kwargs.get("op", args[1] if len(args) > 1 else dist.ReduceOp.SUM)
-                    event["op"] = str(getattr(op, "name", op)).split(".")[-1]
-                self.events.append(event)
-            return real(*args, **kwargs)
-        return spy
+    def __call__(self):
+        self.calls += 1
+        self.active = True
+        try:
+            return self.step()
+        finally:
+            self.active = False
 
 
-class DDPSpy:
-    """While the real step is built and timed: how many DistributedDataParallel wrappers were made, and how
-    many forwards went through one (a step that calls ``ddp.module(x)`` bypasses DDP's gradient sync)."""
+class MethodSpy(Replace):
+    """While a run is watched: each clock the learner's file read and collective it called, in order, with
+    the number of steps done at that moment, whether a step was running (an all_reduce's op too)."""
 
-    def __enter__(self):
-        self.wrapped = self.forwards = 0
-        self._init, self._forward = DistributedDataParallel.__init__, DistributedDataParallel.forward
-        spy = self
+    def __init__(self, path: str):
+        self.path, self.events, self.counter = str(Path(path).resolve()), [], None
+        super().__init__({**{t: self._spy("clock", t[1]) for t in CLOCKS},
+                          **{t: self._spy("collective", t[1]) for t in COLLECTIVES}})
 
+    @contextlib.contextmanager
+    def watching(self, counter):
+        """Record the learner's calls, counted against ``counter`` (a SyntheticStep or CountedStep)."""
+        self.events, self.counter = [], counter
+        try:
+            yield self.events
+        finally:
+            self.counter = None
+
+    def _spy(self, kind: str, name: str):
+        name = "perf_counter" if name == "default_timer" else name  # timeit's is time.perf_counter
+
+        def make(real):
+            def spy(*args, **kwargs):
+                counter = self.counter
+                if counter is not None and str(Path(sys._getframe(1).f_code.co_filename).resolve()) == self.path:
+                    event = {"kind": kind, "name": name, "steps": counter.calls, "in_step": counter.active}
+                    if name == "all_reduce":
+                        op = kwargs.get("op", args[1] if len(args) > 1 else dist.ReduceOp.SUM)
+                        event["op"] = str(getattr(op, "name", op)).split(".")[-1]
+                    self.events.append(event)
+                return real(*args, **kwargs)
+            return spy
+        return make
+
+
+class DDPSpy(Replace):
+    """How many DistributedDataParallel wrappers were made (and during which step), how many forwards went
+    through one (``ddp.module(x)`` bypasses DDP's gradient sync), and how many gradient all-reduce rounds
+    DDP ran: a comm hook counts them, the learner's own hook wrapped, or DDP's default one installed at
+    a wrapper's first forward."""
+
+    def __init__(self):
+        self.wrapped = self.forwards = self.rounds = 0
+        self.counter = None     # the CountedStep running, if any
+        self.built_in_step = 0  # wrappers made while a step() ran
+        self._hooked: set[int] = set()
+        super().__init__({(DistributedDataParallel, "__init__"): self._init,
+                          (DistributedDataParallel, "forward"): self._forward,
+                          (DistributedDataParallel, "register_comm_hook"): self._register,
+                          (DistributedDataParallel, "_register_builtin_comm_hook"): self._builtin})
+
+    def _init(self, real):
         def init(ddp, *args, **kwargs):
-            spy.wrapped += 1
-            spy._init(ddp, *args, **kwargs)
+            self.wrapped += 1
+            self.built_in_step += bool(self.counter is not None and self.counter.active)
+            real(ddp, *args, **kwargs)
+        return init
 
+    def _counting(self, hook):
+        def counted(state, bucket):
+            if bucket.index() == 0:  # every round hands bucket 0 to the hook once
+                self.rounds += 1
+            return hook(state, bucket)
+        counted.__name__, counted.__qualname__ = getattr(hook, "__name__", "hook"), getattr(hook, "__qualname__", "")
+        return counted
+
+    def _register(self, real):
+        def register_comm_hook(ddp, state, hook):
+            self._hooked.add(id(ddp))
+            return real(ddp, state, self._counting(hook))
+        return register_comm_hook
+
+    def _builtin(self, real):
+        def register_builtin(ddp, comm_hook_type):
+            self._hooked.add(id(ddp))
+            self.rounds = None  # a C++ hook: its rounds cannot be counted
+            return real(ddp, comm_hook_type)
+        return register_builtin
+
+    def _forward(self, real):
         def forward(ddp, *args, **kwargs):
-            spy.forwards += 1
-            return spy._forward(ddp, *args, **kwargs)
-
-        DistributedDataParallel.__init__, DistributedDataParallel.forward = init, forward
-        return self
-
-    def __exit__(self, *exc):
-        DistributedDataParallel.__init__, DistributedDataParallel.forward = self._init, self._forward
-        return False
+            self.forwards += 1
+            if id(ddp) not in self._hooked:  # before DDP's first backward: count its default all-reduce
+                self._hooked.add(id(ddp))
+                self.real[(DistributedDataParallel, "register_comm_hook")](
+                    ddp, None, self._counting(default_hooks.allreduce_hook))
+            return real(ddp, *args, **kwargs)
+        return forward
 
 
 def _guard(fn, *args, **kwargs):
@@ -113,9 +186,10 @@ def rank_main(paths: list[str], so_far: list[dict], out_dirs: list[str], final: 
     dev = distlab.init_distributed()  # the grader owns the process group: the learner's code never makes one
     rank, observed = dist.get_rank(), []
     for i, path in enumerate(paths):
-        learner = load_learner(path)
-        obs = _observe_method(learner, rank, path)
-        obs.update(_observe_real(learner, rank, dev, real))
+        with MethodSpy(path) as spy, DDPSpy() as ddp:  # before the import: names it binds are spied on too
+            learner = load_learner(path)
+            obs = _observe_method(learner, rank, spy)
+            obs.update(_observe_real(learner, rank, dev, real, spy, ddp))
         if final and rank == 0 and "real" in obs:
             figures = {**{int(k): float(v) for k, v in so_far[i].items()}, dist.get_world_size(): obs["real"]}
             obs.update(_observe_results(learner, figures, out_dirs[i]))
@@ -124,19 +198,24 @@ def rank_main(paths: list[str], so_far: list[dict], out_dirs: list[str], final: 
     return observed
 
 
-def _observe_method(learner, rank: int, path: str) -> dict:
+def _observe_method(learner, rank: int, spy: MethodSpy) -> dict:
     step = SyntheticStep(rank, SYNTH["warmup"])
     dist.barrier()
-    with CapturedPrints() as out, MethodSpy(step, path) as spy:
+    with CapturedPrints() as out, spy.watching(step) as events:
         reported = learner.measure_throughput(step, SYNTH["batch_size"], warmup=SYNTH["warmup"],
                                               iters=SYNTH["iters"])
     echo(out.lines)
     return {"rank": rank, "backend": dist.get_backend(), "reported": float(reported),
-            "times": torch.tensor(step.times, dtype=torch.float64), "method": spy.events}
+            "times": torch.tensor(step.times, dtype=torch.float64), "method": events}
 
 
-def _observe_real(learner, rank: int, dev: torch.device, real: dict) -> dict:
-    """The learner's step and benchmark on the real model; a step that raises costs only its own marks."""
+def _observe_real(learner, rank: int, dev: torch.device, real: dict, spy: MethodSpy, ddp: DDPSpy) -> dict:
+    """The learner's step and benchmark on the real model; a step that raises costs only its own marks.
+
+    Besides the figure: the DDP wrappers built (in ``make_ddp_step``, and during steps), DDP's gradient
+    all-reduce rounds, the step() calls, and the learner's clock reads and collectives, each with the
+    steps done at that moment (``real_method``): what the synthetic step cannot show, or a learner fake.
+    """
     # A different start on every rank, so a step without DDP ends with ranks apart.
     model = make_mlp(seed=1000 + rank, hidden=real["hidden"]).to(dev)
     obs = {"initial": cpu_state(model)}
@@ -144,13 +223,18 @@ def _observe_real(learner, rank: int, dev: torch.device, real: dict) -> dict:
     x = torch.randn(real["batch_size"], 64, generator=gen).to(dev)
     y = torch.randint(0, 10, (real["batch_size"],), generator=gen).to(dev)
     dist.barrier()
-    with DDPSpy() as ddp:
-        step, obs["step_error"] = _guard(learner.make_ddp_step, model, x, y, lr=real["lr"])
-        if step is not None:
-            with CapturedPrints():
-                obs["real"] = float(learner.measure_throughput(step, real["batch_size"], warmup=real["warmup"],
-                                                               iters=real["iters"]))
-    obs.update(final=cpu_state(model), ddp_wrapped=ddp.wrapped, ddp_forwards=ddp.forwards)
+    wrapped, ddp.rounds, ddp.built_in_step = ddp.wrapped, 0, 0
+    step, obs["step_error"] = _guard(learner.make_ddp_step, model, x, y, lr=real["lr"])
+    built = ddp.wrapped - wrapped
+    if step is not None:
+        counted = ddp.counter = CountedStep(step)
+        with CapturedPrints(), spy.watching(counted) as events:
+            obs["real"] = float(learner.measure_throughput(counted, real["batch_size"], warmup=real["warmup"],
+                                                           iters=real["iters"]))
+        ddp.counter = None
+        obs.update(real_method=events, real_steps=counted.calls)
+    obs.update(final=cpu_state(model), ddp_wrapped=ddp.wrapped - wrapped, ddp_forwards=ddp.forwards,
+               ddp_built_in_make=built, ddp_built_in_step=ddp.built_in_step, ddp_rounds=ddp.rounds)
     return obs
 
 

@@ -3,24 +3,31 @@
 Method (deterministic, as for mixed precision): the ranks call the learner's
 ``measure_throughput`` on a synthetic step whose duration the grader
 controls. Each call sleeps and records when it ran; the first ``warmup``
-calls are slow, and rank ``r`` is ``1 + r/2`` times slower than rank 0, so
-the three classic mistakes move the figure far outside 10% of the truth:
+calls are slow, rank ``LATE_RANK``'s slowest of all (it arrives at the timed
+steps last), and rank ``r``'s timed steps are ``1 + r/2`` times slower than
+rank 0's, so the ranks arrive and finish at different times, and the classic
+mistakes move the figure far outside 10% of the truth:
 
 * counting one rank's samples reports ``1/W`` of the truth;
 * timing the warm-up adds the slow first steps to the window;
-* stopping the clock without a barrier times rank 0 (the fastest) alone.
+* stopping the clock without a barrier times rank 0 (the fastest) alone;
+* starting it without a barrier adds the late rank's warm-up to the window (so does each
+  rank timing itself and taking the MAX without barriers: at 4 workers rank 1 starts last, rank 3 ends last).
 
 The truth is computed here from the recorded step times: all ranks' timed
 samples over the window from the last rank's first timed step to the last
 rank's last step; every rank must return the same figure (compared exactly:
 a broadcast or a MAX all-reduce copies it bit for bit). Then the learner's benchmark runs on the real model at
 each world size; its figures, efficiency, JSON and plot are reported, never
-judged by speed (a 2-core machine running 4 workers is oversubscribed).
+judged by speed (a 2-core machine running 4 workers is oversubscribed). What the
+real run does is graded, from counts no figure can hide: the DistributedDataParallel
+wrappers built (one, in ``make_ddp_step``, none in the steps), DDP's gradient all-reduces
+(one round per step, counted by a comm hook) and the learner's own collectives inside
+the step (none), the step() calls (``warmup + iters``) and the steps between the clock reads.
 
-The rank side (``_ex06_probes``) also records, from the learner's file, each clock read and
-collective in ``measure_throughput`` (with the steps done at that moment), and whether the real
-step made and called a DistributedDataParallel wrapper: a cause is named on that evidence, and on
-the figure's ratio to the truth only where the evidence is missing.
+The rank side (``_ex06_probes``) records each clock read and collective of the learner's file (with
+the steps done then), however the file imported them: a cause is named on that evidence, and on the
+figure's ratio to the truth only where the evidence is missing.
 
 | mistake | message |
 |---|---|
@@ -30,9 +37,15 @@ the figure's ratio to the truth only where the evidence is missing.
 | clock stopped without a barrier (rank 0's own time) | "that is rank 0's own time (0.24 s) while ... 0.36 s: ..." |
 | warm-up steps timed | "your window (0.44 s) includes the 2 slow warm-up steps: ..." |
 | warm-up steps' samples counted | "that is (2 + 8) / 8: you counted the samples of the 2 warm-up steps too" |
+| clock started without a barrier (a rank still warming up) | "rank 0 started the clock when its own warm-up ended, 0.2 s before rank 1 ..." |
 | a different figure on every rank | "rank 1 returned 1,420.3 samples/s but rank 0 returned 1,776.0: ..." |
 | the step does not use DDP | "... (they started from different weights, and no DistributedDataParallel was made)" |
 | forward called on the inner module, bypassing DDP | "... but no forward went through the wrapper ..." |
+| the DDP wrapper rebuilt in every step | "at 2 worker(s) step() built a new DistributedDataParallel in 7 of its 7 calls ..." |
+| not one DDP wrapper built by make_ddp_step | "at 2 worker(s) make_ddp_step built 2 DistributedDataParallel wrappers ..." |
+| gradients not all-reduced once per step | "at 2 worker(s) DDP all-reduced the gradients 0 times in 7 steps: ..." |
+| a collective of your own in every step | "at 2 worker(s) step() itself called dist.barrier (7 calls in 7 steps) ..." |
+| the real run timed other steps than the iters after the warm-up | "on the real model your clock started after 0 steps ..." |
 | efficiency as the speed-up (not divided by W) | "you returned 1.8 at 2 workers, the speed-up ...: divides it by 2" |
 | a Python float passed to a collective | (TypeError "Expected parameter `tensor` ...") "collectives work on tensors" |
 | the process group initialised again in the benchmark | (ValueError "... initialize ... twice") "..." |
@@ -43,7 +56,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -57,8 +70,10 @@ from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
 from ._ex06_causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
 # By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from ._ex06_causes import (cpu_clock, figure_per_rank, inner_forward, no_barrier, no_ddp, one_rank_samples, speedup,
-                           summed_clocks, warmup_samples, warmup_timed)
+from ._ex06_causes import (REAL_CAUSES, collectives_in_step, cpu_clock, figure_per_rank, grad_rounds,  # noqa: F401
+                           inner_forward, no_barrier, no_ddp, no_start_barrier, one_rank_samples, speedup,
+                           summed_clocks, timed_other_steps, warmup_samples, warmup_timed, wrapper_per_step,
+                           wrappers_made)
 # The synthetic step's settings and the tolerance, shared with the rank-side instruments and the causes.
 from ._ex06_probes import SYNTH, TOL, rank_main
 
@@ -72,6 +87,7 @@ class WorldRun:
     """One file's launch at one world size: every rank's observation, in rank order."""
 
     ranks: list[dict]
+    real: dict = field(default_factory=lambda: dict(REAL))  # the real benchmark's settings it ran with
 
     @property
     def world(self) -> int:
@@ -98,7 +114,8 @@ class WorldRun:
 
 
 # The causes (_ex06_causes) the method's criterion asks for, most specific first.
-METHOD_CAUSES = [cpu_clock, summed_clocks, one_rank_samples, no_barrier, warmup_timed, warmup_samples]
+METHOD_CAUSES = [cpu_clock, summed_clocks, one_rank_samples, no_barrier, warmup_timed, no_start_barrier,
+                 warmup_samples]
 
 
 # Worth 2 at each of the three world sizes a learner is graded at (6 of 10 for the method).
@@ -159,6 +176,18 @@ def trains_with_ddp(bench: Benchmark) -> Verdict:
     return failed(problems[0]) if problems else passed("parameters changed and agree on every rank")
 
 
+@criterion("the real run: one DDP wrapper, one all-reduce per step, the steps after the warm-up timed", points=2,
+           requires=[trains_with_ddp])
+def real_run_counted(bench: Benchmark) -> Verdict:
+    runs = [run for run in bench.runs if "real_steps" in run.ranks[0]]
+    for run in runs:
+        if why := diagnose(REAL_CAUSES, run):
+            return failed(why)
+    steps = {run.ranks[0]["real_steps"] for run in runs}
+    return passed(f"{'/'.join(map(str, sorted(steps)))} steps, one wrapper and one gradient all-reduce per step "
+                  f"at {', '.join(str(run.world) for run in runs)} worker(s)")
+
+
 @criterion("scaling efficiency against linear", points=1)
 def efficiency_against_linear(bench: Benchmark) -> Verdict:
     obs = bench.last
@@ -202,7 +231,7 @@ def results_written(bench: Benchmark) -> Verdict:
                   "after reading it back; run_scaling() in your file writes scaling-results/)"))
 
 
-CRITERIA = [trains_with_ddp, efficiency_against_linear, results_written]  # judged once, after every launch
+CRITERIA = [trains_with_ddp, real_run_counted, efficiency_against_linear, results_written]  # judged once, after every launch
 
 
 def _notes(report: ExerciseReport, bench: Benchmark) -> None:
@@ -259,9 +288,10 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES, out
     with contextlib.ExitStack() as stack:
         base = Path(out_dir) if out_dir else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="distlab-ex06-")))
-        for world, runs, wall_s in _launches(paths, world_sizes, base, {**REAL, **(real or {})}):
+        cfg = {**REAL, **(real or {})}
+        for world, runs, wall_s in _launches(paths, world_sizes, base, cfg):
             for report, bench, ranks in zip(reports, benches, runs):
-                bench.runs.append(WorldRun(ranks))
+                bench.runs.append(WorldRun(ranks, cfg))
                 report.judge(METHOD_CRITERIA, bench.runs[-1], world=world)
                 report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
         for report, bench in zip(reports, benches):
