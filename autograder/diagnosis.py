@@ -96,6 +96,13 @@ COMMON_ERRORS = (
                "the grader imports your file and calls the functions of the stub by their names: keep "
                "every function the stub defines, with its name and arguments (the name it looked for is "
                "in the error below)"),
+    KnownError("a tensor or model moved to a GPU index on a machine without GPUs",
+               r"Cannot access accelerator device when none is available|Torch not compiled with CUDA enabled|"
+               r"Found no NVIDIA driver|No CUDA GPUs are available",
+               "`.to(rank)` (or `.cuda()`, `device=rank`) asks for GPU number `rank`, and this machine has none: "
+               "the ranks run gloo on the CPU here. Move things to this rank's device instead, "
+               "`distlab.device()` (`cuda:LOCAL_RANK` under NCCL, the CPU under gloo), so the same code runs "
+               "on both"),
     KnownError("default process group used before init_process_group",
                r"Default process group has not been initialized",
                "a torch.distributed call ran before init_process_group(): set up the process group "

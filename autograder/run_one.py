@@ -31,6 +31,10 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
         where = _learner_frame(exc.traceback, path)
         at = f"\n  at {where}" if where else ""
         raw = f"{exc.exc_type}: {exc.exc_message.strip()[:500]}"
+        if exc.env_changed:
+            from distlab.heartbeat import env_note
+
+            return f"{env_note(exc.rank, exc.env_changed)}\n  (rank {exc.rank} raised {raw}){at}"
         if cause := translate(raw, known):
             return f"{cause}\n  (rank {exc.rank} raised {raw}){at}"
         if exc.exc_type == "NotImplementedError":

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 INTERVAL = 0.5  # seconds between two samples of a rank's stack
-WAITS = {"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+WAITS = {"init_process_group", "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
          "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "recv",
          "send", "gather", "scatter", "reduce", "all_to_all", "all_to_all_single", "wait", "batch_isend_irecv"}
 _RUNTIME = tuple(str(Path(p).resolve()) + os.sep for p in (
@@ -77,7 +77,9 @@ class _Rank:
         if signature not in self.seen and len(self.seen) < 100_000:
             self.seen.add(signature)
             self.places += 1
-        beat = {"ticks": self.ticks, "places": self.places, **describe(frames)}
+        from distlab.worker import changed_torchrun_vars
+
+        beat = {"ticks": self.ticks, "places": self.places, **describe(frames), "env_changed": changed_torchrun_vars()}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(beat))
         tmp.replace(self.path)
@@ -150,7 +152,8 @@ class Watch:
 
     def report(self) -> str:
         """``rank 0 waits in all_reduce at ex01_ddp.py:57; rank 1 is at ex01_ddp.py:112 (time.sleep(60))``."""
-        parts = []
+        parts = [env_note(rank, b["env_changed"]) for rank, b in sorted(self.beats.items())
+                 if isinstance(b.get("env_changed"), dict) and b["env_changed"]][:1]
         for rank in sorted(self.beats):
             b = self.beats[rank]
             where = f" at {b['at']}" if b.get("at") else ""
@@ -158,3 +161,11 @@ class Watch:
             parts.append(f"rank {rank} waits in {b['waits_in']}{where}" if b.get("waits_in")
                          else f"rank {rank} is{where or ' outside your code'}{code}")
         return "; ".join(parts)
+
+
+def env_note(rank: int, changed: dict) -> str:
+    """``rank 0 changed torchrun's MASTER_PORT (41234 -> 12355): ...``: the cause, when a job reset them."""
+    what = ", ".join(f"{k} ({old} -> {new})" for k, (old, new) in sorted(changed.items()))
+    return (f"rank {rank} changed torchrun's {what}: torchrun already sets MASTER_ADDR, MASTER_PORT, RANK and "
+            "WORLD_SIZE for every rank, and setting them again points the ranks at a rendezvous nobody hosts; "
+            "remove those os.environ lines")

@@ -55,6 +55,7 @@ class RankFailure(LaunchError):
         first = exc_message.strip().splitlines()[0] if exc_message.strip() else ""
         super().__init__(f"rank {rank} failed: {exc_type}: {first}".rstrip(": "), output)
         self.rank, self.exc_type, self.exc_message, self.traceback = rank, exc_type, exc_message, tb
+        self.env_changed: dict = {}  # torchrun's variables the rank had set again: {name: [was, now]}
 
 
 class LaunchTimeout(LaunchError):
@@ -297,7 +298,9 @@ def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output:
         # When several ranks fail the same way (an import error, say), name the lowest, not a race winner.
         e = min((r for r in errors if (r["type"], r["message"]) == (first["type"], first["message"])),
                 key=lambda r: r["rank"])
-        return RankFailure(e["rank"], e["type"], e["message"], e["traceback"], output)
+        failure = RankFailure(e["rank"], e["type"], e["message"], e["traceback"], output)
+        failure.env_changed = e.get("env_changed") or {}
+        return failure
     missing = sorted(set(range(nprocs)) - done)
     tail = "\n".join(output.splitlines()[-5:])
     return LaunchError(

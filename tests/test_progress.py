@@ -14,7 +14,7 @@ from autograder.checks.ex07_pipeline import EXERCISE
 from autograder.runner import grade_one
 from distlab import LaunchError, LaunchHang, LaunchTimeout, MachineTooSlow, torchrun
 from distlab.launch import time_scale
-from tests.helpers import SOLUTIONS
+from tests.helpers import REPO, SOLUTIONS
 from tests.targets import ranks
 
 pytestmark = pytest.mark.slow
@@ -96,3 +96,24 @@ def test_a_correct_solution_gets_full_marks_on_a_machine_loaded_at_twice_its_cor
             p.kill()
             p.wait()
     assert report.passed and not report.not_graded, report.feedback
+
+
+def test_the_tutorials_fixed_master_port_is_named_not_a_minute_long_socket_timeout():
+    with pytest.raises(LaunchHang, match=r"rank \d changed torchrun's MASTER_PORT \(\d+ -> 12355\)"):
+        torchrun(ranks.tutorial_master_port, 2, timeout=300)
+
+
+def test_the_tutorials_to_rank_without_gpus_is_named_at_the_learners_line(tmp_path):
+    import torch
+
+    from autograder.run_one import explain
+    from distlab import RankFailure
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs: .to(rank) works here")
+
+    with pytest.raises(RankFailure) as info:
+        torchrun(ranks.tutorial_to_rank, 2, timeout=120)
+    text = explain(info.value, REPO / "tests" / "targets" / "ranks.py")
+    assert text.startswith("a tensor or model moved to a GPU index on a machine without GPUs: `.to(rank)`")
+    assert "ranks.py line" in text and "torch.ones(1).to(dist.get_rank())" in text

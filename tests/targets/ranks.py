@@ -207,3 +207,18 @@ def spin() -> None:
     """A loop that keeps a core busy and gets nowhere."""
     while True:
         pass
+
+
+def tutorial_master_port() -> None:
+    """The tutorials' habit inside a torchrun job: a fixed MASTER_PORT, then init_process_group."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "localhost", "12355"
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    dist.barrier()
+
+
+def tutorial_to_rank() -> None:
+    """The tutorials' habit on a machine without GPUs: ``tensor.to(rank)``."""
+    distlab.init_distributed()
+    torch.ones(1).to(dist.get_rank())
