@@ -193,7 +193,7 @@ def test_known_errors_are_translated():
         .startswith("init_process_group called twice: ")
 
 
-STYLES = ("by_attribute", "by_alias", "by_name")  # torch.save(...), T.save(...), save(...) after `from torch import save`
+STYLES = ("by_attribute", "by_alias", "by_name")  # torch.save(...), T.save(...), save(...) (`from torch import save`)
 STYLES_MODULE = (
     "import torch\nimport torch as T\nimport torch.distributed as D\nfrom torch import save\n"
     "from torch.distributed import all_reduce\n\n\n"

@@ -52,7 +52,8 @@ MISTAKES = {
     # names bound at import are spied on: the missing barrier is seen from the clock reads
     "from-imports, no end barrier": {
         "import time\n": "from time import perf_counter\n",
-        "import torch.distributed as dist\n": "import torch.distributed as dist\nfrom torch.distributed import barrier\n",
+        "import torch.distributed as dist\n":
+            "import torch.distributed as dist\nfrom torch.distributed import barrier\n",
         "time.perf_counter()": "perf_counter()",
         "    dist.barrier()                    # ... on every rank, the slowest included\n": "",
         "    dist.barrier()                    # nobody": "    barrier()                    # nobody"},
