@@ -15,6 +15,7 @@ import pytest
 from autograder.checks import ex05_checkpoint
 from autograder.diagnosis import translate
 from distlab import checkpoint
+from tests import independent
 from tests.helpers import SOLUTIONS, failed, mutant
 
 
@@ -32,13 +33,20 @@ def test_commit_is_atomic_and_prune_keeps_the_last_k(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step_00000002", "step_00000003"]
 
 
+INDEPENDENT_SCENARIOS = ex05_checkpoint.SCENARIOS  # every scenario (resharded to 1 rank, as below)
+
+
 @pytest.mark.slow
 def test_solution_resumes_exactly_in_every_scenario():
-    # reshard to 1 rank here (cheapest); the CLI grades 2 -> 4.
-    (report,) = ex05_checkpoint.grade([SOLUTIONS / "ex05_checkpoint.py"], reshard_world=1)
+    # reshard to 1 rank here (cheapest); the CLI grades 2 -> 4. The independent solution shares the
+    # reference and reshard launches (its restarts have a launch of their own).
+    report, other = ex05_checkpoint.grade([SOLUTIONS / "ex05_checkpoint.py", independent.path(5)], reshard_world=1)
+    independent.record(5, other)
     assert report.score == report.max_score, report.feedback
     assert "bit-identical to the uninterrupted run" in report.feedback
     assert "resumed from step 3" in report.feedback
+    assert "every step's samples, learning rate, Adam step, RNG state and weights as the reference's" in \
+        report.feedback
 
 
 MISSING_STATE = {
@@ -65,10 +73,19 @@ FRESH_ONLY = {
     "rebuilt after loading": {
         "        step, position = resumed\n":
             "        step, position = resumed\n        model, optimizer, scheduler = build(steps, seed)\n"},
+    # Three mistakes both of the learner's runs share (so every resume is exact), seen at step 1 against
+    # the single-process reference: the scheduler stepped first, one seed for every rank, another shuffle.
+    "shared by both runs": {
+        "            optimizer.step()\n            scheduler.step()\n":
+            "            scheduler.step()\n            optimizer.step()\n",
+        "    torch.manual_seed(seed + dist.get_rank())\n": "    torch.manual_seed(seed)\n",
+        "DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)":
+            "DistributedSampler(dataset, shuffle=True, seed=seed + 1, drop_last=True)"},
     "dcp.save on rank 0 only": {"    dcp.save(state, checkpoint_id=staged)\n":
                                 "    if dist.get_rank() == 0:\n        dcp.save(state, checkpoint_id=staged)\n"},
 }
 FRESH = "a fresh job resumes exactly"
+REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 
 
 # Not marked slow although it takes ~50 s: exercise 5's launches in make test-fast (its cheapest): one
@@ -96,7 +113,7 @@ def test_missing_state_pruning_and_in_place_writes_are_named(mutants):
     assert "killed while writing step 6's checkpoint" in write and "should resume from step 3" in write
     assert ".metadata" in write  # the restarted job tripped on the half-written checkpoint
     assert fails["two crashes, still exact"] == "not checked: needs 'torchrun --max-restarts resumes exactly' first"
-    assert report.score == 0
+    assert REFERENCE not in fails  # its uninterrupted run is the contract's: what it loses is in resuming
 
 
 def test_a_step_counter_off_by_one_is_named_alone(mutants):
@@ -121,6 +138,20 @@ def test_model_optimizer_and_scheduler_not_restored_are_named_not_the_rest(mutan
     assert "Adam's step count was 0 where the uninterrupted run's was 3" in fresh
     assert "the learning rate was" in fresh
     assert "samples" not in fresh and "RNG" not in fresh and "step counter" not in fresh
+
+
+def test_mistakes_both_runs_share_are_named_against_the_reference(mutants):
+    fails = failed(mutants["shared by both runs"])
+    assert list(fails) == [REFERENCE]  # it resumes exactly: from its own uninterrupted run nothing differs
+    msg = fails[REFERENCE]
+    assert msg.startswith("step 1 trained with a learning rate of 0.00294889, the schedule's value for step 2, "
+                          "where the reference's is 0.003: scheduler.step() ran before optimizer.step()"), msg
+    assert "Call optimizer.step(), then scheduler.step()" in msg
+    assert "rank 1's RNG state at step 1 is not torch.manual_seed(seed + 1)'s (every rank's is the " \
+           "same: each was seeded alike)" in msg
+    assert "rank 0 read samples" in msg
+    assert "use DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)" in msg
+    assert "set_epoch" not in msg  # it was called
 
 
 def test_a_checkpoint_collective_on_rank_0_only_is_named(mutants):

@@ -3,8 +3,10 @@
 Each takes the :class:`~autograder.checks.ex05_checkpoint.Run` of one file. :func:`diagnose_resume`
 compares a resumed run with the uninterrupted one step by step and, at the first step where anything
 differs, names a shifted step counter or what that step started from (``COMPONENTS``: the weights,
-Adam's state, the data position, the learning rate, the RNG state); ``ex05_checkpoint``'s criteria
-ask for the other causes themselves.
+Adam's state, the data position, the learning rate, the RNG state); :func:`against_reference` compares
+the uninterrupted run with the single-process reference (``_ex05_reference``) the same way, which
+names what both of the learner's runs share (``CONTRACT``); ``ex05_checkpoint``'s criteria ask for the
+other causes themselves.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from typing import TYPE_CHECKING
 from distlab import pick_backend
 
 from ..diagnosis import KnownError, mistake
+from ..parity import parity
 from ._ex05_probes import INTERRUPTED, RESUMED_FROM, RUN, WORLD
+from ._ex05_reference import reference_run
 
 if TYPE_CHECKING:
     from .ex05_checkpoint import Run
@@ -196,3 +200,92 @@ def interrupted_write_loaded(run: Run) -> str | None:
             f"should resume from step {RESUMED_FROM}, but {seen}. Write into staging_path(), commit() on rank 0 "
             "after a barrier, and load only latest_complete()")
 
+
+
+def _near(a: float, b: float) -> bool:
+    """Sums over every shard: equal but for the order FSDP's reduce-scatter adds the ranks' gradients in."""
+    return abs(a - b) <= 1e-6 * (1 + abs(b))
+
+
+@mistake("scheduler stepped before the optimizer")
+def scheduler_first(run: Run, xs: list[dict], a: dict, refs: list[dict]) -> str | None:
+    lr, want = xs[0]["pre"]["lr"], a["pre"]["lr"]
+    if lr == want or a["step"] >= len(refs) or abs(lr - refs[a["step"]]["pre"]["lr"]) > 1e-12 * want:
+        return None
+    return (f"step {a['step']} trained with a learning rate of {lr:.6g}, the schedule's value for step "
+            f"{a['step'] + 1}, where the reference's is {want:.6g}: scheduler.step() ran before optimizer.step(), "
+            "so every step used the next step's rate. Call optimizer.step(), then scheduler.step()")
+
+
+@mistake("every rank's RNG not seeded with seed + rank")
+def rng_not_per_rank(run: Run, xs: list[dict], a: dict, refs: list[dict]) -> str | None:
+    if not exact(WORLD):  # under NCCL dropout draws from CUDA's generator, which the reference does not play
+        return None
+    bad = [r for r, x in enumerate(xs) if x["pre"]["rng"] != a["pre"]["rng"][r]]
+    if not bad:
+        return None
+    alike = len({x["pre"]["rng"] for x in xs}) == 1
+    return (f"rank {bad[0]}'s RNG state at step {a['step']} is not torch.manual_seed(seed + {bad[0]})'s"
+            + (" (every rank's is the same: each was seeded alike)" if alike else "")
+            + ", so dropout drew other masks than the reference's: seed each rank with "
+            "torch.manual_seed(seed + rank), after build() and before load_checkpoint()")
+
+
+@mistake("samples not the contract's sampler")
+def samples_not_contract(run: Run, xs: list[dict], a: dict, refs: list[dict]) -> str | None:
+    bad = [r for r, x in enumerate(xs) if x["data"] != a["data"][r]]
+    if not bad:
+        return None
+    r, s = bad[0], a["step"]
+    epoch_0 = [ref for ref in refs if ref["data"][r] == xs[r]["data"]]
+    advice = (f"the samples of step {epoch_0[0]['step']}, in the first epoch: call sampler.set_epoch(epoch) at the "
+              "start of every epoch" if epoch_0 and epoch_0[0]["step"] < s else
+              "use DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True) and batches of "
+              "BATCH_SIZE consecutive indices of it")
+    return (f"rank {r} read samples {xs[r]['data'][:3]}... at step {s} where the contract's gives "
+            f"{a['data'][r][:3]}...: {advice}")
+
+
+CONTRACT = [scheduler_first, rng_not_per_rank, samples_not_contract]
+
+
+def _step_symptom(xs: list[dict], a: dict) -> str:
+    p, q, s = sum(x["pre"]["fp"] for x in xs), a["pre"], a["step"]
+    if xs[0]["pre"]["adam_step"] != q["adam_step"]:
+        return (f"before step {s} Adam had stepped {xs[0]['pre']['adam_step']:g} times where the reference had "
+                f"{q['adam_step']:g}: one optimizer.step() per step")
+    if xs[0]["pre"]["lr"] != q["lr"] or xs[0]["lr"] != a["lr"]:
+        return (f"step {s} trained with a learning rate of {xs[0]['pre']['lr']:.6g} and set {xs[0]['lr']:.6g} for "
+                f"the next, where build()'s CosineAnnealingLR gives {q['lr']:.6g} and {a['lr']:.6g}")
+    if not _near(p, q["fp"]):
+        return (f"step {s} started from other weights than the reference's (sum {p:.9g} vs {q['fp']:.9g})"
+                + (": train the model build(steps, seed) made" if s == 1 else ""))
+    got = sum(x["fp"] for x in xs)
+    return (f"step {s} started from the reference's weights, samples, learning rate, Adam state and RNG state, "
+            f"but ended with other weights (sum {got:.9g} vs {a['fp']:.9g}): each step is zero_grad, the mean "
+            "cross-entropy, backward, optimizer.step(), scheduler.step()")
+
+
+def against_reference(run: Run) -> str:
+    """'' if the uninterrupted run (A) is the reference's, else what differs at the first step it does."""
+    refs, final = reference_run(WORLD)
+    recs = run.ref_rec
+    for i, a in enumerate(refs):
+        xs = [rank[i] if i < len(rank) else None for rank in recs]
+        if any(x is None or x["step"] != a["step"] for x in xs):
+            return f"the uninterrupted run's records stop or skip before step {a['step']}"
+        if any(x["pre"] is None for x in xs):
+            return f"step {a['step']} made no optimizer.step() before on_step: step the optimizer once per step"
+        parts = [m for cause in CONTRACT if (m := cause(run, xs, a, refs))]
+        if parts:
+            return "; ".join(parts)
+        p, q = xs[0]["pre"], a["pre"]
+        fp_ok = not exact(WORLD) or (_near(sum(x["pre"]["fp"] for x in xs), q["fp"])
+                                     and _near(sum(x["fp"] for x in xs), a["fp"]))
+        if p["adam_step"] != q["adam_step"] or p["lr"] != q["lr"] or xs[0]["lr"] != a["lr"] or not fp_ok:
+            return _step_symptom(xs, a)
+    same = parity(run.ref["model"], final) if exact(WORLD) else None
+    if same is not None and not same.ok:
+        return (f"after the last step the weights differ from the reference's (max abs difference "
+                f"{same.max_abs_diff:.3g} in {same.worst})")
+    return ""

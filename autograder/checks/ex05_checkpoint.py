@@ -19,7 +19,10 @@ On the CPU, reduction order is fixed, so resumed runs must match the
 uninterrupted one bit for bit (``torch.equal``); on a GPU within assert_close's tolerance.
 Where they do not, what each step started from (weights, Adam state, learning
 rate, samples, RNG state, step number) is compared with the uninterrupted run,
-and only what differs is named.
+and only what differs is named. The uninterrupted run itself is compared, step by step
+and in the same way, with a single-process reference of the contract (``_ex05_reference``:
+one process plays both ranks), so a mistake both runs share (the scheduler stepped before
+the optimizer) fails too; a resumed run equal to the uninterrupted one then equals the reference.
 
 | mistake | message |
 |---|---|
@@ -30,6 +33,9 @@ and only what differs is named.
 | scheduler not restored | "the learning rate it set for step 5 was 0.0025 instead of 0.00225 (...): ..." |
 | another rank's RNG state restored | "rank 1's RNG state is rank 0's, so dropout drew rank 0's masks: ..." |
 | RNG state not restored | "rank 0's RNG state differs ...: save each rank's torch.get_rng_state() ..." |
+| scheduler stepped before the optimizer | "step 1 trained with a learning rate of 0.00295, the schedule's ..." |
+| every rank's RNG not seeded with seed + rank | "rank 1's RNG state at step 1 is not torch.manual_seed(seed + 1)'s" |
+| samples not the contract's sampler | "rank 0 read samples [..]... at step 1 where the contract's gives [..]...: ..." |
 | checkpoints not pruned | "after 12 steps saving every 3 with keep=2 the directory holds [...]: ..." |
 | an interrupted write loaded (no staging and commit) | "rank 1 was killed while writing step 6's checkpoint ..." |
 | a checkpoint collective called on some ranks only | "dcp.save ran on rank 0 (at step 3) but not on rank 1: ..." |
@@ -53,7 +59,8 @@ from ..grading import launch_timeout
 from ..parity import parity
 from ..registry import Exercise
 from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from ._ex05_causes import KNOWN_ERRORS, diagnose_resume, exact, interrupted_write_loaded, not_pruned, one_sided_collective
+from ._ex05_causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded,
+                           not_pruned, one_sided_collective)
 from ._ex05_probes import (FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL,  # noqa: F401 (rank_main:
                            WORLD, rank_main, run_scenarios)                                   # every check has one)
 
@@ -155,6 +162,14 @@ def keeps_last_k(run: Run) -> Verdict:
     return failed(why) if (why := not_pruned(run)) else passed(f"kept steps {run.committed}")
 
 
+@criterion("[W={world}] the uninterrupted run matches a single-process reference", points=2)
+def matches_reference(run: Run) -> Verdict:
+    if why := against_reference(run):
+        return failed(why)
+    return passed("every step's samples, learning rate, Adam step" + (", RNG state and weights" if exact(WORLD) else
+                  " (weights and RNG within the run's own comparisons: CUDA's dropout)") + " as the reference's")
+
+
 @criterion("a fresh job resumes exactly", points=2)
 def fresh_job_resumes(run: Run) -> Verdict:
     got = run.final("C")
@@ -219,8 +234,8 @@ SCENARIO_CRITERIA = {"fresh": [fresh_job_resumes],
 
 
 def criteria(scenarios: Sequence[str] = SCENARIOS) -> list:
-    """The criteria judged when these scenarios run (keeping the last K is judged in every grading)."""
-    return [keeps_last_k] + [fn for s in SCENARIOS if s in scenarios for fn in SCENARIO_CRITERIA[s]]
+    """The criteria judged when these scenarios run (keeping the last K and the reference: in every grading)."""
+    return [keeps_last_k, matches_reference] + [fn for s in SCENARIOS if s in scenarios for fn in SCENARIO_CRITERIA[s]]
 
 
 def _failure(run: Run, path: Path, err: LaunchError | None) -> str:
