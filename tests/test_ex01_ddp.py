@@ -10,6 +10,7 @@ import pytest
 
 from autograder.checks import ex01_ddp
 from distlab.launch import time_scale
+from tests import independent
 from tests.helpers import EXERCISES, REPO, SOLUTIONS, failed, solution_and_mutants
 
 
@@ -86,10 +87,13 @@ MUTANTS = {
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """The mutants, graded at W=2 in one launch (one report each)."""
+    """The mutants and the independent solution, graded at W=2 in one launch (one report each)."""
     paths = solution_and_mutants(tmp_path_factory.mktemp("ex01"), "ex01_ddp.py", MUTANTS)
     del paths["solution"]  # the CLI test grades it at both world sizes
-    return dict(zip(paths, ex01_ddp.grade(list(paths.values()), world_sizes=(2,))))
+    paths["independent"] = independent.path(1)
+    graded = dict(zip(paths, ex01_ddp.grade(list(paths.values()), world_sizes=(2,))))
+    independent.record(1, graded["independent"])
+    return graded
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import pytest
 from autograder.checks import ex02_accumulation as check
 from autograder.runner import grade_one
 
+from tests import independent
 from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
 
 FILE = check.EXERCISE.filename
@@ -45,7 +46,10 @@ MUTANTS = {
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory) -> dict:
     paths = solution_and_mutants(tmp_path_factory.mktemp("ex02"), FILE, MUTANTS)
-    return dict(zip(paths, check.grade(list(paths.values()))))
+    paths["independent"] = independent.path(2)
+    graded = dict(zip(paths, check.grade(list(paths.values()))))
+    independent.record(2, graded["independent"])
+    return graded
 
 
 def test_solution_full_marks(reports):

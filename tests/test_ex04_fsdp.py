@@ -19,6 +19,7 @@ from autograder.diagnosis import translate
 from autograder.report import ExerciseReport
 from distlab.fsdp_memory import expected_bytes, full_shapes, memory_per_gpu, shard_rows
 from distlab.resmlp import make_resmlp
+from tests import independent
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
 
 
@@ -70,11 +71,14 @@ EXPORT = "[W=2] rank 0 exports the full state dict once"
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory) -> dict:
-    """The solution and every mutant, graded in one launch at W=2."""
+    """The solution, every mutant and the independent solution, graded in one launch at W=2."""
     paths = {"solution": SOLUTIONS / "ex04_fsdp.py"}
     for name, change in FILES.items():
         paths[name] = mutant(tmp_path_factory.mktemp(name), "ex04_fsdp.py", change)
-    return dict(zip(paths, ex04_fsdp.grade(list(paths.values()), world_sizes=(2,))))
+    paths["independent"] = independent.path(4)
+    graded = dict(zip(paths, ex04_fsdp.grade(list(paths.values()), world_sizes=(2,))))
+    independent.record(4, graded["independent"])
+    return graded
 
 
 def test_solution_full_marks_with_exact_bytes_and_peak_under_bound(graded):

@@ -8,6 +8,7 @@ import pytest
 
 from autograder.checks import ex07_pipeline as check
 from autograder.diagnosis import translate
+from tests import independent
 from tests.helpers import SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename
@@ -50,11 +51,12 @@ COUNT, LOSS, OVERLAP = ("each stage processes every micro-batch once", "loss mat
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    paths = [SOLUTIONS / FILE]
+    paths = [SOLUTIONS / FILE, independent.path(7)]
     for i, (name, repl) in enumerate(MISTAKES.items()):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
     graded = check.grade(paths, p2p_timeout_s=1.5)  # the deadlock's cost: 1.5 s x DISTLAB_TIME_SCALE
-    return {"solution": graded[0], **dict(zip(MISTAKES, graded[1:]))}
+    independent.record(7, graded[1])
+    return {"solution": graded[0], "independent": graded[1], **dict(zip(MISTAKES, graded[2:]))}
 
 
 def test_solution_full_marks(reports):

@@ -8,6 +8,7 @@ import pytest
 
 from autograder.checks import ex08_tensor_parallel as check
 from autograder.diagnosis import translate
+from tests import independent
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename
@@ -47,12 +48,15 @@ RAISED = "not checked: the forward raised (see '[W=2] the output matches the uns
 
 
 def _grade(tmp_path_factory, world: int, stub: bool) -> dict:
-    paths = [SOLUTIONS / FILE] + ([EXERCISES / FILE] if stub else [])
+    """The solution, the independent one, (the stub,) and every mutant."""
+    paths = [SOLUTIONS / FILE, independent.path(8)] + ([EXERCISES / FILE] if stub else [])
     for i, change in enumerate(MISTAKES.values()):
         paths.append(mutant(tmp_path_factory.mktemp(f"w{world}m{i}"), FILE, change))
-    graded = check.grade(paths, world_sizes=(world,))
-    names = ["solution"] + (["stub"] if stub else []) + list(MISTAKES)
-    return dict(zip(names, graded))
+    graded = dict(zip(["solution", "independent"] + (["stub"] if stub else []) + list(MISTAKES),
+                      check.grade(paths, world_sizes=(world,))))
+    if world == 2:
+        independent.record(8, graded["independent"])
+    return graded
 
 
 @pytest.fixture(scope="module")
@@ -219,8 +223,9 @@ def test_collectives_are_named_as_the_dist_calls(opname, name):
 
 @pytest.mark.slow
 def test_solution_full_marks_at_w4(w4):
-    r = w4["solution"]
+    r, other = w4["solution"], w4["independent"]
     assert r.score == r.max_score, r.feedback
+    assert other.score == other.max_score, other.feedback  # the independent one, at 4 ranks too
     assert r.measurements["W4_output_rank_spread"] == 0 and r.measurements["W4_bytes_per_rank"] == 3232
 
 

@@ -40,7 +40,8 @@ def _grade_alone(exercise: int):
              3: lambda: ex03_amp.grade(p, real_models=REAL_MODELS), 4: lambda: ex04_fsdp.grade(p, world_sizes=(2,)),
              5: lambda: ex05_checkpoint.grade(p, scenarios=INDEPENDENT_SCENARIOS),
              6: lambda: ex06_scaling.grade(p, world_sizes=(1, 2), real=REAL_FEW_STEPS),
-             7: lambda: ex07_pipeline.grade(p, p2p_timeout_s=1.5), 8: lambda: ex08_tensor_parallel.grade(p)}
+             7: lambda: ex07_pipeline.grade(p, p2p_timeout_s=1.5),
+             8: lambda: ex08_tensor_parallel.grade(p, world_sizes=(2,))}
     return grade[exercise]()[0]
 
 
