@@ -45,11 +45,16 @@ _clock = time.perf_counter  # the grader's own clock: the learner's reads of tim
 
 
 class SyntheticStep:
-    """A step that sleeps for a known time and records when it ran."""
+    """A step that sleeps for a known time and records when it ran.
+
+    A sleep that overran (a loaded machine wakes the rank late) is made up in the rank's next step,
+    so that a rank's steps take their durations *in sum* however busy the cores are: the ranks keep
+    their order, and each mistake its factor."""
 
     def __init__(self, rank: int, warmup: int):
         self.rank, self.warmup, self.times = rank, warmup, []
         self.active = False  # never inside a learner's step (MethodSpy's events say so)
+        self._overran = 0.0
 
     @property
     def calls(self) -> int:
@@ -58,10 +63,15 @@ class SyntheticStep:
     def __call__(self) -> None:
         start = _clock()
         if len(self.times) < self.warmup:
-            time.sleep(LATE_WARMUP_S if self.rank == LATE_RANK else WARMUP_STEP_S)
+            cost = LATE_WARMUP_S if self.rank == LATE_RANK else WARMUP_STEP_S
         else:
-            time.sleep(STEP_S * (1 + SLOWER_PER_RANK * self.rank))
-        self.times.append((start, _clock()))
+            cost = STEP_S * (1 + SLOWER_PER_RANK * self.rank)
+        deadline = start + max(0.0, cost - self._overran)
+        if (left := deadline - _clock()) > 0:
+            time.sleep(left)
+        end = _clock()
+        self._overran = end - deadline
+        self.times.append((start, end))
 
 
 class CountedStep:
