@@ -1,0 +1,82 @@
+"""Exercise 6's rank-side instruments and real-run causes, checked in this process (no launch): clocks,
+collectives and a DDP named in any import style are seen, and each count of the real run names its cause."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autograder.checks import ex06_scaling as check
+from tests.test_ex06_scaling import REAL_FEW_STEPS
+
+
+@pytest.mark.parametrize("imported", ["before the spies", "under the spies"])
+def test_the_method_and_ddp_spies_see_every_import_style(tmp_path, imported):
+    """No launch (one gloo rank in this process): clocks and collectives named by attribute, through an
+    alias or by name (``timeit``'s clock too), and a DDP made under another name, are each seen, with the
+    steps done at that moment, and DDP's gradient all-reduce is counted."""
+    import torch.distributed as dist
+
+    from autograder.checks._ex06_probes import CountedStep, DDPSpy, MethodSpy
+    from autograder.harness import watched
+    from distlab.importing import import_path
+
+    path = tmp_path / "styles.py"
+    path.write_text(
+        "import time\nimport time as T\nimport torch\nimport torch.distributed as D\n"
+        "from time import perf_counter\nfrom timeit import default_timer\nfrom torch.distributed import barrier\n"
+        "from torch.nn.parallel import DistributedDataParallel as Wrapper\n\n\n"
+        "def every_style(step):\n    time.perf_counter()\n    barrier()\n    step()\n    T.monotonic()\n"
+        "    perf_counter()\n    default_timer()\n    D.all_reduce(torch.ones(1), op=D.ReduceOp.MAX)\n\n\n"
+        "def make_step():\n    model = Wrapper(torch.nn.Linear(3, 2))\n\n"
+        "    def step():\n        model(torch.ones(4, 3)).sum().backward()\n    return step\n")
+    load = lambda: watched(import_path(path, name=f"learner_ex06_{imported[0]}"))  # noqa: E731
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        learner = load() if imported == "before the spies" else None
+        with MethodSpy(str(path)) as spy, DDPSpy() as ddp:
+            learner = learner or load()
+            step = ddp.counter = CountedStep(learner.make_step())
+            with spy.watching(step) as events:
+                learner.every_style(step)
+    finally:
+        dist.destroy_process_group()
+    assert [(e["name"], e["steps"]) for e in events] == [
+        ("perf_counter", 0), ("barrier", 0), ("monotonic", 1), ("perf_counter", 1), ("perf_counter", 1),
+        ("all_reduce", 1)]
+    assert events[-1]["op"] == "MAX"
+    assert (ddp.wrapped, ddp.built_in_step, ddp.forwards, ddp.rounds) == (1, 0, 1, 1)
+
+
+def _counted(world: int = 2, **real) -> "check.WorldRun":
+    """A run whose synthetic method was right, with ``real``'s counts of the real run (no launch)."""
+    k, n = check.SYNTH["warmup"], check.SYNTH["iters"]
+    steps = REAL_FEW_STEPS["warmup"] + REAL_FEW_STEPS["iters"]
+    reads = [{"kind": "clock", "name": "perf_counter", "steps": s, "in_step": False} for s in (k, k + n)]
+    rank0 = {"times": torch.zeros(k + n, 2), "method": reads, "real_steps": steps, "ddp_built_in_make": 1,
+             "ddp_built_in_step": 0, "ddp_rounds": steps,
+             "real_method": [{**e, "steps": s} for e, s in zip(reads, (2, steps))], **real}
+    return check.WorldRun([rank0] * world, {**check.REAL, **REAL_FEW_STEPS})
+
+
+def test_the_real_runs_counts_name_their_causes_without_a_launch():
+    assert check.diagnose(check.REAL_CAUSES, _counted()) is None  # one wrapper, one round a step, 2..7 timed
+    assert check.wrappers_made(_counted(ddp_built_in_make=2)).startswith(
+        "at 2 worker(s) make_ddp_step built 2 DistributedDataParallel wrappers: wrap the model once")
+    assert check.grad_rounds(_counted(ddp_rounds=14)) == (
+        "at 2 worker(s) DDP all-reduced the gradients 14 times in 7 steps, 2 per step: run one forward and one "
+        "backward per step")
+    assert check.grad_rounds(_counted(ddp_rounds=0)).startswith("at 2 worker(s) DDP all-reduced the gradients 0 "
+                                                                "times in 7 steps: every backward must sync them")
+    assert check.grad_rounds(_counted(ddp_rounds=None)) is None  # a C++ comm hook: not counted
+    # The real run timed otherwise than the synthetic one (a file that recognises the grader's step).
+    from_zero = [{"kind": "clock", "name": "perf_counter", "steps": s, "in_step": False} for s in (0, 7)]
+    assert check.timed_other_steps(_counted(real_method=from_zero)) == (
+        "on the real model your clock started after 0 steps, so the window timed 7 steps where the 5 after the 2 "
+        "warm-up steps count")
+    assert check.timed_other_steps(_counted(real_steps=9)).startswith(
+        "at 2 worker(s) measure_throughput called the real step 9 times; expected warmup + iters = 7")
+    assert check.timed_other_steps(_counted(real_method=[])) is None  # a clock the spies cannot see
+    # Timed on the real model as on the synthetic step: the method's criterion named it, not this one.
+    same = _counted(real_method=from_zero)
+    same.ranks[0]["method"] = [{**e, "steps": s} for e, s in zip(from_zero, (0, 10))]
+    assert check.timed_other_steps(same) is None
