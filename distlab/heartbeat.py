@@ -56,6 +56,17 @@ def describe(frames: list[tuple[str, int, str]]) -> dict:
     return {"at": at, "code": code, "waits_in": waits}
 
 
+# What torchrun tells each rank; a job that sets them again points its ranks at a rendezvous nobody
+# hosts (the tutorials' os.environ["MASTER_PORT"] = "12355"), so the launcher names the change.
+TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+_TORCHRUN_ENV: dict[str, str | None] = {}
+
+
+def changed_torchrun_vars() -> dict[str, list]:
+    """``{name: [torchrun's value, the value now]}`` for each of torchrun's variables the job changed."""
+    return {k: [v, os.environ.get(k)] for k, v in _TORCHRUN_ENV.items() if os.environ.get(k) != v}
+
+
 class _Rank:
     """The rank-side counters and the sampler thread."""
 
@@ -77,8 +88,6 @@ class _Rank:
         if signature not in self.seen and len(self.seen) < 100_000:
             self.seen.add(signature)
             self.places += 1
-        from distlab.worker import changed_torchrun_vars
-
         beat = {"ticks": self.ticks, "places": self.places, **describe(frames), "env_changed": changed_torchrun_vars()}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(beat))
@@ -98,6 +107,7 @@ def start(outdir: str | os.PathLike, rank: int) -> None:
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    _TORCHRUN_ENV.update({k: os.environ.get(k) for k in TORCHRUN_VARS})
     beat = _Rank(Path(outdir) / f"heartbeat-{rank}.json")
     register_optimizer_step_post_hook(beat.tick)
     backward, tensor_backward = torch.autograd.backward, torch.Tensor.backward

@@ -40,7 +40,9 @@ START_TIMEOUT = 300.0  # seconds for the server to import torch, on a loaded mac
 # Read once, when an interpreter or torch starts, and not read again by distlab.agent: a job that sets
 # one of these differently from the server's environment is launched with the CLI.
 STARTUP_VARS = ("TORCH_CPP_LOG_LEVEL", "TORCH_LOGS", "PYTHONHASHSEED", "PYTHONMALLOC", "PYTHONWARNINGS",
-                "PYTHONDEVMODE", "PYTHONFAULTHANDLER", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTORCH_NVML_BASED_CUDA_CHECK")
+                "PYTHONDEVMODE", "PYTHONFAULTHANDLER", "LD_PRELOAD", "PYTORCH_NVML_BASED_CUDA_CHECK")
+# (LD_LIBRARY_PATH is not among them: a fork keeps the libraries already loaded, and what the job
+# starts or loads later sees the job's value, as it would.)
 
 
 class ServerUnavailable(RuntimeError):

@@ -68,21 +68,16 @@ class _Prefixed(io.TextIOBase):
         return getattr(self._inner, "encoding", "utf-8")
 
 
-# What torchrun tells each rank; a job that sets them again points its ranks at a rendezvous nobody
-# hosts (the tutorials' os.environ["MASTER_PORT"] = "12355"), so the launcher names the change.
-TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
-_TORCHRUN_ENV: dict[str, str | None] = {}
-
-
-def changed_torchrun_vars() -> dict[str, list]:
-    """``{name: [torchrun's value, the value now]}`` for each of torchrun's variables the job changed."""
-    return {k: [v, os.environ.get(k)] for k, v in _TORCHRUN_ENV.items() if os.environ.get(k) != v}
+def _changed_torchrun_vars() -> dict:
+    """torchrun's variables the job set again (see :func:`distlab.heartbeat.changed_torchrun_vars`)."""
+    heartbeat = sys.modules.get("distlab.heartbeat")
+    return heartbeat.changed_torchrun_vars() if heartbeat else {}
 
 
 def _write_error(outdir: Path, rank: int, attempt: int, exc: BaseException) -> None:
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
     record = {
-        "env_changed": changed_torchrun_vars(),
+        "env_changed": _changed_torchrun_vars(),
         "rank": rank,
         "attempt": attempt,
         "type": type(exc).__name__,
@@ -108,7 +103,6 @@ def main(spec_path: str) -> int:
     for p in spec.get("sys_path", []):
         if p not in sys.path:
             sys.path.insert(0, p)
-    _TORCHRUN_ENV.update({k: os.environ.get(k) for k in TORCHRUN_VARS})
     if spec.get("heartbeat", True):
         from distlab import heartbeat
 

@@ -112,3 +112,11 @@ def test_in_the_sandbox_each_rank_is_the_learner_and_cannot_reach_the_server():
         assert view["nproc"] == int(os.environ.get("DISTLAB_STUDENT_MAX_PROCS", 512))
         assert view["signal_server"] == "refused" and view["connect_server"] == "PermissionError"
         assert view["sees_server_var"] is False
+
+
+def test_a_job_that_changes_a_start_up_setting_is_launched_cold_and_one_that_changes_the_library_path_warm():
+    torchrun(ranks.allreduce_rank, 1, timeout=120)
+    server = warm.get()
+    env = dict(server.env)
+    assert server.serves({**env, "LD_LIBRARY_PATH": "/opt/elsewhere"})  # the fork keeps its loaded libraries
+    assert not server.serves({**env, "TORCH_CPP_LOG_LEVEL": "INFO"})  # read once, when torch loads
