@@ -18,7 +18,7 @@ podman) or the images, these tests skip with the reason, unless ``DISTLAB_REQUIR
   reports, connects out, writes the gradebook, another learner's file and the grader's code); with
   ``DISTLAB_CONTAINER_CLASS=full``, by tests/test_grading_image.py's whole hostile class (a gradebook
   writer, a report rewriter, a fork bomb, a memory bomb, 256 MiB of output) plus one that connects
-  out, about 85 s instead of 25 s here. Outcomes as in that test: full marks for the honest learner, 0 with a line in
+  out: about 85 s instead of 30-40 s here. Outcomes as in that test: full marks for the honest learner, 0 with a line in
   nbgrader_problems.txt for each other; the bombs stopped at the learner's limits; the submissions
   and the image's code byte-identical; no process of the student left when grade.sh returns, and
   no container after. The connection is refused by the network's absence: the submission is told
@@ -87,7 +87,8 @@ FULL_CLASS = {"writer": (hostile.WRITER,), "rewriter": (hostile.FAKE_REPORTS, ho
 # that rewrites reports, connects out, writes the gradebook, another learner's file and the grader's
 # code, then fails. The bombs test the learner's rlimits, the same in the image as outside it
 # (tests/test_grading_image.py); the container's own memory and process caps are shown to bite by
-# test_the_containers_memory_and_process_limits_bite. Each graded submission costs about 11 s here.
+# test_the_containers_memory_and_process_limits_bite. Each graded submission costs about 11 s here,
+# and the class of two about 30-40 s in all.
 SMALL_CLASS = {"intruder": (hostile.FAKE_REPORTS, CONNECT_OUT, hostile.WRITER)}
 HOSTILE = FULL_CLASS if os.environ.get("DISTLAB_CONTAINER_CLASS") == "full" else SMALL_CLASS
 
