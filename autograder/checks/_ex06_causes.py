@@ -55,7 +55,8 @@ def cpu_clock(run: WorldRun) -> str | None:
 @mistake("the ranks' elapsed times summed (all_reduce's default SUM)")
 def summed_clocks(run: WorldRun) -> str | None:
     summed = [e for e in run.events("collective") if e["name"] == "all_reduce" and e.get("op") == "SUM"]
-    if run.world > 1 and summed and _near(run.ratio() * run.world, 1):
+    # The SUM all-reduce was seen: the ratio only has to be about 1/W (load makes a summed clock noisy).
+    if run.world > 1 and summed and _near(run.ratio() * run.world, 1, rel=0.25):
         return (f"you all-reduced the elapsed time with SUM (all_reduce's default), adding the {run.world} ranks' "
                 f"clocks: a window of {_window(run):.3f} s for steps that took {run.truth()['window']:.3f} s. "
                 "Pass op=dist.ReduceOp.MAX (the slowest rank's time), or broadcast rank 0's")
