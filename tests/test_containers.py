@@ -18,8 +18,8 @@ podman) or the images, these tests skip with the reason, unless ``DISTLAB_REQUIR
   reports, connects out, writes the gradebook, another learner's file and the grader's code); with
   ``DISTLAB_CONTAINER_CLASS=full``, by tests/test_grading_image.py's whole hostile class (a gradebook
   writer, a report rewriter, a fork bomb, a memory bomb, 256 MiB of output) plus one that connects
-  out: about 85 s instead of 30-40 s here. Outcomes as in that test: full marks for the honest learner, 0 with a line in
-  nbgrader_problems.txt for each other; the bombs stopped at the learner's limits; the submissions
+  out: about 85 s instead of 30-40 s here. Outcomes as in that test: full marks for the honest
+  learner, 0 with a line in nbgrader_problems.txt for each other; the bombs stopped at the learner's limits; the submissions
   and the image's code byte-identical; no process of the student left when grade.sh returns, and
   no container after. The connection is refused by the network's absence: the submission is told
   the network is unreachable, and a listener on this host's own address sees nobody.
