@@ -165,13 +165,7 @@ def _fork_job(listener: socket.socket, conn: socket.socket) -> int | None:
 def _reap(jobs: dict[int, socket.socket]) -> None:
     """Collect ended job roots, then close their connections: the launcher's end of file means the
     job root is gone, not only finished."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    for pid in reaper.reap():
         conn = jobs.pop(pid, None)
         if conn is not None:
             conn.close()

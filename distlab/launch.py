@@ -35,7 +35,7 @@ import torch
 from .distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
 from .importing import REPO_ROOT, with_repo_on_path
 from .process import (PROGRESS_VAR, TIME_SCALE_VAR, Finished, note_progress,  # noqa: F401 (re-exported)
-                      run_contained, time_scale)
+                      past_limit, run_contained, time_scale)
 from . import heartbeat, warm
 from .sandbox import learner_sandbox
 
@@ -117,13 +117,8 @@ class Supervision:
         if self.watch.hung(now, self.hang_after_s):
             self.verdict = "hang"
             return True
-        if elapsed <= self.timeout:
-            return False
-        advancing = now - last < self.recent_s
-        if advancing and elapsed < self.extend * self.timeout:
-            return False  # slow is not wrong: the ranks still get somewhere
-        self.verdict = "slow" if advancing else "timeout"
-        return True
+        self.verdict = past_limit(elapsed, now - last, self.timeout, self.recent_s, self.extend)
+        return self.verdict is not None
 
 
 @dataclass

@@ -113,6 +113,18 @@ def note_progress(path: str | None) -> None:
         pass
 
 
+def past_limit(elapsed: float, since_advance: float, timeout: float, recent_s: float, extend: float) -> str | None:
+    """Slow is not wrong: ``None`` while a job may go on (within ``timeout``, or advanced in the last
+    ``recent_s`` and within ``extend`` times it); else ``"slow"`` (still advancing at the bound: the
+    machine's problem) or ``"timeout"`` (it stopped advancing: the code's)."""
+    if elapsed <= timeout:
+        return None
+    advancing = since_advance < recent_s
+    if advancing and elapsed < extend * timeout:
+        return None
+    return "slow" if advancing else "timeout"
+
+
 @dataclass
 class ProgressLimit:
     """``should_stop`` for :func:`run_contained`: ``timeout``, extended (up to ``extend`` times) while
@@ -138,10 +150,9 @@ class ProgressLimit:
             count = ""
         if count != self._count or self._at is None:  # a job that has just started is advancing
             self._count, self._at = count, now
-        if elapsed <= self.timeout:
-            return False
-        self.advancing = now - self._at < self.recent_s
-        return not (self.advancing and elapsed < self.extend * self.timeout)
+        verdict = past_limit(elapsed, now - self._at, self.timeout, self.recent_s, self.extend)
+        self.advancing = verdict == "slow"
+        return verdict is not None
 
 
 @dataclass

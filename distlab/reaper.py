@@ -86,15 +86,17 @@ def _signal_all(pids, sig: int) -> None:
             pass
 
 
-def reap() -> None:
-    """Collect every exited child (orphans re-parented to us included) so none stays a zombie."""
+def reap() -> list[int]:
+    """Collect every exited child (orphans re-parented to us included) so none stays a zombie; return their pids."""
+    reaped = []
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reaped
         if pid == 0:
-            return
+            return reaped
+        reaped.append(pid)
 
 
 def freeze_and_kill(list_pids, rounds: int = 100) -> int:
