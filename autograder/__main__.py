@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from distlab.sandbox import SandboxError, preflight
+from distlab.runtime.sandbox import SandboxError, preflight
 
 from .progress import to_stderr
 from .registry import exercises

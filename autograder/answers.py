@@ -2,36 +2,36 @@
 
 ``distlab`` carries working versions of some graded functions, because the
 notebooks and benchmarks need them (exercise 3's ``median_seconds`` is
-``distlab.timing.median_seconds``, its ``saved_bytes`` is
-``distlab.memory.saved_tensor_bytes``). They stay there; a check names them in
+``distlab.measure.timing.median_seconds``, its ``saved_bytes`` is
+``distlab.measure.memory.saved_tensor_bytes``). They stay there; a check names them in
 a :class:`RuntimeCopies` and recognises a learner who hands one in instead of
 writing it:
 
 * :meth:`RuntimeCopies.identify` (static, before any learner call): the graded
-  name *is* a runtime function: imported (``from distlab.timing import
-  median_seconds``), aliased (``median_seconds = distlab.timing.median_seconds``),
+  name *is* a runtime function: imported (``from distlab.measure.timing import
+  median_seconds``), aliased (``median_seconds = distlab.measure.timing.median_seconds``),
   a ``functools.partial`` or bound method of one, a function rebuilt from its
   code object, or any other function defined in ``distlab``/``autograder``.
 * :meth:`RuntimeCopies.watch` (dynamic, around the learner's calls): while it is
   entered, each copy's *function object* runs a recording stand-in (its
   ``__code__`` is swapped, not the module attribute, so a name bound at the
-  learner's import time, ``from distlab.timing import median_seconds as ms``,
+  learner's import time, ``from distlab.measure.timing import median_seconds as ms``,
   records too), which calls the real code and logs which of the learner's
   functions were on the stack: a thin wrapper, or a ``compare`` that calls the
   runtime's copy instead of the learner's own, is seen. Indirect routes count
-  as well: ``distlab.memory.peak_memory`` on the CPU calls
+  as well: ``distlab.measure.memory.peak_memory`` on the CPU calls
   ``saved_tensor_bytes``.
 
 Both run in the rank and return plain data (dotted names, lists of strings);
 :meth:`RuntimeCopies.feedback` turns that data into the message, in the
-grading process: ``"median_seconds is distlab's copy (distlab.timing.median_seconds):
+grading process: ``"median_seconds is distlab's copy (distlab.measure.timing.median_seconds):
 write your own"``.
 
 Rules for a check that uses it:
 
 * Construct the :class:`RuntimeCopies` when the rank-side module is imported,
   before any learner file is loaded: the copies are resolved then, so a learner
-  file that rebinds ``distlab.timing.median_seconds`` cannot swap in its own.
+  file that rebinds ``distlab.measure.timing.median_seconds`` cannot swap in its own.
 * Enter the watch around the learner's calls only, never around the grader's
   own instruments: every run of a copy's code while the watch is entered counts
   as the learner's (a copy reached from a thread or a callback, with no
@@ -147,7 +147,7 @@ class RuntimeCopies:
     """The runtime's working copies of an exercise's graded functions.
 
     ``graded``: ``{learner function name: dotted names of the runtime functions that answer it}``, e.g.
-    ``{"median_seconds": ("distlab.timing.median_seconds",)}``. Resolved (imported) on construction.
+    ``{"median_seconds": ("distlab.measure.timing.median_seconds",)}``. Resolved (imported) on construction.
     """
 
     def __init__(self, graded: Mapping[str, Sequence[str]]) -> None:

@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from distlab.sandbox import STUDENT_USER_VAR, SandboxError, learner_user, preflight
+from distlab.runtime.sandbox import STUDENT_USER_VAR, SandboxError, learner_user, preflight
 
 from .registry import Exercise, exercises
 from .report import ExerciseReport

@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 
-from distlab.importing import import_path
+from distlab.runtime.importing import import_path
 
 
 class _NoSolutions(importlib.abc.MetaPathFinder):

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Sequence
 
 from distlab import LaunchError, LaunchHang, LaunchTimeout, MachineTooSlow, RankFailure
-from distlab.process import PROGRESS_VAR, note_progress
-from distlab.sandbox import SandboxError
+from distlab.runtime.process import PROGRESS_VAR, note_progress
+from distlab.runtime.sandbox import SandboxError
 
 from .diagnosis import KnownError, translate
 from .registry import check_modules
@@ -32,7 +32,7 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
         at = f"\n  at {where}" if where else ""
         raw = f"{exc.exc_type}: {exc.exc_message.strip()[:500]}"
         if exc.env_changed:
-            from distlab.heartbeat import env_note
+            from distlab.runtime.heartbeat import env_note
 
             return f"{env_note(exc.rank, exc.env_changed)}\n  (rank {exc.rank} raised {raw}){at}"
         if cause := translate(raw, known):

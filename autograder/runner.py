@@ -14,9 +14,9 @@ import tempfile
 from pathlib import Path
 
 from distlab import warm
-from distlab.importing import REPO_ROOT, with_repo_on_path
-from distlab.process import PROGRESS_VAR, TIME_SCALE_VAR, ProgressLimit, run_contained, time_scale
-from distlab.sandbox import SCRATCH_VAR, STUDENT_USER_VAR, SandboxError, preflight
+from distlab.runtime.importing import REPO_ROOT, with_repo_on_path
+from distlab.runtime.process import PROGRESS_VAR, TIME_SCALE_VAR, ProgressLimit, run_contained, time_scale
+from distlab.runtime.sandbox import SCRATCH_VAR, STUDENT_USER_VAR, SandboxError, preflight
 
 from .progress import Callback, relay
 from .registry import Exercise, exercises
@@ -32,7 +32,7 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
 
     The grading subprocess (``autograder.run_one``) runs as this process's user and never imports
     the learner's file; only the torchrun ranks it launches do, as the learner user in the grading
-    image (:mod:`distlab.sandbox`). Its report goes to a private folder that nothing of the
+    image (:mod:`distlab.runtime.sandbox`). Its report goes to a private folder that nothing of the
     learner's ever learns the name of, and that the learner user cannot enter; the ranks get a
     separate scratch folder as their ``TMPDIR``. ``on_progress`` receives a line as each launch
     or scenario starts and ends (:mod:`autograder.progress`). ``learner``: in the sandbox, the user

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import distlab
 from distlab import warm
-from distlab.launch import TIME_SCALE_VAR, LaunchError, time_scale
-from distlab.process import calibrate
-from distlab.sandbox import status as sandbox_status
+from distlab.runtime.launch import TIME_SCALE_VAR, LaunchError, time_scale
+from distlab.runtime.process import calibrate
+from distlab.runtime.sandbox import status as sandbox_status
 
 from .registry import Exercise, exercises
 from .runner import REPO_ROOT, grade_one

@@ -12,7 +12,7 @@ import ast
 import sys
 from pathlib import Path
 
-from distlab.importing import REPO_ROOT
+from distlab.runtime.importing import REPO_ROOT
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 

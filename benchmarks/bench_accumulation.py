@@ -2,7 +2,7 @@
 
 The reference solution of exercise 2 at world size 2 for k = 1, 2, 4, 8
 micro-batches per optimizer step, always 256 samples per rank per step
-(:func:`distlab.accumulation.sweep`). The expected shape: activation memory
+(:func:`distlab.lab.accumulation.sweep`). The expected shape: activation memory
 falls as 1/k (one micro-batch alive at a time), all-reduces stay at one per
 step (``no_sync``), and throughput drops as k grows (smaller matmuls, more
 Python per sample).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import distlab
 from benchmarks import Row
-from distlab.accumulation import sweep
+from distlab.lab.accumulation import sweep
 
 
 def rows() -> list[Row]:

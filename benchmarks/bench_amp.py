@@ -17,7 +17,7 @@ import distlab
 from autograder.checks.ex03_amp import REAL_MODEL
 from benchmarks import Row
 from distlab.models import make_mlp
-from distlab.timing import synchronize
+from distlab.measure.timing import synchronize
 
 
 def rows() -> list[Row]:

@@ -4,7 +4,7 @@ Exercise 5's model and optimizer (reference solution's ``build``: a sharded
 ResidualMLP with Adam) at W=2. Save = ``dcp.save`` into the staging
 directory + barrier + atomic commit; load = ``dcp.load`` + ``set_state_dict``.
 Each is timed 5 times after a warm-up, the slowest rank's time taken
-(``distlab.timing.slowest_rank``: ``all_reduce(MAX)`` on the rank's device),
+(``distlab.measure.timing.slowest_rank``: ``all_reduce(MAX)`` on the rank's device),
 the median reported. Crash to resume: rank 1 SIGKILLs itself after step 4 of the reference solution's ``train`` under
 ``torchrun --max-restarts=1``; the time runs from just before the kill to the
 end of the first step of the restarted attempt (process start, imports,
@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 import distlab
 from benchmarks import Row
-from distlab.timing import slowest_rank, synchronize
+from distlab.measure.timing import slowest_rank, synchronize
 
 
 def save_load(root: str) -> dict:

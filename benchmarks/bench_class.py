@@ -17,7 +17,7 @@ from autograder import classroom
 from autograder.registry import exercises
 from benchmarks import Row
 from distlab import warm
-from distlab.importing import REPO_ROOT
+from distlab.runtime.importing import REPO_ROOT
 
 LEARNERS = 2
 

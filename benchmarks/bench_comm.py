@@ -23,8 +23,8 @@ import statistics
 import torch
 
 from distlab import torchrun
-from distlab.ddp_overlap import BENCH_CONFIGS
-from distlab.timing import cpu_cores
+from distlab.lab.ddp_overlap import BENCH_CONFIGS
+from distlab.measure.timing import cpu_cores
 
 from . import Row
 
@@ -75,7 +75,7 @@ def _mfu_rows(m: dict, rows: list[dict]) -> list[Row]:
 
 
 def rows() -> list[Row]:
-    res = torchrun("distlab.comm_job:communication", 2, timeout=600,
+    res = torchrun("distlab.lab.comm_job:communication", 2, timeout=600,
                    kwargs={"configs": BENCH_CONFIGS, "profile_steps": 3}).results
     out = _ddp_rows(res) + _bytes_rows(res[0]["bytes"])
     m = res[0]["mfu"]
@@ -87,7 +87,7 @@ def rows() -> list[Row]:
     mfu_rows = list(m["rows"])
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if max(cpu_cores(), gpus) >= 4:
-        mfu_rows.append(torchrun("distlab.comm_job:mfu_only", 4, timeout=300).results[0]["rows"][1])
+        mfu_rows.append(torchrun("distlab.lab.comm_job:mfu_only", 4, timeout=300).results[0]["rows"][1])
         out += _mfu_rows(m, mfu_rows)
     else:
         out += _mfu_rows(m, mfu_rows)

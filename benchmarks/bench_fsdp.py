@@ -3,7 +3,7 @@
 Exercise 4's model (:class:`distlab.resmlp.ResidualMLP`, 8 blocks, widths not
 multiples of 4 so shards are padded) is sharded per block with the reference
 solution, trained two Adam steps, and measured on every rank:
-:func:`distlab.fsdp_memory.measured_bytes` after the step, and the peak of
+:func:`distlab.lab.fsdp_memory.measured_bytes` after the step, and the peak of
 live tensor storage during the second step (``LiveStorageTracker`` on the
 CPU, ``max_memory_allocated`` on a GPU) against the bound the grader uses.
 Root-only wrapping at W=2 is measured beside it. These are bytes, which a
@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import distlab
 from benchmarks import Row
-from distlab.fsdp_memory import (UNITS_IN_FLIGHT, LiveStorageTracker, activation_bytes, full_shapes, measured_bytes,
+from distlab.lab.fsdp_memory import (UNITS_IN_FLIGHT, LiveStorageTracker, activation_bytes, full_shapes, measured_bytes,
                                  peak_bound, unsharded_bytes)
 
 

@@ -20,7 +20,7 @@ import time
 from autograder.registry import exercises
 from autograder.runner import grade, grade_one
 from benchmarks import Row
-from distlab.importing import REPO_ROOT
+from distlab.runtime.importing import REPO_ROOT
 
 TARGETS_S = {"ex01": 15.0, "solutions": 90.0, "nbgrader": 60.0}
 

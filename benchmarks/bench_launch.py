@@ -22,8 +22,8 @@ import distlab
 from autograder.checks.ex01_ddp import EXERCISE, MODEL, WORLD_SIZES
 from autograder.runner import grade_one
 from benchmarks import Row
-from distlab.importing import REPO_ROOT
-from distlab.launch import LaunchTimeout, time_scale
+from distlab.runtime.importing import REPO_ROOT
+from distlab.runtime.launch import LaunchTimeout, time_scale
 from distlab.models import make_mlp
 
 REPEATS = 3
@@ -85,7 +85,7 @@ def ddp_throughput(batch_size: int = 256, repeats: int = 5) -> float:
 
 
 def rows() -> list[Row]:
-    floors = {w: statistics.median(distlab.torchrun("distlab.examples:noop", w, timeout=120).wall_s
+    floors = {w: statistics.median(distlab.torchrun("distlab.lab.examples:noop", w, timeout=120).wall_s
                                    for _ in range(REPEATS)) for w in WORLD_SIZES}
     start = time.perf_counter()
     report = grade_one(EXERCISE, REPO_ROOT / "solutions")

@@ -1,6 +1,6 @@
 """Pipeline parallelism measured against its formulas: messages, bubbles, memory, interleaving.
 
-All in one job of 2 ranks (distlab.pipeline_bench.sweep):
+All in one job of 2 ranks (distlab.lab.pipeline.sweep.sweep):
 
 * the per-message cost: a gloo send/recv round trip against the message size;
 * GPipe (Huang et al., 2019) on the sized workload (SIZED: compute per
@@ -16,7 +16,7 @@ All in one job of 2 ranks (distlab.pipeline_bench.sweep):
   against interleaved 1F1B's (its split backward is not timed per stage).
 
 Beside each GPipe bubble, a model made of what the run measured
-(distlab.pipeline_bench.bubble_model): each stage's forward and backward, the
+(distlab.lab.pipeline.costs.bubble_model): each stage's forward and backward, the
 schedule's own work between two actions o, and the message c. On a 2-core machine the
 sized bubble follows the formula at m = 1, 2 and sits 5-17 points above it at m = 4, 8:
 about half is o, the rest messages that wait for a core while both ranks compute. The
@@ -28,8 +28,8 @@ its input).
 """
 from __future__ import annotations
 
-from distlab.pipeline_bench import MEMORY, MICRO, SIZED, SMALL, select, sweep
-from distlab.timing import cpu_cores
+from distlab.lab.pipeline.sweep import MEMORY, MICRO, SIZED, SMALL, select, sweep
+from distlab.measure.timing import cpu_cores
 
 from . import Row
 

@@ -1,11 +1,11 @@
 """Activation recomputation (Chen et al., 2016) measured: memory against depth, and what it costs.
 
 A residual MLP (width 256, batch 256, depths 4, 8, 16), single process, one thread
-(distlab.recompute.sweep), under three policies: no recomputation, every block checkpointed
+(distlab.lab.recompute.sweep), under three policies: no recomputation, every block checkpointed
 (``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``), and segments of √L blocks:
 
 * bytes saved for backward at the end of the forward (saved_tensors_hooks), beside the
-  activation term of distlab.activation_memory (target: within 5 %), and the share saved
+  activation term of distlab.lab.activation_memory (target: within 5 %), and the share saved
   (target: >= 60 % at depth 16 with every block checkpointed; the model says 2/3 of the
   blocks' bytes);
 * the peak of the storage a step makes beyond the parameters and gradients (recomputed
@@ -17,8 +17,8 @@ A residual MLP (width 256, batch 256, depths 4, 8, 16), single process, one thre
 """
 from __future__ import annotations
 
-from distlab.activation_memory import resmlp_peak_bytes, resmlp_saved_bytes
-from distlab.recompute import step_time_ratios, sweep
+from distlab.lab.activation_memory import resmlp_peak_bytes, resmlp_saved_bytes
+from distlab.lab.recompute import step_time_ratios, sweep
 
 from . import Row
 

@@ -20,9 +20,9 @@ import torch.distributed as dist
 
 import distlab
 from distlab import torchrun
-from distlab.bandwidth import allreduce_bandwidth
+from distlab.lab.bandwidth import allreduce_bandwidth
 from distlab.models import make_mlp
-from distlab.timing import cpu_cores
+from distlab.measure.timing import cpu_cores
 from solutions.ex06_scaling import make_ddp_step, measure_throughput
 
 from . import Row

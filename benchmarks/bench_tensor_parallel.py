@@ -1,6 +1,6 @@
 """Tensor parallelism (Megatron-LM, Shoeybi et al., 2019, sec. 3) measured against its arithmetic.
 
-One job of W ranks (distlab.tensor_parallel.tp_job): a residual MLP of 4 blocks (width 512,
+One job of W ranks (distlab.lab.tensor_parallel.tp_job): a residual MLP of 4 blocks (width 512,
 hidden 1024, batch 128) with every block column- then row-parallel through
 ``parallelize_module``, against the unsplit model on the same batch:
 
@@ -16,16 +16,16 @@ hidden 1024, batch 128) with every block column- then row-parallel through
   propagation in Python, and the collectives' latency) / unsplit;
 * sequence parallelism (Korthikanti et al., 2022): bytes each rank sends, over tensor
   parallelism's: target exactly 1 (a ring all-reduce is a reduce-scatter plus an all-gather);
-* the bytes a rank saves for backward against distlab.activation_memory's term with t=W.
+* the bytes a rank saves for backward against distlab.lab.activation_memory's term with t=W.
 
 W = 4 needs 4 ranks with a core each: it runs only where this machine has >= 4 cores (on 2
 cores, 4 ranks share them and the step time measures the wait for a core).
 """
 from __future__ import annotations
 
-from distlab.activation_memory import resmlp_saved_bytes
-from distlab.tensor_parallel import run_tp_job
-from distlab.timing import cpu_cores
+from distlab.lab.activation_memory import resmlp_saved_bytes
+from distlab.lab.tensor_parallel import run_tp_job
+from distlab.measure.timing import cpu_cores
 
 from . import Row
 

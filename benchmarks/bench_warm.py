@@ -6,7 +6,7 @@
 | grading exercise 1 (W=2 and W=4) / (CLI 2-rank + 4-rank launch)            | <= 1.0          |
 | grading all the references / the same floor (CLI 2-rank + 4-rank)           | <= 0.5 per exercise |
 
-The job is :func:`distlab.examples.ddp_barrier` (a gloo group, a DDP of one ``nn.Linear``, a
+The job is :func:`distlab.lab.examples.ddp_barrier` (a gloo group, a DDP of one ``nn.Linear``, a
 barrier). CLI and warm launches alternate, so load that comes and goes falls on both; each figure
 is a median. CPU seconds are those of the launched processes: the CLI's from ``RUSAGE_CHILDREN``,
 the warm path's from the server's own account of the jobs it forked and collected.
@@ -22,10 +22,10 @@ from autograder.registry import exercises
 from autograder.runner import grade, grade_one
 from benchmarks import Row
 from distlab import warm
-from distlab.importing import REPO_ROOT
+from distlab.runtime.importing import REPO_ROOT
 
 REPEATS = 3
-JOB = "distlab.examples:ddp_barrier"
+JOB = "distlab.lab.examples:ddp_barrier"
 
 
 def _children_cpu_s() -> float:

@@ -164,7 +164,7 @@ plt.show()
 #
 # Many DDP examples contain two mistakes that work on one machine, or on this CPU, and fail on
 # a cluster. The code above gets both right through `distlab.init_distributed()`
-# (`distlab/distributed.py`), so here they are by name:
+# (`distlab/runtime/distributed.py`), so here they are by name:
 #
 # * **The global rank used as the GPU index**: `model.to(rank)`, `DDP(model, device_ids=[rank])`,
 #   `torch.cuda.set_device(rank)`. On one machine the global rank and the rank on the machine

@@ -148,7 +148,7 @@ for mode in sync_runs[0]:
 # ## Memory and throughput against k, at a fixed effective batch
 #
 # 256 samples per rank per optimizer step, split into k = 1, 2, 4, 8 micro-batches, at 2 ranks
-# (`distlab/accumulation.py`, also a row of `make bench`). The loop measured is **yours**
+# (`distlab/lab/accumulation.py`, also a row of `make bench`). The loop measured is **yours**
 # (`exercises/ex02_accumulation.py`) once you have written it; until then, the reference
 # solution where this copy of the course has one.
 # Memory is the activation bytes one micro-step saves for backward (on a GPU: the peak
@@ -163,7 +163,7 @@ import matplotlib.pyplot as plt
 
 import distlab
 from autograder.nbgrader_cell import stubs_left
-from distlab.accumulation import sweep
+from distlab.lab.accumulation import sweep
 
 mine, reference = Path("../exercises/ex02_accumulation.py").resolve(), Path("../solutions/ex02_accumulation.py").resolve()
 if mine.exists() and not stubs_left(mine.name, mine.parent):

@@ -204,13 +204,13 @@ assert same
 # `perf_counter` around one call, or a mean, gets them wrong. `torch.utils.benchmark.Timer`
 # synchronises the accelerator around its timings, picks a block size that makes its own overhead
 # negligible, and reports a median; we add the warm-up calls and pass the device's `sync`
-# (`distlab.timing.median_seconds`). Exercise 3 asks you to write this yourself: the grader
+# (`distlab.measure.timing.median_seconds`). Exercise 3 asks you to write this yourself: the grader
 # recognises distlab's copy (imported, aliased or called from your function) and gives it no marks.
 
 # %%
 import time
 
-from distlab.timing import SimulatedWorkload, VirtualClock, median_seconds
+from distlab.measure.timing import SimulatedWorkload, VirtualClock, median_seconds
 
 workloads = {"slow first 3 calls": dict(seconds=0.01, slow_calls=3, slow_seconds=1.0),
              "asynchronous (GPU-like)": dict(seconds=0.01, asynchronous=True),
@@ -234,7 +234,7 @@ for name, kw in workloads.items():
 # One training step of an MLP (256 → 512 × 3 → 10, batch 128), timed with `median_seconds` at one
 # thread. Memory is the bytes autograd saves for backward (`saved_tensors_hooks`, exact on any
 # device; on a GPU you would also read `torch.cuda.max_memory_allocated`), split by what they are
-# (`distlab.memory.saved_tensor_bytes_by_kind`):
+# (`distlab.measure.memory.saved_tensor_bytes_by_kind`):
 #
 # * **activations**: the layers' inputs and outputs, one row per sample (the input batch
 #   included). Notebook 02 counted these, parameters excluded; they grow with the batch.
@@ -245,7 +245,7 @@ for name, kw in workloads.items():
 # %%
 import functools
 
-from distlab.memory import saved_tensor_bytes_by_kind
+from distlab.measure.memory import saved_tensor_bytes_by_kind
 from distlab.models import make_mlp
 
 torch.set_num_threads(1)
@@ -331,7 +331,7 @@ if speedup < 1.2:
 # on simulated workloads like the ones above, so a missing warm-up, a missing `sync()`, a mean,
 # or an inverted ratio fails deterministically, on any machine. Your `saved_bytes` counts every
 # storage saved for backward, weights included (the total of the stacked bars above), as its
-# docstring says. `distlab.timing.median_seconds` and `distlab.memory.saved_tensor_bytes` are
+# docstring says. `distlab.measure.timing.median_seconds` and `distlab.measure.memory.saved_tensor_bytes` are
 # distlab's copies of the graded functions: they earn no marks.
 
 # %%

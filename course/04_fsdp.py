@@ -47,7 +47,7 @@
 # %% [markdown]
 # ## The memory calculator
 #
-# `distlab.fsdp_memory.memory_per_gpu` is the arithmetic of the table above. The widget below
+# `distlab.lab.fsdp_memory.memory_per_gpu` is the arithmetic of the table above. The widget below
 # calls it; the line printed under it comes from the same function at the overview's example
 # (7B parameters, fp32, Adam, 8 GPUs), so the figure is computed, not typed.
 
@@ -55,7 +55,7 @@
 import ipywidgets as widgets
 from IPython.display import display
 
-from distlab.fsdp_memory import LEVELS, OPTIMIZER_STATES, memory_per_gpu
+from distlab.lab.fsdp_memory import LEVELS, OPTIMIZER_STATES, memory_per_gpu
 
 DTYPES = {"fp32": 4, "bf16": 2}
 
@@ -119,7 +119,7 @@ from torch.distributed.fsdp import fully_shard
 
 import distlab
 from distlab.data import synthetic_classification
-from distlab.fsdp_memory import LiveStorageTracker, expected_bytes, full_shapes, measured_bytes
+from distlab.lab.fsdp_memory import LiveStorageTracker, expected_bytes, full_shapes, measured_bytes
 from distlab.resmlp import make_resmlp
 
 dev = distlab.init_distributed()  # this rank's device: the CPU under gloo, its GPU under NCCL

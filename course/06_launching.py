@@ -51,7 +51,8 @@
 # %%
 import matplotlib.pyplot as plt
 
-from distlab.multinode import ENV_VARS, command_lines, multinode_torchrun, spawn_demo
+from distlab.lab.launching import spawn_demo
+from distlab.runtime.multinode import ENV_VARS, command_lines, multinode_torchrun
 
 
 def env_table(results: list[dict], keys=ENV_VARS[:8]) -> None:
@@ -61,7 +62,7 @@ def env_table(results: list[dict], keys=ENV_VARS[:8]) -> None:
 
 
 HIDDEN, BATCH = 1024, 32   # the scaling section's MLP: 2.2 M parameters, 8.7 MB of gradients, little compute per sample
-multi = multinode_torchrun("distlab.multinode:whoami", nnodes=2, nproc_per_node=1, timeout=90,
+multi = multinode_torchrun("distlab.lab.launching:whoami", nnodes=2, nproc_per_node=1, timeout=90,
                            kwargs=dict(probe=dict(hidden=HIDDEN, batch=BATCH)))
 env_table(multi.results)
 print(f"an all-reduce of the ranks gave {multi.results[0]['rank_sum']} on every rank: one world of "
@@ -118,7 +119,7 @@ print(" ".join(command_lines(2, 4, "10.0.0.1:29400", "myjob", ["train.py"])[0]))
 # %%
 from distlab import torchrun
 
-restart = torchrun("distlab.multinode:flaky_worker", 2, max_restarts=1, timeout=90)
+restart = torchrun("distlab.lab.launching:flaky_worker", 2, max_restarts=1, timeout=90)
 for line in restart.lines:
     if "attempt" in line:
         print(line)
@@ -141,7 +142,7 @@ assert [r["attempt"] for r in restart.results] == [1, 1]
 # `sbatch course/slurm/train.sbatch train.py --your-args`.
 
 # %%
-from distlab.launch import REPO_ROOT
+from distlab.runtime.launch import REPO_ROOT
 
 print((REPO_ROOT / "course" / "slurm" / "train.sbatch").read_text().split("set -euo pipefail")[1].strip())
 
@@ -171,9 +172,9 @@ print((REPO_ROOT / "course" / "slurm" / "train.sbatch").read_text().split("set -
 import torch
 from torch import nn
 
-from distlab.bandwidth import allreduce_time, predicted_efficiency
+from distlab.lab.bandwidth import allreduce_time, predicted_efficiency
 from distlab.models import make_mlp
-from distlab.timing import cpu_cores, median_seconds
+from distlab.measure.timing import cpu_cores, median_seconds
 
 cores = cpu_cores()
 torch.set_num_threads(1)   # like each torchrun worker (OMP_NUM_THREADS=1)

@@ -44,7 +44,7 @@ import matplotlib.pyplot as plt
 import ipywidgets as widgets
 from IPython.display import display
 
-from distlab.pipeline import bubble_fraction, gantt, ideal_schedule, peak_in_flight, theoretical_bubble
+from distlab.lab.pipeline.timeline import bubble_fraction, gantt, ideal_schedule, peak_in_flight, theoretical_bubble
 
 # %% [markdown]
 # ## The ideal schedules
@@ -100,7 +100,7 @@ display(widgets.interactive(
 # %% [markdown]
 # ## Measured, not only drawn
 # Now real runs: an MLP split into stages on 2 ranks, driven by `torch.distributed.pipelining`.
-# `distlab.pipeline.TimedStage` wraps each stage's module and logs the start and end of every
+# `distlab.lab.pipeline.timeline.TimedStage` wraps each stage's module and logs the start and end of every
 # forward and backward it actually runs; each rank returns its log. A first untimed step warms
 # up (the library infers the shapes it will send). The measured bubble is the share of
 # `stages x step time` in which no stage computed.
@@ -121,7 +121,7 @@ display(widgets.interactive(
 # %%
 import numpy as np
 
-from distlab.pipeline_bench import MEMORY, MICRO, SIZED, SMALL, select, sweep
+from distlab.lab.pipeline.sweep import MEMORY, MICRO, SIZED, SMALL, select, sweep
 
 RUNS = ([dict(schedule="gpipe", n_microbatches=m, **SIZED) for m in MICRO]
         + [dict(schedule="1f1b", n_microbatches=4, **SIZED)]
@@ -148,7 +148,7 @@ for c in costs:
 
 # %% [markdown]
 # The measured GPipe bubble against the formula, and against a **model made of what the run
-# measured** (`distlab.pipeline_bench.bubble_model`): every action of stage `s` takes a slot of its
+# measured** (`distlab.lab.pipeline.costs.bubble_model`): every action of stage `s` takes a slot of its
 # own compute (`f_s` forward, `b_s` backward, medians from the timeline), plus the schedule's own
 # work between two actions `o`, plus the message `c`. The forwards stream through the stages at
 # the pace of the slowest slot, and so do the backwards:
@@ -213,7 +213,7 @@ plt.show()
 
 # %% [markdown]
 # ## Memory, measured
-# `distlab.pipeline_bench.SavedBytes` counts the bytes autograd keeps for the backward
+# `distlab.lab.pipeline.costs.SavedBytes` counts the bytes autograd keeps for the backward
 # (`torch.autograd.graph.saved_tensors_hooks`) on stage 0, at their peak during the step. The
 # micro-batch is fixed (32 rows), so a step with m micro-batches does m times the work.
 # GPipe keeps every micro-batch's activations until its backwards start: m × a. 1F1B starts

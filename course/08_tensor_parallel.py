@@ -99,9 +99,10 @@ draw_megatron_mlp(2)
 #    `dist.all_reduce` over the TP pair (its process group, `mesh["tp"].get_group()`).
 # 2. **PyTorch's API**: `parallelize_module` turns `fc1`/`fc2` into column/row-parallel layers
 #    whose weights are **DTensors**; one forward and backward is compared with the unsplit
-#    model, its collectives counted by `CommCounter`, a `CommDebugMode`
-#    (`torch.distributed.tensor.debug`) that also records each collective's size.
-# 3. **Sequence parallelism**, measured by `distlab.tensor_parallel.sequence_parallel_report`.
+#    model, its collectives counted by `CollectiveRecorder` (`distlab.measure.comm`), a
+#    `TorchDispatchMode` like PyTorch's `CommDebugMode` (`torch.distributed.tensor.debug`) that
+#    also records each collective's size.
+# 3. **Sequence parallelism**, measured by `distlab.lab.tensor_parallel.sequence_parallel_report`.
 # 4. **2-D**: tensor parallel over `tp`, then `fully_shard` over `dp`.
 
 # %%
@@ -117,7 +118,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 import distlab
 from distlab.resmlp import Block, make_resmlp
-from distlab.tensor_parallel import CommCounter, param_bytes, seeded, sequence_parallel_report, step_report
+from distlab.lab.tensor_parallel import param_bytes, seeded, sequence_parallel_report, step_report
+from distlab.measure.comm import CollectiveRecorder
 
 dev = distlab.init_distributed()
 mesh = init_device_mesh(dev.type, (2, 2), mesh_dim_names=("dp", "tp"))
@@ -132,7 +134,7 @@ block = seeded(Block, 0, 64)  # 64 -> 128 -> 64, the same weights on every rank
 c = block.fc1.out_features // t  # hidden features per rank
 A, a = block.fc1.weight[r * c:(r + 1) * c], block.fc1.bias[r * c:(r + 1) * c]  # columns of A
 B = block.fc2.weight[:, r * c:(r + 1) * c]  # the matching rows of B
-with torch.no_grad(), CommCounter() as comm:
+with torch.no_grad(), CollectiveRecorder() as comm:
     partial = torch.relu(x @ A.T + a) @ B.T  # this rank's share of the MLP's output
     dist.all_reduce(partial, group=tp.get_group())  # g: sum the shares over the TP pair
     out = x + partial + block.fc2.bias  # the bias once, after the sum; then the residual
@@ -213,7 +215,7 @@ print(f"\nblock parameters on a rank: {local:,} of {full:,} B = {local / full:.4
 # One training step of the 2-block model (input layer and head whole on every rank), on each rank:
 
 # %%
-from distlab.activation_memory import resmlp_saved_bytes
+from distlab.lab.activation_memory import resmlp_saved_bytes
 
 for rank, run in enumerate(runs):
     a = run["api"]
@@ -313,10 +315,10 @@ assert all(run["2d"]["grad_diff"] < 1e-5 for run in runs)
 #   recomputes one segment of √L blocks at a time: O(√L);
 # * the price: one more forward per step, ≈ 4/3 of the step if a backward costs two forwards.
 #
-# `distlab.recompute` wraps the blocks of our residual MLP (width 256, batch 64) in
+# `distlab.lab.recompute` wraps the blocks of our residual MLP (width 256, batch 64) in
 # `torch.utils.checkpoint.checkpoint(segment, x, use_reentrant=False)` and measures, per depth
 # and policy: the bytes saved for backward at the end of the forward
-# (`distlab.memory.saved_tensor_bytes`), the peak of the storage a step makes beyond the
+# (`distlab.measure.memory.saved_tensor_bytes`), the peak of the storage a step makes beyond the
 # parameters and their gradients (recomputed activations included), the step time, and that
 # the gradients are bit-for-bit the plain model's. It runs on one thread (a second thread on
 # a shared 2-core machine mostly waits); the first checkpoint call also imports
@@ -325,8 +327,8 @@ assert all(run["2d"]["grad_diff"] < 1e-5 for run in runs)
 # %%
 import time
 
-from distlab.activation_memory import resmlp_peak_bytes
-from distlab.recompute import POLICIES, step_time_ratios, sweep
+from distlab.lab.activation_memory import resmlp_peak_bytes
+from distlab.lab.recompute import POLICIES, step_time_ratios, sweep
 
 start = time.perf_counter()
 rows = sweep((4, 8, 16), measure=("saved", "peak", "grads"), progress=lambda s: print(s, flush=True))
@@ -373,7 +375,7 @@ print(f"depth 16 -> 64 (4x deeper): none x{s64['none'] / s16['none']['saved_byte
 # slope ½. The peak adds what the backward recomputes (one segment of √L blocks) and the
 # step's temporaries (a weight gradient before it is added to `.grad`): at depths 4 and 8 the
 # √L schedule peaks no lower than checkpointing every block, from depth 16 on it is lower. The
-# dotted estimate is `distlab.activation_memory.resmlp_peak_bytes`.
+# dotted estimate is `distlab.lab.activation_memory.resmlp_peak_bytes`.
 #
 # The step time goes up by about one forward: the dashed line is `1 + F/(F+B)` with the
 # plain model's forward `F` and step `F+B` measured, about 4/3 (a backward costs two
@@ -388,12 +390,12 @@ print(f"depth 16 -> 64 (4x deeper): none x{s64['none'] / s16['none']['saved_byte
 #
 # ## The memory calculator's activation term
 # Notebook 04's calculator counts parameters, gradients and optimizer state;
-# `distlab.activation_memory` adds the activations, per layer and micro-batch. For our residual
+# `distlab.lab.activation_memory` adds the activations, per layer and micro-batch. For our residual
 # MLP a block keeps its input and its ReLU output (`fc2` reads the same storage): `4 b (h + 2h/t)`
 # bytes in float32, `4 b h` when recomputed (the segment's input only). Against every run above:
 
 # %%
-from distlab.activation_memory import resmlp_saved_bytes
+from distlab.lab.activation_memory import resmlp_saved_bytes
 
 worst = 0.0
 print(f"{'depth':>5} {'policy':>16} {'measured':>12} {'term':>12} {'error':>7}")
@@ -425,7 +427,7 @@ assert worst <= 0.05
 # ## Explore
 # Memory per rank and communication per step for a transformer split `t` ways (weights as
 # bf16 parameters and gradients with fp32 Adam moments; one micro-batch of activations):
-# pure arithmetic, `distlab.activation_memory.per_rank`. Full recomputation runs the forward
+# pure arithmetic, `distlab.lab.activation_memory.per_rank`. Full recomputation runs the forward
 # twice, so its all-reduces too: 6 collectives per layer instead of 4 (torchtitan's selective
 # policy keeps the matmul and reduce-scatter outputs, so its recomputation repeats no
 # collective). The line printed under the widget is the same function at its starting values.
@@ -434,7 +436,7 @@ assert worst <= 0.05
 import ipywidgets as widgets
 from IPython.display import display
 
-from distlab.activation_memory import PRESETS, RECOMPUTE, per_rank
+from distlab.lab.activation_memory import PRESETS, RECOMPUTE, per_rank
 
 
 def describe(preset: str, seq: int, tp: int, sp: bool, recompute: str) -> str:

@@ -30,7 +30,7 @@
 #
 # ## One job, every measurement
 # Starting ranks costs seconds, so one job of 2 ranks runs every measurement of the first three
-# parts (`distlab.comm_job.communication`), and the cells after it look at what came back:
+# parts (`distlab.lab.comm_job.communication`), and the cells after it look at what came back:
 #
 # 1. DDP trained for a few steps under `torch.profiler` in six configurations (bucket sizes,
 #    `gradient_as_bucket_view`, `static_graph`), each rank writing a trace;
@@ -44,13 +44,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from distlab import torchrun
-from distlab.launch import REPO_ROOT
-from distlab.profiling import Span, gantt
+from distlab.runtime.launch import REPO_ROOT
+from distlab.measure.profiling import Span, gantt
 
 TRACES = REPO_ROOT / "runs" / "09_communication"   # runs/ is git-ignored; JupyterLab shows it
 TRACES.mkdir(parents=True, exist_ok=True)
 print("measuring DDP, FSDP, collectives and MFU on 2 ranks ...", flush=True)
-job = torchrun("distlab.comm_job:communication", 2, args=(str(TRACES),), timeout=240, stream=True)
+job = torchrun("distlab.lab.comm_job:communication", 2, args=(str(TRACES),), timeout=240, stream=True)
 R = job.results   # R[rank]: that rank's figures
 print(f"done in {job.wall_s:.0f} s on {job.backend}; seconds per part: "
       + ", ".join(f"{k} {v:.1f}" for k, v in R[0]["seconds"].items()))
@@ -59,7 +59,7 @@ print(f"done in {job.wall_s:.0f} s on {job.backend}; seconds per part: "
 # ## 1. DDP's buckets, seen in a trace
 # Each configuration ran two steps untimed (the first one uses a single bucket; DDP rebuilds its
 # buckets at the second, in the order it saw gradients become ready), then
-# `distlab.profiling.profile_steps`: `torch.profiler.profile` with a schedule, one warm-up step
+# `distlab.measure.profiling.profile_steps`: `torch.profiler.profile` with a schedule, one warm-up step
 # and one recorded step, written with `export_chrome_trace` (one step keeps the file small).
 # The model is a residual MLP of 8.4 M parameters (34 MB of fp32 gradients), batch 64 per rank.
 # The recipe:
@@ -67,7 +67,7 @@ print(f"done in {job.wall_s:.0f} s on {job.backend}; seconds per part: "
 # %%
 import inspect
 
-from distlab import profiling
+from distlab.measure import profiling
 
 print(inspect.getsource(profiling.profile_steps))
 for r in range(2):
@@ -81,7 +81,7 @@ for r in range(2):
 # operation; gloo's own threads show `gloo:all_reduce`, one per bucket. On a GPU the all-reduce
 # is an `ncclDevKernel_AllReduce...` kernel on NCCL's stream, beside the compute stream.
 #
-# `distlab.profiling.trace_spans` reads the same file back: compute is every operator on the
+# `distlab.measure.profiling.trace_spans` reads the same file back: compute is every operator on the
 # thread that runs the step (coloured by phase: forward, backward, DDP copying reduced buckets
 # into `.grad`, optimizer), communication is each `gloo:all_reduce` (on a GPU: the NCCL
 # kernels). Below, the recorded step of three configurations, each rank on its own clock.
@@ -204,12 +204,12 @@ print(f"{ra['bytes'] / 2**20:.0f} MiB on {job.backend}: all-reduce {ra['allreduc
 # ### Bus bandwidth against message size
 # Time per all-reduce of S bytes on n ranks, modelled as a latency α plus the bytes each link
 # carries over a bandwidth β: $t(S) = \alpha + \frac{2(n-1)}{n}\frac{S}{\beta}$, fitted by least
-# squares of the relative errors (`distlab.bandwidth.fit_latency_bandwidth`: in seconds, the
+# squares of the relative errors (`distlab.lab.bandwidth.fit_latency_bandwidth`: in seconds, the
 # largest messages would decide it alone) and drawn over the measured points as the
 # bus bandwidth it implies, $\text{busbw}(S) = \frac{2(n-1)}{n}\, S / t(S)$.
 
 # %%
-from distlab.bandwidth import bus_factor
+from distlab.lab.bandwidth import bus_factor
 
 rows, (alpha, beta) = R[0]["bandwidth"], R[0]["fit"]
 sizes = np.array([r["bytes"] for r in rows], dtype=float)
@@ -238,7 +238,7 @@ for r in rows:
 # compete with each other.
 #
 # ### DDP's bytes against FSDP's, counted
-# `distlab.comm_bytes.CollectiveBytes` is a `TorchDispatchMode` (like PyTorch's `CommDebugMode`)
+# `distlab.measure.comm.CollectiveRecorder` is a `TorchDispatchMode` (like PyTorch's `CommDebugMode`)
 # that sees every `c10d` collective on its way to the backend, DDP's own included, and records
 # its size; a DDP comm hook counts DDP's buckets as a cross-check. One training step of notebook
 # 04's model (8 residual blocks, 268 K parameters, Ψ = 1.07 MB), after two warm-up steps:
@@ -249,7 +249,7 @@ for r in rows:
 
 # %%
 b = R[0]["bytes"]
-assert b["ddp"]["hook_bytes_per_step"] == b["ddp"]["allreduce"]["bytes"], "the comm hook and the counter disagree"
+assert b["ddp"]["hook_bytes_per_step"] == b["ddp"]["all_reduce"]["bytes"], "the comm hook and the counter disagree"
 ddp_wire = b["ddp"]["wire_bytes"]
 print(f"{'':>22} {'all-gather':>17} {'reduce-scatter':>17} {'all-reduce':>15} {'wire/rank':>10} "
       f"{'ZeRO predicts':>13} {'x DDP':>6}")
@@ -257,7 +257,7 @@ for name, label in (("ddp", "DDP"), ("fsdp", "FSDP2, root kept"), ("fsdp_root_re
     m = b[name]
     pred = m["prediction"]["fsdp"] if "prediction" in m else b["fsdp"]["prediction"]["ddp"]
     cols = [f"{m[k]['calls']:>3} x {m[k]['bytes'] / 1e6:6.3f} MB" if k in m else f"{'-':>14}"
-            for k in ("allgather", "reduce_scatter", "allreduce")]
+            for k in ("all_gather", "reduce_scatter", "all_reduce")]
     print(f"{label:>22} {cols[0]:>17} {cols[1]:>17} {cols[2]:>15} {m['wire_bytes'] / 1e6:>7.3f} MB "
           f"{pred / 1e6:>10.3f} MB {m['wire_bytes'] / ddp_wire:>6.3f}")
 for name in ("fsdp", "fsdp_root_resharded"):
@@ -294,11 +294,11 @@ print(f"6 x weights x tokens - 2 x first-layer weights x tokens: {m['exact'] / 1
 #
 # **The peak** is measured, not assumed: the best rate of large matrix products (256 to 1024
 # square, fp32, one thread per rank as torchrun's workers have) on the same ranks at the same
-# time as the step. On a GPU compare it with the datasheet as well (`distlab.mfu.DATASHEET`:
+# time as the step. On a GPU compare it with the datasheet as well (`distlab.lab.mfu.DATASHEET`:
 # e.g. H100/H200 SXM 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32).
 
 # %%
-from distlab.mfu import DATASHEET
+from distlab.lab.mfu import DATASHEET
 
 print(f"{'W':>2} {'step':>8} {'achieved':>12} {'peak (matmul)':>14} {'MFU':>6}  vs datasheet")
 for row in m["rows"]:
@@ -333,7 +333,7 @@ plt.show()
 # %%
 from concurrent.futures import ThreadPoolExecutor
 
-from distlab.hang import detail_report, short_report, stuck_job
+from distlab.lab.hang import detail_report, short_report, stuck_job
 
 hang_demos = ThreadPoolExecutor(max_workers=2)
 detail_started = hang_demos.submit(detail_report, timeout=60)
@@ -390,7 +390,7 @@ print("\nprocesses of the job still running:", stuck["left_running"] or "none")
 # Rank 0's `monitored_barrier` said *"Ranks 1 failed to pass monitoredBarrier"*; rank 1 only
 # learnt that its peer was gone (`Connection closed by peer`) when rank 0's error ended the job.
 # The stacks say the rest: rank 0 waits in `monitored_barrier`, rank 1 in `all_reduce`, each at
-# its line of `distlab/hang.py`. Ranks in *different* collectives, or at different lines, is the
+# its line of `distlab/lab/hang.py`. Ranks in *different* collectives, or at different lines, is the
 # signature of a skipped or reordered collective; all ranks in the same collective points
 # instead at a rank that is slow or dead before it.
 #

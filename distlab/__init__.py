@@ -1,19 +1,32 @@
-"""distlab: the small runtime shared by the course notebooks, the solutions and the grader.
+"""distlab: the course's library, shared by the notebooks, the solutions, the benchmarks and the grader.
+
+Three layers, each importing only the ones below it (``tests/test_layout.py`` holds them to it):
+
+* :mod:`distlab.lab`: the notebooks' labs, one module per topic;
+* :mod:`distlab.measure`: the instruments, each written once (timing, memory, communication, profiles);
+* :mod:`distlab.runtime`: launching ranks and ending every process they start.
+
+Beside them, what every layer trains: ``models``, ``resmlp``, ``data``, ``checkpoint``.
 
 The names below load on first use (PEP 562): a process that only supervises jobs (the grader's
-CLI, a notebook's ``check(N)``) then never imports torch, which costs seconds per process.
+CLI, a notebook's ``check(N)``) then never imports torch, which costs seconds per process. The
+module names distlab was released with keep working (:mod:`distlab._moved`).
 """
 from __future__ import annotations
 
 import importlib
 
+from ._moved import install as _install_moved
+
+_install_moved()
+
 _WHERE = {
-    "backend": "distributed", "device": "distributed", "init_distributed": "distributed",
-    "pick_backend": "distributed", "rank": "distributed", "shutdown": "distributed",
-    "world_size": "distributed",
-    "LaunchError": "launch", "LaunchHang": "launch", "LaunchTimeout": "launch", "MachineTooSlow": "launch",
-    "RankFailure": "launch", "RunResult": "launch",
-    "torchrun": "launch",
+    "backend": "runtime.distributed", "device": "runtime.distributed", "init_distributed": "runtime.distributed",
+    "pick_backend": "runtime.distributed", "rank": "runtime.distributed", "shutdown": "runtime.distributed",
+    "world_size": "runtime.distributed",
+    "LaunchError": "runtime.launch", "LaunchHang": "runtime.launch", "LaunchTimeout": "runtime.launch", "MachineTooSlow": "runtime.launch",
+    "RankFailure": "runtime.launch", "RunResult": "runtime.launch",
+    "torchrun": "runtime.launch",
 }
 __all__ = sorted(_WHERE)
 
@@ -31,6 +44,6 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython):  # ``%load_ext distlab`` registers ``%%torchrun``
-    from .magic import load_ipython_extension as load
+    from .runtime.magic import load_ipython_extension as load
 
     load(ipython)

@@ -7,8 +7,8 @@
 # ranks): a different uid from the instructor's (root in the container), so
 # the gradebook, the course's source/ and the grader's code are read-only to
 # it; no new privileges (setuid binaries do not help); the sandbox's rlimits
-# (distlab/sandbox.py: processes, open files, address space, no core files).
-# CMD runs under distlab/reaper.py, which stays root: when CMD exits, every
+# (distlab/runtime/sandbox.py: processes, open files, address space, no core files).
+# CMD runs under distlab/runtime/reaper.py, which stays root: when CMD exits, every
 # process it left behind is ended, and then every process of the student
 # user (--kill-user), so nothing a learner's notebook started outlives it.
 # Memory, network and wall time are also limited by the container
@@ -55,4 +55,4 @@ if [[ ! -d "$home" ]]; then
     chown -h "$user" "$home"
 fi
 export DISTLAB_LEARNER_HOME="$home"
-exec "$python" -I -S "$here/../distlab/reaper.py" --learner "$user" --kill-user -- "$@"
+exec "$python" -I -S "$here/../distlab/runtime/reaper.py" --learner "$user" --kill-user -- "$@"

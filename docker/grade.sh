@@ -11,7 +11,7 @@
 #     through docker/as-student.sh, so every learner's code runs as the
 #     unprivileged student user with the sandbox's rlimits, under a reaper that
 #     stays root; and exports DISTLAB_STUDENT_USER, so the out-of-kernel
-#     regrade runs the torchrun ranks as that user too (distlab/sandbox.py);
+#     regrade runs the torchrun ranks as that user too (distlab/runtime/sandbox.py);
 #  3. runs the step under `timeout` ($DISTLAB_TIME_LIMIT seconds in all);
 #  4. ends every process of the student user that is still running;
 #  5. gives the files it wrote back to the owner of the course directory
@@ -66,7 +66,7 @@ fi
 status=0
 (cd "$repo" && "${cmd[@]}") || status=$?
 # 4. Nothing of a learner's survives the run (the reaper ends the student user's processes).
-"$python" -I -S "$repo/distlab/reaper.py" --user "$DISTLAB_STUDENT_USER" --kill-user -- true || true
+"$python" -I -S "$repo/distlab/runtime/reaper.py" --user "$DISTLAB_STUDENT_USER" --kill-user -- true || true
 # 5. The instructor owns what was written.
 chown -R "$(stat -c %u:%g "$course")" "$course"
 if [[ $status -eq 124 ]]; then

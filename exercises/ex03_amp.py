@@ -27,8 +27,8 @@ repository's root with ``make grade`` (every exercise) or
 ``check(3)`` in the notebook ``course/03_mixed_precision``.
 Every function raises ``NotImplementedError`` until you fill it in.
 
-The notebooks time and count with ``distlab.timing.median_seconds`` and
-``distlab.memory.saved_tensor_bytes``; write your own: the grader recognises
+The notebooks time and count with ``distlab.measure.timing.median_seconds`` and
+``distlab.measure.memory.saved_tensor_bytes``; write your own: the grader recognises
 those (imported, aliased, or called from your functions) and gives them no marks.
 """
 from __future__ import annotations

@@ -68,7 +68,7 @@ os.environ["DISTLAB_CALIBRATION"] = os.path.join(os.environ.get("TMPDIR", "/tmp"
 def _wait_for(condition, timeout: float = 30.0, interval: float = 0.05):
     """Call ``condition()`` until it returns something truthy or ``timeout`` s (times
     ``DISTLAB_TIME_SCALE``) have passed; return its last value, so the caller's assert shows it."""
-    from distlab.launch import time_scale
+    from distlab.runtime.launch import time_scale
 
     deadline = time.monotonic() + timeout * time_scale()
     while True:
@@ -102,7 +102,7 @@ def pytest_collection_modifyitems(config, items):
     """Multiply each test's pytest-timeout (a hang guard, rule 3) by ``DISTLAB_TIME_SCALE``, as the
     launcher and the grader multiply theirs: on a machine that needs the knob, the test's own
     guard must not fire before the limits it is testing."""
-    from distlab.launch import time_scale
+    from distlab.runtime.launch import time_scale
 
     scale = time_scale()
     if scale == 1:

@@ -25,7 +25,7 @@ def mutant(tmp_path: Path, filename: str, replacements: dict[str, str]) -> Path:
 
 def session_processes() -> list:
     """Live processes started by this test session (they carry its marker), except this one and its
-    warm launch server (:mod:`distlab.warm`), which outlives every launch by design."""
+    warm launch server (:mod:`distlab.runtime.warm`), which outlives every launch by design."""
     import os
 
     import psutil

@@ -141,7 +141,7 @@ if _FIRST_RANK:
 '''
 
 # 256 MiB on stdout in 64 KiB lines, on rank 0 of the 2-rank job: 16,384 pieces of the launcher's longest
-# line (16 KiB), more than the 10,000 it keeps (distlab.process.Lines). The module fails on every rank once
+# line (16 KiB), more than the 10,000 it keeps (distlab.runtime.process.Lines). The module fails on every rank once
 # all of it is written, so all of it goes through the grader.
 SPEW = '''
 if _os.environ.get("WORLD_SIZE") == "2":

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distlab.process import reaper_command
+from distlab.runtime.process import reaper_command
 from tests.helpers import REPO
 
 LEARNER = "distlab-learner"
@@ -52,7 +52,7 @@ def as_learner(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
                           **kwargs)
 
 
-def _usable(python: str, repo: Path, modules: str = "torch, nbgrader, distlab.launch, autograder.runner") -> bool:
+def _usable(python: str, repo: Path, modules: str = "torch, nbgrader, distlab.runtime.launch, autograder.runner") -> bool:
     probe = as_learner([python, "-c", f"import {modules}"], cwd="/", env={**os.environ, "PYTHONPATH": str(repo)})
     return probe.returncode == 0
 

@@ -72,7 +72,7 @@ from nbclient.jsonutil import json_clean
 from nbclient.output_widget import OutputWidget as StockOutputWidget
 from nbformat.v4 import new_code_cell, new_notebook
 
-from distlab.process import time_scale
+from distlab.runtime.process import time_scale
 
 REPO = Path(__file__).resolve().parent.parent
 COURSE = REPO / "course"

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from distlab.launch import time_scale
+from distlab.runtime.launch import time_scale
 from tests.helpers import EXERCISES, REPO
 from tests.notebook_exec import course_widget_cells
 

@@ -13,7 +13,7 @@ from autograder.__main__ import main
 from autograder.checks import ex07_pipeline
 from autograder.checks.ex01_ddp import EXERCISE
 from autograder.runner import grade_one
-from distlab.launch import time_scale
+from distlab.runtime.launch import time_scale
 from tests.helpers import REPO, mutant
 
 

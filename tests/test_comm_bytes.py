@@ -1,4 +1,4 @@
-"""Bytes per step, DDP against FSDP, counted against the ZeRO accounting (distlab.comm_bytes).
+"""Bytes per step, DDP against FSDP, counted against the ZeRO accounting (distlab.measure.comm).
 
 The unit tests check the accounting; the launch runs one step of each on 2 ranks and compares the
 bytes the collectives carried (deterministic: sizes, not times) with the prediction.
@@ -6,20 +6,22 @@ bytes the collectives carried (deterministic: sizes, not times) with the predict
 import pytest
 from torch import nn
 
-from distlab.comm_bytes import collective_kind, padded_bytes, wire_bytes, zero_prediction
+from distlab.lab.comm_volume import padded_bytes, zero_prediction
+from distlab.measure.comm import collective_kind, wire_bytes
 
 
 def test_wire_bytes_use_the_ring_bus_factors():
-    assert wire_bytes("allreduce", 1000, 4) == 1500    # 2(n-1)/n
-    assert wire_bytes("allgather", 1000, 4) == 750     # (n-1)/n
+    assert wire_bytes("all_reduce", 1000, 4) == 1500    # 2(n-1)/n
+    assert wire_bytes("all_gather", 1000, 4) == 750     # (n-1)/n
     assert wire_bytes("reduce_scatter", 1000, 2) == 500
-    assert wire_bytes("allreduce", 1000, 1) == 0
+    assert wire_bytes("all_reduce", 1000, 1) == 0
 
 
 @pytest.mark.parametrize("op, kind", [
-    ("allreduce_", "allreduce"), ("_allgather_base_", "allgather"), ("_reduce_scatter_base_", "reduce_scatter"),
-    ("all_gather_into_tensor", "allgather"), ("broadcast_", "broadcast"), ("reduce_", "reduce"),
-    ("monitored_barrier_", "barrier"), ("recv_any_source_", "recv")])
+    ("allreduce_", "all_reduce"), ("_allgather_base_", "all_gather"), ("_reduce_scatter_base_", "reduce_scatter"),
+    ("all_gather_into_tensor", "all_gather"), ("broadcast_", "broadcast"), ("reduce_", "reduce"),
+    ("monitored_barrier_", "barrier"), ("recv_any_source_", "recv"), ("alltoall_base_", "all_to_all"),
+    ("all_to_all_single", "all_to_all"), ("reduce_scatter_tensor", "reduce_scatter")])
 def test_collective_kind_from_c10d_names(op, kind):
     assert collective_kind(op) == kind
 
@@ -41,7 +43,7 @@ def test_padded_bytes_pad_every_parameter_to_a_multiple_of_the_world():
 
 def _bytes_job() -> dict:
     import distlab
-    from distlab.comm_bytes import allreduce_as_rs_ag, measure_step_bytes
+    from distlab.lab.comm_volume import allreduce_as_rs_ag, measure_step_bytes
 
     distlab.init_distributed()
     out = measure_step_bytes()
@@ -60,19 +62,19 @@ def test_fsdp_sends_what_zero_predicts_and_ddp_what_its_comm_hook_sees():
     results = torchrun(_bytes_job, 2, timeout=120).results
     for b in results:
         ddp = b["ddp"]
-        assert ddp["hook_bytes_per_step"] == ddp["allreduce"]["bytes"]  # the dispatch mode saw DDP's buckets
+        assert ddp["hook_bytes_per_step"] == ddp["all_reduce"]["bytes"]  # the dispatch mode saw DDP's buckets
         assert ddp["wire_bytes"] == pytest.approx(b["fsdp"]["prediction"]["ddp"], rel=0.05)
         for name in ("fsdp", "fsdp_root_resharded"):
             assert b[name]["wire_bytes"] == pytest.approx(b[name]["prediction"]["fsdp"], rel=0.05), name
         assert b["fsdp_root_resharded"]["wire_bytes"] / ddp["wire_bytes"] == pytest.approx(1.5, rel=0.05)
         assert b["fsdp"]["wire_bytes"] < b["fsdp_root_resharded"]["wire_bytes"]
-        assert b["fsdp"]["allgather"]["calls"] == 1 + 2 * 8 and b["fsdp"]["reduce_scatter"]["calls"] == 1 + 8
+        assert b["fsdp"]["all_gather"]["calls"] == 1 + 2 * 8 and b["fsdp"]["reduce_scatter"]["calls"] == 1 + 8
         assert b["rs_ag_equal"]
     assert results[0] == results[1]
 
 
 def test_latency_bandwidth_fit_recovers_both_and_keeps_the_latency_under_large_message_noise():
-    from distlab.bandwidth import bus_factor, fit_latency_bandwidth
+    from distlab.lab.bandwidth import bus_factor, fit_latency_bandwidth
 
     sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
     exact = [dict(bytes=b, time_s=1e-4 + bus_factor(2) * b / 2e9) for b in sizes]

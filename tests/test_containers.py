@@ -389,7 +389,7 @@ def test_in_the_image_the_bombs_hit_the_learners_limits_and_nothing_was_written(
     reached = hostile.recorded(graded["drop"])
     if "forkbomb" in HOSTILE:
         assert 0 < int(reached.get("forkbomb", 0)) <= MAX_PROCS, reached
-        memory_cap = max(4 << 30, psutil.virtual_memory().total // 4)  # distlab.sandbox's default, as in the image
+        memory_cap = max(4 << 30, psutil.virtual_memory().total // 4)  # distlab.runtime.sandbox's default, as in the image
         assert 0 < int(reached.get("membomb", 0)) <= memory_cap, reached
         assert int(reached.get("spew", 0)) == 256 << 20, reached
     assert graded["after"] == graded["before"]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from autograder.checks import ex01_ddp
-from distlab.launch import time_scale
+from distlab.runtime.launch import time_scale
 from tests import independent
 from tests.helpers import EXERCISES, REPO, SOLUTIONS, failed, solution_and_mutants
 
@@ -215,7 +215,7 @@ def test_the_save_and_all_reduce_spies_see_every_import_style(tmp_path, imported
 
     from autograder.checks._ex01_probes import AllReduceSpy
     from autograder.harness import SaveSpy, watched
-    from distlab.importing import import_path
+    from distlab.runtime.importing import import_path
 
     (tmp_path / "styles.py").write_text(STYLES_MODULE)
     load = lambda: watched(import_path(tmp_path / "styles.py", name=f"learner_styles_{imported[0]}"))  # noqa: E731

@@ -3,8 +3,8 @@ with its own feedback. Independent mistakes share one mutant; all files, the stu
 one launch (each part of the exercise is observed on its own, so a stub's NotImplementedError costs
 only its own criteria), with a smaller real model on a CPU than a learner's (``REAL_MODELS``).
 
-The runtime's working copies of the measuring functions (``distlab.timing.median_seconds``,
-``distlab.memory.saved_tensor_bytes``) earn nothing however they are handed in: imported, aliased,
+The runtime's working copies of the measuring functions (``distlab.measure.timing.median_seconds``,
+``distlab.measure.memory.saved_tensor_bytes``) earn nothing however they are handed in: imported, aliased,
 or called from a thin wrapper."""
 from __future__ import annotations
 
@@ -56,20 +56,20 @@ MUTANTS = {
     # the runtime's copies, three ways (each mutant hands in one median_seconds and one saved_bytes way);
     # the learner's own functions stay in the file under other names
     "imported_median_per_tensor_bytes": {
-        "def median_seconds(": "from distlab.timing import median_seconds\n\n\ndef _own_median_seconds(",
+        "def median_seconds(": "from distlab.measure.timing import median_seconds\n\n\ndef _own_median_seconds(",
         "storages[t.untyped_storage().data_ptr()]": "storages[len(storages)]",  # one entry per saved tensor
     },
     "aliased_median_wrapped_saved_bytes": {
-        "def median_seconds(": "import distlab.timing\n\nmedian_seconds = distlab.timing.median_seconds\n\n\n"
+        "def median_seconds(": "import distlab.measure.timing\n\nmedian_seconds = distlab.measure.timing.median_seconds\n\n\n"
                                "def _own_median_seconds(",
-        "def saved_bytes(": "def saved_bytes(fn):\n    import distlab.memory\n\n"
-                            "    return distlab.memory.saved_tensor_bytes(fn)\n\n\ndef _own_saved_bytes(",
+        "def saved_bytes(": "def saved_bytes(fn):\n    import distlab.measure.memory\n\n"
+                            "    return distlab.measure.memory.saved_tensor_bytes(fn)\n\n\ndef _own_saved_bytes(",
     },
     "wrapped_median_imported_saved_bytes": {  # the wrapper's name is bound when the file is imported
-        "def median_seconds(": "from distlab.timing import median_seconds as _runtime_median\n\n\n"
+        "def median_seconds(": "from distlab.measure.timing import median_seconds as _runtime_median\n\n\n"
                                "def median_seconds(*args, **kwargs):\n    return _runtime_median(*args, **kwargs)\n\n\n"
                                "def _own_median_seconds(",
-        "def saved_bytes(": "from distlab.memory import saved_tensor_bytes as saved_bytes\n\n\ndef _own_saved_bytes(",
+        "def saved_bytes(": "from distlab.measure.memory import saved_tensor_bytes as saved_bytes\n\n\ndef _own_saved_bytes(",
     },
     # A hand-written timing loop on a clock imported by name (``from time import perf_counter``): the
     # virtual clock is what it reads too, so only its one mistake, no warm-up, fails.
@@ -174,9 +174,9 @@ def _earned(report, name: str) -> tuple[float, str]:
 
 
 @pytest.mark.parametrize("mutant,how", [
-    ("imported_median_per_tensor_bytes", "(distlab.timing.median_seconds)"),
-    ("aliased_median_wrapped_saved_bytes", "(distlab.timing.median_seconds)"),
-    ("wrapped_median_imported_saved_bytes", "(it calls distlab.timing.median_seconds)"),
+    ("imported_median_per_tensor_bytes", "(distlab.measure.timing.median_seconds)"),
+    ("aliased_median_wrapped_saved_bytes", "(distlab.measure.timing.median_seconds)"),
+    ("wrapped_median_imported_saved_bytes", "(it calls distlab.measure.timing.median_seconds)"),
 ])
 def test_median_seconds_from_distlab_earns_nothing(reports, mutant, how):
     report = reports[mutant]
@@ -187,8 +187,8 @@ def test_median_seconds_from_distlab_earns_nothing(reports, mutant, how):
 
 
 @pytest.mark.parametrize("mutant,how", [
-    ("aliased_median_wrapped_saved_bytes", "(it calls distlab.memory.saved_tensor_bytes)"),
-    ("wrapped_median_imported_saved_bytes", "(distlab.memory.saved_tensor_bytes)"),
+    ("aliased_median_wrapped_saved_bytes", "(it calls distlab.measure.memory.saved_tensor_bytes)"),
+    ("wrapped_median_imported_saved_bytes", "(distlab.measure.memory.saved_tensor_bytes)"),
 ])
 def test_saved_bytes_from_distlab_earns_nothing(reports, mutant, how):
     assert _earned(reports[mutant], MEMORY_CRITERION) == (0, f"saved_bytes is distlab's copy {how}: write your own")

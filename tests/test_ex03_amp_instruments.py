@@ -5,33 +5,33 @@ from __future__ import annotations
 
 import pytest
 
-import distlab.memory
-import distlab.timing
+import distlab.measure.memory
+import distlab.measure.timing
 from autograder.checks import ex03_amp as check
-from distlab.importing import import_path
+from distlab.runtime.importing import import_path
 
 
 def test_runtime_copies_recognised_in_process(tmp_path):
     """No launch: a partial is its copy; a call through peak_memory is seen; the watch puts the code back."""
     (tmp_path / "learner.py").write_text(
-        "import functools\nimport distlab.timing\nfrom distlab.memory import peak_memory\n\n"
-        "median_seconds = functools.partial(distlab.timing.median_seconds, warmup=1)\n\n\n"
+        "import functools\nimport distlab.measure.timing\nfrom distlab.measure.memory import peak_memory\n\n"
+        "median_seconds = functools.partial(distlab.measure.timing.median_seconds, warmup=1)\n\n\n"
         "def saved_bytes(fn):\n    return peak_memory(fn, 'cpu')[0]\n")
     learner = import_path(tmp_path / "learner.py", name="learner_ex03_in_process")
-    assert check.ANSWERS.identify(learner) == {"median_seconds": "distlab.timing.median_seconds"}
-    code = distlab.memory.saved_tensor_bytes.__code__
+    assert check.ANSWERS.identify(learner) == {"median_seconds": "distlab.measure.timing.median_seconds"}
+    code = distlab.measure.memory.saved_tensor_bytes.__code__
     watch = check.ANSWERS.watch(learner)
     with pytest.raises(ZeroDivisionError), watch:
         learner.saved_bytes(lambda: None)
         1 / 0
-    assert distlab.memory.saved_tensor_bytes.__code__ is code
-    assert watch.calls == [["distlab.memory.saved_tensor_bytes", ["saved_bytes"]]]
+    assert distlab.measure.memory.saved_tensor_bytes.__code__ is code
+    assert watch.calls == [["distlab.measure.memory.saved_tensor_bytes", ["saved_bytes"]]]
     assert check.ANSWERS.feedback("saved_bytes", {}, watch.calls) == \
-        "saved_bytes is distlab's copy (it calls distlab.memory.saved_tensor_bytes): write your own"
-    assert check.ANSWERS.feedback("median_seconds", {}, [["distlab.timing.median_seconds", ["compare"]]]) == \
-        ("compare calls distlab's copy of median_seconds (distlab.timing.median_seconds) instead of yours: "
+        "saved_bytes is distlab's copy (it calls distlab.measure.memory.saved_tensor_bytes): write your own"
+    assert check.ANSWERS.feedback("median_seconds", {}, [["distlab.measure.timing.median_seconds", ["compare"]]]) == \
+        ("compare calls distlab's copy of median_seconds (distlab.measure.timing.median_seconds) instead of yours: "
          "write your own median_seconds and call it")
-    assert distlab.timing.median_seconds(lambda: None, min_run_time=0.01, warmup=0) > 0  # the notebooks' use
+    assert distlab.measure.timing.median_seconds(lambda: None, min_run_time=0.01, warmup=0) > 0  # the notebooks' use
 
 
 CLOCK_STYLES = (  # every way a learner's file may read the clock, each a function of no arguments
@@ -59,7 +59,7 @@ def test_every_clock_a_file_can_read_is_the_virtual_one(tmp_path, imported):
     learner, clocks = load() if imported.startswith("before") else None, Clocks()
     with clocks.replaced():
         learner = learner or load()
-        with clocks.reading(distlab.timing.VirtualClock()) as clock:
+        with clocks.reading(distlab.measure.timing.VirtualClock()) as clock:
             clock.advance(0.5)
             read = {name: getattr(learner, name)() for name in ("by_attribute", "by_alias", "by_name",
                                                               "by_name_ns", "by_timeit_name", "by_default_argument")}

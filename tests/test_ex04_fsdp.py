@@ -17,7 +17,7 @@ from autograder import run_one
 from autograder.checks import ex04_fsdp
 from autograder.diagnosis import translate
 from autograder.report import ExerciseReport
-from distlab.fsdp_memory import expected_bytes, full_shapes, memory_per_gpu, shard_rows
+from distlab.lab.fsdp_memory import expected_bytes, full_shapes, memory_per_gpu, shard_rows
 from distlab.resmlp import make_resmlp
 from tests import independent
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
@@ -215,7 +215,7 @@ def test_the_state_dict_spy_sees_every_import_style(tmp_path, imported):
 
     from autograder.checks._ex04_probes import StateDictSpy
     from autograder.harness import watched
-    from distlab.importing import import_path
+    from distlab.runtime.importing import import_path
 
     (tmp_path / "styles.py").write_text(
         "import torch.distributed.checkpoint.state_dict\nimport torch.distributed.checkpoint.state_dict as S\n"

@@ -186,7 +186,7 @@ def test_the_checkpoint_spies_see_every_import_style(tmp_path, imported):
 
     from autograder.checks import _ex05_probes as probes
     from autograder.harness import watched
-    from distlab.importing import import_path
+    from distlab.runtime.importing import import_path
 
     (tmp_path / "styles.py").write_text(
         "import torch.distributed.checkpoint\nimport torch.distributed.checkpoint as DCP\n"

@@ -18,7 +18,7 @@ def test_the_method_and_ddp_spies_see_every_import_style(tmp_path, imported):
 
     from autograder.checks._ex06_probes import CountedStep, DDPSpy, MethodSpy
     from autograder.harness import watched
-    from distlab.importing import import_path
+    from distlab.runtime.importing import import_path
 
     path = tmp_path / "styles.py"
     path.write_text(

@@ -167,7 +167,7 @@ def test_the_p2p_spy_sees_every_import_style(tmp_path, monkeypatch, imported):
 
     from autograder.checks._ex07_probes import P2PSpy
     from autograder.harness import watched
-    from distlab.importing import import_path
+    from distlab.runtime.importing import import_path
 
     for name in P2PSpy.NAMES:  # what the spy wraps: no process group needed
         monkeypatch.setattr(dist, name, lambda tensor, *args, **kwargs: None)

@@ -41,7 +41,7 @@ from tests.learner_user import learner_processes, learner_user, readable_install
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.nbgrader, pytest.mark.root, pytest.mark.slow]
 EX = exercises()[7]
 ASSIGNMENT = Path(EX.filename).stem
-MAX_PROCS, MAX_MEMORY = 512, 4 << 30  # the learner's rlimits in this test (distlab.sandbox)
+MAX_PROCS, MAX_MEMORY = 512, 4 << 30  # the learner's rlimits in this test (distlab.runtime.sandbox)
 HOSTILE = {"writer": (hostile.WRITER,), "rewriter": (hostile.FAKE_REPORTS, hostile.BROKEN),
            "forkbomb": (hostile.FORK_BOMB,), "membomb": (hostile.MEMORY_BOMB,), "spew": (hostile.SPEW,)}
 
@@ -103,7 +103,7 @@ def graded():
         print(f"[grading image] grade.sh mark done at {time.perf_counter() - start:.1f} s", flush=True)
         yield {"done": done, "course": course, "before": before, "after": digest(protected), "drop": drop}
     finally:
-        from distlab.process import kill_user_processes
+        from distlab.runtime.process import kill_user_processes
 
         kill_user_processes(user)
         shutil.rmtree(root, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The hang tools of notebook 09 name the culprit (distlab.hang): DETAIL's mismatch report, the
+"""The hang tools of notebook 09 name the culprit (distlab.lab.hang): DETAIL's mismatch report, the
 monitored barrier's missing rank, and a stack dump of every stuck rank; nothing is left running.
 
 The two jobs hang on purpose and mostly wait, so they run at the same time (one fixture). What
@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from distlab.hang import detail_report, short_report, stuck_job
+from distlab.lab.hang import detail_report, short_report, stuck_job
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from distlab import LaunchError, LaunchTimeout, RankFailure, torchrun
-from distlab.launch import time_scale
-from distlab.magic import TorchrunCellError, torchrun_cell
+from distlab.runtime.launch import time_scale
+from distlab.runtime.magic import TorchrunCellError, torchrun_cell
 from tests.targets import ranks
 
 

@@ -1,10 +1,10 @@
-"""distlab.memory: saved-tensor bytes, and the same bytes split into activations and weights."""
+"""distlab.measure.memory: saved-tensor bytes, and the same bytes split into activations and weights."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from distlab.memory import saved_tensor_bytes, saved_tensor_bytes_by_kind
+from distlab.measure.memory import saved_tensor_bytes, saved_tensor_bytes_by_kind
 
 
 def _mlp_step(model: nn.Module, x: torch.Tensor, dtype: torch.dtype | None):

@@ -1,11 +1,11 @@
-"""FLOPs counted against Kaplan's 6N rule, the datasheet table, and the MFU arithmetic (distlab.mfu).
+"""FLOPs counted against Kaplan's 6N rule, the datasheet table, and the MFU arithmetic (distlab.lab.mfu).
 
 Counts are exact (FlopCounterMode counts matrix products by their shapes); no speed is asserted.
 """
 import pytest
 import torch
 
-from distlab.mfu import datasheet_peak, exact_mlp_flops, matmul_peak, mfu, six_n_rule, step_flops
+from distlab.lab.mfu import datasheet_peak, exact_mlp_flops, matmul_peak, mfu, six_n_rule, step_flops
 from distlab.models import make_mlp
 from distlab.resmlp import make_resmlp
 

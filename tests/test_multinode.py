@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from distlab import RankFailure, warm
-from distlab.multinode import multinode_torchrun
+from distlab.runtime.multinode import multinode_torchrun
 
 from .helpers import REPO
 
@@ -32,7 +32,7 @@ def views_then_rank1_fails() -> int:
     import torch.distributed as dist
 
     import distlab
-    from distlab.multinode import view
+    from distlab.lab.launching import view
 
     dev = distlab.init_distributed()
     if dev.type == "cuda":

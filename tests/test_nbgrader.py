@@ -39,7 +39,7 @@ from autograder.nbgrader.assignments import grade_id
 from autograder.nbgrader.course import main as nbgrader_main
 from autograder.nbgrader.verify import cell_text
 from autograder.registry import exercises
-from distlab.launch import time_scale
+from distlab.runtime.launch import time_scale
 from tests.helpers import REPO, SOLUTIONS
 
 pytestmark = pytest.mark.timeout(900)

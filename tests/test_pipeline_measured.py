@@ -1,4 +1,4 @@
-"""Pipeline parallelism measured against what notebook 07 teaches (distlab.pipeline_bench).
+"""Pipeline parallelism measured against what notebook 07 teaches (distlab.lab.pipeline.sweep).
 
 The unit tests check the instruments on their own (saved-tensor bytes, the message model).
 The launch-based test runs GPipe and 1F1B for real on 2 ranks, in one job: stage 0's peak
@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from distlab.pipeline import Event
-from distlab.pipeline_bench import (MEMORY, SIZED, SavedBytes, bubble_model, bubble_with_messages, one_way_cost,
-                                     stage_costs)
+from distlab.lab.pipeline.timeline import Event
+from distlab.lab.pipeline.costs import SavedBytes, bubble_model, bubble_with_messages, one_way_cost, stage_costs
+from distlab.lab.pipeline.sweep import MEMORY, SIZED
 
 
 def _stage(width: int = 32) -> nn.Module:
@@ -79,7 +79,7 @@ def test_stage_costs_reads_the_overhead_from_actions_that_wait_for_no_message():
 
 
 def _measure() -> tuple[list[dict], dict]:
-    from distlab.pipeline_bench import sweep
+    from distlab.lab.pipeline.sweep import sweep
 
     bubble_runs = [dict(schedule="gpipe", n_microbatches=m, **SIZED) for m in (1, 2, 8)]
     memory_runs = [dict(schedule=s, n_microbatches=m, **MEMORY) for s in ("gpipe", "1f1b") for m in (4, 8)]

@@ -1,4 +1,4 @@
-"""The trace reader behind notebook 09's Gantt charts and overlap fractions (distlab.profiling).
+"""The trace reader behind notebook 09's Gantt charts and overlap fractions (distlab.measure.profiling).
 
 Synthetic spans and a synthetic Chrome trace check the arithmetic and the classification exactly;
 one real single-process profile checks that ``profile_steps`` writes what ``trace_spans`` reads.
@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from distlab.profiling import (Span, covered, intersection, overlap_fraction, profile_steps, summarize, trace_spans,
+from distlab.measure.profiling import (Span, covered, intersection, overlap_fraction, profile_steps, summarize, trace_spans,
                                union)
 
 

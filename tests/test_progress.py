@@ -1,7 +1,7 @@
 """Slow is not wrong, and a hang is named: launches and gradings judged by whether they advance.
 
 A launch past its limit whose ranks still advance (optimizer steps, backward passes, new places in
-their code: distlab.heartbeat) is extended, up to three times its limit; past that, the machine was
+their code: distlab.runtime.heartbeat) is extended, up to three times its limit; past that, the machine was
 too slow, and the code is not scored. A launch whose ranks all stopped advancing while one waits in
 a collective is ended as soon as that is clear, naming each rank's line. A busy loop advances
 nowhere. Nothing here asserts a duration: each outcome is decided by what the ranks do.
@@ -13,7 +13,7 @@ import pytest
 from autograder.checks.ex07_pipeline import EXERCISE
 from autograder.runner import grade_one
 from distlab import LaunchError, LaunchHang, LaunchTimeout, MachineTooSlow, torchrun
-from distlab.launch import time_scale
+from distlab.runtime.launch import time_scale
 from tests.helpers import REPO, SOLUTIONS
 from tests.targets import ranks
 

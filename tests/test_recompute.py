@@ -1,14 +1,14 @@
-"""Activation recomputation as notebook 08 measures it (distlab.recompute) and the calculator's
-activation term (distlab.activation_memory) against it. Single process, byte counts only."""
+"""Activation recomputation as notebook 08 measures it (distlab.lab.recompute) and the calculator's
+activation term (distlab.lab.activation_memory) against it. Single process, byte counts only."""
 import math
 import warnings
 
 import pytest
 import torch
 
-from distlab.activation_memory import block_bytes, resmlp_peak_bytes, resmlp_saved_bytes
-from distlab.fsdp_memory import activation_bytes
-from distlab.recompute import (POLICIES, Recomputed, grads, peak_activation_bytes, saved_bytes, segment_length,
+from distlab.lab.activation_memory import block_bytes, resmlp_peak_bytes, resmlp_saved_bytes
+from distlab.lab.fsdp_memory import activation_bytes
+from distlab.lab.recompute import (POLICIES, Recomputed, grads, peak_activation_bytes, saved_bytes, segment_length,
                                step_time_ratios, sweep, workload)
 
 SHAPE = dict(in_features=64, hidden=256, out_features=10)

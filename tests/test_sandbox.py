@@ -13,8 +13,8 @@ import subprocess
 
 import pytest
 
-from distlab.process import kill_user_processes, run_contained
-from distlab.sandbox import learner_rlimits
+from distlab.runtime.process import kill_user_processes, run_contained
+from distlab.runtime.sandbox import learner_rlimits
 from tests.learner_user import (LEARNER, learner_processes, learner_user, readable_install,
                                 world_readable_dir)
 

@@ -12,7 +12,7 @@ from autograder.__main__ import main
 from autograder.checks.ex07_pipeline import EXERCISE
 from autograder import selftest
 from autograder.selftest import finish, stub_workers, surprises
-from distlab.launch import time_scale
+from distlab.runtime.launch import time_scale
 from tests.helpers import REPO
 
 FAST_EXERCISE = str(EXERCISE.number)  # pipeline: its solution and its stub each grade in about 15 s here

@@ -1,16 +1,16 @@
-"""Tensor parallelism as notebook 08 teaches it (distlab.tensor_parallel, distlab.activation_memory).
+"""Tensor parallelism as notebook 08 teaches it (distlab.lab.tensor_parallel, distlab.lab.activation_memory).
 
 The unit tests check the arithmetic: Korthikanti et al.'s per-layer table and the
-communication it implies. The launch test runs one job of 2 ranks (distlab.tensor_parallel.tp_job)
+communication it implies. The launch test runs one job of 2 ranks (distlab.lab.tensor_parallel.tp_job)
 and checks, from byte counts and op counts only (no times): the DTensor-parallelized model
 against the unsplit one, the collectives ``CommDebugMode`` counts, the bytes a rank holds and
 saves, and sequence parallelism's communication volume.
 """
 import pytest
 
-from distlab.activation_memory import (PRESETS, per_rank, resmlp_saved_bytes, tp_collectives_per_layer,
+from distlab.lab.activation_memory import (PRESETS, per_rank, resmlp_saved_bytes, tp_collectives_per_layer,
                                        tp_comm_bytes_per_layer, transformer_layer_bytes)
-from distlab.comm_bytes import collective_kind, label, wire_bytes
+from distlab.measure.comm import collective_kind, label, wire_bytes
 
 S, B, H, A = 2048, 1, 4096, 32
 
@@ -65,7 +65,7 @@ HIDDEN, DEPTH, BATCH = 64, 3, 8
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    from distlab.tensor_parallel import run_tp_job
+    from distlab.lab.tensor_parallel import run_tp_job
 
     return run_tp_job(2, timeout=120, hidden=HIDDEN, depth=DEPTH, batch=BATCH, seq=16)
 

@@ -1,4 +1,4 @@
-"""The warm launcher (distlab.warm): torchrun's engine with its ranks forked from one server per process.
+"""The warm launcher (distlab.runtime.warm): torchrun's engine with its ranks forked from one server per process.
 
 What it promises beyond the launcher's own tests (test_launch.py, which run through it): every
 launch is contained on its own, not only every grading, and the server is the one thing that

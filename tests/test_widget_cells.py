@@ -47,7 +47,7 @@ import zmq
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.session import Session
 
-from distlab.process import time_scale
+from distlab.runtime.process import time_scale
 from tests import notebook_exec
 from tests.notebook_exec import OutputWidget, StockOutputWidget
 

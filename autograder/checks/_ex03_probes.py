@@ -14,7 +14,7 @@ measuring functions still gets the marks for the step:
   (the first step and the ``inf`` step each on their own, so a missing
   ``scaler.update()``, which makes the second raise, still shows the first's order);
 * ``compare`` runs on the simulated workloads of ``_ex03_workloads`` under a
-  :class:`distlab.timing.VirtualClock` (``CASES``, whose truths are
+  :class:`distlab.measure.timing.VirtualClock` (``CASES``, whose truths are
   ``CASES_TRUTH`` and ``MEMORY_TRUTH``), which every clock the learner's code reads
   follows, however it was imported (``Clocks``, replaced before the file is imported),
   then on the real model (``REAL_MODEL``), on the real clocks;
@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from distlab import device as rank_device
-from distlab.memory import peak_memory
+from distlab.measure.memory import peak_memory
 from distlab.models import cpu_state, make_mlp
-from distlab.timing import SimulatedWorkload, VirtualClock, synchronize
+from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ..answers import RuntimeCopies
 from ..harness import CapturedPrints, echo, grad_norm, load_learner, on_backward_start
@@ -46,8 +46,8 @@ REAL_MODEL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
 # The runtime's working copies of the graded measuring functions (the notebooks use them): resolved
 # here, when the rank imports this module, before any learner file is loaded.
 ANSWERS = RuntimeCopies({
-    "median_seconds": ("distlab.timing.median_seconds", "distlab.timing.distributed_median_seconds"),
-    "saved_bytes": ("distlab.memory.saved_tensor_bytes", "distlab.memory.saved_tensor_bytes_by_kind"),
+    "median_seconds": ("distlab.measure.timing.median_seconds", "distlab.measure.timing.distributed_median_seconds"),
+    "saved_bytes": ("distlab.measure.memory.saved_tensor_bytes", "distlab.measure.memory.saved_tensor_bytes_by_kind"),
 })
 
 

@@ -4,8 +4,8 @@ Shared by the rank-side instruments (``_ex03_probes``, which re-exports it) and 
 
 * the step's settings, its batches of the digits and the single-process float32 reference
   (:func:`reference_fp32`) the float32 step is compared with;
-* the :class:`distlab.timing.SimulatedWorkload` s ``compare`` measures under a
-  :class:`distlab.timing.VirtualClock` (``CASES``), and their truths (``CASES_TRUTH``, ``MEMORY_TRUTH``);
+* the :class:`distlab.measure.timing.SimulatedWorkload` s ``compare`` measures under a
+  :class:`distlab.measure.timing.VirtualClock` (``CASES``), and their truths (``CASES_TRUTH``, ``MEMORY_TRUTH``);
 * :class:`Clocks`: every clock the learner's code can read, pointed at a case's virtual clock.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 
 from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
-from distlab.timing import SimulatedWorkload, VirtualClock
+from distlab.measure.timing import SimulatedWorkload, VirtualClock
 
 from ..harness import Replace
 

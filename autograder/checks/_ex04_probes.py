@@ -31,9 +31,9 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from distlab import init_distributed
-from distlab.distributed import default_timeout
+from distlab.runtime.distributed import default_timeout
 from distlab.data import synthetic_classification
-from distlab.fsdp_memory import (LiveStorageTracker, activation_bytes, expected_bytes, full_shapes, measured_bytes,
+from distlab.lab.fsdp_memory import (LiveStorageTracker, activation_bytes, expected_bytes, full_shapes, measured_bytes,
                                  peak_bound)
 from distlab.resmlp import make_resmlp
 

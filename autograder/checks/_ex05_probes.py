@@ -40,7 +40,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from distlab import LaunchError, init_distributed, torchrun
 from distlab.data import RecordingDataset, synthetic_classification
-from distlab.memory import local_tensor
+from distlab.measure.memory import local_tensor
 
 from .. import progress
 from ..harness import CapturedPrints, Replace, echo, load_learner

@@ -27,8 +27,8 @@ from torch import nn
 import distlab
 from distlab.data import digits
 from distlab.models import make_mlp
-from distlab.pipeline import Delay, TimedStage
-from distlab.process import time_scale
+from distlab.lab.pipeline.timeline import Delay, TimedStage
+from distlab.runtime.process import time_scale
 
 from ..harness import CapturedPrints, Replace, echo, load_learner, own_rendezvous
 

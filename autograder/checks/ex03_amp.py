@@ -13,10 +13,10 @@ references computed here:
   saved tensor (or each view's own size) instead of each storage fail deterministically on any
   machine (within ``RATIO_TOL``); then on the real model, whose speedup is reported, and required
   only on a GPU with bf16 tensor cores (compute capability 8.0 or newer, ``GPU_MIN_SPEEDUP``);
-* ``distlab.timing.median_seconds`` and ``distlab.memory.saved_tensor_bytes`` (and
+* ``distlab.measure.timing.median_seconds`` and ``distlab.measure.memory.saved_tensor_bytes`` (and
   ``distributed_median_seconds``), which the notebooks use, are working copies of the graded
   ``median_seconds`` and ``saved_bytes`` (:mod:`autograder.answers`). A copy handed in (imported,
-  aliased, delegating, also through a name bound at import or ``distlab.memory.peak_memory``, or
+  aliased, delegating, also through a name bound at import or ``distlab.measure.memory.peak_memory``, or
   called by ``compare`` instead of the learner's own) earns none of its function's criteria, and the
   real model is then not measured (its seconds would be the runtime's).
 

@@ -4,10 +4,10 @@ Every rank builds the same :class:`~distlab.resmlp.ResidualMLP` and trains it
 with the learner's ``train_fsdp`` on its slice of each global batch. The
 instruments of ``_ex04_probes`` observe one step from inside the rank: the
 placements and storage bytes of parameters, gradients and Adam state
-(compared with the exact padded figure of :func:`distlab.fsdp_memory.expected_bytes`),
+(compared with the exact padded figure of :func:`distlab.lab.fsdp_memory.expected_bytes`),
 the peak of live tensor storage during the step (CPU:
-:class:`~distlab.fsdp_memory.LiveStorageTracker`; GPU: ``max_memory_allocated``)
-against :func:`distlab.fsdp_memory.peak_bound`, which blocks reshard after
+:class:`~distlab.lab.fsdp_memory.LiveStorageTracker`; GPU: ``max_memory_allocated``)
+against :func:`distlab.lab.fsdp_memory.peak_bound`, which blocks reshard after
 forward, whether ``.grad`` was zeroed, and the state-dict calls of every rank.
 The verdicts are computed here, against a single-process Adam run on the
 same global batches (parity, assert_close: reduce-scatter sums in another
@@ -49,7 +49,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from distlab.fsdp_memory import UNITS_IN_FLIGHT, unsharded_bytes
+from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT, unsharded_bytes
 from distlab.resmlp import make_resmlp
 
 from ..diagnosis import diagnose

@@ -62,7 +62,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from distlab.timing import cpu_cores
+from distlab.measure.timing import cpu_cores
 
 from ..diagnosis import diagnose
 from ..grading import launch_files, launch_timeout

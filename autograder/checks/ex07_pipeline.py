@@ -1,9 +1,9 @@
 """Exercise 7 check: a hand-written 2-stage GPipe step, graded on 2 ranks.
 
 The grader builds the stages itself and wraps each in a
-:class:`distlab.pipeline.TimedStage`, which logs every forward and backward
+:class:`distlab.lab.pipeline.timeline.TimedStage`, which logs every forward and backward
 the learner's code makes it run (nothing the learner reports is trusted).
-A fixed sleep at the start of each stage (:class:`distlab.pipeline.Delay`)
+A fixed sleep at the start of each stage (:class:`distlab.lab.pipeline.timeline.Delay`)
 makes the timeline independent of the machine's speed. The rank side
 (``_ex07_probes``) also records every send and recv, whether each input of
 stage 1 required grad, and the gradient that reached each output of stage 0;

@@ -29,7 +29,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from distlab.importing import REPO_ROOT
+from distlab.runtime.importing import REPO_ROOT
 
 from ..registry import Exercise, exercises
 from ..stubs import BEGIN, strip_solutions

@@ -31,7 +31,7 @@ import os
 import sys
 from pathlib import Path
 
-from distlab.importing import REPO_ROOT
+from distlab.runtime.importing import REPO_ROOT
 
 from .assignments import MANIFEST, write_source
 from .parallel import autograde_in_parallel
@@ -96,13 +96,13 @@ class Course:
     def nbgrader(self, *args: str) -> bool:
         """Run ``nbgrader ARGS`` in the course directory; record a failure instead of raising.
 
-        nbgrader runs contained (:func:`distlab.process.run_contained`): on timeout it, its
+        nbgrader runs contained (:func:`distlab.runtime.process.run_contained`): on timeout it, its
         kernels and whatever they started are all ended. In the grading image the kernels run as
         the learner user (``docker/as-student.sh``); afterwards every process of that user is
         ended too, so nothing a learner's notebook started survives into the next step.
         """
-        from distlab.process import kill_user_processes, run_contained  # imports torch: only when needed
-        from distlab.sandbox import learner_user
+        from distlab.runtime.process import kill_user_processes, run_contained  # imports torch: only when needed
+        from distlab.runtime.sandbox import learner_user
 
         print("$ nbgrader " + " ".join(args), flush=True)
         finished = run_contained([sys.executable, "-c", NBGRADER_MAIN, *args], env=self.env, cwd=self.dir,
@@ -145,7 +145,7 @@ class Course:
     def _parallel_jobs(self) -> int:
         """How many learners autograde at once: ``--jobs``, but one in the learner sandbox, where every
         kernel runs as the one learner user and each autograde ends all of that user's processes."""
-        from distlab.sandbox import learner_user
+        from distlab.runtime.sandbox import learner_user
 
         if self.jobs > 1 and not self.student and learner_user():
             print("autograde: one learner at a time in the learner sandbox (the kernels share its one user)",

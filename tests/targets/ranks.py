@@ -73,7 +73,7 @@ def port_while_jobs_overlap(meeting_dir: str, jobs: int, timeout: float = 60.0) 
     """
     from pathlib import Path
 
-    from distlab.launch import time_scale
+    from distlab.runtime.launch import time_scale
 
     distlab.init_distributed()
     port = os.environ["MASTER_PORT"]

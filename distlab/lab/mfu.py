@@ -1,0 +1,145 @@
+"""Model FLOPs utilisation (MFU): the FLOPs a step needs, counted, over the FLOPs the hardware can do.
+
+Chowdhery et al., 2022 ("PaLM: Scaling Language Modeling with Pathways",
+appendix B) define MFU as the model FLOPs a step needs times the steps per
+second, over the peak FLOP/s: recomputation and padding do not count as useful
+work, and the figure compares across systems. Kaplan et al., 2020 ("Scaling
+Laws for Neural Language Models", section 2.1) estimate the FLOPs as
+``6 N`` per token for ``N`` parameters: ``2 N`` forward (a multiply and an add
+per weight), ``4 N`` backward (the gradient of the input and of the weight).
+
+* :func:`step_flops` counts a step with ``torch.utils.flop_counter.FlopCounterMode``
+  (matrix products only: ``mm``, ``addmm``, ``bmm``, convolutions, attention);
+* :func:`six_n_rule` is Kaplan's estimate and :func:`exact_mlp_flops` what the
+  counter must find for an MLP, which differs from ``6 N`` in two ways: ``N``
+  counts biases, whose adds are not matrix products, and the first layer's
+  input needs no gradient, so its backward is ``2`` FLOPs per weight, not ``4``;
+* :func:`matmul_peak` measures the peak: the best rate of large matrix products
+  on this device, in the same run as the step, so both see the same machine;
+* :data:`DATASHEET` has vendors' dense peaks for some GPUs (:func:`datasheet_peak`).
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+from torch import nn
+
+#: Dense peak FLOP/s from NVIDIA's datasheets (SXM unless named; "sparsity" figures halved).
+DATASHEET = [
+    (r"H200", {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12}),
+    (r"H100 PCIe", {"bf16": 756e12, "tf32": 378e12, "fp32": 51e12}),
+    (r"H100", {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12}),
+    (r"A100", {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+    (r"\bL4\b", {"bf16": 121e12, "tf32": 60e12, "fp32": 30.3e12}),
+]
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def datasheet_peak(device_name: str, dtype: torch.dtype = torch.float32) -> float | None:
+    """The datasheet's dense peak FLOP/s for a device name (``torch.cuda.get_device_name()``), or None."""
+    for pattern, peaks in DATASHEET:
+        if re.search(pattern, device_name):
+            return peaks.get(DTYPE_NAMES.get(dtype, ""))
+    return None
+
+
+def step_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """FLOPs of one forward and backward of ``model`` on ``(x, y)`` with cross-entropy, counted by
+    ``FlopCounterMode`` (the optimizer's elementwise update is not a matrix product: not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        nn.functional.cross_entropy(model(x), y).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def six_n_rule(model: nn.Module, tokens: int) -> int:
+    """Kaplan et al.'s ``6 N`` FLOPs per token, ``N`` every parameter (biases and norms included).
+    For an MLP a sample is one token."""
+    return 6 * sum(p.numel() for p in model.parameters()) * tokens
+
+
+def exact_mlp_flops(model: nn.Module, tokens: int) -> int:
+    """The matrix-product FLOPs of a step of an MLP (every ``nn.Linear``): ``6`` per weight and token,
+    less ``2`` per weight and token for the first layer, whose input needs no gradient."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    weights = sum(m.weight.numel() for m in linears)
+    return 6 * weights * tokens - 2 * linears[0].weight.numel() * tokens
+
+
+def matmul_peak(device: torch.device | None = None, dtype: torch.dtype = torch.float32,
+                sizes: tuple[int, ...] | None = None, reps: int = 3) -> dict:
+    """The best FLOP/s of ``n x n`` matrix products on ``device`` (this process's threads: one on a
+    torchrun worker, ``OMP_NUM_THREADS=1``). Each size: one untimed product, then ``reps`` timed,
+    the fastest kept. Returns ``{"flops_per_s", "n", "dtype"}`` of the best size."""
+    device = device or torch.device("cpu")
+    sizes = sizes or ((4096, 8192) if device.type == "cuda" else (256, 512, 1024))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    best = {"flops_per_s": 0.0, "n": 0, "dtype": DTYPE_NAMES.get(dtype, str(dtype))}
+    for n in sizes:
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        (a @ b).sum().item()  # untimed: allocations, the library's kernel choice
+        for _ in range(reps):
+            sync()
+            start = time.perf_counter()
+            a @ b
+            sync()
+            rate = 2 * n ** 3 / (time.perf_counter() - start)
+            if rate > best["flops_per_s"]:
+                best.update(flops_per_s=rate, n=n)
+    return best
+
+
+def mfu(flops_per_step: float, step_s: float, peak_flops_per_s: float) -> float:
+    """Achieved FLOP/s over the peak: ``flops_per_step / step_s / peak``."""
+    return flops_per_step / step_s / peak_flops_per_s
+
+
+def scaling_mfu(hidden: int = 1024, batch: int = 32, depth: int = 3, calls: int = 5, repeats: int = 3) -> dict:
+    """Runs on every rank of an initialised job: the MFU of exercise 6's workload (notebook 06's
+    MLP, ``make_mlp(hidden, depth)``, ``batch`` samples per worker, SGD) at ``W = 1`` (rank 0 alone
+    while the others wait in a barrier) and at ``W = world`` (every rank, under DDP).
+
+    Each ``W`` has its own peak, measured by the same ranks at the same time: on a CPU ``W``
+    workers share the machine's memory bandwidth and caches, so ``W`` ranks' matmul peak is not
+    ``W`` times one rank's. MFU(W) = ``W x flops_per_step / step_s`` over the sum of the ranks'
+    peaks. Every rank returns the same dict.
+    """
+    import copy
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from distlab.runtime.distributed import device as rank_device
+    from distlab.models import make_mlp, sgd_step
+    from distlab.measure.timing import distributed_median_seconds, median_seconds, synchronize
+
+    dev, rank, world = rank_device(), dist.get_rank(), dist.get_world_size()
+    model = make_mlp(seed=0, hidden=hidden, depth=depth).to(dev)
+    gen = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(batch, 64, generator=gen).to(dev), torch.randint(0, 10, (batch,), generator=gen).to(dev)
+    flops = step_flops(model, x, y)
+    out = {"flops_per_step": flops, "six_n": six_n_rule(model, batch), "exact": exact_mlp_flops(model, batch),
+           "params": sum(p.numel() for p in model.parameters()), "batch": batch, "hidden": hidden,
+           "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"}
+    solo = [None]
+    if rank == 0:  # one worker with the machine to itself: the others wait, idle, in the barrier below
+        peak = matmul_peak(dev)["flops_per_s"]
+        step_s = median_seconds(sgd_step(copy.deepcopy(model), x, y, lr=0.01), lambda: synchronize(dev))
+        solo[0] = {"world": 1, "step_s": step_s, "peak": peak, "achieved": flops / step_s}
+    dist.barrier()
+    dist.broadcast_object_list(solo, src=0)
+    peak = torch.tensor([matmul_peak(dev)["flops_per_s"]], dtype=torch.float64, device=dev)
+    dist.all_reduce(peak)  # the sum of the ranks' peaks, measured at the same time
+    ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    step_s = distributed_median_seconds(sgd_step(ddp, x, y, lr=0.01), calls=calls, repeats=repeats, device=dev, warmup=3)
+    rows = [solo[0], {"world": world, "step_s": step_s, "peak": peak.item(), "achieved": world * flops / step_s}]
+    sheet = datasheet_peak(out["device"]) if dev.type == "cuda" else None  # fp32: the workload's dtype
+    for row in rows:
+        row["mfu"] = mfu(row["world"] * flops, row["step_s"], row["peak"])
+        row["mfu_datasheet"] = mfu(row["world"] * flops, row["step_s"], row["world"] * sheet) if sheet else None
+    out["rows"] = rows
+    return out

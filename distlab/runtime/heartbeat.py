@@ -1,0 +1,181 @@
+"""Is a job getting somewhere? Each rank's heartbeat, and the launcher's reading of them.
+
+"Slow is not wrong": a launch that runs out of time while its ranks still
+advance is the machine's problem, and one whose ranks all stopped advancing
+while some wait in a collective is a hang, to be named at once, at the
+learner's line. Both need the same evidence, and a busy CPU is not it (a
+spinning loop is busy). Progress here is what only an advancing program does:
+
+* a *tick*: an optimizer step (``register_optimizer_step_post_hook``, global),
+  or a backward pass (``Tensor.backward`` and ``torch.autograd.backward``);
+* a *new place*: a stack of the main thread, sampled every :data:`INTERVAL`
+  seconds, that this rank has not been in before (start-up, a first epoch;
+  a loop soon runs out of new places).
+
+Rank side, :func:`start` runs a daemon thread that writes
+``heartbeat-<rank>.json`` in the job's folder: the counts, the stack's
+innermost learner frame, and what it waits in (a ``torch.distributed``
+collective, a ``recv``, a ``barrier``, a ``.wait()``). Launcher side,
+:class:`Watch` reads them and tells when each rank last advanced.
+"""
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+INTERVAL = 0.5  # seconds between two samples of a rank's stack
+WAITS = {"init_process_group", "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+         "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "recv",
+         "send", "gather", "scatter", "reduce", "all_to_all", "all_to_all_single", "wait", "batch_isend_irecv"}
+_RUNTIME = tuple(str(Path(p).resolve()) + os.sep for p in (
+    os.path.dirname(os.__file__), Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "autograder"))
+
+
+def _is_runtime(filename: str) -> bool:
+    """Library or grader code (the standard library, site-packages, distlab, autograder), not the learner's."""
+    return "site-packages" in filename or filename.startswith(_RUNTIME) or filename.startswith("<")
+
+
+def describe(frames: list[tuple[str, int, str]]) -> dict:
+    """``{"at": "file.py:57", "code": "...", "waits_in": "all_reduce" | None}`` for a stack (outermost first)."""
+    waits = next((fn for path, _, fn in frames if f"{os.sep}torch{os.sep}distributed{os.sep}" in path
+                  and fn in WAITS), None)
+    learner = [(p, n) for p, n, _ in frames if not _is_runtime(p)]
+    at, code = None, ""
+    if learner:
+        path, line = learner[-1]
+        at, code = f"{os.path.basename(path)}:{line}", linecache.getline(path, line).strip()
+        if waits is None and ".wait(" in code:
+            waits = "wait"
+    return {"at": at, "code": code, "waits_in": waits}
+
+
+# What torchrun tells each rank; a job that sets them again points its ranks at a rendezvous nobody
+# hosts (the tutorials' os.environ["MASTER_PORT"] = "12355"), so the launcher names the change.
+TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+_TORCHRUN_ENV: dict[str, str | None] = {}
+
+
+def changed_torchrun_vars() -> dict[str, list]:
+    """``{name: [torchrun's value, the value now]}`` for each of torchrun's variables the job changed."""
+    return {k: [v, os.environ.get(k)] for k, v in _TORCHRUN_ENV.items() if os.environ.get(k) != v}
+
+
+class _Rank:
+    """The rank-side counters and the sampler thread."""
+
+    def __init__(self, path: Path):
+        self.path, self.ticks, self.places, self.seen = path, 0, 0, set()
+        self.main = threading.main_thread().ident
+
+    def tick(self, *_args, **_kwargs) -> None:
+        self.ticks += 1  # one thread adds at a time in practice; a lost increment only delays a beat
+
+    def sample(self) -> None:
+        frame = sys._current_frames().get(self.main)
+        frames = []
+        while frame is not None:
+            frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+            frame = frame.f_back
+        frames.reverse()
+        signature = hash(tuple(frames))
+        if signature not in self.seen and len(self.seen) < 100_000:
+            self.seen.add(signature)
+            self.places += 1
+        beat = {"ticks": self.ticks, "places": self.places, **describe(frames), "env_changed": changed_torchrun_vars()}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(beat))
+        tmp.replace(self.path)
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.sample()
+            except OSError:
+                return  # the job's folder is gone: the job is over
+            time.sleep(INTERVAL)  # the sampling period, not a wait for an event
+
+
+def start(outdir: str | os.PathLike, rank: int) -> None:
+    """Start this rank's heartbeat (before the learner's code is imported)."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    _TORCHRUN_ENV.update({k: os.environ.get(k) for k in TORCHRUN_VARS})
+    beat = _Rank(Path(outdir) / f"heartbeat-{rank}.json")
+    register_optimizer_step_post_hook(beat.tick)
+    backward, tensor_backward = torch.autograd.backward, torch.Tensor.backward
+
+    def counted_backward(*args, **kwargs):
+        beat.tick()
+        return backward(*args, **kwargs)
+
+    def counted_tensor_backward(self, *args, **kwargs):
+        beat.tick()
+        return tensor_backward(self, *args, **kwargs)
+
+    torch.autograd.backward, torch.Tensor.backward = counted_backward, counted_tensor_backward
+    threading.Thread(target=beat.run, name="distlab-heartbeat", daemon=True).start()
+
+
+@dataclass
+class Watch:
+    """The launcher's view of a job's heartbeats: when each rank last advanced (its own clock)."""
+
+    outdir: Path
+    nprocs: int
+    beats: dict[int, dict] = field(default_factory=dict)
+    advanced: dict[int, float] = field(default_factory=dict)
+    _read_at: float = 0.0
+
+    def poll(self, now: float) -> None:
+        """Read the heartbeats (at most every :data:`INTERVAL` s)."""
+        if now - self._read_at < INTERVAL:
+            return
+        self._read_at = now
+        for rank in range(self.nprocs):
+            try:  # written by the rank (the learner's process): read a bounded amount, as data
+                with open(self.outdir / f"heartbeat-{rank}.json", "rb") as f:
+                    beat = json.loads(f.read(65536))
+                int(beat["ticks"]), int(beat["places"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            old = self.beats.get(rank)
+            if old is None or (beat["ticks"], beat["places"]) != (old["ticks"], old["places"]):
+                self.advanced[rank] = now
+            self.beats[rank] = beat
+
+    def last_advance(self) -> float | None:
+        return max(self.advanced.values()) if self.advanced else None
+
+    def hung(self, now: float, after_s: float) -> bool:
+        """Every rank reports, none advanced for ``after_s``, and one at least waits in a collective."""
+        if len(self.beats) < self.nprocs or any(now - t < after_s for t in self.advanced.values()):
+            return False
+        return any(b.get("waits_in") for b in self.beats.values())
+
+    def report(self) -> str:
+        """``rank 0 waits in all_reduce at ex01_ddp.py:57; rank 1 is at ex01_ddp.py:112 (time.sleep(60))``."""
+        parts = [env_note(rank, b["env_changed"]) for rank, b in sorted(self.beats.items())
+                 if isinstance(b.get("env_changed"), dict) and b["env_changed"]][:1]
+        for rank in sorted(self.beats):
+            b = self.beats[rank]
+            where = f" at {b['at']}" if b.get("at") else ""
+            code = f" ({b['code']})" if b.get("code") and not b.get("waits_in") else ""
+            parts.append(f"rank {rank} waits in {b['waits_in']}{where}" if b.get("waits_in")
+                         else f"rank {rank} is{where or ' outside your code'}{code}")
+        return "; ".join(parts)
+
+
+def env_note(rank: int, changed: dict) -> str:
+    """``rank 0 changed torchrun's MASTER_PORT (41234 -> 12355): ...``: the cause, when a job reset them."""
+    what = ", ".join(f"{k} ({old} -> {new})" for k, (old, new) in sorted(changed.items()))
+    return (f"rank {rank} changed torchrun's {what}: torchrun already sets MASTER_ADDR, MASTER_PORT, RANK and "
+            "WORLD_SIZE for every rank, and setting them again points the ranks at a rendezvous nobody hosts; "
+            "remove those os.environ lines")

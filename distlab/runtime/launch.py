@@ -1,0 +1,325 @@
+"""Launch Python code under torchrun from a notebook, a test or the grader.
+
+    >>> from distlab import torchrun
+    >>> run = torchrun("distlab.lab.examples:ddp_barrier", nprocs=2, timeout=60)
+    >>> run.results          # what each rank returned, in rank order
+
+* Rendezvous is ``--standalone`` (c10d on ``localhost:0``): the OS picks a
+  free port, so any number of launches can run at once without colliding.
+* Every launch has a wall-clock ``timeout``; whatever happens (success,
+  exception, hang, timeout, Ctrl-C) no process of the job survives the call
+  (see :mod:`distlab.runtime.process`).
+* A failure raises :class:`RankFailure` naming the rank that failed first and
+  its exception, not torchrun's ``ChildFailedError`` wall of text.
+* Results come back as Python objects through ``torch.save``/``torch.load``
+  with ``weights_only=True``: tensors, numbers, strings, lists and dicts. The
+  launching process never unpickles arbitrary objects a rank produced, so a
+  learner's code cannot run code in the grader by returning a crafted object.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from distlab.runtime.distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
+from distlab.runtime.importing import REPO_ROOT, with_repo_on_path
+from distlab.runtime.process import (PROGRESS_VAR, TIME_SCALE_VAR, Finished, note_progress,  # noqa: F401 (re-exported)
+                      past_limit, run_contained, time_scale)
+from distlab.runtime import heartbeat
+from distlab.runtime import warm
+from distlab.runtime.sandbox import learner_sandbox
+
+
+class LaunchError(RuntimeError):
+    """A torchrun job did not complete; ``output`` holds everything it printed."""
+
+    def __init__(self, message: str, output: str = ""):
+        super().__init__(message)
+        self.output = output
+
+
+class RankFailure(LaunchError):
+    """A rank raised: ``rank``, ``exc_type``, ``exc_message`` and ``traceback`` say which and why."""
+
+    def __init__(self, rank: int, exc_type: str, exc_message: str, tb: str, output: str = ""):
+        first = exc_message.strip().splitlines()[0] if exc_message.strip() else ""
+        super().__init__(f"rank {rank} failed: {exc_type}: {first}".rstrip(": "), output)
+        self.rank, self.exc_type, self.exc_message, self.traceback = rank, exc_type, exc_message, tb
+        self.env_changed: dict = {}  # torchrun's variables the rank had set again: {name: [was, now]}
+
+
+class LaunchTimeout(LaunchError):
+    """The job ran past its time limit and was ended; ``unfinished`` lists ranks that never returned."""
+
+    def __init__(self, timeout: float, unfinished: list[int], output: str = ""):
+        who = f"; ranks {unfinished} never finished (a hang in a collective?)" if unfinished else ""
+        super().__init__(f"job ran past its {timeout:g} s limit and was ended{who}", output)
+        self.unfinished = unfinished
+
+
+class LaunchHang(LaunchTimeout):
+    """Every rank stopped advancing while one or more waited in a collective: ended early, and named."""
+
+    def __init__(self, after_s: float, where: str, output: str = ""):
+        LaunchError.__init__(self, f"the job hung: no rank advanced for {after_s:.0f} s, and it was ended: {where}",
+                             output)
+        self.unfinished, self.where = [], where
+
+
+class MachineTooSlow(RuntimeError):
+    """The ranks were still advancing when the launch ran out of time, even extended: the machine's
+    problem, not the code's. Not a :class:`LaunchError`, so no check scores it as the code's failure."""
+
+    def __init__(self, limit_s: float, over_s: float):
+        super().__init__(
+            f"this machine was too slow for this launch: its ranks were still advancing {over_s:.0f} s past "
+            f"its {limit_s:g} s limit (grade again with {TIME_SCALE_VAR}=2)")
+        self.limit_s, self.over_s = limit_s, over_s
+
+
+@dataclass
+class Supervision:
+    """When to end a launch: at its limit, unless the ranks still advance (then up to ``extend`` times
+    the limit); or as soon as it hangs (:meth:`distlab.runtime.heartbeat.Watch.hung` for ``hang_after_s``).
+
+    ``verdict`` says why it was ended: ``"timeout"`` (the code stopped advancing), ``"hang"``, or
+    ``"slow"`` (still advancing at the bound: the machine's problem). ``progress_file``, if set
+    (``DISTLAB_PROGRESS_FILE``, by the grader), counts the advances seen, for the grading's own limit.
+    """
+
+    watch: "heartbeat.Watch"
+    timeout: float
+    extend: float = 3.0
+    hang_after_s: float = 10.0
+    recent_s: float = 5.0
+    verdict: str | None = None
+    progress_file: str | None = field(default_factory=lambda: os.environ.get(PROGRESS_VAR))
+    _seen: float | None = None
+
+    def __call__(self, elapsed: float) -> bool:
+        now = time.monotonic()
+        self.watch.poll(now)
+        last = self.watch.last_advance()
+        if last is not None and last != self._seen:
+            self._seen = last
+            note_progress(self.progress_file)
+        last = last if last is not None else now - elapsed  # a job that has just started is advancing
+        if self.watch.hung(now, self.hang_after_s):
+            self.verdict = "hang"
+            return True
+        self.verdict = past_limit(elapsed, now - last, self.timeout, self.recent_s, self.extend)
+        return self.verdict is not None
+
+
+@dataclass
+class RunResult:
+    """What a finished job gives back."""
+
+    results: list[Any]
+    output: str
+    wall_s: float
+    nprocs: int
+    backend: str
+    lines: list[str] = field(default_factory=list, repr=False)
+
+    def rank_lines(self, rank: int) -> list[str]:
+        """The lines rank ``rank`` printed, without their ``[rankN]`` prefix."""
+        tag = f"[rank{rank}] "
+        return [ln[len(tag):] for ln in self.lines if ln.startswith(tag)]
+
+
+def target_string(target: str | Callable) -> str:
+    if isinstance(target, str):
+        return target
+    module = getattr(target, "__module__", None)
+    if module in (None, "__main__") or "<locals>" in target.__qualname__:
+        raise ValueError(
+            f"{target!r} is not importable by the workers: define it in a module "
+            "(or pass 'path/to/file.py:function'), or use the %%torchrun cell magic"
+        )
+    return f"{module}:{target.__qualname__}"
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
+
+
+def torchrun(
+    target: str | Callable,
+    nprocs: int = 2,
+    *,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    timeout: float = 120.0,
+    backend: str | None = None,
+    max_restarts: int = 0,
+    stream: bool | Callable[[str], None] = False,
+    env: dict[str, str] | None = None,
+    argv: list[str] | None = None,
+    cwd: str | os.PathLike | None = None,
+) -> RunResult:
+    """Run ``target`` on ``nprocs`` ranks under torchrun and return each rank's result.
+
+    ``target`` is a module-level function, ``"pkg.mod:function"``,
+    ``"path/file.py:function"`` or a script ``"path/file.py"`` (run as
+    ``__main__`` with ``argv``; its result is its global ``result``, if any).
+    ``stream=True`` prints rank-prefixed lines live (a callable receives them
+    instead). ``timeout`` is multiplied by ``DISTLAB_TIME_SCALE``.
+    """
+    target_s = target_string(target)
+    timeout *= time_scale()
+    backend = backend or pick_backend(nprocs)
+    callback = _print_line if stream is True else (stream or None)
+    with tempfile.TemporaryDirectory(prefix="distlab-") as tmp:
+        outdir = Path(tmp)
+        spec = write_spec(outdir, target_s, args=args, kwargs=kwargs, argv=argv)
+        torchrun_argv = ["--standalone", f"--nproc-per-node={nprocs}", f"--max-restarts={max_restarts}",
+                         "--monitor-interval=0.1"]
+        scale = time_scale()
+        supervision = Supervision(heartbeat.Watch(outdir, nprocs), timeout, hang_after_s=10 * scale,
+                                  recent_s=5 * scale)
+        # Collectives time out (and gloo names the peer that never came) before the job does.
+        finished = run_torchrun(torchrun_argv, spec, timeout=timeout, cwd=cwd, on_line=callback,
+                                env=job_env(outdir, backend, 0.75 * timeout, env), should_stop=supervision,
+                                **learner_sandbox(outdir))
+        run = collect(outdir, nprocs, backend, finished, timeout, supervision)
+        note_progress(supervision.progress_file)  # a launch that finished is progress too
+        return run
+
+
+def run_torchrun(torchrun_argv: list[str], spec: Path, *, timeout: float, env: dict[str, str],
+                 cwd: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
+                 user: str | None = None, rlimits: dict[int, int] | None = None,
+                 should_stop: Callable[[float], bool] | None = None) -> Finished:
+    """``torchrun TORCHRUN_ARGV -m distlab.runtime.worker SPEC``, contained, at most ``timeout`` s.
+
+    Warm (:mod:`distlab.runtime.warm`: the agent and ranks forked from a server that imported torch once)
+    where this process can have a server; otherwise the torchrun CLI under :func:`run_contained`.
+    Both give the same ranks the same environment and the same :class:`Finished`.
+    """
+    if warm.available(env):
+        try:
+            return warm.launch(torchrun_argv, str(spec), timeout=timeout, env=env, cwd=cwd, on_line=on_line,
+                               user=user, rlimits=rlimits, should_stop=should_stop)
+        except warm.ServerUnavailable as exc:
+            warm.forget(str(exc))
+    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv, "-m", "distlab.runtime.worker", str(spec)]
+    return run_contained(cmd, timeout=timeout, env=env, cwd=cwd, on_line=on_line, user=user, rlimits=rlimits,
+                         should_stop=should_stop)
+
+
+def write_spec(outdir: Path, target: str, *, args: tuple = (), kwargs: dict | None = None,
+               argv: list[str] | None = None) -> Path:
+    """Write the job spec :mod:`distlab.runtime.worker` reads on every rank; return its path."""
+    spec = {
+        "kind": "script" if target.endswith(".py") else "function", "target": target,
+        "args": tuple(args), "kwargs": dict(kwargs or {}), "argv": list(argv or []), "outdir": str(outdir),
+        "sys_path": [str(REPO_ROOT), os.getcwd()],
+    }
+    path = outdir / "spec.pkl"
+    path.write_bytes(pickle.dumps(spec))
+    return path
+
+
+def job_env(outdir: Path, backend: str, collective_timeout: float,
+            extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job's processes: the backend, the collectives' time limit, the repo on the
+    path, and a temp folder inside the job's own (torchrun's logs, the ranks' temp files), which goes
+    with the job."""
+    (outdir / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(outdir / "tmp"), **(extra or {})}
+    env.pop(warm.SERVER_VAR, None)  # a rank never learns where the warm server is
+    env.pop(PROGRESS_VAR, None)  # nor where the grader counts its progress
+    env.update({
+        BACKEND_VAR: backend, TIMEOUT_VAR: str(max(5, int(collective_timeout))), "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": with_repo_on_path(env),
+    })
+    # torchrun sets 1 anyway when unset, and prints a banner about it; say it ourselves.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def collect(outdir: Path, nprocs: int, backend: str, finished: Finished, timeout: float,
+            supervision: Supervision | None = None) -> RunResult:
+    """Every rank's result from ``outdir``, or the exception that names what went wrong."""
+    output = "\n".join(finished.lines)
+    done = {int(p.stem.split("-")[1]) for p in outdir.glob("result-*.pt")}
+    verdict = supervision.verdict if supervision else None
+    if finished.timed_out and verdict == "hang":
+        raise LaunchHang(supervision.hang_after_s, supervision.watch.report(), output)
+    if finished.timed_out and verdict == "slow":
+        raise MachineTooSlow(timeout, finished.wall_s - timeout)
+    if finished.timed_out:
+        raise LaunchTimeout(timeout, sorted(set(range(nprocs)) - done), output)
+    if finished.returncode != 0 or len(done) < nprocs:
+        raise _failure(outdir, finished.returncode, nprocs, done, output)
+    results = [torch.load(outdir / f"result-{r}.pt", weights_only=True) for r in range(nprocs)]
+    return RunResult(results, output, finished.wall_s, nprocs, backend, finished.lines)
+
+
+def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output: str) -> LaunchError:
+    """Name the root cause: a rank that died without a Python exception (a signal, the
+    OOM killer) comes first, since its peers then fail with "connection reset";
+    otherwise the earliest exception by time."""
+    errors = []
+    for p in outdir.glob("error-*.json"):
+        try:
+            errors.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    # torchrun's failure summary has "rank : N (local_rank: N)" then "exitcode : -9 (pid: …)".
+    # Its "Root Cause" is whichever exit it noticed first, which can be a peer's "connection
+    # reset"; a rank killed by a signal other than the SIGTERM torchrun sends peers is the cause.
+    died = {int(r): int(c) for r, c in [*_EXIT_RE.findall(output), *_recorded_exits(outdir)]
+            if int(c) < 0 and int(c) != -signal.SIGTERM}
+    silent = sorted(r for r in died if r not in {e["rank"] for e in errors})
+    if silent:
+        r = silent[0]
+        return LaunchError(
+            f"rank {r} was killed by signal {-died[r]} ({_signal_name(-died[r])}) "
+            "without raising a Python exception", output)
+    if errors:
+        first = min(errors, key=lambda r: r["time"])
+        # When several ranks fail the same way (an import error, say), name the lowest, not a race winner.
+        e = min((r for r in errors if (r["type"], r["message"]) == (first["type"], first["message"])),
+                key=lambda r: r["rank"])
+        failure = RankFailure(e["rank"], e["type"], e["message"], e["traceback"], output)
+        failure.env_changed = e.get("env_changed") or {}
+        return failure
+    missing = sorted(set(range(nprocs)) - done)
+    tail = "\n".join(output.splitlines()[-5:])
+    return LaunchError(
+        f"torchrun exited with code {returncode}; ranks {missing} returned nothing. "
+        f"Last lines:\n{tail}", output)
+
+
+def _recorded_exits(outdir: Path) -> list[tuple[str, int]]:
+    """(rank, exit code) pairs a warm launch's agent wrote (:func:`distlab.runtime.agent.record_exits`)."""
+    pairs = []
+    for p in outdir.glob("exits-*.json"):
+        try:
+            pairs += [(r, int(c)) for r, c in json.loads(p.read_text()).items()]
+        except (OSError, ValueError):
+            continue
+    return pairs
+
+
+_EXIT_RE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return "unknown"
