@@ -94,7 +94,7 @@ def graded():
         assert nbgrader_main(["generate", "--course-dir", str(course), "--exercise", str(EX.number)]) == 0
         print(f"[grading image] generate done at {time.perf_counter() - start:.1f} s", flush=True)
         submit(course, drop)
-        protected = [*(course / "submitted").rglob("*.py"), *(repo / "distlab").glob("*.py"),
+        protected = [*(course / "submitted").rglob("*.py"), *(repo / "distlab").rglob("*.py"),
                      *(repo / "autograder").rglob("*.py")]
         before = digest(protected)
         done = subprocess.run([str(repo / "docker" / "grade.sh"), "mark", "--exercise", str(EX.number)], cwd=repo,
