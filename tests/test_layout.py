@@ -192,7 +192,8 @@ def test_the_graph_is_read_from_the_tree(graph):
             "autograder", "autograder.registry"} <= set(modules)
     assert len(modules) >= 80 and len(edges) >= 300
     assert {e.kind for e in edges} == {"module", "type_checking", "function"}
-    assert Import("distlab", "distlab._moved", 19, "module") in edges  # from ._moved import install
+    assert any(e.source == "distlab" and e.target == "distlab._moved" and e.kind == "module"
+               for e in edges)  # from ._moved import install
 
 
 def _violations(edges: list[Import], source: str, forbidden: tuple[str, ...]) -> list[Import]:
