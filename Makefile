@@ -1,6 +1,7 @@
 # make lab   : set up (once) and open JupyterLab on the course
 # make test  : set up (once) and run the whole test suite (what CI runs)
 # make test-fast : set up (once) and run the unit tests and one launch per exercise (about 2 min on 2 idle cores)
+# make lint  : set up (once) and run ruff, the pinned version, on the repository (make test does too)
 # make bench : set up (once) and print the benchmark table
 # make selftest : set up (once) and check this machine grades correctly (instructors, before grading a class)
 # make images : build distlab-learner and distlab-grader (docker, or podman; BASE=local: bases from Debian's packages)
@@ -10,7 +11,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 NOTEBOOK_SOURCES := $(wildcard course/[0-9]*.py)
 
-.PHONY: setup lab test test-fast bench grade selftest stubs notebooks nbgrader images
+.PHONY: setup lab test test-fast lint bench grade selftest stubs notebooks nbgrader images
 
 setup: $(STAMP)
 
@@ -41,6 +42,10 @@ test: setup
 FAST := not slow and not notebook and not nbgrader and not root and not browser
 test-fast: setup
 	$(BIN)/python -m pytest -m "$(FAST)"
+
+# ruff with pyproject.toml's [tool.ruff]; tests/test_lint.py runs the same check in make test.
+lint: setup
+	$(BIN)/ruff check --no-cache .
 
 bench: setup
 	$(BIN)/python -m benchmarks

@@ -8,9 +8,9 @@
 # the gradebook, the course's source/ and the grader's code are read-only to
 # it; no new privileges (setuid binaries do not help); the sandbox's rlimits
 # (distlab/runtime/sandbox.py: processes, open files, address space, no core files).
-# CMD runs under distlab/runtime/reaper.py, which stays root: when CMD exits, every
+# CMD runs under `distlab/runtime/reaper.py as-learner`, which stays root: when CMD exits, every
 # process it left behind is ended, and then every process of the student
-# user (--kill-user), so nothing a learner's notebook started outlives it.
+# user, so nothing a learner's notebook started outlives it.
 # Memory, network and wall time are also limited by the container
 # (docker/compose.yaml) and by docker/grade.sh.
 # --readable FILE hands FILE (the kernel's connection file, written 0600 by
@@ -55,4 +55,4 @@ if [[ ! -d "$home" ]]; then
     chown -h "$user" "$home"
 fi
 export DISTLAB_LEARNER_HOME="$home"
-exec "$python" -I -S "$here/../distlab/runtime/reaper.py" --learner "$user" --kill-user -- "$@"
+exec "$python" -I -S "$here/../distlab/runtime/reaper.py" as-learner "$user" -- "$@"

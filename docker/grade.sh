@@ -66,7 +66,7 @@ fi
 status=0
 (cd "$repo" && "${cmd[@]}") || status=$?
 # 4. Nothing of a learner's survives the run (the reaper ends the student user's processes).
-"$python" -I -S "$repo/distlab/runtime/reaper.py" --user "$DISTLAB_STUDENT_USER" --kill-user -- true || true
+"$python" -I -S "$repo/distlab/runtime/reaper.py" end-user "$DISTLAB_STUDENT_USER" || true
 # 5. The instructor owns what was written.
 chown -R "$(stat -c %u:%g "$course")" "$course"
 if [[ $status -eq 124 ]]; then

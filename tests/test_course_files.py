@@ -1,5 +1,6 @@
-"""The course's files as a learner meets them: notebooks paired and titled alike, notebook N holding
-exercise N, references to notebooks that exist, and shell scripts that pass shellcheck."""
+"""The course's files as a learner meets them: notebooks paired and titled alike, exercise N graded in
+notebook N (a notebook may have none), references to notebooks that exist, and shell scripts that pass
+shellcheck."""
 from __future__ import annotations
 
 import re
@@ -22,7 +23,8 @@ def _tracked(*patterns: str) -> list[Path]:
     return [REPO / line for line in out.splitlines()]
 
 
-SHELL_SCRIPTS = sorted(set(_tracked("*.sh")) | set((REPO / "course" / "slurm").glob("*.sbatch")) | {REPO / ".ci" / "run"})
+SHELL_SCRIPTS = sorted(set(_tracked("*.sh")) | set((REPO / "course" / "slurm").glob("*.sbatch"))
+                       | {REPO / ".ci" / "run"})
 
 
 def _shellcheck() -> str:
@@ -69,10 +71,24 @@ def test_notebook_title_is_its_number_then_a_middle_dot(source):
     assert re.fullmatch(rf"# {source.name[:2]} · \S.*", title), f"{source.name}: title {title!r}"
 
 
+def _checked(notebook: Path) -> set[int]:
+    """The exercises a notebook grades: its ``check(N)`` calls."""
+    return {int(n) for n in re.findall(r"\bcheck\((\d+)", notebook.read_text())}
+
+
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_n_holds_exercise_n(source):
-    checked = {int(n) for n in re.findall(r"\bcheck\((\d+)", source.read_text())}
+def test_a_notebook_grades_no_exercise_or_the_one_of_its_number(source):
+    """The numbering rule: a notebook may have no exercise; where it has one, its number is the notebook's."""
+    checked = _checked(source)
     assert checked <= {int(source.name[:2])}, f"{source.name} grades exercise(s) {sorted(checked)}"
+
+
+def test_every_exercise_has_its_notebook():
+    exercises = sorted(int(p.name[2:4]) for p in (REPO / "solutions").glob("ex[0-9][0-9]_*.py"))
+    assert exercises, "no reference solutions in solutions/"
+    by_number = {int(p.name[:2]): p for p in NOTEBOOKS}
+    orphans = [n for n in exercises if n not in by_number or n not in _checked(by_number[n])]
+    assert not orphans, f"exercise(s) {orphans}: notebook course/NN_*.py of the same number must call check(N)"
 
 
 def test_readme_lists_the_notebooks_in_order():

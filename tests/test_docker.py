@@ -189,3 +189,38 @@ def test_learner_entrypoint_builds_the_notebooks_then_runs_the_command(tmp_path)
     assert done.stdout.strip() == "ready"
     nb = json.loads((tmp_path / "course" / "00_intro.ipynb").read_text())
     assert [c["cell_type"] for c in nb["cells"]] == ["markdown", "code"]
+
+
+REAPER = REPO / "distlab" / "runtime" / "reaper.py"
+
+
+def test_the_scripts_end_processes_through_the_reapers_subcommands():
+    """The flags that mean "run as the learner" and "end the learner's processes" live in reaper.py
+    (its SUBCOMMANDS), not in the shell scripts."""
+    from distlab.runtime import reaper
+
+    assert reaper.expand(["as-learner", "u", "--", "cmd", "-x"]) == ["--learner", "u", "--kill-user", "--", "cmd", "-x"]
+    assert reaper.expand(["end-user", "u"]) == ["--user", "u", "--kill-user", "--", "true"]
+    assert reaper.expand(["--user", "u", "--", "true"]) == ["--user", "u", "--", "true"]
+    calls = {script: re.findall(r"^[^#\n]*reaper\.py\" (\S+)", (DOCKER / script).read_text(), flags=re.M)
+             for script in ("grade.sh", "as-student.sh")}
+    assert calls == {"grade.sh": ["end-user"], "as-student.sh": ["as-learner"]}
+    # -I -S: no site-packages, so neither torch nor the distlab package can be what it runs on
+    for bad in (["end-user"], ["as-learner", "u", "cmd"]):
+        done = subprocess.run([sys.executable, "-I", "-S", str(REAPER), *bad], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 1 and f"reaper.py {bad[0]}" in done.stderr, done.stderr
+
+
+@pytest.mark.root
+def test_end_user_ends_every_process_of_the_user():
+    user = learner_user()  # skips unless root: the reaper becomes the user to end its processes
+    left = subprocess.Popen(["sleep", "120"], user=user, start_new_session=True)
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", str(REAPER), "end-user", user], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert left.wait(timeout=30) == -9  # SIGKILLed by the reaper, as the user
+    finally:
+        left.kill()
+        left.wait()

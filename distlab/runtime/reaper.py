@@ -23,6 +23,14 @@ small program. It
 It imports the standard library only and runs as ``python -I -S reaper.py``
 (no site-packages, no environment), so it starts in milliseconds and works
 from an interpreter the learner user could not otherwise use.
+
+The shell scripts of the grading image call it through two subcommands, so which
+flags they mean is written here, once (:data:`SUBCOMMANDS`):
+
+* ``reaper.py as-learner USER -- CMD...`` (``docker/as-student.sh``): CMD as the
+  learner ``USER`` with the sandbox's rlimits, then every process of ``USER`` ended;
+* ``reaper.py end-user USER`` (``docker/grade.sh``, after a step): every process
+  of ``USER`` ended, nothing run.
 """
 from __future__ import annotations
 
@@ -257,8 +265,33 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
     return opts, args[1:]
 
 
+def _as_learner(args: list[str]) -> list[str]:
+    """``as-learner USER -- CMD...``: ``--learner USER --kill-user -- CMD...``."""
+    if len(args) < 3 or args[1] != "--":
+        raise SystemExit("reaper: usage: reaper.py as-learner USER -- CMD ...")
+    return ["--learner", args[0], "--kill-user", *args[1:]]
+
+
+def _end_user(args: list[str]) -> list[str]:
+    """``end-user USER``: ``--user USER --kill-user -- true`` (the reaper runs ``true`` as USER, then
+    ends every process of USER)."""
+    if len(args) != 1:
+        raise SystemExit("reaper: usage: reaper.py end-user USER")
+    return ["--user", args[0], "--kill-user", "--", "true"]
+
+
+SUBCOMMANDS = {"as-learner": _as_learner, "end-user": _end_user}
+
+
+def expand(argv: list[str]) -> list[str]:
+    """``argv`` with a subcommand (:data:`SUBCOMMANDS`) replaced by the options it stands for."""
+    if argv and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]](argv[1:])
+    return list(argv)
+
+
 def main(argv: list[str]) -> int:
-    opts, cmd = parse(argv)
+    opts, cmd = parse(expand(argv))
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     # Interrupts go to the command's process group (a kernel's, a terminal's): ours to ignore.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
