@@ -2,7 +2,8 @@
 
 A class of :data:`LEARNERS` learners, each submitting every reference solution (so every grading
 does all its work), graded by :func:`autograder.classroom.grade_class` at 1 and 2 gradings at a
-time, in one run: at --jobs 1 the wall time is the sum of the single gradings. The extrapolation to a large class divides the CPU seconds per submission by the cores
+time, in one run: at --jobs 1 the wall time is the sum of the single gradings. The extrapolation to a large class
+divides the CPU seconds per submission by the cores
 (gradings here are CPU-bound: on a 16-core box without GPUs, 4 gradings of 4 ranks at a time).
 """
 from __future__ import annotations

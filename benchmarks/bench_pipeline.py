@@ -48,7 +48,8 @@ def _runs() -> list[dict]:
 
 def _bubble_rows(label: str, figures: list[dict]) -> list[Row]:
     def note(f: dict) -> str:
-        model = f"model (measured f, b, o = {f['overhead_s'] * 1e3:.2f} ms, c) {f['model']:.3f}; " if "model" in f else ""
+        model = (f"model (measured f, b, o = {f['overhead_s'] * 1e3:.2f} ms, c) {f['model']:.3f}; "
+                 if "model" in f else "")
         return (f"formula (p-1)/(v*m+p-1) = {f['formula']:.3f}; with messages {f['with_messages']:.3f}; {model}"
                 f"compute/micro-batch {f['compute_per_mb_s'] * 1e3:.2f} ms = {f['compute_per_mb_s'] / f['c']:.0f} c; "
                 f"gradients match: {f['grads_match']}")

@@ -51,5 +51,6 @@ def rows() -> list[Row]:
             if r["every"]:
                 out.append(Row("recompute", f"step time / none, depth {depth}, {r['policy']}", timed[r["policy"]],
                                "ratio", f"model 1 + F/(F+B) = {1 + timed['forward share']:.2f} (F/(F+B) measured "
-                                        f"{timed['forward share']:.2f}; 4/3 if B = 2F); median of 5 interleaved rounds"))
+                                        f"{timed['forward share']:.2f}; 4/3 if B = 2F); "
+                                        "median of 5 interleaved rounds"))
     return out

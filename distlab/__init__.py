@@ -24,7 +24,8 @@ _WHERE = {
     "backend": "runtime.distributed", "device": "runtime.distributed", "init_distributed": "runtime.distributed",
     "pick_backend": "runtime.distributed", "rank": "runtime.distributed", "shutdown": "runtime.distributed",
     "world_size": "runtime.distributed",
-    "LaunchError": "runtime.launch", "LaunchHang": "runtime.launch", "LaunchTimeout": "runtime.launch", "MachineTooSlow": "runtime.launch",
+    "LaunchError": "runtime.launch", "LaunchHang": "runtime.launch", "LaunchTimeout": "runtime.launch",
+    "MachineTooSlow": "runtime.launch",
     "RankFailure": "runtime.launch", "RunResult": "runtime.launch",
     "torchrun": "runtime.launch",
 }

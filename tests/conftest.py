@@ -62,7 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # behind" can be checked without mistaking someone else's processes for ours.
 os.environ["DISTLAB_TEST_SESSION"] = SESSION = uuid.uuid4().hex
 # A self-test run by a test records its time-scale calibration here, not in this machine's cache.
-os.environ["DISTLAB_CALIBRATION"] = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"distlab-calibration-{SESSION}.json")
+os.environ["DISTLAB_CALIBRATION"] = os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                                 f"distlab-calibration-{SESSION}.json")
 
 
 def _wait_for(condition, timeout: float = 30.0, interval: float = 0.05):

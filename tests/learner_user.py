@@ -52,7 +52,8 @@ def as_learner(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
                           **kwargs)
 
 
-def _usable(python: str, repo: Path, modules: str = "torch, nbgrader, distlab.runtime.launch, autograder.runner") -> bool:
+def _usable(python: str, repo: Path,
+            modules: str = "torch, nbgrader, distlab.runtime.launch, autograder.runner") -> bool:
     probe = as_learner([python, "-c", f"import {modules}"], cwd="/", env={**os.environ, "PYTHONPATH": str(repo)})
     return probe.returncode == 0
 
@@ -105,7 +106,8 @@ def readable_install() -> tuple[str, Path]:
     _share(Path(sys.prefix, "share", "jupyter"), made / "venv" / "share" / "jupyter")  # nbconvert's templates
     for script in Path(sys.prefix, "bin").iterdir():
         head = script.read_bytes()[:200] if script.is_file() else b""
-        if head.startswith(b"#!") and b"python" in head.split(b"\n")[0] and not (made / "venv/bin" / script.name).exists():
+        shebang = head.startswith(b"#!") and b"python" in head.split(b"\n")[0]
+        if shebang and not (made / "venv/bin" / script.name).exists():
             rest = script.read_text().split("\n", 1)[1]
             (made / "venv/bin" / script.name).write_text(f"#!{python}\n{rest}")
             (made / "venv/bin" / script.name).chmod(0o755)

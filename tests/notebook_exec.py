@@ -65,7 +65,6 @@ from pathlib import Path
 
 import jupytext
 import nbclient
-import nbformat
 import zmq
 from jupyter_core.utils import ensure_async
 from nbclient.jsonutil import json_clean

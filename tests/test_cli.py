@@ -45,7 +45,8 @@ def test_a_missing_file_scores_zero_and_says_so(tmp_path):
     proc = cli(str(tmp_path), "--exercise", "1", "--json", str(tmp_path / "r.json"))
     assert proc.returncode == 1
     report = json.loads((tmp_path / "r.json").read_text())["exercises"][0]
-    assert report["score"] == 0 and report["feedback"] == f"FAIL runs: ex01_ddp.py not found in {tmp_path}: nothing to grade"
+    assert report["score"] == 0
+    assert report["feedback"] == f"FAIL runs: ex01_ddp.py not found in {tmp_path}: nothing to grade"
 
 
 # A file that cannot be imported fails the same way in every exercise: these grade exercise 7,

@@ -19,7 +19,8 @@ podman) or the images, these tests skip with the reason, unless ``DISTLAB_REQUIR
   ``DISTLAB_CONTAINER_CLASS=full``, by tests/test_grading_image.py's whole hostile class (a gradebook
   writer, a report rewriter, a fork bomb, a memory bomb, 256 MiB of output) plus one that connects
   out: about 85 s instead of 30-40 s here. Outcomes as in that test: full marks for the honest
-  learner, 0 with a line in nbgrader_problems.txt for each other; the bombs stopped at the learner's limits; the submissions
+  learner, 0 with a line in nbgrader_problems.txt for each other; the bombs stopped at the learner's limits; the
+  submissions
   and the image's code byte-identical; no process of the student left when grade.sh returns, and
   no container after. The connection is refused by the network's absence: the submission is told
   the network is unreachable, and a listener on this host's own address sees nobody.
@@ -243,7 +244,8 @@ def lab_in_container(eng: str, name, tmp_path: Path, wait_for):
            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
            f"--IdentityProvider.token={token}"]
     start = subprocess.run([eng, "run", "-d", "--rm", "--name", n, *run_flags(eng), "--network", "host",
-                            "-v", f"{REPO / 'exercises'}:{home}/exercises:ro",  # as the README mounts it (read-only here)
+                            # as the README mounts it (read-only here)
+                            "-v", f"{REPO / 'exercises'}:{home}/exercises:ro",
                             "-v", f"{settings}:/tmp/lab-settings:ro", "-e", "JUPYTERLAB_SETTINGS_DIR=/tmp/lab-settings",
                             LEARNER, *cmd], capture_output=True, text=True, timeout=120)
     assert start.returncode == 0, start.stderr
@@ -303,7 +305,8 @@ def scores(db: Path) -> dict[str, float]:
 # After grade.sh: a digest of the grader's code, then the student's processes still running.
 WRAPPER = r'''
 code() { python3 -c 'import hashlib, pathlib
-print(hashlib.sha256(b"".join(p.read_bytes() for p in sorted(pathlib.Path("/opt/distlab").rglob("*.py")))).hexdigest())'; }
+files = sorted(pathlib.Path("/opt/distlab").rglob("*.py"))
+print(hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest())'; }
 before="$(code)"
 /opt/distlab/docker/grade.sh "$@"
 status=$?
@@ -389,7 +392,8 @@ def test_in_the_image_the_bombs_hit_the_learners_limits_and_nothing_was_written(
     reached = hostile.recorded(graded["drop"])
     if "forkbomb" in HOSTILE:
         assert 0 < int(reached.get("forkbomb", 0)) <= MAX_PROCS, reached
-        memory_cap = max(4 << 30, psutil.virtual_memory().total // 4)  # distlab.runtime.sandbox's default, as in the image
+        # distlab.runtime.sandbox's default, as in the image
+        memory_cap = max(4 << 30, psutil.virtual_memory().total // 4)
         assert 0 < int(reached.get("membomb", 0)) <= memory_cap, reached
         assert int(reached.get("spew", 0)) == 256 << 20, reached
     assert graded["after"] == graded["before"]
@@ -550,9 +554,9 @@ def test_docker_compose_v2_runs_the_grader_with_the_flags_these_tests_give_it(tm
             subprocess.run([*base, "down", "--remove-orphans"], cwd=COMPOSE.parent, env=env, capture_output=True,
                            timeout=300)
         mine = name()
-        created = subprocess.run([eng, "create", "--name", mine, *compose_flags(
-            {"DISTLAB_GRADER_MEMORY": GRADER_MEMORY}, course, gpus=False), GRADER, "mark"], capture_output=True, text=True,
-            timeout=120)
+        flags = compose_flags({"DISTLAB_GRADER_MEMORY": GRADER_MEMORY}, course, gpus=False)
+        created = subprocess.run([eng, "create", "--name", mine, *flags, GRADER, "mark"], capture_output=True,
+                                 text=True, timeout=120)
         assert created.returncode == 0, created.stderr
         by_tests = host_config(mine)
     assert by_compose == by_tests

@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from distlab.measure.profiling import (Span, covered, intersection, overlap_fraction, profile_steps, summarize, trace_spans,
+from distlab.measure.profiling import (Span, covered, intersection, overlap_fraction, profile_steps, summarize,
+                                      trace_spans,
                                union)
 
 

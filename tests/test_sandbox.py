@@ -101,8 +101,8 @@ def test_graded_ranks_run_as_the_learner_and_the_report_is_out_of_their_reach(in
     shared = world_readable_dir("distlab-sandbox-")
     try:
         text = (repo / "solutions" / "ex07_pipeline.py").read_text()  # one launch of 2 ranks
-        spy = (f"\nimport os as _os\nopen({str(shared / 'uid' / 'rank')!r} + _os.environ['RANK'], 'w').write(str(_os.getuid()))"
-               "\nraise RuntimeError('spied')\n")
+        spy = (f"\nimport os as _os\nopen({str(shared / 'uid' / 'rank')!r} + _os.environ['RANK'], 'w')"
+               ".write(str(_os.getuid()))\nraise RuntimeError('spied')\n")
         (shared / "uid").mkdir(mode=0o777)
         (shared / "uid").chmod(0o1777)  # a drop box the learner can write to
         (shared / "sub").mkdir()

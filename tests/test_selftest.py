@@ -103,7 +103,8 @@ def test_selftest_of_one_exercise_passes_and_writes_its_json(tmp_path):
     assert solution["score"] == solution["max_score"] == 10 and stub["score"] == 0
     assert "not implemented yet" in stub["feedback"], stub["feedback"]
     limit = EXERCISE.time_limit * time_scale()  # times are reported, never asserted (tests/conftest.py, rule 3)
-    assert solution["limit_s"] == stub["limit_s"] == pytest.approx(limit, abs=0.01) and solution["seconds"] > 0 and stub["seconds"] >= 0  # an untouched stub: no job
+    assert solution["limit_s"] == stub["limit_s"] == pytest.approx(limit, abs=0.01)
+    assert solution["seconds"] > 0 and stub["seconds"] >= 0  # an untouched stub: no job
     assert "no surprises" in proc.stdout
 
 

@@ -29,7 +29,8 @@ def test_a_job_array_grades_the_class_in_slices_and_merges_them(cluster, tmp_pat
         shutil.copy(SOLUTIONS / FILE, root / name / FILE)
     shutil.copy(REPO / "exercises" / FILE, root / "ben" / FILE)
     env = cluster.env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{cluster.env()['PATH']}",
-                      DISTLAB_EXERCISES="7", DISTLAB_REPO=str(REPO), DISTLAB_VENV=str(Path(sys.executable).parent.parent))
+                      DISTLAB_EXERCISES="7", DISTLAB_REPO=str(REPO),
+                      DISTLAB_VENV=str(Path(sys.executable).parent.parent))
     job_id = cluster.sbatch("--array=0-1", str(REPO / "course" / "slurm" / "grade_class.sbatch"), str(root), str(out),
                             cwd=tmp_path, env=env)
     for task in (0, 1):

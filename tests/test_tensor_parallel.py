@@ -57,7 +57,8 @@ def test_collective_kinds_and_ring_factors():
     assert kind("_c10d_functional.all_gather_into_tensor.default") == "all-gather"
     assert kind("c10d._reduce_scatter_base_.default") == "reduce-scatter"
     for w in (2, 4, 8):
-        assert wire_bytes("all-reduce", 1.0, w) == wire_bytes("all-gather", 1.0, w) + wire_bytes("reduce-scatter", 1.0, w)
+        halves = wire_bytes("all-gather", 1.0, w) + wire_bytes("reduce-scatter", 1.0, w)
+        assert wire_bytes("all-reduce", 1.0, w) == halves
 
 
 HIDDEN, DEPTH, BATCH = 64, 3, 8

@@ -46,7 +46,8 @@ from distlab import reaper
 # What a rank imports before the learner's first line: torch, DDP (which imports torch._dynamo),
 # c10d and torchrun's engine, and the distlab modules every job runs.
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "torch.distributed.run",
-           "torch.distributed.elastic.multiprocessing", "distlab.runtime.agent", "distlab.runtime.worker", "distlab.runtime.distributed")
+           "torch.distributed.elastic.multiprocessing", "distlab.runtime.agent", "distlab.runtime.worker",
+           "distlab.runtime.distributed")
 HEADER = struct.Struct("!I")
 MAX_REQUEST = 16 << 20
 
