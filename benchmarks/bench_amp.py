@@ -16,6 +16,7 @@ import torch
 import distlab
 from autograder.checks.ex03_amp import REAL_MODEL
 from benchmarks import Row
+from distlab.data import seeded_batch
 from distlab.models import make_mlp
 from distlab.measure.timing import synchronize
 
@@ -25,9 +26,7 @@ def rows() -> list[Row]:
 
     device = distlab.device()  # this rank's device: the GPU when there is one
     cfg = REAL_MODEL["cuda" if device.type == "cuda" else "cpu"]
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(cfg["batch"], cfg["in_features"], generator=g).to(device)
-    y = torch.randint(0, 10, (cfg["batch"],), generator=g).to(device)
+    x, y = seeded_batch(cfg["batch"], cfg["in_features"], 10, seed=0, device=device)
 
     def step(dtype, scaler=None):
         model = make_mlp(seed=0, in_features=cfg["in_features"], hidden=cfg["hidden"], depth=cfg["depth"]).to(device)

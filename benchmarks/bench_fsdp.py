@@ -4,8 +4,8 @@ Exercise 4's model (:class:`distlab.resmlp.ResidualMLP`, 8 blocks, widths not
 multiples of 4 so shards are padded) is sharded per block with the reference
 solution, trained two Adam steps, and measured on every rank:
 :func:`distlab.lab.fsdp_memory.measured_bytes` after the step, and the peak of
-live tensor storage during the second step (``LiveStorageTracker`` on the
-CPU, ``max_memory_allocated`` on a GPU) against the bound the grader uses.
+live tensor storage during the second step (:class:`distlab.measure.memory.PeakMemory`:
+``LiveStorageTracker`` on the CPU, ``max_memory_allocated`` on a GPU) against the bound the grader uses.
 Root-only wrapping at W=2 is measured beside it. These are bytes, which a
 CPU measures as well as a GPU; FSDP's *speed* needs GPUs and a real
 interconnect, so no time is reported here.
@@ -17,8 +17,9 @@ import torch.distributed as dist
 
 import distlab
 from benchmarks import Row
-from distlab.lab.fsdp_memory import (UNITS_IN_FLIGHT, LiveStorageTracker, activation_bytes, full_shapes, measured_bytes,
-                                 peak_bound, unsharded_bytes)
+from distlab.lab.fsdp_memory import (UNITS_IN_FLIGHT, activation_bytes, full_shapes, measured_bytes, peak_bound,
+                                     unsharded_bytes)
+from distlab.measure.memory import PeakMemory
 
 
 def measure(per_block: bool = True) -> dict:
@@ -43,20 +44,13 @@ def measure(per_block: bool = True) -> dict:
     for step in range(2):
         state = measured_bytes(model, opt)
         params = list(model.parameters())
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            live = torch.cuda.memory_allocated()
-        with LiveStorageTracker() as mem:
-            mem.track(*params, *(p.grad for p in params if p.grad is not None),
-                      *(v for s in opt.state.values() for v in s.values()))
+        # as the grader: on a GPU the growth above what was live, on top of the sharded state
+        with PeakMemory(device, state=[*params, *(p.grad for p in params if p.grad is not None),
+                                       *(v for s in opt.state.values() for v in s.values())]) as mem:
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
-        if device.type == "cuda":  # growth above what was live, on top of the sharded state (as the grader)
-            peak = sum(state.values()) + torch.cuda.max_memory_allocated() - live
-        else:
-            peak = mem.peak
+        peak = mem.peak
     after = measured_bytes(model, opt)
     distlab.shutdown()
     return {"bytes": sum(after.values()), "peak": peak, "unsharded": unsharded,

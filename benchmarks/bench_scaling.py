@@ -15,12 +15,12 @@ cores than workers the figures measure core contention as much as DDP.
 """
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
 import distlab
 from distlab import torchrun
 from distlab.lab.bandwidth import allreduce_bandwidth
+from distlab.data import seeded_batch
 from distlab.models import make_mlp
 from distlab.measure.timing import cpu_cores
 from solutions.ex06_scaling import make_ddp_step, measure_throughput
@@ -37,9 +37,7 @@ def rank_main() -> dict:
     out = {}
     for name, cfg in CONFIGS.items():
         model = make_mlp(seed=0, hidden=cfg["hidden"], depth=3).to(dev)
-        gen = torch.Generator().manual_seed(dist.get_rank())
-        x = torch.randn(cfg["batch"], 64, generator=gen).to(dev)
-        y = torch.randint(0, 10, (cfg["batch"],), generator=gen).to(dev)
+        x, y = seeded_batch(cfg["batch"], 64, 10, seed=dist.get_rank(), device=dev)
         step = make_ddp_step(model, x, y, lr=0.01)
         out[name] = measure_throughput(step, cfg["batch"], warmup=5, iters=30)
     if dist.get_world_size() > 1:

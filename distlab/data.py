@@ -60,3 +60,19 @@ class RecordingDataset(Dataset):
     def __getitem__(self, index: int):
         self.accessed.append(int(index))
         return self.inner[index]
+
+
+def seeded_batch(n: int, features: int, classes: int = 10, *, seed: int = 0,
+                 device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)``: ``n`` standard-normal rows of ``features`` and ``n`` labels in ``[0, classes)``,
+    drawn in that order from one ``torch.Generator`` seeded with ``seed``, then moved to ``device``.
+
+    The same ``(n, features, classes, seed)`` gives the same tensors bit for bit on every machine
+    (the CPU generator draws them, whatever the device): a rank seeds with its rank to train on
+    samples of its own, ranks that must share a batch (tensor parallelism) pass the same seed.
+    Unlike :func:`synthetic_classification` the labels are noise: for measuring a step, not learning.
+    """
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    return (x, y) if device is None else (x.to(device), y.to(device))

@@ -11,11 +11,11 @@ import functools
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from distlab import init_distributed, shutdown
 from distlab.data import digits
+from distlab.measure.ddp_hooks import BucketLog
 from distlab.models import cpu_state, make_mlp
 
 from ..harness import CapturedPrints, echo, load_learner
@@ -93,12 +93,19 @@ class Probe:
     def __init__(self, model: nn.Module):
         self.model = model
         self.forwards = 0          # micro-steps since the last optimizer step
-        self.rounds = 0            # DDP all-reduce rounds so far
+        # DDP's reducer runs in C++: wrapping dist.all_reduce would see nothing, a comm hook sees every round.
+        self.buckets = BucketLog()
+        self.comm_hook = self.buckets.hook
         self.total_rounds: list[int] = []  # self.rounds at each forward (and at the end)
         self.steps: list[dict] = []
         self.zero_grads: list[tuple[int, int]] = []  # (optimizer steps so far, micro-steps since) per zero_grad()
         self.start_cleared: list[bool] = []  # at the first forward of every window but the first: .grad zero?
         self.mid_grads: dict | None = None
+
+    @property
+    def rounds(self) -> int:
+        """DDP all-reduce rounds so far."""
+        return self.buckets.rounds
 
     def cleared(self) -> bool:
         return all(p.grad is None or not p.grad.any() for p in self.model.parameters())
@@ -120,12 +127,6 @@ class Probe:
             self.zero_grads.append((len(self.steps), self.forwards))
             return zero_grad(*args, **kwargs)
         return spy
-
-    def comm_hook(self, state, bucket):
-        # DDP's reducer runs in C++: wrapping dist.all_reduce would see nothing, a comm hook sees every round.
-        if bucket.index() == 0:
-            self.rounds += 1
-        return default_hooks.allreduce_hook(None, bucket)
 
 
 def _recording_sgd(probe: Probe, params, lr: float) -> torch.optim.SGD:

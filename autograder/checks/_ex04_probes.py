@@ -33,8 +33,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from distlab import init_distributed
 from distlab.runtime.distributed import default_timeout
 from distlab.data import synthetic_classification
-from distlab.lab.fsdp_memory import (LiveStorageTracker, activation_bytes, expected_bytes, full_shapes, measured_bytes,
-                                 peak_bound)
+from distlab.lab.fsdp_memory import activation_bytes, expected_bytes, full_shapes, measured_bytes, peak_bound
+from distlab.measure.memory import PeakMemory
 from distlab.resmlp import make_resmlp
 
 from ..harness import CapturedPrints, Replace, SaveSpy, echo, grad_norm, load_learner, on_backward_start
@@ -124,7 +124,7 @@ def _observe_step(learner, device: torch.device) -> tuple[dict, dict]:
         else:
             before = measured_bytes(model, optimizer)
             with _StepProbe(model, optimizer) as probe:
-                loss, peak = _step_peak(real_step, model, optimizer, (x, y), device, sum(before.values()))
+                loss, peak = _step_peak(real_step, model, optimizer, (x, y), device)
             seen.update(before=before, after=measured_bytes(model, optimizer), peak=peak, **probe.seen,
                         **_layout(model, optimizer),
                         bound=peak_bound(sum(before.values()), model, activation_bytes(MICRO_BATCH, **MODEL)))
@@ -171,19 +171,12 @@ class _StepProbe:
         return False
 
 
-def _step_peak(step, model: nn.Module, optimizer, batch: tuple, device: torch.device, state_bytes: int):
-    """Run one ``step`` and return its loss and the peak bytes during it (the state it starts from included)."""
+def _step_peak(step, model: nn.Module, optimizer, batch: tuple, device: torch.device):
+    """Run one ``step`` and return its loss and the peak bytes during it (:class:`PeakMemory`: the
+    state it starts from, parameters, gradients and Adam's, included)."""
     params = list(model.parameters())
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        live = torch.cuda.memory_allocated()  # state + cuBLAS workspace + the batch, already there
-        loss = step(model, optimizer, *batch)
-        torch.cuda.synchronize()
-        return loss, state_bytes + torch.cuda.max_memory_allocated() - live
-    with LiveStorageTracker() as mem:
-        mem.track(*params, *(p.grad for p in params if p.grad is not None),
-                  *(v for s in optimizer.state.values() for v in s.values()))
+    with PeakMemory(device, state=[*params, *(p.grad for p in params if p.grad is not None),
+                                   *(v for s in optimizer.state.values() for v in s.values())]) as mem:
         loss = step(model, optimizer, *batch)
     return loss, mem.peak
 

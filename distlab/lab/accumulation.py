@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distlab.runtime.distributed import init_distributed, shutdown
+from distlab.data import seeded_batch
+from distlab.measure.ddp_hooks import BucketLog
 from distlab.measure.memory import peak_memory
+from distlab.runtime.distributed import init_distributed, shutdown
 from distlab.models import make_mlp
 from distlab.measure.timing import distributed_median_seconds
 from distlab.runtime.importing import resolve
@@ -40,26 +41,18 @@ def sweep(train: str, ks: tuple[int, ...] = KS, batch_per_rank: int = 256, steps
     world = dist.get_world_size()
     model = make_mlp(seed=0, **MODEL).to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    rounds = [0]
-
-    def counting_hook(state, bucket):
-        rounds[0] += bucket.index() == 0
-        return default_hooks.allreduce_hook(None, bucket)
-
-    ddp.register_comm_hook(None, counting_hook)
+    buckets = BucketLog().register(ddp)  # one round per backward that all-reduces
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(dist.get_rank())
-    x = torch.randn(batch_per_rank, MODEL["in_features"], generator=g).to(device)
-    y = torch.randint(0, 10, (batch_per_rank,), generator=g).to(device)
+    x, y = seeded_batch(batch_per_rank, MODEL["in_features"], 10, seed=dist.get_rank(), device=device)
     out = []
     for k in ks:
         if dist.get_rank() == 0:
             print(f"measuring k={k} ...", flush=True)
         micro = list(zip(x.chunk(k), y.chunk(k)))
         train_accumulated(ddp, opt, micro, accumulation_steps=k)  # warm-up, and count all-reduces
-        rounds[0] = 0
+        before = buckets.rounds
         train_accumulated(ddp, opt, micro, accumulation_steps=k)
-        per_step = rounds[0]
+        per_step = buckets.rounds - before
         step_s = distributed_median_seconds(lambda: train_accumulated(ddp, opt, micro, accumulation_steps=k),
                                             calls=steps, repeats=repeats, device=device)
         act, method = peak_memory(lambda: model(micro[0][0]).sum(), device, exclude=list(model.parameters()))

@@ -76,30 +76,23 @@ def measure_step_bytes() -> dict:
     after forward (FSDP2's default) and resharded (``reshard_after_forward=True``), each beside
     :func:`zero_prediction`. DDP's all-reduces are also counted by a comm hook."""
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from distlab.runtime.distributed import device as rank_device
+    from distlab.data import seeded_batch
+    from distlab.measure.ddp_hooks import BucketLog
     from distlab.resmlp import make_resmlp
+    from distlab.runtime.distributed import device as rank_device
 
     world, device = dist.get_world_size(), rank_device()
-    gen = torch.Generator().manual_seed(dist.get_rank())
-    x = torch.randn(BATCH, MODEL["in_features"], generator=gen).to(device)
-    y = torch.randint(0, MODEL["out_features"], (BATCH,), generator=gen).to(device)
+    x, y = seeded_batch(BATCH, MODEL["in_features"], MODEL["out_features"], seed=dist.get_rank(), device=device)
     model = make_resmlp(0, **MODEL).to(device)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    hooked = []
-
-    def hook(state, bucket):  # the cross-check: what DDP hands to the all-reduce, bucket by bucket
-        hooked.append(bucket.buffer().numel() * bucket.buffer().element_size())
-        return default_hooks.allreduce_hook(None, bucket)
-
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    ddp.register_comm_hook(None, hook)
+    hooked = BucketLog().register(ddp)  # the cross-check: what DDP hands to the all-reduce, bucket by bucket
     out = {"world": world, "ddp": _train(ddp, x, y, world)}
     # Every DDP step all-reduces every gradient once, whatever its buckets: the hook's bytes per step.
-    out["ddp"]["hook_bytes_per_step"] = sum(hooked) / STEPS
+    out["ddp"]["hook_bytes_per_step"] = hooked.total_bytes() / STEPS
     for name, root_reshards in (("fsdp", None), ("fsdp_root_resharded", True)):
         model = make_resmlp(0, **MODEL).to(device)
         blocks = [(padded_bytes(b, world), True) for b in model.blocks]

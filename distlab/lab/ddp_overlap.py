@@ -23,7 +23,7 @@ start before backward ends. What torch 2.13 does beyond the paper, and what
 * ``gradient_as_bucket_view=True`` makes each ``.grad`` a view into its
   bucket: no second copy of the gradients, no copy back after the all-reduce.
 
-A comm hook (``register_comm_hook``) logs every bucket DDP hands over, per
+A comm hook (:class:`distlab.measure.ddp_hooks.BucketLog`) logs every bucket DDP hands over, per
 iteration: its index, its bytes, the storage it lives in; it then reduces the
 bucket as DDP's built-in path does (``default_hooks.allreduce_hook``: divide
 by the world size, all-reduce), one Python call per bucket more.
@@ -35,9 +35,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from distlab.data import seeded_batch
+from distlab.measure.ddp_hooks import BucketLog
 from distlab.models import sgd_step
 from distlab.measure.profiling import profile_steps, summarize, trace_spans
 from distlab.resmlp import make_resmlp
@@ -58,18 +59,6 @@ CONFIGS = [
 BENCH_CONFIGS = CONFIGS + [{"label": "default + find_unused_parameters", "find_unused_parameters": True}]
 
 
-def _logging_hook(log: list, iteration: list):
-    """A comm hook that records each bucket (iteration, index, bytes, storage) and all-reduces it
-    as DDP's default does (divide by the world size, sum)."""
-    def hook(state, bucket):
-        buf = bucket.buffer()
-        log.append((iteration[0], bucket.index(), buf.numel() * buf.element_size(),
-                    buf.untyped_storage().data_ptr()))
-        return default_hooks.allreduce_hook(None, bucket)
-
-    return hook
-
-
 def _grad_bytes_outside_buckets(model: torch.nn.Module, bucket_storages: set[int]) -> int:
     """Bytes of ``.grad`` storages that are not a bucket: the second copy of the gradients."""
     seen = {}
@@ -86,27 +75,18 @@ def run_config(config: dict, device: torch.device, trace: Path, steps: int = 1) 
     kwargs = {k: v for k, v in config.items() if k != "label"}
     model = make_resmlp(0, **MODEL).to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
-    log, iteration = [], [0]
-    ddp.register_comm_hook(None, _logging_hook(log, iteration))
-    gen = torch.Generator().manual_seed(dist.get_rank())  # each rank its own samples
-    x = torch.randn(BATCH, MODEL["in_features"], generator=gen).to(device)
-    y = torch.randint(0, MODEL["out_features"], (BATCH,), generator=gen).to(device)
-
-    train = sgd_step(ddp, x, y, lr=1e-3)
-
-    def step() -> None:
-        train()
-        iteration[0] += 1
-
+    log = BucketLog().register(ddp)  # every step is one backward: one round of buckets
+    x, y = seeded_batch(  # each rank its own samples
+        BATCH, MODEL["in_features"], MODEL["out_features"], seed=dist.get_rank(), device=device)
+    step = sgd_step(ddp, x, y, lr=1e-3)
     for _ in range(2):  # iteration 0: one bucket; 1: rebuilt (2 with static_graph: the profiler's warm-up)
         step()
     profile_steps(step, steps, trace, cuda=device.type == "cuda")
     spans, steps_at = trace_spans(trace)
-    per_iteration = [[b for it, _, b, _ in log if it == i] for i in range(iteration[0])]
-    last = {s for it, *_, s in log if it == iteration[0] - 1}
+    last = {b.storage for b in log.in_round(-1)}
     return {**summarize(trace), "label": config["label"], "options": kwargs,
             "spans": [(s.kind, s.phase, s.start, s.end) for s in spans], "steps": steps_at,
-            "buckets": per_iteration, "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "buckets": log.bytes_per_round(), "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             # the last iteration's buckets only: a freed bucket's address may be reused by a .grad
             "grad_copy_bytes": _grad_bytes_outside_buckets(model, last)}
 

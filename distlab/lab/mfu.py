@@ -113,14 +113,14 @@ def scaling_mfu(hidden: int = 1024, batch: int = 32, depth: int = 3, calls: int 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from distlab.data import seeded_batch
     from distlab.runtime.distributed import device as rank_device
     from distlab.models import make_mlp, sgd_step
     from distlab.measure.timing import distributed_median_seconds, median_seconds, synchronize
 
     dev, rank, world = rank_device(), dist.get_rank(), dist.get_world_size()
     model = make_mlp(seed=0, hidden=hidden, depth=depth).to(dev)
-    gen = torch.Generator().manual_seed(rank)
-    x, y = torch.randn(batch, 64, generator=gen).to(dev), torch.randint(0, 10, (batch,), generator=gen).to(dev)
+    x, y = seeded_batch(batch, 64, 10, seed=rank, device=dev)
     flops = step_flops(model, x, y)
     out = {"flops_per_step": flops, "six_n": six_n_rule(model, batch), "exact": exact_mlp_flops(model, batch),
            "params": sum(p.numel() for p in model.parameters()), "batch": batch, "hidden": hidden,

@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
+from distlab.data import seeded_batch
 from distlab.measure.memory import saved_tensor_bytes
 from distlab.resmlp import ResidualMLP, make_resmlp
 from distlab.measure.timing import median_seconds
@@ -78,9 +79,7 @@ def workload(depth: int, *, hidden: int = 256, batch: int = 64, in_features: int
              seed: int = 0) -> tuple[ResidualMLP, torch.Tensor, torch.Tensor]:
     """The model and one batch the notebook, the benchmark and the tests measure."""
     model = make_resmlp(seed, in_features=in_features, hidden=hidden, depth=depth, out_features=out_features)
-    gen = torch.Generator().manual_seed(seed + 1)
-    x, y = torch.randn(batch, in_features, generator=gen), torch.randint(0, out_features, (batch,), generator=gen)
-    return model, x, y
+    return (model, *seeded_batch(batch, in_features, out_features, seed=seed + 1))
 
 
 def saved_bytes(model: ResidualMLP, every: int, x, y) -> int:

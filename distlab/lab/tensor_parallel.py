@@ -194,16 +194,16 @@ def tp_job(*, hidden: int = 64, depth: int = 2, batch: int = 8, seq: int = 16, s
     ``timed`` the step times (:func:`_times`). What the tests and the benchmark launch."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from distlab.runtime.distributed import init_distributed, shutdown, world_size
+    from distlab.data import seeded_batch
     from distlab.resmlp import make_resmlp
+    from distlab.runtime.distributed import init_distributed, shutdown, world_size
 
     dev = init_distributed()
     try:
         mesh = init_device_mesh(dev.type, (world_size(),))
         w, shape = mesh.size(), dict(in_features=hidden, hidden=hidden, depth=depth, out_features=10)
         ref, model = make_resmlp(seed, **shape).to(dev), parallelize_blocks(make_resmlp(seed, **shape).to(dev), mesh)
-        gen = torch.Generator().manual_seed(seed + 1)  # the same batch on every rank: TP ranks share it
-        x, y = torch.randn(batch, hidden, generator=gen).to(dev), torch.randint(0, 10, (batch,), generator=gen).to(dev)
+        x, y = seeded_batch(batch, hidden, 10, seed=seed + 1, device=dev)  # the same batch on every rank: TP ranks share it
         block = model.blocks[0]
         matrices = [block.fc1.weight, block.fc2.weight]
         out = {"world": w, "step": step_report(model, ref, x, y, w), "block_bytes": param_bytes(block),

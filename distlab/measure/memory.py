@@ -1,28 +1,35 @@
-"""Measuring memory the same way on every device.
+"""Measuring memory the same way on every device: one counter of saved tensors, one peak.
 
-* :func:`saved_tensor_bytes` counts the bytes of the tensors autograd saves
-  for backward while ``fn`` runs (``torch.autograd.graph.saved_tensors_hooks``),
-  each storage once. These activations are what mixed precision and
-  activation checkpointing shrink, and the count is exact on any device.
-  It is also exercise 3's graded ``saved_bytes``: the grader recognises it
-  (imported, aliased or called, also through :func:`peak_memory`:
-  :mod:`autograder.answers`) and gives it no marks.
-* :func:`peak_memory` is the device's own answer where it has one:
-  ``torch.cuda.max_memory_allocated`` on a GPU (the peak above what was
-  allocated before ``fn``), and the saved-tensor bytes on the CPU, whose
-  allocator keeps no peak statistic. It returns which method it used, so a
-  report can say what was measured.
+* :class:`SavedTensors` is the one counter of what autograd saves for backward
+  (``torch.autograd.graph.saved_tensors_hooks``), each storage once: every
+  storage saved (``total``), those a graph still holds (``live``) and the most
+  held at once (``peak``). These activations are what mixed precision,
+  activation checkpointing and pipeline schedules shrink, and the count is
+  exact on any device. Built on it:
+* :func:`saved_tensor_bytes`, the bytes saved while ``fn`` runs. It is also
+  exercise 3's graded ``saved_bytes``: the grader recognises it (imported,
+  aliased or called, also through :func:`peak_memory`: :mod:`autograder.answers`)
+  and gives it no marks;
 * :func:`saved_tensor_bytes_by_kind` splits the same count into the
   activations and the weights a layer saves (``linear`` keeps its weight for
   the gradient of its input): the parameters themselves, which exist anyway,
   and the 16-bit copies of them that ``torch.autocast`` makes for the step,
-  which are extra memory.
+  which are extra memory;
+* ``distlab.lab.pipeline.costs.SavedBytes``, a pipeline stage's live and peak bytes.
+* :class:`PeakMemory` is the one peak of a block: ``torch.cuda.max_memory_allocated``
+  on a GPU, the live tensor storage of :class:`~distlab.measure.live_storage.LiveStorageTracker`
+  on the CPU, whose allocator keeps no peak statistic.
+* :func:`peak_memory` is a step's memory as exercise 3 reports it: the GPU's peak
+  (:class:`PeakMemory`), and on the CPU the saved-tensor bytes. It returns
+  which method it used, so a report can say what was measured.
 """
 from __future__ import annotations
 
 from typing import Callable, Iterable
 
 import torch
+
+from distlab.measure.live_storage import LiveStorageTracker
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -38,40 +45,157 @@ def _key(t: torch.Tensor) -> tuple:
     return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
 
 
+class _Held:
+    """What autograd keeps instead of a saved tensor: the tensor, and its counter, told when autograd frees it."""
+
+    __slots__ = ("counter", "t", "key", "gen")
+
+    def __init__(self, counter: "SavedTensors", t: torch.Tensor, key: tuple):
+        self.counter, self.t, self.key, self.gen = counter, t, key, counter.gen
+
+    def __del__(self):
+        if self.counter.gen == self.gen:  # saved before a reset: no longer counted
+            self.counter._drop(self.key)
+
+
+class SavedTensors(torch.autograd.graph.saved_tensors_hooks):
+    """The storages autograd saves for backward while entered, each counted once (see the module docstring).
+
+    Each storage once, because a saved tensor's memory is its storage's: a ReLU's output is also
+    the next Linear's saved input, a weight is saved as its transpose, and counting tensors would
+    count them twice. ``saved`` maps each storage ever saved to its bytes (``total``, their sum);
+    ``live`` counts those a graph still holds (autograd frees a graph's saved tensors after its
+    backward), ``peak`` the most at once. A DTensor counts as its shard on this rank. Storages of
+    ``exclude`` (``model.parameters()``, which exist anyway) are not counted.
+
+    ``views_apart=True`` counts a saved view as its own bytes instead of its whole storage: a
+    pipeline's micro-batches are views of one batch, and each holds only its own rows for its
+    stage. ``on_pack(key, tensor)`` is told of every saved tensor (for a split by kind).
+    Re-enterable: the counts add up over every ``with`` until :meth:`reset`.
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = (), *, views_apart: bool = False,
+                 on_pack: Callable[[tuple, torch.Tensor], None] | None = None):
+        super().__init__(self._pack, lambda held: held.t)
+        self.skip = {_key(t) for t in exclude}
+        self.views_apart, self.on_pack = views_apart, on_pack
+        self.saved: dict[tuple, int] = {}
+        self._refs: dict[tuple, list[int]] = {}  # key -> [saved tensors holding it, bytes counted]
+        self.live = self.peak = self.gen = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.saved.values())
+
+    def _pack(self, t: torch.Tensor):
+        mine = local_tensor(t)
+        key = _key(mine)
+        if key in self.skip:
+            return _Held(self, t, None)
+        nbytes = mine.untyped_storage().nbytes()
+        if self.views_apart:
+            key, nbytes = key + (mine.data_ptr(), mine.nbytes), mine.nbytes
+        self.saved[key] = max(self.saved.get(key, 0), nbytes)
+        if self.on_pack is not None:
+            self.on_pack(key, t)
+        ref = self._refs.setdefault(key, [0, nbytes])
+        ref[0] += 1
+        if ref[0] == 1:
+            ref[1] = nbytes
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+        return _Held(self, t, key)
+
+    def _drop(self, key) -> None:
+        ref = self._refs.get(key)
+        if ref is None:
+            return
+        ref[0] -= 1
+        if ref[0] == 0:
+            del self._refs[key]
+            self.live -= ref[1]
+
+    def reset(self) -> None:
+        """Count from zero again (after a warm-up step): what was saved before is forgotten, and its
+        freeing later is not subtracted."""
+        self.gen += 1
+        self.saved.clear()
+        self._refs.clear()
+        self.live = self.peak = 0
+
+
 def saved_tensor_bytes(fn: Callable[[], object], *, exclude: Iterable[torch.Tensor] = ()) -> int:
-    """Bytes of the distinct tensors autograd saved for backward while ``fn()`` ran.
+    """Bytes of the distinct storages autograd saved for backward while ``fn()`` ran (:class:`SavedTensors`).
 
     Storages of the tensors in ``exclude`` (e.g. ``model.parameters()``, which
     ``linear`` saves but which exist anyway) are not counted. A DTensor counts as its
     shard on this rank.
     """
-    seen: dict[tuple, int] = {}
-    skip = {_key(t) for t in exclude}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        mine = local_tensor(t)
-        key = _key(mine)
-        if key not in skip:
-            seen[key] = max(seen.get(key, 0), mine.untyped_storage().nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    counter = SavedTensors(exclude)
+    with counter:
         fn()
+    return counter.total
+
+
+def _distinct_bytes(tensors: Iterable) -> int:
+    seen = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            t = local_tensor(t)
+            seen[_key(t)] = t.untyped_storage().nbytes()
     return sum(seen.values())
+
+
+class PeakMemory:
+    """The most bytes live at once while the block runs, counting the ``state`` tensors that exist before it.
+
+        with PeakMemory(device, state=[*params, *grads, *optimizer_state]) as mem:
+            train_step()
+        mem.peak, mem.method
+
+    GPU: ``torch.cuda.max_memory_allocated`` (the allocator's own peak, exact) less what was
+    allocated at the start, plus the distinct storages of ``state`` at the start: what existed before
+    and is not state (the batch, cuBLAS's workspace) is left out. Only weak references to ``state``
+    are kept: a tensor the block frees (``zero_grad``) stops counting. CPU, whose allocator keeps no peak:
+    :class:`LiveStorageTracker`, ``state`` tracked from the start and every storage an op touches
+    (the batch too) until it is freed.
+    """
+
+    def __init__(self, device: torch.device | str, state: Iterable = ()):
+        self.device, self._state = torch.device(device), list(state)
+        self.peak, self.method = 0, ("torch.cuda.max_memory_allocated" if self.device.type == "cuda"
+                                     else "live tensor storage (LiveStorageTracker)")
+
+    def __enter__(self) -> "PeakMemory":
+        # Read the state, and let go of it: the block may free some (zero_grad), and that counts.
+        state, self._state = self._state, []
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = _distinct_bytes(state) - torch.cuda.memory_allocated(self.device)
+        else:
+            self._tracker = LiveStorageTracker().__enter__()
+            self._tracker.track(*state)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = self._base + torch.cuda.max_memory_allocated(self.device)
+        else:
+            self._tracker.__exit__(*exc)
+            self.peak = self._tracker.peak
+        return False
 
 
 def peak_memory(fn: Callable[[], object], device: torch.device | str, *,
                 exclude: Iterable[torch.Tensor] = ()) -> tuple[int, str]:
-    """``(bytes, method)``: the peak allocated while ``fn()`` ran on a GPU, else saved-tensor bytes
-    (without the storages of ``exclude``)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before, "torch.cuda.max_memory_allocated (peak above the start)"
+    """``(bytes, method)``: the peak allocated while ``fn()`` ran on a GPU (:class:`PeakMemory`, no
+    state: above the start), else saved-tensor bytes (without the storages of ``exclude``)."""
+    if torch.device(device).type == "cuda":
+        with PeakMemory(device) as mem:
+            fn()
+        return mem.peak, "torch.cuda.max_memory_allocated (peak above the start)"
     return saved_tensor_bytes(fn, exclude=exclude), "bytes of tensors saved for backward (saved_tensors_hooks)"
 
 
@@ -123,21 +247,18 @@ def saved_tensor_bytes_by_kind(fn: Callable[[], object], parameters: Iterable[to
     the three add up to :func:`saved_tensor_bytes` without ``exclude``.
     """
     params = {_key(p) for p in parameters}
-    seen: dict[tuple, tuple[str, int]] = {}
+    kinds: dict[tuple, str] = {}
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _key(t)
+    def classify(key: tuple, t: torch.Tensor) -> None:
         kind = (PARAMETERS if key in params else
                 PARAMETER_COPIES if _copy_of_parameter(t, params) else ACTIVATIONS)
-        old = seen.get(key)
-        nbytes = max(old[1] if old else 0, t.untyped_storage().nbytes())
         # a storage saved both as a parameter's copy and as something else counts as an activation
-        seen[key] = (kind if old is None or old[0] == kind else ACTIVATIONS, nbytes)
-        return t
+        kinds[key] = kind if kinds.get(key, kind) == kind else ACTIVATIONS
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    counter = SavedTensors(on_pack=classify)
+    with counter:
         fn()
     out = {ACTIVATIONS: 0, PARAMETERS: 0, PARAMETER_COPIES: 0}
-    for kind, nbytes in seen.values():
-        out[kind] += nbytes
+    for key, nbytes in counter.saved.items():
+        out[kinds[key]] += nbytes
     return out

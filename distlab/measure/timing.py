@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import timeit
 from typing import Callable, Iterator
@@ -83,10 +84,12 @@ def median_seconds(fn: Callable[[], object], sync: Callable[[], None] = synchron
 class VirtualClock:
     """A clock that only moves when a simulated workload says so.
 
-    ``with clock.installed():`` replaces ``time.perf_counter``, ``time.monotonic``,
-    ``time.time``, ``time.process_time`` (and their ``_ns`` forms) and
-    ``timeit.default_timer`` (what ``torch.utils.benchmark`` reads), and puts
-    them back on exit.
+    ``with clock.installed():`` makes every name bound to ``time.perf_counter``, ``time.monotonic``,
+    ``time.time``, ``time.process_time`` (and their ``_ns`` forms) read this clock, and puts them
+    back on exit: the ``time`` module's own, ``timeit.default_timer`` (what ``torch.utils.benchmark``
+    reads), and those of the ``__main__`` namespace (a notebook's), where ``from time import
+    perf_counter`` bound the real clock before the block began. Other modules keep theirs: a
+    thread (``threading``, ``queue``) waiting on a clock that never moves would wait for ever.
     """
 
     _NAMES = ("perf_counter", "monotonic", "time", "process_time")
@@ -105,22 +108,22 @@ class VirtualClock:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["VirtualClock"]:
-        saved = {n: getattr(time, n) for n in self._NAMES}
-        saved_ns = {n: getattr(time, n + "_ns") for n in self._NAMES}
-        saved_timeit = timeit.default_timer
         read = lambda: self.now  # noqa: E731
         read_ns = lambda: int(self.now * 1e9)  # noqa: E731
+        stand_in = {id(getattr(time, n)): read for n in self._NAMES}
+        stand_in.update({id(getattr(time, n + "_ns")): read_ns for n in self._NAMES})
+        main = sys.modules.get("__main__")
+        saved = []
         try:
-            for n in self._NAMES:
-                setattr(time, n, read)
-                setattr(time, n + "_ns", read_ns)
-            timeit.default_timer = read
+            for namespace in {id(d): d for d in (vars(time), vars(timeit), getattr(main, "__dict__", {}))}.values():
+                for name, value in list(namespace.items()):
+                    if id(value) in stand_in:
+                        saved.append((namespace, name, value))
+                        namespace[name] = stand_in[id(value)]
             yield self
         finally:
-            for n in self._NAMES:
-                setattr(time, n, saved[n])
-                setattr(time, n + "_ns", saved_ns[n])
-            timeit.default_timer = saved_timeit
+            for namespace, name, value in reversed(saved):
+                namespace[name] = value
 
 
 class SimulatedWorkload:

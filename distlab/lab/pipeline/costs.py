@@ -7,8 +7,8 @@
   (PipeDream-Flush: Narayanan et al., 2021) ignores. With ``m`` micro-batches
   a step sends ``2 m`` messages per boundary, so the measured bubble is about
   ``formula + m (p - 1) c / step_time`` (:func:`bubble_with_messages`).
-* :class:`SavedBytes` wraps a stage's module and counts, with
-  ``torch.autograd.graph.saved_tensors_hooks``, the bytes autograd keeps for
+* :class:`SavedBytes` wraps a stage's module and counts, with the one saved-tensor
+  counter (:class:`distlab.measure.memory.SavedTensors`), the bytes autograd keeps for
   the backward: live now and at the peak. GPipe's stage 0 keeps all ``m``
   micro-batches' before its first backward, 1F1B's at most ``p``.
 """
@@ -19,6 +19,8 @@ import time
 
 import torch
 from torch import nn
+
+from distlab.measure.memory import SavedTensors
 
 
 def message_cost(sizes: list[int], reps: int = 30, warmup: int = 5) -> list[dict]:
@@ -122,59 +124,36 @@ def bubble_model(f: list[float], b: list[float], m: int, o: float = 0.0, c: floa
     return 1.0 - m * (sum(f) + sum(b)) / (p * step)
 
 
-class _Held:
-    """What autograd stores instead of a saved tensor: the tensor, and a counter that forgets it when freed."""
-
-    def __init__(self, meter: "SavedBytes", t: torch.Tensor):
-        self.meter, self.t, self.key, self.gen = meter, t, (t.data_ptr(), t.nbytes), meter.gen
-        meter._add(self.key, t.nbytes)
-
-    def __del__(self):
-        if self.meter.gen == self.gen:
-            self.meter._drop(self.key)
-
-
 class SavedBytes(nn.Module):
-    """Runs ``module`` and counts the bytes autograd saves for its backward: ``live`` and ``peak``.
+    """Runs ``module`` and counts the bytes autograd saves for its backward: ``live`` and ``peak``
+    (:class:`distlab.measure.memory.SavedTensors`, the one counter).
 
-    A tensor saved twice (a ReLU's output is also the next Linear's input)
-    counts once: saved tensors are keyed by address and size, reference counted.
-    The count falls when autograd frees a micro-batch's graph after its backward.
-    Parameters (a Linear saves its weight) are left out: they are not activations.
+    A storage saved twice (a ReLU's output is also the next Linear's input) counts once; a saved
+    view counts as its own bytes (``views_apart``): stage 0's micro-batches are views of one
+    batch, and each holds only its rows. The count falls when autograd frees a micro-batch's graph
+    after its backward. Parameters (a Linear saves its weight) are left out: they are not activations.
     """
 
     def __init__(self, module: nn.Module):
         super().__init__()
         self.module = module
-        self._refs: dict[tuple[int, int], int] = {}
-        self._params = {(q.data_ptr(), q.nbytes) for q in module.parameters()}
-        self.live = self.peak = self.gen = 0
+        self.saved = SavedTensors(exclude=module.parameters(), views_apart=True)
 
-    def _add(self, key, nbytes: int) -> None:
-        if key in self._params:
-            return
-        self._refs[key] = self._refs.get(key, 0) + 1
-        if self._refs[key] == 1:
-            self.live += nbytes
-            self.peak = max(self.peak, self.live)
+    @property
+    def live(self) -> int:
+        return self.saved.live
 
-    def _drop(self, key) -> None:
-        if key in self._params or key not in self._refs:
-            return
-        self._refs[key] -= 1
-        if self._refs[key] == 0:
-            del self._refs[key]
-            self.live -= key[1]
+    @property
+    def peak(self) -> int:
+        return self.saved.peak
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "meta":  # shape inference, not work
             return self.module(x)
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: _Held(self, t), lambda h: h.t):
+        with self.saved:
             return self.module(x)
 
     def reset(self) -> None:
         """Count from zero again (after a warm-up step): tensors saved before are no longer counted
         (the library may still hold the last micro-batch's graph of the step before)."""
-        self.gen += 1
-        self._refs.clear()
-        self.live = self.peak = 0
+        self.saved.reset()
