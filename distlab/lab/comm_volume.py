@@ -61,7 +61,8 @@ STEPS = 3  # two to warm up (DDP rebuilds its buckets, FSDP initialises lazily),
 
 
 def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, world: int) -> dict:
-    """``STEPS - 1`` uncounted steps, then one step counted by :class:`~distlab.measure.comm.CollectiveRecorder`; its totals."""
+    """``STEPS - 1`` uncounted steps, then one step counted by
+    :class:`~distlab.measure.comm.CollectiveRecorder`; its totals."""
     step = sgd_step(model, x, y, lr=1e-3)
     for _ in range(STEPS - 1):
         step()

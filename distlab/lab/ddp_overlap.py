@@ -86,7 +86,8 @@ def run_config(config: dict, device: torch.device, trace: Path, steps: int = 1) 
     last = {b.storage for b in log.in_round(-1)}
     return {**summarize(trace), "label": config["label"], "options": kwargs,
             "spans": [(s.kind, s.phase, s.start, s.end) for s in spans], "steps": steps_at,
-            "buckets": log.bytes_per_round(), "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "buckets": log.bytes_per_round(),
+            "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             # the last iteration's buckets only: a freed bucket's address may be reused by a .grad
             "grad_copy_bytes": _grad_bytes_outside_buckets(model, last)}
 

@@ -203,7 +203,8 @@ def tp_job(*, hidden: int = 64, depth: int = 2, batch: int = 8, seq: int = 16, s
         mesh = init_device_mesh(dev.type, (world_size(),))
         w, shape = mesh.size(), dict(in_features=hidden, hidden=hidden, depth=depth, out_features=10)
         ref, model = make_resmlp(seed, **shape).to(dev), parallelize_blocks(make_resmlp(seed, **shape).to(dev), mesh)
-        x, y = seeded_batch(batch, hidden, 10, seed=seed + 1, device=dev)  # the same batch on every rank: TP ranks share it
+        # the same batch on every rank: TP ranks share it
+        x, y = seeded_batch(batch, hidden, 10, seed=seed + 1, device=dev)
         block = model.blocks[0]
         matrices = [block.fc1.weight, block.fc2.weight]
         out = {"world": w, "step": step_report(model, ref, x, y, w), "block_bytes": param_bytes(block),

@@ -109,8 +109,8 @@ def pipelined_step(schedule: str = "1f1b", n_microbatches: int = 4, *, width: in
 
     ``microbatch_rows`` > 0 fixes the micro-batch instead of the batch (batch = m x rows).
     ``boundary`` > 0 narrows the layers whose outputs cross a rank boundary of the ``v = 1`` split
-    to that many features (smaller messages for the same compute; the model does not depend on ``v``). ``memory`` returns the peak saved-tensor bytes of this
-    rank's first stage.
+    to that many features (smaller messages for the same compute; the model does not depend on ``v``).
+    ``memory`` returns the peak saved-tensor bytes of this rank's first stage.
     A first, untimed step warms up (the library infers the shapes passed
     between stages on its first step). Returns this rank's event log, its
     gradients' max abs difference from the unsplit model's, the step's
