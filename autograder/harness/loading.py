@@ -1,6 +1,7 @@
-"""Instruments the grader places around a learner's code inside each rank.
+"""Where the learner's code runs inside a rank: its file imported (never the reference solutions), what
+it prints captured, and the process group it makes given a store of its own.
 
-They observe; they never decide. Each rank returns what they saw (plain
+The instruments (:mod:`.spies`) observe; they never decide. Each rank returns what they saw (plain
 tensors, lists, strings) and the verdict is computed in the grading process.
 """
 from __future__ import annotations
@@ -13,13 +14,12 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
-from types import ModuleType
-from typing import Callable, Mapping
 
-import torch
 import torch.distributed as dist
 
 from distlab.runtime.importing import import_path
+
+from .replace import watched
 
 
 class _NoSolutions(importlib.abc.MetaPathFinder):
@@ -49,82 +49,6 @@ def load_learner(path: str | Path):
     return watched(import_path(path, name=f"learner_{Path(path).stem}"))
 
 
-def watched(module: ModuleType) -> ModuleType:
-    """Count ``module`` as the learner's: every :class:`Replace` entered now or later covers its names."""
-    _LEARNERS.append(module)
-    for replacement in _ACTIVE:
-        replacement.cover(module)
-    return module
-
-
-_LEARNERS: list[ModuleType] = []   # every learner module this process imported, in order
-_ACTIVE: list["Replace"] = []      # the replacements entered now, outermost first
-_MISSING = object()
-
-
-class Replace(contextlib.AbstractContextManager):
-    """Library functions replaced by an instrument's stand-ins, wherever the learner's code reaches them.
-
-    ``Replace({(time, "perf_counter"): make, (timeit, "default_timer"): make, ...})``: while entered,
-    ``owner.name`` is ``make(real)`` (``real``: what it was on entry), and so is every global of a
-    learner module (:func:`load_learner`) that *is* ``real``. A module binds what it imports once,
-    when it is imported: ``from time import perf_counter``, ``from timeit import default_timer as
-    clock`` or a default argument ``clock=time.perf_counter`` keep the real function after a plain
-    ``setattr(time, ...)``, and would measure something else than ``time.perf_counter()``. So:
-
-    * enter it *before* ``load_learner``: the module binds the stand-ins themselves (names, default
-      arguments, closures, class attributes alike);
-    * and for a module imported before it was entered, its globals that are the real function are
-      replaced too, for the duration (``import X as Y`` and ``X.name`` need nothing more).
-
-    On exit everything is put back, in reverse order, so replacements nest. A name the module bound
-    to a stand-in at import keeps it afterwards: a stand-in must behave as the real function
-    whenever its instrument is not observing. ``real[(owner, name)]`` is the replaced function.
-    """
-
-    def __init__(self, targets: Mapping[tuple[object, str], Callable[[Callable], Callable]]):
-        self.targets = dict(targets)
-        self.real: dict[tuple[object, str], Callable] = {}
-        self._stand_ins: dict[int, Callable] = {}  # id(real) -> its stand-in
-        self._undo: list[tuple[object, str, object]] = []
-
-    def __enter__(self) -> "Replace":
-        stand_ins: dict = {}
-        for (owner, name), make in self.targets.items():
-            real = getattr(owner, name)
-            self.real[(owner, name)] = real
-            if id(real) not in stand_ins:  # aliases of one function (torch.save, serialization.save) share one
-                stand_ins[id(real)] = make(real)
-            self._set(owner, name, stand_ins[id(real)])
-        self._stand_ins = stand_ins
-        _ACTIVE.append(self)
-        for module in _LEARNERS:
-            self.cover(module)
-        return self
-
-    def _set(self, owner: object, name: str, value: object) -> None:
-        self._undo.append((owner, name, vars(owner).get(name, _MISSING)))
-        setattr(owner, name, value)
-
-    def cover(self, module: ModuleType) -> None:
-        """Replace the names ``module`` bound to a replaced function (``from X import name``), until exit."""
-        reals = {id(real): real for real in self.real.values()}
-        for key, value in list(vars(module).items()):
-            if id(value) in reals and value is reals[id(value)] and not key.startswith("__"):
-                self._set(module, key, self._stand_ins[id(value)])
-
-    def __exit__(self, *exc) -> bool:
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
-        for owner, name, old in reversed(self._undo):
-            if old is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, old)
-        self._undo.clear()
-        return False
-
-
 class CapturedPrints(contextlib.AbstractContextManager):
     """Captures what the learner's code prints on this rank (stdout and stderr)."""
 
@@ -146,44 +70,10 @@ class CapturedPrints(contextlib.AbstractContextManager):
         return [ln for ln in self.buffer.getvalue().splitlines() if ln.strip()]
 
 
-class SaveSpy(Replace):
-    """Records the path of every ``torch.save`` call on this rank (and still performs them).
-
-    Enter it *before* importing the learner's module (see :class:`Replace`): ``from torch import
-    save`` and ``torch.serialization.save`` are seen too.
-    """
-
-    def __init__(self):
-        self.paths: list[str] = []
-        super().__init__({(torch, "save"): self._spy, (torch.serialization, "save"): self._spy})
-
-    def _spy(self, real):
-        def save(obj, f, *args, **kwargs):
-            self.paths.append(str(f))
-            return real(obj, f, *args, **kwargs)
-        return save
-
-
 def echo(lines: list[str]) -> None:
     """Show captured learner output in the job log, so a learner debugging sees it."""
     for ln in lines:
         print(ln, file=sys.stdout)
-
-
-def grad_norm(params) -> float:
-    """The total 2-norm of the ``.grad`` of ``params`` that have one (a DTensor's: this rank's shard); 0.0
-    when none has."""
-    norms = [getattr(p.grad, "_local_tensor", p.grad).detach().float().norm() for p in params if p.grad is not None]
-    return torch.linalg.vector_norm(torch.stack(norms)).item() if norms else 0.0
-
-
-def on_backward_start(model: torch.nn.Module, callback) -> torch.utils.hooks.RemovableHandle:
-    """Call ``callback()`` each time a backward through ``model``'s output begins (before any ``.grad`` of
-    that backward is written: what ``.grad`` holds then is what ``zero_grad`` should have cleared)."""
-    def on_forward(mod, args, out) -> None:  # None: the output is not replaced
-        if isinstance(out, torch.Tensor) and out.requires_grad:
-            out.register_hook(lambda grad: callback())
-    return model.register_forward_hook(on_forward)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ learner, so a run that skips DDP's initial broadcast ends with ranks apart.
 The data set records which indices each rank read; from those logs the
 grader rebuilds every global batch and trains a single-process reference on
 them, which the ranks' final parameters must match (CS336-style parity).
-Inside the ranks (``_ex01_probes``) global hooks also record which module
+Inside the ranks (``probes``) global hooks also record which module
 each forward entered (the DDP wrapper or the model inside it), each batch's
 size, the weights at the first forward, every DDP built around the model,
 the gradients and lr at the first optimizer step, and gradients all-reduced
@@ -31,10 +31,8 @@ by hand; a failure names the first cause below that explains them:
 """
 from __future__ import annotations
 
-import functools
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -44,72 +42,23 @@ from torch import nn
 from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 
-from ..diagnosis import diagnose
-from ..grading import launch_files, launch_timeout
-from ..parity import parity
-from ..registry import Exercise
-from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from ._ex01_causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
-# By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from ._ex01_causes import (batch_not_per_rank, double_all_reduce, inner_forward, loss_over_world, loss_times_world,
-                           lr_changed, no_sampler, no_set_epoch, not_synchronised, not_wrapped, seeded_apart,
-                           unshuffled)
-from ._ex01_probes import ATOL, CONFIG, MODEL, RTOL, rank_main
+from ...diagnosis import diagnose
+from ...grading import launch_files, launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, inner_forward, loss_over_world,
+                     loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised, not_wrapped, seeded_apart,
+                     unshuffled)
+from .observed import Run
+from .probes import ATOL, CONFIG, MODEL, RTOL, rank_main
+
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]
 
 EXERCISE = Exercise(number=1, name="ddp", filename="ex01_ddp.py", max_score=10, time_limit=150)
 WORLD_SIZES = (2, 4)
 
-
-@dataclass
-class Run:
-    """One file's run at one world size: every rank's observation, and where rank 0 was told to save."""
-
-    ranks: list[dict]
-    world: int
-    checkpoint: Path
-
-    @property
-    def samples_per_rank(self) -> int:
-        return len(digits()) // self.world
-
-    def epoch(self, rank: int, e: int) -> list[int]:
-        local = self.samples_per_rank
-        return self.ranks[rank]["accessed"][e * local:(e + 1) * local]
-
-    def global_batches(self) -> list[list[int]]:
-        """Every optimizer step's global batch as the contract has it: the ranks' local batches of
-        ``batch_size``, concatenated in rank order."""
-        local, bs = self.samples_per_rank, CONFIG["batch_size"]
-        return [sum((self.epoch(r, e)[s:s + bs] for r in range(self.world)), [])
-                for e in range(CONFIG["epochs"]) for s in range(0, local, bs)]
-
-    def first_batch(self, rank: int) -> list[int]:
-        """The samples ``rank`` had read when its first forward ran: its first batch, as it really was."""
-        forwards = self.ranks[rank]["forwards"]
-        return self.ranks[rank]["accessed"][:forwards[0][2]] if forwards else []
-
-    @functools.cached_property
-    def gradient_ratio(self) -> float | None:
-        """Rank 0's first-step gradient over one process's on the same global batch, at the same weights
-        (``None`` when the two do not point the same way: then no scale factor explains the difference)."""
-        r0 = self.ranks[0]
-        if not r0["first_step"] or r0["at_first_forward"] is None:
-            return None
-        model = make_mlp(seed=0, **MODEL)
-        model.load_state_dict(r0["at_first_forward"])
-        x_all, y_all = digits().tensors
-        idx = sum((self.first_batch(r) for r in range(self.world)), [])
-        nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
-        ref = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
-        got = torch.cat([r0["first_step"]["grads"][n].flatten() for n, _ in model.named_parameters()]).double()
-        ratio = float(got @ ref / (ref @ ref))
-        return ratio if torch.allclose(got, ratio * ref, rtol=1e-3, atol=1e-6) else None
-
-    def ratio_is(self, value: float) -> bool:
-        return self.gradient_ratio is not None and abs(self.gradient_ratio - value) < 1e-2 * value
-
-
-# The causes (_ex01_causes) each criterion asks for, most specific first.
+# The causes (causes.py) each criterion asks for, most specific first.
 RANKS_APART = [inner_forward, not_synchronised, not_wrapped]
 SHARDS = [no_sampler, seeded_apart]
 SHUFFLE = [unshuffled, no_set_epoch]

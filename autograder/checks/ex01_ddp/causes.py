@@ -1,22 +1,19 @@
 """Exercise 1's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
 
-Each takes the :class:`~autograder.checks.ex01_ddp.Run` of one world size; ``ex01_ddp``'s criteria ask
+Each takes the :class:`~.observed.Run` of one world size; the check's criteria ask
 for them in four groups (ranks apart, shards, shuffle, step), most specific first.
 """
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 
 from distlab.data import digits
 
-from ..diagnosis import KnownError, mistake
-from ..parity import parity
-from ._ex01_probes import ATOL, CONFIG
+from ...diagnosis import KnownError, mistake
+from ...parity import parity
+from .observed import Run
+from .probes import ATOL, CONFIG
 
-if TYPE_CHECKING:
-    from .ex01_ddp import Run
 
 KNOWN_ERRORS = [
     KnownError("DataLoader given a sampler and shuffle=True", r"sampler option is mutually exclusive with shuffle",

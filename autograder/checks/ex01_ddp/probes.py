@@ -18,11 +18,11 @@ import distlab
 from distlab.data import RecordingDataset, digits
 from distlab.models import cpu_state, make_mlp
 
-from ..harness import CapturedPrints, Replace, SaveSpy, echo, load_learner, own_rendezvous
+from ...harness import CapturedPrints, Replace, SaveSpy, echo, load_learner, own_rendezvous
 
 CONFIG = dict(epochs=2, batch_size=32, lr=0.2, seed=7)
 MODEL = dict(hidden=64)
-# The grader's tolerance against one process (ex01_ddp and _ex01_causes both use it).
+# The grader's tolerance against one process (ex01_ddp and causes both use it).
 RTOL, ATOL = 1e-4, 1e-5  # all-reduce sums in another order than one big batch's mean
 
 

@@ -30,77 +30,30 @@ A failure names the first cause below that explains the observations:
 """
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import torch
-from torch import nn
+from ...diagnosis import diagnose
+from ...parity import parity
+from ...grading import launch_files, launch_timeout
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, never_synced, never_zeroed,
+                     not_divided, step_every_micro_step, step_misplaced, zero_grad_before_step, zero_grad_mid_window)
+from .observed import Run, Scenario
+from .probes import SCENARIOS, rank_main, windows
+from .reference import WORLD, reference
 
-from distlab.models import cpu_state, make_mlp
-
-from ..diagnosis import diagnose
-from ..grading import launch_files, launch_timeout
-from ..parity import parity
-from ..registry import Exercise
-from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from ._ex02_causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
-# By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from ._ex02_causes import (close, divided_by_k, equal_weights, first_wrong, never_synced, never_zeroed, not_divided,
-                           step_every_micro_step, step_misplaced, zero_grad_before_step, zero_grad_mid_window)
-# The scenarios and data are shared with the rank-side instruments, which define them.
-from ._ex02_probes import LR, MODEL, SCENARIOS, micro_batches, rank_main, windows
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
 
 EXERCISE = Exercise(number=2, name="accumulation", filename="ex02_accumulation.py", max_score=10, time_limit=90)
-WORLD = 2
-
-
-def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
-    model.zero_grad()
-    nn.functional.cross_entropy(model(x), y).backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
-@functools.lru_cache(maxsize=None)
-def _global_micro_batches(scenario: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Micro-step i's global micro-batch: every rank's i-th, concatenated."""
-    sizes, _ = SCENARIOS[scenario]
-    per_rank = [micro_batches(sizes, r, WORLD) for r in range(WORLD)]
-    return [(torch.cat([b[i][0] for b in per_rank]), torch.cat([b[i][1] for b in per_rank])) for i in range(len(sizes))]
-
-
-def window_gradients(scenario: str, w: int, params: dict) -> dict[str, dict]:
-    """At ``params``: window ``w``'s big-batch gradient ``"big"``, and the usual wrong answers (for feedback)."""
-    sizes, k = SCENARIOS[scenario]
-    win, batches = windows(len(sizes), k)[w], _global_micro_batches(scenario)
-    model = make_mlp(seed=5, **MODEL)
-    model.load_state_dict(params)
-    big = _grad(model, torch.cat([batches[i][0] for i in win]), torch.cat([batches[i][1] for i in win]))
-    micro = [_grad(model, *batches[i]) for i in win]
-    total = {n: sum(g[n] for g in micro) for n in big}
-    return {"big": big, "not divided": total,
-            f"divided by accumulation_steps={k}": {n: t / k for n, t in total.items()},
-            f"divided by the {len(win)} micro-batches (equal weights)": {n: t / len(win) for n, t in total.items()}}
-
-
-@functools.lru_cache(maxsize=None)  # one per scenario, shared by every file graded in this process
-def reference(scenario: str) -> dict:
-    """The final parameters of single-process SGD with each window's big-batch gradient."""
-    sizes, k = SCENARIOS[scenario]
-    params = cpu_state(make_mlp(seed=5, **MODEL))
-    for w in range(len(windows(len(sizes), k))):
-        big = window_gradients(scenario, w, params)["big"]
-        params = {n: p - LR * big[n] for n, p in params.items()}
-    return params
-
 
 # Most specific first: a broken schedule explains wrong gradients, not the other way round.
 SCHEDULE = [zero_grad_mid_window, zero_grad_before_step, step_every_micro_step, step_misplaced, never_zeroed]
 CAUSES = SCHEDULE + [never_synced, not_divided, divided_by_k, equal_weights]
 
 
-def _first_wrong_step(s: "Scenario") -> str:
+def _first_wrong_step(s: Scenario) -> str:
     """The symptom when no cause explains it: which step's gradient is off, by how much."""
     if (first := first_wrong(s)) is None:
         return ""
@@ -110,56 +63,15 @@ def _first_wrong_step(s: "Scenario") -> str:
             f"samples (max abs difference {diff:.3g})")
 
 
-@dataclass
-class Scenario:
-    """One scenario of one file: rank 0's and rank 1's observations, and the single-process reference."""
-
-    name: str
-    ranks: list[dict]
-
-    @property
-    def obs(self) -> dict:  # rank 0's: DDP leaves both ranks with the same steps
-        return self.ranks[0]
-
-    def __post_init__(self):
-        self.sizes, self.k = SCENARIOS[self.name]
-        self.n_windows = len(windows(len(self.sizes), self.k))
-        self.micro = [step["micro"] for step in self.obs["steps"]]  # micro-steps before each optimizer step
-        self.expected_micro = [len(w) for w in windows(len(self.sizes), self.k)]
-        total = self.obs["total_rounds"]  # all-reduce rounds so far at each micro-step's forward, and at the end
-        self.window_rounds = [total[min(w.stop, len(total) - 1)] - total[w.start]
-                              for w in windows(len(self.sizes), self.k) if w.start < len(total)]
-
-    @functools.cached_property
-    def references(self) -> list[dict]:
-        """Each window's big-batch gradient and the usual wrong ones, at the weights rank 0 stepped from."""
-        steps = self.obs["steps"][:self.n_windows]
-        return [window_gradients(self.name, w, step["params"]) for w, step in enumerate(steps)]
-
-    @functools.cached_property
-    def why(self) -> str:
-        """The most specific reason the gradients or parameters are off ("" if none found)."""
-        return diagnose(CAUSES, self) or _first_wrong_step(self)
-
-
-@dataclass
-class Run:
-    """One file's run: every rank's observation, as one :class:`Scenario` per scenario."""
-
-    ranks: list[dict]
-
-    def __post_init__(self):
-        self.scenarios = {name: Scenario(name, [r[name] for r in self.ranks]) for name in SCENARIOS}
-
-
 def _parameters_match(s: Scenario) -> Verdict:
     """Rank 0's final parameters against the big-batch run's (the criterion of every scenario)."""
     ok, diff = close(s.obs["final"], reference(s.name))
+    why = diagnose(CAUSES, s) or _first_wrong_step(s)  # the most specific reason ("" if none found)
     measured = {f"{s.name}_max_abs_diff_vs_reference": diff}
-    if ok and not s.why:
+    if ok and not why:
         return passed(f"max abs difference {diff:.2g}", **measured)
     rank_diff = parity(s.ranks[1]["final"], s.obs["final"]).max_abs_diff
-    return failed(s.why or (f"rank 0's parameters differ from the big-batch run (max abs difference {diff:.3g}, "
+    return failed(why or (f"rank 0's parameters differ from the big-batch run (max abs difference {diff:.3g}, "
                             f"rank 1 differs from rank 0 by {rank_diff:.3g})"), **measured)
 
 

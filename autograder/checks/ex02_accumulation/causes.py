@@ -1,18 +1,15 @@
 """Exercise 2's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
 
 ``ex02_accumulation`` lists them in its docstring and asks for them, most specific first, when a criterion
-fails; each tests one scenario's observations (:class:`~autograder.checks.ex02_accumulation.Scenario`).
+fails; each tests one scenario's observations (:class:`~.observed.Scenario`).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from ...diagnosis import KnownError, mistake
+from ...parity import parity
+from .observed import Scenario
+from .probes import ATOL, RTOL, windows
 
-from ..diagnosis import KnownError, mistake
-from ..parity import parity
-from ._ex02_probes import ATOL, RTOL, windows
-
-if TYPE_CHECKING:
-    from .ex02_accumulation import Scenario
 
 KNOWN_ERRORS = [
     KnownError("no_sync called on model.module", r"has no attribute 'no_sync'",

@@ -18,7 +18,7 @@ from distlab import init_distributed, shutdown
 from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 
-from ..harness import CapturedPrints, echo, load_learner
+from ...harness import CapturedPrints, echo, load_learner
 
 LR = 0.5
 MODEL = dict(hidden=32)
@@ -28,7 +28,7 @@ SCENARIOS = {
     "unequal": ([4, 12, 8, 10, 2, 6, 5, 7], 3),  # the last window short: 1/k, 1/2 and n_i/N all differ
     "short": ([8] * 10, 4),
 }
-# The grader's tolerance against one process (ex02_accumulation and _ex02_causes both use it).
+# The grader's tolerance against one process (ex02_accumulation and causes both use it).
 RTOL, ATOL = 1e-4, 1e-6  # DDP averages per-rank sums: another order than one big mean
 
 

@@ -1,7 +1,7 @@
 """Exercise 3 check: autocast training step, GradScaler order, and the method of measuring.
 
 One rank (mixed precision is not about several processes) runs the learner's functions under the
-instruments of ``_ex03_probes`` and returns observations; every verdict is computed here, against
+instruments of ``probes`` and returns observations; every verdict is computed here, against
 references computed here:
 
 * the autocast dtypes; the float32 step against a single-process reference (assert_close), and the
@@ -47,19 +47,19 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..diagnosis import diagnose
-from ..grading import launch_files, launch_timeout
-from ..parity import parity
-from ..registry import Exercise
-from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from . import _ex03_probes as probes
-from ._ex03_causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
+from ...diagnosis import diagnose
+from ...grading import launch_files, launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from . import probes as probes
+from .causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
 # By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from ._ex03_causes import (broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing, no_update,
+from .causes import (broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing, no_update,
                            not_clipped, not_scaled, optimizer_stepped, scaled_loss_returned, step_skipped,
                            steps_not_one)
 # Public here (the tests and benchmarks/bench_amp.py use them); defined with the rank-side instruments.
-from ._ex03_probes import ANSWERS, CASE_TITLES, REAL_MODEL, rank_main
+from .probes import ANSWERS, CASE_TITLES, REAL_MODEL, rank_main
 
 EXERCISE = Exercise(number=3, name="amp", filename="ex03_amp.py", max_score=10, time_limit=90)
 LOSS_TOL = 0.01          # |loss - fp32 reference loss| <= LOSS_TOL * max(1, |reference|), every step

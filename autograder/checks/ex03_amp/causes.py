@@ -1,15 +1,15 @@
 """Exercise 3's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
 
 ``ex03_amp`` lists them in its docstring and asks for them, most specific first, when a criterion fails;
-each tests one part's observations (``_ex03_probes`` runs the parts separately). :func:`broken` says
+each tests one part's observations (``probes`` runs the parts separately). :func:`broken` says
 why a part raised (translating the errors of ``KNOWN_ERRORS``), :func:`missing` what its result lacked.
 """
 from __future__ import annotations
 
 import math
 
-from ..diagnosis import KnownError, mistake, translate
-from . import _ex03_probes as probes
+from ...diagnosis import KnownError, mistake, translate
+from . import probes as probes
 
 KNOWN_ERRORS = [
     KnownError("scaler.update() not called",

@@ -1,4 +1,4 @@
-"""Rank-side instruments of the exercise 3 check (what they run on, and the references: ``_ex03_workloads``).
+"""Rank-side instruments of the exercise 3 check (what they run on, and the references: ``workloads``).
 
 Everything here observes; verdicts are computed in ``ex03_amp``. Each part is
 run separately, so a learner who finished ``train_step`` but not the
@@ -13,7 +13,7 @@ measuring functions still gets the marks for the step:
   norm it steps with, and whether a batch with an ``inf`` changed the weights
   (the first step and the ``inf`` step each on their own, so a missing
   ``scaler.update()``, which makes the second raise, still shows the first's order);
-* ``compare`` runs on the simulated workloads of ``_ex03_workloads`` under a
+* ``compare`` runs on the simulated workloads of ``workloads`` under a
   :class:`distlab.measure.timing.VirtualClock` (``CASES``, whose truths are
   ``CASES_TRUTH`` and ``MEMORY_TRUTH``), which every clock the learner's code reads
   follows, however it was imported (``Clocks``, replaced before the file is imported),
@@ -33,11 +33,11 @@ from distlab.measure.memory import peak_memory
 from distlab.models import cpu_state, make_mlp
 from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 
-from ..answers import RuntimeCopies
-from ..harness import CapturedPrints, echo, grad_norm, load_learner, on_backward_start
-from ._ex03_workloads import CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, SharedViews, batches
-# Re-exported: ex03_amp, _ex03_causes and the tests read them as probes.NAME.
-from ._ex03_workloads import (BATCH, CASE_TITLES, CASES_TRUTH, MEMORY_TRUTH, SHARED, STEPS,  # noqa: F401
+from ...answers import RuntimeCopies
+from ...harness import CapturedPrints, echo, grad_norm, load_learner, on_backward_start
+from .workloads import CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, SharedViews, batches
+# Re-exported: ex03_amp, causes and the tests read them as probes.NAME.
+from .workloads import (BATCH, CASE_TITLES, CASES_TRUTH, MEMORY_TRUTH, SHARED, STEPS,  # noqa: F401
                               reference_fp32)
 
 # The real model whose bf16 speedup is reported (graded on a GPU with bf16 tensor cores), per device type.

@@ -1,6 +1,6 @@
 """What exercise 3's rank runs the learner's functions on, and what the grader knows of it.
 
-Shared by the rank-side instruments (``_ex03_probes``, which re-exports it) and the grading process:
+Shared by the rank-side instruments (``probes``, which re-exports it) and the grading process:
 
 * the step's settings, its batches of the digits and the single-process float32 reference
   (:func:`reference_fp32`) the float32 step is compared with;
@@ -24,7 +24,7 @@ from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 from distlab.measure.timing import SimulatedWorkload, VirtualClock
 
-from ..harness import Replace
+from ...harness import Replace
 
 STEPS, BATCH, LR, MAX_NORM = 12, 64, 0.1, 0.05  # MAX_NORM: small enough that every step clips
 MODEL = dict(hidden=64)

@@ -2,7 +2,7 @@
 
 Every rank builds the same :class:`~distlab.resmlp.ResidualMLP` and trains it
 with the learner's ``train_fsdp`` on its slice of each global batch. The
-instruments of ``_ex04_probes`` observe one step from inside the rank: the
+instruments of ``probes`` observe one step from inside the rank: the
 placements and storage bytes of parameters, gradients and Adam state
 (compared with the exact padded figure of :func:`distlab.lab.fsdp_memory.expected_bytes`),
 the peak of live tensor storage during the step (CPU:
@@ -52,18 +52,18 @@ from torch import nn
 from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT, unsharded_bytes
 from distlab.resmlp import make_resmlp
 
-from ..diagnosis import diagnose
-from ..grading import launch_files, launch_timeout
-from ..parity import parity
-from ..registry import Exercise
-from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from ._ex04_causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
+from ...diagnosis import diagnose
+from ...grading import launch_files, launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
 # By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from ._ex04_causes import (export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_reshard,
+from .causes import (export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_reshard,
                            nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded, root_only,
                            some_blocks, steps_not_one)
 # Public here (the tests and benchmarks/bench_fsdp.py use them); defined with the rank-side instruments.
-from ._ex04_probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, SEED, STEPS, data, global_batches, rank_main
+from .probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, SEED, STEPS, data, global_batches, rank_main
 
 # A launch of the solution took 22 s at W=2 and 24 s at W=4 on 2 cores at load 6 (32 s and 40 s at
 # load 7; less when idle). The two launches run one after the other and share what time_limit leaves
@@ -121,7 +121,7 @@ class Run:
                 f"unsharded (1/W would be {unsharded // self.world} B)")
 
 
-# Why the trained weights differ from the reference (_ex04_causes), most specific first.
+# Why the trained weights differ from the reference (causes), most specific first.
 TRAINING_CAUSES = [optimizer_first, nothing_sharded, root_not_sharded, grads_not_zeroed, steps_not_one]
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..diagnosis import KnownError, mistake, translate
-from ._ex04_probes import MEASURE_STEP, MODEL
+from ...diagnosis import KnownError, mistake, translate
+from .probes import MEASURE_STEP, MODEL
 
 if TYPE_CHECKING:
     from .ex04_fsdp import Run

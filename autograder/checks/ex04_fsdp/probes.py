@@ -37,7 +37,7 @@ from distlab.lab.fsdp_memory import (LiveStorageTracker, activation_bytes, expec
                                  peak_bound)
 from distlab.resmlp import make_resmlp
 
-from ..harness import CapturedPrints, Replace, SaveSpy, echo, grad_norm, load_learner, on_backward_start
+from ...harness import CapturedPrints, Replace, SaveSpy, echo, grad_norm, load_learner, on_backward_start
 
 MODEL = dict(in_features=64, hidden=90, out_features=10, depth=8)
 STEPS, MICRO_BATCH, LR, SEED = 4, 8, 1e-2, 11

@@ -1,6 +1,6 @@
 """Exercise 5 check: stop or kill a job, resume, and demand the very same weights.
 
-Scenarios, in three torchrun launches (the rank side is in ``_ex05_probes``):
+Scenarios, in three torchrun launches (the rank side is in ``probes``):
 
 1. ``reference``: an uninterrupted run in directory A (its records and final
    state are the yardstick), then, in the same processes, a run in directory C
@@ -20,7 +20,7 @@ uninterrupted one bit for bit (``torch.equal``); on a GPU within assert_close's 
 Where they do not, what each step started from (weights, Adam state, learning
 rate, samples, RNG state, step number) is compared with the uninterrupted run,
 and only what differs is named. The uninterrupted run itself is compared, step by step
-and in the same way, with a single-process reference of the contract (``_ex05_reference``:
+and in the same way, with a single-process reference of the contract (``reference``:
 one process plays both ranks), so a mistake both runs share (the scheduler stepped before
 the optimizer) fails too; a resumed run equal to the uninterrupted one then equals the reference.
 
@@ -55,13 +55,13 @@ import torch
 from distlab import LaunchError, RankFailure
 from distlab.checkpoint import complete_checkpoints
 
-from ..grading import launch_timeout
-from ..parity import parity
-from ..registry import Exercise
-from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from ._ex05_causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded,
+from ...grading import launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded,
                            not_pruned, one_sided_collective)
-from ._ex05_probes import (FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL,  # noqa: F401 (rank_main:
+from .probes import (FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL,  # noqa: F401 (rank_main:
                            WORLD, rank_main, run_scenarios)                                   # every check has one)
 
 # Grading the solution (all three launches, reshard to 4 ranks) took 42 s on 2 cores at load 4;
@@ -240,7 +240,7 @@ def criteria(scenarios: Sequence[str] = SCENARIOS) -> list:
 
 def _failure(run: Run, path: Path, err: LaunchError | None) -> str:
     """Why the uninterrupted run failed: a one-sided collective, else the error as run_one explains it."""
-    from ..run_one import explain
+    from ...run_one import explain
     cause = one_sided_collective(run, "A") or one_sided_collective(run, "C", tag="first")
     if err is None:
         return cause or "the uninterrupted run returned no final state"

@@ -4,7 +4,7 @@ Each takes the :class:`~autograder.checks.ex05_checkpoint.Run` of one file. :fun
 compares a resumed run with the uninterrupted one step by step and, at the first step where anything
 differs, names a shifted step counter or what that step started from (``COMPONENTS``: the weights,
 Adam's state, the data position, the learning rate, the RNG state); :func:`against_reference` compares
-the uninterrupted run with the single-process reference (``_ex05_reference``) the same way, which
+the uninterrupted run with the single-process reference (``reference``) the same way, which
 names what both of the learner's runs share (``CONTRACT``); ``ex05_checkpoint``'s criteria ask for the
 other causes themselves.
 """
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 from distlab import pick_backend
 
-from ..diagnosis import KnownError, mistake
-from ..parity import parity
-from ._ex05_probes import INTERRUPTED, RESUMED_FROM, RUN, WORLD
-from ._ex05_reference import reference_run
+from ...diagnosis import KnownError, mistake
+from ...parity import parity
+from .probes import INTERRUPTED, RESUMED_FROM, RUN, WORLD
+from .reference import reference_run
 
 if TYPE_CHECKING:
     from .ex05_checkpoint import Run

@@ -42,8 +42,8 @@ from distlab import LaunchError, init_distributed, torchrun
 from distlab.data import RecordingDataset, synthetic_classification
 from distlab.measure.memory import local_tensor
 
-from .. import progress
-from ..harness import CapturedPrints, Replace, echo, load_learner
+from ... import progress
+from ...harness import CapturedPrints, Replace, echo, load_learner
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
 DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the run crosses an epoch

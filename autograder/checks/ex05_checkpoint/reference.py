@@ -9,7 +9,7 @@ mean cross-entropy, backward, ``optimizer.step()``, ``scheduler.step()``.
 
 One process plays the ``WORLD`` ranks: each rank's forward and backward on its own batch with its own
 RNG state (dropout draws from it), then the mean of their gradients, as FSDP's reduce-scatter gives.
-It records per step what ``_ex05_probes`` records per rank, in the same fields (``data``, ``lr``,
+It records per step what ``probes`` records per rank, in the same fields (``data``, ``lr``,
 ``fp``, and ``pre``: what the step started from), with the sums over the ranks' shards (``fp``,
 ``moments``) as totals here, and one RNG hash per rank.
 """
@@ -25,14 +25,14 @@ from torch.utils.data import DistributedSampler
 from distlab.data import synthetic_classification
 from distlab.resmlp import make_resmlp
 
-from ._ex05_probes import DATA_SIZE, RUN, WORLD
+from .probes import DATA_SIZE, RUN, WORLD
 
 # The stub's given constants and build(): BATCH_SIZE, LR, MODEL (exercises/ex05_checkpoint.py).
 BATCH_SIZE, LR, MODEL = 16, 3e-3, dict(hidden=48, depth=2, dropout=0.1)
 
 
 def rng_hash(state: torch.Tensor) -> str:
-    """As ``_ex05_probes._rng_hash`` hashes a CPU rank's RNG state."""
+    """As ``probes._rng_hash`` hashes a CPU rank's RNG state."""
     return hashlib.sha1(state.numpy().tobytes()).hexdigest()[:16]
 
 

@@ -25,7 +25,7 @@ wrappers built (one, in ``make_ddp_step``, none in the steps), DDP's gradient al
 (one round per step, counted by a comm hook) and the learner's own collectives inside
 the step (none), the step() calls (``warmup + iters``) and the steps between the clock reads.
 
-The rank side (``_ex06_probes``) records each clock read and collective of the learner's file (with
+The rank side (``probes``) records each clock read and collective of the learner's file (with
 the steps done then), however the file imported them: a cause is named on that evidence, and on the
 figure's ratio to the truth only where the evidence is missing.
 
@@ -64,18 +64,18 @@ import torch
 
 from distlab.measure.timing import cpu_cores
 
-from ..diagnosis import diagnose
-from ..grading import launch_files, launch_timeout
-from ..registry import Exercise
-from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from ._ex06_causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
+from ...diagnosis import diagnose
+from ...grading import launch_files, launch_timeout
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
 # By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from ._ex06_causes import (REAL_CAUSES, collectives_in_step, cpu_clock, figure_per_rank, grad_rounds,  # noqa: F401
+from .causes import (REAL_CAUSES, collectives_in_step, cpu_clock, figure_per_rank, grad_rounds,  # noqa: F401
                            inner_forward, no_barrier, no_ddp, no_start_barrier, one_rank_samples, speedup,
                            summed_clocks, timed_other_steps, warmup_samples, warmup_timed, wrapper_per_step,
                            wrappers_made)
 # The synthetic step's settings and the tolerance, shared with the rank-side instruments and the causes.
-from ._ex06_probes import SYNTH, TOL, rank_main
+from .probes import SYNTH, TOL, rank_main
 
 EXERCISE = Exercise(number=6, name="scaling", filename="ex06_scaling.py", max_score=10, time_limit=150)
 WORLD_SIZES = (1, 2, 4)
@@ -113,7 +113,7 @@ class WorldRun:
         return [e for e in self.ranks[0].get("method", []) if kind is None or e["kind"] == kind]
 
 
-# The causes (_ex06_causes) the method's criterion asks for, most specific first.
+# The causes (causes) the method's criterion asks for, most specific first.
 METHOD_CAUSES = [cpu_clock, summed_clocks, one_rank_samples, no_barrier, warmup_timed, no_start_barrier,
                  warmup_samples]
 

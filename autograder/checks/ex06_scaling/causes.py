@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..diagnosis import KnownError, mistake
-from ..parity import parity
-from ._ex06_probes import SYNTH, TOL
+from ...diagnosis import KnownError, mistake
+from ...parity import parity
+from .probes import SYNTH, TOL
 
 if TYPE_CHECKING:
     from .ex06_scaling import WorldRun

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 import distlab
 from distlab.models import cpu_state, make_mlp
 
-from ..harness import CapturedPrints, Replace, echo, load_learner
+from ...harness import CapturedPrints, Replace, echo, load_learner
 
 SYNTH = dict(batch_size=32, warmup=2, iters=8)
 # Rank r's timed steps take STEP_S * (1 + SLOWER_PER_RANK * r); the warm-up steps WARMUP_STEP_S, except

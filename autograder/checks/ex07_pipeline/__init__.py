@@ -5,7 +5,7 @@ The grader builds the stages itself and wraps each in a
 the learner's code makes it run (nothing the learner reports is trusted).
 A fixed sleep at the start of each stage (:class:`distlab.lab.pipeline.timeline.Delay`)
 makes the timeline independent of the machine's speed. The rank side
-(``_ex07_probes``) also records every send and recv, whether each input of
+(``probes``) also records every send and recv, whether each input of
 stage 1 required grad, and the gradient that reached each output of stage 0;
 each file runs in a process group of its own, so a send or recv with no
 partner is caught and reported, not a hang. From the logs and the gradients
@@ -43,17 +43,17 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..diagnosis import diagnose, translate
-from ..grading import launch_files, launch_timeout
-from ..parity import parity
-from ..registry import Exercise
-from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from ._ex07_causes import KNOWN_ERRORS
+from ...diagnosis import diagnose, translate
+from ...grading import launch_files, launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import KNOWN_ERRORS
 # By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from ._ex07_causes import (activation_without_grad, backward_order, count_scales, deadlock, gradients_not_sent,
+from .causes import (activation_without_grad, backward_order, count_scales, deadlock, gradients_not_sent,
                            ignores_received, last_loss, loss_not_scaled, mean_of_scaled, no_microbatches,
                            pieces_of_n_rows, sent_after_loop, unmatched)
-from ._ex07_probes import BATCH, BOUNDARY, MICRO, P2P_TIMEOUT_S, batch, model, rank_main  # noqa: F401
+from .probes import BATCH, BOUNDARY, MICRO, P2P_TIMEOUT_S, batch, model, rank_main  # noqa: F401
 
 EXERCISE = Exercise(number=7, name="pipeline", filename="ex07_pipeline.py", max_score=10, time_limit=90)
 RTOL, ATOL = 1e-5, 1e-6
@@ -118,7 +118,7 @@ def _raised(step: Step) -> str:
     return "".join(out)
 
 
-# The causes (_ex07_causes) the criteria ask for, most specific first.
+# The causes (causes) the criteria ask for, most specific first.
 PROTOCOL = [activation_without_grad, gradients_not_sent, deadlock, unmatched]  # explain any failure: first
 SCALE = [count_scales, loss_not_scaled]
 

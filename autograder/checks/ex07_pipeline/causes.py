@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..diagnosis import KnownError, mistake
-from ._ex07_probes import BATCH, MICRO
+from ...diagnosis import KnownError, mistake
+from .probes import BATCH, MICRO
 
 if TYPE_CHECKING:
     from .ex07_pipeline import Step

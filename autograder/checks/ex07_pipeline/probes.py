@@ -30,7 +30,7 @@ from distlab.models import make_mlp
 from distlab.lab.pipeline.timeline import Delay, TimedStage
 from distlab.runtime.process import time_scale
 
-from ..harness import CapturedPrints, Replace, echo, load_learner, own_rendezvous
+from ...harness import CapturedPrints, Replace, echo, load_learner, own_rendezvous
 
 BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 64, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
 DELAYS = (0.03, 0.015)                           # seconds of "compute" per forward, stage 0 and stage 1

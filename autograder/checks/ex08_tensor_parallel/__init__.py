@@ -2,7 +2,7 @@
 
 Every rank cuts the same unsplit block ``Linear(16, 96) -> GELU -> Linear(96, 16)`` with the learner's
 ``ColumnParallelLinear`` and ``RowParallelLinear``, runs one forward and backward through them
-(``_ex08_probes``), and returns what each layer holds, the output, the gradients and every collective
+(``probes``), and returns what each layer holds, the output, the gradients and every collective
 it issued. Against the unsplit block run here (Shoeybi et al., 2019, "Megatron-LM", section 3;
 huggingface/picotron's ``tensor_parallel.py``) the check verifies:
 
@@ -38,16 +38,16 @@ from typing import Sequence
 
 import torch
 
-from ..diagnosis import diagnose, translate
-from ..grading import launch_files, launch_timeout
-from ..parity import parity
-from ..registry import Exercise
-from ..report import ExerciseReport, Verdict, criterion, failed, passed
-from ._ex08_causes import KNOWN_ERRORS, bias_fit, describe, summary
+from ...diagnosis import diagnose, translate
+from ...grading import launch_files, launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import KNOWN_ERRORS, bias_fit, describe, summary
 # By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from ._ex08_causes import (averaged, bias_on_every_rank, input_not_replicated, no_backward_reduce,
+from .causes import (averaged, bias_on_every_rank, input_not_replicated, no_backward_reduce,
                            no_forward_reduce, not_own_shard, swapped, unsplit_kept, view_kept, wrong_dimension)
-from ._ex08_probes import (ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM, STAGES, rank_main,  # noqa: F401
+from .probes import (ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM, STAGES, rank_main,  # noqa: F401
                            shard, unsplit_step)
 
 EXERCISE = Exercise(number=8, name="tensor_parallel", filename="ex08_tensor_parallel.py", max_score=10,
@@ -98,7 +98,7 @@ HOLDS, OUTPUT = "[W={world}] each rank holds its 1/{world} of the weights, as ne
 INPUT_GRAD = "[W={world}] the input's gradient matches the unsplit block"
 REPORTED = {"build": ("building the layers raised", HOLDS), "forward": ("the forward raised", OUTPUT),
             "backward": ("the backward raised", INPUT_GRAD)}
-# The causes (_ex08_causes) the criteria ask for, most specific first.
+# The causes (causes) the criteria ask for, most specific first.
 SHARDS = [wrong_dimension, not_own_shard]
 FORWARD = [*SHARDS, input_not_replicated, swapped, no_forward_reduce, averaged, bias_on_every_rank]
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..diagnosis import KnownError, mistake
-from ..parity import parity
-from ._ex08_probes import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
+from ...diagnosis import KnownError, mistake
+from ...parity import parity
+from .probes import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
 
 if TYPE_CHECKING:
     from .ex08_tensor_parallel import Run

@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_leaves
 
 import distlab
 
-from ..harness import CapturedPrints, echo, load_learner
+from ...harness import CapturedPrints, echo, load_learner
 
 D, H, B = 16, 96, 12   # block Linear(D, H) -> GELU -> Linear(H, D) on B rows; H/W (48, 24) is neither D nor B
 SEED = 8
@@ -40,7 +40,7 @@ PARTS = ("column.weight", "column.bias", "row.weight", "row.bias")
 SHARD_DIM = {"column.weight": 0, "column.bias": 0, "row.weight": 1, "row.bias": None}  # None: every rank keeps it
 LAYER_CLASS = {"column": "ColumnParallelLinear", "row": "RowParallelLinear"}
 STAGES = ("build", "forward", "backward")
-# The grader's tolerance against the unsplit block (ex08_tensor_parallel and _ex08_causes both use it):
+# The grader's tolerance against the unsplit block (ex08_tensor_parallel and causes both use it):
 # assert_close, not equality, because the all-reduce adds W partial sums over H/W hidden features each,
 # another order than the unsplit layer's one sum over H (float32; measured 1.2e-7 apart at W=2, 1.4e-7 at W=4).
 RTOL, ATOL = 1e-5, 1e-6
