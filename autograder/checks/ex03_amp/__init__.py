@@ -42,8 +42,6 @@ A failure names the first cause below that explains the observations (each has a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -52,55 +50,21 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from . import probes as probes
-from .causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
-# By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from .causes import (broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing, no_update,
-                           not_clipped, not_scaled, optimizer_stepped, scaled_loss_returned, step_skipped,
-                           steps_not_one)
-# Public here (the tests and benchmarks/bench_amp.py use them); defined with the rank-side instruments.
-from .probes import ANSWERS, CASE_TITLES, REAL_MODEL, rank_main
+from .causes import (KNOWN_ERRORS, broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing,
+                     no_update, not_clipped, not_scaled, optimizer_stepped, scaled_loss_returned, step_skipped,
+                     steps_not_one)
+from .observed import Run
+from .probes import REAL_MODEL, rank_main
+from .workloads import CASE_TITLES, CASES_TRUTH, MAX_NORM, MEMORY_TRUTH, STEPS, reference_fp32
+
+__all__ = ["EXERCISE", "KNOWN_ERRORS", "criteria", "grade"]
 
 EXERCISE = Exercise(number=3, name="amp", filename="ex03_amp.py", max_score=10, time_limit=90)
 LOSS_TOL = 0.01          # |loss - fp32 reference loss| <= LOSS_TOL * max(1, |reference|), every step
 RATIO_TOL = 0.10         # a reported ratio within 10% of the truth
 GPU_MIN_SPEEDUP = 1.5    # bf16 over fp32 on the real model, required on a GPU with bf16 tensor cores only
-BF16_TENSOR_CORES = (8, 0)  # Ampere and newer: bf16 matmuls on tensor cores
 RTOL, ATOL = 1e-4, 1e-5  # float32 step vs the single-process reference
 PER_EXTRA_FILE_S = 15.0  # one more file in a launch: every part, and the real model, measured again
-
-
-@dataclass
-class Run:
-    """One file's observations (one rank: mixed precision is not about several processes)."""
-
-    obs: dict
-
-    def kind(self, kind: str) -> dict:
-        """The ``fp32``, ``bf16`` or ``fp16`` run's observations (the error, where the runs raised as a whole)."""
-        p = self.obs["parity"]
-        return p.get(kind, p)
-
-    @cached_property
-    def copied(self) -> dict[str, str]:
-        """For each graded measuring function, why it is the runtime's copy ("" if it is the learner's own)."""
-        answers = self.obs.get("answers", {})
-        return {fn: ANSWERS.feedback(fn, answers.get("is", {}), answers.get("calls", [])) for fn in ANSWERS.graded}
-
-    @property
-    def capability(self) -> tuple[int, ...]:  # the GPU's compute capability; () where the rank ran on a CPU
-        return tuple(self.obs.get("capability") or ())
-
-    @property
-    def gpu_speedup_graded(self) -> bool:  # never on a CPU: () < BF16_TENSOR_CORES
-        return self.capability >= BF16_TENSOR_CORES
-
-    @property
-    def real_missing(self) -> str:
-        """Feedback when the real model's compare() left out keys of the contract ("" if none, or if it did not run)."""
-        r = self.obs["real"]
-        return "" if r.get("error") or r.get("skipped") else missing(r, ("speedup", "baseline_s", "candidate_s",
-                                                                      "memory_ratio"))
 
 
 def _ratio_fb(name: str, got: float, truth: float, why: str) -> tuple[bool, str]:
@@ -138,21 +102,21 @@ def float32_parity(run: Run) -> Verdict:
     p = run.kind("fp32")
     if why := broken(p, "train_step"):
         return failed(why)
-    same = parity(p["state"], probes.reference_fp32()[1], rtol=RTOL, atol=ATOL)
+    same = parity(p["state"], reference_fp32()[1], rtol=RTOL, atol=ATOL)
     if same.ok:
         return passed(f"max abs difference {same.max_abs_diff:.2g}")
     return failed(diagnose(STEP_CAUSES, p) or
-                  f"after {probes.STEPS} float32 steps the weights differ from zero_grad, cross-entropy, backward, "
-                  f"clip_grad_norm_(max_norm={probes.MAX_NORM}), step (max abs difference {same.max_abs_diff:.3g} "
+                  f"after {STEPS} float32 steps the weights differ from zero_grad, cross-entropy, backward, "
+                  f"clip_grad_norm_(max_norm={MAX_NORM}), step (max abs difference {same.max_abs_diff:.3g} "
                   f"in {same.worst})")
 
 
-@criterion(f"bf16 and fp16 losses within {LOSS_TOL} of float32 over {probes.STEPS} steps", points=1)
+@criterion(f"bf16 and fp16 losses within {LOSS_TOL} of float32 over {STEPS} steps", points=1)
 def losses_close(run: Run) -> Verdict:
     for kind in ("bf16", "fp16"):
         if why := broken(run.kind(kind), f"the {kind} train_step"):
             return failed(why)
-    ref_losses = probes.reference_fp32()[0]
+    ref_losses = reference_fp32()[0]
     worst = []  # per kind: (largest relative gap, kind, the step where it is)
     for kind in ("bf16", "fp16"):
         gaps = [abs(loss - ref) / max(1.0, abs(ref)) for loss, ref in zip(run.kind(kind)["losses"], ref_losses)]
@@ -174,7 +138,7 @@ def scaler_order(run: Run) -> Verdict:
     if why := broken(s, "train_step with a scaler"):
         return failed(why)
     expected = ["scale", "backward", "unscale_", "step", "optimizer.step", "update"]
-    if s["events"] == expected and abs(s["grad_norm"] - probes.MAX_NORM) <= 1e-3 * probes.MAX_NORM:
+    if s["events"] == expected and abs(s["grad_norm"] - MAX_NORM) <= 1e-3 * MAX_NORM:
         return passed()
     losses = run.kind("fp16").get("losses", [])
     return failed(diagnose([not_scaled, optimizer_stepped, no_update], s) or step_skipped(s, losses) or
@@ -182,7 +146,7 @@ def scaler_order(run: Run) -> Verdict:
         f"one fp16 step called {s['events']}; expected {expected}: scaler.scale(loss).backward(), "
         "scaler.unscale_(optimizer), clip, scaler.step(optimizer), scaler.update()" if s["events"] != expected else
         f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true gradients "
-        f"gives max_norm={probes.MAX_NORM}: clip with torch.nn.utils.clip_grad_norm_ after scaler.unscale_"))
+        f"gives max_norm={MAX_NORM}: clip with torch.nn.utils.clip_grad_norm_ after scaler.unscale_"))
 
 
 @criterion("fp16 step with inf gradients is skipped", points=1)
@@ -209,7 +173,7 @@ def _speedup_criterion(case: str) -> Callable:
             return failed(why)
         if gone := missing(m[case], ("speedup",)):
             return failed(gone)
-        truth, why = probes.CASES_TRUTH[case]
+        truth, why = CASES_TRUTH[case]
         ok, fb = _ratio_fb("speedup", m[case]["speedup"], truth, why)
         return passed(fb) if ok else failed(fb)
     speedup.__name__ = speedup.__qualname__ = f"{case}_speedup"
@@ -230,7 +194,7 @@ def memory_ratio(run: Run) -> Verdict:
         return failed(why)
     if gone := missing(m["steady"], ("memory_ratio",)):
         return failed(gone)
-    ok, fb = _ratio_fb("memory_ratio", m["steady"]["memory_ratio"], probes.MEMORY_TRUTH,
+    ok, fb = _ratio_fb("memory_ratio", m["steady"]["memory_ratio"], MEMORY_TRUTH,
                        "count each storage packed by torch.autograd.graph.saved_tensors_hooks once")
     return passed(fb) if ok else failed(counted_tensors(m["steady"]) or fb)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ...diagnosis import KnownError, mistake, translate
-from . import probes as probes
+from .workloads import BATCH, MAX_NORM, MEMORY_TRUTH, SHARED, reference_fp32
 
 KNOWN_ERRORS = [
     KnownError("scaler.update() not called",
@@ -52,7 +52,7 @@ def missing(part: dict, keys: tuple[str, ...]) -> str:
 @mistake("saved_bytes counts tensors, not storages")
 def counted_tensors(steady: dict) -> str | None:
     """The steady candidate keeps one storage alive through views of a quarter of it each (SharedViews)."""
-    storage, views, view = probes.SHARED["storage"], probes.SHARED["views"], probes.SHARED["view"]
+    storage, views, view = SHARED["storage"], SHARED["views"], SHARED["view"]
     got = steady.get("candidate_bytes")
     ways = {views * storage: f"the storage's {storage:,} bytes once per saved tensor ({views} x {storage:,})",
             views * view: f"each view's own bytes ({views} x {view:,})",
@@ -62,22 +62,22 @@ def counted_tensors(steady: dict) -> str | None:
         return None
     return (f"saved_bytes counted {got:,.0f} bytes for a workload whose backward saves {views} views, a quarter "
             f"each, of one {storage:,}-byte storage, that is {how}; the whole storage stays allocated while any "
-            f"view of it is saved, so the memory ratio is {probes.MEMORY_TRUTH:g}, not {steady['memory_ratio']:.3g}: "
+            f"view of it is saved, so the memory ratio is {MEMORY_TRUTH:g}, not {steady['memory_ratio']:.3g}: "
             "count each storage once, keyed by t.untyped_storage().data_ptr(), as t.untyped_storage().nbytes()")
 
 
 @mistake("loss summed over the batch")
 def loss_summed(kind: str, losses: list[float]) -> str | None:
-    ratio = losses[0] / probes.reference_fp32()[0][0]
-    if abs(ratio / probes.BATCH - 1) > 0.02:
+    ratio = losses[0] / reference_fp32()[0][0]
+    if abs(ratio / BATCH - 1) > 0.02:
         return None
-    return (f"the first {kind} loss is {ratio:.3g}x the float32 reference's, the batch size ({probes.BATCH}): the "
+    return (f"the first {kind} loss is {ratio:.3g}x the float32 reference's, the batch size ({BATCH}): the "
             "cross-entropy was summed over the batch; use the mean (cross_entropy's default reduction='mean')")
 
 
 @mistake("scaled loss returned")
 def scaled_loss_returned(kind: str, losses: list[float]) -> str | None:
-    ratio = losses[0] / probes.reference_fp32()[0][0]
+    ratio = losses[0] / reference_fp32()[0][0]
     if kind != "fp16" or ratio < 2 ** 7 or abs(ratio / 2 ** round(math.log2(ratio)) - 1) > 0.02:
         return None
     return (f"the fp16 loss train_step returned is {ratio:.0f}x the reference's, the GradScaler's scale: return "
@@ -105,11 +105,11 @@ def steps_not_one(p: dict) -> str | None:
 
 @mistake("gradients not clipped to max_norm")
 def not_clipped(p: dict) -> str | None:
-    off = next(((i, n) for i, n in enumerate(p.get("step_norms", [])) if abs(n / probes.MAX_NORM - 1) > 1e-3), None)
+    off = next(((i, n) for i, n in enumerate(p.get("step_norms", [])) if abs(n / MAX_NORM - 1) > 1e-3), None)
     if off is None:
         return None
     return (f"the optimizer stepped with a gradient norm of {off[1]:.3g} at step {off[0] + 1}, where clipping to "
-            f"max_norm={probes.MAX_NORM} gives {probes.MAX_NORM} on this model (every step clips): call "
+            f"max_norm={MAX_NORM} gives {MAX_NORM} on this model (every step clips): call "
             "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) after backward, before the step")
 
 
@@ -150,8 +150,8 @@ def step_skipped(s: dict, fp16_losses: list[float]) -> str | None:
 
 @mistake("clipped before unscale_")
 def clipped_scaled(s: dict) -> str | None:
-    if not s["grad_norm"] < probes.MAX_NORM / 100:  # nan: no optimizer.step
+    if not s["grad_norm"] < MAX_NORM / 100:  # nan: no optimizer.step
         return None
     return (f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true gradients "
-            f"gives max_norm={probes.MAX_NORM}: you clipped the scaled gradients; call scaler.unscale_(optimizer) "
+            f"gives max_norm={MAX_NORM}: you clipped the scaled gradients; call scaler.unscale_(optimizer) "
             "before clip_grad_norm_")

@@ -23,7 +23,6 @@ measuring functions still gets the marks for the step:
 from __future__ import annotations
 
 import functools
-import traceback
 
 import torch
 from torch import nn
@@ -34,11 +33,8 @@ from distlab.models import cpu_state, make_mlp
 from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ...answers import RuntimeCopies
-from ...harness import CapturedPrints, echo, grad_norm, load_learner, on_backward_start
+from ...harness import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
 from .workloads import CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, SharedViews, batches
-# Re-exported: ex03_amp, causes and the tests read them as probes.NAME.
-from .workloads import (BATCH, CASE_TITLES, CASES_TRUTH, MEMORY_TRUTH, SHARED, STEPS,  # noqa: F401
-                              reference_fp32)
 
 # The real model whose bf16 speedup is reported (graded on a GPU with bf16 tensor cores), per device type.
 REAL_MODEL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
@@ -51,12 +47,14 @@ ANSWERS = RuntimeCopies({
 })
 
 
-def _attempt(fn) -> dict:
-    try:
-        return fn()
-    except Exception as exc:  # the verdict explains it; one broken part must not hide the others
-        last = traceback.extract_tb(exc.__traceback__)[-1]
-        return {"error": f"{type(exc).__name__}: {str(exc)[:300]} (line {last.lineno}: {last.line})"}
+def _part(fn) -> dict:
+    """What one part observed, or its error and the line that raised it (the verdict explains it; one broken
+    part must not hide the others)."""
+    observed, exc = attempt(fn)
+    if exc is None:
+        return observed
+    last = frames(exc)[-1]
+    return {"error": f"{raised(exc)} (line {last.lineno}: {last.line})"}
 
 
 class RecordingSGD(torch.optim.SGD):
@@ -108,7 +106,7 @@ def _run(learner, device, dtype) -> dict:
 
 def _parity(learner, device) -> dict:
     """The float32, bf16 and fp16 runs, each on its own: one that raises does not hide the others."""
-    return {kind: _attempt(lambda dtype=dtype: _run(learner, device, dtype))
+    return {kind: _part(lambda dtype=dtype: _run(learner, device, dtype))
             for kind, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16))}
 
 
@@ -153,7 +151,7 @@ def _scaler(learner, device) -> dict:
         learner.train_step(model, opt, bad, y2, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
         return {}
 
-    inf_error = _attempt(inf_step).get("error", "")  # a missing scaler.update() makes this step raise
+    inf_error = _part(inf_step).get("error", "")  # a missing scaler.update() makes this step raise
     after = cpu_state(model)
     return {**out, "inf_error": inf_error, "scale_before_inf": scale_before,
             "scale_after_inf": scaler.get_scale(),
@@ -214,14 +212,14 @@ def observe(learner, device: torch.device, real_model: dict, clocks: Clocks) -> 
     identified = ANSWERS.identify(learner)
     watch = ANSWERS.watch(learner)
     obs = {"capability": capability,
-           "autocast": _attempt(lambda: _autocast(learner, device)),
-           "parity": _attempt(lambda: _parity(learner, device)),
-           "scaler": _attempt(lambda: _scaler(learner, device)),
-           "measure": _attempt(lambda: _measure(learner, watch, clocks))}
+           "autocast": _part(lambda: _autocast(learner, device)),
+           "parity": _part(lambda: _parity(learner, device)),
+           "scaler": _part(lambda: _scaler(learner, device)),
+           "measure": _part(lambda: _measure(learner, watch, clocks))}
     timed_by_runtime = "median_seconds" in identified or any(
         dotted in ANSWERS.graded["median_seconds"] for dotted, _ in watch.calls)
     obs["real"] = ({"skipped": "median_seconds"} if timed_by_runtime
-                   else _attempt(lambda: _real(learner, device, watch, real_model)))
+                   else _part(lambda: _real(learner, device, watch, real_model)))
     obs["answers"] = {"is": identified, "calls": watch.calls}
     return obs
 

@@ -42,14 +42,13 @@ from __future__ import annotations
 import functools
 import math
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import torch
 from torch import nn
 
-from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT, unsharded_bytes
+from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT
 from distlab.resmlp import make_resmlp
 
 from ...diagnosis import diagnose
@@ -57,13 +56,13 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
-# By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from .causes import (export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_reshard,
-                           nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded, root_only,
-                           some_blocks, steps_not_one)
-# Public here (the tests and benchmarks/bench_fsdp.py use them); defined with the rank-side instruments.
+from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_reshard,
+                     nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded, root_only, some_blocks,
+                     steps_not_one)
+from .observed import PARTS, Run
 from .probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, SEED, STEPS, data, global_batches, rank_main
+
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]
 
 # A launch of the solution took 22 s at W=2 and 24 s at W=4 on 2 cores at load 6 (32 s and 40 s at
 # load 7; less when idle). The two launches run one after the other and share what time_limit leaves
@@ -75,7 +74,6 @@ WORLD_SIZES = (2, 4)
 LAUNCH_SHARES = {2: 4, 4: 5}
 PER_EXTRA_FILE_S = 20
 RTOL, ATOL = 1e-3, 1e-4  # reduce-scatter sums in another order; Adam's 1/sqrt(v) amplifies it on tiny gradients
-PARTS = ("params", "grads", "optimizer")
 
 
 @functools.cache
@@ -89,36 +87,6 @@ def reference(world: int) -> dict:
         nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
         opt.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-@dataclass
-class Run:
-    """One file's run at one world size: every rank's observation (rank order)."""
-
-    ranks: list[dict]
-
-    @property
-    def world(self) -> int:
-        return self.ranks[0]["world"]
-
-    @property
-    def stepped(self) -> bool:
-        """Whether the measured step ran at all (else there is nothing to judge)."""
-        return "before" in self.ranks[0]
-
-    def block_bytes(self, blocks: list[int]) -> int:
-        """The unsharded float32 bytes of the parameters of ``blocks``."""
-        return sum(4 * math.prod(shape) for name, shape in self.ranks[0]["shapes"].items()
-                   if name.split(".")[:2] in [["blocks", str(i)] for i in blocks])
-
-    def bytes_summary(self) -> str:
-        r0 = self.ranks[0]
-        total = sum(r0["expected"][p] for p in PARTS)
-        unsharded = unsharded_bytes(r0["shapes"])
-        pad = max(r["expected"]["padding"] for r in self.ranks)
-        return (f"rank 0 holds {sum(r0['after'][p] for p in PARTS)} B of params+grads+Adam state (expected "
-                f"{total} B; padding up to {pad} B per rank in params and again in grads) vs {unsharded} B "
-                f"unsharded (1/W would be {unsharded // self.world} B)")
 
 
 # Why the trained weights differ from the reference (causes), most specific first.

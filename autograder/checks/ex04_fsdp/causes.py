@@ -1,17 +1,14 @@
 """Exercise 4's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
 
-Each takes the :class:`~autograder.checks.ex04_fsdp.Run` of one world size; the peak-memory ones also take
+Each takes the :class:`~.observed.Run` of one world size; the peak-memory ones also take
 the rank with the worst peak and the criterion's account of it, which their message quotes.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ...diagnosis import KnownError, mistake, translate
+from .observed import Run
 from .probes import MEASURE_STEP, MODEL
 
-if TYPE_CHECKING:
-    from .ex04_fsdp import Run
 
 KNOWN_ERRORS = [
     KnownError("fully_shard called on the ModuleList", r"fully_shard does not support containers that do not implement",

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import json
 import time
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 
@@ -37,7 +36,8 @@ from distlab.lab.fsdp_memory import (LiveStorageTracker, activation_bytes, expec
                                  peak_bound)
 from distlab.resmlp import make_resmlp
 
-from ...harness import CapturedPrints, Replace, SaveSpy, echo, grad_norm, load_learner, on_backward_start
+from ...harness import (CapturedPrints, Replace, SaveSpy, echo, frames, grad_norm, learner_frame, load_learner,
+                        on_backward_start, raised)
 
 MODEL = dict(in_features=64, hidden=90, out_features=10, depth=8)
 STEPS, MICRO_BATCH, LR, SEED = 4, 8, 1e-2, 11
@@ -75,10 +75,9 @@ def _observe(path: str, export: Path, device: torch.device, tag: str) -> dict:
 
 def _error(exc: BaseException, path: str) -> dict:
     """The error, where in the learner's file it was raised, and whether it came from FSDP1's module."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    at = [f for f in frames if Path(f.filename).name == Path(path).name] or frames
-    return {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "where": f"line {at[-1].lineno}: {at[-1].line}",
-            "fsdp1": any("fully_sharded_data_parallel.py" in f.filename for f in frames)}
+    where = learner_frame(exc, path) or frames(exc)[-1]
+    return {"error": raised(exc), "where": f"line {where.lineno}: {where.line}",
+            "fsdp1": any("fully_sharded_data_parallel.py" in f.filename for f in frames(exc))}
 
 
 def _train_observed(learner, export: Path, device: torch.device, saves: SaveSpy, calls: StateDictSpy,
