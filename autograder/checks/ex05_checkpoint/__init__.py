@@ -44,25 +44,22 @@ the optimizer) fails too; a resumed run equal to the uninterrupted one then equa
 """
 from __future__ import annotations
 
-import json
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import torch
-
 from distlab import LaunchError, RankFailure
-from distlab.checkpoint import complete_checkpoints
 
 from ...grading import launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded,
-                           not_pruned, one_sided_collective)
-from .probes import (FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL,  # noqa: F401 (rank_main:
-                           WORLD, rank_main, run_scenarios)                                   # every check has one)
+from .causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded, not_pruned,
+                     one_sided_collective, restart_error)
+from .observed import Run
+from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL, WORLD, run_scenarios
+
+__all__ = ["EXERCISE", "KNOWN_ERRORS", "SCENARIOS", "criteria", "grade"]
 
 # Grading the solution (all three launches, reshard to 4 ranks) took 42 s on 2 cores at load 4;
 # the resume launch (three process starts) is the longest. The launches share what time_limit
@@ -75,70 +72,6 @@ RESHARD_WORLD = 4
 
 def _timeout(launch: str, files: int = 1) -> float:
     return launch_timeout(EXERCISE, files=files, share=SHARES[launch] / sum(SHARES.values()))
-
-
-@dataclass
-class Run:
-    """One file's phases: where the ranks recorded each, and what the launches raised.
-
-    Filled in as the launches go; what a later launch could change (A's directory) is read at once.
-    """
-
-    out: Path
-    reshard_world: int
-    ref: dict = field(default_factory=dict)        # A's final state: the uninterrupted run
-    ref_rec: list = field(default_factory=list)    # A's records, per rank
-    checkpoints: list[str] = field(default_factory=list)  # what A's directory held after the run
-    committed: list[int] = field(default_factory=list)    # the steps of its complete checkpoints
-    reached: int = 0               # the last step rank 1 recorded in C before the job stopped
-    resume_error: LaunchError | None = None
-    reshard_error: LaunchError | None = None
-
-    def load_reference(self) -> bool:
-        """Read the uninterrupted run (A) and how far C got before its job stopped; False if A did not finish."""
-        if (ref := self.final("A")) is None:
-            return False
-        self.ref, self.ref_rec = ref, self.records("A")
-        self.checkpoints = sorted(p.name for p in (self.out / "A").iterdir())
-        self.committed = [s for s, _ in complete_checkpoints(self.out / "A")]
-        self.reached = max((x["step"] for x in self.records("C", tag="first")[1]), default=0)
-        return True
-
-    def records(self, name: str, world: int = WORLD, kind: str = "", **match) -> list[list[dict]]:
-        """Per rank, the phase's records (``kind="calls"``: its DCP calls) whose fields equal ``match``."""
-        out = []
-        for r in range(world):
-            f = self.out / f"{name}-{kind + '-' if kind else ''}rank{r}.jsonl"
-            lines = [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()] if f.is_file() else []
-            out.append([x for x in lines if all(x.get(k) == v for k, v in match.items())])
-        return out
-
-    def ref_at(self, rank: int, step: int) -> dict | None:
-        return next((x for x in self.ref_rec[rank] if x["step"] == step), None)
-
-    def final(self, name: str) -> dict | None:
-        f = self.out / f"{name}-final.pt"
-        return torch.load(f, weights_only=True) if f.is_file() else None
-
-    def attempt_steps(self, attempt: int) -> list[int]:
-        """The steps rank 0 trained in B during torchrun attempt ``attempt``."""
-        return [x["step"] for x in self.records("B", attempt=attempt)[0]]
-
-    def phase_error(self, name: str, first_attempt: int = 0) -> str:
-        """What a phase raised (not a peer's "connection closed" after a kill), as ``attempt A, rank R: ...``."""
-        f = self.out / f"{name}-errors.jsonl"
-        errors = [json.loads(ln) for ln in f.read_text().splitlines()] if f.is_file() else []
-        errors = [e for e in errors if e["attempt"] >= first_attempt and "Connection" not in e["error"]]
-        return f"attempt {errors[0]['attempt']}, rank {errors[0]['rank']}: {errors[0]['error']}" if errors else ""
-
-    def restart_error(self) -> str | LaunchError | None:
-        """What stopped the restart scenario: what a restarted attempt tripped on, not the kill before it."""
-        err = self.resume_error
-        if err is not None:
-            err = one_sided_collective(self, "B", attempt=1) or self.phase_error("B", first_attempt=1) or err
-        if not self.records("B")[0]:
-            err = f"the job failed before it reached this scenario: {self.phase_error('C') or err}"
-        return err
 
 
 def _same_state(ref: dict, got: dict | None, world: int = WORLD) -> tuple[bool, str]:
@@ -201,13 +134,13 @@ def restart_resumes(run: Run) -> Verdict:
     if att1 and att1[-1] == SECOND_KILL and not diag:
         return passed(f"steps {att1[0]}-{SECOND_KILL} identical to the uninterrupted run")
     return failed(diag or f"not checked: the first restart did not run to step {SECOND_KILL} "
-                          f"({run.restart_error() or 'no records'})")
+                          f"({restart_error(run) or 'no records'})")
 
 
 @criterion("two crashes, still exact", points=1, requires=[restart_resumes])
 def two_crashes(run: Run) -> Verdict:
     ok, why = _same_state(run.ref, run.final("B"))
-    err = run.restart_error()
+    err = restart_error(run)
     if ok and err is None:
         return passed("final weights and Adam state identical after resuming twice")
     return failed(diagnose_resume(run, run.records("B", attempt=2)) or why or str(err))

@@ -1,26 +1,23 @@
 """Exercise 5's likely mistakes, tested against what the ranks recorded (see autograder/diagnosis.py).
 
-Each takes the :class:`~autograder.checks.ex05_checkpoint.Run` of one file. :func:`diagnose_resume`
+Each takes the :class:`~.observed.Run` of one file. :func:`diagnose_resume`
 compares a resumed run with the uninterrupted one step by step and, at the first step where anything
 differs, names a shifted step counter or what that step started from (``COMPONENTS``: the weights,
 Adam's state, the data position, the learning rate, the RNG state); :func:`against_reference` compares
 the uninterrupted run with the single-process reference (``reference``) the same way, which
-names what both of the learner's runs share (``CONTRACT``); ``ex05_checkpoint``'s criteria ask for the
+names what both of the learner's runs share (``CONTRACT``); the check's criteria ask for the
 other causes themselves.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from distlab import pick_backend
+from distlab import LaunchError, pick_backend
 
 from ...diagnosis import KnownError, mistake
 from ...parity import parity
+from .observed import Run
 from .probes import INTERRUPTED, RESUMED_FROM, RUN, WORLD
 from .reference import reference_run
 
-if TYPE_CHECKING:
-    from .ex05_checkpoint import Run
 
 KNOWN_ERRORS = [
     KnownError("a checkpoint written on some ranks only", r"Parent directory \S*\.tmp-step_\d+ does not exist",
@@ -56,6 +53,16 @@ def one_sided_collective(run: Run, name: str, world: int = WORLD, **match) -> st
                     "collective, so every rank calls it (each writes or reads its own shards); do not put it under "
                     "`if rank == 0:`")
     return None
+
+
+def restart_error(run: Run) -> str | LaunchError | None:
+    """What stopped the restart scenario: what a restarted attempt tripped on, not the kill before it."""
+    err = run.resume_error
+    if err is not None:
+        err = one_sided_collective(run, "B", attempt=1) or run.phase_error("B", first_attempt=1) or err
+    if not run.records("B")[0]:
+        err = f"the job failed before it reached this scenario: {run.phase_error('C') or err}"
+    return err
 
 
 @mistake("step counter off after resuming")
@@ -194,7 +201,7 @@ def interrupted_write_loaded(run: Run) -> str | None:
     att1 = run.attempt_steps(1)
     if att1 and att1[0] == RESUMED_FROM + 1:
         return None
-    err = run.restart_error()
+    err = restart_error(run)
     seen = f"it resumed at step {att1[0]}" if att1 else f"it never trained again ({err})" if err else "no steps ran"
     return (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, which "
             f"should resume from step {RESUMED_FROM}, but {seen}. Write into staging_path(), commit() on rank 0 "

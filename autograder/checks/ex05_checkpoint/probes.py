@@ -66,7 +66,7 @@ class Stopped(BaseException):
     """Raised from ``on_step`` on every rank: the job stops there (a BaseException, past ``except Exception``)."""
 
 
-def _attempt() -> int:
+def _restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
@@ -102,7 +102,7 @@ def _spy(name: str):
     def make(real):
         def spy(*args, **kwargs):
             if _now["log"] is not None:  # logged before the call: a call that hangs or raises is on disk already
-                _now["log"].write(json.dumps({"call": name, "after_step": _now["step"], "attempt": _attempt(),
+                _now["log"].write(json.dumps({"call": name, "after_step": _now["step"], "attempt": _restart_count(),
                                               "tag": _now["tag"]}) + "\n")
                 _now["log"].flush()
             return real(*args, **kwargs)
@@ -124,7 +124,7 @@ def _full_state(model, optimizer) -> dict:
 
 def _run_phase(learner, phase: dict, outdir: Path) -> None:
     """One ``train`` call, recorded step by step; rank 1 dies, or every rank stops, where the phase says."""
-    rank, attempt, name = dist.get_rank(), _attempt(), phase["name"]
+    rank, attempt, name = dist.get_rank(), _restart_count(), phase["name"]
     if phase.get("once") and ((outdir / f"{name}-final.pt").exists() or (outdir / f"{name}-errors.jsonl").exists()):
         return  # a torchrun restart replays the launch: this phase already ran in an earlier attempt
     data = RecordingDataset(synthetic_classification(DATA_SIZE, 64, 10, seed=3))
@@ -159,7 +159,7 @@ def _step_recorder(data: RecordingDataset, log, phase: dict, kill_step: int | No
     read = {"n": 0}
 
     def on_step(step, optimizer):
-        rec = {"attempt": _attempt(), "tag": phase["tag"], "step": int(step), "data": data.accessed[read["n"]:],
+        rec = {"attempt": _restart_count(), "tag": phase["tag"], "step": int(step), "data": data.accessed[read["n"]:],
                "fp": _fingerprint(optimizer), "lr": optimizer.param_groups[0]["lr"], "pre": _now["pre"]}
         read["n"], _now["step"] = len(data.accessed), int(step)
         log.write(json.dumps(rec) + "\n")
@@ -195,7 +195,7 @@ def _record_error(errors: Path, exc: BaseException) -> None:
     lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
     cause = next((ln for ln in reversed(lines) if "Error" in ln), lines[0])
     with open(errors, "a") as f:
-        f.write(json.dumps({"attempt": _attempt(), "rank": dist.get_rank(), "error": cause[:300]}) + "\n")
+        f.write(json.dumps({"attempt": _restart_count(), "rank": dist.get_rank(), "error": cause[:300]}) + "\n")
 
 
 def _save_final(returned: tuple, path: Path) -> None:
