@@ -67,6 +67,7 @@ class Stopped(BaseException):
 
 
 def _restart_count() -> int:
+    """Which torchrun attempt this is: 0, then 1 after the first restart (the records' ``attempt``)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 

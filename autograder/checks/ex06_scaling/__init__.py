@@ -56,7 +56,6 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -68,49 +67,15 @@ from ...diagnosis import diagnose
 from ...grading import launch_files, launch_timeout
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import KNOWN_ERRORS  # noqa: F401 (re-exported: run_one reads module.KNOWN_ERRORS)
-# By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from .causes import (REAL_CAUSES, collectives_in_step, cpu_clock, figure_per_rank, grad_rounds,  # noqa: F401
-                           inner_forward, no_barrier, no_ddp, no_start_barrier, one_rank_samples, speedup,
-                           summed_clocks, timed_other_steps, warmup_samples, warmup_timed, wrapper_per_step,
-                           wrappers_made)
-# The synthetic step's settings and the tolerance, shared with the rank-side instruments and the causes.
+from .causes import (KNOWN_ERRORS, REAL_CAUSES, cpu_clock, figure_per_rank, inner_forward, no_barrier, no_ddp,
+                     no_start_barrier, one_rank_samples, speedup, summed_clocks, warmup_samples, warmup_timed)
+from .observed import REAL, Benchmark, Run
 from .probes import SYNTH, TOL, rank_main
+
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade", "launch_timeouts"]
 
 EXERCISE = Exercise(number=6, name="scaling", filename="ex06_scaling.py", max_score=10, time_limit=150)
 WORLD_SIZES = (1, 2, 4)
-REAL = dict(batch_size=128, hidden=256, warmup=5, iters=30, lr=0.01)
-
-
-@dataclass
-class WorldRun:
-    """One file's launch at one world size: every rank's observation, in rank order."""
-
-    ranks: list[dict]
-    real: dict = field(default_factory=lambda: dict(REAL))  # the real benchmark's settings it ran with
-
-    @property
-    def world(self) -> int:
-        return len(self.ranks)
-
-    def truth(self) -> dict:
-        """What a correct measurement reports, and what the classic mistakes report, from the step logs."""
-        b, n, k = SYNTH["batch_size"], SYNTH["iters"], SYNTH["warmup"]
-        times = [r["times"] for r in self.ranks]
-        samples = self.world * b * n
-        window = max(t[-1, 1] for t in times) - max(t[k, 0] for t in times)
-        rank0_alone = times[0][-1, 1] - times[0][k, 0]
-        with_warmup = max(t[-1, 1] for t in times) - min(t[0, 0] for t in times)
-        return {"truth": samples / window.item(), "window": window.item(), "rank0_alone": rank0_alone.item(),
-                "with_warmup": with_warmup.item(), "samples": samples}
-
-    def ratio(self) -> float:
-        """Rank 0's figure over the truth."""
-        return self.ranks[0]["reported"] / self.truth()["truth"]
-
-    def events(self, kind: str | None = None) -> list[dict]:
-        """Rank 0's clock reads and collectives in ``measure_throughput``, in order (``kind``: one of them)."""
-        return [e for e in self.ranks[0].get("method", []) if kind is None or e["kind"] == kind]
 
 
 # The causes (causes) the method's criterion asks for, most specific first.
@@ -120,7 +85,7 @@ METHOD_CAUSES = [cpu_clock, summed_clocks, one_rank_samples, no_barrier, warmup_
 
 # Worth 2 at each of the three world sizes a learner is graded at (6 of 10 for the method).
 @criterion("[W={world}] throughput within 10% of the truth", points=2)
-def throughput_within_tolerance(run: WorldRun) -> Verdict:
+def throughput_within_tolerance(run: Run) -> Verdict:
     want = SYNTH["warmup"] + SYNTH["iters"]
     bad = [(r["rank"], len(r["times"])) for r in run.ranks if len(r["times"]) != want]
     if bad:
@@ -142,25 +107,7 @@ def throughput_within_tolerance(run: WorldRun) -> Verdict:
 METHOD_CRITERIA = [throughput_within_tolerance]  # judged at every world size
 
 
-@dataclass
-class Benchmark:
-    """One file's launches at every world size, in order; ``kept``: its results folder outlives grading."""
-
-    runs: list[WorldRun]
-    kept: bool
-
-    @property
-    def last(self) -> dict:
-        """Rank 0's observation in the last launch: the efficiency and the files it wrote."""
-        return self.runs[-1].ranks[0]
-
-    @property
-    def figures(self) -> dict[int, float]:
-        """The real model's throughput at each world size where the learner's step ran."""
-        return {run.world: run.ranks[0]["real"] for run in self.runs if "real" in run.ranks[0]}
-
-
-def _untrained(run: WorldRun) -> str:
+def _untrained(run: Run) -> str:
     """'' if the real step trained the model identically on every rank, else what went wrong."""
     first = run.ranks[0]
     if first.get("step_error"):
@@ -291,7 +238,7 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES, out
         cfg = {**REAL, **(real or {})}
         for world, runs, wall_s in _launches(paths, world_sizes, base, cfg):
             for report, bench, ranks in zip(reports, benches, runs):
-                bench.runs.append(WorldRun(ranks, cfg))
+                bench.runs.append(Run(ranks, cfg))
                 report.judge(METHOD_CRITERIA, bench.runs[-1], world=world)
                 report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
         for report, bench in zip(reports, benches):

@@ -1,23 +1,20 @@
 """Exercise 6's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
 
-The method's causes and the real step's each take the :class:`~autograder.checks.ex06_scaling.WorldRun`
+The method's causes and the real step's each take the :class:`~.observed.Run`
 of one world size. The method's test the clock reads and collectives rank 0 made in
 ``measure_throughput`` first, and the figure's ratio to the truth only where those are missing; the
 real run's (``REAL_CAUSES``) what was counted there, which no figure can hide: the DDP wrappers
 built, DDP's gradient all-reduces and the learner's own collectives per step, the steps called and
 those between the clock reads; the efficiency's takes the throughputs and what
-``scaling_efficiency`` returned. ``ex06_scaling``'s criteria ask for them, most specific first.
+``scaling_efficiency`` returned. The check's criteria ask for them, most specific first.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ...diagnosis import KnownError, mistake
 from ...parity import parity
+from .observed import Run
 from .probes import SYNTH, TOL
 
-if TYPE_CHECKING:
-    from .ex06_scaling import WorldRun
 
 KNOWN_ERRORS = [
     KnownError("a Python float passed to a collective", r"Expected parameter `tensor` of type torch\.Tensor",
@@ -36,13 +33,13 @@ def _near(a: float, b: float, rel: float = TOL / 2) -> bool:
     return abs(a - b) <= rel * abs(b)
 
 
-def _window(run: WorldRun) -> float:
+def _window(run: Run) -> float:
     """The window rank 0's figure implies: every rank's timed samples over it."""
     return run.truth()["samples"] / run.ranks[0]["reported"]
 
 
 @mistake("CPU time measured instead of wall-clock time")
-def cpu_clock(run: WorldRun) -> str | None:
+def cpu_clock(run: Run) -> str | None:
     cpu = sorted({e["name"] for e in run.events("clock")} & {"process_time", "process_time_ns", "thread_time",
                                                               "thread_time_ns"})
     if cpu and run.ratio() > 1 + TOL:
@@ -53,7 +50,7 @@ def cpu_clock(run: WorldRun) -> str | None:
 
 
 @mistake("the ranks' elapsed times summed (all_reduce's default SUM)")
-def summed_clocks(run: WorldRun) -> str | None:
+def summed_clocks(run: Run) -> str | None:
     summed = [e for e in run.events("collective") if e["name"] == "all_reduce" and e.get("op") == "SUM"]
     # The SUM all-reduce was seen: the ratio only has to be about 1/W (load makes a summed clock noisy).
     if run.world > 1 and summed and _near(run.ratio() * run.world, 1, rel=0.25):
@@ -64,7 +61,7 @@ def summed_clocks(run: WorldRun) -> str | None:
 
 
 @mistake("counted one rank's samples")
-def one_rank_samples(run: WorldRun) -> str | None:
+def one_rank_samples(run: Run) -> str | None:
     if run.world > 1 and _near(run.ratio() * run.world, 1):
         return (f"you counted one rank's samples: the {run.world} ranks trained {run.truth()['samples']} "
                 "(world_size * batch_size * iters): multiply by the world size (every rank trains its own batch)")
@@ -72,7 +69,7 @@ def one_rank_samples(run: WorldRun) -> str | None:
 
 
 @mistake("warm-up steps timed")
-def warmup_timed(run: WorldRun) -> str | None:
+def warmup_timed(run: Run) -> str | None:
     t, reads, k = run.truth(), run.events("clock"), SYNTH["warmup"]
     started = reads[0]["steps"] if reads else None
     looks_so = _near(run.ranks[0]["reported"], t["samples"] / t["with_warmup"], TOL)
@@ -85,7 +82,7 @@ def warmup_timed(run: WorldRun) -> str | None:
 
 
 @mistake("warm-up steps' samples counted")
-def warmup_samples(run: WorldRun) -> str | None:
+def warmup_samples(run: Run) -> str | None:
     k, n = SYNTH["warmup"], SYNTH["iters"]
     if _near(run.ratio(), (k + n) / n, 0.04):
         return (f"that is ({k} + {n}) / {n}: you counted the samples of the {k} warm-up steps too, but did not "
@@ -94,7 +91,7 @@ def warmup_samples(run: WorldRun) -> str | None:
 
 
 @mistake("clock stopped without a barrier (rank 0's own time)")
-def no_barrier(run: WorldRun) -> str | None:
+def no_barrier(run: Run) -> str | None:
     t, events = run.truth(), run.events()
     reads = [i for i, e in enumerate(events) if e["kind"] == "clock"]
     total = SYNTH["warmup"] + SYNTH["iters"]
@@ -112,7 +109,7 @@ def no_barrier(run: WorldRun) -> str | None:
 
 
 @mistake("clock started without a barrier (a rank still warming up)")
-def no_start_barrier(run: WorldRun) -> str | None:
+def no_start_barrier(run: Run) -> str | None:
     k, events = SYNTH["warmup"], run.events()
     if run.world == 1 or run.ratio() >= 1 - TOL:
         return None
@@ -133,12 +130,12 @@ def no_start_barrier(run: WorldRun) -> str | None:
             "torch.cuda.synchronize() on a GPU), then start the clock")
 
 
-def _real(run: WorldRun) -> dict:
+def _real(run: Run) -> dict:
     return run.ranks[0]
 
 
 @mistake("the DDP wrapper rebuilt in every step")
-def wrapper_per_step(run: WorldRun) -> str | None:
+def wrapper_per_step(run: Run) -> str | None:
     r = _real(run)
     if not r.get("ddp_built_in_step"):
         return None
@@ -150,7 +147,7 @@ def wrapper_per_step(run: WorldRun) -> str | None:
 
 
 @mistake("not one DDP wrapper built by make_ddp_step")
-def wrappers_made(run: WorldRun) -> str | None:
+def wrappers_made(run: Run) -> str | None:
     n = _real(run).get("ddp_built_in_make", 1)
     if n == 1:
         return None
@@ -159,7 +156,7 @@ def wrappers_made(run: WorldRun) -> str | None:
 
 
 @mistake("gradients not all-reduced once per step")
-def grad_rounds(run: WorldRun) -> str | None:
+def grad_rounds(run: Run) -> str | None:
     r = _real(run)
     rounds, steps = r.get("ddp_rounds"), r.get("real_steps", 0)
     if rounds is None or not steps or rounds == steps:
@@ -172,7 +169,7 @@ def grad_rounds(run: WorldRun) -> str | None:
 
 
 @mistake("a collective of your own in every step")
-def collectives_in_step(run: WorldRun) -> str | None:
+def collectives_in_step(run: Run) -> str | None:
     r = _real(run)
     inside = [e["name"] for e in r.get("real_method", []) if e["kind"] == "collective" and e.get("in_step")]
     if not inside:
@@ -191,7 +188,7 @@ def _timed(events: list[dict], k: int, n: int) -> tuple[int | None, bool]:
 
 
 @mistake("the real run timed other steps than the iters after the warm-up")
-def timed_other_steps(run: WorldRun) -> str | None:
+def timed_other_steps(run: Run) -> str | None:
     r, k, n = _real(run), run.real["warmup"], run.real["iters"]
     if len(r["times"]) != SYNTH["warmup"] + SYNTH["iters"]:
         return None  # the synthetic step's count is wrong too: its criterion named it
@@ -218,7 +215,7 @@ REAL_CAUSES = [wrapper_per_step, wrappers_made, grad_rounds, collectives_in_step
 
 
 @mistake("a different figure on every rank")
-def figure_per_rank(run: WorldRun) -> str | None:
+def figure_per_rank(run: Run) -> str | None:
     got, apart = run.ranks[0]["reported"], [r for r in run.ranks[1:] if r["reported"] != run.ranks[0]["reported"]]
     if apart:
         return (f"rank {apart[0]['rank']} returned {apart[0]['reported']:,.1f} samples/s but rank 0 returned "
@@ -227,7 +224,7 @@ def figure_per_rank(run: WorldRun) -> str | None:
     return None
 
 
-def _apart(run: WorldRun) -> tuple[int, float] | None:
+def _apart(run: Run) -> tuple[int, float] | None:
     """The first rank whose parameters differ from rank 0's after the real benchmark, and by how much."""
     for r in run.ranks[1:]:
         diff = parity(r["final"], run.ranks[0]["final"], rtol=0, atol=0).max_abs_diff
@@ -237,7 +234,7 @@ def _apart(run: WorldRun) -> tuple[int, float] | None:
 
 
 @mistake("the step does not use DDP")
-def no_ddp(run: WorldRun) -> str | None:
+def no_ddp(run: Run) -> str | None:
     apart = _apart(run)
     if apart and not run.ranks[0].get("ddp_wrapped"):
         return (f"at {run.world} workers rank {apart[0]}'s parameters differ from rank 0's by up to {apart[1]:.3g} "
@@ -247,7 +244,7 @@ def no_ddp(run: WorldRun) -> str | None:
 
 
 @mistake("forward called on the inner module, bypassing DDP")
-def inner_forward(run: WorldRun) -> str | None:
+def inner_forward(run: Run) -> str | None:
     apart, first = _apart(run), run.ranks[0]
     if apart and first.get("ddp_wrapped") and not first.get("ddp_forwards"):
         return (f"at {run.world} workers rank {apart[0]}'s parameters differ from rank 0's by up to {apart[1]:.3g}: "

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 import distlab
 from distlab.models import cpu_state, make_mlp
 
-from ...harness import CapturedPrints, Replace, echo, load_learner
+from ...harness import CapturedPrints, Replace, attempt, echo, load_learner, raised
 
 SYNTH = dict(batch_size=32, warmup=2, iters=8)
 # Rank r's timed steps take STEP_S * (1 + SLOWER_PER_RANK * r); the warm-up steps WARMUP_STEP_S, except
@@ -181,10 +181,8 @@ class DDPSpy(Replace):
 
 def _guard(fn, *args, **kwargs):
     """(result, None) or (None, "Type: message"): a part that raises costs only its own marks."""
-    try:
-        return fn(*args, **kwargs), None
-    except Exception as exc:  # noqa: BLE001 - reported to the learner
-        return None, f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+    result, exc = attempt(fn, *args, **kwargs)
+    return result, raised(exc)
 
 
 def rank_main(paths: list[str], so_far: list[dict], out_dirs: list[str], final: bool, real: dict) -> list[dict]:
