@@ -179,12 +179,6 @@ class DDPSpy(Replace):
         return forward
 
 
-def _guard(fn, *args, **kwargs):
-    """(result, None) or (None, "Type: message"): a part that raises costs only its own marks."""
-    result, exc = attempt(fn, *args, **kwargs)
-    return result, raised(exc)
-
-
 def rank_main(paths: list[str], so_far: list[dict], out_dirs: list[str], final: bool, real: dict) -> list[dict]:
     """Runs on every rank: the synthetic method check, then the real benchmark, for each file.
 
@@ -232,7 +226,8 @@ def _observe_real(learner, rank: int, dev: torch.device, real: dict, spy: Method
     y = torch.randint(0, 10, (real["batch_size"],), generator=gen).to(dev)
     dist.barrier()
     wrapped, ddp.rounds, ddp.built_in_step = ddp.wrapped, 0, 0
-    step, obs["step_error"] = _guard(learner.make_ddp_step, model, x, y, lr=real["lr"])
+    step, exc = attempt(learner.make_ddp_step, model, x, y, lr=real["lr"])  # raised: costs only its own marks
+    obs["step_error"] = raised(exc)
     built = ddp.wrapped - wrapped
     if step is not None:
         counted = ddp.counter = CountedStep(step)
@@ -249,9 +244,11 @@ def _observe_real(learner, rank: int, dev: torch.device, real: dict, spy: Method
 def _observe_results(learner, throughput: dict[int, float], out_dir: str) -> dict:
     """Rank 0, last launch: the learner's efficiency of every figure, and the files it writes."""
     obs = {"throughput": throughput}
-    eff, obs["efficiency_error"] = _guard(learner.scaling_efficiency, dict(throughput))
+    eff, exc = attempt(learner.scaling_efficiency, dict(throughput))
+    obs["efficiency_error"] = raised(exc)
     obs["efficiency"] = {int(k): float(v) for k, v in eff.items()} if isinstance(eff, dict) else None
     if obs["efficiency"] is not None:
-        files, obs["files_error"] = _guard(learner.write_results, dict(throughput), dict(eff), out_dir)
+        files, exc = attempt(learner.write_results, dict(throughput), dict(eff), out_dir)
+        obs["files_error"] = raised(exc)
         obs["files"] = {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else None
     return obs

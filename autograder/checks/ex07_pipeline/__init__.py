@@ -36,7 +36,6 @@ the ranks return, the grading process checks:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -48,12 +47,13 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import KNOWN_ERRORS
-# By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from .causes import (activation_without_grad, backward_order, count_scales, deadlock, gradients_not_sent,
-                           ignores_received, last_loss, loss_not_scaled, mean_of_scaled, no_microbatches,
-                           pieces_of_n_rows, sent_after_loop, unmatched)
-from .probes import BATCH, BOUNDARY, MICRO, P2P_TIMEOUT_S, batch, model, rank_main  # noqa: F401
+from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, count_scales, deadlock,
+                     gradients_not_sent, ignores_received, last_loss, loss_not_scaled, mean_of_scaled, no_microbatches,
+                     pieces_of_n_rows, sent_after_loop, unmatched)
+from .observed import Run
+from .probes import BATCH, BOUNDARY, MICRO, P2P_TIMEOUT_S, batch, model, rank_main
+
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
 
 EXERCISE = Exercise(number=7, name="pipeline", filename="ex07_pipeline.py", max_score=10, time_limit=90)
 RTOL, ATOL = 1e-5, 1e-6
@@ -71,43 +71,7 @@ def _reference() -> tuple[torch.Tensor, list[list[torch.Tensor]], list[float]]:
                            [p.grad for p in net[BOUNDARY:].parameters()]], micro
 
 
-@dataclass
-class Step:
-    """One file's GPipe step: both ranks' observations (rank = stage), and the unsplit model's figures."""
-
-    ranks: list[dict]
-    ref_loss: torch.Tensor
-    ref_grads: list[list[torch.Tensor]]
-    ref_micro: list[float]
-
-    def events(self, stage: int, kind: str) -> list[dict]:
-        """The stage's logged forwards (``"F"``) or backwards (``"B"``), in the order they started."""
-        return sorted((e for e in self.ranks[stage]["events"] if e["kind"] == kind), key=lambda e: e["start"])
-
-    def p2p(self, rank: int, op: str, done: bool = True) -> list[dict]:
-        """The rank's sends or recvs to or from the other rank (only those that returned, if ``done``)."""
-        return [c for c in self.ranks[rank]["p2p"] if c["op"] == op and c["peer"] == 1 - rank
-                and (c["t1"] is not None or not done)]
-
-    def pending(self, rank: int) -> dict | None:
-        """The send or recv the rank was waiting in when its step failed."""
-        calls = self.ranks[rank]["p2p"]
-        return calls[-1] if calls and calls[-1]["t1"] is None and not calls[-1]["async"] else None
-
-    def ratio(self, part: str) -> float | None:
-        """The returned loss, or a stage's gradients, over the unsplit model's (a least-squares scale)."""
-        if part == "loss":
-            loss = self.ranks[1]["loss"]
-            return loss.item() / self.ref_loss.item() if loss is not None and loss.numel() == 1 else None
-        stage = int(part[-1])
-        grads, ref = self.ranks[stage]["grads"], self.ref_grads[stage]
-        if any(g is None for g in grads):
-            return None
-        dot = sum((g * r).sum().item() for g, r in zip(grads, ref))
-        return dot / max(sum((r * r).sum().item() for r in ref), 1e-30)
-
-
-def _raised(step: Step) -> str:
+def _raised(step: Run) -> str:
     """What the ranks raised that no cause explains, with the learner's line and the known translation."""
     out = []
     for r in step.ranks:
@@ -124,7 +88,7 @@ SCALE = [count_scales, loss_not_scaled]
 
 
 @criterion("each stage processes every micro-batch once", points=2)
-def every_microbatch_once(step: Step) -> Verdict:
+def every_microbatch_once(step: Run) -> Verdict:
     want_rows = BATCH // MICRO
     for s in (0, 1):
         fwd, bwd = step.events(s, "F"), step.events(s, "B")
@@ -141,7 +105,7 @@ def every_microbatch_once(step: Step) -> Verdict:
 
 
 @criterion("loss matches the unsplit model", points=2)
-def loss_matches(step: Step) -> Verdict:
+def loss_matches(step: Run) -> Verdict:
     loss, ref = step.ranks[1]["loss"], step.ref_loss
     if loss is None or loss.numel() != 1:
         return failed(diagnose(PROTOCOL, step, "loss") or "rank 1 (the last stage) returned no loss: return the "
@@ -153,7 +117,7 @@ def loss_matches(step: Step) -> Verdict:
                   f"(ratio {loss.item() / ref.item():.3g})")
 
 
-def _grads_verdict(step: Step, stage: int) -> Verdict:
+def _grads_verdict(step: Run, stage: int) -> Verdict:
     """Stage ``stage``'s gradients against the unsplit model's, and the cause when they differ."""
     grads, ref, part = step.ranks[stage]["grads"], step.ref_grads[stage], f"grads{stage}"
     if any(g is None for g in grads):
@@ -174,17 +138,17 @@ def _grads_verdict(step: Step, stage: int) -> Verdict:
 
 
 @criterion("stage 0 gradients match the unsplit model", points=2)
-def stage0_grads_match(step: Step) -> Verdict:
+def stage0_grads_match(step: Run) -> Verdict:
     return _grads_verdict(step, 0)
 
 
 @criterion("stage 1 gradients match the unsplit model", points=2)
-def stage1_grads_match(step: Step) -> Verdict:
+def stage1_grads_match(step: Run) -> Verdict:
     return _grads_verdict(step, 1)
 
 
 @criterion("stages overlap in time", points=2)
-def stages_overlap(step: Step) -> Verdict:
+def stages_overlap(step: Run) -> Verdict:
     f0, f1 = step.events(0, "F"), step.events(1, "F")
     if len(f0) != MICRO or len(f1) != MICRO:  # judged on the forwards alone: a backward mistake costs its own marks
         return failed(f"not checked: needs {MICRO} forwards on each stage first (ran {len(f0)} and {len(f1)})")
@@ -213,6 +177,6 @@ def grade(paths: Sequence[Path], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[E
                                 args=(p2p_timeout_s,))
     ref_loss, ref_grads, ref_micro = _reference()
     for report, ranks in zip(reports, runs):
-        report.judge(CRITERIA, Step(ranks, ref_loss, ref_grads, ref_micro))
+        report.judge(CRITERIA, Run(ranks, ref_loss, ref_grads, ref_micro))
         report.measurements["launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

@@ -1,22 +1,20 @@
 """Exercise 7's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
 
-Each takes the :class:`~autograder.checks.ex07_pipeline.Step` of one file and the part being judged
+Each takes the :class:`~.observed.Run` of one file and the part being judged
 (``"count"``, ``"loss"``, ``"grads0"``, ``"grads1"`` or ``"overlap"``): the send and recv protocol's
-causes explain any failure, the others only their part's. ``ex07_pipeline``'s criteria ask for them,
+causes explain any failure, the others only their part's. The check's criteria ask for them,
 the protocol's first.
 """
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 import torch
 
 from ...diagnosis import KnownError, mistake
+from .observed import Run
 from .probes import BATCH, MICRO
 
-if TYPE_CHECKING:
-    from .ex07_pipeline import Step
 
 KNOWN_ERRORS = [KnownError(
     "a send/recv deadlock between the stages",
@@ -34,7 +32,7 @@ def _what(part: str) -> str:
     return "the loss is" if part == "loss" else f"stage {part[-1]}'s gradients are"
 
 
-def _waiting(rank: int, call: dict, step: Step) -> str:
+def _waiting(rank: int, call: dict, step: Run) -> str:
     """``"stage 0 sending micro-batch 1's activations"`` for a send or recv the rank was waiting in."""
     k = len(step.p2p(rank, call["op"], done=False)) - 1
     thing = "activations" if (rank == 0) == (call["op"] == "send") else "gradient"
@@ -43,7 +41,7 @@ def _waiting(rank: int, call: dict, step: Step) -> str:
 
 
 @mistake("activations received without requires_grad_()")
-def activation_without_grad(step: Step, part: str) -> str | None:
+def activation_without_grad(step: Run, part: str) -> str | None:
     needs = step.ranks[1]["inputs_require_grad"]
     if not needs or any(needs):
         return None
@@ -54,7 +52,7 @@ def activation_without_grad(step: Step, part: str) -> str | None:
 
 
 @mistake("gradients not sent back to stage 0")
-def gradients_not_sent(step: Step, part: str) -> str | None:
+def gradients_not_sent(step: Run, part: str) -> str | None:
     sent, backwards = len(step.p2p(1, "send", done=False)), len(step.events(0, "B"))
     if sent >= MICRO or backwards >= MICRO or step.ranks[1]["error"] or len(step.events(1, "B")) < MICRO:
         return None
@@ -66,7 +64,7 @@ def gradients_not_sent(step: Step, part: str) -> str | None:
 
 
 @mistake("both stages send (or receive) at once: a deadlock")
-def deadlock(step: Step, part: str) -> str | None:
+def deadlock(step: Run, part: str) -> str | None:
     p0, p1 = step.pending(0), step.pending(1)
     if not (p0 and p1 and p0["op"] == p1["op"]):
         return None
@@ -80,7 +78,7 @@ def deadlock(step: Step, part: str) -> str | None:
 
 
 @mistake("a send or recv with no partner on the other stage")
-def unmatched(step: Step, part: str) -> str | None:
+def unmatched(step: Run, part: str) -> str | None:
     for r in (0, 1):
         call, peer = step.pending(r), step.ranks[1 - r]
         if call and step.pending(1 - r) is None:
@@ -95,7 +93,7 @@ def unmatched(step: Step, part: str) -> str | None:
 
 
 @mistake("no micro-batches: the whole batch in one forward")
-def no_microbatches(step: Step, part: str) -> str | None:
+def no_microbatches(step: Run, part: str) -> str | None:
     f0 = step.events(0, "F")
     if len(f0) == 1 and f0[0]["rows"] == BATCH:
         return (f"stage 0 ran one forward of all {BATCH} rows: cut the batch into n_microbatches = {MICRO} "
@@ -104,7 +102,7 @@ def no_microbatches(step: Step, part: str) -> str | None:
 
 
 @mistake("split(n) instead of chunk(n): pieces of n rows")
-def pieces_of_n_rows(step: Step, part: str) -> str | None:
+def pieces_of_n_rows(step: Run, part: str) -> str | None:
     f0 = step.events(0, "F")
     if len(f0) == BATCH // MICRO != MICRO and {e["rows"] for e in f0} == {MICRO}:
         return (f"stage 0 ran {len(f0)} forwards of {MICRO} rows: x.split({MICRO}) cuts pieces of {MICRO} rows, "
@@ -113,7 +111,7 @@ def pieces_of_n_rows(step: Step, part: str) -> str | None:
 
 
 @mistake("a micro-batch count other than n_microbatches")
-def count_scales(step: Step, part: str) -> str | None:
+def count_scales(step: Run, part: str) -> str | None:
     k, r = len(step.events(0, "F")), step.ratio(part)
     if k and k != MICRO and _near(r, k / MICRO) and not _near(r, 1):
         return (f"{_what(part)} {r:.2f}x the unsplit model's because the batch went through in {k} micro-batches, "
@@ -122,7 +120,7 @@ def count_scales(step: Step, part: str) -> str | None:
 
 
 @mistake("loss not divided by the number of micro-batches")
-def loss_not_scaled(step: Step, part: str) -> str | None:
+def loss_not_scaled(step: Run, part: str) -> str | None:
     r = step.ratio(part)
     if len(step.events(0, "F")) == MICRO and _near(r, MICRO):
         return (f"{_what(part)} {r:.2f}x the unsplit model's with {MICRO} micro-batches: divide each "
@@ -131,7 +129,7 @@ def loss_not_scaled(step: Step, part: str) -> str | None:
 
 
 @mistake("returned the last micro-batch's loss")
-def last_loss(step: Step, part: str) -> str | None:
+def last_loss(step: Run, part: str) -> str | None:
     r, last = step.ratio("loss"), step.ref_micro[-1]
     if part != "loss" or r is None:
         return None
@@ -145,7 +143,7 @@ def last_loss(step: Step, part: str) -> str | None:
 
 
 @mistake("averaged the already-divided micro-batch losses")
-def mean_of_scaled(step: Step, part: str) -> str | None:
+def mean_of_scaled(step: Run, part: str) -> str | None:
     r = step.ratio("loss")
     if part == "loss" and _near(r, 1 / MICRO, 1e-3) and _near(step.ratio("grads1"), 1, 1e-3):
         return (f"rank 1 returned {r * step.ref_loss.item():.6g}, 1/{MICRO} of the batch mean "
@@ -155,7 +153,7 @@ def mean_of_scaled(step: Step, part: str) -> str | None:
 
 
 @mistake("stage 1 backpropagates in another order than stage 0")
-def backward_order(step: Step, part: str) -> str | None:
+def backward_order(step: Run, part: str) -> str | None:
     o0, o1 = ([e["mb"] for e in step.events(s, "B")] for s in (0, 1))
     if part != "grads0" or len(o0) != MICRO or len(o1) != MICRO or o0 == o1:
         return None
@@ -166,7 +164,7 @@ def backward_order(step: Step, part: str) -> str | None:
 
 
 @mistake("stage 0 backpropagates something other than the received gradient")
-def ignores_received(step: Step, part: str) -> str | None:
+def ignores_received(step: Run, part: str) -> str | None:
     received = [c["value"] for c in step.p2p(0, "recv") if c["value"] is not None]
     if part != "grads0" or not received:
         return None
@@ -180,7 +178,7 @@ def ignores_received(step: Step, part: str) -> str | None:
 
 
 @mistake("activations sent after the forward loop")
-def sent_after_loop(step: Step, part: str) -> str | None:
+def sent_after_loop(step: Run, part: str) -> str | None:
     sends, f0 = step.p2p(0, "send", done=False), step.events(0, "F")
     if sends and f0 and min(c["t0"] for c in sends) >= max(e["end"] for e in f0):
         return (f"stage 0 sent its first activations only after all {len(f0)} of its forwards, so stage 1 could "

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
-import traceback
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -30,7 +28,7 @@ from distlab.models import make_mlp
 from distlab.lab.pipeline.timeline import Delay, TimedStage
 from distlab.runtime.process import time_scale
 
-from ...harness import CapturedPrints, Replace, echo, load_learner, own_rendezvous
+from ...harness import CapturedPrints, Replace, echo, learner_frame, load_learner, own_rendezvous, raised
 
 BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 64, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
 DELAYS = (0.03, 0.015)                           # seconds of "compute" per forward, stage 0 and stage 1
@@ -102,11 +100,6 @@ class StageProbe:
             out.register_hook(lambda g: self.out_grads.__setitem__(i, g.detach().cpu().clone()))
 
 
-def _learner_frame(exc: BaseException, path: str) -> str:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == Path(path).resolve()]
-    return f"{Path(path).name} line {frames[-1].lineno} in {frames[-1].name}: {frames[-1].line}" if frames else ""
-
-
 def rank_main(paths: list[str], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[dict]:
     """Runs on both ranks: one GPipe step with each learner file in turn, each in its own process group."""
     observed = []
@@ -138,7 +131,7 @@ def _observe(path: str, p2p_timeout_s: float) -> dict:
             except NotImplementedError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reported, so the other criteria are still judged
-                error, where = f"{type(exc).__name__}: {str(exc).strip()[:300]}", _learner_frame(exc, path)
+                error, where = raised(exc), str(learner_frame(exc, path) or "")
     echo(out.lines)
     return {
         "rank": rank, "events": stage.log(), "error": error, "where": where, "p2p": p2p.calls,
