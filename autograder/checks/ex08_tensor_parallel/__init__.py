@@ -32,7 +32,6 @@ huggingface/picotron's ``tensor_parallel.py``) the check verifies:
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -43,47 +42,17 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import KNOWN_ERRORS, bias_fit, describe, summary
-# By name, so that this module declares them (diagnosis.declared_mistakes looks here).
-from .causes import (averaged, bias_on_every_rank, input_not_replicated, no_backward_reduce,
-                           no_forward_reduce, not_own_shard, swapped, unsplit_kept, view_kept, wrong_dimension)
-from .probes import (ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM, STAGES, rank_main,  # noqa: F401
-                           shard, unsplit_step)
+from .causes import (KNOWN_ERRORS, averaged, bias_fit, bias_on_every_rank, describe, input_not_replicated,
+                     no_backward_reduce, no_forward_reduce, not_own_shard, summary, swapped, unsplit_kept, view_kept,
+                     wrong_dimension)
+from .observed import Run
+from .probes import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM, rank_main
+
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]
 
 EXERCISE = Exercise(number=8, name="tensor_parallel", filename="ex08_tensor_parallel.py", max_score=10,
                     time_limit=90)
 WORLD_SIZES = (2, 4)
-
-
-@dataclass
-class Run:
-    """One file's step at one world size: every rank's observation (rank order)."""
-
-    ranks: list[dict]
-
-    @property
-    def world(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def ref(self) -> dict:
-        return unsplit_step()
-
-    def expected(self, part: str, rank: int, of: str = "weights") -> torch.Tensor:
-        """Rank ``rank``'s shard of the unsplit block's ``part`` (``of="grads"``: of its gradient)."""
-        return shard(self.ref[of][part], part, rank, self.world)
-
-    def partial(self, rank: int) -> torch.Tensor:
-        """What rank ``rank``'s row layer should hand to the all-reduce: its hidden features times its columns."""
-        cols = self.ref["hidden"].double().chunk(self.world, dim=1)[rank]
-        return cols @ self.expected("row.weight", rank).double().T
-
-    def calls(self, rank: int, phase: str, kind: str | None = None) -> list[dict]:
-        return [c for c in self.ranks[rank]["comm"] if c["phase"] == phase and kind in (None, c["kind"])]
-
-    def failure(self, stage: str) -> dict | None:
-        """The first rank whose step raised at ``stage`` or before it."""
-        return next((r for r in self.ranks if r["error"] and STAGES.index(r["stage"]) <= STAGES.index(stage)), None)
 
 
 def _raised(obs: dict, explain: bool = True) -> str:

@@ -1,24 +1,22 @@
 """Exercise 8's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
 
-Each takes the :class:`~autograder.checks.ex08_tensor_parallel.Run` of one file at one world size and
+Each takes the :class:`~.observed.Run` of one file at one world size and
 the part being judged (``"shards"``, ``"forward"``, ``"bias"``, ``"communication"``, ``"x_grad"``,
-``"grads"``, or the stage that raised: ``"build"``, ``"backward"``). ``ex08_tensor_parallel``'s
+``"grads"``, or the stage that raised: ``"build"``, ``"backward"``). The check's
 criteria ask for them, most specific first. The helpers at the top (where a shard came from, how
 many biases a tensor holds) are the measurements they share with the criteria.
 """
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 import torch
 
 from ...diagnosis import KnownError, mistake
 from ...parity import parity
+from .observed import Run
 from .probes import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
 
-if TYPE_CHECKING:
-    from .ex08_tensor_parallel import Run
 
 KNOWN_ERRORS = [
     KnownError("matmul shapes that do not match: a shard or the input cut wrong",

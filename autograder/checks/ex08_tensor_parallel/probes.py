@@ -13,26 +13,23 @@ the same unsplit block and input (fixed seeds), builds ``ColumnParallelLinear`` 
 * every collective the rank issued, with its phase (forward or backward), the layer whose forward
   was running, its shape, and for an all-reduce a copy of what this rank put in.
 
-Collectives are seen as the dispatcher runs them (a ``TorchDispatchMode``, as PyTorch's own
-``CommDebugMode``), whatever the learner called: ``dist.all_reduce``, the functional collectives,
+Collectives are seen as the dispatcher runs them (by the one recorder,
+``distlab.measure.comm.CollectiveRecorder``, named as the ``torch.distributed`` calls), whatever the learner called: ``dist.all_reduce``, the functional collectives,
 ``send``/``recv``; in the forward and inside an ``autograd.Function``'s backward alike (checked
 under gloo with torch 2.13: the mode stays active in the backward).
 """
 from __future__ import annotations
 
 import functools
-import traceback
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import distlab
+from distlab.measure.comm import CollectiveRecorder
 
-from ...harness import CapturedPrints, echo, load_learner
+from ...harness import CapturedPrints, echo, learner_frame, load_learner, raised
 
 D, H, B = 16, 96, 12   # block Linear(D, H) -> GELU -> Linear(H, D) on B rows; H/W (48, 24) is neither D nor B
 SEED = 8
@@ -44,8 +41,6 @@ STAGES = ("build", "forward", "backward")
 # assert_close, not equality, because the all-reduce adds W partial sums over H/W hidden features each,
 # another order than the unsplit layer's one sum over H (float32; measured 1.2e-7 apart at W=2, 1.4e-7 at W=4).
 RTOL, ATOL = 1e-5, 1e-6
-COMM_NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"}
-NOT_COMMUNICATION = {"wait_tensor", "_wrap_tensor_autograd"}  # bookkeeping ops of the functional collectives
 
 
 def block() -> nn.Sequential:
@@ -82,21 +77,14 @@ def shard(full: torch.Tensor, part: str, rank: int, world: int) -> torch.Tensor:
     return full if dim is None else full.chunk(world, dim=dim)[rank]
 
 
-def kind(opname: str) -> str:
-    """``"all_reduce"`` for ``allreduce_`` or ``all_reduce``, and so on: the name of the dist call."""
-    name = opname.strip("_").replace("allreduce", "all_reduce").replace("allgather", "all_gather")
-    name = name.replace("alltoall", "all_to_all")
-    for suffix in ("_coalesced", "_base", "_into_tensor", "_tensor", "_single", "_any_source"):
-        name = name.replace(suffix, "")
-    return name
-
-
-class CommSpy(TorchDispatchMode):
-    """Records every collective or point-to-point op the dispatcher runs while the mode is active."""
+class CommSpy(CollectiveRecorder):
+    """The one recorder of collectives (:class:`~distlab.measure.comm.CollectiveRecorder`), each op tagged
+    with the phase it ran in, the learner's layer whose forward was running, and for an all-reduce a
+    copy of what this rank put in (the recorder tags an op before it runs: in-place collectives
+    overwrite their input)."""
 
     def __init__(self):
         super().__init__()
-        self.calls: list[dict] = []
         self.phase = "forward"
         self.layer: str | None = None   # the learner's layer whose forward is running
         self.shapes: dict[str, list] = {}
@@ -113,16 +101,14 @@ class CommSpy(TorchDispatchMode):
         module.register_forward_pre_hook(before)
         module.register_forward_hook(after)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.namespace in COMM_NAMESPACES and func._opname not in NOT_COMMUNICATION:
-            tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            op = kind(func._opname)
-            self.calls.append({"kind": op, "phase": self.phase, "layer": self.layer,
-                               "shape": list(tensors[0].shape) if tensors else [],
-                               # before the op: in-place collectives overwrite it (the mode is off in here)
-                               "input": tensors[0].detach().cpu().clone() if op == "all_reduce" and tensors else None})
-        return func(*args, **kwargs)
+    def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
+        copy = tensors[0].detach().cpu().clone() if kind == "all_reduce" and tensors else None
+        return {"phase": self.phase, "layer": self.layer, "input": copy}
+
+    @property
+    def calls(self) -> list[dict]:
+        """Every op, in order: its kind (the ``torch.distributed`` call's name), first tensor's shape, tags."""
+        return [{"kind": op.kind, "shape": list(op.shape), **op.tags} for op in self.ops]
 
 
 def _storage(t: torch.Tensor) -> tuple[str, int]:
@@ -163,11 +149,6 @@ def _grads(layers: dict[str, nn.Module]) -> dict:
         grad = getattr(t, "grad", None)
         out[part] = grad.detach().cpu().clone() if isinstance(grad, torch.Tensor) else None
     return out
-
-
-def _learner_frame(exc: BaseException, path: str) -> str:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == Path(path).resolve()]
-    return f"{Path(path).name} line {frames[-1].lineno} in {frames[-1].name}: {frames[-1].line}" if frames else ""
 
 
 def rank_main(paths: list[str]) -> list[dict]:
@@ -211,9 +192,9 @@ def _observe(path: str, dev: torch.device, rank: int, world: int) -> dict:
             obs["stage"] = None
             obs["x_grad"] = None if x.grad is None else x.grad.detach().cpu().clone()
         except NotImplementedError as exc:
-            obs["not_implemented"] = _learner_frame(exc, path) or f"{type(exc).__name__}: {exc}"
+            obs["not_implemented"] = str(learner_frame(exc, path) or f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - reported, so that what did run is still judged
-            obs["error"], obs["where"] = f"{type(exc).__name__}: {str(exc).strip()[:300]}", _learner_frame(exc, path)
+            obs["error"], obs["where"] = raised(exc), str(learner_frame(exc, path) or "")
     echo(printed.lines)
     if len(layers) == 2:
         obs["grads"] = _grads(layers)
