@@ -19,7 +19,8 @@ def test_the_method_and_ddp_spies_see_every_import_style(tmp_path, imported):
     steps done at that moment, and DDP's gradient all-reduce is counted."""
     import torch.distributed as dist
 
-    from autograder.checks.ex06_scaling.probes import CountedStep, DDPSpy, MethodSpy
+    from autograder.checks.ex06_scaling.probes import CountedStep, MethodSpy
+    from autograder.harness import DDPSpy
     from autograder.harness import watched
     from distlab.runtime.importing import import_path
 

@@ -18,7 +18,7 @@ import distlab
 from distlab.data import RecordingDataset, digits
 from distlab.models import cpu_state, make_mlp
 
-from ...harness import CapturedPrints, Replace, SaveSpy, echo, load_learner, own_rendezvous
+from ...harness import CapturedPrints, DDPSpy, Replace, SaveSpy, echo, load_learner, own_rendezvous
 
 CONFIG = dict(epochs=2, batch_size=32, lr=0.2, seed=7)
 MODEL = dict(hidden=64)
@@ -37,7 +37,7 @@ def rank_main(paths: list[str], ckpt_dir: str) -> list[dict]:
 
 def _observe(path: str, ckpt_dir: Path) -> dict:
     # The spies go in before the import, so ``from torch import save`` (or all_reduce) binds them too.
-    with SaveSpy() as saves, AllReduceSpy() as reduces:
+    with SaveSpy() as saves, AllReduceSpy() as reduces, DDPSpy(rounds=False) as wrappers:
         learner = load_learner(path)
         learner.setup()
         if not dist.is_initialized():
@@ -47,11 +47,12 @@ def _observe(path: str, ckpt_dir: Path) -> dict:
         initial = cpu_state(model)
         data = RecordingDataset(digits())
         saves.paths.clear()  # only what train_ddp saves counts
-        probe = Probe(model, data, reduces)
+        probe = Probe(model, data, reduces, wrappers)
         with CapturedPrints() as out, probe:
             trained = learner.train_ddp(model, data, checkpoint_path=str(ckpt_dir / "model.pt"), **CONFIG)
     echo(out.lines)
     final, observed = cpu_state(trained if trained is not None else model), probe.observed()
+    wrappers.wrapping.clear()  # the modules it held on to: freed below, with the learner's DDP
     # The learner's DDP holds the process group. Freed by the garbage collector at some later moment
     # (a different one on each rank), the group's gloo context would close while its peers still run
     # the next file, and wait out its timeout for them: free it here, before teardown, on every rank.
@@ -95,11 +96,10 @@ class Probe(contextlib.AbstractContextManager):
     each forward's batch size and the samples read so far, the weights at the first forward, every DDP
     built around the model (and its ``init_sync``), and at the first optimizer step its gradients and lr."""
 
-    def __init__(self, model: torch.nn.Module, data: RecordingDataset, reduces: AllReduceSpy):
-        self.model, self.data, self.reduces = model, data, reduces
+    def __init__(self, model: torch.nn.Module, data: RecordingDataset, reduces: AllReduceSpy, wrappers: DDPSpy):
+        self.model, self.data, self.reduces, self.wrappers = model, data, reduces, wrappers
         self.ddp_depth = 0
         self.forwards: list[tuple[bool, int, int]] = []  # (through DDP?, batch size, samples read so far)
-        self.ddp_built: list[bool] = []  # init_sync of each DDP wrapping the model
         self.at_first_forward: dict | None = None
         self.first_step: dict | None = None
         self.steps = 0
@@ -131,21 +131,17 @@ class Probe(contextlib.AbstractContextManager):
                 "optimizer": type(optimizer).__name__, "grad_all_reduces": self.reduces.calls,
             }
 
-    def _init(self, real_init):
-        def init(ddp, module, *args, **kwargs):
-            if module is self.model:
-                self.ddp_built.append(bool(kwargs.get("init_sync", True)))
-            real_init(ddp, module, *args, **kwargs)
-        return init
+    @property
+    def ddp_built(self) -> list[bool]:
+        """The ``init_sync`` of each DDP wrapping the model."""
+        return [sync for module, sync in self.wrappers.wrapping if module is self.model]
 
     def __enter__(self):
-        self._ddp = Replace({(DDP, "__init__"): self._init}).__enter__()
         self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post),
                          register_optimizer_step_pre_hook(self._step)]
         return self
 
     def __exit__(self, *exc):
-        self._ddp.__exit__(*exc)
         for handle in self._handles:
             handle.remove()
         return False

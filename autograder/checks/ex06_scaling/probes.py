@@ -3,7 +3,7 @@ and the learner's benchmark run on the real model.
 
 Everything here observes; the verdicts, and the truth from the recorded step times, are computed in
 ``ex06_scaling``. The instruments that replace library functions (the clocks and collectives of
-:class:`MethodSpy`, DDP's constructor, forward and comm-hook registration in :class:`DDPSpy`) are
+:class:`MethodSpy`, DDP's constructor, forward and comm-hook registration in :class:`~autograder.harness.DDPSpy`) are
 entered before the learner's file is imported (:class:`~autograder.harness.Replace`), so ``from time
 import perf_counter`` or ``from torch.distributed import barrier`` are seen as ``time.perf_counter()``
 and ``dist.barrier()`` are; they record only while a run is watched.
@@ -19,13 +19,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel
 
 import distlab
 from distlab.models import cpu_state, make_mlp
 
-from ...harness import CapturedPrints, Replace, attempt, echo, load_learner, raised
+from ...harness import CapturedPrints, DDPSpy, Replace, attempt, echo, load_learner, raised
 
 SYNTH = dict(batch_size=32, warmup=2, iters=8)
 # Rank r's timed steps take STEP_S * (1 + SLOWER_PER_RANK * r); the warm-up steps WARMUP_STEP_S, except
@@ -122,61 +120,6 @@ class MethodSpy(Replace):
                 return real(*args, **kwargs)
             return spy
         return make
-
-
-class DDPSpy(Replace):
-    """How many DistributedDataParallel wrappers were made (and during which step), how many forwards went
-    through one (``ddp.module(x)`` bypasses DDP's gradient sync), and how many gradient all-reduce rounds
-    DDP ran: a comm hook counts them, the learner's own hook wrapped, or DDP's default one installed at
-    a wrapper's first forward."""
-
-    def __init__(self):
-        self.wrapped = self.forwards = self.rounds = 0
-        self.counter = None     # the CountedStep running, if any
-        self.built_in_step = 0  # wrappers made while a step() ran
-        self._hooked: set[int] = set()
-        super().__init__({(DistributedDataParallel, "__init__"): self._init,
-                          (DistributedDataParallel, "forward"): self._forward,
-                          (DistributedDataParallel, "register_comm_hook"): self._register,
-                          (DistributedDataParallel, "_register_builtin_comm_hook"): self._builtin})
-
-    def _init(self, real):
-        def init(ddp, *args, **kwargs):
-            self.wrapped += 1
-            self.built_in_step += bool(self.counter is not None and self.counter.active)
-            real(ddp, *args, **kwargs)
-        return init
-
-    def _counting(self, hook):
-        def counted(state, bucket):
-            if bucket.index() == 0:  # every round hands bucket 0 to the hook once
-                self.rounds += 1
-            return hook(state, bucket)
-        counted.__name__, counted.__qualname__ = getattr(hook, "__name__", "hook"), getattr(hook, "__qualname__", "")
-        return counted
-
-    def _register(self, real):
-        def register_comm_hook(ddp, state, hook):
-            self._hooked.add(id(ddp))
-            return real(ddp, state, self._counting(hook))
-        return register_comm_hook
-
-    def _builtin(self, real):
-        def register_builtin(ddp, comm_hook_type):
-            self._hooked.add(id(ddp))
-            self.rounds = None  # a C++ hook: its rounds cannot be counted
-            return real(ddp, comm_hook_type)
-        return register_builtin
-
-    def _forward(self, real):
-        def forward(ddp, *args, **kwargs):
-            self.forwards += 1
-            if id(ddp) not in self._hooked:  # before DDP's first backward: count its default all-reduce
-                self._hooked.add(id(ddp))
-                self.real[(DistributedDataParallel, "register_comm_hook")](
-                    ddp, None, self._counting(default_hooks.allreduce_hook))
-            return real(ddp, *args, **kwargs)
-        return forward
 
 
 def rank_main(paths: list[str], so_far: list[dict], out_dirs: list[str], final: bool, real: dict) -> list[dict]:

@@ -14,8 +14,6 @@ Either error is caught here and returned with the rest of the observation.
 """
 from __future__ import annotations
 
-import functools
-import time
 from datetime import timedelta
 
 import torch
@@ -28,7 +26,7 @@ from distlab.models import make_mlp
 from distlab.lab.pipeline.timeline import Delay, TimedStage
 from distlab.runtime.process import time_scale
 
-from ...harness import CapturedPrints, Replace, echo, learner_frame, load_learner, own_rendezvous, raised
+from ...harness import CapturedPrints, P2PSpy, echo, learner_frame, load_learner, own_rendezvous, raised
 
 BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 64, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
 DELAYS = (0.03, 0.015)                           # seconds of "compute" per forward, stage 0 and stage 1
@@ -42,43 +40,6 @@ def model() -> nn.Sequential:
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
     x, y = digits().tensors
     return x[:BATCH], y[:BATCH]
-
-
-class P2PSpy(Replace):
-    """While entered, records every ``dist.send/recv/isend/irecv``: its peer,
-    shape, when it was called and returned (``t1`` stays ``None`` if it raised), and a copy of each tensor
-    received. Entered before the learner's file is imported (:class:`Replace`): ``from
-    torch.distributed import isend`` is seen too. Not ``distributed_c10d``'s own names: torch's functions
-    call each other by them (``send`` calls ``isend``), and each call would be recorded twice."""
-
-    NAMES = ("send", "recv", "isend", "irecv")
-
-    def __init__(self):
-        self.calls: list[dict] = []
-        self._async_recv: list[tuple[dict, torch.Tensor]] = []
-        super().__init__({(dist, n): functools.partial(self._spy, n) for n in self.NAMES})
-
-    def __exit__(self, *exc):
-        super().__exit__(*exc)
-        for call, tensor in self._async_recv:  # what an irecv's buffer holds once the step is over
-            call["value"] = tensor.detach().cpu().clone()
-        return False
-
-    def _spy(self, name: str, real):
-        def spy(tensor, *args, **kwargs):
-            peer = kwargs.get("dst", kwargs.get("src", args[0] if args else None))
-            call = {"op": name.lstrip("i"), "async": name[0] == "i", "peer": peer, "shape": list(tensor.shape),
-                    "t0": time.perf_counter(), "t1": None, "value": None}
-            self.calls.append(call)
-            result = real(tensor, *args, **kwargs)
-            call["t1"] = time.perf_counter()
-            if name == "recv":
-                call["value"] = tensor.detach().cpu().clone()
-            elif name == "irecv":
-                self._async_recv.append((call, tensor))
-            return result
-
-        return spy
 
 
 class StageProbe:
