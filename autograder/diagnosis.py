@@ -24,13 +24,11 @@ Errors the learner's code raises for a known mistake ("unscale_() is being calle
 are translated the same way, by :class:`KnownError` patterns a check lists in ``KNOWN_ERRORS``
 (``run_one.explain`` consults them, and :data:`COMMON_ERRORS`, before showing the raw error).
 
-Every check's module docstring carries a table "mistake -> message" listing its mistakes
+Every check package's docstring carries a table "mistake -> message" listing its mistakes
 (``tests/test_report.py`` holds the tables to the declared names).
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import re
 from dataclasses import dataclass
 from types import ModuleType
@@ -60,16 +58,14 @@ def diagnose(causes: Sequence[Cause], *subject: Any) -> str | None:
     return None
 
 
-def declared_mistakes(module: ModuleType) -> list[str]:
-    """The names of the mistakes a check module declares: ``@mistake`` functions in it or in its
-    ``_exNN_causes`` module (``ex05_checkpoint`` -> ``_ex05_causes``), and its ``KNOWN_ERRORS``."""
-    package, _, name = module.__name__.rpartition(".")
-    spaces = [vars(module)]
-    causes = f"{package}._{name.split('_')[0]}_causes"
-    if package and importlib.util.find_spec(causes) is not None:
-        spaces.append(vars(importlib.import_module(causes)))
-    names = [fn.mistake for space in spaces for fn in space.values() if callable(fn) and hasattr(fn, "mistake")]
-    return list(dict.fromkeys(names)) + [known.mistake for known in getattr(module, "KNOWN_ERRORS", ())]
+def declared_mistakes(check: ModuleType) -> list[str]:
+    """The names of the mistakes a check package declares: the ``@mistake`` functions of it and of
+    its modules (``causes``, and any other its ``__init__`` imported), and its ``KNOWN_ERRORS``."""
+    modules = [check] + [m for m in vars(check).values()
+                         if isinstance(m, ModuleType) and m.__name__.startswith(f"{check.__name__}.")]
+    names = [fn.mistake for module in modules for fn in vars(module).values()
+             if callable(fn) and hasattr(fn, "mistake")]
+    return list(dict.fromkeys(names)) + [known.mistake for known in getattr(check, "KNOWN_ERRORS", ())]
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""Which exercises exist: every ``autograder/checks/exNN_*.py`` module is one.
+"""Which exercises exist: every ``autograder/checks/exNN_*/`` package is one.
 
-A check module defines ``EXERCISE = Exercise(...)`` and ``grade(paths) -> list[ExerciseReport]``
-(the shape every check has: ``autograder/checks/README.md``). Adding an exercise is adding a file;
+A check package defines ``EXERCISE = Exercise(...)`` and ``grade(paths) -> list[ExerciseReport]``
+(the shape every check has: ``autograder/checks/README.md``). Adding an exercise is adding a package;
 nothing else needs to be edited.
 
-:func:`exercises` reads each module's ``EXERCISE = Exercise(...)`` from its source, without
+:func:`exercises` reads each package's ``EXERCISE = Exercise(...)`` from its ``__init__.py``, without
 importing it: the processes that only list or supervise gradings (the CLI, a notebook's
 ``check(N)``, nbgrader's steps) then never import torch, which costs seconds each.
 :func:`check_modules` imports them, for the grading subprocess.
@@ -37,7 +37,7 @@ class Exercise:
 
 
 def _check_names() -> list[str]:
-    return sorted(info.name for info in pkgutil.iter_modules(checks.__path__) if info.name.startswith("ex"))
+    return sorted(info.name for info in pkgutil.iter_modules(checks.__path__) if info.ispkg and info.name.startswith("ex"))
 
 
 def check_modules() -> dict[int, ModuleType]:
@@ -49,7 +49,7 @@ def check_modules() -> dict[int, ModuleType]:
 
 
 def declared(path: Path) -> Exercise:
-    """The ``EXERCISE = Exercise(keyword=literal, ...)`` of the check module at ``path``."""
+    """The ``EXERCISE = Exercise(keyword=literal, ...)`` of the check package whose ``__init__.py`` is at ``path``."""
     for node in ast.parse(path.read_text(), filename=str(path)).body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["EXERCISE"]:
             call = node.value
@@ -61,7 +61,7 @@ def declared(path: Path) -> Exercise:
 @functools.lru_cache(maxsize=1)
 def _exercises() -> tuple[tuple[int, Exercise], ...]:
     folder = Path(checks.__file__).parent
-    found = [declared(folder / f"{name}.py") for name in _check_names()]
+    found = [declared(folder / name / "__init__.py") for name in _check_names()]
     return tuple(sorted((ex.number, ex) for ex in found))
 
 

@@ -8,7 +8,6 @@ it launches. Verdicts are computed here from what the ranks returned.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -18,6 +17,7 @@ from distlab.runtime.process import PROGRESS_VAR, note_progress
 from distlab.runtime.sandbox import SandboxError
 
 from .diagnosis import KnownError, translate
+from .harness.errors import learner_frame
 from .registry import check_modules
 
 
@@ -28,7 +28,7 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
     its mistake first, with PyTorch's own words after it.
     """
     if isinstance(exc, RankFailure):
-        where = _learner_frame(exc.traceback, path)
+        where = str(learner_frame(exc.traceback, path) or "")  # "ex01_ddp.py line 42 in train_ddp: <code>"
         at = f"\n  at {where}" if where else ""
         raw = f"{exc.exc_type}: {exc.exc_message.strip()[:500]}"
         if exc.env_changed:
@@ -51,16 +51,6 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
     if isinstance(exc, LaunchTimeout):
         return f"{exc} Look for a collective (all_reduce, barrier) that only some ranks reach."
     return str(exc)
-
-
-def _learner_frame(tb: str, path: Path) -> str:
-    """``"ex01_ddp.py line 42 in train_ddp: <code>"`` for the last frame in the learner's file."""
-    frames = re.findall(r'File "([^"]*)", line (\d+), in (\S+)\n\s*(.*)', tb)
-    mine = [f for f in frames if Path(f[0]).resolve() == path.resolve()]
-    if not mine:
-        return ""
-    _, line, func, code = mine[-1]
-    return f"{path.name} line {line} in {func}: {code.strip()}"
 
 
 def main(argv: list[str]) -> int:

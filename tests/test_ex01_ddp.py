@@ -213,7 +213,7 @@ def test_the_save_and_all_reduce_spies_see_every_import_style(tmp_path, imported
     import torch
     import torch.distributed as dist
 
-    from autograder.checks._ex01_probes import AllReduceSpy
+    from autograder.checks.ex01_ddp.probes import AllReduceSpy
     from autograder.harness import SaveSpy, watched
     from distlab.runtime.importing import import_path
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from autograder.checks import ex03_amp as check
+from autograder.checks.ex03_amp.workloads import STEPS
 
 from tests import independent
 from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
@@ -218,7 +219,7 @@ def test_missing_scaler_update_named_and_other_parts_keep_their_marks(reports):
     assert feedback_of(report, "losses within").startswith("scaler.update() not called: ")
     assert set(failed(report)) == {"fp16 GradScaler order: scale, backward, unscale_, clip, step, update",
                                    "fp16 step with inf gradients is skipped", MEMORY_CRITERION,
-                                   f"bf16 and fp16 losses within {check.LOSS_TOL} of float32 over {check.probes.STEPS} "
+                                   f"bf16 and fp16 losses within {check.LOSS_TOL} of float32 over {STEPS} "
                                    "steps"}, failed(report)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 import distlab.measure.memory
 import distlab.measure.timing
-from autograder.checks import ex03_amp as check
+from autograder.checks.ex03_amp.probes import ANSWERS
 from distlab.runtime.importing import import_path
 
 
@@ -18,17 +18,17 @@ def test_runtime_copies_recognised_in_process(tmp_path):
         "median_seconds = functools.partial(distlab.measure.timing.median_seconds, warmup=1)\n\n\n"
         "def saved_bytes(fn):\n    return peak_memory(fn, 'cpu')[0]\n")
     learner = import_path(tmp_path / "learner.py", name="learner_ex03_in_process")
-    assert check.ANSWERS.identify(learner) == {"median_seconds": "distlab.measure.timing.median_seconds"}
+    assert ANSWERS.identify(learner) == {"median_seconds": "distlab.measure.timing.median_seconds"}
     code = distlab.measure.memory.saved_tensor_bytes.__code__
-    watch = check.ANSWERS.watch(learner)
+    watch = ANSWERS.watch(learner)
     with pytest.raises(ZeroDivisionError), watch:
         learner.saved_bytes(lambda: None)
         1 / 0
     assert distlab.measure.memory.saved_tensor_bytes.__code__ is code
     assert watch.calls == [["distlab.measure.memory.saved_tensor_bytes", ["saved_bytes"]]]
-    assert check.ANSWERS.feedback("saved_bytes", {}, watch.calls) == \
+    assert ANSWERS.feedback("saved_bytes", {}, watch.calls) == \
         "saved_bytes is distlab's copy (it calls distlab.measure.memory.saved_tensor_bytes): write your own"
-    assert check.ANSWERS.feedback("median_seconds", {}, [["distlab.measure.timing.median_seconds", ["compare"]]]) == \
+    assert ANSWERS.feedback("median_seconds", {}, [["distlab.measure.timing.median_seconds", ["compare"]]]) == \
         ("compare calls distlab's copy of median_seconds (distlab.measure.timing.median_seconds) instead of yours: "
          "write your own median_seconds and call it")
     assert distlab.measure.timing.median_seconds(lambda: None, min_run_time=0.01, warmup=0) > 0  # the notebooks' use
@@ -51,7 +51,7 @@ CLOCK_STYLES = (  # every way a learner's file may read the clock, each a functi
 def test_every_clock_a_file_can_read_is_the_virtual_one(tmp_path, imported):
     """No launch: whichever way the learner's file names a clock (``from time import perf_counter``, an
     alias, an attribute, ``timeit``'s), it reads the case's virtual clock, and the real one outside it."""
-    from autograder.checks._ex03_workloads import Clocks
+    from autograder.checks.ex03_amp.workloads import Clocks
     from autograder.harness import watched
 
     (tmp_path / "clocks.py").write_text(CLOCK_STYLES)

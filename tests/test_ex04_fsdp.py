@@ -213,7 +213,7 @@ def test_the_state_dict_spy_sees_every_import_style(tmp_path, imported):
     import torch
     import torch.distributed as dist
 
-    from autograder.checks._ex04_probes import StateDictSpy
+    from autograder.checks.ex04_fsdp.probes import StateDictSpy
     from autograder.harness import watched
     from distlab.runtime.importing import import_path
 

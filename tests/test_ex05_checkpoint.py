@@ -184,7 +184,7 @@ def test_the_checkpoint_spies_see_every_import_style(tmp_path, imported):
     import torch
     import torch.distributed as dist
 
-    from autograder.checks import _ex05_probes as probes
+    from autograder.checks.ex05_checkpoint import probes
     from autograder.harness import watched
     from distlab.runtime.importing import import_path
 

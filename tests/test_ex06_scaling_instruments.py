@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.checks import ex06_scaling as check
+from autograder.checks.ex06_scaling import causes
+from autograder.checks.ex06_scaling.observed import REAL, Run
+from autograder.checks.ex06_scaling.probes import SYNTH
+from autograder.diagnosis import diagnose
 from tests.test_ex06_scaling import REAL_FEW_STEPS
 
 
@@ -16,7 +19,8 @@ def test_the_method_and_ddp_spies_see_every_import_style(tmp_path, imported):
     steps done at that moment, and DDP's gradient all-reduce is counted."""
     import torch.distributed as dist
 
-    from autograder.checks._ex06_probes import CountedStep, DDPSpy, MethodSpy
+    from autograder.checks.ex06_scaling.probes import CountedStep, MethodSpy
+    from autograder.harness import DDPSpy
     from autograder.harness import watched
     from distlab.runtime.importing import import_path
 
@@ -47,36 +51,36 @@ def test_the_method_and_ddp_spies_see_every_import_style(tmp_path, imported):
     assert (ddp.wrapped, ddp.built_in_step, ddp.forwards, ddp.rounds) == (1, 0, 1, 1)
 
 
-def _counted(world: int = 2, **real) -> "check.WorldRun":
+def _counted(world: int = 2, **real) -> Run:
     """A run whose synthetic method was right, with ``real``'s counts of the real run (no launch)."""
-    k, n = check.SYNTH["warmup"], check.SYNTH["iters"]
+    k, n = SYNTH["warmup"], SYNTH["iters"]
     steps = REAL_FEW_STEPS["warmup"] + REAL_FEW_STEPS["iters"]
     reads = [{"kind": "clock", "name": "perf_counter", "steps": s, "in_step": False} for s in (k, k + n)]
     rank0 = {"times": torch.zeros(k + n, 2), "method": reads, "real_steps": steps, "ddp_built_in_make": 1,
              "ddp_built_in_step": 0, "ddp_rounds": steps,
              "real_method": [{**e, "steps": s} for e, s in zip(reads, (2, steps))], **real}
-    return check.WorldRun([rank0] * world, {**check.REAL, **REAL_FEW_STEPS})
+    return Run([rank0] * world, {**REAL, **REAL_FEW_STEPS})
 
 
 def test_the_real_runs_counts_name_their_causes_without_a_launch():
-    assert check.diagnose(check.REAL_CAUSES, _counted()) is None  # one wrapper, one round a step, 2..7 timed
-    assert check.wrappers_made(_counted(ddp_built_in_make=2)).startswith(
+    assert diagnose(causes.REAL_CAUSES, _counted()) is None  # one wrapper, one round a step, 2..7 timed
+    assert causes.wrappers_made(_counted(ddp_built_in_make=2)).startswith(
         "at 2 worker(s) make_ddp_step built 2 DistributedDataParallel wrappers: wrap the model once")
-    assert check.grad_rounds(_counted(ddp_rounds=14)) == (
+    assert causes.grad_rounds(_counted(ddp_rounds=14)) == (
         "at 2 worker(s) DDP all-reduced the gradients 14 times in 7 steps, 2 per step: run one forward and one "
         "backward per step")
-    assert check.grad_rounds(_counted(ddp_rounds=0)).startswith("at 2 worker(s) DDP all-reduced the gradients 0 "
+    assert causes.grad_rounds(_counted(ddp_rounds=0)).startswith("at 2 worker(s) DDP all-reduced the gradients 0 "
                                                                 "times in 7 steps: every backward must sync them")
-    assert check.grad_rounds(_counted(ddp_rounds=None)) is None  # a C++ comm hook: not counted
+    assert causes.grad_rounds(_counted(ddp_rounds=None)) is None  # a C++ comm hook: not counted
     # The real run timed otherwise than the synthetic one (a file that recognises the grader's step).
     from_zero = [{"kind": "clock", "name": "perf_counter", "steps": s, "in_step": False} for s in (0, 7)]
-    assert check.timed_other_steps(_counted(real_method=from_zero)) == (
+    assert causes.timed_other_steps(_counted(real_method=from_zero)) == (
         "on the real model your clock started after 0 steps, so the window timed 7 steps where the 5 after the 2 "
         "warm-up steps count")
-    assert check.timed_other_steps(_counted(real_steps=9)).startswith(
+    assert causes.timed_other_steps(_counted(real_steps=9)).startswith(
         "at 2 worker(s) measure_throughput called the real step 9 times; expected warmup + iters = 7")
-    assert check.timed_other_steps(_counted(real_method=[])) is None  # a clock the spies cannot see
+    assert causes.timed_other_steps(_counted(real_method=[])) is None  # a clock the spies cannot see
     # Timed on the real model as on the synthetic step: the method's criterion named it, not this one.
     same = _counted(real_method=from_zero)
     same.ranks[0]["method"] = [{**e, "steps": s} for e, s in zip(from_zero, (0, 10))]
-    assert check.timed_other_steps(same) is None
+    assert causes.timed_other_steps(same) is None

@@ -165,7 +165,7 @@ def test_the_p2p_spy_sees_every_import_style(tmp_path, monkeypatch, imported):
     import torch
     import torch.distributed as dist
 
-    from autograder.checks._ex07_probes import P2PSpy
+    from autograder.harness import P2PSpy
     from autograder.harness import watched
     from distlab.runtime.importing import import_path
 

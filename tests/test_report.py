@@ -77,7 +77,7 @@ def test_launch_timeout_stays_inside_the_exercise_limit_for_one_file():
 def test_every_check_has_the_one_shape(number):
     module = check_modules()[number]
     assert module.EXERCISE.number == number
-    assert callable(module.rank_main) and callable(module.grade)
+    assert callable(module.probes.rank_main) and callable(module.grade)  # the rank side, and the grading
     first = next(iter(inspect.signature(module.grade).parameters))
     assert first == "paths", f"{module.__name__}.grade must take the list of paths first"
     rules = [fn for fn in vars(module).values() if callable(fn) and hasattr(fn, "rule")]

@@ -17,7 +17,7 @@ in the course directory gets
   removed from the released notebook and restored at autograding, makes the
   cell load the instructor's grader afresh whatever the learner's cells did.
 
-Nothing here is exercise-specific: a new ``autograder/checks/exNN_*.py``
+Nothing here is exercise-specific: a new ``autograder/checks/exNN_*/`` package
 and ``solutions/exNN_*.py`` join the course with no edit.
 """
 from __future__ import annotations

@@ -1,0 +1,199 @@
+"""Exercise 1 check: single process -> DDP, graded at world sizes 2 and 4.
+
+Each rank builds the model from a *different* seed before handing it to the
+learner, so a run that skips DDP's initial broadcast ends with ranks apart.
+The data set records which indices each rank read; from those logs the
+grader rebuilds every global batch and trains a single-process reference on
+them, which the ranks' final parameters must match (CS336-style parity).
+Inside the ranks (``probes``) global hooks also record which module
+each forward entered (the DDP wrapper or the model inside it), each batch's
+size, the weights at the first forward, every DDP built around the model,
+the gradients and lr at the first optimizer step, and gradients all-reduced
+by hand; a failure names the first cause below that explains them:
+
+| mistake | message |
+|---|---|
+| forward called on model.module | "all 56 forward passes called model.module(x), bypassing DDP's gradient ..." |
+| ranks not synchronised at the start | "the ranks made the same updates but started from different weights ..." |
+| model not wrapped in DDP | "the model was never wrapped in DistributedDataParallel: each rank trained alone ..." |
+| no DistributedSampler | "every rank read all 1792 samples in each epoch (...): pass a DistributedSampler ..." |
+| samplers seeded differently on each rank | "ranks 0 and 1 shared 436 samples in epoch 0 ..." |
+| DistributedSampler built with shuffle=False | "rank 0 read its shard in index order (0, 2, 4, ...) ..." |
+| sampler.set_epoch not called | "epoch 0 and epoch 1 read the samples in the same shuffled order: ..." |
+| batch_size treated as global | "each rank read 16 samples per step, not batch_size=32: batch_size is per rank ..." |
+| learning rate changed | "the optimizer's learning rate was 0.4, 2x the lr=0.2 given ..." |
+| gradients all-reduced by hand on top of DDP | "... 2x the reference's: the gradients were also summed by hand ..." |
+| loss multiplied by the world size | "the first step's gradient is 2x the reference's on the same global batch: ..." |
+| loss divided by the world size | "the first step's gradient is 0.5x the reference's on the same global batch: ..." |
+| DataLoader given a sampler and shuffle=True | "a DataLoader takes either sampler= or shuffle=True ..." (raised) |
+| device_ids given for a CPU model | "device_ids=[...] is for a model on one GPU ..." (raised) |
+| init_process_group called twice | "the process group was initialised twice ..." (raised) |
+"""
+from __future__ import annotations
+
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from distlab.data import digits
+from distlab.models import cpu_state, make_mlp
+
+from ...diagnosis import diagnose
+from ...grading import launch_files, launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, inner_forward, loss_over_world,
+                     loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised, not_wrapped, seeded_apart,
+                     unshuffled)
+from .observed import Run
+from .probes import ATOL, CONFIG, MODEL, RTOL, rank_main
+
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]
+
+EXERCISE = Exercise(number=1, name="ddp", filename="ex01_ddp.py", max_score=10, time_limit=150)
+WORLD_SIZES = (2, 4)
+
+# The causes (causes.py) each criterion asks for, most specific first.
+RANKS_APART = [inner_forward, not_synchronised, not_wrapped]
+SHARDS = [no_sampler, seeded_apart]
+SHUFFLE = [unshuffled, no_set_epoch]
+STEP = [batch_not_per_rank, lr_changed, double_all_reduce, loss_times_world, loss_over_world]
+
+
+@criterion("[W={world}] same parameters on every rank", points=2)
+def same_parameters(run: Run) -> Verdict:
+    # Exact: DDP leaves every rank with the same bits (same broadcast start, same all-reduced grads).
+    final = run.ranks[0]["final"]
+    gaps = [(parity(r["final"], final, rtol=0, atol=0), r["rank"]) for r in run.ranks[1:]]
+    worst, other = max(gaps, key=lambda g: g[0].max_abs_diff)
+    if all(g.ok for g, _ in gaps):
+        return passed()
+    return failed(diagnose(RANKS_APART, run) or f"rank 0 and rank {other} ended with different weights (max abs "
+                  f"difference {worst.max_abs_diff:.3g} in '{worst.worst}')")
+
+
+@criterion("[W={world}] each rank reads its own shard", points=2)
+def own_shard(run: Run) -> Verdict:
+    n, local, epochs = len(digits()), run.samples_per_rank, CONFIG["epochs"]
+    read = len(run.ranks[0]["accessed"]) / epochs
+    if any(len(r["accessed"]) != epochs * local for r in run.ranks):
+        return failed(diagnose(SHARDS, run) or f"each rank should read {local} samples per epoch ({n} / "
+                      f"{run.world} ranks) but rank 0 read {read:g}")
+    for e in range(epochs):
+        seen = [set(run.epoch(r, e)) for r in range(run.world)]
+        overlap, covered = len(seen[0] & seen[1]), len(set().union(*seen))
+        if overlap or covered != n:
+            return failed(diagnose(SHARDS, run) or f"in epoch {e} ranks 0 and 1 shared {overlap} samples and "
+                          f"together covered {covered} of {n}")
+    return passed()
+
+
+@criterion("[W={world}] new shuffle every epoch", points=1, requires=[own_shard])
+def reshuffled(run: Run) -> Verdict:
+    if run.epoch(0, 0) != run.epoch(0, 1):
+        return passed()
+    return failed(diagnose(SHUFFLE, run) or "epoch 0 and epoch 1 read the samples in the same order")
+
+
+def _reference(initial: dict, global_batches: list[list[int]]) -> dict:
+    """Single-process SGD on exactly the global batches the ranks formed."""
+    model = make_mlp(seed=0, **MODEL)
+    model.load_state_dict(initial)
+    x_all, y_all = digits().tensors
+    opt = torch.optim.SGD(model.parameters(), lr=CONFIG["lr"])
+    for idx in global_batches:
+        loss = nn.functional.cross_entropy(model(x_all[idx]), y_all[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return cpu_state(model)
+
+
+@criterion("[W={world}] matches single-process training", points=2, requires=[own_shard, same_parameters])
+def matches_reference(run: Run) -> Verdict:
+    r0, bs = run.ranks[0], CONFIG["batch_size"]
+    match = parity(r0["final"], _reference(r0["initial"], run.global_batches()), rtol=RTOL, atol=ATOL)
+    diff = match.max_abs_diff
+    measured = {f"W{run.world}_max_abs_diff_vs_reference": diff}
+    if match.ok:
+        return passed(f"max abs difference {diff:.2g}", **measured)
+    steps = len(run.global_batches())
+    return failed(diagnose(STEP, run) or f"weights differ from one process trained on the same global batches of "
+                  f"{run.world}x{bs} (max abs difference {diff:.3g} in '{match.worst}', tolerance rtol={RTOL}, "
+                  f"atol={ATOL}; rank 0's optimizer stepped {r0['steps']} times, {steps} expected): use SGD with "
+                  f"lr={CONFIG['lr']} on the mean cross-entropy, one step per batch", **measured)
+
+
+@criterion("[W={world}] only rank 0 logs", points=1)
+def only_rank0_logs(run: Run) -> Verdict:
+    noisy = [(r["rank"], r["printed"]) for r in run.ranks[1:] if r["printed"]]
+    if noisy:
+        rank, lines = noisy[0]
+        return failed(f"rank {rank} printed {len(lines)} lines (first: {lines[0]!r}): print only where "
+                      "dist.get_rank() == 0")
+    if not run.ranks[0]["printed"]:
+        return failed("rank 0 printed nothing: print the loss of each epoch on rank 0")
+    return passed()
+
+
+@criterion("[W={world}] rank 0 saves the model once", points=1)
+def rank0_saves_once(run: Run) -> Verdict:
+    r0 = run.ranks[0]
+    savers = [r["rank"] for r in run.ranks if r["saves"]]
+    if not savers:
+        return failed("nothing was saved with torch.save: save model.module.state_dict() to checkpoint_path "
+                      "on rank 0")
+    if savers != [0]:
+        return failed(f"torch.save was called on ranks {savers}: save on rank 0 only")
+    if len(r0["saves"]) != 1 or not run.checkpoint.is_file():
+        return failed(f"no checkpoint at the checkpoint_path given (rank 0 saved to {r0['saves']})")
+    state = torch.load(run.checkpoint, weights_only=True)
+    if set(state) != set(r0["final"]):
+        return failed("the saved file's keys do not match the model's (a 'module.' prefix? save "
+                      "model.module.state_dict())")
+    if not (same := parity(state, r0["final"], rtol=0, atol=0)):
+        return failed(f"the saved weights differ from the trained ones (in '{same.worst}')")
+    return passed()
+
+
+@criterion("[W={world}] teardown destroys the process group", points=1)
+def teardown_destroys(run: Run) -> Verdict:
+    if raised := [(r["rank"], r["teardown_error"]) for r in run.ranks if r["teardown_error"]]:
+        return failed(f"teardown() raised on rank {raised[0][0]}: {raised[0][1]}")
+    left_open = [r["rank"] for r in run.ranks if r["still_initialized"]]
+    if not left_open:
+        return passed()
+    return failed(f"after teardown() the process group was still initialised on ranks {left_open}: call "
+                  "dist.destroy_process_group()")
+
+
+CRITERIA = [same_parameters, own_shard, reshuffled, matches_reference, only_rank0_logs, rank0_saves_once,
+            teardown_destroys]
+
+
+def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> list[ExerciseReport]:
+    """Grade the files at ``paths`` (tests pass fewer ``world_sizes`` to run faster); one report each.
+
+    One launch per world size grades every file; the world sizes are launched at once: most of a
+    launch is process start-up (importing torch), which two launches overlap on the machine's cores,
+    and each job rendezvouses on its own free port. Each world size is worth the same share.
+    """
+    reports = [EXERCISE.new_report() for _ in paths]
+    timeout = launch_timeout(EXERCISE, files=len(paths))  # the launches run side by side: each gets it all
+    with tempfile.TemporaryDirectory(prefix="ex01-") as tmp, ThreadPoolExecutor(len(world_sizes)) as pool:
+        folders = {w: [Path(tmp) / f"W{w}" / str(i) for i in range(len(paths))] for w in world_sizes}
+        for folder in sum(folders.values(), []):
+            folder.mkdir(parents=True)  # here, before the launch hands the scratch space to the learner user
+        jobs = {w: pool.submit(launch_files, rank_main, paths, world=w, timeout=timeout,
+                               args=(str(Path(tmp) / f"W{w}"),)) for w in world_sizes}
+        for world in world_sizes:
+            runs, wall_s = jobs[world].result()  # a failed launch raises here, as a sequential one would
+            for report, ranks, folder in zip(reports, runs, folders[world]):
+                report.judge(CRITERIA, Run(ranks, world, folder / "model.pt"), world=world)
+                report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
+    return [r.scale_to() for r in reports]

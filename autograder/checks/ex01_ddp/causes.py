@@ -1,0 +1,151 @@
+"""Exercise 1's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+
+Each takes the :class:`~.observed.Run` of one world size; the check's criteria ask
+for them in four groups (ranks apart, shards, shuffle, step), most specific first.
+"""
+from __future__ import annotations
+
+import torch
+
+from distlab.data import digits
+
+from ...diagnosis import KnownError, mistake
+from ...parity import parity
+from .observed import Run
+from .probes import ATOL, CONFIG
+
+
+KNOWN_ERRORS = [
+    KnownError("DataLoader given a sampler and shuffle=True", r"sampler option is mutually exclusive with shuffle",
+               "a DataLoader takes either sampler= or shuffle=True, not both: the DistributedSampler shuffles "
+               "(DistributedSampler(dataset, shuffle=True, seed=seed)); drop shuffle=True from the DataLoader"),
+    KnownError("device_ids given for a CPU model", r"device_ids and output_device arguments only work with",
+               "device_ids=[...] is for a model on one GPU: on the CPU build DistributedDataParallel(model) "
+               "without it, and on a GPU pass the local device's index (not the global rank)"),
+    KnownError("init_process_group called twice", r"initialize the default process group twice",
+               "the process group was initialised twice: setup() makes it, once; train_ddp must not call "
+               "setup() or init_process_group() again"),
+]
+
+
+# Causes: each tests what the ranks observed and returns the message, or None.
+
+@mistake("forward called on model.module")
+def inner_forward(run: Run) -> str | None:
+    r0 = run.ranks[0]
+    inner = sum(not via_ddp for via_ddp, _, _ in r0["forwards"])
+    if not (r0["ddp_built"] and inner):
+        return None
+    count = f"all {inner}" if inner == len(r0["forwards"]) else f"{inner} of {len(r0['forwards'])}"
+    return (f"{count} forward passes called model.module(x), bypassing DDP's gradient all-reduce: the model was "
+            "wrapped, but only a forward through the wrapper (ddp_model(x)) makes its backward average the gradients")
+
+
+@mistake("ranks not synchronised at the start")
+def not_synchronised(run: Run) -> str | None:
+    r0 = run.ranks[0]
+    for r in run.ranks[1:] if r0["at_first_forward"] is not None else []:
+        start = parity(r["at_first_forward"], r0["at_first_forward"], rtol=0, atol=0)
+        moved = {n: (r["final"][n] - r["at_first_forward"][n]) - (r0["final"][n] - r0["at_first_forward"][n])
+                 for n in r0["final"]}
+        if not start and parity(moved, {n: torch.zeros_like(t) for n, t in moved.items()}, rtol=0, atol=ATOL):
+            how = ("DDP was built with init_sync=False, which skips that broadcast" if False in r0["ddp_built"]
+                   else "nothing broadcast rank 0's weights: wrap the model in DistributedDataParallel, which does "
+                   "when it is built (or dist.broadcast every parameter from rank 0 first)")
+            return (f"the ranks made the same updates but started from different weights (rank {r['rank']} and rank "
+                    f"0 differed by {start.max_abs_diff:.3g} in '{start.worst}' at the first forward): {how}")
+    return None
+
+
+@mistake("model not wrapped in DDP")
+def not_wrapped(run: Run) -> str | None:
+    r0 = run.ranks[0]
+    if r0["ddp_built"] or r0["grad_all_reduces"]:
+        return None
+    return ("the model was never wrapped in DistributedDataParallel: each rank trained alone on its own data, from "
+            "its own initial weights; wrap it, so it broadcasts rank 0's weights and averages the gradients")
+
+
+@mistake("no DistributedSampler")
+def no_sampler(run: Run) -> str | None:
+    n, per_epoch = len(digits()), len(run.ranks[0]["accessed"]) / CONFIG["epochs"]
+    if per_epoch != n:
+        return None
+    return (f"every rank read all {n} samples in each epoch (rank 0 read {per_epoch:g} per epoch, not its "
+            f"{run.samples_per_rank}): pass a DistributedSampler to the DataLoader (sampler=...) so each rank "
+            "reads only its shard")
+
+
+@mistake("samplers seeded differently on each rank")
+def seeded_apart(run: Run) -> str | None:
+    local, shards = run.samples_per_rank, [set(run.epoch(r, 0)) for r in range(run.world)]
+    overlap = len(shards[0] & shards[1])
+    if not overlap or any(len(s) != local for s in shards):
+        return None
+    return (f"ranks 0 and 1 shared {overlap} samples in epoch 0 although each read its {local} once: their "
+            "DistributedSamplers shuffled with different seeds; give every rank the same seed (seed=seed), and the "
+            "sampler hands each rank a different slice of one permutation")
+
+
+@mistake("DistributedSampler built with shuffle=False")
+def unshuffled(run: Run) -> str | None:
+    in_order = list(range(len(digits())))[0::run.world][:run.samples_per_rank]
+    if not all(run.epoch(0, e) == in_order for e in range(CONFIG["epochs"])):
+        return None
+    return ("rank 0 read its shard in index order (0, {}, {}, ...) in both epochs: the DistributedSampler was "
+            "built with shuffle=False; build it with shuffle=True, seed=seed, and call sampler.set_epoch(epoch) "
+            "every epoch").format(run.world, 2 * run.world)
+
+
+@mistake("sampler.set_epoch not called")
+def no_set_epoch(run: Run) -> str | None:
+    if run.epoch(0, 0) != run.epoch(0, 1):
+        return None
+    return ("epoch 0 and epoch 1 read the samples in the same shuffled order: call sampler.set_epoch(epoch) at "
+            "the start of every epoch")
+
+
+@mistake("batch_size treated as global")
+def batch_not_per_rank(run: Run) -> str | None:
+    bs, forwards = CONFIG["batch_size"], run.ranks[0]["forwards"]
+    if not forwards or forwards[0][1] == bs:
+        return None
+    return (f"each rank read {forwards[0][1]} samples per step, not batch_size={bs}: batch_size is per rank (the "
+            f"global batch is {run.world}x{bs}); give it to the DataLoader unchanged")
+
+
+@mistake("learning rate changed")
+def lr_changed(run: Run) -> str | None:
+    step, lr = run.ranks[0]["first_step"], CONFIG["lr"]
+    if not step or abs(step["lr"] - lr) < 1e-9:
+        return None
+    return (f"the optimizer's learning rate was {step['lr']:g}, {step['lr'] / lr:.3g}x the lr={lr} given: use it "
+            "as given; DDP averages the gradients, so each step is already the step of the global batch")
+
+
+@mistake("gradients all-reduced by hand on top of DDP")
+def double_all_reduce(run: Run) -> str | None:
+    calls = (run.ranks[0]["first_step"] or {}).get("grad_all_reduces", 0)
+    if not (calls and run.ranks[0]["ddp_built"] and run.ratio_is(run.world)):
+        return None
+    return (f"the first step's gradient is {run.gradient_ratio:.3g}x the reference's: the gradients were also "
+            f"summed by hand ({calls} dist.all_reduce calls on .grad before the first step) on top of DDP, which "
+            "had already averaged them in backward; remove the all_reduce")
+
+
+@mistake("loss multiplied by the world size")
+def loss_times_world(run: Run) -> str | None:
+    if not run.ratio_is(run.world):
+        return None
+    return (f"the first step's gradient is {run.gradient_ratio:.3g}x the reference's on the same global batch: "
+            f"the loss was multiplied by the world size ({run.world}); DDP averages the gradients over the ranks, "
+            "so use the plain mean cross-entropy")
+
+
+@mistake("loss divided by the world size")
+def loss_over_world(run: Run) -> str | None:
+    if not run.ratio_is(1 / run.world):
+        return None
+    return (f"the first step's gradient is {run.gradient_ratio:.3g}x the reference's on the same global batch: "
+            f"the loss was divided by the world size ({run.world}); DDP already averages the gradients over the "
+            "ranks, so use the plain mean cross-entropy")

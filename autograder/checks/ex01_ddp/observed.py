@@ -1,0 +1,64 @@
+"""Exercise 1's observations: one file's run at one world size, and what follows from it (the global
+batches the ranks formed, the first step's gradient against one process's on the same batch)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from distlab.data import digits
+from distlab.models import make_mlp
+
+from .probes import CONFIG, MODEL
+
+
+@dataclass
+class Run:
+    """One file's run at one world size: every rank's observation, and where rank 0 was told to save."""
+
+    ranks: list[dict]
+    world: int
+    checkpoint: Path
+
+    @property
+    def samples_per_rank(self) -> int:
+        return len(digits()) // self.world
+
+    def epoch(self, rank: int, e: int) -> list[int]:
+        local = self.samples_per_rank
+        return self.ranks[rank]["accessed"][e * local:(e + 1) * local]
+
+    def global_batches(self) -> list[list[int]]:
+        """Every optimizer step's global batch as the contract has it: the ranks' local batches of
+        ``batch_size``, concatenated in rank order."""
+        local, bs = self.samples_per_rank, CONFIG["batch_size"]
+        return [sum((self.epoch(r, e)[s:s + bs] for r in range(self.world)), [])
+                for e in range(CONFIG["epochs"]) for s in range(0, local, bs)]
+
+    def first_batch(self, rank: int) -> list[int]:
+        """The samples ``rank`` had read when its first forward ran: its first batch, as it really was."""
+        forwards = self.ranks[rank]["forwards"]
+        return self.ranks[rank]["accessed"][:forwards[0][2]] if forwards else []
+
+    @functools.cached_property
+    def gradient_ratio(self) -> float | None:
+        """Rank 0's first-step gradient over one process's on the same global batch, at the same weights
+        (``None`` when the two do not point the same way: then no scale factor explains the difference)."""
+        r0 = self.ranks[0]
+        if not r0["first_step"] or r0["at_first_forward"] is None:
+            return None
+        model = make_mlp(seed=0, **MODEL)
+        model.load_state_dict(r0["at_first_forward"])
+        x_all, y_all = digits().tensors
+        idx = sum((self.first_batch(r) for r in range(self.world)), [])
+        nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
+        ref = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
+        got = torch.cat([r0["first_step"]["grads"][n].flatten() for n, _ in model.named_parameters()]).double()
+        ratio = float(got @ ref / (ref @ ref))
+        return ratio if torch.allclose(got, ratio * ref, rtol=1e-3, atol=1e-6) else None
+
+    def ratio_is(self, value: float) -> bool:
+        return self.gradient_ratio is not None and abs(self.gradient_ratio - value) < 1e-2 * value

@@ -1,0 +1,151 @@
+"""Rank-side instruments of the exercise 1 check (``ex01_ddp``'s docstring lists what they record).
+
+Everything here observes; the verdicts, and the single-process reference, are computed in ``ex01_ddp``.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+import distlab
+from distlab.data import RecordingDataset, digits
+from distlab.models import cpu_state, make_mlp
+
+from ...harness import CapturedPrints, DDPSpy, Replace, SaveSpy, echo, load_learner, own_rendezvous
+
+CONFIG = dict(epochs=2, batch_size=32, lr=0.2, seed=7)
+MODEL = dict(hidden=64)
+# The grader's tolerance against one process (ex01_ddp and causes both use it).
+RTOL, ATOL = 1e-4, 1e-5  # all-reduce sums in another order than one big batch's mean
+
+
+def rank_main(paths: list[str], ckpt_dir: str) -> list[dict]:
+    """Runs on every rank: each file in turn trains with the learner's code; returns what was observed."""
+    out = []
+    for i, path in enumerate(paths):
+        with own_rendezvous(f"file{i}"):  # the learner's setup() makes the process group, once per file
+            out.append(_observe(path, Path(ckpt_dir) / str(i)))
+    return out
+
+
+def _observe(path: str, ckpt_dir: Path) -> dict:
+    # The spies go in before the import, so ``from torch import save`` (or all_reduce) binds them too.
+    with SaveSpy() as saves, AllReduceSpy() as reduces, DDPSpy(rounds=False) as wrappers:
+        learner = load_learner(path)
+        learner.setup()
+        if not dist.is_initialized():
+            raise RuntimeError("setup() returned but no process group is initialised")
+        rank = dist.get_rank()
+        model = make_mlp(seed=1000 + rank, **MODEL).to(distlab.device())  # a different start on every rank
+        initial = cpu_state(model)
+        data = RecordingDataset(digits())
+        saves.paths.clear()  # only what train_ddp saves counts
+        probe = Probe(model, data, reduces, wrappers)
+        with CapturedPrints() as out, probe:
+            trained = learner.train_ddp(model, data, checkpoint_path=str(ckpt_dir / "model.pt"), **CONFIG)
+    echo(out.lines)
+    final, observed = cpu_state(trained if trained is not None else model), probe.observed()
+    wrappers.wrapping.clear()  # the modules it held on to: freed below, with the learner's DDP
+    # The learner's DDP holds the process group. Freed by the garbage collector at some later moment
+    # (a different one on each rank), the group's gloo context would close while its peers still run
+    # the next file, and wait out its timeout for them: free it here, before teardown, on every rank.
+    del trained, model, probe
+    gc.collect()
+    teardown_error = ""
+    try:  # a teardown that raises loses its own criterion only
+        learner.teardown()
+    except Exception as exc:  # noqa: BLE001 - any error is the learner's, reported as feedback
+        teardown_error = f"{type(exc).__name__}: {exc}"
+    return {
+        "rank": rank, "initial": initial, "final": final, "accessed": data.accessed,
+        "printed": out.lines, "saves": saves.paths, "still_initialized": dist.is_initialized(),
+        "teardown_error": teardown_error, **observed,
+    }
+
+
+class AllReduceSpy(Replace):
+    """Counts ``dist.all_reduce`` calls made from Python on a tensor that is some parameter's ``.grad``.
+
+    DDP's own all-reduces run in its C++ reducer and never pass through here: what this counts is
+    gradients all-reduced by hand (``dist.all_reduce`` or ``from torch.distributed import all_reduce``:
+    enter it before the learner's file is imported, see :class:`Replace`).
+    """
+
+    def __init__(self):
+        self.grads: list = []  # the parameters whose .grad counts
+        self.calls = 0
+        super().__init__({(dist, "all_reduce"): self._spy})
+
+    def _spy(self, real):
+        def all_reduce(tensor, *args, **kwargs):
+            if any(p.grad is not None and p.grad.data_ptr() == tensor.data_ptr() for p in self.grads):
+                self.calls += 1
+            return real(tensor, *args, **kwargs)
+        return all_reduce
+
+
+class Probe(contextlib.AbstractContextManager):
+    """While ``train_ddp`` runs: which module each forward entered (the DDP wrapper or the model inside),
+    each forward's batch size and the samples read so far, the weights at the first forward, every DDP
+    built around the model (and its ``init_sync``), and at the first optimizer step its gradients and lr."""
+
+    def __init__(self, model: torch.nn.Module, data: RecordingDataset, reduces: AllReduceSpy, wrappers: DDPSpy):
+        self.model, self.data, self.reduces, self.wrappers = model, data, reduces, wrappers
+        self.ddp_depth = 0
+        self.forwards: list[tuple[bool, int, int]] = []  # (through DDP?, batch size, samples read so far)
+        self.at_first_forward: dict | None = None
+        self.first_step: dict | None = None
+        self.steps = 0
+        reduces.grads = list(model.parameters())
+
+    def _pre(self, module, args):
+        if isinstance(module, DDP) and module.module is self.model:
+            self.ddp_depth += 1
+        elif module is self.model:
+            if self.at_first_forward is None:
+                self.at_first_forward = cpu_state(self.model)
+            n = len(args[0]) if args and hasattr(args[0], "__len__") else 0
+            self.forwards.append((self.ddp_depth > 0, n, len(self.data.accessed)))
+
+    def _post(self, module, args, output):
+        if isinstance(module, DDP) and module.module is self.model:
+            self.ddp_depth -= 1
+
+    def _step(self, optimizer, args, kwargs):
+        mine = {id(p) for p in self.model.parameters()}
+        if not any(id(p) in mine for group in optimizer.param_groups for p in group["params"]):
+            return
+        self.steps += 1
+        if self.first_step is None:
+            self.first_step = {
+                "grads": {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().to("cpu", copy=True)
+                          for n, p in self.model.named_parameters()},
+                "lr": float(optimizer.param_groups[0].get("lr", float("nan"))),
+                "optimizer": type(optimizer).__name__, "grad_all_reduces": self.reduces.calls,
+            }
+
+    @property
+    def ddp_built(self) -> list[bool]:
+        """The ``init_sync`` of each DDP wrapping the model."""
+        return [sync for module, sync in self.wrappers.wrapping if module is self.model]
+
+    def __enter__(self):
+        self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post),
+                         register_optimizer_step_pre_hook(self._step)]
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        return False
+
+    def observed(self) -> dict:
+        return {"forwards": self.forwards, "ddp_built": self.ddp_built, "at_first_forward": self.at_first_forward,
+                "first_step": self.first_step, "steps": self.steps, "grad_all_reduces": self.reduces.calls}

@@ -1,0 +1,167 @@
+"""Exercise 2 check: gradient accumulation under DDP equals one larger batch (world size 2).
+
+Three scenarios run in one launch, each from the same initial weights:
+equal micro-batches (k=4, 3 windows), unequal micro-batches (k=3), and a
+final window shorter than k. Inside the ranks the grader only observes:
+an optimizer that records the gradients it is asked to step with, a forward
+pre-hook that counts micro-steps, snapshots the gradients in the middle of a
+window and sees whether ``.grad`` is zero when a window starts, spies on
+``zero_grad`` (the optimizer's and the model's), and a DDP communication hook
+that counts all-reduces (DDP's reducer runs in C++, so wrapping
+``dist.all_reduce`` would see nothing). The grader recomputes every window's
+gradient and the parameters from a single process on the concatenated global
+batch (CS336-style parity), and requires the ranks' gradients to *differ*
+mid-window (the negative check of huggingface/accelerate's ``test_sync.py``).
+A failure names the first cause below that explains the observations:
+
+| mistake | message |
+|---|---|
+| zero_grad inside a window | "optimizer.zero_grad() ran in the middle of a window (after micro-step 1 of 4) ..." |
+| zero_grad between the last backward and step | "... so 3 of 3 steps saw all-zero gradients ..." |
+| optimizer.step() every micro-step | "optimizer.step() ran 12 times for 12 micro-batches ..." |
+| optimizer.step() missing or misplaced | "... ran after [4, 4] micro-batches; the windows have [4, 4, 2] ..." |
+| gradients never zeroed between windows | "at the start of window 1 the gradients still held the previous ..." |
+| every micro-step inside no_sync | "DDP never all-reduced the gradients of window 0 (0 all-reduce rounds ..." |
+| loss not divided | "the gradient of window 0 (...) is the micro-batch gradients not divided, not the mean ..." |
+| loss divided by accumulation_steps | "... divided by accumulation_steps=4, not the mean over its N=16 samples ..." |
+| micro-batches weighted equally | "... divided by the 3 micro-batches (equal weights), not the mean ..." |
+| no_sync called on model.module | "no_sync() is a method of the DistributedDataParallel wrapper ..." (raised) |
+| the window's summed loss back-propagated every micro-step | "backward() ran twice through the same graph" (raised) |
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ...diagnosis import diagnose
+from ...parity import parity
+from ...grading import launch_files, launch_timeout
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, never_synced, never_zeroed,
+                     not_divided, step_every_micro_step, step_misplaced, zero_grad_before_step, zero_grad_mid_window)
+from .observed import Run, Scenario
+from .probes import SCENARIOS, rank_main, windows
+from .reference import WORLD, reference
+
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
+
+EXERCISE = Exercise(number=2, name="accumulation", filename="ex02_accumulation.py", max_score=10, time_limit=90)
+
+# Most specific first: a broken schedule explains wrong gradients, not the other way round.
+SCHEDULE = [zero_grad_mid_window, zero_grad_before_step, step_every_micro_step, step_misplaced, never_zeroed]
+CAUSES = SCHEDULE + [never_synced, not_divided, divided_by_k, equal_weights]
+
+
+def _first_wrong_step(s: Scenario) -> str:
+    """The symptom when no cause explains it: which step's gradient is off, by how much."""
+    if (first := first_wrong(s)) is None:
+        return ""
+    w, diff = first
+    n = sum(s.sizes[i] for i in windows(len(s.sizes), s.k)[w])
+    return (f"the gradient at optimizer step {w} differs from one batch of the window's {WORLD * n} global "
+            f"samples (max abs difference {diff:.3g})")
+
+
+def _parameters_match(s: Scenario) -> Verdict:
+    """Rank 0's final parameters against the big-batch run's (the criterion of every scenario)."""
+    ok, diff = close(s.obs["final"], reference(s.name))
+    why = diagnose(CAUSES, s) or _first_wrong_step(s)  # the most specific reason ("" if none found)
+    measured = {f"{s.name}_max_abs_diff_vs_reference": diff}
+    if ok and not why:
+        return passed(f"max abs difference {diff:.2g}", **measured)
+    rank_diff = parity(s.ranks[1]["final"], s.obs["final"]).max_abs_diff
+    return failed(why or (f"rank 0's parameters differ from the big-batch run (max abs difference {diff:.3g}, "
+                            f"rank 1 differs from rank 0 by {rank_diff:.3g})"), **measured)
+
+
+# The criteria's names quote their scenario.
+EQUAL_SIZES, K = SCENARIOS["equal"]
+EQUAL = f"[equal sizes, k={K}]"
+UNEQUAL_SIZES, UNEQUAL_K = SCENARIOS["unequal"]
+SHORT_SIZES, SHORT_K = SCENARIOS["short"]
+
+
+@criterion(f"{EQUAL} gradient after {K} micro-batches equals one {K}x larger batch", points=2)
+def first_window_gradient(run: Run) -> Verdict:
+    s = run.scenarios["equal"]
+    first_ok = bool(s.obs["steps"]) and close(s.obs["steps"][0]["grads"], s.references[0]["big"])[0]
+    if first_ok and s.micro[0] == K:
+        return passed()
+    first_window = [c for c in CAUSES if c is not never_zeroed]  # stale gradients start in window 1
+    return failed(diagnose(first_window, s) or _first_wrong_step(s) or "the first optimizer step came after "
+                  f"{s.micro[0]} micro-batches, not {K}")
+
+
+@criterion(f"{EQUAL} parameters after {len(windows(len(EQUAL_SIZES), K))} optimizer steps equal "
+           "the big-batch run", points=2)
+def equal_parameters(run: Run) -> Verdict:
+    return _parameters_match(run.scenarios["equal"])
+
+
+@criterion(f"{EQUAL} one optimizer step and zero_grad per window", points=1)
+def step_per_window(run: Run) -> Verdict:
+    # Passes only on what was seen: a step after every K micro-steps, and .grad zero at every later window's start.
+    s = run.scenarios["equal"]
+    cleared = s.obs["start_cleared"]
+    if s.micro == s.expected_micro and cleared == [True] * (s.n_windows - 1) and not diagnose(SCHEDULE, s):
+        return passed(f"zero_grad() ran {len(s.obs['zero_grads'])} times in {s.n_windows} windows")
+    return failed(diagnose(SCHEDULE, s) or f"optimizer.step() ran after {s.micro} micro-batches; expected "
+                  f"{s.expected_micro}, with the gradients zeroed at the start of every window")
+
+
+@criterion(f"{EQUAL} gradients all-reduced once per window", points=1)
+def allreduce_per_window(run: Run) -> Verdict:
+    s = run.scenarios["equal"]
+    if s.window_rounds == [1] * s.n_windows:
+        return passed()
+    if any(r > 1 for r in s.window_rounds):
+        return failed(f"DDP all-reduced the gradients {s.window_rounds} times per window of {K} micro-steps (counted "
+                      f"with a comm hook); expected once: run the first {K - 1} micro-steps of each window (forward "
+                      "and backward) inside `with model.no_sync():`")
+    return failed(diagnose([never_synced], s) or f"DDP all-reduced {s.window_rounds} times per window; expected "
+                  "once, on the last micro-batch of each window (outside no_sync)")
+
+
+@criterion(f"{EQUAL} ranks' gradients still differ inside a window", points=1)
+def differ_inside_window(run: Run) -> Verdict:
+    # The negative check: identical gradients mid-window mean DDP already averaged them (no no_sync).
+    mid0, mid1 = (r["mid_grads"] for r in run.scenarios["equal"].ranks)
+    if mid0 is None or mid1 is None:
+        return failed(diagnose(SCHEDULE, run.scenarios["equal"]) or "no micro-step ever followed another within a "
+                      "window: accumulate over several micro-batches")
+    gap = parity(mid0, mid1).max_abs_diff
+    if gap > 1e-6:
+        return passed(f"max abs difference between ranks {gap:.2g}")
+    return failed("on a micro-step that does not end a window the two ranks already had identical gradients: "
+                  "DDP averaged them, which costs an all-reduce per micro-step; use model.no_sync() until the "
+                  "last micro-batch of the window")
+
+
+@criterion(f"[unequal sizes {UNEQUAL_SIZES}, k={UNEQUAL_K}] parameters equal the big-batch run", points=1.5)
+def unequal_parameters(run: Run) -> Verdict:
+    return _parameters_match(run.scenarios["unequal"])
+
+
+@criterion(f"[{len(SHORT_SIZES)} micro-batches, k={SHORT_K}] the final short window steps, normalised over "
+           "its own samples", points=1.5)
+def short_window_parameters(run: Run) -> Verdict:
+    return _parameters_match(run.scenarios["short"])
+
+
+CRITERIA = [first_window_gradient, equal_parameters, step_per_window, allreduce_per_window, differ_inside_window,
+            unequal_parameters, short_window_parameters]
+
+
+def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
+    """Grade the files at ``paths`` in one launch at world size 2 (every scenario); one report each.
+
+    For one file the launch's timeout fits inside ``EXERCISE.time_limit``, so a hang is reported as a
+    ``LaunchTimeout`` naming the ranks that never finished rather than killed by the outer limit.
+    """
+    reports = [EXERCISE.new_report() for _ in paths]
+    runs, wall_s = launch_files(rank_main, paths, world=WORLD, timeout=launch_timeout(EXERCISE, files=len(paths)))
+    for report, ranks in zip(reports, runs):
+        report.judge(CRITERIA, Run(ranks))
+        report.measurements["launch_s"] = round(wall_s, 2)
+    return [r.scale_to() for r in reports]

@@ -1,0 +1,131 @@
+"""Exercise 2's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+
+``ex02_accumulation`` lists them in its docstring and asks for them, most specific first, when a criterion
+fails; each tests one scenario's observations (:class:`~.observed.Scenario`).
+"""
+from __future__ import annotations
+
+from ...diagnosis import KnownError, mistake
+from ...parity import parity
+from .observed import Scenario
+from .probes import ATOL, RTOL, windows
+
+
+KNOWN_ERRORS = [
+    KnownError("no_sync called on model.module", r"has no attribute 'no_sync'",
+               "no_sync() is a method of the DistributedDataParallel wrapper, not of the model inside it: "
+               "call `with model.no_sync():` on the DDP model you were given"),
+    KnownError("the window's summed loss back-propagated every micro-step",
+               r"Trying to backward through the graph a second time",
+               "backward() ran twice through the same graph: a loss summed over the window was back-propagated "
+               "on every micro-step; call backward() on each micro-batch's scaled loss once, and keep a float "
+               "(loss.item()) for the window's log"),
+]
+
+
+def close(a: dict, b: dict) -> tuple[bool, float]:
+    """Whether ``a`` matches ``b`` within the grader's tolerance, and the largest absolute difference."""
+    p = parity(a, b, rtol=RTOL, atol=ATOL)
+    return p.ok, p.max_abs_diff
+
+
+def _zero_grads(s: Scenario, mid: bool) -> list[tuple[int, int]]:
+    """zero_grad() calls as (window, micro-steps done): inside a window (``mid``) or after its last backward."""
+    return [(w, f) for w, f in s.obs["zero_grads"]
+            if 0 < f and w < s.n_windows and (f < s.expected_micro[w]) == mid]
+
+
+@mistake("zero_grad inside a window")
+def zero_grad_mid_window(s: Scenario) -> str | None:
+    if not (cut := _zero_grads(s, mid=True)):
+        return None
+    return (f"optimizer.zero_grad() ran in the middle of a window (after micro-step {cut[0][1]} of {s.k}), throwing "
+            "away the gradients accumulated so far: zero the gradients only after optimizer.step(), once per window")
+
+
+@mistake("zero_grad between the last backward and step")
+def zero_grad_before_step(s: Scenario) -> str | None:
+    zeroed = [step for step in s.obs["steps"] if not any(g.any() for g in step["grads"].values())]
+    if not (zeroed and _zero_grads(s, mid=False)):
+        return None
+    return (f"optimizer.zero_grad() ran after the window's last backward but before optimizer.step(), so "
+            f"{len(zeroed)} of {len(s.obs['steps'])} steps saw all-zero gradients and moved nothing: call "
+            "optimizer.step() first, then optimizer.zero_grad()")
+
+
+@mistake("optimizer.step() every micro-step")
+def step_every_micro_step(s: Scenario) -> str | None:
+    if len(s.micro) <= s.n_windows:
+        return None
+    return (f"optimizer.step() ran {len(s.micro)} times for {len(s.sizes)} micro-batches with accumulation_steps="
+            f"{s.k}: step once per window of {s.k} micro-batches ({s.n_windows} steps), not every micro-step")
+
+
+@mistake("optimizer.step() missing or misplaced")
+def step_misplaced(s: Scenario) -> str | None:
+    if s.micro == s.expected_micro:
+        return None
+    short = " (the final, shorter window must still end with a step)" if len(s.micro) < s.n_windows else ""
+    return f"optimizer.step() ran after {s.micro} micro-batches; the windows have {s.expected_micro}{short}"
+
+
+@mistake("gradients never zeroed between windows")
+def never_zeroed(s: Scenario) -> str | None:
+    if not (stale := [w + 1 for w, ok in enumerate(s.obs["start_cleared"]) if not ok]):
+        return None
+    return (f"at the start of window {stale[0]} the gradients still held the previous window's (zero_grad() ran "
+            f"{len(s.obs['zero_grads'])} times in {s.n_windows} windows), so it stepped with both windows' "
+            "gradients: call optimizer.zero_grad() after every optimizer.step()")
+
+
+@mistake("every micro-step inside no_sync")
+def never_synced(s: Scenario) -> str | None:
+    if not (unsynced := [w for w, n in enumerate(s.window_rounds) if n == 0]):
+        return None
+    return (f"DDP never all-reduced the gradients of window {unsynced[0]} (0 all-reduce rounds in its "
+            f"{s.expected_micro[unsynced[0]]} micro-steps, {len(unsynced)} of {s.n_windows} windows so, counted "
+            "with a comm hook), so each rank stepped with its own gradient: run the last micro-step of each window "
+            "outside model.no_sync()")
+
+
+def first_wrong(s: Scenario) -> tuple[int, float] | None:
+    """The first optimizer step whose gradient is not its window's big-batch gradient, and by how much."""
+    for w, (step, ref) in enumerate(zip(s.obs["steps"], s.references)):
+        ok, diff = close(step["grads"], ref["big"])
+        if not ok:
+            return w, diff
+    return None
+
+
+def _normalisation(s: Scenario, wrong: str, advice: str) -> str | None:
+    """The message if every step's gradient is the micro-batch gradients ``wrong`` (at that step's weights)."""
+    label = [next(key for key in ref if key.startswith(wrong)) for ref in s.references]
+    first = first_wrong(s)
+    if not first or not all(close(step["grads"], ref[label[w]])[0]
+                            for w, (step, ref) in enumerate(zip(s.obs["steps"], s.references))):
+        return None
+    w, diff = first
+    win = windows(len(s.sizes), s.k)[w]
+    if wrong.startswith("divided by accumulation_steps") and len(win) != s.k:
+        advice = ("this window is shorter than accumulation_steps: normalise the final, shorter window over its "
+                  "own samples (n_i / N), not by accumulation_steps")
+    return (f"the gradient of window {w} ({[s.sizes[i] for i in win]} samples per micro-batch on each rank) is "
+            f"the micro-batch gradients {label[w]}, not the mean over its N={sum(s.sizes[i] for i in win)} "
+            f"samples (max abs difference {diff:.3g}): {advice}")
+
+
+@mistake("loss not divided")
+def not_divided(s: Scenario) -> str | None:
+    return _normalisation(s, "not divided", "the loss was not divided; scale each micro-batch's mean loss by n_i / N")
+
+
+@mistake("loss divided by accumulation_steps")
+def divided_by_k(s: Scenario) -> str | None:
+    return _normalisation(s, "divided by accumulation_steps", "scale each micro-batch's mean loss by n_i / N, "
+                          "its share of the window's samples, rather than dividing by accumulation_steps")
+
+
+@mistake("micro-batches weighted equally")
+def equal_weights(s: Scenario) -> str | None:
+    return _normalisation(s, "divided by the", "weight each micro-batch's mean loss by its share of the "
+                          "window's samples n_i / N")

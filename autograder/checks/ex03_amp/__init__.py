@@ -1,0 +1,259 @@
+"""Exercise 3 check: autocast training step, GradScaler order, and the method of measuring.
+
+One rank (mixed precision is not about several processes) runs the learner's functions under the
+instruments of ``probes`` and returns observations; every verdict is computed here, against
+references computed here:
+
+* the autocast dtypes; the float32 step against a single-process reference (assert_close), and the
+  bf16 and fp16 losses over ``STEPS`` steps against its float32 losses within ``LOSS_TOL``;
+* the GradScaler's call order, the gradient norm the optimizer steps with (``max_norm`` if clipped
+  after unscaling, ``max_norm / scale`` if clipped before), and a batch with an ``inf`` skipped;
+* ``compare`` on simulated workloads whose true speedup and memory ratio the grader knows, so missing
+  warm-up, missing synchronisation, a mean dragged by outliers, an inverted ratio, and counting each
+  saved tensor (or each view's own size) instead of each storage fail deterministically on any
+  machine (within ``RATIO_TOL``); then on the real model, whose speedup is reported, and required
+  only on a GPU with bf16 tensor cores (compute capability 8.0 or newer, ``GPU_MIN_SPEEDUP``);
+* ``distlab.measure.timing.median_seconds`` and ``distlab.measure.memory.saved_tensor_bytes`` (and
+  ``distributed_median_seconds``), which the notebooks use, are working copies of the graded
+  ``median_seconds`` and ``saved_bytes`` (:mod:`autograder.answers`). A copy handed in (imported,
+  aliased, delegating, also through a name bound at import or ``distlab.measure.memory.peak_memory``, or
+  called by ``compare`` instead of the learner's own) earns none of its function's criteria, and the
+  real model is then not measured (its seconds would be the runtime's).
+
+A failure names the first cause below that explains the observations (each has a mutant in
+``tests/test_ex03_amp.py``); errors PyTorch raises are translated, and the other parts keep their marks:
+
+| mistake | message |
+|---|---|
+| loss summed over the batch | "the first bf16 loss is 64x the float32 reference's, the batch size (64) ..." |
+| scaled loss returned | "the fp16 loss train_step returned is 65536x the reference's, the scale ..." |
+| optimizer.zero_grad() not called | "when the backward of step 2 began, .grad still held gradients of norm 0.05 ..." |
+| optimizer.step() not called once per step | "train_step called optimizer.step() 2 times in step 1 ..." |
+| gradients not clipped to max_norm | "the optimizer stepped with a gradient norm of 11.6 at step 1, where ..." |
+| scaler.update() not called | "one fp16 step called [...] and never scaler.update(): ..." (also raised) |
+| optimizer.step() instead of scaler.step() | "... 'optimizer.step' but not scaler.step(optimizer), which ..." |
+| loss not scaled | "... never scaler.scale(loss): call scaler.scale(loss).backward() ..." |
+| first fp16 step skipped | "one fp16 step called [...]: scaler.step skipped optimizer.step because ..." |
+| clipped before unscale_ | "... a gradient norm of 7.6e-07 ...: you clipped the scaled gradients ..." |
+| scaler.unscale_ called twice in one step | "unscale_(optimizer) ran twice before one scaler.step() ..." (raised) |
+| model cast to float16 | "the parameters, so their gradients, are float16 ..." (raised) |
+| gradients cleared before scaler.step | "scaler.step(optimizer) found no gradients ..." (raised) |
+| saved_bytes counts tensors, not storages | "saved_bytes counted 50,000 bytes ... each view's own bytes ..." |
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ...diagnosis import diagnose
+from ...grading import launch_files, launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import (KNOWN_ERRORS, broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing,
+                     no_update, not_clipped, not_scaled, optimizer_stepped, scaled_loss_returned, step_skipped,
+                     steps_not_one)
+from .observed import Run
+from .probes import REAL_MODEL, rank_main
+from .workloads import CASE_TITLES, CASES_TRUTH, MAX_NORM, MEMORY_TRUTH, STEPS, reference_fp32
+
+__all__ = ["EXERCISE", "KNOWN_ERRORS", "criteria", "grade"]
+
+EXERCISE = Exercise(number=3, name="amp", filename="ex03_amp.py", max_score=10, time_limit=90)
+LOSS_TOL = 0.01          # |loss - fp32 reference loss| <= LOSS_TOL * max(1, |reference|), every step
+RATIO_TOL = 0.10         # a reported ratio within 10% of the truth
+GPU_MIN_SPEEDUP = 1.5    # bf16 over fp32 on the real model, required on a GPU with bf16 tensor cores only
+RTOL, ATOL = 1e-4, 1e-5  # float32 step vs the single-process reference
+PER_EXTRA_FILE_S = 15.0  # one more file in a launch: every part, and the real model, measured again
+
+
+def _ratio_fb(name: str, got: float, truth: float, why: str) -> tuple[bool, str]:
+    ok = abs(got / truth - 1) <= RATIO_TOL
+    if ok:
+        return True, f"{got:.3g} (truth {truth:.3g})"
+    if abs(got * truth - 1) <= RATIO_TOL:
+        return False, (f"{name}: you reported {got:.3g} where the truth is {truth:.3g}, its inverse: "
+                       "speedup = baseline_s / candidate_s and memory_ratio = candidate_bytes / baseline_bytes")
+    return False, (f"{name}: you reported {got:.3g} where the truth is {truth:.3g} "
+                   f"(more than {RATIO_TOL:.0%} off): {why}")
+
+
+STEP_CAUSES = [grads_not_zeroed, steps_not_one, not_clipped]  # tested on the float32 run: no autocast, no scaler
+
+
+@criterion("bf16 autocast: linear outputs bf16, master weights float32", points=1.5)
+def autocast_dtypes(run: Run) -> Verdict:
+    a = run.obs["autocast"]
+    if why := broken(a, "train_step"):
+        return failed(why)
+    outs, params, grads = a["linear_out"], a["param_dtypes"], a["grad_dtypes"]
+    if any(d != "torch.float32" for d in params + grads):
+        return failed(f"at optimizer.step() parameters were {sorted(set(params))} and gradients "
+                      f"{sorted(set(grads))}: keep the model in float32 (do not call model.to(torch.bfloat16)); "
+                      "autocast casts per op")
+    if any(d != "torch.bfloat16" for d in outs):
+        return failed(f"the nn.Linear outputs were {outs}: run the forward pass and the loss inside "
+                      "torch.autocast(device_type=x.device.type, dtype=amp_dtype)")
+    return passed()
+
+
+@criterion("float32 step matches a single-process reference", points=0.5)
+def float32_parity(run: Run) -> Verdict:
+    p = run.kind("fp32")
+    if why := broken(p, "train_step"):
+        return failed(why)
+    same = parity(p["state"], reference_fp32()[1], rtol=RTOL, atol=ATOL)
+    if same.ok:
+        return passed(f"max abs difference {same.max_abs_diff:.2g}")
+    return failed(diagnose(STEP_CAUSES, p) or
+                  f"after {STEPS} float32 steps the weights differ from zero_grad, cross-entropy, backward, "
+                  f"clip_grad_norm_(max_norm={MAX_NORM}), step (max abs difference {same.max_abs_diff:.3g} "
+                  f"in {same.worst})")
+
+
+@criterion(f"bf16 and fp16 losses within {LOSS_TOL} of float32 over {STEPS} steps", points=1)
+def losses_close(run: Run) -> Verdict:
+    for kind in ("bf16", "fp16"):
+        if why := broken(run.kind(kind), f"the {kind} train_step"):
+            return failed(why)
+    ref_losses = reference_fp32()[0]
+    worst = []  # per kind: (largest relative gap, kind, the step where it is)
+    for kind in ("bf16", "fp16"):
+        gaps = [abs(loss - ref) / max(1.0, abs(ref)) for loss, ref in zip(run.kind(kind)["losses"], ref_losses)]
+        worst.append((max(gaps), kind, gaps.index(max(gaps))))
+    gap, kind, step = max(worst)
+    measured = dict(bf16_max_loss_gap=worst[0][0], fp16_max_loss_gap=worst[1][0])
+    if gap <= LOSS_TOL:
+        return passed(f"largest gap {gap:.2g} ({kind})", **measured)
+    fp32 = run.kind("fp32")
+    cause = diagnose([loss_summed, scaled_loss_returned], kind, run.kind(kind)["losses"]) or (
+        "error" not in fp32 and diagnose(STEP_CAUSES, fp32))
+    return failed(cause or f"the {kind} loss at step {step + 1} is {gap:.3g} away from the float32 reference's "
+                  f"(tolerance {LOSS_TOL}), though the float32 step has none of the usual mistakes", **measured)
+
+
+@criterion("fp16 GradScaler order: scale, backward, unscale_, clip, step, update", points=1.5)
+def scaler_order(run: Run) -> Verdict:
+    s = run.obs["scaler"]
+    if why := broken(s, "train_step with a scaler"):
+        return failed(why)
+    expected = ["scale", "backward", "unscale_", "step", "optimizer.step", "update"]
+    if s["events"] == expected and abs(s["grad_norm"] - MAX_NORM) <= 1e-3 * MAX_NORM:
+        return passed()
+    losses = run.kind("fp16").get("losses", [])
+    return failed(diagnose([not_scaled, optimizer_stepped, no_update], s) or step_skipped(s, losses) or
+                  clipped_scaled(s) or (
+        f"one fp16 step called {s['events']}; expected {expected}: scaler.scale(loss).backward(), "
+        "scaler.unscale_(optimizer), clip, scaler.step(optimizer), scaler.update()" if s["events"] != expected else
+        f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true gradients "
+        f"gives max_norm={MAX_NORM}: clip with torch.nn.utils.clip_grad_norm_ after scaler.unscale_"))
+
+
+@criterion("fp16 step with inf gradients is skipped", points=1)
+def inf_step_skipped(run: Run) -> Verdict:
+    s = run.obs["scaler"]
+    if why := broken(s, "train_step with a scaler") or broken({"error": s["inf_error"]}, "the step after it"):
+        return failed(why)
+    if not s["inf_params_unchanged"]:
+        return failed("a batch containing inf changed the weights: step through scaler.step(optimizer), which "
+                      "skips non-finite steps")
+    if s["scale_after_inf"] < s["scale_before_inf"]:
+        return passed()
+    return failed(f"the scale stayed {s['scale_after_inf']:g} after an inf step: call scaler.update() every step")
+
+
+def _speedup_criterion(case: str) -> Callable:
+    """The criterion of one simulated workload: the speedup ``compare`` reported, against its known truth."""
+    @criterion(f"measuring: {CASE_TITLES[case]}", points=1)
+    def speedup(run: Run) -> Verdict:
+        if run.copied["median_seconds"]:  # the runtime's copy earns none of its criteria
+            return failed(run.copied["median_seconds"])
+        m = run.obs["measure"]
+        if why := broken(m, "compare / median_seconds"):
+            return failed(why)
+        if gone := missing(m[case], ("speedup",)):
+            return failed(gone)
+        truth, why = CASES_TRUTH[case]
+        ok, fb = _ratio_fb("speedup", m[case]["speedup"], truth, why)
+        return passed(fb) if ok else failed(fb)
+    speedup.__name__ = speedup.__qualname__ = f"{case}_speedup"
+    return speedup
+
+
+# One criterion per simulated workload, each worth 1.
+steady_speedup, warmup_speedup, async_speedup, outliers_speedup = map(_speedup_criterion, (
+    "steady", "warmup", "async", "outliers"))
+
+
+@criterion("measuring: saved-activation bytes and memory ratio", points=0.5)
+def memory_ratio(run: Run) -> Verdict:
+    if run.copied["saved_bytes"]:
+        return failed(run.copied["saved_bytes"])
+    m = run.obs["measure"]
+    if why := broken(m, "saved_bytes / compare"):
+        return failed(why)
+    if gone := missing(m["steady"], ("memory_ratio",)):
+        return failed(gone)
+    ok, fb = _ratio_fb("memory_ratio", m["steady"]["memory_ratio"], MEMORY_TRUTH,
+                       "count each storage packed by torch.autograd.graph.saved_tensors_hooks once")
+    return passed(fb) if ok else failed(counted_tensors(m["steady"]) or fb)
+
+
+@criterion(f"[cuda] real bf16 speedup at least {GPU_MIN_SPEEDUP}x", points=1)
+def gpu_speedup(run: Run) -> Verdict:
+    r, copied = run.obs["real"], run.copied["median_seconds"]
+    got = 0.0 if r.get("skipped") or r.get("error") or run.real_missing else r["speedup"]
+    if got >= GPU_MIN_SPEEDUP and not copied:
+        return passed()
+    return failed(copied or run.real_missing or f"your compare() measured {got:.2f}x on the GPU; bf16 tensor cores "
+                  f"should give {GPU_MIN_SPEEDUP}x or more on this wide model: is the step under autocast, and is "
+                  "time measured with sync() after each call?")
+
+
+CRITERIA = [autocast_dtypes, float32_parity, losses_close, scaler_order, inf_step_skipped, steady_speedup,
+            warmup_speedup, async_speedup, outliers_speedup, memory_ratio]
+
+
+def criteria(run: Run) -> list[Callable]:
+    """The criteria this run is judged by: the real speedup only on a GPU with bf16 tensor cores."""
+    return CRITERIA + [gpu_speedup] if run.gpu_speedup_graded else CRITERIA
+
+
+def real_model_notes(run: Run) -> tuple[list[str], dict]:
+    """What the learner's compare() measured on the real model: notes for the report, and its numbers."""
+    r = run.obs["real"]
+    if r.get("skipped"):
+        return [f"real-model measurement skipped: {run.copied[r['skipped']]}"], {}
+    if why := run.real_missing or broken(r, "compare"):
+        return [f"real-model measurement not available: {why}"], {}
+    notes = [f"On this machine ({r['device']}, {r['model']}), your compare() measured bf16 autocast "
+             f"{r['speedup']:.2f}x the speed of float32 ({r['baseline_s'] * 1e3:.2f} ms vs "
+             f"{r['candidate_s'] * 1e3:.2f} ms per step) and {r['memory_ratio']:.2f}x its saved-activation "
+             f"bytes. The grader's own memory measurement: {r['peak_ratio']:.2f}x, by {r['peak_method']}."]
+    if not run.capability:
+        notes.append("On a CPU the speedup is reported, not graded: bf16 matmuls are only fast where "
+                     "the CPU has bf16 matrix instructions (AMX); a shared machine adds noise.")
+    elif not run.gpu_speedup_graded:
+        notes.append(f"This GPU has compute capability {'.'.join(map(str, run.capability))}, without bf16 "
+                     f"tensor cores (8.0+): the speedup is reported, not graded (at least "
+                     f"{GPU_MIN_SPEEDUP}x is required on 8.0 and newer).")
+    return notes, {f"real_{k}": v for k, v in r.items() if isinstance(v, (int, float))}
+
+
+def grade(paths: Sequence[Path], real_models: dict[str, dict] = REAL_MODEL) -> list[ExerciseReport]:
+    """Grade the files at ``paths`` in one launch on one rank; one report each.
+
+    ``real_models`` (tests only): the real model's sizes per device type, e.g. a smaller CPU model,
+    where its speedup is reported but not graded. For one file the launch's timeout fits inside
+    ``EXERCISE.time_limit``, so a hang is reported as a ``LaunchTimeout`` rather than cut by the outer limit.
+    """
+    reports = [EXERCISE.new_report() for _ in paths]
+    timeout = launch_timeout(EXERCISE, files=len(paths), per_extra_file_s=PER_EXTRA_FILE_S)
+    runs, wall_s = launch_files(rank_main, paths, world=1, timeout=timeout, args=(real_models,))
+    for report, (obs,) in zip(reports, runs):
+        run = Run(obs)
+        report.judge(criteria(run), run)
+        notes, measured = real_model_notes(run)
+        report.notes += notes
+        report.measurements.update(measured, launch_s=round(wall_s, 2))
+    return [r.scale_to() for r in reports]

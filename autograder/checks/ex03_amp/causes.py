@@ -1,0 +1,157 @@
+"""Exercise 3's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+
+``ex03_amp`` lists them in its docstring and asks for them, most specific first, when a criterion fails;
+each tests one part's observations (``probes`` runs the parts separately). :func:`broken` says
+why a part raised (translating the errors of ``KNOWN_ERRORS``), :func:`missing` what its result lacked.
+"""
+from __future__ import annotations
+
+import math
+
+from ...diagnosis import KnownError, mistake, translate
+from .workloads import BATCH, MAX_NORM, MEMORY_TRUTH, SHARED, reference_fp32
+
+KNOWN_ERRORS = [
+    KnownError("scaler.update() not called",
+               r"unscale_\(\) is being called after step\(\)|step\(\) has already been called since the last update",
+               "the GradScaler was not updated after scaler.step(optimizer), so the next step found it still "
+               "'stepped' (and the scale never adapts): call scaler.update() once per step, after scaler.step"),
+    KnownError("scaler.unscale_ called twice in one step", r"unscale_\(\) has already been called on this optimizer",
+               "unscale_(optimizer) ran twice before one scaler.step(): call it once, after backward and before "
+               "clipping (scaler.step does not unscale again)"),
+    KnownError("model cast to float16", r"Attempting to unscale FP16 gradients",
+               "the parameters, so their gradients, are float16: keep the model in float32 (no model.half() or "
+               "model.to(torch.float16)); autocast runs the ops in float16 and the scaler unscales float32 gradients"),
+    KnownError("gradients cleared before scaler.step", r"No inf checks were recorded for this optimizer",
+               "scaler.step(optimizer) found no gradients on the optimizer's parameters: zero the gradients at the "
+               "start of the step (optimizer.zero_grad()), not between backward and scaler.step"),
+]
+
+
+def broken(part: dict, what: str) -> str:
+    """Why the part of the exercise observed in ``part`` did not run, from the error it raised ("" if it ran)."""
+    error = part.get("error", "")
+    if not error:
+        return ""
+    if error.startswith("NotImplementedError"):
+        return f"not implemented yet ({what})"
+    if cause := translate(error, KNOWN_ERRORS):
+        return f"{cause} ({what} raised {error})"
+    return f"{what} raised {error}"
+
+
+def missing(part: dict, keys: tuple[str, ...]) -> str:
+    """Feedback when compare() returned a dict without some of the contract's keys ("" if none missing)."""
+    gone = [k for k in keys if k not in part]
+    if not gone:
+        return ""
+    return (f"compare() returned a dict without {', '.join(repr(k) for k in gone)} (it had {sorted(part)}): "
+            "return baseline_s, candidate_s, speedup, baseline_bytes, candidate_bytes and memory_ratio")
+
+
+@mistake("saved_bytes counts tensors, not storages")
+def counted_tensors(steady: dict) -> str | None:
+    """The steady candidate keeps one storage alive through views of a quarter of it each (SharedViews)."""
+    storage, views, view = SHARED["storage"], SHARED["views"], SHARED["view"]
+    got = steady.get("candidate_bytes")
+    ways = {views * storage: f"the storage's {storage:,} bytes once per saved tensor ({views} x {storage:,})",
+            views * view: f"each view's own bytes ({views} x {view:,})",
+            view: f"one view's {view:,} bytes for the storage"}
+    how = next((text for wrong, text in ways.items() if got is not None and abs(got - wrong) <= 0.01 * wrong), None)
+    if how is None:
+        return None
+    return (f"saved_bytes counted {got:,.0f} bytes for a workload whose backward saves {views} views, a quarter "
+            f"each, of one {storage:,}-byte storage, that is {how}; the whole storage stays allocated while any "
+            f"view of it is saved, so the memory ratio is {MEMORY_TRUTH:g}, not {steady['memory_ratio']:.3g}: "
+            "count each storage once, keyed by t.untyped_storage().data_ptr(), as t.untyped_storage().nbytes()")
+
+
+@mistake("loss summed over the batch")
+def loss_summed(kind: str, losses: list[float]) -> str | None:
+    ratio = losses[0] / reference_fp32()[0][0]
+    if abs(ratio / BATCH - 1) > 0.02:
+        return None
+    return (f"the first {kind} loss is {ratio:.3g}x the float32 reference's, the batch size ({BATCH}): the "
+            "cross-entropy was summed over the batch; use the mean (cross_entropy's default reduction='mean')")
+
+
+@mistake("scaled loss returned")
+def scaled_loss_returned(kind: str, losses: list[float]) -> str | None:
+    ratio = losses[0] / reference_fp32()[0][0]
+    if kind != "fp16" or ratio < 2 ** 7 or abs(ratio / 2 ** round(math.log2(ratio)) - 1) > 0.02:
+        return None
+    return (f"the fp16 loss train_step returned is {ratio:.0f}x the reference's, the GradScaler's scale: return "
+            "the loss itself (loss.detach()), and back-propagate scaler.scale(loss)")
+
+
+@mistake("optimizer.zero_grad() not called")
+def grads_not_zeroed(p: dict) -> str | None:
+    step = next((i for i, n in enumerate(p.get("leftover", [])) if n > 0), None)
+    if step is None:
+        return None
+    return (f"when the backward of step {step + 1} began, .grad still held gradients of norm "
+            f"{p['leftover'][step]:.3g} from the step before, and backward added to them: call "
+            "optimizer.zero_grad() at the start of train_step")
+
+
+@mistake("optimizer.step() not called once per step")
+def steps_not_one(p: dict) -> str | None:
+    bad = next(((i, n) for i, n in enumerate(p.get("steps", [])) if n != 1), None)
+    if bad is None:
+        return None
+    return (f"train_step called optimizer.step() {bad[1]} times in step {bad[0] + 1} (per step: {p['steps']}): "
+            "step once per train_step, after clipping")
+
+
+@mistake("gradients not clipped to max_norm")
+def not_clipped(p: dict) -> str | None:
+    off = next(((i, n) for i, n in enumerate(p.get("step_norms", [])) if abs(n / MAX_NORM - 1) > 1e-3), None)
+    if off is None:
+        return None
+    return (f"the optimizer stepped with a gradient norm of {off[1]:.3g} at step {off[0] + 1}, where clipping to "
+            f"max_norm={MAX_NORM} gives {MAX_NORM} on this model (every step clips): call "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) after backward, before the step")
+
+
+@mistake("scaler.update() not called")
+def no_update(s: dict) -> str | None:
+    if "update" in s["events"]:
+        return None
+    return (f"one fp16 step called {s['events']} and never scaler.update(): the scale never adapts (it must drop "
+            "after a step with inf gradients) and the next step's unscale_ raises: call scaler.update() after "
+            "scaler.step(optimizer), every step")
+
+
+@mistake("optimizer.step() instead of scaler.step()")
+def optimizer_stepped(s: dict) -> str | None:
+    if "step" in s["events"] or "optimizer.step" not in s["events"]:
+        return None
+    return (f"one fp16 step called {s['events']}: 'optimizer.step' but not scaler.step(optimizer), which skips "
+            "steps with inf/NaN gradients (and unscales them if unscale_ was not called): call "
+            "scaler.step(optimizer) instead of optimizer.step()")
+
+
+@mistake("loss not scaled")
+def not_scaled(s: dict) -> str | None:
+    if "scale" in s["events"]:
+        return None
+    return (f"one fp16 step called {s['events']}, never scaler.scale(loss): small float16 gradients underflow "
+            "to zero unless the loss is scaled; call scaler.scale(loss).backward()")
+
+
+@mistake("first fp16 step skipped")
+def step_skipped(s: dict, fp16_losses: list[float]) -> str | None:
+    if "step" not in s["events"] or "optimizer.step" in s["events"]:
+        return None
+    why = loss_summed("fp16", fp16_losses) if fp16_losses else None
+    return (f"one fp16 step called {s['events']}: scaler.step skipped optimizer.step because the scaled gradients "
+            "overflowed float16, which this model's do not at the default scale" + (f"; {why}" if why else ""))
+
+
+@mistake("clipped before unscale_")
+def clipped_scaled(s: dict) -> str | None:
+    if not s["grad_norm"] < MAX_NORM / 100:  # nan: no optimizer.step
+        return None
+    return (f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true gradients "
+            f"gives max_norm={MAX_NORM}: you clipped the scaled gradients; call scaler.unscale_(optimizer) "
+            "before clip_grad_norm_")

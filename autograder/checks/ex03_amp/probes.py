@@ -1,0 +1,242 @@
+"""Rank-side instruments of the exercise 3 check (what they run on, and the references: ``workloads``).
+
+Everything here observes; verdicts are computed in ``ex03_amp``. Each part is
+run separately, so a learner who finished ``train_step`` but not the
+measuring functions still gets the marks for the step:
+
+* forward hooks record the ``nn.Linear`` output dtypes inside autocast, and a
+  recording optimizer the parameter and gradient dtypes at ``step()``;
+* each of the float32, bf16 and fp16 runs records, per ``train_step``, the gradient norm
+  left in ``.grad`` when backward began (zero unless ``zero_grad`` was skipped), the
+  ``optimizer.step()`` calls and the gradient norm each stepped with;
+* a recording ``GradScaler`` logs the call order, the optimizer the gradient
+  norm it steps with, and whether a batch with an ``inf`` changed the weights
+  (the first step and the ``inf`` step each on their own, so a missing
+  ``scaler.update()``, which makes the second raise, still shows the first's order);
+* ``compare`` runs on the simulated workloads of ``workloads`` under a
+  :class:`distlab.measure.timing.VirtualClock` (``CASES``, whose truths are
+  ``CASES_TRUTH`` and ``MEMORY_TRUTH``), which every clock the learner's code reads
+  follows, however it was imported (``Clocks``, replaced before the file is imported),
+  then on the real model (``REAL_MODEL``), on the real clocks;
+* ``ANSWERS`` records which graded functions are the runtime's copies (see :func:`observe`).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from distlab import device as rank_device
+from distlab.measure.memory import peak_memory
+from distlab.models import cpu_state, make_mlp
+from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
+
+from ...answers import RuntimeCopies
+from ...harness import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
+from .workloads import CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, SharedViews, batches
+
+# The real model whose bf16 speedup is reported (graded on a GPU with bf16 tensor cores), per device type.
+REAL_MODEL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
+              "cuda": dict(in_features=1024, hidden=4096, depth=4, batch=4096)}
+# The runtime's working copies of the graded measuring functions (the notebooks use them): resolved
+# here, when the rank imports this module, before any learner file is loaded.
+ANSWERS = RuntimeCopies({
+    "median_seconds": ("distlab.measure.timing.median_seconds", "distlab.measure.timing.distributed_median_seconds"),
+    "saved_bytes": ("distlab.measure.memory.saved_tensor_bytes", "distlab.measure.memory.saved_tensor_bytes_by_kind"),
+})
+
+
+def _part(fn) -> dict:
+    """What one part observed, or its error and the line that raised it (the verdict explains it; one broken
+    part must not hide the others)."""
+    observed, exc = attempt(fn)
+    if exc is None:
+        return observed
+    last = frames(exc)[-1]
+    return {"error": f"{raised(exc)} (line {last.lineno}: {last.line})"}
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that calls ``on_step(params)`` at every ``step()``, before stepping."""
+
+    def __init__(self, params, lr: float, on_step) -> None:
+        super().__init__(params, lr=lr)
+        self.on_step = on_step
+
+    def step(self, closure=None):
+        self.on_step([p for g in self.param_groups for p in g["params"]])
+        return super().step(closure)
+
+
+def _autocast(learner, device) -> dict:
+    model = make_mlp(seed=3, **MODEL).to(device)
+    outs = []
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            m.register_forward_hook(lambda mod, args, out: outs.append(str(out.dtype)))
+    seen = {}
+
+    def on_step(ps):
+        seen.update(params=[str(p.dtype) for p in ps], grads=[str(p.grad.dtype) for p in ps if p.grad is not None])
+
+    x, y = batches(device)[0]
+    learner.train_step(model, RecordingSGD(model.parameters(), LR, on_step), x, y, amp_dtype=torch.bfloat16,
+                       max_norm=MAX_NORM)
+    return {"linear_out": outs, "param_dtypes": seen.get("params", []), "grad_dtypes": seen.get("grads", [])}
+
+
+def _run(learner, device, dtype) -> dict:
+    """``STEPS`` steps of one kind: the losses, and per step the gradient norm left in ``.grad`` when its
+    backward began, the number of ``optimizer.step()`` calls and the gradient norm of each."""
+    model = make_mlp(seed=3, **MODEL).to(device)
+    params = list(model.parameters())
+    seen: dict = {"leftover": [], "step_norms": [], "steps": []}
+
+    on_backward_start(model, lambda: seen["leftover"].append(grad_norm(params)))
+    opt = RecordingSGD(params, LR, lambda ps: seen["step_norms"].append(grad_norm(ps)))
+    scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
+    losses = []
+    for x, y in batches(device):
+        calls = len(seen["step_norms"])
+        losses.append(float(learner.train_step(model, opt, x, y, amp_dtype=dtype, scaler=scaler, max_norm=MAX_NORM)))
+        seen["steps"].append(len(seen["step_norms"]) - calls)
+    return {"losses": losses, **seen, **({"state": cpu_state(model)} if dtype is None else {})}
+
+
+def _parity(learner, device) -> dict:
+    """The float32, bf16 and fp16 runs, each on its own: one that raises does not hide the others."""
+    return {kind: _part(lambda dtype=dtype: _run(learner, device, dtype))
+            for kind, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16))}
+
+
+def _scaler(learner, device) -> dict:
+    """One fp16 step's call order and stepped gradient norm, then (on its own) a step with an inf in its batch."""
+    events: list[str] = []
+    norms: list[float] = []
+
+    class RecordingScaler(torch.amp.GradScaler):
+        def scale(self, outputs):
+            events.append("scale")
+            return super().scale(outputs)
+
+        def unscale_(self, optimizer):
+            events.append("unscale_")
+            return super().unscale_(optimizer)
+
+        def step(self, optimizer, *args, **kwargs):
+            events.append("step")
+            return super().step(optimizer, *args, **kwargs)
+
+        def update(self, new_scale=None):
+            events.append("update")
+            return super().update(new_scale)
+
+    def on_step(ps):
+        events.append("optimizer.step")
+        norms.append(grad_norm(ps))
+
+    model = make_mlp(seed=3, **MODEL).to(device)
+    first = next(model.parameters())
+    first.register_post_accumulate_grad_hook(lambda p: events.append("backward"))
+    opt, scaler = RecordingSGD(model.parameters(), LR, on_step), RecordingScaler(device.type)
+    (x, y), (x2, y2) = batches(device)[:2]
+    learner.train_step(model, opt, x, y, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
+    out = {"events": list(events), "grad_norm": norms[0] if norms else float("nan")}
+    bad = x2.clone()
+    bad[0, 0] = float("inf")
+    before, scale_before = cpu_state(model), scaler.get_scale()
+
+    def inf_step() -> dict:
+        learner.train_step(model, opt, bad, y2, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
+        return {}
+
+    inf_error = _part(inf_step).get("error", "")  # a missing scaler.update() makes this step raise
+    after = cpu_state(model)
+    return {**out, "inf_error": inf_error, "scale_before_inf": scale_before,
+            "scale_after_inf": scaler.get_scale(),
+            "inf_params_unchanged": all(torch.equal(before[k], after[k]) for k in before)}
+
+
+def _number(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _measure(learner, watch, clocks: Clocks) -> dict:
+    out = {}
+    for case, (base_kw, cand_kw) in CASES.items():
+        clock = VirtualClock()
+        base, cand = (SharedViews(clock, **kw) if "storage" in kw else SimulatedWorkload(clock, **kw)
+                      for kw in (base_kw, cand_kw))
+        with clocks.reading(clock), watch:
+            res = learner.compare(base, cand, sync=clock.sync, warmup=WARMUP, min_run_time=MIN_RUN_TIME)
+        out[case] = {k: float(res[k]) for k in ("speedup", "memory_ratio") if k in res}
+        out[case].update({k: v for k in ("baseline_bytes", "candidate_bytes")
+                          if k in res and (v := _number(res[k])) is not None})
+    return out
+
+
+def _real(learner, device, watch, cfg: dict) -> dict:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(cfg["batch"], cfg["in_features"], generator=g).to(device)
+    y = torch.randint(0, 10, (cfg["batch"],), generator=g).to(device)
+    steps = {}
+    for kind, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        model = make_mlp(seed=0, in_features=cfg["in_features"], hidden=cfg["hidden"], depth=cfg["depth"]).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        steps[kind] = functools.partial(learner.train_step, model, opt, x, y, amp_dtype=dtype)
+    with watch:  # the learner's call only: peak_memory below is the grader's own
+        res = learner.compare(steps["fp32"], steps["bf16"], sync=lambda: synchronize(device), warmup=WARMUP,
+                              min_run_time=MIN_RUN_TIME)
+    (b32, method), (b16, _) = peak_memory(steps["fp32"], device), peak_memory(steps["bf16"], device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
+    return {**{k: float(v) for k, v in res.items()}, "peak_ratio": b16 / max(b32, 1), "peak_method": method,
+            "device": name, "model": f"MLP {cfg['in_features']}-{cfg['hidden']}x{cfg['depth']}, batch {cfg['batch']}"}
+
+
+def observe(learner, device: torch.device, real_model: dict, clocks: Clocks) -> dict:
+    """Every part of the exercise, each under its own instruments.
+
+    ``answers``: which graded functions *are* the runtime's copies (before any call), and which
+    copies ran during the learner's ``compare`` calls (the watch is entered around those only).
+
+    The real model is only measured with the learner's own ``median_seconds`` (its seconds would be
+    the runtime's otherwise, and they take the longest to measure): ``{"skipped": "median_seconds"}``.
+    ``real_model``: the real model's sizes (``REAL_MODEL``'s for this device, or the tests' smaller ones).
+    ``clocks``: replaced since before the learner's file was imported (:class:`Clocks`).
+    """
+    capability = list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+    identified = ANSWERS.identify(learner)
+    watch = ANSWERS.watch(learner)
+    obs = {"capability": capability,
+           "autocast": _part(lambda: _autocast(learner, device)),
+           "parity": _part(lambda: _parity(learner, device)),
+           "scaler": _part(lambda: _scaler(learner, device)),
+           "measure": _part(lambda: _measure(learner, watch, clocks))}
+    timed_by_runtime = "median_seconds" in identified or any(
+        dotted in ANSWERS.graded["median_seconds"] for dotted, _ in watch.calls)
+    obs["real"] = ({"skipped": "median_seconds"} if timed_by_runtime
+                   else _part(lambda: _real(learner, device, watch, real_model)))
+    obs["answers"] = {"is": identified, "calls": watch.calls}
+    return obs
+
+
+def rank_main(paths: list[str], real_models: dict[str, dict] = REAL_MODEL) -> list[dict]:
+    """Runs on the one rank: observe each learner file (tests grade several per launch).
+
+    ``real_models``: the real model's sizes per device type (``REAL_MODEL``; tests: a smaller CPU one).
+    """
+    device = rank_device()
+    out = []
+    for path in paths:
+        clocks = Clocks()
+        with clocks.replaced():  # before the import: a clock the file binds then is the virtual one too
+            learner = load_learner(path)
+            with CapturedPrints() as printed:
+                obs = observe(learner, device, real_models["cuda" if device.type == "cuda" else "cpu"], clocks)
+        echo(printed.lines)
+        out.append(obs)
+    return out

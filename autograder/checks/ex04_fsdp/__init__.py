@@ -1,0 +1,228 @@
+"""Exercise 4 check: FSDP2 per-block sharding, graded at world sizes 2 and 4.
+
+Every rank builds the same :class:`~distlab.resmlp.ResidualMLP` and trains it
+with the learner's ``train_fsdp`` on its slice of each global batch. The
+instruments of ``probes`` observe one step from inside the rank: the
+placements and storage bytes of parameters, gradients and Adam state
+(compared with the exact padded figure of :func:`distlab.lab.fsdp_memory.expected_bytes`),
+the peak of live tensor storage during the step (CPU:
+:class:`~distlab.lab.fsdp_memory.LiveStorageTracker`; GPU: ``max_memory_allocated``)
+against :func:`distlab.lab.fsdp_memory.peak_bound`, which blocks reshard after
+forward, whether ``.grad`` was zeroed, and the state-dict calls of every rank.
+The verdicts are computed here, against a single-process Adam run on the
+same global batches (parity, assert_close: reduce-scatter sums in another
+order than one big batch).
+
+A failure names the first cause below that explains the observations (each has a
+mutant or an in-process test in ``tests/test_ex04_fsdp.py``); a state-dict collective
+that only some ranks call is completed by the others' instruments, so that the
+training is still graded:
+
+| mistake | message |
+|---|---|
+| optimizer built before sharding | "on rank 0 the optimizer does not hold 36 of the model's 36 parameters ..." |
+| root not sharded | "the blocks are sharded, but 4 parameters (['inp.weight', ...]) are plain tensors ..." |
+| nothing sharded | "none of the 36 parameters is a DTensor: shard(model) must call fully_shard ..." |
+| only the root wrapped | "only the root is wrapped (0 of 8 blocks are fully_shard units) ..." |
+| some blocks not wrapped | "only 4 of 8 blocks are fully_shard units ..." |
+| blocks keep parameters unsharded after forward | "8 of 8 blocks kept their parameters unsharded after forward ..." |
+| optimizer.zero_grad() not called | "when the backward of step 2 began, .grad still held gradients of norm 1.6 ..." |
+| optimizer.step() not called once per step | "train_step called optimizer.step() 0 times ..." |
+| state-dict collective called on some ranks only | "get_model_state_dict(...) ran on rank 0 only: ..." |
+| FSDP1 state_dict_type on an FSDP2 model | "FullyShardedDataParallel.state_dict_type (FSDP1) does not apply ..." |
+| export raised | "the export (after training) raised ...; the training was graded, the export was not" |
+| full state dict on every rank | "get_model_state_dict(...) returned the full state dict ... on rank 1 too ..." |
+| fully_shard called on the ModuleList | "fully_shard needs a module with a forward ..." (raised) |
+| fully_shard applied twice to one module | "fully_shard ran twice on the same module ..." (raised) |
+| root sharded before its blocks | "fully_shard(model) ran before fully_shard(block) ..." (raised) |
+| state-dict collective on rank 0 only, not completed | "a collective ... ran on rank 0 only ..." (raised) |
+"""
+from __future__ import annotations
+
+import functools
+import math
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT
+from distlab.resmlp import make_resmlp
+
+from ...diagnosis import diagnose
+from ...grading import launch_files, launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_reshard,
+                     nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded, root_only, some_blocks,
+                     steps_not_one)
+from .observed import PARTS, Run
+from .probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, SEED, STEPS, data, global_batches, rank_main
+
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]
+
+# A launch of the solution took 22 s at W=2 and 24 s at W=4 on 2 cores at load 6 (32 s and 40 s at
+# load 7; less when idle). The two launches run one after the other and share what time_limit leaves
+# after the grader's own start-up and the reference, 4 : 5 (40 s and 50 s), so a hang is reported as a
+# LaunchTimeout naming the ranks, not cut off by the CLI. Each more file in a launch (the tests'
+# mutants) costs one more train_fsdp with one tracked step, about 10 s at load 6: 20 s leaves 2x.
+EXERCISE = Exercise(number=4, name="fsdp", filename="ex04_fsdp.py", max_score=10, time_limit=110)
+WORLD_SIZES = (2, 4)
+LAUNCH_SHARES = {2: 4, 4: 5}
+PER_EXTRA_FILE_S = 20
+RTOL, ATOL = 1e-3, 1e-4  # reduce-scatter sums in another order; Adam's 1/sqrt(v) amplifies it on tiny gradients
+
+
+@functools.cache
+def reference(world: int) -> dict:
+    """Single-process Adam on the whole global batch of every step (the same for every file graded)."""
+    model = make_resmlp(seed=SEED, **MODEL)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    x_all, y_all = data().tensors
+    for idx in global_batches(world):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# Why the trained weights differ from the reference (causes), most specific first.
+TRAINING_CAUSES = [optimizer_first, nothing_sharded, root_not_sharded, grads_not_zeroed, steps_not_one]
+
+
+@criterion("[W={world}] parameters are DTensors sharded on dim 0", points=1)
+def sharded_on_dim0(run: Run) -> Verdict:
+    bad = [r for r in run.ranks if r["dtensors"] != r["n_params"] or r["placements"] != ["(Shard(dim=0),)"]]
+    if not bad:
+        return passed()
+    r = bad[0]
+    return failed(diagnose([nothing_sharded, root_not_sharded], run) or
+                  f"on rank {r['rank']} {r['dtensors']} of {r['n_params']} parameters are DTensors, placements "
+                  f"{r['placements']}: call fully_shard on the blocks and the root")
+
+
+@criterion("[W={world}] optimizer built after sharding", points=1)
+def optimizer_after_sharding(run: Run) -> Verdict:
+    return failed(why) if (why := optimizer_first(run)) else passed()
+
+
+@criterion("[W={world}] each rank holds 1/{world} of params, grads and Adam state", points=2)
+def holds_its_share(run: Run) -> Verdict:
+    # Exact, padding included: FSDP2's layout is deterministic (expected_bytes explains it).
+    measured, wrong = {}, []
+    for r in run.ranks:
+        for part in PARTS:
+            exp, got = r["expected"][part], r["after"][part]
+            measured[f"W{run.world}_rank{r['rank']}_{part}_bytes"] = got
+            if got != exp:
+                wrong.append(f"rank {r['rank']} {part}: expected {exp} B, measured {got} B")
+    if not wrong:
+        return passed(run.bytes_summary(), **measured)
+    why = diagnose([optimizer_first, nothing_sharded, root_not_sharded], run)
+    return failed("; ".join(wrong[:4]) + (f": {why}" if why else " (expected = ceil(rows/W) padded rows per param "
+                  "and grad, the rank's real rows for exp_avg and exp_avg_sq, 4 B for each step)"), **measured)
+
+
+@criterion("[W={world}] peak memory within the per-block bound", points=2)
+def peak_within_bound(run: Run) -> Verdict:
+    measured = {}
+    for r in run.ranks:
+        measured[f"W{run.world}_rank{r['rank']}_peak_bytes"] = r["peak"]
+        measured[f"W{run.world}_rank{r['rank']}_peak_bound_bytes"] = r["bound"]["bound"]
+    worst = max(run.ranks, key=lambda r: r["peak"] / r["bound"]["bound"])
+    b = worst["bound"]
+    how = "torch.cuda.max_memory_allocated" if worst["device"] == "cuda" else "live tensor storage"
+    explain = (f"peak {mib(worst['peak'])} ({how}) on rank {worst['rank']} vs bound {mib(b['bound'])} = "
+               f"sharded state {mib(b['state'])} + {UNITS_IN_FLIGHT} x largest unit {mib(b['unit'])} + "
+               f"activations {mib(b['activations'])}")
+    if worst["peak"] <= b["bound"]:  # the worst ratio is within its bound, so every rank's is
+        return passed(explain, **measured)
+    return failed(nothing_sharded(run) or diagnose([root_only, some_blocks], run, worst, explain) or
+                  root_not_sharded(run, explain) or
+                  no_reshard(run, worst, explain) or
+                  f"{explain}, though every block is its own fully_shard unit and reshards after forward",
+                  **measured)
+
+
+@criterion("[W={world}] matches single-process training", points=2)
+def matches_reference(run: Run) -> Verdict:
+    par = parity(run.ranks[0]["final"], reference(run.world), rtol=RTOL, atol=ATOL)
+    measured = {f"W{run.world}_max_abs_diff_vs_reference": par.max_abs_diff}
+    if par.ok:
+        return passed(f"max abs difference {par.max_abs_diff:.2g}", **measured)
+    where = (f"max abs difference {par.max_abs_diff:.3g} in '{par.worst}'" if math.isfinite(par.max_abs_diff)
+             else f"the trained state dict does not match the model's: {par.worst}")
+    return failed(diagnose(TRAINING_CAUSES, run) or
+                  f"after {STEPS} Adam steps (lr={LR}) the weights differ from one process trained on the "
+                  f"global batches of {run.world}x{MICRO_BATCH} ({where}, rtol={RTOL}, atol={ATOL}), though the "
+                  f"optimizer holds the sharded parameters, and step {MEASURE_STEP} began from zeroed gradients "
+                  "and stepped once",
+                  **measured)
+
+
+@criterion("[W={world}] rank 0 exports the full state dict once", points=2)
+def exports_once(run: Run) -> Verdict:
+    if why := diagnose([one_sided_collective, fsdp1_api, export_raised], run):
+        return failed(why)
+    r0 = run.ranks[0]
+    export, final = Path(r0["export"]), r0["final"]
+    savers = [r["rank"] for r in run.ranks if r["saves"]]
+    if savers and savers != [0]:
+        return failed(f"torch.save was called on ranks {savers}: every rank must call get_model_state_dict "
+                      "(it is a collective), but only rank 0 saves")
+    if not savers:
+        return failed(f"nothing was saved to {export}: torch.save the full state dict to export_path on rank 0")
+    if not export.is_file():
+        return failed(f"rank 0 saved to {r0['saves']}, not to the export_path given")
+    saved = torch.load(export, weights_only=True)
+    if set(saved) != set(reference(run.world)) or any(type(v) is not torch.Tensor for v in saved.values()):
+        return failed(f"the saved dict has keys {sorted(saved)[:3]}... of types "
+                      f"{sorted({type(v).__name__ for v in saved.values()})}: save the full state dict "
+                      "(full_state_dict=True, cpu_offload=True) so it holds plain tensors")
+    if any(not torch.equal(saved[k], final[k]) for k in final):
+        return failed("the saved weights differ from the trained model's: export after training")
+    return failed(why) if (why := full_everywhere(run)) else passed()
+
+
+CRITERIA = [sharded_on_dim0, optimizer_after_sharding, holds_its_share, peak_within_bound, matches_reference,
+            exports_once]
+
+
+def _judge(report: ExerciseReport, run: Run, wall_s: float) -> None:
+    """One file at one world size: the criteria, or "did not run" when the measured step never came."""
+    tag = f"[W={run.world}]"
+    if not run.stepped:
+        report.notes.clear()  # what an earlier world size measured is not shown beside "did not run"
+        report.did_not_run(f"{tag} train_fsdp returned without calling train_step {MEASURE_STEP} times "
+                           f"(it called it {run.ranks[0]['steps']} times for {STEPS} micro-batches)")
+        return
+    report.judge(CRITERIA, run, world=run.world)
+    report.notes.append(f"{tag} {run.bytes_summary()}")
+    report.measurements[f"W{run.world}_launch_s"] = round(wall_s, 2)
+
+
+def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> list[ExerciseReport]:
+    """Grade the files at ``paths`` (tests pass fewer ``world_sizes`` to run faster); one report each.
+
+    One launch per world size grades every file, one world size after the other (each needs W
+    devices on a GPU machine). Each world size's criteria are declared at full weight; scale_to
+    gives every world size an equal share.
+    """
+    reports = [EXERCISE.new_report() for _ in paths]
+    shares = sum(LAUNCH_SHARES[w] for w in world_sizes)
+    with tempfile.TemporaryDirectory(prefix="ex04-") as tmp:
+        for world in world_sizes:
+            if not any(r.ran for r in reports):
+                break  # nothing left to judge at a larger world size
+            outdir = Path(tmp) / f"W{world}"  # a folder per launch: no file an earlier one exported counts
+            outdir.mkdir()  # here, before the launch hands the scratch space to the learner user
+            timeout = launch_timeout(EXERCISE, files=len(paths), share=LAUNCH_SHARES[world] / shares,
+                                     per_extra_file_s=PER_EXTRA_FILE_S)
+            runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeout, args=(str(outdir),))
+            for report, ranks in zip(reports, runs):
+                if report.ran:
+                    _judge(report, Run(ranks), wall_s)
+    return [r.scale_to() for r in reports]

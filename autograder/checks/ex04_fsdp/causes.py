@@ -1,0 +1,159 @@
+"""Exercise 4's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+
+Each takes the :class:`~.observed.Run` of one world size; the peak-memory ones also take
+the rank with the worst peak and the criterion's account of it, which their message quotes.
+"""
+from __future__ import annotations
+
+from ...diagnosis import KnownError, mistake, translate
+from .observed import Run
+from .probes import MEASURE_STEP, MODEL
+
+
+KNOWN_ERRORS = [
+    KnownError("fully_shard called on the ModuleList", r"fully_shard does not support containers that do not implement",
+               "fully_shard needs a module with a forward, and model.blocks is a ModuleList: call fully_shard(block) "
+               "for each block in model.blocks, then fully_shard(model)"),
+    KnownError("fully_shard applied twice to one module", r"can only be applied to a module once",
+               "fully_shard ran twice on the same module (shard called twice, or the root in the blocks' loop): "
+               "call it once per block, then once on the root"),
+    KnownError("root sharded before its blocks", r"Invariant encountered: value was None when it should not be",
+               "fully_shard(model) ran before fully_shard(block), so the blocks' parameters were already DTensors: "
+               "shard every block first, then the root"),
+    KnownError("state-dict collective on rank 0 only, not completed", r"Timed out waiting \d+ms for (recv|send)",
+               "a collective (most likely the state dict: DTensor.full_tensor(), or a checkpoint save) ran on rank 0 "
+               "only: rank 0 waited for the others, which had returned. Every rank must make the call (it "
+               "all-gathers the shards); only the torch.save is for rank 0"),
+]
+
+
+def mib(n: float) -> str:
+    """``n`` bytes in MiB, for messages."""
+    return f"{n / 2**20:.3f} MiB"
+
+
+@mistake("optimizer built before sharding")
+def optimizer_first(run: Run) -> str | None:
+    r = next((r for r in run.ranks if r["opt_foreign"]), None)
+    if r is None:
+        return None
+    return (f"on rank {r['rank']} the optimizer does not hold {r['opt_foreign']} of the model's {r['n_params']} "
+            "parameters: it was built before fully_shard replaced them with DTensors, so it updates stale tensors. "
+            "Build the optimizer after shard(model)")
+
+
+@mistake("nothing sharded")
+def nothing_sharded(run: Run) -> str | None:
+    r = run.ranks[0]
+    if r["dtensors"]:
+        return None
+    return (f"none of the {r['n_params']} parameters is a DTensor: shard(model) must call fully_shard on every "
+            "block and then on the root, before the optimizer is built")
+
+
+@mistake("root not sharded")
+def root_not_sharded(run: Run, explain: str = "") -> str | None:
+    r = run.ranks[0]
+    if r["root_wrapped"] or not r["blocks_wrapped"]:
+        return None
+    return (f"the blocks are sharded, but {len(r['plain'])} parameters ({r['plain']}) are plain tensors: the root's "
+            "own layers are not sharded (every rank holds them whole, their gradients are never averaged across "
+            "ranks, and each block, its own FSDP root, keeps its parameters unsharded from forward to backward)"
+            f"{': ' + explain if explain else ''}. Call fully_shard(model) on the root after the blocks")
+
+
+@mistake("only the root wrapped")
+def root_only(run: Run, worst: dict, explain: str) -> str | None:
+    if worst["blocks_wrapped"] or not worst["root_wrapped"]:
+        return None
+    return (f"only the root is wrapped (0 of {MODEL['depth']} blocks are fully_shard units), so forward and backward "
+            f"unshard the whole model at once: {explain}. Call fully_shard on each block before the root")
+
+
+@mistake("blocks keep parameters unsharded after forward")
+def no_reshard(run: Run, worst: dict, explain: str) -> str | None:
+    kept = worst.get("blocks_unsharded_after_forward", [])
+    if not kept or not worst["root_wrapped"]:  # a block that is its own FSDP root never reshards after forward
+        return None
+    return (f"{len(kept)} of {MODEL['depth']} blocks kept their parameters unsharded after forward "
+            f"(reshard_after_forward=False): every rank holds their full {mib(run.block_bytes(kept))} from "
+            f"forward until backward, not one block's at a time ({explain}). Call fully_shard(block) with the "
+            "default reshard_after_forward=True")
+
+
+@mistake("some blocks not wrapped")
+def some_blocks(run: Run, worst: dict, explain: str) -> str | None:
+    if worst["blocks_wrapped"] in (0, MODEL["depth"]) or not worst["root_wrapped"]:
+        return None
+    return (f"only {worst['blocks_wrapped']} of {MODEL['depth']} blocks are fully_shard units, so the root unshards "
+            f"the others together: {explain}. Call fully_shard on every block in model.blocks, then the root")
+
+
+@mistake("optimizer.zero_grad() not called")
+def grads_not_zeroed(run: Run) -> str | None:
+    r = max(run.ranks, key=lambda r: r.get("leftover_grad_norm") or 0.0)
+    if not r.get("leftover_grad_norm"):
+        return None
+    return (f"when the backward of step {MEASURE_STEP} began, .grad still held gradients of norm "
+            f"{r['leftover_grad_norm']:.3g} (rank {r['rank']}'s shard) from the step before, and FSDP added the new "
+            "ones to them: call optimizer.zero_grad() at the start of train_step")
+
+
+@mistake("optimizer.step() not called once per step")
+def steps_not_one(run: Run) -> str | None:
+    n = run.ranks[0].get("optimizer_steps", 1)
+    if n == 1:
+        return None
+    return f"train_step called optimizer.step() {n} times in step {MEASURE_STEP}: step once, after backward"
+
+
+def _called(record: dict) -> str:
+    options = ", ".join(f"{k}={v}" for k, v in record["options"].items()
+                        if k in ("full_state_dict", "cpu_offload") and v)
+    return f"{record['fn']}({options})" if options else f"{record['fn']}(...)"
+
+
+@mistake("state-dict collective called on some ranks only")
+def one_sided_collective(run: Run) -> str | None:
+    made = [(r["rank"], call) for r in run.ranks for call in r["partnered"]]
+    if not made:
+        return None
+    callers = sorted({call["for_rank"] for _, call in made})
+    absent = sorted({rank for rank, _ in made})
+    only = f"rank {callers[0]} only" if len(callers) == 1 else f"ranks {callers} only"
+    return (f"{_called(made[0][1])} ran on {only}: rank(s) {absent} never called it, so the callers waited for them "
+            "(the grader made the missing call, so the training could be graded). It is a collective: call it on "
+            "every rank, and torch.save on rank 0 only")
+
+
+@mistake("FSDP1 state_dict_type on an FSDP2 model")
+def fsdp1_api(run: Run) -> str | None:
+    err = run.ranks[0]["after_training_error"]
+    if not err.get("fsdp1"):
+        return None
+    return (f"FullyShardedDataParallel.state_dict_type (FSDP1) does not apply to fully_shard (FSDP2) modules: the "
+            f"export raised {err['error']} ({err['where']}). Use get_model_state_dict(model, "
+            "options=StateDictOptions(full_state_dict=True, cpu_offload=True))")
+
+
+@mistake("export raised")
+def export_raised(run: Run) -> str | None:
+    r = next((r for r in run.ranks if r["after_training_error"]), None)
+    if r is None:
+        return None
+    err = r["after_training_error"]
+    if err["error"].startswith("NotImplementedError"):
+        return f"not implemented yet (the export, after training: {err['where']}); the training was graded"
+    cause = translate(err["error"], KNOWN_ERRORS) or f"the export (after training) raised on rank {r['rank']}"
+    return f"{cause}: {err['error']} ({err['where']}); the training was graded, the export was not"
+
+
+@mistake("full state dict on every rank")
+def full_everywhere(run: Run) -> str | None:
+    calls = [(r["rank"], c) for r in run.ranks if r["rank"] for c in r["state_dict_calls"] if c.get("tensors")]
+    if not calls:
+        return None
+    rank, c = calls[0]
+    return (f"{_called(c)} returned the full state dict ({c['tensors']} tensors, {mib(c['bytes'])}) on rank {rank} "
+            "too: every rank gathered a whole copy of the model, which FSDP exists to avoid. Pass "
+            "StateDictOptions(full_state_dict=True, cpu_offload=True): only rank 0 then receives it, on the CPU")

@@ -1,0 +1,246 @@
+"""Rank-side instruments of the exercise 4 check, and the data and sizes it grades with.
+
+Everything here observes; verdicts are computed in ``ex04_fsdp``. The learner's ``train_fsdp`` trains
+a :class:`~distlab.resmlp.ResidualMLP` on every rank; around it:
+
+* the wrapped ``train_step`` measures step ``MEASURE_STEP``: the placements and storage bytes of the
+  parameters, gradients and Adam state, the peak of live tensor storage during the step, which
+  blocks are FSDP units and which of them left their parameters unsharded after forward
+  (``reshard_after_forward=False``), the gradient norm left in ``.grad`` when backward began (zero
+  unless ``zero_grad`` was skipped), and the ``optimizer.step()`` calls;
+* :class:`StateDictSpy` records the learner's state-dict collectives (``get_model_state_dict``,
+  ``get_state_dict``, ``get_optimizer_state_dict``) and what each returned. A rank that called one
+  the others never made would wait in it for ever: after ``train_fsdp`` returns, the others see
+  it in the store and make the same call, so the rank comes back and every other criterion can
+  still be judged (the spy reports the calls it had to make: the mistake);
+* an error ``train_fsdp`` raises after its last training step (the export) is recorded, not raised.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint.state_dict as dsd
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from distlab import init_distributed
+from distlab.runtime.distributed import default_timeout
+from distlab.data import synthetic_classification
+from distlab.lab.fsdp_memory import activation_bytes, expected_bytes, full_shapes, measured_bytes, peak_bound
+from distlab.measure.memory import PeakMemory
+from distlab.resmlp import make_resmlp
+
+from ...harness import (CapturedPrints, Replace, SaveSpy, echo, frames, grad_norm, learner_frame, load_learner,
+                        on_backward_start, raised)
+
+MODEL = dict(in_features=64, hidden=90, out_features=10, depth=8)
+STEPS, MICRO_BATCH, LR, SEED = 4, 8, 1e-2, 11
+MEASURE_STEP = 2  # the second step: Adam's state exists before it, so the step sees the steady state
+STATE_DICT_CALLS = ("get_model_state_dict", "get_state_dict", "get_optimizer_state_dict")
+
+
+def data():
+    return synthetic_classification(256, MODEL["in_features"], MODEL["out_features"], seed=SEED)  # no sklearn
+
+
+def global_batches(world: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(SEED)
+    perm = torch.randperm(len(data()), generator=g)
+    size = MICRO_BATCH * world
+    return [perm[s * size:(s + 1) * size] for s in range(STEPS)]
+
+
+def rank_main(paths: list[str], outdir: str) -> list[dict]:
+    """Runs on every rank: each file in turn trains with the learner's code; one observation per file.
+
+    The grader makes the process group (the learner's file does not), so every file uses the same one.
+    """
+    device = init_distributed()
+    return [_observe(p, Path(outdir) / f"full_state-{i}.pt", device, tag=f"distlab/ex04/{i}")
+            for i, p in enumerate(paths)]
+
+
+def _observe(path: str, export: Path, device: torch.device, tag: str) -> dict:
+    """One file on this rank: the learner trains; the wrapped ``train_step`` observes one step."""
+    # Both before the import, so that ``from torch import save`` (and the state-dict calls) bind the spies.
+    with SaveSpy() as saves, StateDictSpy(tag) as calls:
+        return _train_observed(load_learner(path), export, device, saves, calls, path)
+
+
+def _error(exc: BaseException, path: str) -> dict:
+    """The error, where in the learner's file it was raised, and whether it came from FSDP1's module."""
+    where = learner_frame(exc, path) or frames(exc)[-1]
+    return {"error": raised(exc), "where": f"line {where.lineno}: {where.line}",
+            "fsdp1": any("fully_sharded_data_parallel.py" in f.filename for f in frames(exc))}
+
+
+def _train_observed(learner, export: Path, device: torch.device, saves: SaveSpy, calls: StateDictSpy,
+                    path: str) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_resmlp(seed=SEED, **MODEL).to(device)  # the same start on every rank
+    shapes = full_shapes(model)
+    x_all, y_all = data().tensors
+    mine = slice(rank * MICRO_BATCH, (rank + 1) * MICRO_BATCH)  # this rank's slice of each global batch
+    batches = [(x_all[idx[mine]].to(device), y_all[idx[mine]].to(device)) for idx in global_batches(world)]
+    seen, held = _observe_step(learner, device)
+    returned, after = None, {}
+    with CapturedPrints() as out:
+        try:
+            returned = learner.train_fsdp(model, batches, lr=LR, export_path=str(export))
+        except Exception as exc:  # noqa: BLE001 - the export's error is judged; the training is still graded
+            if seen["completed"] < STEPS:
+                raise  # training itself failed: nothing to grade
+            after = _error(exc, path)
+        partnered = calls.settle(model, held.get("optimizer"))
+    echo(out.lines)
+    trained = returned[0] if isinstance(returned, tuple) else model
+    final = get_model_state_dict(trained, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    dist.barrier()
+    return {"rank": rank, "world": world, "shapes": {k: list(v) for k, v in shapes.items()},
+            "final": final if rank == 0 else {}, "saves": saves.paths, "printed": out.lines,
+            "expected": expected_bytes(shapes, world, rank), "device": device.type, "export": str(export),
+            "after_training_error": after, "state_dict_calls": calls.calls, "partnered": partnered, **seen}
+
+
+def _observe_step(learner, device: torch.device) -> tuple[dict, dict]:
+    """Wrap the learner's ``train_step`` so that step ``MEASURE_STEP`` is measured; returns what it will
+    see (plain data) and what it holds (the optimizer, for a state-dict call made for another rank)."""
+    seen: dict = {"steps": 0, "completed": 0}
+    held: dict = {}
+    real_step = learner.train_step
+
+    def observed_step(model, optimizer, x, y):
+        seen["steps"] += 1
+        held["optimizer"] = optimizer
+        if seen["steps"] != MEASURE_STEP:
+            loss = real_step(model, optimizer, x, y)
+        else:
+            before = measured_bytes(model, optimizer)
+            with _StepProbe(model, optimizer) as probe:
+                loss, peak = _step_peak(real_step, model, optimizer, (x, y), device)
+            seen.update(before=before, after=measured_bytes(model, optimizer), peak=peak, **probe.seen,
+                        **_layout(model, optimizer),
+                        bound=peak_bound(sum(before.values()), model, activation_bytes(MICRO_BATCH, **MODEL)))
+        seen["completed"] += 1
+        return loss
+
+    learner.train_step = observed_step  # train_fsdp looks it up in its module when it calls it
+    return seen, held
+
+
+class _StepProbe:
+    """Hooks for one step: which FSDP blocks keep their parameters unsharded after forward, the gradient
+    norm in ``.grad`` when backward begins, and the ``optimizer.step()`` calls."""
+
+    def __init__(self, model: nn.Module, optimizer) -> None:
+        self.model, self.optimizer, self.handles = model, optimizer, []
+        self.params = list(model.parameters())  # outside forward: the sharded parameters
+        self.seen = {"blocks_unsharded_after_forward": [], "leftover_grad_norm": None, "optimizer_steps": 0}
+
+    def __enter__(self) -> "_StepProbe":
+        for i, block in enumerate(self.model.blocks):
+            if type(block).__name__.startswith("FSDP"):
+                self.handles.append(block.register_forward_hook(self._after_block(i)))  # after FSDP's own
+        self.handles.append(on_backward_start(self.model, self._at_backward))
+        self.handles.append(self.optimizer.register_step_post_hook(self._on_step))
+        return self
+
+    def _after_block(self, i: int):
+        def hook(mod, args, out) -> None:
+            if any(type(p).__name__ != "DTensor" for p in mod.parameters()):
+                self.seen["blocks_unsharded_after_forward"].append(i)
+        return hook
+
+    def _at_backward(self) -> None:
+        if self.seen["leftover_grad_norm"] is None:  # the first backward of the step
+            self.seen["leftover_grad_norm"] = grad_norm(self.params)
+
+    def _on_step(self, optimizer, args, kwargs) -> None:
+        self.seen["optimizer_steps"] += 1
+
+    def __exit__(self, *exc) -> bool:
+        for handle in self.handles:
+            handle.remove()
+        return False
+
+
+def _step_peak(step, model: nn.Module, optimizer, batch: tuple, device: torch.device):
+    """Run one ``step`` and return its loss and the peak bytes during it (:class:`PeakMemory`: the
+    state it starts from, parameters, gradients and Adam's, included)."""
+    params = list(model.parameters())
+    with PeakMemory(device, state=[*params, *(p.grad for p in params if p.grad is not None),
+                                   *(v for s in optimizer.state.values() for v in s.values())]) as mem:
+        loss = step(model, optimizer, *batch)
+    return loss, mem.peak
+
+
+def _layout(model: nn.Module, optimizer) -> dict:
+    """How the parameters are sharded and whether the optimizer holds them."""
+    named = list(model.named_parameters())
+    opt_ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    return {"placements": sorted({str(getattr(p, "placements", "plain tensor")) for _, p in named}),
+            "dtensors": sum(type(p).__name__ == "DTensor" for _, p in named), "n_params": len(named),
+            "plain": [name for name, p in named if type(p).__name__ != "DTensor"],
+            "opt_foreign": sum(id(p) not in opt_ids for _, p in named),
+            "blocks_wrapped": sum(type(b).__name__.startswith("FSDP") for b in model.blocks),
+            "root_wrapped": type(model).__name__.startswith("FSDP")}
+
+
+class StateDictSpy(Replace):
+    """Records this rank's calls of the state-dict collectives, in ``calls`` and in the process group's
+    store (so the other ranks see a call they never made), and makes the calls another rank waits in.
+    Entered before the learner's file is imported (:class:`Replace`): ``from ... import
+    get_model_state_dict`` is seen too."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag, self.calls, self.real_fn = tag, [], {name: getattr(dsd, name) for name in STATE_DICT_CALLS}
+        self.store = dist.distributed_c10d._get_default_store()
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        super().__init__({(dsd, name): functools.partial(self._spy, name) for name in STATE_DICT_CALLS})
+
+    def _spy(self, name: str, real):
+        def spy(*args, **kwargs):
+            options = kwargs.get("options")
+            record = {"fn": name, "options": {k: v for k, v in asdict(options).items() if isinstance(v, bool)}
+                      if options is not None else {}}
+            self.calls.append(record)
+            self.store.set(f"{self.tag}/call/{self.rank}/{len(self.calls)}", json.dumps(record))
+            self.store.add(f"{self.tag}/entered/{self.rank}", 1)
+            result = real(*args, **kwargs)
+            first = result[0] if isinstance(result, tuple) else result
+            tensors = [v for v in first.values() if isinstance(v, torch.Tensor)] if isinstance(first, dict) else []
+            record.update(tensors=len(tensors), bytes=sum(t.numel() * t.element_size() for t in tensors))
+            return result
+        return spy
+
+    def settle(self, model: nn.Module, optimizer) -> list[dict]:
+        """After ``train_fsdp``: until every rank has returned, make each state-dict call that a rank still in
+        ``train_fsdp`` entered and this one never made (it waits for this rank); return the calls made."""
+        self.store.set(f"{self.tag}/done/{self.rank}", "1")
+        made: list[dict] = []
+        deadline = time.monotonic() + default_timeout().total_seconds()  # then a collective's timeout names it
+        while True:
+            waiting = [r for r in range(self.world) if not self.store.check([f"{self.tag}/done/{r}"])]
+            if not waiting or time.monotonic() > deadline:
+                return made
+            entered = {r: self.store.add(f"{self.tag}/entered/{r}", 0) for r in waiting}
+            r, n = max(entered.items(), key=lambda kv: kv[1])
+            if n > len(self.calls) + len(made):  # rank r waits in its call number n, which this rank never made
+                record = json.loads(self.store.get(f"{self.tag}/call/{r}/{len(self.calls) + len(made) + 1}"))
+                self._make(record, model, optimizer)
+                made.append({**record, "for_rank": r})
+            else:
+                time.sleep(0.02)
+
+    def _make(self, record: dict, model: nn.Module, optimizer) -> None:
+        options = StateDictOptions(**record["options"])
+        if record["fn"] == "get_model_state_dict":
+            self.real_fn["get_model_state_dict"](model, options=options)
+        else:
+            self.real_fn[record["fn"]](model, optimizer, options=options)

@@ -1,0 +1,207 @@
+"""Exercise 5 check: stop or kill a job, resume, and demand the very same weights.
+
+Scenarios, in three torchrun launches (the rank side is in ``probes``):
+
+1. ``reference``: an uninterrupted run in directory A (its records and final
+   state are the yardstick), then, in the same processes, a run in directory C
+   that every rank stops after step ``FRESH_STOP`` (the job ends there).
+2. ``fresh`` + ``restart``: a new job (``--max-restarts=2``) first finishes C
+   from its checkpoint (the fresh-job resume), then trains in directory B. In
+   attempt 0 rank 1 is killed *inside* its second checkpoint write of B (its
+   shard is on disk, DCP's ``.metadata`` is not), so attempt 1 must resume from
+   the previous complete checkpoint; attempt 1 is killed at ``SECOND_KILL``;
+   attempt 2 finishes. (C, finished in attempt 0, is not replayed.)
+3. ``reshard``: a job at another world size resumes from A's last checkpoint.
+
+The reference, the fresh job alone and the reshard launches take several files
+at once (tests); a file with the restart scenario has a resume launch of its own.
+On the CPU, reduction order is fixed, so resumed runs must match the
+uninterrupted one bit for bit (``torch.equal``); on a GPU within assert_close's tolerance.
+Where they do not, what each step started from (weights, Adam state, learning
+rate, samples, RNG state, step number) is compared with the uninterrupted run,
+and only what differs is named. The uninterrupted run itself is compared, step by step
+and in the same way, with a single-process reference of the contract (``reference``:
+one process plays both ranks), so a mistake both runs share (the scheduler stepped before
+the optimizer) fails too; a resumed run equal to the uninterrupted one then equals the reference.
+
+| mistake | message |
+|---|---|
+| step counter off after resuming | "the first step after resuming was numbered 5, but it trained ... step 4 ..." |
+| model not restored | "rank 0 resumed with other weights than ... before step 4 (sum ... vs ...): ..." |
+| optimizer state not restored | "Adam's step count was 0 where the uninterrupted run's was 3: ..." |
+| data position not restored | "rank 0 read samples [..]... instead of [..]... (the samples of step 1): ..." |
+| scheduler not restored | "the learning rate it set for step 5 was 0.0025 instead of 0.00225 (...): ..." |
+| another rank's RNG state restored | "rank 1's RNG state is rank 0's, so dropout drew rank 0's masks: ..." |
+| RNG state not restored | "rank 0's RNG state differs ...: save each rank's torch.get_rng_state() ..." |
+| scheduler stepped before the optimizer | "step 1 trained with a learning rate of 0.00295, the schedule's ..." |
+| every rank's RNG not seeded with seed + rank | "rank 1's RNG state at step 1 is not torch.manual_seed(seed + 1)'s" |
+| samples not the contract's sampler | "rank 0 read samples [..]... at step 1 where the contract's gives [..]...: ..." |
+| checkpoints not pruned | "after 12 steps saving every 3 with keep=2 the directory holds [...]: ..." |
+| an interrupted write loaded (no staging and commit) | "rank 1 was killed while writing step 6's checkpoint ..." |
+| a checkpoint collective called on some ranks only | "dcp.save ran on rank 0 (at step 3) but not on rank 1: ..." |
+| a checkpoint written on some ranks only | (RuntimeError "Parent directory ... does not exist") "... dcp.save ..." |
+| dcp.load of a key the checkpoint lacks | (RuntimeError "Missing key in checkpoint state_dict") "dcp.load fills ..." |
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from distlab import LaunchError, RankFailure
+
+from ...grading import launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded, not_pruned,
+                     one_sided_collective, restart_error)
+from .observed import Run
+from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL, WORLD, run_scenarios
+
+__all__ = ["EXERCISE", "KNOWN_ERRORS", "SCENARIOS", "criteria", "grade"]
+
+# Grading the solution (all three launches, reshard to 4 ranks) took 42 s on 2 cores at load 4;
+# the resume launch (three process starts) is the longest. The launches share what time_limit
+# leaves after the grader's start-up in these proportions (30, 40 and 30 s: 2-3x each launch), so
+# a hang is reported as a LaunchTimeout naming the ranks, not cut off by the CLI.
+EXERCISE = Exercise(number=5, name="checkpoint", filename="ex05_checkpoint.py", max_score=10, time_limit=120)
+SHARES = {"reference": 3, "resume": 4, "reshard": 3}
+RESHARD_WORLD = 4
+
+
+def _timeout(launch: str, files: int = 1) -> float:
+    return launch_timeout(EXERCISE, files=files, share=SHARES[launch] / sum(SHARES.values()))
+
+
+def _same_state(ref: dict, got: dict | None, world: int = WORLD) -> tuple[bool, str]:
+    if got is None:
+        return False, "the run did not finish"
+    bitwise = exact(world)
+    pairs = [(f"model '{k}'", v, got["model"].get(k)) for k, v in ref["model"].items()]
+    pairs += [(f"optimizer '{k}'.{j}", v, got["optim"].get(k, {}).get(j)) for k, s in ref["optim"].items()
+              for j, v in s.items()]
+    for name, a, b in pairs:
+        if b is None or a.shape != b.shape:
+            return False, f"{name} is missing or has another shape"
+        par = parity(b, a, rtol=0 if bitwise else None, atol=0 if bitwise else None)
+        if not par.ok:
+            return False, f"{name} differs (max abs difference {par.max_abs_diff:.3g})"
+    return True, ""
+
+
+@criterion("keeps only the last K checkpoints", points=1)
+def keeps_last_k(run: Run) -> Verdict:
+    return failed(why) if (why := not_pruned(run)) else passed(f"kept steps {run.committed}")
+
+
+@criterion("[W={world}] the uninterrupted run matches a single-process reference", points=2)
+def matches_reference(run: Run) -> Verdict:
+    if why := against_reference(run):
+        return failed(why)
+    return passed("every step's samples, learning rate, Adam step" + (", RNG state and weights" if exact(WORLD) else
+                  " (weights and RNG within the run's own comparisons: CUDA's dropout)") + " as the reference's")
+
+
+@criterion("a fresh job resumes exactly", points=2)
+def fresh_job_resumes(run: Run) -> Verdict:
+    got = run.final("C")
+    ok, why = _same_state(run.ref, got)
+    if ok and run.reached == FRESH_STOP:
+        return passed("bit-identical to the uninterrupted run" if exact(WORLD) else "within tolerance")
+    if run.reached != FRESH_STOP:
+        why = f"the run to be stopped after step {FRESH_STOP} stopped at step {run.reached}"
+    elif got is None:
+        cause = one_sided_collective(run, "C", tag="resume") or run.phase_error("C") or run.resume_error
+        why = f"the fresh job failed: {cause}"
+    else:
+        why = diagnose_resume(run, run.records("C", tag="resume")) or why
+    return failed(f"stopped the job after step {FRESH_STOP} and started a new one on the same directory: {why}")
+
+
+@criterion("an interrupted write is never loaded", points=2)
+def interrupted_write_never_loaded(run: Run) -> Verdict:
+    if why := interrupted_write_loaded(run):
+        return failed(why)
+    return passed(f"killed inside step {INTERRUPTED}'s write; resumed from step {RESUMED_FROM}")
+
+
+@criterion("torchrun --max-restarts resumes exactly", points=2)
+def restart_resumes(run: Run) -> Verdict:
+    # Attempt 1 must match the uninterrupted run step by step until it is killed again.
+    att1 = run.attempt_steps(1)
+    diag = diagnose_resume(run, run.records("B", attempt=1))
+    if att1 and att1[-1] == SECOND_KILL and not diag:
+        return passed(f"steps {att1[0]}-{SECOND_KILL} identical to the uninterrupted run")
+    return failed(diag or f"not checked: the first restart did not run to step {SECOND_KILL} "
+                          f"({restart_error(run) or 'no records'})")
+
+
+@criterion("two crashes, still exact", points=1, requires=[restart_resumes])
+def two_crashes(run: Run) -> Verdict:
+    ok, why = _same_state(run.ref, run.final("B"))
+    err = restart_error(run)
+    if ok and err is None:
+        return passed("final weights and Adam state identical after resuming twice")
+    return failed(diagnose_resume(run, run.records("B", attempt=2)) or why or str(err))
+
+
+@criterion("resumes at world size {reshard_world} from a {world}-rank checkpoint", points=2)
+def reshards(run: Run) -> Verdict:
+    got, err = run.final("R"), run.reshard_error
+    ok, why = _same_state(run.ref, got, run.reshard_world)
+    if err is not None:
+        ok, why = False, f"the job failed: {one_sided_collective(run, 'R', run.reshard_world) or err}"
+    elif got is not None and (got["step"], got["lr"]) != (run.ref["step"], run.ref["lr"]):
+        ok, why = False, (f"it came back at step {got['step']} with lr {got['lr']:.6g}, expected step "
+                          f"{run.ref['step']} and lr {run.ref['lr']:.6g}")
+    if ok:
+        return passed("model and Adam state identical after resharding")
+    return failed(f"loading the last checkpoint of the {WORLD}-rank run with {run.reshard_world} ranks: {why}. "
+                  "DCP reshards when you dcp.load into get_state_dict's (DTensor) state of the new model")
+
+
+SCENARIO_CRITERIA = {"fresh": [fresh_job_resumes],
+                     "restart": [interrupted_write_never_loaded, restart_resumes, two_crashes],
+                     "reshard": [reshards]}
+
+
+def criteria(scenarios: Sequence[str] = SCENARIOS) -> list:
+    """The criteria judged when these scenarios run (keeping the last K and the reference: in every grading)."""
+    return [keeps_last_k, matches_reference] + [fn for s in SCENARIOS if s in scenarios for fn in SCENARIO_CRITERIA[s]]
+
+
+def _failure(run: Run, path: Path, err: LaunchError | None) -> str:
+    """Why the uninterrupted run failed: a one-sided collective, else the error as run_one explains it."""
+    from ...run_one import explain
+    cause = one_sided_collective(run, "A") or one_sided_collective(run, "C", tag="first")
+    if err is None:
+        return cause or "the uninterrupted run returned no final state"
+    if cause:
+        raw = f"rank {err.rank} raised {err.exc_type}: {err.exc_message.strip()[:300]}" if isinstance(
+            err, RankFailure) else str(err)
+        return f"{cause}\n  ({raw})"
+    return explain(err, path, KNOWN_ERRORS)
+
+
+def grade(paths: Sequence[Path], scenarios: tuple[str, ...] = SCENARIOS, reshard_world: int = RESHARD_WORLD,
+          scenarios_of: Sequence[tuple[str, ...]] | None = None) -> list[ExerciseReport]:
+    """Grade the files at ``paths``; tests pass fewer ``scenarios`` (``scenarios_of``: per file) or a
+    cheaper ``reshard_world``. A subset of scenarios still scores out of ``max_score`` (scale_to).
+
+    The files share the reference, fresh-job and reshard launches; each file with the restart
+    scenario has a resume launch of its own, since torchrun restarts the whole job after a kill.
+    """
+    wanted = [tuple(s) for s in scenarios_of] if scenarios_of else [tuple(scenarios)] * len(paths)
+    reports = [EXERCISE.new_report() for _ in paths]
+    with tempfile.TemporaryDirectory(prefix="ex05-") as tmp:
+        runs = [Run(Path(tmp) / f"file{i}", reshard_world) for i in range(len(paths))]
+        launched = run_scenarios([str(p) for p in paths], [str(r.out) for r in runs], wanted, reshard_world, _timeout)
+        for path, report, run, sc, got in zip(paths, reports, runs, wanted, launched):
+            report.measurements.update({k: v for k, v in got.items() if k.endswith("_s")})
+            run.resume_error, run.reshard_error = got.get("resume"), got.get("reshard")
+            if run.load_reference():
+                report.judge(criteria(sc), run, world=WORLD, reshard_world=reshard_world)
+            else:
+                report.did_not_run(_failure(run, Path(path), got.get("reference")))
+    return [r.scale_to() for r in reports]

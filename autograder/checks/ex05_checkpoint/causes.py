@@ -1,0 +1,298 @@
+"""Exercise 5's likely mistakes, tested against what the ranks recorded (see autograder/diagnosis.py).
+
+Each takes the :class:`~.observed.Run` of one file. :func:`diagnose_resume`
+compares a resumed run with the uninterrupted one step by step and, at the first step where anything
+differs, names a shifted step counter or what that step started from (``COMPONENTS``: the weights,
+Adam's state, the data position, the learning rate, the RNG state); :func:`against_reference` compares
+the uninterrupted run with the single-process reference (``reference``) the same way, which
+names what both of the learner's runs share (``CONTRACT``); the check's criteria ask for the
+other causes themselves.
+"""
+from __future__ import annotations
+
+from distlab import LaunchError, pick_backend
+
+from ...diagnosis import KnownError, mistake
+from ...parity import parity
+from .observed import Run
+from .probes import INTERRUPTED, RESUMED_FROM, RUN, WORLD
+from .reference import reference_run
+
+
+KNOWN_ERRORS = [
+    KnownError("a checkpoint written on some ranks only", r"Parent directory \S*\.tmp-step_\d+ does not exist",
+               "this rank's staging directory was never made: dcp.save (which makes it) ran on other ranks only. "
+               "Every rank calls get_state_dict and dcp.save, then saves its own RNG state"),
+    KnownError("dcp.load of a key the checkpoint lacks", r"Missing key in checkpoint state_dict",
+               "dcp.load fills the keys of the dict you pass it, and each must have been saved: build the same "
+               "structure save_checkpoint saved (get_state_dict gives the tensors to load into)"),
+]
+
+
+def exact(world: int) -> bool:
+    """Bit-identical under gloo on the CPU; within tolerance under NCCL (GPU kernels may reorder)."""
+    return pick_backend(world) == "gloo"
+
+
+def _close(a: float, b: float) -> bool:
+    return a == b if exact(WORLD) else abs(a - b) <= 1e-5 * (1 + abs(b))
+
+
+@mistake("a checkpoint collective called on some ranks only")
+def one_sided_collective(run: Run, name: str, world: int = WORLD, **match) -> str | None:
+    """The first DCP or state-dict call one rank made more often than another in a phase."""
+    calls = run.records(name, world, kind="calls", **match)
+    for call in dict.fromkeys(c["call"] for rank in calls for c in rank):
+        made = [[c for c in rank if c["call"] == call] for rank in calls]
+        more = max(range(world), key=lambda r: len(made[r]))
+        fewer = min(range(world), key=lambda r: len(made[r]))
+        if len(made[more]) != len(made[fewer]):
+            done = made[more][len(made[fewer])]["after_step"]
+            when = f"at step {done + 1}" if done else "before the first step"
+            return (f"{call} ran on rank {more} ({when}) but not on rank {fewer}: it is a "
+                    "collective, so every rank calls it (each writes or reads its own shards); do not put it under "
+                    "`if rank == 0:`")
+    return None
+
+
+def restart_error(run: Run) -> str | LaunchError | None:
+    """What stopped the restart scenario: what a restarted attempt tripped on, not the kill before it."""
+    err = run.resume_error
+    if err is not None:
+        err = one_sided_collective(run, "B", attempt=1) or run.phase_error("B", first_attempt=1) or err
+    if not run.records("B")[0]:
+        err = f"the job failed before it reached this scenario: {run.phase_error('C') or err}"
+    return err
+
+
+@mistake("step counter off after resuming")
+def step_shift(run: Run, xs: list[dict], first: bool) -> str | None:
+    s = xs[0]["step"]
+    for k in (1, -1, 2, -2):
+        refs = [run.ref_at(r, s + k) for r in range(len(xs))]
+        if all(a is not None and not _differs(x, a) for x, a in zip(xs, refs)):
+            return (f"{'the first step after resuming' if first else f'step {s}'} was numbered {s}, but it trained "
+                    f"exactly what the uninterrupted run trained at step {s + k} (the same weights, Adam state, "
+                    f"learning rate, RNG state and samples): the checkpoint was written after step {s + k - 1}, so "
+                    f"the step counter is {abs(k)} {'behind' if k > 0 else 'ahead'}. Resume with step = {s + k - 1}, "
+                    f"the number of steps done, so that the next step is {s + k}")
+    return None
+
+
+def _differs(x: dict, a: dict) -> list[str]:
+    """What a step started from that differs between a record ``x`` and the uninterrupted run's ``a``."""
+    p, q = x.get("pre"), a.get("pre")
+    out = [] if x["data"] == a["data"] else ["data"]
+    if p and q:
+        adam = p["adam_step"] != q["adam_step"] or not _close(p["moments"], q["moments"])
+        out += [k for k, bad in (("model", not _close(p["fp"], q["fp"])), ("optimizer", adam),
+                                 ("scheduler", p["lr"] != q["lr"] or x["lr"] != a["lr"]),
+                                 ("rng", p["rng"] != q["rng"])) if bad]
+    return out
+
+
+@mistake("model not restored")
+def model_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if "model" not in _differs(x, a):
+        return None
+    fresh = run.ref_rec[r][0]["pre"] if run.ref_rec[r] else None
+    how = ("the freshly built model's: train the model the checkpoint was loaded into" if fresh and
+           _close(x["pre"]["fp"], fresh["fp"]) else "restore the model")
+    return (f"rank {r} resumed with other weights than the uninterrupted run had before step {x['step']} (sum of "
+            f"its shards {x['pre']['fp']:.9g} vs {a['pre']['fp']:.9g}): {how} (dcp.load into get_state_dict's "
+            "tensors, then set_state_dict)")
+
+
+@mistake("optimizer state not restored")
+def optimizer_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if "optimizer" not in _differs(x, a):
+        return None
+    p, q = x["pre"], a["pre"]
+    what = (f"Adam's step count was {p['adam_step']:g} where the uninterrupted run's was {q['adam_step']:g}"
+            if p["adam_step"] != q["adam_step"] else
+            f"Adam's moments differ (sum {p['moments']:.9g} vs {q['moments']:.9g})")
+    return what + ": save the optimizer's state from get_state_dict(model, optimizer) and load it with set_state_dict"
+
+
+@mistake("data position not restored")
+def data_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if x["data"] == a["data"]:
+        return None
+    same = [y["step"] for y in run.ref_rec[r] if y["data"] == x["data"]]
+    return (f"rank {r} read samples {x['data'][:3]}... instead of {a['data'][:3]}..."
+            + (f" (the samples of step {same[0]})" if same else "")
+            + ": save the data position (sampler epoch and batch offset) and continue from it")
+
+
+@mistake("scheduler not restored")
+def scheduler_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if "scheduler" not in _differs(x, a):
+        return None
+    advice = ": save scheduler.state_dict() and load it on resume"
+    if x["pre"]["lr"] == a["pre"]["lr"]:  # the optimizer's state gave this step's rate back, not the schedule
+        return (f"the learning rate it set for step {x['step'] + 1} was {x['lr']:.6g} instead of {a['lr']:.6g} (the "
+                "optimizer's state restored the current rate, not the schedule)" + advice)
+    same = [y["step"] for y in run.ref_rec[r] if y["pre"] and y["pre"]["lr"] == x["pre"]["lr"]]
+    return (f"the learning rate was {x['pre']['lr']:.6g} instead of {a['pre']['lr']:.6g}"
+            + (f" (the uninterrupted run's at step {same[0]}: the schedule started over)" if same else "") + advice)
+
+
+@mistake("another rank's RNG state restored")
+def other_ranks_rng(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if "rng" not in _differs(x, a):
+        return None
+    for q in range(len(run.ref_rec)):
+        b = run.ref_at(q, x["step"])
+        if q != r and b and b["pre"] and b["pre"]["rng"] == x["pre"]["rng"]:
+            return (f"rank {r}'s RNG state is rank {q}'s, so dropout drew rank {q}'s masks: each rank restores its "
+                    "own rng-rank{R}.pt (the RNG state differs per rank)")
+    return None
+
+
+@mistake("RNG state not restored")
+def rng_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+    if "rng" not in _differs(x, a) or other_ranks_rng(run, x, a, r):
+        return None
+    return (f"rank {r}'s RNG state differs from the uninterrupted run's, so dropout drew other masks: save each "
+            "rank's torch.get_rng_state() and restore it")
+
+
+COMPONENTS = [model_not_restored, optimizer_not_restored, data_not_restored, scheduler_not_restored,
+              other_ranks_rng, rng_not_restored]
+
+
+def diagnose_resume(run: Run, got: list[list[dict]]) -> str:
+    """Name what differs from the uninterrupted run at the first step of ``got`` (the resumed records,
+    per rank) where anything does: the step number, or what the step started from, each with numbers."""
+    for i in range(min(map(len, got), default=0)):
+        xs = [g[i] for g in got]
+        refs = [run.ref_at(r, x["step"]) for r, x in enumerate(xs)]
+        if all(a is not None and not _differs(x, a) and _close(x["fp"], a["fp"]) for x, a in zip(xs, refs)):
+            continue
+        if shift := step_shift(run, xs, i == 0):
+            return shift
+        missing = [r for r, a in enumerate(refs) if a is None]
+        if missing:
+            return f"rank {missing[0]} reported step {xs[0]['step']}, which the uninterrupted run never reached"
+        parts = [next((m for r, (x, a) in enumerate(zip(xs, refs)) if (m := cause(run, x, a, r))), None)
+                 for cause in COMPONENTS]
+        if any(parts):
+            return f"at step {xs[0]['step']} " + "; ".join(p for p in parts if p)
+        r = next(r for r, (x, a) in enumerate(zip(xs, refs)) if not _close(x["fp"], a["fp"]))
+        return (f"after step {xs[r]['step']} rank {r}'s parameters differ (sum of its shards {xs[r]['fp']:.9g} vs "
+                f"{refs[r]['fp']:.9g}) although the step started from the same weights, Adam state, learning rate, "
+                "samples and RNG state as the uninterrupted run's")
+    return ""
+
+
+@mistake("checkpoints not pruned")
+def not_pruned(run: Run) -> str | None:
+    steps = RUN["steps"]
+    want = list(range(steps, 0, -RUN["save_every"]))[:RUN["keep"]][::-1]
+    if run.committed == want and len(run.checkpoints) == len(want):
+        return None
+    return (f"after {steps} steps saving every {RUN['save_every']} with keep={RUN['keep']} the directory holds "
+            f"{run.checkpoints}, expected the committed steps {want} only: call prune(root, keep) on rank 0 after "
+            "each commit")
+
+
+@mistake("an interrupted write loaded (no staging and commit)")
+def interrupted_write_loaded(run: Run) -> str | None:
+    att1 = run.attempt_steps(1)
+    if att1 and att1[0] == RESUMED_FROM + 1:
+        return None
+    err = restart_error(run)
+    seen = f"it resumed at step {att1[0]}" if att1 else f"it never trained again ({err})" if err else "no steps ran"
+    return (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, which "
+            f"should resume from step {RESUMED_FROM}, but {seen}. Write into staging_path(), commit() on rank 0 "
+            "after a barrier, and load only latest_complete()")
+
+
+
+def _near(a: float, b: float) -> bool:
+    """Sums over every shard: equal but for the order FSDP's reduce-scatter adds the ranks' gradients in."""
+    return abs(a - b) <= 1e-6 * (1 + abs(b))
+
+
+@mistake("scheduler stepped before the optimizer")
+def scheduler_first(run: Run, xs: list[dict], a: dict, refs: list[dict]) -> str | None:
+    lr, want = xs[0]["pre"]["lr"], a["pre"]["lr"]
+    if lr == want or a["step"] >= len(refs) or abs(lr - refs[a["step"]]["pre"]["lr"]) > 1e-12 * want:
+        return None
+    return (f"step {a['step']} trained with a learning rate of {lr:.6g}, the schedule's value for step "
+            f"{a['step'] + 1}, where the reference's is {want:.6g}: scheduler.step() ran before optimizer.step(), "
+            "so every step used the next step's rate. Call optimizer.step(), then scheduler.step()")
+
+
+@mistake("every rank's RNG not seeded with seed + rank")
+def rng_not_per_rank(run: Run, xs: list[dict], a: dict, refs: list[dict]) -> str | None:
+    if not exact(WORLD):  # under NCCL dropout draws from CUDA's generator, which the reference does not play
+        return None
+    bad = [r for r, x in enumerate(xs) if x["pre"]["rng"] != a["pre"]["rng"][r]]
+    if not bad:
+        return None
+    alike = len({x["pre"]["rng"] for x in xs}) == 1
+    return (f"rank {bad[0]}'s RNG state at step {a['step']} is not torch.manual_seed(seed + {bad[0]})'s"
+            + (" (every rank's is the same: each was seeded alike)" if alike else "")
+            + ", so dropout drew other masks than the reference's: seed each rank with "
+            "torch.manual_seed(seed + rank), after build() and before load_checkpoint()")
+
+
+@mistake("samples not the contract's sampler")
+def samples_not_contract(run: Run, xs: list[dict], a: dict, refs: list[dict]) -> str | None:
+    bad = [r for r, x in enumerate(xs) if x["data"] != a["data"][r]]
+    if not bad:
+        return None
+    r, s = bad[0], a["step"]
+    epoch_0 = [ref for ref in refs if ref["data"][r] == xs[r]["data"]]
+    advice = (f"the samples of step {epoch_0[0]['step']}, in the first epoch: call sampler.set_epoch(epoch) at the "
+              "start of every epoch" if epoch_0 and epoch_0[0]["step"] < s else
+              "use DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True) and batches of "
+              "BATCH_SIZE consecutive indices of it")
+    return (f"rank {r} read samples {xs[r]['data'][:3]}... at step {s} where the contract's gives "
+            f"{a['data'][r][:3]}...: {advice}")
+
+
+CONTRACT = [scheduler_first, rng_not_per_rank, samples_not_contract]
+
+
+def _step_symptom(xs: list[dict], a: dict) -> str:
+    p, q, s = sum(x["pre"]["fp"] for x in xs), a["pre"], a["step"]
+    if xs[0]["pre"]["adam_step"] != q["adam_step"]:
+        return (f"before step {s} Adam had stepped {xs[0]['pre']['adam_step']:g} times where the reference had "
+                f"{q['adam_step']:g}: one optimizer.step() per step")
+    if xs[0]["pre"]["lr"] != q["lr"] or xs[0]["lr"] != a["lr"]:
+        return (f"step {s} trained with a learning rate of {xs[0]['pre']['lr']:.6g} and set {xs[0]['lr']:.6g} for "
+                f"the next, where build()'s CosineAnnealingLR gives {q['lr']:.6g} and {a['lr']:.6g}")
+    if not _near(p, q["fp"]):
+        return (f"step {s} started from other weights than the reference's (sum {p:.9g} vs {q['fp']:.9g})"
+                + (": train the model build(steps, seed) made" if s == 1 else ""))
+    got = sum(x["fp"] for x in xs)
+    return (f"step {s} started from the reference's weights, samples, learning rate, Adam state and RNG state, "
+            f"but ended with other weights (sum {got:.9g} vs {a['fp']:.9g}): each step is zero_grad, the mean "
+            "cross-entropy, backward, optimizer.step(), scheduler.step()")
+
+
+def against_reference(run: Run) -> str:
+    """'' if the uninterrupted run (A) is the reference's, else what differs at the first step it does."""
+    refs, final = reference_run(WORLD)
+    recs = run.ref_rec
+    for i, a in enumerate(refs):
+        xs = [rank[i] if i < len(rank) else None for rank in recs]
+        if any(x is None or x["step"] != a["step"] for x in xs):
+            return f"the uninterrupted run's records stop or skip before step {a['step']}"
+        if any(x["pre"] is None for x in xs):
+            return f"step {a['step']} made no optimizer.step() before on_step: step the optimizer once per step"
+        parts = [m for cause in CONTRACT if (m := cause(run, xs, a, refs))]
+        if parts:
+            return "; ".join(parts)
+        p, q = xs[0]["pre"], a["pre"]
+        fp_ok = not exact(WORLD) or (_near(sum(x["pre"]["fp"] for x in xs), q["fp"])
+                                     and _near(sum(x["fp"] for x in xs), a["fp"]))
+        if p["adam_step"] != q["adam_step"] or p["lr"] != q["lr"] or xs[0]["lr"] != a["lr"] or not fp_ok:
+            return _step_symptom(xs, a)
+    same = parity(run.ref["model"], final) if exact(WORLD) else None
+    if same is not None and not same.ok:
+        return (f"after the last step the weights differ from the reference's (max abs difference "
+                f"{same.max_abs_diff:.3g} in {same.worst})")
+    return ""

@@ -1,0 +1,294 @@
+"""Rank-side instruments of the exercise 5 check: run the learner's ``train``, stop or kill it, record.
+
+Everything here observes; the verdicts are computed in ``ex05_checkpoint``.
+A launch runs, for each learner file, a list of *phases* (one ``train`` call
+each, on its own checkpoint directory). A phase can end with every rank
+raising :class:`Stopped` after a given step (the job ends there, so a new job
+can resume: several files share such a launch), or with rank 1 SIGKILLing
+itself after a given step or inside its N-th DCP write (its shard on disk,
+DCP's ``.metadata`` not), chosen per torchrun attempt. Every rank appends one
+record per step to a file: the step, the sample indices it read, the float64
+sum of its local parameter shards and the learning rate after the step (the
+scheduler's next value), and a snapshot taken just
+before ``optimizer.step()`` of what the step started from (the weights, Adam's
+step count and moments, the learning rate, a hash of the RNG state). It also
+logs each call of a DCP or state-dict function, a collective every rank must
+make. A killed process returns nothing, but its files survive.
+
+The scenarios themselves, as the phases of each launch, are at the end (``run_scenarios``, called
+from the grading process).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint.state_dict as dcp_state
+import torch.distributed.checkpoint.state_dict_loader as dcp_loader
+import torch.distributed.checkpoint.state_dict_saver as dcp_saver
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from distlab import LaunchError, init_distributed, torchrun
+from distlab.data import RecordingDataset, synthetic_classification
+from distlab.measure.memory import local_tensor
+
+from ... import progress
+from ...harness import CapturedPrints, Replace, echo, load_learner
+
+RUN = dict(steps=12, save_every=3, keep=2, seed=5)
+DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the run crosses an epoch
+WORLD = 2
+SCENARIOS = ("fresh", "restart", "reshard")
+FRESH_STOP = 5                 # fresh-job scenario: stopped after step 5, resumes from step 3
+WRITE_KILL = 2                 # restart scenario, attempt 0: killed inside the 2nd checkpoint write (step 6)
+SECOND_KILL = 8                # restart scenario, attempt 1: killed after step 8, resumes from step 6
+RESUMED_FROM = RUN["save_every"] * (WRITE_KILL - 1)  # the last checkpoint committed before the killed write
+INTERRUPTED = RUN["save_every"] * WRITE_KILL         # the step whose checkpoint write was killed
+# (module, name, the name logged): DCP's and the state-dict API's collectives, by every public name.
+COLLECTIVES = [(dcp, n, f"dcp.{n}") for n in ("save", "load", "async_save")] + [
+    (dcp_saver, "save", "dcp.save"), (dcp_saver, "async_save", "dcp.async_save"), (dcp_loader, "load", "dcp.load")] + [
+    (dcp_state, n, n) for n in ("get_state_dict", "set_state_dict", "get_model_state_dict", "get_optimizer_state_dict",
+                                "set_model_state_dict", "set_optimizer_state_dict")]
+_now = {"log": None, "tag": "", "step": 0, "pre": None}  # the phase running: call log, tag, last step, snapshot
+
+
+class Stopped(BaseException):
+    """Raised from ``on_step`` on every rank: the job stops there (a BaseException, past ``except Exception``)."""
+
+
+def _restart_count() -> int:
+    """Which torchrun attempt this is: 0, then 1 after the first restart (the records' ``attempt``)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _die() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _rng_hash() -> str:
+    """This rank's RNG state (CPU, and CUDA's under NCCL, where dropout draws from it), hashed."""
+    state = torch.get_rng_state().numpy().tobytes()
+    if dist.get_backend() == "nccl":
+        state += torch.cuda.get_rng_state().numpy().tobytes()
+    return hashlib.sha1(state).hexdigest()[:16]
+
+
+def _fingerprint(optimizer) -> float:
+    with torch.no_grad():
+        return float(sum(local_tensor(p).double().sum().item() for g in optimizer.param_groups for p in g["params"]))
+
+
+def _snapshot(optimizer, args, kwargs) -> None:
+    """Global optimizer step pre-hook: what this step starts from (the last call before ``on_step`` wins)."""
+    first = optimizer.state.get(optimizer.param_groups[0]["params"][0], {})
+    moments = sum(local_tensor(v).double().sum().item() for s in optimizer.state.values() for k, v in s.items()
+                  if k in ("exp_avg", "exp_avg_sq"))
+    _now["pre"] = {"fp": _fingerprint(optimizer), "adam_step": float(first.get("step", 0)), "moments": moments,
+                   "lr": float(optimizer.param_groups[0]["lr"]), "rng": _rng_hash()}
+
+
+def _spy(name: str):
+    def make(real):
+        def spy(*args, **kwargs):
+            if _now["log"] is not None:  # logged before the call: a call that hangs or raises is on disk already
+                _now["log"].write(json.dumps({"call": name, "after_step": _now["step"], "attempt": _restart_count(),
+                                              "tag": _now["tag"]}) + "\n")
+                _now["log"].flush()
+            return real(*args, **kwargs)
+        return spy
+    return make
+
+
+def _collective_spies() -> Replace:
+    """Entered before the learner's file is imported, so ``from ... import get_state_dict`` (or
+    ``state_dict_saver.save``) binds the spy too (:class:`~autograder.harness.Replace`)."""
+    return Replace({(module, name): _spy(label) for module, name, label in COLLECTIVES
+                    if getattr(module, name, None) is not None})
+
+
+def _full_state(model, optimizer) -> dict:
+    msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {"model": msd, "optim": osd.get("state", {}) if isinstance(osd, dict) else {}}
+
+
+def _run_phase(learner, phase: dict, outdir: Path) -> None:
+    """One ``train`` call, recorded step by step; rank 1 dies, or every rank stops, where the phase says."""
+    rank, attempt, name = dist.get_rank(), _restart_count(), phase["name"]
+    if phase.get("once") and ((outdir / f"{name}-final.pt").exists() or (outdir / f"{name}-errors.jsonl").exists()):
+        return  # a torchrun restart replays the launch: this phase already ran in an earlier attempt
+    data = RecordingDataset(synthetic_classification(DATA_SIZE, 64, 10, seed=3))
+    kill_step = phase.get("kill_step", {}).get(str(attempt)) if rank == 1 else None
+    kill_write = phase.get("kill_write", {}).get(str(attempt)) if rank == 1 else None
+    hook = register_optimizer_step_pre_hook(_snapshot)
+    with open(outdir / f"{name}-rank{rank}.jsonl", "a") as log, \
+            open(outdir / f"{name}-calls-rank{rank}.jsonl", "a") as calls, _killed_in_write(kill_write):
+        _now.update(log=calls, tag=phase["tag"], step=0, pre=None)
+        try:
+            with CapturedPrints() as out:
+                returned = learner.train(phase["dir"], data, steps=phase["steps"], save_every=RUN["save_every"],
+                                         keep=RUN["keep"], seed=RUN["seed"],
+                                         on_step=_step_recorder(data, log, phase, kill_step))
+        except Stopped:
+            echo(out.lines)
+            if rank == 0:
+                (outdir / f"{name}-stopped").touch()
+            return
+        except BaseException as exc:  # DCP raises CheckpointException, a BaseException
+            _record_error(outdir / f"{name}-errors.jsonl", exc)
+            raise
+        finally:
+            _now["log"] = None
+            hook.remove()
+    echo(out.lines)
+    _save_final(returned, outdir / f"{name}-final.pt")
+
+
+def _step_recorder(data: RecordingDataset, log, phase: dict, kill_step: int | None):
+    """The ``on_step`` hook: one record per step in ``log``; SIGKILL after ``kill_step``, stop after ``stop_step``."""
+    read = {"n": 0}
+
+    def on_step(step, optimizer):
+        rec = {"attempt": _restart_count(), "tag": phase["tag"], "step": int(step), "data": data.accessed[read["n"]:],
+               "fp": _fingerprint(optimizer), "lr": optimizer.param_groups[0]["lr"], "pre": _now["pre"]}
+        read["n"], _now["step"] = len(data.accessed), int(step)
+        log.write(json.dumps(rec) + "\n")
+        log.flush()  # a killed process writes nothing more: what it recorded must be on disk already
+        if kill_step is not None and step == kill_step:
+            _die()
+        if step == phase.get("stop_step"):
+            raise Stopped()
+
+    return on_step
+
+
+def _killed_in_write(kill_write: int | None) -> Replace:
+    """While entered, this rank dies right after its ``kill_write``-th DCP shard write."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    writes = {"n": 0}
+
+    def make(real_write):
+        def write_data(self, plan, planner):
+            fut = real_write(self, plan, planner)
+            fut.wait()
+            writes["n"] += 1
+            if kill_write is not None and writes["n"] == kill_write:
+                _die()  # this rank's shard is written; DCP's .metadata never will be
+            return fut
+        return write_data
+
+    return Replace({(FileSystemWriter, "write_data"): make})
+
+
+def _record_error(errors: Path, exc: BaseException) -> None:
+    """Kept for the verdict: a restarted attempt's error is the telling one (not the crash it follows)."""
+    lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
+    cause = next((ln for ln in reversed(lines) if "Error" in ln), lines[0])
+    with open(errors, "a") as f:
+        f.write(json.dumps({"attempt": _restart_count(), "rank": dist.get_rank(), "error": cause[:300]}) + "\n")
+
+
+def _save_final(returned: tuple, path: Path) -> None:
+    """Rank 0 saves the trained model's and optimizer's full state, the step, LR and scheduler epoch."""
+    model, optimizer, scheduler, step = returned
+    state = _full_state(model, optimizer)  # a collective: every rank calls it
+    if dist.get_rank() == 0:
+        state.update(step=int(step), lr=float(optimizer.param_groups[0]["lr"]),
+                     scheduler_epoch=int(scheduler.last_epoch))
+        torch.save(state, path)
+    dist.barrier()
+
+
+def rank_main(paths: list[str], outdirs: list[str], phases: list[list[dict]]) -> list[dict]:
+    """Runs on every rank: for each file in ``paths``, its ``phases`` in order, recorded in its ``outdirs``.
+
+    A phase that kills a rank ends the whole job (and a torchrun restart replays the launch); one
+    that stops every rank lets the next file run.
+    """
+    init_distributed()
+    with _collective_spies():
+        for path, outdir, file_phases in zip(paths, outdirs, phases):
+            Path(outdir).mkdir(parents=True, exist_ok=True)
+            learner = load_learner(path)
+            for phase in file_phases:
+                _run_phase(learner, phase, Path(outdir))
+    return [{"rank": dist.get_rank()} for _ in paths]
+
+
+def _launch(paths: Sequence[str], outdirs: Sequence[str], phases: list[list[dict]], world: int, timeout: float,
+            max_restarts: int = 0, label: str = "") -> tuple[LaunchError | None, float]:
+    """One launch of each file's phases; a killed job is expected, so its error is returned, not raised."""
+    t, error = time.perf_counter(), None
+    files = f" for {len(paths)} files" if len(paths) > 1 else ""
+    with progress.step(f"[W={world}] {label} launch, torchrun{files}"):
+        try:
+            torchrun(rank_main, world, args=(list(paths), list(outdirs), phases), timeout=timeout,
+                     max_restarts=max_restarts)
+        except LaunchError as exc:
+            error = exc
+    return error, round(time.perf_counter() - t, 2)
+
+
+def _batch(files: Sequence[int], paths, outdirs, phases: Callable[[int], list[dict]], world: int, launch: str,
+           timeout: Callable[[str, int], float], out: list[dict]) -> None:
+    """Launch ``files`` together (none kills a rank); when the launch dies in one file's phases, launch the
+    files after it again. The error goes in that file's ``out[i][launch]``."""
+    todo = list(files)
+    while todo:
+        err, wall_s = _launch([paths[i] for i in todo], [outdirs[i] for i in todo], [phases(i) for i in todo],
+                              world, timeout(launch, len(todo)), label=launch)
+        ended = [all((Path(outdirs[i]) / (f"{p['name']}-stopped" if "stop_step" in p else f"{p['name']}-final.pt"))
+                     .exists() for p in phases(i)) for i in todo]
+        for i in todo:
+            out[i][f"{launch}_launch_s"] = wall_s
+        if err is None or all(ended):
+            return
+        stuck = ended.index(False)
+        out[todo[stuck]][launch], todo = err, todo[stuck + 1:]
+
+
+def run_scenarios(paths: Sequence[str], outdirs: Sequence[str], wanted: Sequence[tuple[str, ...]],
+                  reshard_world: int, timeout: Callable[[str, int], float]) -> list[dict]:
+    """The launches, in order: the reference (and the job stopped for the fresh scenario), the resumes (the
+    fresh jobs, then the restarts: one launch per file, the fresh jobs of the others ride in the first),
+    the reshard. Returns, per file, the error of each launch that died in its phases and the seconds."""
+    n, out = len(paths), [{} for _ in paths]
+
+    def phase(i: int, d: str, **kw) -> dict:
+        return dict(name=d, dir=str(Path(outdirs[i]) / d), steps=RUN["steps"], **kw)
+
+    _batch(range(n), paths, outdirs, lambda i: [phase(i, "A", tag="ref")] + (
+        [phase(i, "C", tag="first", stop_step=FRESH_STOP)] if "fresh" in wanted[i] else []),
+        WORLD, "reference", timeout, out)
+    live = [i for i in range(n) if (Path(outdirs[i]) / "A-final.pt").exists()]
+    fresh = [i for i in live if "fresh" in wanted[i] and (Path(outdirs[i]) / "C-stopped").exists()]
+    restart = [i for i in live if "restart" in wanted[i]]
+    guests = [i for i in fresh if i not in restart]
+
+    def resume(i: int) -> list[dict]:
+        return [phase(i, "C", tag="resume", once=True)] if i in fresh else []
+
+    for k, j in enumerate(restart):
+        files = (guests if k == 0 else []) + [j]
+        b = phase(j, "B", tag="restart", kill_write={"0": WRITE_KILL}, kill_step={"1": SECOND_KILL})
+        phases = [resume(i) + ([b] if i == j else []) for i in files]
+        out[j]["resume"], out[j]["resume_launch_s"] = _launch(
+            [paths[i] for i in files], [outdirs[i] for i in files], phases, WORLD, timeout("resume", len(files)),
+            max_restarts=2, label="restart")
+    if guests and not restart:
+        _batch(guests, paths, outdirs, resume, WORLD, "resume", timeout, out)
+    reshard = [i for i in live if "reshard" in wanted[i]]
+    _batch(reshard, paths, outdirs, lambda i: [dict(phase(i, "R", tag="reshard"), dir=str(Path(outdirs[i]) / "A"))],
+           reshard_world, "reshard", timeout, out)
+    return out

@@ -1,0 +1,99 @@
+"""Exercise 5's single-process reference: the uninterrupted run the contract describes, computed here.
+
+A resumed run is compared with the learner's own uninterrupted run (``ex05_checkpoint``), which
+shows what resuming lost; a mistake both runs share (the scheduler stepped before the optimizer, the
+RNG seeded alike on every rank) is only seen against this reference: the stub's ``build`` (the same
+model, Adam and cosine schedule), ``torch.manual_seed(seed + rank)``, ``DistributedSampler(shuffle=True,
+seed=seed, drop_last=True)`` batches of ``BATCH_SIZE`` consecutive indices, and per step zero_grad, the
+mean cross-entropy, backward, ``optimizer.step()``, ``scheduler.step()``.
+
+One process plays the ``WORLD`` ranks: each rank's forward and backward on its own batch with its own
+RNG state (dropout draws from it), then the mean of their gradients, as FSDP's reduce-scatter gives.
+It records per step what ``probes`` records per rank, in the same fields (``data``, ``lr``,
+``fp``, and ``pre``: what the step started from), with the sums over the ranks' shards (``fp``,
+``moments``) as totals here, and one RNG hash per rank.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+
+import torch
+from torch import nn
+from torch.utils.data import DistributedSampler
+
+from distlab.data import synthetic_classification
+from distlab.resmlp import make_resmlp
+
+from .probes import DATA_SIZE, RUN, WORLD
+
+# The stub's given constants and build(): BATCH_SIZE, LR, MODEL (exercises/ex05_checkpoint.py).
+BATCH_SIZE, LR, MODEL = 16, 3e-3, dict(hidden=48, depth=2, dropout=0.1)
+
+
+def rng_hash(state: torch.Tensor) -> str:
+    """As ``probes._rng_hash`` hashes a CPU rank's RNG state."""
+    return hashlib.sha1(state.numpy().tobytes()).hexdigest()[:16]
+
+
+def _batches(data, world: int, seed: int, steps: int) -> list[list[list[int]]]:
+    """Per step, per rank, the sample indices the contract's sampler gives."""
+    samplers = [DistributedSampler(data, num_replicas=world, rank=r, shuffle=True, seed=seed, drop_last=True)
+                for r in range(world)]
+    per_epoch, orders = len(samplers[0]) // BATCH_SIZE, {}
+    out = []
+    for s in range(steps):
+        epoch, b = divmod(s, per_epoch)
+        for r, sampler in enumerate(samplers):
+            if (r, epoch) not in orders:
+                sampler.set_epoch(epoch)
+                orders[(r, epoch)] = list(sampler)
+        out.append([orders[(r, epoch)][b * BATCH_SIZE:(b + 1) * BATCH_SIZE] for r in range(world)])
+    return out
+
+
+def _state_sums(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[float, float, float]:
+    """The parameters' sum, Adam's moments' sum and its step count (as the ranks record them, in total)."""
+    with torch.no_grad():
+        fp = sum(p.double().sum().item() for p in model.parameters())
+        states = list(optimizer.state.values())
+        moments = sum(v.double().sum().item() for s in states for k, v in s.items() if k in ("exp_avg", "exp_avg_sq"))
+    return fp, moments, float(states[0]["step"]) if states else 0.0
+
+
+@functools.lru_cache(maxsize=2)
+def reference_run(world: int = WORLD) -> tuple[list[dict], dict]:
+    """The uninterrupted run at ``world`` ranks, in one process: its records, one per step, and the final
+    model state (``{name: tensor}``, as the ranks' full state dict has it). Do not modify them."""
+    data = synthetic_classification(DATA_SIZE, 64, 10, seed=3)
+    seed, steps = RUN["seed"], RUN["steps"]
+    with torch.random.fork_rng():
+        model = make_resmlp(seed=seed, **MODEL)
+        params = list(model.parameters())
+        optimizer = torch.optim.Adam(params, lr=LR)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
+        rngs = []
+        for r in range(world):
+            torch.manual_seed(seed + r)
+            rngs.append(torch.get_rng_state())
+        records = []
+        for s, indices in enumerate(_batches(data, world, seed, steps), start=1):
+            total = [torch.zeros_like(p) for p in params]
+            for r, idx in enumerate(indices):
+                torch.set_rng_state(rngs[r])
+                x = torch.stack([data[i][0] for i in idx])
+                y = torch.stack([data[i][1] for i in idx])
+                grads = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), params)
+                rngs[r] = torch.get_rng_state()
+                for acc, g in zip(total, grads):
+                    acc += g
+            for p, acc in zip(params, total):
+                p.grad = acc / world
+            fp, moments, adam_step = _state_sums(model, optimizer)
+            pre = {"fp": fp, "moments": moments, "adam_step": adam_step, "lr": float(optimizer.param_groups[0]["lr"]),
+                   "rng": [rng_hash(state) for state in rngs]}
+            optimizer.step()
+            scheduler.step()
+            records.append({"step": s, "data": indices, "fp": _state_sums(model, optimizer)[0],
+                            "lr": float(optimizer.param_groups[0]["lr"]), "pre": pre})
+    return records, {k: v.detach().clone() for k, v in model.state_dict().items()}

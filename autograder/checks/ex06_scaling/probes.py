@@ -1,0 +1,197 @@
+"""Rank-side instruments of the exercise 6 check: the synthetic step whose timing the grader knows,
+and the learner's benchmark run on the real model.
+
+Everything here observes; the verdicts, and the truth from the recorded step times, are computed in
+``ex06_scaling``. The instruments that replace library functions (the clocks and collectives of
+:class:`MethodSpy`, DDP's constructor, forward and comm-hook registration in :class:`~autograder.harness.DDPSpy`) are
+entered before the learner's file is imported (:class:`~autograder.harness.Replace`), so ``from time
+import perf_counter`` or ``from torch.distributed import barrier`` are seen as ``time.perf_counter()``
+and ``dist.barrier()`` are; they record only while a run is watched.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import timeit
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+import distlab
+from distlab.models import cpu_state, make_mlp
+
+from ...harness import CapturedPrints, DDPSpy, Replace, attempt, echo, load_learner, raised
+
+SYNTH = dict(batch_size=32, warmup=2, iters=8)
+# Rank r's timed steps take STEP_S * (1 + SLOWER_PER_RANK * r); the warm-up steps WARMUP_STEP_S, except
+# rank LATE_RANK's, LATE_WARMUP_S: that rank arrives at the timed steps last (a missing barrier before
+# the clock starts shows), and rank 0 is neither the last to start nor the last to finish.
+STEP_S, WARMUP_STEP_S, SLOWER_PER_RANK = 0.03, 0.1, 0.5
+LATE_RANK, LATE_WARMUP_S = 1, 0.15
+TOL = 0.10  # the grader's tolerance on the figure: these step times move each mistake's far outside it
+CLOCKS = [(time, n) for n in ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns",
+                              "process_time", "process_time_ns", "thread_time", "thread_time_ns")]
+CLOCKS.append((timeit, "default_timer"))  # time.perf_counter itself: the spy records it under that name
+# distributed_c10d's names too: torch's functions call each other by them, but the spy records a call only
+# from the learner's file.
+COLLECTIVES = [(module, n) for module in (dist, c10d)
+               for n in ("barrier", "all_reduce", "broadcast", "all_gather", "all_gather_object", "reduce", "gather")]
+_clock = time.perf_counter  # the grader's own clock: the learner's reads of time.* are spied on
+
+
+class SyntheticStep:
+    """A step that sleeps for a known time and records when it ran.
+
+    A sleep that overran (a loaded machine wakes the rank late) is made up in the rank's next step,
+    so that a rank's steps take their durations *in sum* however busy the cores are: the ranks keep
+    their order, and each mistake its factor."""
+
+    def __init__(self, rank: int, warmup: int):
+        self.rank, self.warmup, self.times = rank, warmup, []
+        self.active = False  # never inside a learner's step (MethodSpy's events say so)
+        self._overran = 0.0
+
+    @property
+    def calls(self) -> int:
+        return len(self.times)
+
+    def __call__(self) -> None:
+        start = _clock()
+        if len(self.times) < self.warmup:
+            cost = LATE_WARMUP_S if self.rank == LATE_RANK else WARMUP_STEP_S
+        else:
+            cost = STEP_S * (1 + SLOWER_PER_RANK * self.rank)
+        deadline = start + max(0.0, cost - self._overran)
+        if (left := deadline - _clock()) > 0:
+            time.sleep(left)
+        end = _clock()
+        self._overran = end - deadline
+        self.times.append((start, end))
+
+
+class CountedStep:
+    """The learner's real step, counted: how many calls, and whether one is running."""
+
+    def __init__(self, step):
+        self.step, self.calls, self.active = step, 0, False
+
+    def __call__(self):
+        self.calls += 1
+        self.active = True
+        try:
+            return self.step()
+        finally:
+            self.active = False
+
+
+class MethodSpy(Replace):
+    """While a run is watched: each clock the learner's file read and collective it called, in order, with
+    the number of steps done at that moment, whether a step was running (an all_reduce's op too)."""
+
+    def __init__(self, path: str):
+        self.path, self.events, self.counter = str(Path(path).resolve()), [], None
+        super().__init__({**{t: self._spy("clock", t[1]) for t in CLOCKS},
+                          **{t: self._spy("collective", t[1]) for t in COLLECTIVES}})
+
+    @contextlib.contextmanager
+    def watching(self, counter):
+        """Record the learner's calls, counted against ``counter`` (a SyntheticStep or CountedStep)."""
+        self.events, self.counter = [], counter
+        try:
+            yield self.events
+        finally:
+            self.counter = None
+
+    def _spy(self, kind: str, name: str):
+        name = "perf_counter" if name == "default_timer" else name  # timeit's is time.perf_counter
+
+        def make(real):
+            def spy(*args, **kwargs):
+                counter = self.counter
+                if counter is not None and str(Path(sys._getframe(1).f_code.co_filename).resolve()) == self.path:
+                    event = {"kind": kind, "name": name, "steps": counter.calls, "in_step": counter.active}
+                    if name == "all_reduce":
+                        op = kwargs.get("op", args[1] if len(args) > 1 else dist.ReduceOp.SUM)
+                        event["op"] = str(getattr(op, "name", op)).split(".")[-1]
+                    self.events.append(event)
+                return real(*args, **kwargs)
+            return spy
+        return make
+
+
+def rank_main(paths: list[str], so_far: list[dict], out_dirs: list[str], final: bool, real: dict) -> list[dict]:
+    """Runs on every rank: the synthetic method check, then the real benchmark, for each file.
+
+    ``so_far[i]``: file i's real figures at the earlier world sizes; in the ``final`` launch rank 0
+    adds this one's and hands them to the learner's efficiency and results functions.
+    """
+    dev = distlab.init_distributed()  # the grader owns the process group: the learner's code never makes one
+    rank, observed = dist.get_rank(), []
+    for i, path in enumerate(paths):
+        with MethodSpy(path) as spy, DDPSpy() as ddp:  # before the import: names it binds are spied on too
+            learner = load_learner(path)
+            obs = _observe_method(learner, rank, spy)
+            obs.update(_observe_real(learner, rank, dev, real, spy, ddp))
+        if final and rank == 0 and "real" in obs:
+            figures = {**{int(k): float(v) for k, v in so_far[i].items()}, dist.get_world_size(): obs["real"]}
+            obs.update(_observe_results(learner, figures, out_dirs[i]))
+        observed.append(obs)
+    distlab.shutdown()
+    return observed
+
+
+def _observe_method(learner, rank: int, spy: MethodSpy) -> dict:
+    step = SyntheticStep(rank, SYNTH["warmup"])
+    dist.barrier()
+    with CapturedPrints() as out, spy.watching(step) as events:
+        reported = learner.measure_throughput(step, SYNTH["batch_size"], warmup=SYNTH["warmup"],
+                                              iters=SYNTH["iters"])
+    echo(out.lines)
+    return {"rank": rank, "backend": dist.get_backend(), "reported": float(reported),
+            "times": torch.tensor(step.times, dtype=torch.float64), "method": events}
+
+
+def _observe_real(learner, rank: int, dev: torch.device, real: dict, spy: MethodSpy, ddp: DDPSpy) -> dict:
+    """The learner's step and benchmark on the real model; a step that raises costs only its own marks.
+
+    Besides the figure: the DDP wrappers built (in ``make_ddp_step``, and during steps), DDP's gradient
+    all-reduce rounds, the step() calls, and the learner's clock reads and collectives, each with the
+    steps done at that moment (``real_method``): what the synthetic step cannot show, or a learner fake.
+    """
+    # A different start on every rank, so a step without DDP ends with ranks apart.
+    model = make_mlp(seed=1000 + rank, hidden=real["hidden"]).to(dev)
+    obs = {"initial": cpu_state(model)}
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(real["batch_size"], 64, generator=gen).to(dev)
+    y = torch.randint(0, 10, (real["batch_size"],), generator=gen).to(dev)
+    dist.barrier()
+    wrapped, ddp.rounds, ddp.built_in_step = ddp.wrapped, 0, 0
+    step, exc = attempt(learner.make_ddp_step, model, x, y, lr=real["lr"])  # raised: costs only its own marks
+    obs["step_error"] = raised(exc)
+    built = ddp.wrapped - wrapped
+    if step is not None:
+        counted = ddp.counter = CountedStep(step)
+        with CapturedPrints(), spy.watching(counted) as events:
+            obs["real"] = float(learner.measure_throughput(counted, real["batch_size"], warmup=real["warmup"],
+                                                           iters=real["iters"]))
+        ddp.counter = None
+        obs.update(real_method=events, real_steps=counted.calls)
+    obs.update(final=cpu_state(model), ddp_wrapped=ddp.wrapped - wrapped, ddp_forwards=ddp.forwards,
+               ddp_built_in_make=built, ddp_built_in_step=ddp.built_in_step, ddp_rounds=ddp.rounds)
+    return obs
+
+
+def _observe_results(learner, throughput: dict[int, float], out_dir: str) -> dict:
+    """Rank 0, last launch: the learner's efficiency of every figure, and the files it writes."""
+    obs = {"throughput": throughput}
+    eff, exc = attempt(learner.scaling_efficiency, dict(throughput))
+    obs["efficiency_error"] = raised(exc)
+    obs["efficiency"] = {int(k): float(v) for k, v in eff.items()} if isinstance(eff, dict) else None
+    if obs["efficiency"] is not None:
+        files, exc = attempt(learner.write_results, dict(throughput), dict(eff), out_dir)
+        obs["files_error"] = raised(exc)
+        obs["files"] = {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else None
+    return obs

@@ -1,0 +1,182 @@
+"""Exercise 7 check: a hand-written 2-stage GPipe step, graded on 2 ranks.
+
+The grader builds the stages itself and wraps each in a
+:class:`distlab.lab.pipeline.timeline.TimedStage`, which logs every forward and backward
+the learner's code makes it run (nothing the learner reports is trusted).
+A fixed sleep at the start of each stage (:class:`distlab.lab.pipeline.timeline.Delay`)
+makes the timeline independent of the machine's speed. The rank side
+(``probes``) also records every send and recv, whether each input of
+stage 1 required grad, and the gradient that reached each output of stage 0;
+each file runs in a process group of its own, so a send or recv with no
+partner is caught and reported, not a hang. From the logs and the gradients
+the ranks return, the grading process checks:
+
+* parity with the unsplit model: the loss and every parameter's gradient
+  (``assert_close``: micro-batch sums add in another order than one batch);
+* the micro-batches each stage processed (count and size);
+* overlap: stage 1 starts its first forward before stage 0 has finished
+  all its forwards, the point of a pipeline.
+
+| mistake | message |
+|---|---|
+| activations received without requires_grad_() | "stage 1's 4 received activations did not require grad, ..." |
+| gradients not sent back to stage 0 | "stage 1 sent 0 of 4 gradients back to rank 0, so stage 0 ..." |
+| both stages send (or receive) at once: a deadlock | "both stages were waiting in dist.send at once (...)" |
+| a send or recv with no partner on the other stage | "rank 1 raised ValueError: ..., so rank 0 waited in dist.send" |
+| no micro-batches: the whole batch in one forward | "stage 0 ran one forward of all 64 rows: ... x.chunk(4)" |
+| split(n) instead of chunk(n): pieces of n rows | "stage 0 ran 16 forwards of 4 rows: x.split(4) cuts pieces ..." |
+| a micro-batch count other than n_microbatches | "the loss is 4.00x the unsplit model's because ... 16 micro-batches" |
+| loss not divided by the number of micro-batches | "stage 0's gradients are 4.00x the unsplit model's with 4 ..." |
+| returned the last micro-batch's loss | "rank 1 returned 0.58, micro-batch 3's loss divided by 4; ..." |
+| averaged the already-divided micro-batch losses | "rank 1 returned 0.576, 1/4 of the batch mean 2.31: ... sum them" |
+| stage 1 backpropagates in another order than stage 0 | "... in the order [3, 2, 1, 0] ... in the order [0, 1, 2, 3]" |
+| stage 0 backpropagates something other than the received gradient | "... micro-batch 0 is all ones ..." |
+| activations sent after the forward loop | "stage 0 sent its first activations only after all 4 of its forwards" |
+| a send/recv deadlock between the stages | (gloo's "Timed out waiting 3000ms for send") "both stages waited ..." |
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ...diagnosis import diagnose, translate
+from ...grading import launch_files, launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, count_scales, deadlock,
+                     gradients_not_sent, ignores_received, last_loss, loss_not_scaled, mean_of_scaled, no_microbatches,
+                     pieces_of_n_rows, sent_after_loop, unmatched)
+from .observed import Run
+from .probes import BATCH, BOUNDARY, MICRO, P2P_TIMEOUT_S, batch, model, rank_main
+
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
+
+EXERCISE = Exercise(number=7, name="pipeline", filename="ex07_pipeline.py", max_score=10, time_limit=90)
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _reference() -> tuple[torch.Tensor, list[list[torch.Tensor]], list[float]]:
+    """The unsplit model's loss on the batch, each stage's parameters' gradients, each micro-batch's loss."""
+    net = model()
+    x, y = batch()
+    loss = nn.functional.cross_entropy(net(x), y)
+    loss.backward()
+    with torch.no_grad():
+        micro = [nn.functional.cross_entropy(net(xi), yi).item() for xi, yi in zip(x.chunk(MICRO), y.chunk(MICRO))]
+    return loss.detach(), [[p.grad for p in net[:BOUNDARY].parameters()],
+                           [p.grad for p in net[BOUNDARY:].parameters()]], micro
+
+
+def _raised(step: Run) -> str:
+    """What the ranks raised that no cause explains, with the learner's line and the known translation."""
+    out = []
+    for r in step.ranks:
+        if r["error"]:
+            known = translate(r["error"], KNOWN_ERRORS)
+            out.append(f" (rank {r['rank']} raised {r['error']}" + (f" at {r['where']}" if r["where"] else "")
+                       + (f": {known}" if known else "") + ")")
+    return "".join(out)
+
+
+# The causes (causes) the criteria ask for, most specific first.
+PROTOCOL = [activation_without_grad, gradients_not_sent, deadlock, unmatched]  # explain any failure: first
+SCALE = [count_scales, loss_not_scaled]
+
+
+@criterion("each stage processes every micro-batch once", points=2)
+def every_microbatch_once(step: Run) -> Verdict:
+    want_rows = BATCH // MICRO
+    for s in (0, 1):
+        fwd, bwd = step.events(s, "F"), step.events(s, "B")
+        rows = sorted({e["rows"] for e in fwd})
+        if len(fwd) != MICRO or rows != [want_rows]:
+            return failed(diagnose([*PROTOCOL, no_microbatches, pieces_of_n_rows], step, "count") or
+                          f"stage {s} ran {len(fwd)} forward(s) of {rows} rows; expected {MICRO} micro-batches of "
+                          f"{want_rows}: split the batch with chunk(n_microbatches) and call the stage once per "
+                          "micro-batch" + _raised(step))
+        if len(bwd) != MICRO:
+            return failed(diagnose(PROTOCOL, step, "count") or f"stage {s} ran {len(bwd)} backward(s) for its "
+                          f"{MICRO} forwards: backpropagate every micro-batch once" + _raised(step))
+    return passed(f"{MICRO} forwards and {MICRO} backwards of {want_rows} rows per stage")
+
+
+@criterion("loss matches the unsplit model", points=2)
+def loss_matches(step: Run) -> Verdict:
+    loss, ref = step.ranks[1]["loss"], step.ref_loss
+    if loss is None or loss.numel() != 1:
+        return failed(diagnose(PROTOCOL, step, "loss") or "rank 1 (the last stage) returned no loss: return the "
+                      "batch's mean loss there" + _raised(step))
+    if parity(loss.reshape(()), ref, rtol=RTOL, atol=ATOL).ok:
+        return passed(f"loss {ref.item():.5g}")
+    return failed(diagnose([*SCALE, last_loss, mean_of_scaled], step, "loss") or
+                  f"rank 1 returned loss {loss.item():.6g}; the unsplit model's is {ref.item():.6g} "
+                  f"(ratio {loss.item() / ref.item():.3g})")
+
+
+def _grads_verdict(step: Run, stage: int) -> Verdict:
+    """Stage ``stage``'s gradients against the unsplit model's, and the cause when they differ."""
+    grads, ref, part = step.ranks[stage]["grads"], step.ref_grads[stage], f"grads{stage}"
+    if any(g is None for g in grads):
+        return failed(diagnose(PROTOCOL, step, part) or f"stage {stage}'s parameters have no gradient after the "
+                      "step: " + ("call loss.backward() for every micro-batch's loss" if stage == 1 else
+                              "call output.backward(grad) with the gradient received from stage 1") + _raised(step))
+    names = [f"parameter {i} of stage {stage}" for i in range(len(ref))]
+    p = parity(dict(zip(names, grads)), dict(zip(names, ref)), rtol=RTOL, atol=ATOL)
+    if p.ok:
+        return passed(f"max abs difference {p.max_abs_diff:.2g}")
+    why = diagnose([*PROTOCOL, *SCALE, backward_order, ignores_received], step, part)
+    if not why and stage == 0 and _grads_verdict(step, 1).ok:
+        why = ("stage 1's gradients match, so stage 0 did not continue the backward with what stage 1 sent: call "
+               "out.backward(grad) with the gradient received for that micro-batch, in order")
+    return failed(f"stage {stage}'s gradients differ from the unsplit model's (max abs difference "
+                  f"{p.max_abs_diff:.3g} in {p.worst}, tolerance rtol={RTOL}, atol={ATOL}): "
+                  f"{why or 'compare your micro-batch loop with the unsplit forward and backward' + _raised(step)}")
+
+
+@criterion("stage 0 gradients match the unsplit model", points=2)
+def stage0_grads_match(step: Run) -> Verdict:
+    return _grads_verdict(step, 0)
+
+
+@criterion("stage 1 gradients match the unsplit model", points=2)
+def stage1_grads_match(step: Run) -> Verdict:
+    return _grads_verdict(step, 1)
+
+
+@criterion("stages overlap in time", points=2)
+def stages_overlap(step: Run) -> Verdict:
+    f0, f1 = step.events(0, "F"), step.events(1, "F")
+    if len(f0) != MICRO or len(f1) != MICRO:  # judged on the forwards alone: a backward mistake costs its own marks
+        return failed(f"not checked: needs {MICRO} forwards on each stage first (ran {len(f0)} and {len(f1)})")
+    last0, first1 = max(e["end"] for e in f0), min(e["start"] for e in f1)
+    measured = {"stage1_start_minus_stage0_forwards_end_ms": round((first1 - last0) * 1e3, 1)}
+    if first1 < last0:
+        return passed(f"stage 1 started {1e3 * (last0 - first1):.0f} ms before stage 0's last forward ended",
+                      **measured)
+    return failed(sent_after_loop(step, "overlap") or
+                  f"stage 1 started its first forward {1e3 * (first1 - last0):.0f} ms after stage 0 finished all "
+                  f"{len(f0)} forwards, so the stages never worked at the same time: send each micro-batch's "
+                  "activations as soon as it is computed, not after the loop", **measured)
+
+
+CRITERIA = [every_microbatch_once, loss_matches, stage0_grads_match, stage1_grads_match, stages_overlap]
+
+
+def grade(paths: Sequence[Path], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[ExerciseReport]:
+    """Grade the files at ``paths`` in one 2-rank launch; one report each.
+
+    Each file runs in its own process group: a send or recv with no partner is reported in its
+    feedback, and two ranks both waiting time out after ``p2p_timeout_s`` (tests pass less).
+    """
+    reports = [EXERCISE.new_report() for _ in paths]
+    runs, wall_s = launch_files(rank_main, paths, world=2, timeout=launch_timeout(EXERCISE, files=len(paths)),
+                                args=(p2p_timeout_s,))
+    ref_loss, ref_grads, ref_micro = _reference()
+    for report, ranks in zip(reports, runs):
+        report.judge(CRITERIA, Run(ranks, ref_loss, ref_grads, ref_micro))
+        report.measurements["launch_s"] = round(wall_s, 2)
+    return [r.scale_to() for r in reports]

@@ -1,0 +1,17 @@
+"""The instruments the grader places around a learner's code inside each rank.
+
+* :mod:`.loading`: the learner's file imported, its prints captured, its process group given a store;
+* :mod:`.replace`: :class:`Replace`, a library function replaced wherever the learner's code reaches it;
+* :mod:`.spies`: the spies made of it (``torch.save``, DDP, collectives, point-to-point) and the hooks;
+* :mod:`.errors`: what the learner's code raised and where (:func:`attempt`, :func:`learner_frame`).
+
+They observe; they never decide. Each rank returns what they saw (plain tensors, lists, strings) and
+the verdict is computed in the grading process.
+"""
+from .errors import Frame, attempt, frames, learner_frame, raised
+from .loading import CapturedPrints, echo, load_learner, own_rendezvous
+from .replace import Replace, watched
+from .spies import DDPSpy, P2PSpy, SaveSpy, grad_norm, on_backward_start
+
+__all__ = ["CapturedPrints", "DDPSpy", "Frame", "P2PSpy", "Replace", "SaveSpy", "attempt", "echo", "frames", "grad_norm",
+           "learner_frame", "load_learner", "on_backward_start", "own_rendezvous", "raised", "watched"]

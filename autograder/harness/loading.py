@@ -1,0 +1,111 @@
+"""Where the learner's code runs inside a rank: its file imported (never the reference solutions), what
+it prints captured, and the process group it makes given a store of its own.
+
+The instruments (:mod:`.spies`) observe; they never decide. Each rank returns what they saw (plain
+tensors, lists, strings) and the verdict is computed in the grading process.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.abc
+import io
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from distlab.runtime.importing import import_path
+
+from .replace import watched
+
+
+class _NoSolutions(importlib.abc.MetaPathFinder):
+    """Refuses ``import solutions...`` in a rank that grades a learner's file.
+
+    Outside Docker the repo's ``solutions/`` sits on the path; this stops the
+    naive copy (``from solutions.ex01_ddp import *``). The grading image also
+    makes ``solutions/`` unreadable to the learner's user.
+    """
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "solutions" or name.startswith("solutions."):
+            raise ImportError("the reference solutions cannot be imported while grading")
+        return None
+
+
+def load_learner(path: str | Path):
+    """Import the learner's exercise file by path (never from ``sys.path``).
+
+    Every :class:`Replace` entered now also covers the names the module bound at its import, and
+    every one entered later covers them as well, until it exits.
+    """
+    if not any(isinstance(f, _NoSolutions) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoSolutions())
+        for name in [m for m in sys.modules if m == "solutions" or m.startswith("solutions.")]:
+            del sys.modules[name]
+    return watched(import_path(path, name=f"learner_{Path(path).stem}"))
+
+
+class CapturedPrints(contextlib.AbstractContextManager):
+    """Captures what the learner's code prints on this rank (stdout and stderr)."""
+
+    def __init__(self):
+        self.buffer = io.StringIO()
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self):
+        self._stack.enter_context(contextlib.redirect_stdout(self.buffer))
+        self._stack.enter_context(contextlib.redirect_stderr(self.buffer))
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        return False
+
+    @property
+    def lines(self) -> list[str]:
+        return [ln for ln in self.buffer.getvalue().splitlines() if ln.strip()]
+
+
+def echo(lines: list[str]) -> None:
+    """Show captured learner output in the job log, so a learner debugging sees it."""
+    for ln in lines:
+        print(ln, file=sys.stdout)
+
+
+@contextlib.contextmanager
+def own_rendezvous(tag: str, timeout: timedelta = timedelta(seconds=60)):
+    """A fresh store for the process group one learner file creates, for the block; every rank enters.
+
+    Under torchrun, ``init_process_group()`` (``env://``) connects every rank to the agent's
+    store. A second one in the same process, for the next file graded in the same launch, would
+    read the first one's keys (after ``destroy_process_group`` the default group is named "0"
+    again) and gloo would connect to stale peers and hang. So rank 0 hosts a new store for each
+    file and ``MASTER_PORT`` points at it while the block runs: the learner's code initialises
+    as usual. A process group the file left behind is destroyed after the block, after a garbage
+    collection on every rank: a DDP or FSDP object of the learner's that outlived the file would
+    otherwise be collected at a different moment on each rank, freeing its group out of step with the
+    others (the rank that frees it first then waits out the timeout).
+    """
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host, agent_port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    agent = dist.TCPStore(host, int(agent_port), world, is_master=False, timeout=timeout)
+    key = f"distlab/grader/{tag}"
+    server = None
+    if rank == 0:  # port 0: the OS picks a free port, no race with other jobs
+        server = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False, timeout=timeout)
+        agent.set(f"{key}/port", str(server.port))
+    os.environ["MASTER_PORT"] = agent.get(f"{key}/port").decode()
+    try:
+        yield
+    finally:
+        os.environ["MASTER_PORT"] = agent_port
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        agent.set(f"{key}/done/{rank}", "1")
+        if server is not None:  # rank 0 keeps the store up until every rank is done with it
+            agent.wait([f"{key}/done/{r}" for r in range(world)])

@@ -1,0 +1,151 @@
+"""The grader's spies: what the learner's code did, recorded inside a rank, never judged there.
+
+Each spy that replaces a library function is a :class:`~.replace.Replace`, entered before the learner's
+file is imported; the hooks observe modules and tensors the grader built.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from .replace import Replace
+
+
+class SaveSpy(Replace):
+    """Records the path of every ``torch.save`` call on this rank (and still performs them).
+
+    Enter it *before* importing the learner's module (see :class:`Replace`): ``from torch import
+    save`` and ``torch.serialization.save`` are seen too.
+    """
+
+    def __init__(self):
+        self.paths: list[str] = []
+        super().__init__({(torch, "save"): self._spy, (torch.serialization, "save"): self._spy})
+
+    def _spy(self, real):
+        def save(obj, f, *args, **kwargs):
+            self.paths.append(str(f))
+            return real(obj, f, *args, **kwargs)
+        return save
+
+
+class DDPSpy(Replace):
+    """Every DistributedDataParallel wrapper made (the module it wraps, its ``init_sync``, whether during a
+    step), and with ``rounds``: how many forwards went through one (``ddp.module(x)`` bypasses DDP's
+    gradient sync), and how many gradient all-reduce rounds DDP ran: a comm hook counts them, the
+    learner's own hook wrapped, or DDP's default one installed at a wrapper's first forward."""
+
+    def __init__(self, rounds: bool = True):
+        self.wrapping: list[tuple[torch.nn.Module, bool]] = []  # each wrapper's module and init_sync, in order
+        self.forwards = self.rounds = 0
+        self.counter = None     # the step running, if any (``.active`` while it runs)
+        self.built_in_step = 0  # wrappers made while a step() ran
+        self._hooked: set[int] = set()
+        targets = {(DistributedDataParallel, "__init__"): self._init}
+        if rounds:  # the forwards and the rounds: a comm hook on every wrapper, which DDP's own C++ one is not
+            targets.update({(DistributedDataParallel, "forward"): self._forward,
+                            (DistributedDataParallel, "register_comm_hook"): self._register,
+                            (DistributedDataParallel, "_register_builtin_comm_hook"): self._builtin})
+        super().__init__(targets)
+
+    @property
+    def wrapped(self) -> int:
+        """How many wrappers were made."""
+        return len(self.wrapping)
+
+    def _init(self, real):
+        def init(ddp, *args, **kwargs):
+            module = args[0] if args else kwargs.get("module")
+            self.wrapping.append((module, bool(kwargs.get("init_sync", True))))
+            self.built_in_step += bool(self.counter is not None and self.counter.active)
+            real(ddp, *args, **kwargs)
+        return init
+
+    def _counting(self, hook):
+        def counted(state, bucket):
+            if bucket.index() == 0:  # every round hands bucket 0 to the hook once
+                self.rounds += 1
+            return hook(state, bucket)
+        counted.__name__, counted.__qualname__ = getattr(hook, "__name__", "hook"), getattr(hook, "__qualname__", "")
+        return counted
+
+    def _register(self, real):
+        def register_comm_hook(ddp, state, hook):
+            self._hooked.add(id(ddp))
+            return real(ddp, state, self._counting(hook))
+        return register_comm_hook
+
+    def _builtin(self, real):
+        def register_builtin(ddp, comm_hook_type):
+            self._hooked.add(id(ddp))
+            self.rounds = None  # a C++ hook: its rounds cannot be counted
+            return real(ddp, comm_hook_type)
+        return register_builtin
+
+    def _forward(self, real):
+        def forward(ddp, *args, **kwargs):
+            self.forwards += 1
+            if id(ddp) not in self._hooked:  # before DDP's first backward: count its default all-reduce
+                self._hooked.add(id(ddp))
+                self.real[(DistributedDataParallel, "register_comm_hook")](
+                    ddp, None, self._counting(default_hooks.allreduce_hook))
+            return real(ddp, *args, **kwargs)
+        return forward
+
+
+class P2PSpy(Replace):
+    """While entered, records every ``dist.send/recv/isend/irecv``: its peer,
+    shape, when it was called and returned (``t1`` stays ``None`` if it raised), and a copy of each tensor
+    received. Entered before the learner's file is imported (:class:`Replace`): ``from
+    torch.distributed import isend`` is seen too. Not ``distributed_c10d``'s own names: torch's functions
+    call each other by them (``send`` calls ``isend``), and each call would be recorded twice."""
+
+    NAMES = ("send", "recv", "isend", "irecv")
+
+    def __init__(self):
+        self.calls: list[dict] = []
+        self._async_recv: list[tuple[dict, torch.Tensor]] = []
+        super().__init__({(dist, n): functools.partial(self._spy, n) for n in self.NAMES})
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        for call, tensor in self._async_recv:  # what an irecv's buffer holds once the step is over
+            call["value"] = tensor.detach().cpu().clone()
+        return False
+
+    def _spy(self, name: str, real):
+        def spy(tensor, *args, **kwargs):
+            peer = kwargs.get("dst", kwargs.get("src", args[0] if args else None))
+            call = {"op": name.lstrip("i"), "async": name[0] == "i", "peer": peer, "shape": list(tensor.shape),
+                    "t0": time.perf_counter(), "t1": None, "value": None}
+            self.calls.append(call)
+            result = real(tensor, *args, **kwargs)
+            call["t1"] = time.perf_counter()
+            if name == "recv":
+                call["value"] = tensor.detach().cpu().clone()
+            elif name == "irecv":
+                self._async_recv.append((call, tensor))
+            return result
+
+        return spy
+
+
+def grad_norm(params) -> float:
+    """The total 2-norm of the ``.grad`` of ``params`` that have one (a DTensor's: this rank's shard); 0.0
+    when none has."""
+    norms = [getattr(p.grad, "_local_tensor", p.grad).detach().float().norm() for p in params if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(norms)).item() if norms else 0.0
+
+
+def on_backward_start(model: torch.nn.Module, callback) -> torch.utils.hooks.RemovableHandle:
+    """Call ``callback()`` each time a backward through ``model``'s output begins (before any ``.grad`` of
+    that backward is written: what ``.grad`` holds then is what ``zero_grad`` should have cleared)."""
+    def on_forward(mod, args, out) -> None:  # None: the output is not replaced
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad: callback())
+    return model.register_forward_hook(on_forward)
