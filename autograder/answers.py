@@ -61,11 +61,22 @@ def _trampoline(*args, _autograder_answers_stand_in_, **kwargs):
 
 
 def _resolve(dotted: str):
-    module, _, attr = dotted.rpartition(".")
-    fn = getattr(importlib.import_module(module), attr)
-    if not isinstance(fn, types.FunctionType) or fn.__closure__:
-        raise TypeError(f"{dotted}: only module-level Python functions (no closure) can be watched")
-    return fn
+    """A module-level function, or a function defined in a module-level class (``module.Class.method``:
+    a class the runtime ships, such as a ``saved_tensors_hooks`` counter, whose method does the work)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = vars(obj)[attr] if isinstance(obj, type) else getattr(obj, attr)
+        break
+    else:
+        raise ImportError(f"{dotted}: no module")
+    if not isinstance(obj, types.FunctionType) or obj.__closure__:
+        raise TypeError(f"{dotted}: only Python functions (no closure) of a module or its classes can be watched")
+    return obj
 
 
 def _unwrap(fn):

@@ -37,7 +37,8 @@ class Exercise:
 
 
 def _check_names() -> list[str]:
-    return sorted(info.name for info in pkgutil.iter_modules(checks.__path__) if info.ispkg and info.name.startswith("ex"))
+    return sorted(info.name for info in pkgutil.iter_modules(checks.__path__)
+                  if info.ispkg and info.name.startswith("ex"))
 
 
 def check_modules() -> dict[int, ModuleType]:

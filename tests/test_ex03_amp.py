@@ -61,7 +61,8 @@ MUTANTS = {
         "storages[t.untyped_storage().data_ptr()]": "storages[len(storages)]",  # one entry per saved tensor
     },
     "aliased_median_wrapped_saved_bytes": {
-        "def median_seconds(": "import distlab.measure.timing\n\nmedian_seconds = distlab.measure.timing.median_seconds\n\n\n"
+        "def median_seconds(": "import distlab.measure.timing\n\n"
+                               "median_seconds = distlab.measure.timing.median_seconds\n\n\n"
                                "def _own_median_seconds(",
         "def saved_bytes(": "def saved_bytes(fn):\n    import distlab.measure.memory\n\n"
                             "    return distlab.measure.memory.saved_tensor_bytes(fn)\n\n\ndef _own_saved_bytes(",
@@ -70,7 +71,14 @@ MUTANTS = {
         "def median_seconds(": "from distlab.measure.timing import median_seconds as _runtime_median\n\n\n"
                                "def median_seconds(*args, **kwargs):\n    return _runtime_median(*args, **kwargs)\n\n\n"
                                "def _own_median_seconds(",
-        "def saved_bytes(": "from distlab.measure.memory import saved_tensor_bytes as saved_bytes\n\n\ndef _own_saved_bytes(",
+        "def saved_bytes(": "from distlab.measure.memory import saved_tensor_bytes as saved_bytes\n\n\n"
+                            "def _own_saved_bytes(",
+    },
+    # the runtime's counter class, used as the learner's own saved_bytes
+    "counter_class_saved_bytes": {
+        "def saved_bytes(": "def saved_bytes(fn):\n    from distlab.measure.memory import SavedTensors\n\n"
+                            "    with SavedTensors() as counter:\n        fn()\n    return counter.total\n\n\n"
+                            "def _own_saved_bytes(",
     },
     # A hand-written timing loop on a clock imported by name (``from time import perf_counter``): the
     # virtual clock is what it reads too, so only its one mistake, no warm-up, fails.
@@ -190,6 +198,7 @@ def test_median_seconds_from_distlab_earns_nothing(reports, mutant, how):
 @pytest.mark.parametrize("mutant,how", [
     ("aliased_median_wrapped_saved_bytes", "(it calls distlab.measure.memory.saved_tensor_bytes)"),
     ("wrapped_median_imported_saved_bytes", "(distlab.measure.memory.saved_tensor_bytes)"),
+    ("counter_class_saved_bytes", "(it calls distlab.measure.memory.SavedTensors._pack)"),
 ])
 def test_saved_bytes_from_distlab_earns_nothing(reports, mutant, how):
     assert _earned(reports[mutant], MEMORY_CRITERION) == (0, f"saved_bytes is distlab's copy {how}: write your own")

@@ -13,5 +13,6 @@ from .loading import CapturedPrints, echo, load_learner, own_rendezvous
 from .replace import Replace, watched
 from .spies import DDPSpy, P2PSpy, SaveSpy, grad_norm, on_backward_start
 
-__all__ = ["CapturedPrints", "DDPSpy", "Frame", "P2PSpy", "Replace", "SaveSpy", "attempt", "echo", "frames", "grad_norm",
+__all__ = ["CapturedPrints", "DDPSpy", "Frame", "P2PSpy", "Replace", "SaveSpy", "attempt", "echo", "frames",
+           "grad_norm",
            "learner_frame", "load_learner", "on_backward_start", "own_rendezvous", "raised", "watched"]

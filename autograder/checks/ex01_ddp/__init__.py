@@ -48,7 +48,8 @@ from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, inner_forward, loss_over_world,
-                     loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised, not_wrapped, seeded_apart,
+                     loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised, not_wrapped,
+                     seeded_apart,
                      unshuffled)
 from .observed import Run
 from .probes import ATOL, CONFIG, MODEL, RTOL, rank_main

@@ -43,7 +43,9 @@ REAL_MODEL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
 # here, when the rank imports this module, before any learner file is loaded.
 ANSWERS = RuntimeCopies({
     "median_seconds": ("distlab.measure.timing.median_seconds", "distlab.measure.timing.distributed_median_seconds"),
-    "saved_bytes": ("distlab.measure.memory.saved_tensor_bytes", "distlab.measure.memory.saved_tensor_bytes_by_kind"),
+    # the counter class too: a learner's saved_bytes built on it runs its _pack (issue 22 added it)
+    "saved_bytes": ("distlab.measure.memory.saved_tensor_bytes", "distlab.measure.memory.saved_tensor_bytes_by_kind",
+                    "distlab.measure.memory.SavedTensors._pack"),
 })
 
 

@@ -14,7 +14,8 @@ the same unsplit block and input (fixed seeds), builds ``ColumnParallelLinear`` 
   was running, its shape, and for an all-reduce a copy of what this rank put in.
 
 Collectives are seen as the dispatcher runs them (by the one recorder,
-``distlab.measure.comm.CollectiveRecorder``, named as the ``torch.distributed`` calls), whatever the learner called: ``dist.all_reduce``, the functional collectives,
+``distlab.measure.comm.CollectiveRecorder``, named as the ``torch.distributed`` calls), whatever the learner
+called: ``dist.all_reduce``, the functional collectives,
 ``send``/``recv``; in the forward and inside an ``autograd.Function``'s backward alike (checked
 under gloo with torch 2.13: the mode stays active in the backward).
 """
