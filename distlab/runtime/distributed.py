@@ -76,9 +76,26 @@ def init_distributed(timeout: timedelta | None = None) -> torch.device:
     return dev
 
 
+# The process groups this process has left, kept until it exits (see :func:`shutdown`).
+_ENDED_GROUPS: list = []
+
+
 def shutdown() -> None:
-    """Leave the process group if one is open (safe to call twice)."""
+    """Leave the process group if one is open (safe to call twice); the group itself lives on until
+    the process exits, so no DDP model built on it can end it.
+
+    ``destroy_process_group`` drops torch's own references to the group, and a
+    ``DistributedDataParallel`` still alive (the caller's local, freed when it returns) then holds
+    the last one, in its ``Reducer``. Freeing that ``Reducer`` runs ``ProcessGroupGloo``'s
+    destructor, which joins gloo's worker threads, with the GIL held (pytorch#56297: the
+    ``Reducer``'s binding does not release it); a worker still finishing the last collective
+    needs the GIL to free its Python tensor, and the rank hangs there for good (notebook 02's
+    sweep, about 1 launch in 10 on a loaded machine). Kept here, the group is freed by nobody
+    before the process exits, and a group freed then goes through its own binding, which
+    releases the GIL first. The cost is a few idle threads per group left, in a notebook's kernel.
+    """
     if dist.is_initialized():
+        _ENDED_GROUPS.extend([dist.group.WORLD, *dist.distributed_c10d._world.pg_map])  # subgroups too
         dist.destroy_process_group()
 
 

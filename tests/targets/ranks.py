@@ -222,3 +222,26 @@ def tutorial_to_rank() -> None:
     """The tutorials' habit on a machine without GPUs: ``tensor.to(rank)``."""
     distlab.init_distributed()
     torch.ones(1).to(dist.get_rank())
+
+
+def threads_when_ddp_outlives_shutdown() -> dict:
+    """This rank's native threads after ``distlab.shutdown()`` and after a DDP model (with a Python comm
+    hook, as notebook 02's sweep) built on the group is freed: equal unless freeing it ended the group."""
+    import gc
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    distlab.init_distributed()
+    ddp = DDP(torch.nn.Linear(4, 4))
+    ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    for _ in range(2):
+        ddp(torch.ones(2, 4)).sum().backward()
+    distlab.shutdown()
+    after_shutdown = threads()
+    del ddp
+    gc.collect()
+    return {"after_shutdown": after_shutdown, "after_ddp_freed": threads()}
