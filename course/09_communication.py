@@ -195,30 +195,35 @@ print(f"{ra['bytes'] / 2**20:.0f} MiB on {job.backend}: all-reduce {ra['allreduc
       f"= {(ra['reduce_scatter_s'] + ra['allgather_s']) * 1e3:.2f} ms")
 
 # %% [markdown]
-# The results are equal; the times are the backend's. NCCL implements its ring all-reduce as
-# exactly these two phases, so the halves add up to the whole there. gloo's all-reduce is its
-# own algorithm, and its reduce-scatter is not the cheaper half of it: on this machine the
-# two calls together cost more than one all-reduce. The ZeRO accounting below counts bytes,
+# The results are equal; the times are the backend's. NCCL's *ring* all-reduce is these two
+# phases in one kernel, but NCCL picks its algorithm per call (Ring, Tree, and on hardware that
+# has them NVLS and CollNet, which reduce in the switch), and two separate calls pay the
+# latency and the launch twice, so the halves add up to the whole only for large messages on a
+# ring. gloo's all-reduce is its own algorithm, and its reduce-scatter is not the cheaper half
+# of it: on this machine the two calls together cost more than one all-reduce. The ZeRO accounting below counts bytes,
 # which are the same either way.
 #
 # ### Bus bandwidth against message size
-# Time per all-reduce of S bytes on n ranks, modelled as a latency α plus the bytes each link
-# carries over a bandwidth β: $t(S) = \alpha + \frac{2(n-1)}{n}\frac{S}{\beta}$, fitted by least
-# squares of the relative errors (`distlab.lab.bandwidth.fit_latency_bandwidth`: in seconds, the
-# largest messages would decide it alone) and drawn over the measured points as the
-# bus bandwidth it implies, $\text{busbw}(S) = \frac{2(n-1)}{n}\, S / t(S)$.
+# Time per all-reduce of S bytes on n ranks in the α-β model (Thakur, Rabenseifner & Gropp,
+# 2005): a ring takes 2(n−1) steps, each paying a latency α, and each link carries 2(n−1)/n · S
+# bytes at β seconds a byte: $t(S) = 2(n-1)\,\alpha + \frac{2(n-1)}{n}\,S\,\beta$. A latency
+# measured at n = 2 (2α) is 7 times larger at n = 8 (14α), so fit α, not "the latency". Fitted
+# by least squares of the relative errors (`distlab.lab.bandwidth.fit_latency_bandwidth`, which
+# returns α and the bus bandwidth 1/β; in seconds, the largest messages would decide it alone)
+# and drawn over the measured points as the bus bandwidth it implies,
+# $\text{busbw}(S) = \frac{2(n-1)}{n}\, S / t(S)$.
 
 # %%
-from distlab.lab.bandwidth import bus_factor
+from distlab.lab.bandwidth import bus_factor, ring_steps
 
-rows, (alpha, beta) = R[0]["bandwidth"], R[0]["fit"]
+rows, (alpha, busbw) = R[0]["bandwidth"], R[0]["fit"]
 sizes = np.array([r["bytes"] for r in rows], dtype=float)
 grid = np.logspace(np.log10(sizes[0]), np.log10(sizes[-1]), 100)
-model_s = alpha + bus_factor(2) * grid / beta
+model_s = ring_steps(2) * alpha + bus_factor(2) * grid / busbw
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2))
 a1.loglog(sizes, [r["time_s"] * 1e3 for r in rows], "o", label="measured (median, slower rank)")
 a1.loglog(grid, model_s * 1e3, "-",
-          label=f"α + 2(n-1)/n·S/β: α = {alpha * 1e6:.0f} µs, β = {beta / 1e9:.2f} GB/s")
+          label=f"2(n-1)α + 2(n-1)/n·S·β: α = {alpha * 1e6:.0f} µs, 1/β = {busbw / 1e9:.2f} GB/s")
 a1.set(xlabel="message size S (bytes)", ylabel="time per all-reduce (ms)")
 a2.semilogx(sizes, [r["busbw"] / 1e9 for r in rows], "o")
 a2.semilogx(grid, bus_factor(2) * grid / model_s / 1e9, "-")
@@ -231,7 +236,7 @@ for r in rows:
     print(f"{r['bytes'] / 1024:>8.0f} KiB  {r['time_s'] * 1e3:7.3f} ms  busbw {r['busbw'] / 1e9:5.2f} GB/s")
 
 # %% [markdown]
-# Small messages are all latency (their bus bandwidth is far below β), large ones approach β:
+# Small messages are all latency (their bus bandwidth is far below 1/β), large ones approach it:
 # the reason DDP groups gradients into buckets of megabytes rather than sending each tensor
 # alone. Where the points bend away from the line, the model's two numbers are not the whole
 # story: gloo changes algorithm with the message size, and on 2 CPU cores the ranks' copies
