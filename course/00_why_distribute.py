@@ -84,7 +84,8 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Both bars come from the same function, the second with `world=8, level="full"`. 112 GB does not fit on an 80 GB GPU; 14 GB per GPU does, leaving room
+# Both bars come from the same function, the second with `world=8, level="full"`. 112 GB does not fit
+# on an 80 GB GPU; 14 GB per GPU does, leaving room
 # for activations. Notebook **04** measures this on a real sharded run.
 #
 # ## Your first distributed job

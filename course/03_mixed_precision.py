@@ -330,7 +330,8 @@ from distlab.lab.training_memory import bytes_per_param
 
 for precision in ("fp32", "bf16"):
     b = bytes_per_param(precision, "adam")
-    print(f"{precision}: " + " + ".join(f"{v} ({k})" for k, v in b.items() if v) + f" = {sum(b.values())} bytes per parameter")
+    terms = " + ".join(f"{v} ({k})" for k, v in b.items() if v)
+    print(f"{precision}: {terms} = {sum(b.values())} bytes per parameter")
 assert sum(bytes_per_param("bf16").values()) == sum(bytes_per_param("fp32").values()) == 16
 
 # %% [markdown]

@@ -277,7 +277,10 @@ for name in ("fsdp", "fsdp_root_resharded"):
 #
 # ## 3. MFU: how much of the machine a step uses
 # **Model FLOPs utilisation** (Chowdhery et al., *PaLM*, 2022, appendix B) is the FLOPs a step
-# needs, per second, over the hardware's peak. The FLOPs: Kaplan et al. (2020) estimate 6N per
+# needs, per second, over the hardware's *datasheet* peak. Recomputed work does not count: PaLM's
+# **hardware FLOPs utilisation** (HFU) counts it, so with notebook 08's full recomputation a step
+# does 8N FLOPs per token for HFU against 6N for MFU (`distlab.lab.mfu.hardware_flops_per_token`).
+# The FLOPs: Kaplan et al. (2020) estimate 6N per
 # token for N parameters (2N forward, 4N backward); `torch.utils.flop_counter.FlopCounterMode`
 # counts the matrix products of a real step. The workload is exercise 6's (notebook 06's MLP,
 # width 1024, 3 hidden layers, batch 32 per worker; for an MLP a sample is a token).
@@ -297,15 +300,17 @@ print(f"6 x weights x tokens - 2 x first-layer weights x tokens: {m['exact'] / 1
 # layer's *input* needs no gradient, so its backward is 2 FLOPs per weight, not 4. Both shrink
 # as models grow, which is why 6N is good enough at scale.
 #
-# **The peak** is measured, not assumed: the best rate of large matrix products (256 to 1024
-# square, fp32, one thread per rank as torchrun's workers have) on the same ranks at the same
-# time as the step. On a GPU compare it with the datasheet as well (`distlab.lab.mfu.DATASHEET`:
-# e.g. H100/H200 SXM 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32).
+# **The peak.** A CPU has no datasheet figure, so the table divides by a *measured* peak: the
+# best rate of large matrix products (256 to 1024 square, fp32, one thread per rank as torchrun's
+# workers have) on the same ranks at the same time as the step. That ratio is the **fraction of
+# the measured matmul peak**, not PaLM's MFU, and it is higher wherever the measured peak falls
+# short of the datasheet's. On a GPU the last column is MFU as PaLM defines it
+# (`distlab.lab.mfu.DATASHEET`: e.g. H100/H200 SXM 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32).
 
 # %%
 from distlab.lab.mfu import DATASHEET
 
-print(f"{'W':>2} {'step':>8} {'achieved':>12} {'peak (matmul)':>14} {'MFU':>6}  vs datasheet")
+print(f"{'W':>2} {'step':>8} {'achieved':>12} {'peak (matmul)':>14} {'of it':>6}  MFU (datasheet)")
 for row in m["rows"]:
     sheet = f"{row['mfu_datasheet']:.2%} of {m['device']}" if row["mfu_datasheet"] else "(CPU: no datasheet)"
     print(f"{row['world']:>2} {row['step_s'] * 1e3:6.1f}ms {row['achieved'] / 1e9:8.1f} GF/s "
@@ -313,7 +318,7 @@ for row in m["rows"]:
 print("datasheet peaks known:", ", ".join(pattern.replace("\\b", "") for pattern, _ in DATASHEET))
 fig, ax = plt.subplots(figsize=(4, 2.8))
 ax.bar([str(r["world"]) for r in m["rows"]], [r["mfu"] for r in m["rows"]], color="#55a868")
-ax.set(xlabel="workers W", ylabel="MFU", ylim=(0, 1), title="exercise 6's workload")
+ax.set(xlabel="workers W", ylabel="fraction of the measured matmul peak", ylim=(0, 1), title="exercise 6's workload")
 fig.tight_layout()
 plt.show()
 
@@ -321,7 +326,7 @@ plt.show()
 # One worker already leaves most of the peak unused: batch 32 makes the matrix products small
 # (32 x 1024 by 1024 x 1024) and Python and the optimizer take their share. At W = 2 every
 # worker also all-reduces 8.7 MB of gradients per step, and on this machine that costs more
-# than the compute: MFU falls by more than half, the efficiency loss of notebook 06 seen as
+# than the compute: the fraction falls by more than half, the efficiency loss of notebook 06 seen as
 # FLOPs. W = 4 needs 4 cores (`make bench` measures it where it has them; with fewer cores the
 # workers would wait for a core, not for the network).
 #

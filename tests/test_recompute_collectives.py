@@ -26,7 +26,8 @@ SAVE = {torch.ops.aten.mm.default, torch.ops._c10d_functional.reduce_scatter_ten
 class FeedForward(nn.Module):  # torchtitan's: SwiGLU, bias-free linears (so they dispatch aten.mm)
     def __init__(self):
         super().__init__()
-        self.w1, self.w3, self.w2 = nn.Linear(H, 2 * H, bias=False), nn.Linear(H, 2 * H, bias=False), nn.Linear(2 * H, H, bias=False)
+        self.w1, self.w3 = nn.Linear(H, 2 * H, bias=False), nn.Linear(H, 2 * H, bias=False)
+        self.w2 = nn.Linear(2 * H, H, bias=False)
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
