@@ -49,35 +49,30 @@ print(f"a 2-process job here would use the '{distlab.pick_backend(2)}' backend "
 # * its gradient (4 bytes),
 # * Adam's two moving averages, `exp_avg` and `exp_avg_sq` (4 + 4 bytes),
 #
-# so 16 bytes per parameter before a single activation is stored. Sharding this state over W
-# GPUs, as FSDP and ZeRO stage 3 do (Rajbhandari et al., *ZeRO*, 2020), divides it by W.
+# so 16 bytes per parameter before a single activation is stored. Mixed precision (notebook 03)
+# stores the weights and gradients in 16 bits but keeps an fp32 **master copy** for the update:
+# 2 + 2 + 4 + 4 + 4, the same 16 bytes. Sharding this state over W GPUs, as FSDP and ZeRO stage 3
+# do (Rajbhandari et al., *ZeRO*, 2020), divides it by W. `distlab.lab.training_memory` does this
+# arithmetic, here and in notebooks 03, 04 and 08.
 
 # %%
+from distlab.lab.training_memory import training_memory
+
 GB = 1e9  # decimal gigabytes, as GPU data sheets count
+PARTS = {"params": "weights", "grads": "gradients", "master": "fp32 master copy", "optimizer": "Adam's moments"}
 
-
-def training_state_bytes(n_params: float, *, bytes_per_value: int = 4, adam: bool = True,
-                         world_size: int = 1) -> dict[str, float]:
-    """Bytes of weights, gradients and optimizer state per device when all three are sharded over world_size."""
-    state = {
-        "weights": n_params * bytes_per_value,
-        "gradients": n_params * bytes_per_value,
-        "optimizer state": n_params * bytes_per_value * (2 if adam else 0),
-    }
-    return {k: v / world_size for k, v in state.items()}
-
-
-seven_b = training_state_bytes(7e9)
-sharded = training_state_bytes(7e9, world_size=8)
-print(f"7B parameters, fp32, Adam: {sum(seven_b.values()) / GB:.0f} GB in total")
-print(f"sharded over 8 GPUs:       {sum(sharded.values()) / GB:.0f} GB per GPU")
+seven_b = training_memory(7e9)  # fp32, Adam, one GPU
+sharded = training_memory(7e9, world=8, level="full")
+print(f"7B parameters, fp32, Adam: {seven_b['total'] / GB:.0f} GB in total")
+print(f"bf16 mixed precision:      {training_memory(7e9, precision='bf16')['total'] / GB:.0f} GB in total")
+print(f"sharded over 8 GPUs:       {sharded['total'] / GB:.0f} GB per GPU")
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3))
 labels, lefts = ["1 GPU", "each of 8 GPUs"], [0.0, 0.0]
-for name, colour in zip(seven_b, ["tab:blue", "tab:orange", "tab:green"]):
+for name, colour in zip(["params", "grads", "optimizer"], ["tab:blue", "tab:orange", "tab:green"]):
     widths = [seven_b[name] / GB, sharded[name] / GB]
-    ax.barh(labels, widths, left=lefts, color=colour, label=name)
+    ax.barh(labels, widths, left=lefts, color=colour, label=PARTS[name])
     lefts = [left + width for left, width in zip(lefts, widths)]
 for gpu, colour in [(80, "red"), (141, "purple")]:
     ax.axvline(gpu, color=colour, ls="--", lw=1)
@@ -89,7 +84,8 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Both bars come from the same function, the second with `world_size=8`. 112 GB does not fit on an 80 GB GPU; 14 GB per GPU does, leaving room
+# Both bars come from the same function, the second with `world=8, level="full"`. 112 GB does not fit
+# on an 80 GB GPU; 14 GB per GPU does, leaving room
 # for activations. Notebook **04** measures this on a real sharded run.
 #
 # ## Your first distributed job

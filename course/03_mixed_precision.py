@@ -320,6 +320,26 @@ if speedup < 1.2:
 # of a transformer) while the copies do not, so at realistic sizes activations dominate and the
 # saving approaches 2x. Count what you mean to compare, and say which it is.
 #
+# What mixed precision does **not** save is the training state. The update runs on an fp32
+# master copy of the weights (Micikevicius et al., 2018), and Adam's moments stay fp32; the 16-bit
+# weights and gradients are extra to it. The course's one accounting,
+# `distlab.lab.training_memory` (notebooks 00, 04 and 08 call it too), per parameter:
+
+# %%
+from distlab.lab.training_memory import bytes_per_param
+
+for precision in ("fp32", "bf16"):
+    b = bytes_per_param(precision, "adam")
+    terms = " + ".join(f"{v} ({k})" for k, v in b.items() if v)
+    print(f"{precision}: {terms} = {sum(b.values())} bytes per parameter")
+assert sum(bytes_per_param("bf16").values()) == sum(bytes_per_param("fp32").values()) == 16
+
+# %% [markdown]
+# ZeRO (Rajbhandari et al., 2020) writes it 2Ψ + 2Ψ + KΨ with K = 12: what shrinks the state is
+# sharding it (notebook 04), not its precision. In this recipe, as autocast keeps them, the
+# parameters stay fp32 and *are* the master copy: 4 + 4 + 8, and the 16-bit copies measured above
+# come on top.
+#
 # Speed depends on the hardware's 16-bit matrix units: a CPU without them can even be slower in
 # bf16 (conversions cost, the matmul does not get faster), which is why the grader reports your
 # measured speedup on a CPU but only requires one on a GPU.

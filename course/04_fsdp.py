@@ -25,7 +25,7 @@
 # | level | what each of the W ranks keeps 1/W of | ZeRO stage |
 # |---|---|---|
 # | none | nothing (this is DDP) | 0 |
-# | optimizer | optimizer state | 1 |
+# | optimizer | optimizer state (with mixed precision, the fp32 master weights too) | 1 |
 # | +gradients | optimizer state and gradients | 2 |
 # | full | optimizer state, gradients **and parameters** | 3 = FSDP |
 #
@@ -47,23 +47,22 @@
 # %% [markdown]
 # ## The memory calculator
 #
-# `distlab.lab.fsdp_memory.memory_per_gpu` is the arithmetic of the table above. The widget below
-# calls it; the line printed under it comes from the same function at the overview's example
-# (7B parameters, fp32, Adam, 8 GPUs), so the figure is computed, not typed.
+# `distlab.lab.training_memory.training_memory` is the arithmetic of the table above, the same
+# function notebooks 00, 03 and 08 call. The widget below calls it; the line printed under it
+# comes from the same function at the overview's example (7B parameters, fp32, Adam, 8 GPUs), so
+# the figure is computed, not typed.
 
 # %%
 import ipywidgets as widgets
 from IPython.display import display
 
-from distlab.lab.fsdp_memory import LEVELS, OPTIMIZER_STATES, memory_per_gpu
-
-DTYPES = {"fp32": 4, "bf16": 2}
+from distlab.lab.training_memory import LEVELS, OPTIMIZER_STATES, PRECISIONS, training_memory
 
 
 def describe(billions: float, dtype: str, optimizer: str, world: int, level: str) -> str:
-    unsharded = memory_per_gpu(billions * 1e9, DTYPES[dtype], optimizer, 1, "none")["total"]
-    m = memory_per_gpu(billions * 1e9, DTYPES[dtype], optimizer, world, level)
-    parts = ", ".join(f"{k} {v / 1e9:.1f} GB" for k, v in m.items() if k != "total")
+    unsharded = training_memory(billions * 1e9, precision=dtype, optimizer=optimizer)["total"]
+    m = training_memory(billions * 1e9, precision=dtype, optimizer=optimizer, world=world, level=level)
+    parts = ", ".join(f"{k} {v / 1e9:.1f} GB" for k, v in m.items() if k != "total" and v)
     return (f"{billions:g}B params, {dtype}, {optimizer}: {unsharded / 1e9:.0f} GB unsharded; "
             f"sharding '{level}' on {world} GPUs -> {m['total'] / 1e9:.1f} GB per GPU ({parts})")
 
@@ -81,7 +80,7 @@ def on_change(billions, dtype, optimizer, world, level):
 ui = widgets.interactive(
     on_change,
     billions=widgets.FloatLogSlider(value=7, base=10, min=-1, max=3, step=0.05, description="params (B)"),
-    dtype=widgets.Dropdown(options=list(DTYPES), value="fp32"),
+    dtype=widgets.Dropdown(options=list(PRECISIONS), value="fp32"),
     optimizer=widgets.Dropdown(options=list(OPTIMIZER_STATES), value="adam"),
     world=widgets.IntSlider(value=8, min=1, max=64, description="GPUs"),
     level=widgets.Dropdown(options=list(LEVELS), value="full", description="sharding"),
@@ -91,9 +90,14 @@ display(ui, out)
 # %% [markdown]
 # The calculator leaves out activations (they scale with batch and sequence length, and are
 # what activation checkpointing trades for recompute) and the temporary full copy of the unit
-# being computed. Mixed precision changes the mix, not the idea: bf16 params and grads with
-# fp32 master weights and Adam moments are 2 + 2 + 12 = 16 bytes per parameter too.
-#
+# being computed. Mixed precision changes the mix, not the total: bf16 params and grads with an
+# fp32 master copy and Adam's two fp32 moments are 2 + 2 + 4 + 4 + 4 = 16 bytes per parameter too
+# (ZeRO's 2Ψ + 2Ψ + KΨ, K = 12; set the dtype to bf16 above):
+
+# %%
+print(describe(7, "bf16", "adam", 8, "full"))
+
+# %% [markdown]
 # ## FSDP2: `fully_shard`, and what it does to a tensor
 #
 # `torch.distributed.fsdp.fully_shard(module)` turns every parameter of `module` that is not
@@ -153,8 +157,8 @@ distlab.shutdown()
 import matplotlib.pyplot as plt
 
 n_params = fsdp_runs[0]["per block"]["n_params"]
-calc = memory_per_gpu(n_params, 4, "adam", 2, "full")
-unsharded = memory_per_gpu(n_params, 4, "adam", 1, "none")["total"]
+calc = training_memory(n_params, world=2, level="full")  # fp32, Adam, as the run above
+unsharded = training_memory(n_params)["total"]
 print(f"{n_params:,} parameters -> {unsharded:,.0f} B unsharded; calculator at W=2: {calc['total']:,.0f} B per rank")
 for r, res in enumerate(fsdp_runs):
     m, e = res["per block"]["measured"], res["per block"]["expected"]

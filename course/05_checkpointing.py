@@ -51,9 +51,16 @@
 # A crash can also hit *during* a save. If the new checkpoint is written in place, the newest
 # directory is half-written and the next start loads garbage (or crashes on load, forever).
 # The fix databases use: write into a staging name (`.tmp-step_N`), wait until **every** rank has
-# finished (a barrier), then let one rank **rename** it to `step_N`; a rename is atomic, so a
-# reader sees the old set or the new one, never half of one. `distlab.checkpoint` has the pieces:
-# `staging_path`, `commit`, `latest_complete`, and `prune` (keep the last K).
+# finished, then let one rank **rename** it to `step_N`. On a local POSIX file system a rename
+# within it is atomic (`os.replace`), so a reader sees the old set or the new one, never half of
+# one; network and parallel file systems (NFS, Lustre) give weaker promises, and object stores
+# have no rename at all. Atomic is not durable: after a power loss the rename can be on disk
+# before the data, so the files are `fsync`ed first and the parent directory after the rename.
+# DCP does part of this itself: every rank fsyncs its shards, and `dcp.save` ends with a
+# collective after the coordinator has written `.metadata`, last (through a rename of its own),
+# so when `dcp.save` returns on any rank, every rank's shards are written. `distlab.checkpoint`
+# has the pieces: `staging_path`, `commit` (fsync, rename, fsync the directory),
+# `latest_complete`, and `prune` (keep the last K).
 #
 # Legacy names: FSDP1 saved with `FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT)`
 # and `FSDP.optim_state_dict(model, optim)`, then `dcp.save`; `StateDictType.FULL_STATE_DICT` is
@@ -152,12 +159,12 @@ def train(name: str, kill_at: int = 0) -> None:
                 f.write(json.dumps({"attempt": attempt, "step": step, "loss": mean.item()}) + "\n")
         if step % 5 == 0:
             model_sd, optim_sd = get_state_dict(model, opt)
+            # dcp.save ends with a collective after .metadata is written: every rank's shard is on disk
             dcp.save({"model": model_sd, "optim": optim_sd, "step": step}, checkpoint_id=staging_path(root, step))
-            dist.barrier()  # every rank's shard is on disk
             if rank == 0:
                 commit(root, step)  # atomic rename .tmp-step_N -> step_N
                 prune(root, keep=2)
-            dist.barrier()
+            dist.barrier()  # no rank runs ahead (or dies) while rank 0 renames
         if step == kill_at and attempt == 0 and rank == 1:
             print(f"rank 1: SIGKILL after step {step}", flush=True)
             with open(root + ".jsonl", "a") as f:  # rank 0 may not log this step any more: log it here
@@ -228,7 +235,8 @@ shutil.rmtree(demo, ignore_errors=True)  # the demo's checkpoints and logs
 #
 # Open `exercises/ex05_checkpoint.py`. Your `train` must save and load **everything**: model and
 # optimizer with DCP, the scheduler, the step, the data position and each rank's RNG state, with
-# atomic commits and only the last K checkpoints kept. The grader kills a rank with SIGKILL at
+# atomic commits and only the last K checkpoints kept. There each rank writes its RNG file *after*
+# `dcp.save`, so the barrier before the commit is needed again. The grader kills a rank with SIGKILL at
 # steps it chooses (once in the middle of a checkpoint write), resumes with torchrun's
 # `--max-restarts` and with a fresh job, twice, and at another world size, and compares the final
 # weights bit for bit with a run that was never interrupted.

@@ -149,11 +149,14 @@ print((REPO_ROOT / "course" / "slurm" / "train.sbatch").read_text().split("set -
 # %% [markdown]
 # ## How well does it scale? (exercise 6)
 # With W workers, data parallelism does W times the work per step, plus an all-reduce of the
-# gradients. A simple model of one step:
+# gradients. A simple model of one step, with the all-reduce in the α-β model (Thakur,
+# Rabenseifner & Gropp, 2005): a ring takes 2(W−1) steps, each paying a latency α, and each link
+# carries 2(W−1)/W of the bytes at β seconds a byte:
 #
-# $$t_\text{step}(W) = t_\text{compute} + \underbrace{\frac{2(W-1)}{W}\cdot\frac{\text{bytes}}{\text{busbw}} + \text{latency}}_{\text{ring all-reduce}}\qquad \text{efficiency}(W) = \frac{t_\text{step}(1)}{t_\text{step}(W)}$$
+# $$t_\text{step}(W) = t_\text{compute} + \underbrace{2(W-1)\,\alpha + \frac{2(W-1)}{W}\cdot\text{bytes}\cdot\beta}_{\text{ring all-reduce}}\qquad \text{efficiency}(W) = \frac{t_\text{step}(1)}{t_\text{step}(W)}$$
 #
-# `busbw` is the *bus bandwidth* as nccl-tests defines it (`bytes × 2(n-1)/n / time`), measured
+# The latency grows with W: fitted at W = 2 (2α), it is 7 times that at W = 8 (14α).
+# `busbw` = 1/β is the *bus bandwidth* as nccl-tests defines it (`bytes × 2(n-1)/n / time`), measured
 # below on this machine. DDP overlaps the all-reduce with the backward, so the model is
 # pessimistic where communication is small; it is honest about one more thing: on a CPU, W
 # workers share the machine's cores.
@@ -164,7 +167,7 @@ print((REPO_ROOT / "course" / "slurm" / "train.sbatch").read_text().split("set -
 # communication. A CPU can show the method and the shape of the model; it cannot show the
 # efficiency of GPUs on NVLink or InfiniBand. Below: one worker timed here, two workers measured
 # in one job, the one at the top of this notebook (compute alone, a DDP step, and all-reduces of
-# 4 KiB up to the gradients' size to fit latency and bus bandwidth; two agents of one worker each
+# 4 KiB up to the gradients' size to fit α and β; two agents of one worker each
 # on one machine are the same two processes as one agent of two), and the model's prediction from
 # those inputs up to 8 workers.
 
@@ -195,19 +198,19 @@ print(f"2 workers measured at the top ({'one core each' if cores >= 2 else 'over
 
 # %%
 print(f"one worker: {t1 * 1e3:.1f} ms per step; gradients {p['grad_bytes'] / 1e6:.1f} MB; "
-      f"fitted: busbw {p['busbw'] / 1e9:.2f} GB/s, latency {p['latency_s'] * 1e6:.0f} us")
+      f"fitted: busbw {p['busbw'] / 1e9:.2f} GB/s, α {p['alpha_s'] * 1e6:.0f} us a ring step")
 print(f"{'W':>2} {'all-reduce ms':>14} {'compute ms':>11} {'step ms':>8} {'predicted eff':>14} {'measured eff':>13}")
-comm = allreduce_time(p["grad_bytes"], 2, p["busbw"], p["latency_s"])
+comm = allreduce_time(p["grad_bytes"], 2, p["busbw"], p["alpha_s"])
 slowdown = p["compute_s"] / t1     # compute on 2 workers at once, measured: includes sharing cores
 measured = t1 / p["step_s"]
 print(f"{2:>2} {comm * 1e3:>14.1f} {p['compute_s'] * 1e3:>11.1f} {p['step_s'] * 1e3:>8.1f} "
-      f"{predicted_efficiency(t1, p['grad_bytes'], 2, p['busbw'], p['latency_s'], slowdown=slowdown):>14.0%} "
+      f"{predicted_efficiency(t1, p['grad_bytes'], 2, p['busbw'], p['alpha_s'], slowdown=slowdown):>14.0%} "
       f"{measured:>13.0%}")
 
 ws = [1, 2, 3, 4, 6, 8]
 fig, ax = plt.subplots(figsize=(5.5, 3.2))
-ax.plot(ws, [predicted_efficiency(t1, p["grad_bytes"], w, p["busbw"], p["latency_s"]) for w in ws], "o--",
-        label="model: one core per worker, this busbw")
+ax.plot(ws, [predicted_efficiency(t1, p["grad_bytes"], w, p["busbw"], p["alpha_s"]) for w in ws], "o--",
+        label="model: one core per worker, this α and busbw")
 ax.plot([1, 2], [1.0, measured], "s-", label="measured here")
 ax.axhline(1.0, color="gray", lw=0.8)
 ax.axvline(cores, color="red", lw=0.8, ls=":", label=f"{cores} cores")

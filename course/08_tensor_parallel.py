@@ -389,8 +389,9 @@ print(f"depth 16 -> 64 (4x deeper): none x{s64['none'] / s16['none']['saved_byte
 # (`torch.utils.checkpoint.create_selective_checkpoint_contexts` with a `CheckpointPolicy`).
 #
 # ## The memory calculator's activation term
-# Notebook 04's calculator counts parameters, gradients and optimizer state;
-# `distlab.lab.activation_memory` adds the activations, per layer and micro-batch. For our residual
+# Notebook 04's calculator (`distlab.lab.training_memory`) counts parameters, gradients, master
+# weights and optimizer state; `distlab.lab.activation_memory` models the activations it adds, per
+# layer and micro-batch. For our residual
 # MLP a block keeps its input and its ReLU output (`fc2` reads the same storage): `4 b (h + 2h/t)`
 # bytes in float32, `4 b h` when recomputed (the segment's input only). Against every run above:
 
@@ -409,8 +410,9 @@ print(f"largest error {worst:.2%}; with tensor parallelism (t=2, section 2): mea
 assert worst <= 0.05
 
 # %% [markdown]
-# For a transformer layer the same bookkeeping gives Korthikanti et al.'s Table 2 (16-bit
-# activations, `s` sequence length, `b` micro-batch, `h` width, `a` heads, `t` TP degree):
+# For a transformer layer the same bookkeeping gives Korthikanti et al.'s Table 2, for GPT's
+# layer: a `4h` GeLU MLP, dropout, the attention scores stored (16-bit activations, `s` sequence
+# length, `b` micro-batch, `h` width, `a` heads, `t` TP degree):
 #
 # | | bytes per layer |
 # |---|---|
@@ -425,12 +427,19 @@ assert worst <= 0.05
 # inside its kernel: selective recomputation, fused.
 #
 # ## Explore
-# Memory per rank and communication per step for a transformer split `t` ways (weights as
-# bf16 parameters and gradients with fp32 Adam moments; one micro-batch of activations):
-# pure arithmetic, `distlab.lab.activation_memory.per_rank`. Full recomputation runs the forward
-# twice, so its all-reduces too: 6 collectives per layer instead of 4 (torchtitan's selective
-# policy keeps the matmul and reduce-scatter outputs, so its recomputation repeats no
-# collective). The line printed under the widget is the same function at its starting values.
+# Memory per rank and communication per step for a transformer split `t` ways (bf16 mixed
+# precision with Adam, 2 + 2 + 4 + 8 = 16 bytes a parameter; one micro-batch of activations):
+# pure arithmetic, `distlab.lab.activation_memory.per_rank` on `distlab.lab.training_memory`.
+# The presets are shapes only: each layer is Korthikanti's GPT layer at that width, so "Llama-2
+# 7B" overstates its SwiGLU MLP with flash attention, which stores no scores.
+# Full recomputation (Megatron's) runs the forward twice, so its all-reduces too: 6 collectives
+# per layer instead of 4. torchtitan's selective policy saves every second `mm` and the
+# reduce-scatters, but not the all-gathers or the all-reduces; counted with `CollectiveRecorder`
+# on a Llama-style layer (torch 2.13, `tests/test_recompute_collectives.py`), its recomputation
+# re-issues both all-gathers with sequence parallelism (their outputs are the inputs the saved
+# matmuls need for their weight gradients) and attention's all-reduce without it (its output
+# feeds the MLP's norm): 6 + 4 and 5 collectives per layer. The line printed under the widget is
+# the same function at its starting values.
 
 # %%
 import ipywidgets as widgets
@@ -441,7 +450,7 @@ from distlab.lab.activation_memory import PRESETS, RECOMPUTE, per_rank
 
 def describe(preset: str, seq: int, tp: int, sp: bool, recompute: str) -> str:
     m = per_rank(preset, seq=seq, tp=tp, sp=sp, recompute=recompute)
-    return (f"{preset}, s={seq}, b=1, t={tp}{' + SP' if sp else ''}, recompute {recompute}: "
+    return (f"GPT layer at {preset}'s shape, s={seq}, b=1, t={tp}{' + SP' if sp else ''}, recompute {recompute}: "
             f"weight state {m['weight state'] / 1e9:.1f} GB + activations {m['activations'] / 1e9:.2f} GB "
             f"({m['per layer'] / 1e6:.0f} MB a layer) = {m['total'] / 1e9:.1f} GB per rank; "
             f"{m['collectives per step']} collectives, {m['comm per step'] / 1e9:.2f} GB sent per rank per step")
@@ -474,7 +483,7 @@ display(widgets.interactive(
 # | Megatron-LM's `mpu` (`megatron/mpu`, now `megatron.core.tensor_parallel`): `ColumnParallelLinear`, `RowParallelLinear`, `copy_to_tensor_model_parallel_region` (`f`), `reduce_from_tensor_model_parallel_region` (`g`) | `ColwiseParallel`, `RowwiseParallel` with `parallelize_module` |
 # | Megatron-LM's sequence-parallel mappings (`gather_from_sequence_parallel_region`, `reduce_scatter_to_sequence_parallel_region`) | `SequenceParallel`, `input_layouts=Shard(1)` / `output_layouts=Shard(1)` |
 # | fairscale's `fairscale.nn.model_parallel` (`initialize_model_parallel`, `layers.ColumnParallelLinear`, `RowParallelLinear`) | `init_device_mesh` + DTensor |
-# | `torch.distributed._tensor` (the DTensor module before PyTorch 2.4) | `torch.distributed.tensor` |
+# | `torch.distributed._tensor` (the DTensor module before PyTorch 2.5) | `torch.distributed.tensor` |
 # | `torch.utils.checkpoint.checkpoint(fn, x)`: without `use_reentrant` it still runs the **reentrant** variant in torch 2.13 (and warns); no `torch.autograd.grad`, no gradients when no input requires grad | `checkpoint(fn, x, use_reentrant=False)` |
 # | `checkpoint_wrapper(module, CheckpointImpl.REENTRANT)` with `apply_activation_checkpointing` (`torch.distributed.algorithms._checkpoint`, FSDP1-era code) | `checkpoint_wrapper(module)` (default `CheckpointImpl.NO_REENTRANT`; torchtitan wraps each block with it), or `checkpoint(..., use_reentrant=False)` in the forward |
 #

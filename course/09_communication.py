@@ -195,30 +195,35 @@ print(f"{ra['bytes'] / 2**20:.0f} MiB on {job.backend}: all-reduce {ra['allreduc
       f"= {(ra['reduce_scatter_s'] + ra['allgather_s']) * 1e3:.2f} ms")
 
 # %% [markdown]
-# The results are equal; the times are the backend's. NCCL implements its ring all-reduce as
-# exactly these two phases, so the halves add up to the whole there. gloo's all-reduce is its
-# own algorithm, and its reduce-scatter is not the cheaper half of it: on this machine the
-# two calls together cost more than one all-reduce. The ZeRO accounting below counts bytes,
+# The results are equal; the times are the backend's. NCCL's *ring* all-reduce is these two
+# phases in one kernel, but NCCL picks its algorithm per call (Ring, Tree, and on hardware that
+# has them NVLS and CollNet, which reduce in the switch), and two separate calls pay the
+# latency and the launch twice, so the halves add up to the whole only for large messages on a
+# ring. gloo's all-reduce is its own algorithm, and its reduce-scatter is not the cheaper half
+# of it: on this machine the two calls together cost more than one all-reduce. The ZeRO accounting below counts bytes,
 # which are the same either way.
 #
 # ### Bus bandwidth against message size
-# Time per all-reduce of S bytes on n ranks, modelled as a latency α plus the bytes each link
-# carries over a bandwidth β: $t(S) = \alpha + \frac{2(n-1)}{n}\frac{S}{\beta}$, fitted by least
-# squares of the relative errors (`distlab.lab.bandwidth.fit_latency_bandwidth`: in seconds, the
-# largest messages would decide it alone) and drawn over the measured points as the
-# bus bandwidth it implies, $\text{busbw}(S) = \frac{2(n-1)}{n}\, S / t(S)$.
+# Time per all-reduce of S bytes on n ranks in the α-β model (Thakur, Rabenseifner & Gropp,
+# 2005): a ring takes 2(n−1) steps, each paying a latency α, and each link carries 2(n−1)/n · S
+# bytes at β seconds a byte: $t(S) = 2(n-1)\,\alpha + \frac{2(n-1)}{n}\,S\,\beta$. A latency
+# measured at n = 2 (2α) is 7 times larger at n = 8 (14α), so fit α, not "the latency". Fitted
+# by least squares of the relative errors (`distlab.lab.bandwidth.fit_latency_bandwidth`, which
+# returns α and the bus bandwidth 1/β; in seconds, the largest messages would decide it alone)
+# and drawn over the measured points as the bus bandwidth it implies,
+# $\text{busbw}(S) = \frac{2(n-1)}{n}\, S / t(S)$.
 
 # %%
-from distlab.lab.bandwidth import bus_factor
+from distlab.lab.bandwidth import bus_factor, ring_steps
 
-rows, (alpha, beta) = R[0]["bandwidth"], R[0]["fit"]
+rows, (alpha, busbw) = R[0]["bandwidth"], R[0]["fit"]
 sizes = np.array([r["bytes"] for r in rows], dtype=float)
 grid = np.logspace(np.log10(sizes[0]), np.log10(sizes[-1]), 100)
-model_s = alpha + bus_factor(2) * grid / beta
+model_s = ring_steps(2) * alpha + bus_factor(2) * grid / busbw
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2))
 a1.loglog(sizes, [r["time_s"] * 1e3 for r in rows], "o", label="measured (median, slower rank)")
 a1.loglog(grid, model_s * 1e3, "-",
-          label=f"α + 2(n-1)/n·S/β: α = {alpha * 1e6:.0f} µs, β = {beta / 1e9:.2f} GB/s")
+          label=f"2(n-1)α + 2(n-1)/n·S·β: α = {alpha * 1e6:.0f} µs, 1/β = {busbw / 1e9:.2f} GB/s")
 a1.set(xlabel="message size S (bytes)", ylabel="time per all-reduce (ms)")
 a2.semilogx(sizes, [r["busbw"] / 1e9 for r in rows], "o")
 a2.semilogx(grid, bus_factor(2) * grid / model_s / 1e9, "-")
@@ -231,7 +236,7 @@ for r in rows:
     print(f"{r['bytes'] / 1024:>8.0f} KiB  {r['time_s'] * 1e3:7.3f} ms  busbw {r['busbw'] / 1e9:5.2f} GB/s")
 
 # %% [markdown]
-# Small messages are all latency (their bus bandwidth is far below β), large ones approach β:
+# Small messages are all latency (their bus bandwidth is far below 1/β), large ones approach it:
 # the reason DDP groups gradients into buckets of megabytes rather than sending each tensor
 # alone. Where the points bend away from the line, the model's two numbers are not the whole
 # story: gloo changes algorithm with the message size, and on 2 CPU cores the ranks' copies
@@ -272,7 +277,10 @@ for name in ("fsdp", "fsdp_root_resharded"):
 #
 # ## 3. MFU: how much of the machine a step uses
 # **Model FLOPs utilisation** (Chowdhery et al., *PaLM*, 2022, appendix B) is the FLOPs a step
-# needs, per second, over the hardware's peak. The FLOPs: Kaplan et al. (2020) estimate 6N per
+# needs, per second, over the hardware's *datasheet* peak. Recomputed work does not count: PaLM's
+# **hardware FLOPs utilisation** (HFU) counts it, so with notebook 08's full recomputation a step
+# does 8N FLOPs per token for HFU against 6N for MFU (`distlab.lab.mfu.hardware_flops_per_token`).
+# The FLOPs: Kaplan et al. (2020) estimate 6N per
 # token for N parameters (2N forward, 4N backward); `torch.utils.flop_counter.FlopCounterMode`
 # counts the matrix products of a real step. The workload is exercise 6's (notebook 06's MLP,
 # width 1024, 3 hidden layers, batch 32 per worker; for an MLP a sample is a token).
@@ -292,15 +300,17 @@ print(f"6 x weights x tokens - 2 x first-layer weights x tokens: {m['exact'] / 1
 # layer's *input* needs no gradient, so its backward is 2 FLOPs per weight, not 4. Both shrink
 # as models grow, which is why 6N is good enough at scale.
 #
-# **The peak** is measured, not assumed: the best rate of large matrix products (256 to 1024
-# square, fp32, one thread per rank as torchrun's workers have) on the same ranks at the same
-# time as the step. On a GPU compare it with the datasheet as well (`distlab.lab.mfu.DATASHEET`:
-# e.g. H100/H200 SXM 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32).
+# **The peak.** A CPU has no datasheet figure, so the table divides by a *measured* peak: the
+# best rate of large matrix products (256 to 1024 square, fp32, one thread per rank as torchrun's
+# workers have) on the same ranks at the same time as the step. That ratio is the **fraction of
+# the measured matmul peak**, not PaLM's MFU, and it is higher wherever the measured peak falls
+# short of the datasheet's. On a GPU the last column is MFU as PaLM defines it
+# (`distlab.lab.mfu.DATASHEET`: e.g. H100/H200 SXM 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32).
 
 # %%
 from distlab.lab.mfu import DATASHEET
 
-print(f"{'W':>2} {'step':>8} {'achieved':>12} {'peak (matmul)':>14} {'MFU':>6}  vs datasheet")
+print(f"{'W':>2} {'step':>8} {'achieved':>12} {'peak (matmul)':>14} {'of it':>6}  MFU (datasheet)")
 for row in m["rows"]:
     sheet = f"{row['mfu_datasheet']:.2%} of {m['device']}" if row["mfu_datasheet"] else "(CPU: no datasheet)"
     print(f"{row['world']:>2} {row['step_s'] * 1e3:6.1f}ms {row['achieved'] / 1e9:8.1f} GF/s "
@@ -308,7 +318,7 @@ for row in m["rows"]:
 print("datasheet peaks known:", ", ".join(pattern.replace("\\b", "") for pattern, _ in DATASHEET))
 fig, ax = plt.subplots(figsize=(4, 2.8))
 ax.bar([str(r["world"]) for r in m["rows"]], [r["mfu"] for r in m["rows"]], color="#55a868")
-ax.set(xlabel="workers W", ylabel="MFU", ylim=(0, 1), title="exercise 6's workload")
+ax.set(xlabel="workers W", ylabel="fraction of the measured matmul peak", ylim=(0, 1), title="exercise 6's workload")
 fig.tight_layout()
 plt.show()
 
@@ -316,7 +326,7 @@ plt.show()
 # One worker already leaves most of the peak unused: batch 32 makes the matrix products small
 # (32 x 1024 by 1024 x 1024) and Python and the optimizer take their share. At W = 2 every
 # worker also all-reduces 8.7 MB of gradients per step, and on this machine that costs more
-# than the compute: MFU falls by more than half, the efficiency loss of notebook 06 seen as
+# than the compute: the fraction falls by more than half, the efficiency loss of notebook 06 seen as
 # FLOPs. W = 4 needs 4 cores (`make bench` measures it where it has them; with fewer cores the
 # workers would wait for a core, not for the network).
 #

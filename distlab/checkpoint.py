@@ -7,10 +7,15 @@ Layout under a checkpoint root::
 
 A checkpoint is written into its ``.tmp-`` staging directory and becomes
 visible only when rank 0 renames it to ``step_N`` after every rank finished
-writing (``os.replace`` of a directory is atomic on POSIX). A crash at any
-moment therefore leaves either the old set of checkpoints or the old set
-plus one complete new one, never a half-written ``step_N``. This is the
-write-then-rename pattern databases and torchtitan's checkpointer use.
+writing (``os.replace`` within one local POSIX file system is atomic; NFS,
+Lustre and object stores promise less). The files are fsynced before the
+rename and the root directory after it, so the commit is durable as well as
+atomic. A crash at any moment therefore leaves either the old set of
+checkpoints or the old set plus one complete new one, never a half-written
+``step_N``. This is the write-then-rename pattern databases and torchtitan's
+checkpointer use. ``dcp.save`` alone already ends with a collective after its
+coordinator wrote ``.metadata`` (last), so a barrier is needed before the
+commit only for files written after it.
 """
 from __future__ import annotations
 
@@ -47,7 +52,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def commit(root: str | os.PathLike, step: int) -> Path:
-    """Make the staged checkpoint of ``step`` visible, atomically. Call on ONE rank, after a barrier."""
+    """Make the staged checkpoint of ``step`` visible, atomically. Call on ONE rank, once every rank's
+    files are written (after ``dcp.save`` returns, or a barrier after files written later)."""
     staged, final = staging_path(root, step), final_path(root, step)
     if not (staged / METADATA).is_file():
         raise FileNotFoundError(f"{staged} has no {METADATA}: the write did not finish, not committing")

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-DIGITS_SIZE = 1792  # 1,797 rounded down to a multiple of 256: every world size up to 8 divides it
+DIGITS_SIZE = 1792  # 1,797 rounded down to a multiple of 256 (2^8 * 7): W = 1, 2, 4, 7, 8 divide it; 3, 5, 6 do not
 
 
 @functools.lru_cache(maxsize=1)

@@ -74,12 +74,17 @@ def test_fsdp_sends_what_zero_predicts_and_ddp_what_its_comm_hook_sees():
 
 
 def test_latency_bandwidth_fit_recovers_both_and_keeps_the_latency_under_large_message_noise():
-    from distlab.lab.bandwidth import bus_factor, fit_latency_bandwidth
+    from distlab.lab.bandwidth import allreduce_time, bus_factor, fit_latency_bandwidth
 
     sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
-    exact = [dict(bytes=b, time_s=1e-4 + bus_factor(2) * b / 2e9) for b in sizes]
-    latency, busbw = fit_latency_bandwidth(exact, 2)
-    assert latency == pytest.approx(1e-4) and busbw == pytest.approx(2e9)
+    exact = [dict(bytes=b, time_s=1e-4 + bus_factor(2) * b / 2e9) for b in sizes]  # 2(W-1) alpha = 1e-4 at W=2
+    alpha, busbw = fit_latency_bandwidth(exact, 2)
+    assert alpha == pytest.approx(5e-5) and busbw == pytest.approx(2e9)
     # the largest message 10 % slow (3 ms, 30x the latency): the latency stays within 10 %
     noisy = exact[:-1] + [dict(exact[-1], time_s=exact[-1]["time_s"] * 1.1)]
-    assert fit_latency_bandwidth(noisy, 2)[0] == pytest.approx(1e-4, rel=0.1)
+    assert fit_latency_bandwidth(noisy, 2)[0] == pytest.approx(5e-5, rel=0.1)
+    # the same alpha fitted at W = 4, and the latency at W = 8 is 7x the one at W = 2
+    at4 = [dict(bytes=b, time_s=6 * 5e-5 + bus_factor(4) * b / 2e9) for b in sizes]
+    assert fit_latency_bandwidth(at4, 4)[0] == pytest.approx(5e-5)
+    assert allreduce_time(0, 8, 2e9, alpha) == pytest.approx(7 * allreduce_time(0, 2, 2e9, alpha)) == 7e-4
+    assert allreduce_time(1e9, 1, 2e9, alpha) == 0.0

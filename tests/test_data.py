@@ -15,6 +15,7 @@ def test_digits_are_exactly_what_sklearn_load_digits_gives():
 
 def test_default_size_divides_by_every_world_size_the_course_uses():
     assert len(digits()) == DIGITS_SIZE and all(DIGITS_SIZE % w == 0 for w in (1, 2, 4, 8))
+    assert [w for w in range(1, 9) if DIGITS_SIZE % w] == [3, 5, 6]  # 1792 = 2^8 * 7, as distlab.data says
 
 
 def test_recording_dataset_logs_reads_in_order():

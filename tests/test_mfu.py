@@ -5,7 +5,8 @@ Counts are exact (FlopCounterMode counts matrix products by their shapes); no sp
 import pytest
 import torch
 
-from distlab.lab.mfu import datasheet_peak, exact_mlp_flops, matmul_peak, mfu, six_n_rule, step_flops
+from distlab.lab.mfu import (datasheet_peak, exact_mlp_flops, hardware_flops_per_token, matmul_peak, mfu, six_n_rule,
+                             step_flops)
 from distlab.models import make_mlp
 from distlab.resmlp import make_resmlp
 
@@ -26,6 +27,30 @@ def test_counted_flops_are_6n_less_biases_and_the_first_layers_input_gradient(mo
     first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear)).weight.numel()
     assert six_n_rule(model, 32) - counted == 6 * biases * 32 + 2 * first * 32
     assert counted / six_n_rule(model, 32) == pytest.approx(1, abs=0.02)
+
+
+def test_full_recomputation_adds_one_forward_to_the_hardware_flops_not_the_model_flops():
+    """HFU's 8N against MFU's 6N: the counter sees the recomputed forward (2 FLOPs per weight and token)."""
+    inner = make_mlp(0, hidden=128, depth=2)
+
+    class Recomputed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+
+    x, y = _batch(16)
+    # the whole forward again, as Megatron recomputes (PyTorch's early stop would skip the head's matmul,
+    # whose output nothing saved needs)
+    weights = sum(m.weight.numel() for m in inner.modules() if isinstance(m, torch.nn.Linear))
+    with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        recomputed = step_flops(Recomputed(), x, y)
+    assert recomputed - step_flops(inner, x, y) == 2 * weights * 16
+    assert hardware_flops_per_token(1e9, "full") / hardware_flops_per_token(1e9) == pytest.approx(8 / 6)
+    with pytest.raises(ValueError):
+        hardware_flops_per_token(1e9, "some")
 
 
 def test_step_flops_leaves_no_gradients_behind():

@@ -1,8 +1,8 @@
 """The activation term of the memory calculator: what a layer keeps for backward, per micro-batch.
 
-``distlab.lab.fsdp_memory.memory_per_gpu`` counts parameters, gradients and optimizer state;
-activations are the rest, and they scale with the micro-batch, the sequence and the depth,
-not with the parameters. Two models of them:
+``distlab.lab.training_memory.training_memory`` counts parameters, gradients, master weights and
+optimizer state, and adds the activations this module models: they scale with the micro-batch,
+the sequence and the depth, not with the parameters. Two models of them:
 
 * the course's :class:`~distlab.resmlp.ResidualMLP`, exactly (float32): a block saves its input
   (for ``fc1``'s weight gradient) and its ReLU output (for the ReLU and ``fc2``: one storage).
@@ -11,7 +11,8 @@ not with the parameters. Two models of them:
   ``distlab.measure.memory.saved_tensor_bytes`` to the byte on the CPU (the tests allow 5%), and stays
   below ``distlab.lab.fsdp_memory.activation_bytes``, the FSDP lesson's bound with its 2x margin.
 * a transformer layer, Korthikanti et al. (2022), *Reducing Activation Recomputation in Large
-  Transformer Models*, Table 2: ``s b h (34 + 5 a s / h)`` bytes with 16-bit activations,
+  Transformer Models*, Table 2: GPT's layer (a ``4h`` GeLU MLP, dropout, the attention scores
+  stored), ``s b h (34 + 5 a s / h)`` bytes with 16-bit activations,
   ``10 + 24/t`` with tensor parallelism (the layer norms, dropouts and layer inputs are not
   split), ``34/t`` with sequence parallelism too; selective recomputation drops the
   ``5 a s / h`` attention-score term; full recomputation keeps the layer input only.
@@ -19,17 +20,24 @@ not with the parameters. Two models of them:
 And the communication tensor parallelism adds per layer (Megatron-LM, Shoeybi et al., 2019,
 sec. 3): an all-reduce after attention and one after the MLP in the forward, two in the
 backward; sequence parallelism turns each into an all-gather and a reduce-scatter of the same
-volume; full recomputation repeats the forward's two.
+volume. Full recomputation repeats the forward's two (Megatron reruns the whole forward;
+PyTorch's non-reentrant checkpoint stops once the last saved tensor is back, before the MLP's).
+torchtitan's selective policy saves every second ``mm`` and the reduce-scatters, not the
+all-gathers nor the all-reduces, so its recomputation re-issues both all-gathers with sequence
+parallelism, and attention's all-reduce without (its output feeds the MLP's norm; the MLP's
+all-reduce feeds nothing saved, and PyTorch's non-reentrant checkpoint stops before it). Measured
+with ``distlab.measure.comm.CollectiveRecorder`` in ``tests/test_tensor_parallel.py``.
 """
 from __future__ import annotations
 
 import math
 
-from distlab.lab.fsdp_memory import memory_per_gpu
+from distlab.lab.training_memory import training_memory
 
 FLOAT32 = 4
 RECOMPUTE = ("none", "selective", "full")
-# Transformer shapes (hidden, attention heads, layers) for the calculator.
+# Transformer shapes (hidden, attention heads, layers) for the calculator. The layer is Korthikanti et al.'s GPT
+# layer at each model's width: for "Llama-2 7B" that overstates a SwiGLU layer with flash attention.
 PRESETS = {"GPT-2 XL (1.5B)": dict(hidden=1600, heads=25, layers=48),
            "Llama-2 7B": dict(hidden=4096, heads=32, layers=32),
            "GPT-3 175B": dict(hidden=12288, heads=96, layers=96)}
@@ -88,10 +96,16 @@ def transformer_layer_bytes(seq: int, batch: int, hidden: int, heads: int, *, tp
 
 
 def tp_collectives_per_layer(tp: int, sp: bool = False, recompute: str = "none") -> dict[str, int]:
-    """Collectives per layer and micro-batch (forward and backward) that tensor parallelism adds."""
+    """Collectives per layer and micro-batch (forward and backward) that tensor parallelism adds.
+    ``"full"``: Megatron's recomputation of the whole forward; ``"selective"``: torchtitan's
+    op-level policy (the module docstring says which collectives it re-issues)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}")
     if tp == 1:
         return {}
     n = 6 if recompute == "full" else 4  # 2 forward, 2 backward, 2 more when the forward runs again
+    if recompute == "selective":  # torchtitan's policy: the all-gathers (SP), attention's all-reduce (TP) again
+        return {"all-gather": 6, "reduce-scatter": 4} if sp else {"all-reduce": 5}
     return {"all-gather": n, "reduce-scatter": n} if sp else {"all-reduce": n}
 
 
@@ -108,13 +122,14 @@ def tp_comm_bytes_per_layer(seq: int, batch: int, hidden: int, *, tp: int, sp: b
 def per_rank(preset: str, *, seq: int, batch: int = 1, tp: int = 1, sp: bool = False,
              recompute: str = "none") -> dict[str, float]:
     """Bytes per rank of a transformer with tensor parallelism only: the weight state (``12 h^2``
-    parameters a layer, split ``t`` ways; bf16 parameters and gradients, fp32 Adam moments:
-    ``memory_per_gpu``), the activations of one micro-batch, and the bytes sent per step."""
+    parameters a layer, split ``t`` ways; bf16 mixed precision with Adam, 2 + 2 + 4 + 8 = 16 bytes
+    a parameter), the activations of one micro-batch (GPT's layer at the preset's width), and the
+    bytes sent per step; all through :func:`~distlab.lab.training_memory.training_memory`."""
     shape = PRESETS[preset]
     h, layers = shape["hidden"], shape["layers"]
-    state = memory_per_gpu(12 * h * h * layers / tp, param_bytes=2, optimizer="adam", world=1, level="none")
     layer = transformer_layer_bytes(seq, batch, h, shape["heads"], tp=tp, sp=sp, recompute=recompute)
-    return {"weight state": state["total"], "activations": layers * layer, "per layer": layer,
-            "total": state["total"] + layers * layer,
+    m = training_memory(12 * h * h * layers / tp, precision="bf16", optimizer="adam", activations=layers * layer)
+    return {"weight state": m["total"] - m["activations"], "activations": m["activations"], "per layer": layer,
+            "total": m["total"],
             "comm per step": layers * tp_comm_bytes_per_layer(seq, batch, h, tp=tp, sp=sp, recompute=recompute),
             "collectives per step": layers * sum(tp_collectives_per_layer(tp, sp, recompute).values())}

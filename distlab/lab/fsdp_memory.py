@@ -35,7 +35,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from distlab.measure.memory import LiveStorageTracker, local_tensor  # noqa: F401 (notebook 04 imports it from here)
+# Re-exported: notebook 04 imports these from here
+from distlab.lab.training_memory import LEVELS, OPTIMIZER_STATES, training_memory  # noqa: F401
+from distlab.measure.memory import LiveStorageTracker, local_tensor  # noqa: F401
 
 # Everything counted here is fp32: a parameter, its gradient and each Adam moment take 4 bytes per element.
 BYTES_PER_PARAM = 4
@@ -47,27 +49,16 @@ ADAM_BYTES_PER_PARAM = {"params": BYTES_PER_PARAM, "grads": BYTES_PER_PARAM, "op
 UNITS_IN_FLIGHT = 6
 
 
-OPTIMIZER_STATES = {"adam": 2, "sgd+momentum": 1, "sgd": 0}  # fp32 tensors kept per parameter
-LEVELS = ("none", "optimizer", "+gradients", "full")  # ZeRO-0 (DDP), ZeRO-1, ZeRO-2, ZeRO-3 / FSDP
-
-
 def memory_per_gpu(n_params: float, param_bytes: int = BYTES_PER_PARAM, optimizer: str = "adam", world: int = 1,
                    level: str = "full") -> dict[str, float]:
-    """Bytes per GPU for params, grads and optimizer state under a ZeRO sharding level.
-
-    Gradients have the parameters' dtype; optimizer moments are fp32 (4 bytes
-    each). ``level`` says what is divided by ``world``: nothing (DDP), the
-    optimizer state (ZeRO-1), also the gradients (ZeRO-2), or everything
-    (ZeRO-3, which FSDP's ``fully_shard`` implements). Activations are extra.
-    """
-    if level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}")
-    k = LEVELS.index(level)
-    out = {"params": n_params * param_bytes / (world if k >= 3 else 1),
-           "grads": n_params * param_bytes / (world if k >= 2 else 1),
-           "optimizer": n_params * BYTES_PER_PARAM * OPTIMIZER_STATES[optimizer] / (world if k >= 1 else 1)}
-    out["total"] = sum(out.values())
-    return out
+    """Bytes per GPU for params, grads, fp32 master copy and optimizer state under a ZeRO level:
+    :func:`distlab.lab.training_memory.training_memory` (the course's one accounting) with the
+    precision named by its parameter size: 4 bytes fp32, 2 bytes bf16 mixed precision, which keeps
+    a 4-byte master copy (2 + 2 + 4 + 8 = 16 bytes with Adam). Activations are extra."""
+    precisions = {4: "fp32", 2: "bf16"}
+    if param_bytes not in precisions:
+        raise ValueError(f"param_bytes must be 4 (fp32) or 2 (bf16 mixed precision), not {param_bytes}")
+    return training_memory(n_params, precision=precisions[param_bytes], optimizer=optimizer, world=world, level=level)
 
 
 def shard_rows(rows: int, world: int, rank: int) -> tuple[int, int]:

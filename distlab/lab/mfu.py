@@ -2,8 +2,14 @@
 
 Chowdhery et al., 2022 ("PaLM: Scaling Language Modeling with Pathways",
 appendix B) define MFU as the model FLOPs a step needs times the steps per
-second, over the peak FLOP/s: recomputation and padding do not count as useful
-work, and the figure compares across systems. Kaplan et al., 2020 ("Scaling
+second, over the hardware's *datasheet* peak FLOP/s: recomputation and padding
+do not count as useful work, and the figure compares across systems. Their
+*hardware FLOPs utilisation* (HFU) counts the FLOPs the hardware really does,
+the recomputed forward included: ``8 N`` per token with full recomputation
+(:func:`hardware_flops_per_token`), so HFU >= MFU. On a CPU there is no
+datasheet, so the course also divides by the *measured* matmul peak
+(:func:`matmul_peak`): that ratio is the "fraction of the measured matmul
+peak", higher than PaLM's MFU wherever the measured peak is below the datasheet's. Kaplan et al., 2020 ("Scaling
 Laws for Neural Language Models", section 2.1) estimate the FLOPs as
 ``6 N`` per token for ``N`` parameters: ``2 N`` forward (a multiply and an add
 per weight), ``4 N`` backward (the gradient of the input and of the weight).
@@ -93,8 +99,18 @@ def matmul_peak(device: torch.device | None = None, dtype: torch.dtype = torch.f
     return best
 
 
+def hardware_flops_per_token(n_params: float, recompute: str = "none") -> float:
+    """FLOPs the hardware does per token: Kaplan's ``6 N``, plus one more forward (``2 N``) with
+    full recomputation. MFU counts ``6 N`` whatever is recomputed; HFU counts these."""
+    extra = {"none": 0, "full": 2}
+    if recompute not in extra:
+        raise ValueError(f"recompute must be one of {tuple(extra)}")
+    return (6 + extra[recompute]) * n_params
+
+
 def mfu(flops_per_step: float, step_s: float, peak_flops_per_s: float) -> float:
-    """Achieved FLOP/s over the peak: ``flops_per_step / step_s / peak``."""
+    """Achieved FLOP/s over a peak: ``flops_per_step / step_s / peak``. PaLM's MFU when the peak is the
+    datasheet's and the FLOPs the model's; the fraction of the measured matmul peak with :func:`matmul_peak`."""
     return flops_per_step / step_s / peak_flops_per_s
 
 
@@ -135,7 +151,8 @@ def scaling_mfu(hidden: int = 1024, batch: int = 32, depth: int = 3, calls: int 
     peak = torch.tensor([matmul_peak(dev)["flops_per_s"]], dtype=torch.float64, device=dev)
     dist.all_reduce(peak)  # the sum of the ranks' peaks, measured at the same time
     ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    step_s = distributed_median_seconds(sgd_step(ddp, x, y, lr=0.01), calls=calls, repeats=repeats, device=dev, warmup=3)
+    step_s = distributed_median_seconds(sgd_step(ddp, x, y, lr=0.01), calls=calls, repeats=repeats, device=dev,
+                                        warmup=3)
     rows = [solo[0], {"world": world, "step_s": step_s, "peak": peak.item(), "achieved": world * flops / step_s}]
     sheet = datasheet_peak(out["device"]) if dev.type == "cuda" else None  # fp32: the workload's dtype
     for row in rows:

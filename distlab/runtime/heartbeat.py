@@ -30,11 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 INTERVAL = 0.5  # seconds between two samples of a rank's stack
-WAITS = {"init_process_group", "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+WAITS = {"init_process_group", "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+         "reduce_scatter",
          "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "recv",
          "send", "gather", "scatter", "reduce", "all_to_all", "all_to_all_single", "wait", "batch_isend_irecv"}
 _RUNTIME = tuple(str(Path(p).resolve()) + os.sep for p in (
-    os.path.dirname(os.__file__), Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "autograder"))
+    os.path.dirname(os.__file__), Path(__file__).resolve().parents[1],
+    Path(__file__).resolve().parents[2] / "autograder"))
 
 
 def _is_runtime(filename: str) -> bool:
