@@ -1,6 +1,8 @@
 """Shared test helpers: the repo's paths and 'mutants' (a solution with a known mistake)."""
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,3 +79,14 @@ def requires_gpus(n: int):
         return pytest.mark.gpu(skip(test))
 
     return mark
+
+
+def pinned_tool(name: str, package: str) -> str:
+    """The command ``name`` that requirements.txt pins through ``package`` (its wheel puts it next to
+    this Python), else the one on PATH."""
+    found = Path(sys.executable).with_name(name)
+    if found.exists():
+        return str(found)
+    found = shutil.which(name)
+    assert found, f"{name} is missing: pip install -r requirements.txt ({package})"
+    return found

