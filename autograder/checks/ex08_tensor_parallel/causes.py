@@ -216,27 +216,31 @@ def input_not_replicated(run: Run, part: str) -> str | None:
     return None
 
 
-@mistake("a shard that is a view of the unsplit weight")
-def view_kept(run: Run, part: str) -> str | None:
+def _held(run: Run):
+    """``(rank's observations, layer, tensor)`` for every distinct storage each rank's layers keep."""
     for obs in run.ranks:
         for layer, held in obs["layers"].items():
             for t in held["tensors"]:
-                if t["name"] in ("weight", "bias") and (t["unsplit"] or t["storage_bytes"] > t["bytes"]):
-                    return (f"rank {obs['rank']}'s {LAYER_CLASS[layer]}.{t['name']} is a view into the unsplit layer's "
-                            f"tensor: its storage is {t['storage_bytes']:,} B for its own {t['bytes']:,} B, so every "
-                            "rank keeps the whole tensor alive: copy the slice, nn.Parameter(piece.clone())")
+                yield obs, layer, t
+
+
+@mistake("a shard that is a view of the unsplit weight")
+def view_kept(run: Run, part: str) -> str | None:
+    for obs, layer, t in _held(run):
+        if t["name"] in ("weight", "bias") and (t["unsplit"] or t["storage_bytes"] > t["bytes"]):
+            return (f"rank {obs['rank']}'s {LAYER_CLASS[layer]}.{t['name']} is a view into the unsplit layer's "
+                    f"tensor: its storage is {t['storage_bytes']:,} B for its own {t['bytes']:,} B, so every "
+                    "rank keeps the whole tensor alive: copy the slice, nn.Parameter(piece.clone())")
     return None
 
 
 @mistake("the unsplit layer kept next to the shard")
 def unsplit_kept(run: Run, part: str) -> str | None:
-    for obs in run.ranks:
-        for layer, held in obs["layers"].items():
-            for t in held["tensors"]:
-                if t["name"] not in ("weight", "bias") and t["unsplit"]:
-                    return (f"rank {obs['rank']}'s {LAYER_CLASS[layer]} also keeps {t['name']} ({_shape(t['shape'])}, "
-                            f"{t['storage_bytes']:,} B), the unsplit layer's: keep only the shard's copies, and no "
-                            "reference to the nn.Linear they were cut from (it keeps all of its weights alive)")
+    for obs, layer, t in _held(run):
+        if t["name"] not in ("weight", "bias") and t["unsplit"]:
+            return (f"rank {obs['rank']}'s {LAYER_CLASS[layer]} also keeps {t['name']} ({_shape(t['shape'])}, "
+                    f"{t['storage_bytes']:,} B), the unsplit layer's: keep only the shard's copies, and no "
+                    "reference to the nn.Linear they were cut from (it keeps all of its weights alive)")
     return None
 
 
