@@ -367,8 +367,8 @@ for rank in sorted(detail["reports"]):
 # in torch 2.13: when the two fingerprints have different *lengths* (an all-reduce of one tensor
 # against a barrier, which has none), the peer's half is misread and shows as, e.g.,
 # `OpType=GATHER` with no shapes; each rank's description of *its own* collective is always
-# right, so read both ranks' reports. `DETAIL` costs an extra collective per collective: a
-# debugging switch, not a default.
+# right, so read every rank's report (a rank that torchrun ended before it raised has none).
+# `DETAIL` costs an extra collective per collective: a debugging switch, not a default.
 #
 # ### `monitored_barrier` names the missing rank; a stack dump shows where each rank is
 # Now rank 0 skips an all-reduce that rank 1 enters, and goes on to
