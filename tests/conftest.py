@@ -99,12 +99,14 @@ def leftover_processes():
     return left
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Multiply each test's pytest-timeout (a hang guard, rule 3) by ``DISTLAB_TIME_SCALE``, as the
+    """Group the modules for pytest-xdist (:func:`_group_for_workers`), then multiply each test's pytest-timeout (a hang guard, rule 3) by ``DISTLAB_TIME_SCALE``, as the
     launcher and the grader multiply theirs: on a machine that needs the knob, the test's own
     guard must not fire before the limits it is testing."""
     from distlab.runtime.launch import time_scale
 
+    _group_for_workers(items)
     scale = time_scale()
     if scale == 1:
         return
@@ -114,3 +116,23 @@ def pytest_collection_modifyitems(config, items):
         base = (marker.args[0] if marker.args else marker.kwargs.get("timeout")) if marker else default
         if base:
             item.add_marker(pytest.mark.timeout(float(base) * scale), append=False)
+
+
+# Modules that touch something machine-wide: the learner user's processes (ended by uid), the containers,
+# the Slurm cluster, the browser. Under ``make test``'s two workers they run on one worker, one after
+# another, and first (together they are the longest unit of work).
+MACHINE_WIDE = {"test_grading_image", "test_sandbox", "test_selftest", "test_warm", "test_docker",
+                "test_containers", "test_slurm_cluster", "test_slurm_class", "test_browser"}
+
+
+def _group_for_workers(items) -> None:
+    """One pytest-xdist group per module (its module-scoped fixtures, such as a solution graded with
+    its mutants, are set up once, on one worker), and one group for all of :data:`MACHINE_WIDE`, put first.
+    Without ``-n`` the groups change nothing."""
+    def module(item) -> str:
+        return item.module.__name__.rsplit(".", 1)[-1]
+
+    for item in items:
+        name = module(item)
+        item.add_marker(pytest.mark.xdist_group("machine-wide" if name in MACHINE_WIDE else name))
+    items.sort(key=lambda item: module(item) not in MACHINE_WIDE)  # stable: the order within each is kept
