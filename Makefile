@@ -39,7 +39,7 @@ lab: notebooks
 # on one worker (its fixtures are set up once) and every module that touches something machine-wide
 # (the learner user, containers, the Slurm cluster, the browser) on one worker, one after another.
 test: setup
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2
 
 # The fast loop: no slow tests, notebooks, nbgrader cycles, root-only sandbox tests or the
 # JupyterLab-in-Chromium test (markers in pyproject.toml).

@@ -99,11 +99,11 @@ def leftover_processes():
     return left
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Group the modules for pytest-xdist (:func:`_group_for_workers`), then multiply each test's pytest-timeout (a hang guard, rule 3) by ``DISTLAB_TIME_SCALE``, as the
-    launcher and the grader multiply theirs: on a machine that needs the knob, the test's own
-    guard must not fire before the limits it is testing."""
+    """Put the machine-wide modules first (:func:`_group_for_workers`), then multiply each test's
+    pytest-timeout (a hang guard, rule 3) by ``DISTLAB_TIME_SCALE``, as the launcher and the grader
+    multiply theirs: on a machine that needs the knob, the test's own guard must not fire before the
+    limits it is testing."""
     from distlab.runtime.launch import time_scale
 
     _group_for_workers(items)
@@ -125,14 +125,26 @@ MACHINE_WIDE = {"test_grading_image", "test_sandbox", "test_selftest", "test_war
                 "test_containers", "test_slurm_cluster", "test_slurm_class", "test_browser"}
 
 
-def _group_for_workers(items) -> None:
-    """One pytest-xdist group per module (its module-scoped fixtures, such as a solution graded with
-    its mutants, are set up once, on one worker), and one group for all of :data:`MACHINE_WIDE`, put first.
-    Without ``-n`` the groups change nothing."""
-    def module(item) -> str:
-        return item.module.__name__.rsplit(".", 1)[-1]
+def _module(nodeid: str) -> str:
+    return Path(nodeid.split("::", 1)[0]).stem
 
-    for item in items:
-        name = module(item)
-        item.add_marker(pytest.mark.xdist_group("machine-wide" if name in MACHINE_WIDE else name))
-    items.sort(key=lambda item: module(item) not in MACHINE_WIDE)  # stable: the order within each is kept
+
+def _group_for_workers(items) -> None:
+    """Put :data:`MACHINE_WIDE` first: the longest unit of work starts at once (without ``-n``, only the
+    order changes)."""
+    items.sort(key=lambda item: _module(item.nodeid) not in MACHINE_WIDE)  # stable: each keeps its order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's units of work: each module (its module-scoped fixtures, such as a solution graded
+    with its mutants, are set up once, on one worker), and all of :data:`MACHINE_WIDE` as one unit.
+    (``--dist loadgroup`` would say the same with markers, but xdist 3.8 marks the groups in a node id
+    that pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = _module(nodeid)
+            return "machine-wide" if module in MACHINE_WIDE else module
+
+    return ModuleScheduling(config, log)
