@@ -34,8 +34,12 @@ LAB_ARGS := --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/cour
 lab: notebooks
 	$(BIN)/jupyter lab $(LAB_ARGS)
 
+# Two workers: a launch is CPU-bound only part of its time (start-up, rendezvous, containers and
+# Slurm waiting), so two modules at a time keep both cores busy. tests/conftest.py keeps each module
+# on one worker (its fixtures are set up once) and every module that touches something machine-wide
+# (the learner user, containers, the Slurm cluster, the browser) on one worker, one after another.
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 # The fast loop: no slow tests, notebooks, nbgrader cycles, root-only sandbox tests or the
 # JupyterLab-in-Chromium test (markers in pyproject.toml).

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 
 def test_a_hang_is_ended_early_and_named_at_each_ranks_line():
     with pytest.raises(LaunchHang) as info:
-        torchrun(ranks.barrier_while_rank1_sleeps, 2, timeout=300)  # named long before this limit
+        # named long before this limit; 3 s of no rank advancing is enough for a job that cannot advance
+        torchrun(ranks.barrier_while_rank1_sleeps, 2, timeout=300, hang_after_s=3)
     message = str(info.value)
     assert "rank 0 waits in barrier at ranks.py:" in message
     assert "rank 1 is at ranks.py:" in message and "(time.sleep(seconds))" in message
@@ -100,7 +101,7 @@ def test_a_correct_solution_gets_full_marks_on_a_machine_loaded_at_twice_its_cor
 
 def test_the_tutorials_fixed_master_port_is_named_not_a_minute_long_socket_timeout():
     with pytest.raises(LaunchHang, match=r"rank \d changed torchrun's MASTER_PORT \(\d+ -> 12355\)"):
-        torchrun(ranks.tutorial_master_port, 2, timeout=300)
+        torchrun(ranks.tutorial_master_port, 2, timeout=300, hang_after_s=3)
 
 
 def test_the_tutorials_to_rank_without_gpus_is_named_at_the_learners_line(tmp_path):

@@ -168,6 +168,7 @@ def torchrun(
     env: dict[str, str] | None = None,
     argv: list[str] | None = None,
     cwd: str | os.PathLike | None = None,
+    hang_after_s: float = 10.0,
 ) -> RunResult:
     """Run ``target`` on ``nprocs`` ranks under torchrun and return each rank's result.
 
@@ -175,7 +176,10 @@ def torchrun(
     ``"path/file.py:function"`` or a script ``"path/file.py"`` (run as
     ``__main__`` with ``argv``; its result is its global ``result``, if any).
     ``stream=True`` prints rank-prefixed lines live (a callable receives them
-    instead). ``timeout`` is multiplied by ``DISTLAB_TIME_SCALE``.
+    instead). ``timeout`` is multiplied by ``DISTLAB_TIME_SCALE``, and so is
+    ``hang_after_s``: how long no rank may advance while one waits in a
+    collective before the job is ended as a hang (shorter only for a job known
+    to block, such as a test's).
     """
     target_s = target_string(target)
     timeout *= time_scale()
@@ -187,7 +191,7 @@ def torchrun(
         torchrun_argv = ["--standalone", f"--nproc-per-node={nprocs}", f"--max-restarts={max_restarts}",
                          "--monitor-interval=0.1"]
         scale = time_scale()
-        supervision = Supervision(heartbeat.Watch(outdir, nprocs), timeout, hang_after_s=10 * scale,
+        supervision = Supervision(heartbeat.Watch(outdir, nprocs), timeout, hang_after_s=hang_after_s * scale,
                                   recent_s=5 * scale)
         # Collectives time out (and gloo names the peer that never came) before the job does.
         finished = run_torchrun(torchrun_argv, spec, timeout=timeout, cwd=cwd, on_line=callback,
