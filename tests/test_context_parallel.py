@@ -35,7 +35,8 @@ def test_zigzag_balances_the_causal_work_and_contiguous_does_not():
 def test_blocks_merged_by_their_log_sum_exp_are_the_softmax_over_all_keys():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 8, 4, generator=g) for _ in range(3))
-    (oa, la), (ob, lb) = block_attention(q, k[..., :3, :], v[..., :3, :]), block_attention(q, k[..., 3:, :], v[..., 3:, :])
+    oa, la = block_attention(q, k[..., :3, :], v[..., :3, :])
+    ob, lb = block_attention(q, k[..., 3:, :], v[..., 3:, :])
     out, lse = merge(oa, la, ob, lb)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
     torch.testing.assert_close(lse, torch.logsumexp(q @ k.transpose(-1, -2) / 2, -1, keepdim=True))
