@@ -8,9 +8,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from distlab.measure.memory import PeakMemory
-from distlab.measure.timing import median_seconds
+from distlab.measure.timing import distributed_median_seconds, median_seconds
 
-from .ring import RingStats, block_attention, ring_attention, ring_forward
+from .ring import RingStats, block_attention, merge, ring_attention, ring_forward
 from .sharding import block_kind, chunks, positions, shard
 
 
@@ -90,3 +90,22 @@ def memory_report(seqs: list[int], **shape) -> list[dict]:
             block_attention(q, k, v)
         rows.append({"seq": seq, "ring_peak": ring.peak, "whole_peak": whole.peak})
     return rows
+
+
+def overlap_report(seq: int = 256, **shape) -> dict:
+    """The non-causal ring's median time, and the same blocks and merges with no communication: what the ring
+    would cost if every transfer were hidden behind the compute (the overlap the exchange is posted for)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pos = positions("contiguous", seq, world, rank)
+    q, k, v = (shard(t, pos) for t in qkv(seq, **shape))
+
+    def compute_only() -> None:
+        out, lse = block_attention(q, k, v)
+        for _ in range(world - 1):
+            out, lse = merge(out, lse, *block_attention(q, k, v))
+
+    with torch.no_grad():
+        # the same number of calls on every rank (the ring's sends must pair up), the slowest rank's time
+        ring = distributed_median_seconds(lambda: ring_forward(q, k, v), calls=5, repeats=5, warmup=2)
+        alone = distributed_median_seconds(compute_only, calls=5, repeats=5, warmup=2)
+    return {"ring_s": ring, "compute_s": alone}
