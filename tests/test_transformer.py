@@ -48,3 +48,26 @@ def test_one_step_trains_and_every_parameter_gets_a_gradient():
     assert next_token_loss(model, tokens) < first
     # an untrained model is about uniform over the 64 tokens: a loss near ln 64
     assert abs(first.item() - torch.log(torch.tensor(64.0)).item()) < 1.0
+
+
+
+def test_attention_with_its_heads_split_sums_to_the_unsplit_block():
+    """No launch: a world of 2 simulated in one process. Each "rank" computes its heads' partial output
+    (the all-reduce replaced by collecting the partials), and the partials add up to the unsplit block;
+    notebook 08 runs the same function on 2 real ranks and counts its one all-reduce."""
+    from unittest import mock
+
+    import torch.distributed as dist
+
+    from distlab.lab.tensor_parallel import attention_heads_split, seeded
+
+    attn, x = seeded(Attention, 0, 32, 4), torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))
+    partials = []
+    for rank in range(2):
+        with mock.patch.object(dist, "get_world_size", lambda group=None: 2), \
+                mock.patch.object(dist, "get_rank", lambda group=None, r=rank: r), \
+                mock.patch.object(dist, "all_reduce", lambda t, group=None: None), torch.no_grad():
+            partials.append(attention_heads_split(attn, x, group=None))
+    with torch.no_grad():
+        torch.testing.assert_close(partials[0] + partials[1], attn(x))
+    assert not torch.allclose(partials[0], attn(x), atol=1e-3)
