@@ -8,7 +8,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from distlab.measure.memory import PeakMemory
-from distlab.measure.timing import distributed_median_seconds, median_seconds
+from distlab.measure.timing import distributed_median_seconds, median_seconds, synchronize
+from distlab.runtime.distributed import device
 
 from .ring import RingStats, block_attention, merge, ring_attention, ring_forward
 from .sharding import block_kind, chunks, positions, shard
@@ -16,9 +17,10 @@ from .sharding import block_kind, chunks, positions, shard
 
 def qkv(seq: int, *, batch: int = 1, heads: int = 2, head_dim: int = 16, seed: int = 0,
         requires_grad: bool = False) -> tuple[torch.Tensor, ...]:
-    """The whole sequence's ``q, k, v`` (``batch x heads x seq x head_dim``), the same on every rank."""
-    g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(batch, heads, seq, head_dim, generator=g).requires_grad_(requires_grad)
+    """The whole sequence's ``q, k, v`` (``batch x heads x seq x head_dim``), the same on every rank, on this
+    rank's device (NCCL sends only GPU tensors)."""
+    g, dev = torch.Generator().manual_seed(seed), device()
+    return tuple(torch.randn(batch, heads, seq, head_dim, generator=g).to(dev).requires_grad_(requires_grad)
                  for _ in range(3))
 
 
@@ -28,7 +30,7 @@ def parity_report(seq: int = 64, **shape) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     q, k, v = qkv(seq, requires_grad=True, **shape)
     full = F.scaled_dot_product_attention(q, k, v)
-    dout = torch.randn(full.shape, generator=torch.Generator().manual_seed(1))
+    dout = torch.randn(full.shape, generator=torch.Generator().manual_seed(1)).to(full.device)
     full.backward(dout)
     pos = positions("contiguous", seq, world, rank)
     mine = [shard(t.detach(), pos).requires_grad_() for t in (q, k, v)]
@@ -59,18 +61,18 @@ def work_report(layout: str, seq: int = 512, **shape) -> dict:
     hand: the compute of the ring's ``W`` steps, without the communication), the ranks timed one at a time."""
     rank, world = dist.get_rank(), dist.get_world_size()
     q, k, v = qkv(seq, **shape)
-    mine = positions(layout, seq, world, rank)
+    mine = positions(layout, seq, world, rank).to(q.device)
     size = seq // (2 * world)
     qs = shard(q, mine)
 
     def work() -> int:
-        return causal_blocks(qs, k, v, mine, torch.arange(seq), size)
+        return causal_blocks(qs, k, v, mine, torch.arange(seq, device=q.device), size)
 
     seconds = None
     for r in range(world):  # one rank timed at a time: the others would share its cores (2 here)
         dist.barrier()
         if r == rank:
-            seconds = median_seconds(work, lambda: None, min_run_time=0.05)
+            seconds = median_seconds(work, lambda: synchronize(q.device), min_run_time=0.05)
     dist.barrier()
     return {"layout": layout, "blocks": work(), "seconds": seconds}
 
@@ -84,9 +86,9 @@ def memory_report(seqs: list[int], **shape) -> list[dict]:
         q, k, v = qkv(seq, **shape)
         pos = positions("contiguous", seq, world, rank)
         mine = [shard(t, pos) for t in (q, k, v)]
-        with torch.no_grad(), PeakMemory("cpu", state=mine) as ring:
+        with torch.no_grad(), PeakMemory(q.device, state=mine) as ring:
             ring_forward(*mine)
-        with torch.no_grad(), PeakMemory("cpu", state=(q, k, v)) as whole:
+        with torch.no_grad(), PeakMemory(q.device, state=(q, k, v)) as whole:
             block_attention(q, k, v)
         rows.append({"seq": seq, "ring_peak": ring.peak, "whole_peak": whole.peak})
     return rows
