@@ -111,3 +111,25 @@ def overlap_report(seq: int = 256, **shape) -> dict:
         ring = distributed_median_seconds(lambda: ring_forward(q, k, v), calls=5, repeats=5, warmup=2)
         alone = distributed_median_seconds(compute_only, calls=5, repeats=5, warmup=2)
     return {"ring_s": ring, "compute_s": alone}
+
+
+def cp_job(*, seq: int = 1024, memory_seqs: tuple[int, ...] = (256, 512, 1024), heads: int = 4,
+           head_dim: int = 32) -> dict:
+    """Runs on every rank: every report above at one size; what the benchmark launches."""
+    from distlab.runtime.distributed import init_distributed, shutdown
+
+    init_distributed()
+    try:
+        shape = dict(heads=heads, head_dim=head_dim)
+        return {"parity": parity_report(seq=64), "memory": memory_report(list(memory_seqs), **shape),
+                "work": {lay: work_report(lay, seq=seq, **shape) for lay in ("contiguous", "zigzag")},
+                "overlap": overlap_report(seq=seq, **shape)}
+    finally:
+        shutdown()
+
+
+def run_cp_job(nprocs: int, timeout: float = 300, **kwargs) -> list[dict]:
+    """Launch :func:`cp_job` on ``nprocs`` ranks; every rank's figures, in rank order."""
+    from distlab.runtime.launch import torchrun
+
+    return torchrun(cp_job, nprocs, kwargs=kwargs, timeout=timeout).results
