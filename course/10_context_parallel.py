@@ -134,8 +134,10 @@ plt.show()
 # %% [markdown]
 # Contiguous: the busiest rank does `2 - 1/W` times the mean (1.75 at `W = 4`), so a causal ring is
 # that much slower than the balanced one. Zig-zag: every rank computes the same number of pairs and
-# blocks. The times follow the block counts (a diagonal block costs what a full one does: the
-# kernel computes it whole and masks). Llama 3 and PyTorch's `context_parallel` balance this way
+# blocks. The contiguous times grow with the blocks, but less than in proportion: every rank has
+# its 2 diagonal blocks, and here a diagonal block costs more than a full one (the mask is built and
+# applied; a fused kernel would skip the hidden half instead). Zig-zag's ranks have the same counts of
+# both kinds, and the same time. Llama 3 and PyTorch's `context_parallel` balance this way
 # (PyTorch calls it round-robin); striped attention interleaves single positions instead.
 #
 # ## 4. Memory per rank against sequence length
