@@ -7,11 +7,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from distlab.measure.comm import CollectiveRecorder
 from distlab.measure.memory import PeakMemory
 from distlab.measure.timing import distributed_median_seconds, median_seconds, synchronize
 from distlab.runtime.distributed import device
 
-from .ring import RingStats, block_attention, merge, ring_attention, ring_forward
+from .ring import block_attention, merge, ring_attention, ring_forward
 from .sharding import block_kind, chunks, positions, shard
 
 
@@ -26,7 +27,8 @@ def qkv(seq: int, *, batch: int = 1, heads: int = 2, head_dim: int = 16, seed: i
 
 def parity_report(seq: int = 64, **shape) -> dict:
     """Non-causal ring attention on this rank's contiguous shard against SDPA (and autograd) on the whole
-    sequence: the largest differences of the output and of ``dq, dk, dv``, and what the ring sent."""
+    sequence: the largest differences of the output and of ``dq, dk, dv``, and what the ring sent forward and
+    backward (``CollectiveRecorder``: sends and their bytes, and any other op, which should be none)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     q, k, v = qkv(seq, requires_grad=True, **shape)
     full = F.scaled_dot_product_attention(q, k, v)
@@ -34,12 +36,17 @@ def parity_report(seq: int = 64, **shape) -> dict:
     full.backward(dout)
     pos = positions("contiguous", seq, world, rank)
     mine = [shard(t.detach(), pos).requires_grad_() for t in (q, k, v)]
-    stats = RingStats()
-    out = ring_attention(*mine, stats=stats)
-    out.backward(shard(dout, pos))
+    with CollectiveRecorder() as forward:
+        out = ring_attention(*mine)
+    with CollectiveRecorder() as backward:
+        out.backward(shard(dout, pos))
     diff = lambda a, b: (a - shard(b, pos)).abs().max().item()  # noqa: E731
+    sends = {phase: rec.totals().get("send", {"calls": 0, "bytes": 0}) for phase, rec in
+             (("forward", forward), ("backward", backward))}
     return {"out": diff(out, full), **{f"d{n}": diff(m.grad, t.grad) for n, m, t in zip("qkv", mine, (q, k, v))},
-            "sends": stats.sends, "bytes": stats.bytes, "shard_bytes": mine[0].nbytes}
+            "sends": {p: s["calls"] for p, s in sends.items()}, "bytes": {p: s["bytes"] for p, s in sends.items()},
+            "other_ops": sorted({op.kind for rec in (forward, backward) for op in rec.ops} - {"send", "recv"}),
+            "shard_bytes": mine[0].nbytes}
 
 
 def causal_blocks(q, k, v, q_pos, k_pos, size: int) -> int:

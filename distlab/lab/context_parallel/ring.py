@@ -19,18 +19,8 @@ and arrive home after ``W`` sends. The causal version, with the mask by *global*
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.distributed as dist
-
-
-@dataclass
-class RingStats:
-    """What this rank's ring sent: the number of sends and their bytes (forward and backward apart)."""
-
-    sends: dict = field(default_factory=lambda: {"forward": 0, "backward": 0})
-    bytes: dict = field(default_factory=lambda: {"forward": 0, "backward": 0})
 
 
 def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -54,26 +44,24 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
     return torch.exp(lse_a - lse) * out_a + torch.exp(lse_b - lse) * out_b, lse
 
 
-def ring_exchange(t: torch.Tensor, stats: RingStats | None = None, phase: str = "forward"):
+def ring_exchange(t: torch.Tensor):
     """Post the send of ``t`` to the next rank and the recv of the previous rank's into a new buffer; return
-    the buffer and the works to wait on (computing in between is the overlap the ring is built for)."""
+    the buffer and the works to wait on (computing in between is the overlap the ring is built for).
+    ``distlab.measure.comm.CollectiveRecorder`` counts the sends and their bytes."""
     rank, world = dist.get_rank(), dist.get_world_size()
     buf = torch.empty_like(t)
     works = dist.batch_isend_irecv([dist.P2POp(dist.isend, t, (rank + 1) % world),
                                     dist.P2POp(dist.irecv, buf, (rank - 1) % world)])
-    if stats is not None:
-        stats.sends[phase] += 1
-        stats.bytes[phase] += t.nbytes
     return buf, works
 
 
-def ring_forward(q, k, v, stats: RingStats | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ring_forward(q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
     """The non-causal ring: ``W`` blocks, ``W - 1`` exchanges of the packed ``(k, v)``; output and lse."""
     world = dist.get_world_size()
     kv, out, lse = torch.stack([k, v]), None, None
     for step in range(world):
         if step < world - 1:
-            nxt, works = ring_exchange(kv, stats)  # posted before the compute: it can overlap it
+            nxt, works = ring_exchange(kv)  # posted before the compute: it can overlap it
         o, l_ = block_attention(q, kv[0], kv[1])
         out, lse = (o, l_) if out is None else merge(out, lse, o, l_)
         if step < world - 1:
@@ -83,7 +71,7 @@ def ring_forward(q, k, v, stats: RingStats | None = None) -> tuple[torch.Tensor,
     return out, lse
 
 
-def ring_backward(dout, q, k, v, out, lse, stats: RingStats | None = None):
+def ring_backward(dout, q, k, v, out, lse):
     """``dq, dk, dv`` by the ring again: ``p = exp(s - lse)`` recomputed per block (FlashAttention's backward),
     ``dq`` kept here, each block's ``dk, dv`` carried round with it and home after the ``W``-th send."""
     world, scale = dist.get_world_size(), q.shape[-1] ** -0.5
@@ -98,7 +86,7 @@ def ring_backward(dout, q, k, v, out, lse, stats: RingStats | None = None):
         moving[2] += (ds.transpose(-1, -2) @ q) * scale
         moving[3] += p.transpose(-1, -2) @ dout
         send = moving if step < world - 1 else moving[2:].contiguous()  # the last send takes dk, dv home
-        moving, works = ring_exchange(send, stats, "backward")
+        moving, works = ring_exchange(send)
         for w in works:
             w.wait()
     return dq, moving[0], moving[1]
@@ -109,19 +97,17 @@ class RingAttention(torch.autograd.Function):
     so the backward is written by hand and checked against autograd on the whole sequence."""
 
     @staticmethod
-    def forward(ctx, q, k, v, stats):
-        out, lse = ring_forward(q, k, v, stats)
+    def forward(ctx, q, k, v):
+        out, lse = ring_forward(q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.stats = stats
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        return (*ring_backward(dout.contiguous(), *ctx.saved_tensors, ctx.stats), None)
+        return ring_backward(dout.contiguous(), *ctx.saved_tensors)
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   stats: RingStats | None = None) -> torch.Tensor:
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``softmax(q k^T / sqrt(d)) v`` over the whole sequence, each rank holding one contiguous shard of
     ``q, k, v`` (``B x H x S/W x D``) and getting its shard of the output; differentiable."""
-    return RingAttention.apply(q, k, v, stats)
+    return RingAttention.apply(q, k, v)
