@@ -2,7 +2,7 @@
 known mistake fails with its own feedback, naming the cause. All are graded in one launch of 4 ranks (at 2
 ranks the two neighbours are one rank, and a wrong neighbour cannot show); each file runs in its own
 process group, so the two mutants whose ring never completes (stopped by a short p2p timeout) cost only
-their own marks. The stub's grading is in test_selftest.py."""
+their own marks. The stub's grading: tests/test_stubs.py (every untouched stub, at once)."""
 from __future__ import annotations
 
 import pytest
