@@ -187,6 +187,31 @@ for rank, run in enumerate(runs):
 assert all(run["by hand"]["max_diff"] < 1e-5 and run["by hand"]["collectives"] == {"all-reduce": 1} for run in runs)
 
 # %% [markdown]
+# ### The attention block, its heads split
+# Megatron splits attention the same way (Shoeybi et al. 2019, figure 3b): heads are independent, so
+# rank `r` keeps the rows of `wq`, `wk`, `wv` that make *its* `n_heads / t` heads (column-parallel),
+# attends on them alone, and multiplies by the matching columns of `wo` (row-parallel): a partial
+# output, and again **one all-reduce** in the forward. On the tiny transformer of
+# `distlab.transformer` (4 heads, 2 per rank; `distlab.lab.tensor_parallel.attention_heads_split`):
+
+# %%
+# %%torchrun -n 2 --result attn_runs
+import torch.distributed as dist
+
+import distlab
+from distlab.lab.tensor_parallel import attention_tp_report
+
+distlab.init_distributed()
+result = attention_tp_report(dist.group.WORLD)
+distlab.shutdown()
+
+# %%
+for rank, a in enumerate(attn_runs):
+    print(f"rank {rank}: {a['heads_per_rank']} heads, max |split - unsplit| = {a['max_diff']:.1e}, collectives "
+          f"{a['collectives']}, attention weights held {a['shard_bytes']:,} of {a['full_bytes']:,} B")
+assert all(a["max_diff"] < 1e-5 and a["collectives"] == {"all-reduce": 1} for a in attn_runs)
+
+# %% [markdown]
 # That is the forward only. Training needs the backward too: `g`'s gradient passes straight
 # through, and `f`'s all-reduces the gradient of the block's input. Written as
 # `torch.autograd.Function`s they are **exercise 8** (end of this notebook); PyTorch's own

@@ -224,3 +224,39 @@ def run_tp_job(nprocs: int, timeout: float = 120, **kwargs) -> list[dict]:
     from distlab.runtime.launch import torchrun
 
     return torchrun(tp_job, nprocs, kwargs=kwargs, timeout=timeout).results
+
+
+def attention_heads_split(attn: nn.Module, x: torch.Tensor, group) -> torch.Tensor:
+    """Megatron's attention block (Shoeybi et al. 2019, sec. 3, fig. 3b) on this rank's heads: ``wq, wk, wv``
+    column-parallel (rank ``r`` keeps the rows of its ``n_heads / t`` heads), causal attention on those heads
+    alone (heads never mix), ``wo`` row-parallel (the matching columns), and one all-reduce of the partial
+    outputs: the same ``g`` as the MLP's. ``attn`` is a :class:`distlab.transformer.Attention`, whole."""
+    import torch.distributed as dist
+
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    width = attn.n_heads // t * attn.head_dim  # this rank's heads' features
+    rows = slice(r * width, (r + 1) * width)
+    b, s, _ = x.shape
+    q, k, v = (F.linear(x, w.weight[rows]).view(b, s, -1, attn.head_dim).transpose(1, 2)
+               for w in (attn.wq, attn.wk, attn.wv))
+    heads = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
+    partial = F.linear(heads, attn.wo.weight[:, rows])
+    dist.all_reduce(partial, group=group)  # g: sum the heads' contributions
+    return partial
+
+
+def attention_tp_report(group, *, dim: int = 32, n_heads: int = 4, seq: int = 8, seed: int = 0) -> dict:
+    """The head-split attention block against the unsplit one on the same input: the largest difference,
+    the collectives of the forward (``CollectiveRecorder``), and the weight bytes this rank holds."""
+    from distlab.transformer import Attention
+
+    attn = seeded(Attention, seed, dim, n_heads)
+    x = torch.randn(2, seq, dim, generator=torch.Generator().manual_seed(seed + 1))
+    with torch.no_grad(), CollectiveRecorder() as comm:
+        out = attention_heads_split(attn, x, group)
+    with torch.no_grad():
+        ref = attn(x)
+    t = torch.distributed.get_world_size(group)
+    full = sum(p.nbytes for p in attn.parameters())
+    return {"max_diff": (out - ref).abs().max().item(), "collectives": comm.counts(),
+            "heads_per_rank": n_heads // t, "shard_bytes": full // t, "full_bytes": full}

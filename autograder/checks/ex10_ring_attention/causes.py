@@ -1,0 +1,138 @@
+"""Exercise 10's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+
+The ring's protocol (a deadlock, the wrong neighbour, forwarding the wrong shard) explains any failure;
+a wrong merge or mask is named only when a rank's output *is* that mistake's output, replayed on one
+process (``reference.replay``), to float rounding.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...diagnosis import KnownError, mistake
+from .observed import Run
+from .reference import replay, whole
+
+KNOWN_ERRORS = [KnownError(
+    "a send/recv deadlock in the ring",
+    r"Timed out waiting \d+ms for (send|recv)|Watchdog caught collective operation timeout.*OpType=(SEND|RECV)",
+    "every rank waited for its neighbour: a dist.send returns only once the peer has posted the matching recv, "
+    "so post the send and the recv together (dist.batch_isend_irecv, or isend/irecv) and wait on both")]
+
+
+def _close(a: torch.Tensor | None, b: torch.Tensor) -> bool:
+    return a is not None and a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def _wrong_ranks(run: Run) -> list[int]:
+    return [r["rank"] for r in run.ranks if not _close(r["out"], run.reference[r["rank"]])]
+
+
+def _is(run: Run, outs: list[torch.Tensor]) -> list[int]:
+    """The ranks whose output is wrong and equals ``outs``' (the replayed mistake's)."""
+    wrong = _wrong_ranks(run)
+    return [r for r in wrong if _close(run.ranks[r]["out"], outs[r])] if wrong else []
+
+
+@mistake("every rank sends before it receives: a deadlock")
+def deadlock(run: Run) -> str | None:
+    pending = [next((c for c in reversed(r["p2p"]) if c["t1"] is None and not c["async"]), None) for r in run.ranks]
+    if not all(p is not None and p["op"] == "send" for p in pending):
+        return None
+    return (f"all {run.world} ranks were waiting in a blocking dist.send at once (rank 0 sending to rank "
+            f"{pending[0]['peer']}), and a send returns only when its peer posts the matching recv, which every "
+            "peer would do only after its own send: post the send and the recv together, with "
+            "dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)]), then wait on both")
+
+
+@mistake("sends to and receives from the same neighbour")
+def wrong_neighbour(run: Run) -> str | None:
+    if run.world < 3:
+        return None
+    for r in range(run.world):
+        sent = {c["peer"] for c in run.p2p(r, "send")}
+        got = {c["peer"] for c in run.p2p(r, "recv")}
+        if sent and got and sent & got:
+            peer = sorted(sent & got)[0]
+            return (f"rank {r} sent to rank {peer} and also waited for a shard from rank {peer}, but rank {peer} "
+                    f"sends to rank {(peer + 1) % run.world}: in a ring each rank receives from the neighbour on "
+                    f"the other side, (rank - 1) % W = {(r - 1) % run.world} here, and sends to (rank + 1) % W")
+    return None
+
+
+@mistake("forwards its own shard instead of the one it received")
+def forwards_own(run: Run) -> str | None:
+    for r in range(run.world):
+        sources = [s for s in run.sources(r) if s is not None]
+        if len(sources) > 1 and len(set(sources)) == 1:
+            return (f"rank {r} received rank {sources[0]}'s keys at each of its {len(sources)} receives, so it never "
+                    f"saw the other shards: each step, send on the shard you have just received (not your own k, v)")
+    return None
+
+
+@mistake("a fully masked shard merged: NaN")
+def masked_nan(run: Run) -> str | None:
+    bad = [r["rank"] for r in run.ranks if r["out"] is not None and torch.isnan(r["out"]).any()]
+    if not bad:
+        return None
+    out = run.ranks[bad[0]]["out"]
+    rows = int(torch.isnan(out).any(-1).sum())
+    return (f"rank {bad[0]}'s output is NaN in {rows} of its {out[..., 0].numel()} (head, position) rows: a shard "
+            f"from a rank after {bad[0]} holds only later positions, so every score of the block is masked, its "
+            "logsumexp is -inf and exp(scores - lse) is exp(-inf + inf) = NaN: skip the shards after your own")
+
+
+@mistake("partial outputs averaged instead of weighed by their log-sum-exp")
+def averaged(run: Run) -> str | None:
+    ranks = _is(run, replay(run.world, merge="halves"))
+    if not ranks:
+        return None
+    return (f"rank {ranks[-1]}'s output is (out + block_out) / 2 at each step: each partial output is normalised "
+            "over its own block of keys, so the blocks weigh by their share of the softmax's normaliser, "
+            "exp(lse_block - lse_total) with lse_total = logaddexp(lse, lse_block), not equally")
+
+
+@mistake("max of the log-sum-exps without rescaling")
+def max_no_rescale(run: Run) -> str | None:
+    ranks = _is(run, replay(run.world, merge="max"))
+    if not ranks:
+        return None
+    return (f"rank {ranks[-1]}'s output is what the merge gives with lse = max(lse, lse_block): the weights "
+            "exp(lse - max) and exp(lse_block - max) then add up to more than 1. The merged normaliser is "
+            "the log of the *sum* of exps, torch.logaddexp(lse, lse_block)")
+
+
+@mistake("causal mask by each shard's own indices")
+def local_mask(run: Run) -> str | None:
+    ranks = _is(run, replay(run.world, mask="local"))
+    if not ranks:
+        return None
+    return (f"rank {ranks[-1]}'s output is what a causal mask by each block's own indices (is_causal=True per "
+            f"block) gives: rank {ranks[-1]}'s queries see the whole of every earlier rank's shard, but that mask "
+            "hid the upper triangle of each. Mask by global positions: query rank * n + i sees key src * n + j "
+            "when src * n + j <= rank * n + i")
+
+
+@mistake("no causal mask")
+def no_mask(run: Run) -> str | None:
+    q, k, v = whole()
+    full = list(F.scaled_dot_product_attention(q, k, v).chunk(run.world, dim=-2))
+    ranks = _is(run, full)
+    if not ranks:
+        return None
+    return (f"rank {ranks[0]}'s output is the non-causal attention (every key seen): mask each block by global "
+            "positions, key position <= query position, and skip the shards after your own")
+
+
+@mistake("gathered the whole sequence with a collective")
+def gathered(run: Run) -> str | None:
+    kinds = sorted({k for r in run.ranks for k in r["collectives"]})
+    if not kinds:
+        return None
+    return (f"the ring called {', '.join(kinds)}: a collective that gathers the keys and values holds the whole "
+            "sequence on every rank, the memory context parallelism is there to save. Pass one shard at a time "
+            "to the next rank with point-to-point sends")
+
+
+PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
+OUTPUT = [*PROTOCOL, masked_nan, averaged, max_no_rescale, local_mask, no_mask]

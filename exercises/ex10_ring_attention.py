@@ -1,0 +1,44 @@
+"""Exercise 10: causal ring attention by hand, with point-to-point sends and receives.
+
+Context parallelism splits the *sequence* across the ranks (Liu et al. 2023, "Ring Attention with
+Blockwise Transformers"): rank ``r`` of ``W`` holds positions ``r * n ... (r + 1) * n - 1`` of every
+query, key and value (``n = S / W``). Attention needs each query against every earlier key, so the
+key/value shards travel round a ring: at step ``i`` rank ``r`` works on the shard that started on
+rank ``(r - i) % W``, and passes it on to rank ``(r + 1) % W`` while receiving the next one from rank
+``(r - 1) % W``. No rank ever holds the whole sequence.
+
+Each step gives an output normalised over one block of keys only, with that block's log-sum-exp
+``lse = logsumexp(scores, -1)``. Notebook 10 merged such partial outputs for the non-causal ring.
+Here the mask is causal, and it is a mask by *global* positions: the query at position ``i`` may see
+the key at position ``j`` only if ``j <= i``. Some blocks are then entirely hidden, some cut by the
+diagonal, some entirely visible: which is which depends on where each shard sits in the sequence.
+
+Check your work from the repository's root with ``make grade`` (every exercise) or
+``.venv/bin/python -m autograder --exercise 10`` (this one), or with ``check(10)`` in the notebook
+``course/10_context_parallel``. The function raises ``NotImplementedError`` until you fill it in.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of causal attention over the whole sequence, by a ring of key/value shards.
+
+    Contract (the grader checks each point):
+
+    * The process group is set up with ``W`` ranks. ``q, k, v`` are this rank's shards, each
+      ``B x H x n x D`` (``n = S / W``): rank ``r`` holds the contiguous positions ``r * n`` to
+      ``(r + 1) * n - 1`` of the sequence.
+    * Return ``B x H x n x D``: rows ``r * n ... (r + 1) * n - 1`` of
+      ``F.scaled_dot_product_attention(Q, K, V, is_causal=True)`` on the whole sequence (``Q, K, V``
+      the ``W`` shards put together), to float32 rounding, with no NaN. Forward only (no autograd).
+    * Communication: point-to-point only, round a ring. Each rank sends a key/value shard to one
+      neighbour and receives one from the other, ``W - 1`` times, the received shard being the one
+      it forwards next (``dist.batch_isend_irecv`` with ``dist.P2POp``, or ``dist.isend``/``dist.irecv``).
+      No collective (``all_gather`` would hold the whole sequence on every rank).
+    * Merge the partial outputs by their log-sum-exps; mask by global positions.
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError

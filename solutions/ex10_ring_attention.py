@@ -1,0 +1,72 @@
+"""Exercise 10: causal ring attention by hand, with point-to-point sends and receives.
+
+Context parallelism splits the *sequence* across the ranks (Liu et al. 2023, "Ring Attention with
+Blockwise Transformers"): rank ``r`` of ``W`` holds positions ``r * n ... (r + 1) * n - 1`` of every
+query, key and value (``n = S / W``). Attention needs each query against every earlier key, so the
+key/value shards travel round a ring: at step ``i`` rank ``r`` works on the shard that started on
+rank ``(r - i) % W``, and passes it on to rank ``(r + 1) % W`` while receiving the next one from rank
+``(r - 1) % W``. No rank ever holds the whole sequence.
+
+Each step gives an output normalised over one block of keys only, with that block's log-sum-exp
+``lse = logsumexp(scores, -1)``. Notebook 10 merged such partial outputs for the non-causal ring.
+Here the mask is causal, and it is a mask by *global* positions: the query at position ``i`` may see
+the key at position ``j`` only if ``j <= i``. Some blocks are then entirely hidden, some cut by the
+diagonal, some entirely visible: which is which depends on where each shard sits in the sequence.
+
+Check your work from the repository's root with ``make grade`` (every exercise) or
+``.venv/bin/python -m autograder --exercise 10`` (this one), or with ``check(10)`` in the notebook
+``course/10_context_parallel``. The function raises ``NotImplementedError`` until you fill it in.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of causal attention over the whole sequence, by a ring of key/value shards.
+
+    Contract (the grader checks each point):
+
+    * The process group is set up with ``W`` ranks. ``q, k, v`` are this rank's shards, each
+      ``B x H x n x D`` (``n = S / W``): rank ``r`` holds the contiguous positions ``r * n`` to
+      ``(r + 1) * n - 1`` of the sequence.
+    * Return ``B x H x n x D``: rows ``r * n ... (r + 1) * n - 1`` of
+      ``F.scaled_dot_product_attention(Q, K, V, is_causal=True)`` on the whole sequence (``Q, K, V``
+      the ``W`` shards put together), to float32 rounding, with no NaN. Forward only (no autograd).
+    * Communication: point-to-point only, round a ring. Each rank sends a key/value shard to one
+      neighbour and receives one from the other, ``W - 1`` times, the received shard being the one
+      it forwards next (``dist.batch_isend_irecv`` with ``dist.P2POp``, or ``dist.isend``/``dist.irecv``).
+      No collective (``all_gather`` would hold the whole sequence on every rank).
+    * Merge the partial outputs by their log-sum-exps; mask by global positions.
+    """
+    ### BEGIN SOLUTION
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n, scale = q.shape[-2], q.shape[-1] ** -0.5
+    q_pos = torch.arange(rank * n, (rank + 1) * n, device=q.device)
+    kv = torch.stack([k, v])
+    out = lse = None
+    for step in range(world):
+        if step < world - 1:  # post the exchange first: the compute below can overlap it
+            buf = torch.empty_like(kv)
+            works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % world),
+                                            dist.P2POp(dist.irecv, buf, (rank - 1) % world)])
+        src = (rank - step) % world  # where the shard in hand started
+        if src <= rank:  # a shard after this one is hidden by the causal mask: nothing to compute
+            k_pos = torch.arange(src * n, (src + 1) * n, device=q.device)
+            scores = (q @ kv[0].transpose(-1, -2)) * scale
+            scores = scores.masked_fill(q_pos[:, None] < k_pos[None, :], float("-inf"))
+            block_lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+            block_out = torch.exp(scores - block_lse) @ kv[1]
+            if out is None:
+                out, lse = block_out, block_lse
+            else:
+                new = torch.logaddexp(lse, block_lse)
+                out = torch.exp(lse - new) * out + torch.exp(block_lse - new) * block_out
+                lse = new
+        if step < world - 1:
+            for work in works:
+                work.wait()
+            kv = buf
+    return out
+    ### END SOLUTION
