@@ -76,12 +76,14 @@ def hint_lines(report: ExerciseReport, known: Hints, tier: int | None, *,
                ask: str = "check({exercise}, hint={tier})") -> list[str]:
     """The hint lines for ``report``'s failed criteria: tier ``tier`` (1-3) of each, once per criterion
     function (a criterion judged at two world sizes fails twice), and how to ask for the next tier.
+    A criterion "not checked: needs ... first" gets none: the hint of the one it needs is the one to read.
 
     ``tier=None``: one line saying how to ask for the first tier, if a failed criterion has hints.
     ``ask`` is how the caller's user asks for a tier (the CLI's is ``--exercise N --hint K``).
     """
     check_tier(tier)
-    failed = {c.key: c.name for c in report.criteria if c.earned < c.points and c.key in known}
+    failed = {c.key: c.name for c in report.criteria
+              if c.earned < c.points and c.key in known and not c.feedback.startswith("not checked")}
     if not failed:
         return []
     if tier is None:

@@ -78,6 +78,7 @@ def _failing_report():
     report.check("loss matches the unsplit model", 2, True, key="loss_matches")
     report.check("stage 0 gradients match the unsplit model", 2, False, "differ", key="stage0_grads_match")
     report.check("stage 0 gradients match the unsplit model (again)", 2, False, "differ", key="stage0_grads_match")
+    report.check("stages overlap in time", 2, False, "not checked: needs 4 forwards first", key="stages_overlap")
     return report
 
 
@@ -98,6 +99,7 @@ def test_check_shows_the_asked_tier_of_each_failed_criterion_once(graded, capsys
     for k in (1, 2, 3):
         assert (wrong[k - 1] in out) == (k == tier), (k, out)
         assert right[k - 1] not in out  # a criterion that passed gets no hint
+        assert graded["stages_overlap"][k - 1] not in out  # nor one not checked: its cause is another's
     assert out.count("for 'stage 0 gradients") == (tier is not None)
     follow = {None: "check(7, hint=1) gives", 1: "check(7, hint=2) gives", 2: "check(7, hint=3) gives",
               3: "that was the last tier"}[tier]

@@ -31,6 +31,15 @@ import ipywidgets as widgets
 NOT_YET = "run the measurement below first: this button then shows it beside your prediction"
 
 
+class _Asking(widgets.VBox):
+    """The widget; its text form (a saved notebook's ``text/plain``, a terminal) is the question, not a repr."""
+
+    text = ""
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 class Prediction:
     """One prediction and, once :meth:`reveal` is called, the measurement it is compared with."""
 
@@ -44,10 +53,11 @@ class Prediction:
         self.button = widgets.Button(description="show the measurement", icon="eye")
         self.button.on_click(self._on_click)
         self.answer = widgets.HTML()
-        self.widget = widgets.VBox([
+        self.widget = _Asking([
             widgets.HTML(f"<b>Predict before you run:</b> {html.escape(question)}"
                          + (f" (in {html.escape(unit)})" if unit else "")),
             widgets.HBox([self.box, widgets.Label(unit), self.button]), self.answer])
+        self.widget.text = repr(self)
 
     @property
     def guess(self) -> float | None:
