@@ -76,7 +76,7 @@ print(f"bf16 mixed precision:      {training_memory(7e9, precision='bf16')['tota
 print(f"sharded over 8 GPUs:       {sharded['total'] / GB:.0f} GB per GPU")
 
 # %%
-memory_guess.reveal(seven_b["total"] / GB)
+memory_guess.reveal(seven_b["total"] / GB, what="computed")
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3))

@@ -246,7 +246,7 @@ for r in rows:
 
 # %%
 # the α-β model at n = 4 with this machine's fit: 2(n-1)α + 2(n-1)/n · S / busbw
-allreduce_guess.reveal((ring_steps(4) * alpha + bus_factor(4) * ra["bytes"] / busbw) * 1e3)
+allreduce_guess.reveal((ring_steps(4) * alpha + bus_factor(4) * ra["bytes"] / busbw) * 1e3, what="modelled")
 
 # %% [markdown]
 # Small messages are all latency (their bus bandwidth is far below 1/β), large ones approach it:

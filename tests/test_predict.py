@@ -42,6 +42,8 @@ def test_without_a_prediction_the_measurement_is_printed_alone(capsys):
     written = predict("time to resume", unit="s", guess=3).reveal(1.5)  # a guess written in the cell
     assert written.endswith("measured / predicted = 0.50")
     assert predict("bubble", guess=0).reveal(0.2).endswith("undefined (the prediction was 0)")
+    modelled = predict("all-reduce at W=4", unit="ms", guess=5).reveal(8.0, what="modelled")  # not a measurement
+    assert "modelled 8 ms; modelled / predicted = 1.60" in modelled and "measured" not in modelled
 
 
 def test_the_widget_has_no_output_widget():

@@ -46,6 +46,7 @@ class Prediction:
     def __init__(self, question: str, unit: str = "", *, guess: float | None = None, fmt: str = ".3g"):
         self.question, self.unit, self.fmt = question, unit, fmt
         self.measured: float | None = None
+        self.what = "measured"  # or "computed", "modelled": what the value compared with is, said as it is
         self.box = widgets.FloatText(value=0.0 if guess is None else float(guess),
                                      description="prediction", layout=widgets.Layout(width="16em"))
         self.typed = guess is not None  # a box still at 0.0 that nobody touched is no prediction
@@ -76,18 +77,22 @@ class Prediction:
         """The measurement beside the prediction, and measured / predicted (one line)."""
         if self.measured is None:
             return NOT_YET
-        measured = f"measured {self._value(self.measured)}"
+        measured = f"{self.what} {self._value(self.measured)}"
         guess = self.guess
         if guess is None:
             return (f"{self.question}: {measured} (no prediction: type one in the box above, or write it in "
                     "the cell as guess=..., before running the measurement)")
         ratio = self.measured / guess if guess else math.inf
-        return (f"{self.question}: predicted {self._value(guess)}, {measured}; measured / predicted = "
+        return (f"{self.question}: predicted {self._value(guess)}, {measured}; {self.what} / predicted = "
                 + (f"{ratio:.2f}" if math.isfinite(ratio) else "undefined (the prediction was 0)"))
 
-    def reveal(self, measured: float) -> str:
-        """Record the measurement, print it beside the prediction, and let the button show it too."""
-        self.measured = float(measured)
+    def reveal(self, measured: float, *, what: str = "measured") -> str:
+        """Record the measurement, print it beside the prediction, and let the button show it too.
+
+        ``what``: the word for the value where it is not a measurement ("computed" for arithmetic,
+        "modelled" for a model's figure from measured inputs), so the line never calls it measured.
+        """
+        self.measured, self.what = float(measured), what
         line = self.comparison()
         print(line)
         return line
