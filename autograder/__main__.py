@@ -1,7 +1,8 @@
-"""``python -m autograder [DIR] [--exercise N ...] [--json FILE]``
+"""``python -m autograder [DIR] [--exercise N ...] [--json FILE] [--hint K]``
 
 Grades the exercises found in DIR (default ``exercises/``), prints a table and
-each exercise's feedback, and optionally writes the report as JSON.
+each exercise's feedback (with ``--hint K``, tier K of each failed criterion's hint), and
+optionally writes the report as JSON.
 Exit status: 0 all graded exercises pass, 1 any fails, 2 bad usage.
 
 ``python -m autograder --selftest [--exercise N ...] [--json FILE]`` checks this
@@ -19,7 +20,8 @@ from pathlib import Path
 from distlab.runtime.sandbox import SandboxError, preflight
 
 from .progress import to_stderr
-from .registry import exercises
+from .notebook import hint_lines
+from .registry import exercises, hints
 from .report import table, write_json
 from .runner import DEFAULT_DIR, grade
 
@@ -36,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exercise", "-e", type=int, action="append", metavar="N",
                         help="grade only exercise N (repeatable)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--hint", type=int, choices=(1, 2, 3), metavar="K",
+                        help="after the feedback, tier K (1 concept, 2 mechanism, 3 API) of each failed hint")
     parser.add_argument("--list", action="store_true", help="list the exercises and exit")
     parser.add_argument("--selftest", action="store_true",
                         help="check this machine: grade every solution (full marks expected) and stub (0 expected)")
@@ -72,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autograder: error: no exercise files in {directory} (looked for {names})", file=sys.stderr)
         return 2
     print(table(reports))
+    for r in reports:
+        for line in hint_lines(r, hints(r.exercise), args.hint, ask="--exercise {exercise} --hint {tier}"):
+            print(line)
     if args.json:
         write_json(reports, args.json)
     return 0 if all(r.passed for r in reports) else 1

@@ -7,7 +7,8 @@ nothing else needs to be edited.
 :func:`exercises` reads each package's ``EXERCISE = Exercise(...)`` from its ``__init__.py``, without
 importing it: the processes that only list or supervise gradings (the CLI, a notebook's
 ``check(N)``, nbgrader's steps) then never import torch, which costs seconds each.
-:func:`check_modules` imports them, for the grading subprocess.
+:func:`check_modules` imports them, for the grading subprocess. :func:`hints` reads a package's
+``hints.py`` the same way, by itself (it imports nothing of its package).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import ast
 import functools
 import importlib
 import pkgutil
+import runpy
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -60,11 +62,25 @@ def declared(path: Path) -> Exercise:
 
 
 @functools.lru_cache(maxsize=1)
-def _exercises() -> tuple[tuple[int, Exercise], ...]:
+def _packages() -> tuple[tuple[int, Exercise, Path], ...]:
     folder = Path(checks.__file__).parent
-    found = [declared(folder / name / "__init__.py") for name in _check_names()]
-    return tuple(sorted((ex.number, ex) for ex in found))
+    found = [(declared(folder / name / "__init__.py"), folder / name) for name in _check_names()]
+    return tuple(sorted((ex.number, ex, path) for ex, path in found))
 
 
 def exercises() -> dict[int, Exercise]:
-    return dict(_exercises())
+    return {n: ex for n, ex, _ in _packages()}
+
+
+Hints = dict[str, tuple[str, str, str]]  # criterion function name -> (concept, mechanism, API)
+
+
+def hints(number: int) -> Hints:
+    """Exercise ``number``'s ``HINTS`` from its package's ``hints.py``; ``{}`` where it has none.
+
+    The file is run on its own (``runpy``), not imported as part of the package, so reading the hints
+    costs no torch import; it must therefore hold plain data and import nothing relative.
+    """
+    folder = next(path for n, _, path in _packages() if n == number)
+    path = folder / "hints.py"
+    return dict(runpy.run_path(str(path))["HINTS"]) if path.is_file() else {}

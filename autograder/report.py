@@ -75,6 +75,7 @@ class Criterion:
     points: float
     earned: float
     feedback: str = ""
+    key: str = ""  # the criterion function's name: what hints.py's HINTS are keyed by (empty: not a declared one)
 
 
 @dataclass
@@ -104,9 +105,10 @@ class ExerciseReport:
                  + (f": {c.feedback}" if c.feedback else "") for c in self.criteria]
         return "\n".join(lines + self.notes)
 
-    def check(self, name: str, points: float, ok: bool, feedback: str = "", *, pass_note: str = "") -> bool:
+    def check(self, name: str, points: float, ok: bool, feedback: str = "", *, pass_note: str = "",
+              key: str = "") -> bool:
         """Add a criterion worth ``points``: full marks if ``ok``, else 0 with ``feedback``."""
-        self.criteria.append(Criterion(name, points, points if ok else 0.0, pass_note if ok else feedback))
+        self.criteria.append(Criterion(name, points, points if ok else 0.0, pass_note if ok else feedback, key))
         return ok
 
     def judge(self, criteria: Sequence[Callable], *subject: Any, **names: Any) -> None:
@@ -127,7 +129,7 @@ class ExerciseReport:
             outcome[fn] = verdict.ok
             self.measurements.update(verdict.measurements)
             self.check(rule.name.format(**names), rule.points, verdict.ok, verdict.feedback,
-                       pass_note=verdict.feedback)
+                       pass_note=verdict.feedback, key=fn.__name__)
 
     def scale_to(self, max_score: float | None = None) -> "ExerciseReport":
         """Rescale every criterion so their points add up to ``max_score`` (default: the exercise's).

@@ -40,6 +40,14 @@ print(f"torch {torch.__version__}; {os.cpu_count()} CPU cores; CUDA available: {
 print(f"a 2-process job here would use the '{distlab.pick_backend(2)}' backend "
       "(NCCL needs one GPU per process; gloo runs on CPUs)")
 
+# %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+memory_guess = predict(
+    "GB of training state (weights, gradients, Adam) for a 7B-parameter model in fp32 on one GPU",
+    unit="GB", guess=None)
+
 # %% [markdown]
 # ## The memory arithmetic of training
 #
@@ -66,6 +74,9 @@ sharded = training_memory(7e9, world=8, level="full")
 print(f"7B parameters, fp32, Adam: {seven_b['total'] / GB:.0f} GB in total")
 print(f"bf16 mixed precision:      {training_memory(7e9, precision='bf16')['total'] / GB:.0f} GB in total")
 print(f"sharded over 8 GPUs:       {sharded['total'] / GB:.0f} GB per GPU")
+
+# %%
+memory_guess.reveal(seven_b["total"] / GB, what="computed")
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3))

@@ -52,6 +52,14 @@
 #    shard of the 1,792 digits, and `set_epoch` reshuffles every epoch.
 
 # %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+allreduce_guess = predict(
+    "bytes each rank all-reduces per step (every gradient of the MLP, float32)",
+    unit="kB", guess=None)
+
+# %%
 # %%torchrun -n 2 --result ranks
 import torch
 import torch.distributed as dist
@@ -130,6 +138,10 @@ assert any((ranks[0]["local"][n] - g).abs().max() > 1e-4 for n, g in full.items(
 torch.testing.assert_close(ranks[0]["averaged"], full)   # tolerance: the sums ran in another order
 torch.testing.assert_close(ranks[0]["averaged"], ranks[1]["averaged"], rtol=0, atol=0)
 print("averaged gradient == full-batch gradient, and identical on both ranks")
+
+# %%
+# the tensors the ranks passed to all_reduce above: what DDP all-reduces (in buckets) every step
+allreduce_guess.reveal(sum(g.numel() * g.element_size() for g in ranks[0]["averaged"].values()) / 1e3)
 
 # %% [markdown]
 # ## The real thing: DDP, with and without

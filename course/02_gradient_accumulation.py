@@ -161,6 +161,14 @@ for mode in sync_runs[0]:
 # forever in each other's all-reduce.
 
 # %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+k_guess = predict(
+    "throughput at k = 8 micro-batches as a fraction of k = 1 (same 256 samples per step)",
+    fmt=".2f", guess=None)
+
+# %%
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -201,6 +209,13 @@ def plot_sweep(res: list[dict]) -> None:
 
 if res:
     plot_sweep(res)
+
+# %%
+if res:
+    per_k = {r["k"]: r["samples_per_s"] for r in res}
+    k_guess.reveal(per_k[max(per_k)] / per_k[min(per_k)])
+else:
+    print("no sweep ran (see the cell above): no measurement to set beside your prediction")
 
 # %% [markdown]
 # Activation memory falls as $1/k$ (plus the input batch, held whole, here 0.25 MiB); the

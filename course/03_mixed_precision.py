@@ -243,6 +243,14 @@ for name, kw in workloads.items():
 #   16-bit **copy** autocast made for the step, which is extra memory, held until backward.
 
 # %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+speedup_guess = predict(
+    "bf16 autocast's speedup over float32 for one step of this MLP on this machine",
+    unit="x", fmt=".2f", guess=None)
+
+# %%
 import functools
 
 from distlab.measure.memory import saved_tensor_bytes_by_kind
@@ -309,6 +317,9 @@ if speedup < 1.2:
     print("bf16 is not clearly faster on this CPU (under 1.2x). avx512_bf16 alone only converts and dot-products a few values "
           "per instruction; the large CPU speedups need AMX tile units (Sapphire Rapids and later), and a "
           "GPU's tensor cores give 2-10x. The activation saving is real on any hardware.")
+
+# %%
+speedup_guess.reveal(speedup)
 
 # %% [markdown]
 # **Activation memory halves** on any hardware: activations are stored in 16 bits. The total

@@ -116,6 +116,14 @@ print(describe(7, "bf16", "adam", 8, "full"))
 # %load_ext distlab
 
 # %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+shard_guess = predict(
+    "share of the unsharded weights + gradients + Adam state that each of 2 FSDP ranks holds",
+    fmt=".3f", guess=None)
+
+# %%
 # %%torchrun -n 2 --result fsdp_runs
 import torch
 import torch.distributed as dist
@@ -182,6 +190,9 @@ ax2.bar(hows, [max(r_[h]["peak"] for r_ in fsdp_runs) / 1e6 for h in hows], colo
 ax2.axhline(unsharded / 1e6, color="k", ls="--", label="unsharded params+grads+Adam")
 ax2.set_ylabel("peak live MB during a step"); ax2.set_title("where you shard matters"); ax2.legend(fontsize=8)
 plt.tight_layout(); plt.show()
+
+# %%
+shard_guess.reveal(sum(fsdp_runs[0]["per block"]["measured"].values()) / unsharded)
 
 # %% [markdown]
 # The measured bytes match the exact accounting to the byte, and the calculator's 1/W to within

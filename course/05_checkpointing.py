@@ -182,6 +182,14 @@ distlab.shutdown()
 # attempt skips the first). The cell prints only the lines about the crash and the resume.
 
 # %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+lost_guess = predict(
+    "steps trained twice because of the crash (killed after step 13; a checkpoint every 5 steps)",
+    unit="steps", guess=None)
+
+# %%
 from distlab import torchrun
 
 run = torchrun(str(demo / "train_demo.py"), 2, max_restarts=1, timeout=150,
@@ -223,6 +231,9 @@ from distlab.checkpoint import latest_complete, size_bytes
 print("files of the last one (bytes):", size_bytes(latest_complete(demo / "killed")[1]))
 print(f"the whole job, both runs and the restart: {run.wall_s:.1f} s")
 shutil.rmtree(demo, ignore_errors=True)  # the demo's checkpoints and logs
+
+# %%
+lost_guess.reveal(killed_after - resumed_from[1])
 
 # %% [markdown]
 # The two curves are one: after the restart, the steps between the checkpoint and the kill are

@@ -172,6 +172,14 @@ print((REPO_ROOT / "course" / "slurm" / "train.sbatch").read_text().split("set -
 # those inputs up to 8 workers.
 
 # %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+efficiency_guess = predict(
+    "scaling efficiency t_step(1) / t_step(2) that 2 workers measured on this machine",
+    fmt=".2f", guess=None)
+
+# %%
 import torch
 from torch import nn
 
@@ -217,6 +225,9 @@ ax.axvline(cores, color="red", lw=0.8, ls=":", label=f"{cores} cores")
 ax.set(xlabel="workers W", ylabel="efficiency", xticks=ws, ylim=(0, 1.1), title="DDP scaling")
 ax.legend(fontsize=8)
 plt.show()
+
+# %%
+efficiency_guess.reveal(measured)
 
 # %% [markdown]
 # Read the table from left to right: the all-reduce time follows from the measured bus

@@ -119,6 +119,15 @@ display(widgets.interactive(
 # core, not for their input; `make bench` measures p = 4 where there are ≥ 4 cores.
 
 # %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+bubble_guess = predict(
+    "GPipe's bubble (the share of stages x step time in which no stage computes), measured on 2 "
+    "stages with m = 4 micro-batches of the sized workload",
+    fmt=".2f", guess=None)
+
+# %%
 import numpy as np
 
 from distlab.lab.pipeline.sweep import MEMORY, MICRO, SIZED, SMALL, select, sweep
@@ -198,6 +207,9 @@ for size, label in ((SIZED, "sized"), (SMALL, "small")):
         print(f"{label:>9} {f['m']:>3} {f['bubble']:>9.1%} {f['formula']:>8.1%} {f['with_messages']:>10.1%} "
               f"{f['model']:>6.1%} {f['compute_per_mb_s'] * 1e3:>8.2f} ms {f['overhead_s'] * 1e6:>4.0f} µs "
               f"{f['c'] * 1e6:>4.0f} µs")
+
+# %%
+bubble_guess.reveal(next(f["bubble"] for f in pick("gpipe", SIZED) if f["m"] == 4))
 
 # %% [markdown]
 # The timelines behind two of those points, GPipe and 1F1B with m = 4 on the sized workload:

@@ -109,6 +109,15 @@ draw_megatron_mlp(2)
 # %load_ext distlab
 
 # %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+collectives_guess = predict(
+    "collectives each rank joins in one forward of a tensor-parallel MLP block (fc1 split by output "
+    "features, fc2 by input features)",
+    guess=None)
+
+# %%
 # %%torchrun -n 4 --result runs
 import torch
 import torch.distributed as dist
@@ -185,6 +194,9 @@ for rank, run in enumerate(runs):
           f"weights held {h['shard_bytes']:,} of {h['full_bytes']:,} B = {h['shard_bytes'] / h['full_bytes']:.3f} "
           f"(1/t = {1 / 2:.3f})")
 assert all(run["by hand"]["max_diff"] < 1e-5 and run["by hand"]["collectives"] == {"all-reduce": 1} for run in runs)
+
+# %%
+collectives_guess.reveal(sum(runs[0]["by hand"]["collectives"].values()))
 
 # %% [markdown]
 # ### The attention block, its heads split

@@ -214,6 +214,15 @@ print(f"{ra['bytes'] / 2**20:.0f} MiB on {job.backend}: all-reduce {ra['allreduc
 # $\text{busbw}(S) = \frac{2(n-1)}{n}\, S / t(S)$.
 
 # %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+allreduce_guess = predict(
+    "time of one all-reduce of 8 MiB on 4 ranks, by the α-β model with the α and bus bandwidth the "
+    "next cell fits on 2 ranks",
+    unit="ms", guess=None)
+
+# %%
 from distlab.lab.bandwidth import bus_factor, ring_steps
 
 rows, (alpha, busbw) = R[0]["bandwidth"], R[0]["fit"]
@@ -234,6 +243,10 @@ fig.tight_layout()
 plt.show()
 for r in rows:
     print(f"{r['bytes'] / 1024:>8.0f} KiB  {r['time_s'] * 1e3:7.3f} ms  busbw {r['busbw'] / 1e9:5.2f} GB/s")
+
+# %%
+# the α-β model at n = 4 with this machine's fit: 2(n-1)α + 2(n-1)/n · S / busbw
+allreduce_guess.reveal((ring_steps(4) * alpha + bus_factor(4) * ra["bytes"] / busbw) * 1e3, what="modelled")
 
 # %% [markdown]
 # Small messages are all latency (their bus bandwidth is far below 1/β), large ones approach it:

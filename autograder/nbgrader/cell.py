@@ -7,7 +7,9 @@ The cell grades the exercise module that sits beside the notebook with
 exactly the checks of ``python -m autograder --exercise N``
 (:func:`autograder.notebook.check`, hence :func:`autograder.runner.grade_one`:
 one subprocess with the exercise's time limit), prints the feedback, and
-returns the score. The score is the cell's value, and nbgrader gives a test
+returns the score. The feedback includes the first tier of the hint of each
+failed criterion (``hints.py``; :mod:`autograder.notebook`), so nbgrader's
+released feedback has it too. The score is the cell's value, and nbgrader gives a test
 cell whose ``execute_result`` is a number that many points (partial credit,
 ``nbgrader.utils.determine_grade``), so the gradebook holds the same score as
 the CLI, criterion for criterion.
@@ -60,7 +62,7 @@ def grade(exercise: int, directory: str | Path = ".") -> float:
     Use it as the last line of a test cell so the score is the cell's value.
     """
     with stderr_to_stdout():
-        report = check(exercise, directory, raise_on_fail=False)
+        report = check(exercise, directory, raise_on_fail=False, hint=1)
     return float(report.score)
 
 
