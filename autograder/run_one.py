@@ -16,6 +16,7 @@ from distlab import LaunchError, LaunchHang, LaunchTimeout, MachineTooSlow, Rank
 from distlab.runtime.process import PROGRESS_VAR, note_progress
 from distlab.runtime.sandbox import SandboxError
 
+from . import divergence
 from .diagnosis import KnownError, translate
 from .harness.errors import learner_frame
 from .registry import check_modules
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
     module = check_modules()[number]
     ex = module.EXERCISE
     try:
-        (report,) = module.grade([path])
+        (report,) = divergence.grade(module, [path])  # with the first divergence where no cause is named
     except LaunchError as exc:
         report = ex.new_report().did_not_run(explain(exc, path, getattr(module, "KNOWN_ERRORS", ())))
     except MachineTooSlow as exc:  # slow is not wrong: the code is not scored
