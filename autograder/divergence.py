@@ -55,6 +55,7 @@ class Divergence:
     ref: dict | None
     got: dict | None
     fields: tuple[str, ...]
+    later: str = ""  # where the learner's code does what the reference did here, if it does at all
 
     def message(self) -> str:
         return describe(self)
@@ -64,11 +65,19 @@ def first_divergence(ref: Sequence[dict], got: Sequence[dict], rank: int = 0) ->
     """The first event where ``got`` (the learner's trace) differs from ``ref`` (the reference's)."""
     for i, (r, g) in enumerate(zip(ref, got)):
         if fields := differing(r, g):
-            return Divergence(i, rank, r, g, tuple(fields))
+            return Divergence(i, rank, r, g, tuple(fields), _later(r, got[i + 1:]) if fields == ["event"] else "")
     if len(ref) != len(got):
         i = min(len(ref), len(got))
         return Divergence(i, rank, ref[i] if i < len(ref) else None, got[i] if i < len(got) else None, ("event",))
     return None
+
+
+def _later(ref: dict, rest: Sequence[dict]) -> str:
+    """Where, after the divergence, the learner's code does what the reference did there."""
+    j = next((j for j, e in enumerate(rest) if e.get("event") == ref.get("event")), None)
+    if j is None:
+        return "; your code never does"
+    return f"; yours does that {j + 1} event(s) later{_at(rest[j])}"
 
 
 def first_of_ranks(ref: Sequence[Sequence[dict]], got: Sequence[Sequence[dict]]) -> Divergence | None:
@@ -120,11 +129,11 @@ def describe(d: Divergence) -> str:
     ref, got = d.ref, d.got
     step = (got or ref or {}).get("step", 0)
     who = f"rank {d.rank}, " if d.rank else ""
-    head = f"first difference from the reference ({who}step {step}, event {d.index + 1}): "
+    head = f"first difference from the reference ({who}after {step} optimizer step(s), event {d.index + 1}): "
     if d.fields == ("event",):
         if got is None:
             return head + f"your run ended where the reference {action(ref)}"
-        return head + f"your code {action(got)}{_at(got)} where the reference {action(ref)}"
+        return head + f"your code {action(got)}{_at(got)} where the reference {action(ref)}{d.later}"
     values = "; ".join(f"{FIELD_WORDS.get(f, f)} {_value(got, f)} vs the reference's {_value(ref, f)}"
                        for f in d.fields)
     return head + f"your code {action(got)}{_at(got)}: {values}"

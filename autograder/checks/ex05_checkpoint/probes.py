@@ -39,10 +39,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from distlab import LaunchError, init_distributed, torchrun
+from distlab.runtime.launch import target_string
 from distlab.data import RecordingDataset, synthetic_classification
 from distlab.measure.memory import local_tensor
 
 from ... import progress
+from ...grading import keep_traces, traced
 from ...harness import CapturedPrints, Replace, echo, load_learner
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
@@ -231,10 +233,14 @@ def _launch(paths: Sequence[str], outdirs: Sequence[str], phases: list[list[dict
     """One launch of each file's phases; a killed job is expected, so its error is returned, not raised."""
     t, error = time.perf_counter(), None
     files = f" for {len(paths)} files" if len(paths) > 1 else ""
+    # The uninterrupted runs are traced (harness.trace), for the first divergence from the reference's.
+    target, args = (traced, (target_string(rank_main),)) if label == "reference" else (rank_main, ())
     with progress.step(f"[W={world}] {label} launch, torchrun{files}"):
         try:
-            torchrun(rank_main, world, args=(list(paths), list(outdirs), phases), timeout=timeout,
-                     max_restarts=max_restarts)
+            run = torchrun(target, world, args=(*args, list(paths), list(outdirs), phases), timeout=timeout,
+                           max_restarts=max_restarts)
+            for got in run.results:
+                keep_traces(paths, got)
         except LaunchError as exc:
             error = exc
     return error, round(time.perf_counter() - t, 2)
