@@ -187,16 +187,23 @@ def reference_traces(check, **kwargs) -> list:
     return _REFERENCE[key]
 
 
-def grade(check, paths: Sequence, **kwargs) -> list:
+def grade(check, paths: Sequence, *, localise: bool = False, **kwargs) -> list:
     """``check.grade(paths, **kwargs)``, and for each failing criterion that names no cause, the first
-    divergence of that file's trace from the reference's (graded the same way, only when needed)."""
+    divergence of that file's trace from the reference's (graded the same way, only when needed);
+    ``localise``: then also which graded function, swapped for the reference's, makes it pass
+    (:mod:`.substitute`: one more grading of as many variants as the exercise has graded functions)."""
     from .grading import TRACES
+    from .substitute import localise as swap
 
     for path in paths:
         TRACES.pop(str(path), None)
     reports = check.grade(list(paths), **kwargs)
     for path, report in zip(paths, reports):
         traces = TRACES.pop(str(path), [])
-        if traces and unnamed_failures(report):
+        if not unnamed_failures(report):
+            continue
+        if traces:
             annotate(report, traces, reference_traces(check, **kwargs))
+        if localise and (where := swap(check, path, report, solution_path(check), **kwargs)):
+            report.notes.append(where)
     return reports

@@ -60,7 +60,8 @@ def main(argv: list[str]) -> int:
     module = check_modules()[number]
     ex = module.EXERCISE
     try:
-        (report,) = divergence.grade(module, [path])  # with the first divergence where no cause is named
+        # with the first divergence where no cause is named, and which function (DISTLAB_LOCALISE=1)
+        (report,) = divergence.grade(module, [path], localise=os.environ.get("DISTLAB_LOCALISE") == "1")
     except LaunchError as exc:
         report = ex.new_report().did_not_run(explain(exc, path, getattr(module, "KNOWN_ERRORS", ())))
     except MachineTooSlow as exc:  # slow is not wrong: the code is not scored
