@@ -18,7 +18,7 @@ from distlab.runtime.sandbox import SandboxError
 
 from . import divergence
 from .diagnosis import KnownError, translate
-from .harness.errors import learner_frame
+from .harness.errors import learner_frame, values_noted
 from .registry import check_modules
 
 
@@ -30,7 +30,8 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
     """
     if isinstance(exc, RankFailure):
         where = str(learner_frame(exc.traceback, path) or "")  # "ex01_ddp.py line 42 in train_ddp: <code>"
-        at = f"\n  at {where}" if where else ""
+        values = values_noted(exc.traceback)  # the tensors on that line (shapes, requires_grad, .grad)
+        at = (f"\n  at {where}" if where else "") + (f"\n  with {values}" if values else "")
         raw = f"{exc.exc_type}: {exc.exc_message.strip()[:500]}"
         if exc.env_changed:
             from distlab.runtime.heartbeat import env_note

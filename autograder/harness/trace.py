@@ -35,6 +35,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from distlab.measure.comm import CollectiveRecorder
 
+from .errors import note_values
 from .replace import Replace
 
 MAX_EVENTS = 2000   # per file and rank: a 12-step loop makes about 100; a runaway loop is cut, and says so
@@ -229,5 +230,9 @@ def traced_main(target: str, *args, **kwargs) -> dict:
     from distlab.runtime.importing import resolve
 
     with Tracer() as tracer:
-        results = resolve(target)(*args, **kwargs)
+        try:
+            results = resolve(target)(*args, **kwargs)
+        except Exception as exc:
+            note_values(exc, tracer.path)  # the tensors on the learner's line, shown by run_one.explain
+            raise
     return {"results": results, "traces": tracer.traces, "rank": int(os.environ.get("RANK", "0"))}
