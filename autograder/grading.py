@@ -45,10 +45,17 @@ def launch_files(rank_main: Callable, paths: Sequence[str | Path], *, world: int
     """
     files = f" for {len(paths)} files" if len(paths) > 1 else ""
     with progress.step(f"[W={world}] torchrun, {world} ranks{files}"):
-        run = torchrun(traced, world, args=(target_string(rank_main), [str(p) for p in paths], *args),
-                       timeout=timeout)
+        target, first = (traced, (target_string(rank_main),)) if tracing() else (rank_main, ())
+        run = torchrun(target, world, args=(*first, [str(p) for p in paths], *args), timeout=timeout)
     results = [keep_traces(paths, got) for got in run.results]
     return [[per_rank[i] for per_rank in results] for i in range(len(paths))], run.wall_s
+
+
+def tracing() -> bool:
+    """Whether launches run their ranks under ``harness.trace`` (``DISTLAB_TRACE=0``: not)."""
+    import os
+
+    return os.environ.get("DISTLAB_TRACE", "1") != "0"
 
 
 # Every launch's trace of each file graded (``harness.trace``), per path: one entry per launch, each the

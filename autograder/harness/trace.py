@@ -88,6 +88,10 @@ class _Comm(CollectiveRecorder):
         ints = [a for a in args if type(a) is int]  # c10d::send(tensors, group, dstRank, tag): the peer first
         self._peer = ints[0] if ints else None
         self._group = next((_group_size(a) for a in args if isinstance(a, torch.ScriptObject)), None)
+        if func._opname in ("send", "recv_") and self._peer is not None and self._group and \
+                not 0 <= self._peer < self._group:  # gloo's own error for it crashes the process under this mode
+            raise ValueError(f"{'dst' if func._opname == 'send' else 'src'}={self._peer} names no rank: "
+                             f"the group has {self._group} ranks (0 to {self._group - 1})")
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:

@@ -44,7 +44,7 @@ from distlab.data import RecordingDataset, synthetic_classification
 from distlab.measure.memory import local_tensor
 
 from ... import progress
-from ...grading import keep_traces, traced
+from ...grading import keep_traces, traced, tracing
 from ...harness import CapturedPrints, Replace, echo, load_learner
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
@@ -234,7 +234,8 @@ def _launch(paths: Sequence[str], outdirs: Sequence[str], phases: list[list[dict
     t, error = time.perf_counter(), None
     files = f" for {len(paths)} files" if len(paths) > 1 else ""
     # The uninterrupted runs are traced (harness.trace), for the first divergence from the reference's.
-    target, args = (traced, (target_string(rank_main),)) if label == "reference" else (rank_main, ())
+    target, args = (traced, (target_string(rank_main),)) if label == "reference" and tracing() \
+        else (rank_main, ())
     with progress.step(f"[W={world}] {label} launch, torchrun{files}"):
         try:
             run = torchrun(target, world, args=(*args, list(paths), list(outdirs), phases), timeout=timeout,
