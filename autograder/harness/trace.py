@@ -100,6 +100,8 @@ class _Comm(CollectiveRecorder):
             self.tracer.add(kind, shape=shape, peer=self._peer, value=checksum(tensors[:1]))
         elif kind == "recv":
             self.tracer.add(kind, shape=shape, peer=self._peer)
+        elif tensors and tensors[0].dtype == torch.uint8:
+            pass  # a pickled object (broadcast_object_list, DCP's plans): its length is that of paths, not the run's
         elif kind != "barrier" or tensors:
             self.tracer.add("collective", kind=kind, shape=shape, group=self._group)
         return {}
