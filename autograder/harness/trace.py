@@ -227,6 +227,13 @@ def begin(path: str | Path) -> None:
         _ACTIVE[-1].begin(path)
 
 
+def dump(path: str | Path, file: Path) -> None:
+    """Write this rank's trace of the file at ``path`` to ``file`` now (if a tracer runs): a launch that a
+    later file kills returns nothing, and the files before it keep their traces this way."""
+    if _ACTIVE and str(path) in _ACTIVE[-1].traces:
+        torch.save(_ACTIVE[-1].traces[str(path)], file)
+
+
 def traced_main(target: str, *args, **kwargs) -> dict:
     """Run ``target`` (a ``"module:function"`` rank_main) under a :class:`Tracer` on this rank.
 
