@@ -103,6 +103,8 @@ def action(event: dict | None) -> str:
         return f"called {event.get('kind')} on a {event.get('shape')} tensor (group of {event.get('group')})"
     if kind == "forward":
         return f"ran a forward of {event.get('module')}"
+    if kind == "backward":
+        return f"called backward() on a {event.get('shape')} tensor"
     if kind in ("save", "load"):
         return f"called {event.get('api', kind)} of {event.get('held')}"
     if kind in ("dcp.save", "dcp.load"):

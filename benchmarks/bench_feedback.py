@@ -126,7 +126,29 @@ def mutants(solution: Path) -> list[Mutant]:
 
 def names_line(feedback: str, filename: str, lines: tuple[int, ...]) -> bool:
     """Whether ``feedback`` points at one of the edited ``lines`` of the learner's file."""
-    return any(f"{filename}:{n}" in feedback or f"{filename} line {n} " in feedback for n in lines)
+    return any(f"{filename}:{n}" in feedback or f"{filename} line {n} " in feedback or f"(line {n}: " in feedback
+               for n in lines)  # the harness's frames, the divergence's, and exercise 3's "(line N: code)
+
+
+def _grade(check, paths: list[Path], **kwargs) -> list:
+    """All in one call; where a check's launch cannot survive one file that raises (it raises for the batch),
+    one call per file, each launch error explained as ``run_one`` does."""
+    from autograder import divergence
+    from autograder.run_one import explain
+    from distlab import LaunchError
+
+    try:
+        return divergence.grade(check, paths, **kwargs)
+    except LaunchError:
+        pass
+    reports = []
+    for path in paths:
+        try:
+            reports += divergence.grade(check, [path], **kwargs)
+        except LaunchError as exc:
+            reports.append(check.EXERCISE.new_report().did_not_run(
+                explain(exc, path, getattr(check, "KNOWN_ERRORS", ()))))
+    return reports
 
 
 def measure(number: int, keep: Path | None = None) -> dict:
@@ -144,12 +166,12 @@ def measure(number: int, keep: Path | None = None) -> dict:
             (Path(tmp) / str(i)).mkdir()
             paths.append(Path(tmp) / str(i) / solution.name)
             paths[-1].write_text(m.source)
-        reports = divergence.grade(check, paths, **GRADE_KWARGS.get(number, {}))
+        reports = _grade(check, paths, **GRADE_KWARGS.get(number, {}))
     caught = [(m, r) for m, r in zip(found, reports) if not r.passed and not r.not_graded]
     by_line = [m for m, r in caught if names_line(r.feedback, solution.name, m.lines)]
     by_cause = [m for m, r in caught if not names_line(r.feedback, solution.name, m.lines) and named(r.feedback)]
     by_error = [m for m, r in caught if m not in by_line and m not in by_cause
-                and re.search(rf"raised .*{re.escape(solution.name)}(:| line )\d+", r.feedback, flags=re.S)]
+                and re.search(rf"raised .*({re.escape(solution.name)}:| line )\d+", r.feedback, flags=re.S)]
     if keep is not None:
         keep.write_text("\n\n".join(f"## {m.edit}\n{r.feedback}" for m, r in zip(found, reports)))
     return {"mutants": len(found), "caught": len(caught), "line": len(by_line), "cause": len(by_cause),

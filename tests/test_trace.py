@@ -45,12 +45,13 @@ def test_events_in_order_at_the_learners_lines(tmp_path):
         learner.train(tmp_path / "ck.pt")
     events = tracer.traces[str(path)]
     kinds = [e["event"] for e in events]
-    assert kinds[:4] == ["scheduler.step", "forward", "scheduler.step", "optimizer.step"]  # init, then the loop
+    assert kinds[:5] == ["scheduler.step", "forward", "backward", "scheduler.step", "optimizer.step"]  # init, loop
     assert kinds.count("optimizer.step") == 3 and kinds[-1] == "save"
-    sched = events[2]
+    assert events[2]["shape"] == [] and events[2]["line"] == 12
+    sched = events[3]
     assert (sched["file"], sched["line"], sched["code"]) == ("ex99_trace.py", 13, "scheduler.step()")
     assert sched["lr"] == [0.05] and sched["step"] == 0  # stepped before the optimizer: lr halved already
-    step = events[3]
+    step = events[4]
     assert step["line"] == 14 and step["step"] == 1 and step["lr"] == [0.05]
     assert isinstance(step["params"], float) and len(step["rng"]) == 12
     assert events[1]["module"] == "Linear" and events[1]["line"] == 12  # the learner's call, not a child

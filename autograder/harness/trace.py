@@ -2,8 +2,8 @@
 
 A check names the mistakes it anticipated; a mistake nobody listed falls to a symptom ("weights
 differ"). The trace is what lets the grader say more: it records the *observable* events of a run
-(every optimizer and LR-scheduler step, every collective and point-to-point op, every save and load
-with what it held, the RNG and parameter checksums at each step boundary, which module each forward
+(every optimizer and LR-scheduler step, every ``backward()``, every collective and point-to-point op,
+every save and load with what it held, the RNG and parameter checksums at each step boundary, which module each forward
 the learner called entered), each with the learner's file, line and code, so that
 :mod:`autograder.divergence` can report the first event where the learner's run and the reference's
 part ways. This is the "trace differencing" of record-and-replay debuggers (rr; Zeller's *Why
@@ -121,7 +121,8 @@ class Tracer:
         self._replace = Replace({(LRScheduler, "step"): self._scheduler_step,
                                  (torch, "save"): self._save, (torch.serialization, "save"): self._save,
                                  (torch, "load"): self._load, (torch.serialization, "load"): self._load,
-                                 (dcp, "save"): self._dcp("save"), (dcp, "load"): self._dcp("load")})
+                                 (dcp, "save"): self._dcp("save"), (dcp, "load"): self._dcp("load"),
+                                 (torch.Tensor, "backward"): self._backward})
         self._comm = _Comm(self)
 
     def begin(self, path: str | Path) -> None:
@@ -181,6 +182,12 @@ class Tracer:
                        epoch=int(scheduler.last_epoch))
             return out
         return step
+
+    def _backward(self, real: Callable) -> Callable:
+        def backward(tensor, *args, **kwargs):
+            self.add("backward", shape=list(tensor.shape))
+            return real(tensor, *args, **kwargs)
+        return backward
 
     def _save(self, real: Callable) -> Callable:
         def save(obj, f, *args, **kwargs):
