@@ -131,7 +131,8 @@ def describe(d: Divergence) -> str:
     ref, got = d.ref, d.got
     step = (got or ref or {}).get("step", 0)
     who = f"rank {d.rank}, " if d.rank else ""
-    head = f"first difference from the reference ({who}after {step} optimizer step(s), event {d.index + 1}): "
+    when = f"after {step} optimizer step(s)" if step else "before any optimizer step"
+    head = f"first difference from the reference ({who}{when}, event {d.index + 1}): "
     if d.fields == ("event",):
         if got is None:
             return head + f"your run ended where the reference {action(ref)}"
