@@ -133,6 +133,10 @@ def scheduler_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
         return (f"the learning rate it set for step {x['step'] + 1} was {x['lr']:.6g} instead of {a['lr']:.6g} (the "
                 "optimizer's state restored the current rate, not the schedule)" + advice)
     same = [y["step"] for y in run.ref_rec[r] if y["pre"] and y["pre"]["lr"] == x["pre"]["lr"]]
+    if same and same[0] == x["step"] - 1 > 1:  # restored, but as it was one step earlier: saved before it stepped
+        return (f"the learning rate was {x['pre']['lr']:.6g} instead of {a['pre']['lr']:.6g}, the uninterrupted run's "
+                f"at step {same[0]}: the scheduler state you restored is one step behind, so it was saved before "
+                "that step's scheduler.step(): step the optimizer and the scheduler, then save")
     return (f"the learning rate was {x['pre']['lr']:.6g} instead of {a['pre']['lr']:.6g}"
             + (f" (the uninterrupted run's at step {same[0]}: the schedule started over)" if same else "") + advice)
 
