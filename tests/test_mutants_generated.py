@@ -31,7 +31,7 @@ def test_scheduler_step_skipped_is_named_at_its_line(tmp_path):
     path = tmp_path / "ex05_checkpoint.py"
     path.write_text(mutant)
     line = mutant.splitlines().index("                scheduler.step()") + 1
-    (report,) = divergence.grade(ex05_checkpoint, [path], scenarios=())
+    (report,) = divergence.grade(ex05_checkpoint, [path], with_reference=True, scenarios=())
     assert not report.passed
     assert "first difference from the reference (after 1 optimizer step(s)" in report.feedback
     assert "where the reference stepped the LR scheduler (to lr 0.00294889); yours does that" in report.feedback
@@ -46,7 +46,7 @@ def test_generated_pipeline_mutants_name_the_edited_line(tmp_path):
         (tmp_path / str(i)).mkdir()
         paths.append(tmp_path / str(i) / "ex07_pipeline.py")
         paths[-1].write_text(m.source)
-    reports = divergence.grade(ex07_pipeline, paths, p2p_timeout_s=1.0)
+    reports = divergence.grade(ex07_pipeline, paths, with_reference=True, p2p_timeout_s=1.0)
     for m, report in zip(picked, reports):
         assert not report.passed
         assert names_line(report.feedback, "ex07_pipeline.py", m.lines), (m.edit, report.feedback)
