@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 import torch
 
 from autograder.harness.errors import describe_value, values_at
@@ -30,6 +31,8 @@ LEARNER = textwrap.dedent("""
         y = torch.ones(5, 3)
         return x @ y
 """)
+# The learner above steps the scheduler first on purpose (the trace must show it): PyTorch warns of it.
+pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
 
 
 def _learner(tmp_path):
