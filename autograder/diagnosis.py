@@ -29,6 +29,7 @@ Every check package's docstring carries a table "mistake -> message" listing its
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from types import ModuleType
@@ -37,16 +38,33 @@ from typing import Any, Callable, Optional, Sequence
 Cause = Callable[..., Optional[str]]
 
 
+# Every message a declared cause returned in this process: feedback that contains one names its cause, and
+# ``divergence.annotate`` adds the first divergence from the reference only to feedback that names none.
+NAMED: set[str] = set()
+
+
 def mistake(name: str) -> Callable[[Cause], Cause]:
     """Declare the decorated ``f(*subject) -> str | None`` the test for the mistake ``name``.
 
     It returns the learner-facing message (the cause, with the numbers that show it) when the
-    observation is explained by this mistake, and ``None`` otherwise.
+    observation is explained by this mistake, and ``None`` otherwise (the messages it returns are
+    remembered in :data:`NAMED`).
     """
     def declare(fn: Cause) -> Cause:
-        fn.mistake = name
-        return fn
+        @functools.wraps(fn)
+        def cause(*subject: Any, **kwargs: Any) -> str | None:
+            message = fn(*subject, **kwargs)
+            if message:
+                NAMED.add(str(message))
+            return message
+        cause.mistake = name
+        return cause
     return declare
+
+
+def named(feedback: str) -> bool:
+    """Whether ``feedback`` contains the message of a declared cause or of a known error."""
+    return any(m in feedback for m in NAMED) or any(f"{e.mistake}: " in feedback for e in COMMON_ERRORS)
 
 
 def diagnose(causes: Sequence[Cause], *subject: Any) -> str | None:
@@ -110,5 +128,6 @@ def translate(error: str, known: Sequence[KnownError] = ()) -> str | None:
     """The message of the first known mistake (the check's, then the common ones) ``error`` shows."""
     for entry in (*known, *COMMON_ERRORS):
         if entry.matches(error):
-            return f"{entry.mistake}: {entry.message}"
+            NAMED.add(message := f"{entry.mistake}: {entry.message}")
+            return message
     return None

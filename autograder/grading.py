@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from distlab import torchrun
+from distlab.runtime.launch import target_string
 
 from . import progress
+from .harness.trace import traced_main as traced
 from .registry import Exercise
 
 # What a grading subprocess spends outside its launches: starting Python and torch, the
@@ -43,6 +45,33 @@ def launch_files(rank_main: Callable, paths: Sequence[str | Path], *, world: int
     """
     files = f" for {len(paths)} files" if len(paths) > 1 else ""
     with progress.step(f"[W={world}] torchrun, {world} ranks{files}"):
-        run = torchrun(rank_main, world, args=([str(p) for p in paths], *args), timeout=timeout)
-    return [[per_rank[i] for per_rank in run.results] for i in range(len(paths))], run.wall_s
+        target, first = (traced, (target_string(rank_main),)) if tracing() else (rank_main, ())
+        run = torchrun(target, world, args=(*first, [str(p) for p in paths], *args), timeout=timeout)
+    results = [keep_traces(paths, got) for got in run.results]
+    return [[per_rank[i] for per_rank in results] for i in range(len(paths))], run.wall_s
+
+
+def tracing() -> bool:
+    """Whether launches run their ranks under ``harness.trace`` (``DISTLAB_TRACE=0``: not)."""
+    import os
+
+    return os.environ.get("DISTLAB_TRACE", "1") != "0"
+
+
+# Every launch's trace of each file graded (``harness.trace``), per path: one entry per launch, each the
+# ranks' traces in rank order. ``divergence`` compares them with the reference's, and takes them.
+TRACES: dict[str, list[list[list[dict]]]] = {}
+
+
+def keep_traces(paths: Sequence[str | Path], got: dict) -> object:
+    """What ``harness.trace.traced_main`` returned on one rank (ranks in order): its traces go in
+    :data:`TRACES` (rank 0 opens this launch's entry), its results are returned."""
+    if not (isinstance(got, dict) and "traces" in got):
+        return got
+    for path in map(str, paths):
+        launches = TRACES.setdefault(path, [])
+        if got.get("rank", 0) == 0 or not launches:
+            launches.append([])
+        launches[-1].append(got["traces"].get(path, []))
+    return got["results"]
 

@@ -16,8 +16,9 @@ from distlab import LaunchError, LaunchHang, LaunchTimeout, MachineTooSlow, Rank
 from distlab.runtime.process import PROGRESS_VAR, note_progress
 from distlab.runtime.sandbox import SandboxError
 
+from . import divergence
 from .diagnosis import KnownError, translate
-from .harness.errors import learner_frame
+from .harness.errors import learner_frame, values_noted
 from .registry import check_modules
 
 
@@ -29,7 +30,8 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
     """
     if isinstance(exc, RankFailure):
         where = str(learner_frame(exc.traceback, path) or "")  # "ex01_ddp.py line 42 in train_ddp: <code>"
-        at = f"\n  at {where}" if where else ""
+        values = values_noted(exc.traceback)  # the tensors on that line (shapes, requires_grad, .grad)
+        at = (f"\n  at {where}" if where else "") + (f"\n  with {values}" if values else "")
         raw = f"{exc.exc_type}: {exc.exc_message.strip()[:500]}"
         if exc.env_changed:
             from distlab.runtime.heartbeat import env_note
@@ -59,7 +61,8 @@ def main(argv: list[str]) -> int:
     module = check_modules()[number]
     ex = module.EXERCISE
     try:
-        (report,) = module.grade([path])
+        # with the first divergence where no cause is named, and which function (DISTLAB_LOCALISE=1)
+        (report,) = divergence.grade(module, [path], localise=os.environ.get("DISTLAB_LOCALISE") == "1")
     except LaunchError as exc:
         report = ex.new_report().did_not_run(explain(exc, path, getattr(module, "KNOWN_ERRORS", ())))
     except MachineTooSlow as exc:  # slow is not wrong: the code is not scored

@@ -43,11 +43,63 @@ def learner_frame(error: BaseException | str, path: str | Path) -> Frame | None:
     return mine[-1] if mine else None
 
 
-def raised(exc: BaseException | None) -> str | None:
-    """``"Type: message"`` (the message's first characters) of ``exc``; ``None`` for no exception."""
+def raised(exc: BaseException | None, path: str | Path | None = None) -> str | None:
+    """``"Type: message"`` (the message's first characters) of ``exc``; ``None`` for no exception. With the
+    learner's ``path``: and the tensors named on the learner's line (:func:`values_at`)."""
     if exc is None:
         return None
-    return f"{type(exc).__name__}: {str(exc).strip()[:MESSAGE_CHARS]}"
+    values = values_at(exc, path) if path is not None else ""
+    return f"{type(exc).__name__}: {str(exc).strip()[:MESSAGE_CHARS]}" + (f" ({values})" if values else "")
+
+
+VALUES_NOTE = "values at your line:"  # how a rank's traceback carries them to the grading process (a note)
+
+
+def describe_value(value: Any) -> str | None:
+    """A tensor as feedback shows it: dtype, shape, and for autograd whether it requires grad and has a
+    ``.grad``; a list or tuple of tensors by its first shapes; anything else ``None``."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        grad = "" if not value.is_leaf else f", grad {'None' if value.grad is None else list(value.grad.shape)}"
+        return (f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}, requires_grad={value.requires_grad}"
+                f"{grad}")
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        shapes = ", ".join(str(list(v.shape)) for v in value[:4])
+        return f"{len(value)} tensors [{shapes}{', ...' if len(value) > 4 else ''}]"
+    return None
+
+
+def values_at(exc: BaseException, path: str | Path) -> str:
+    """The tensors named in the code of the learner's frame ``exc`` went through (``act: float32[16, 64],
+    requires_grad=False, grad None``): what a shape error or a missing gradient was about."""
+    tb, frame = exc.__traceback__, None
+    while tb is not None:
+        if Path(tb.tb_frame.f_code.co_filename).resolve() == Path(path).resolve():
+            frame, lineno = tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+    if frame is None:
+        return ""
+    import linecache
+
+    code = linecache.getline(frame.f_code.co_filename, lineno)
+    shown = []
+    for name in dict.fromkeys(re.findall(r"\b[A-Za-z_]\w*\b", code)):
+        if name in frame.f_locals and (text := describe_value(frame.f_locals[name])):
+            shown.append(f"{name}: {text}")
+    return "; ".join(shown[:6])
+
+
+def note_values(exc: BaseException, path: str | Path | None) -> None:
+    """Add the values at the learner's line to ``exc`` as a note: its traceback's text carries it."""
+    if path is not None and (values := values_at(exc, path)):
+        exc.add_note(f"{VALUES_NOTE} {values}")
+
+
+def values_noted(traceback_text: str) -> str:
+    """The values :func:`note_values` added to an exception, read back from its traceback's text."""
+    found = re.findall(rf"^{re.escape(VALUES_NOTE)} (.*)$", traceback_text, flags=re.M)
+    return found[-1] if found else ""
 
 
 def attempt(fn: Callable, *args, **kwargs) -> tuple[Any, Exception | None]:

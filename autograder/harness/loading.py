@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from distlab.runtime.importing import import_path
 
+from . import trace
 from .replace import watched
 
 
@@ -46,6 +47,7 @@ def load_learner(path: str | Path):
         sys.meta_path.insert(0, _NoSolutions())
         for name in [m for m in sys.modules if m == "solutions" or m.startswith("solutions.")]:
             del sys.modules[name]
+    trace.begin(path)  # the tracer around rank_main, if any: this file's events start here
     return watched(import_path(path, name=f"learner_{Path(path).stem}"))
 
 

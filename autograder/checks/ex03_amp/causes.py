@@ -106,7 +106,7 @@ def steps_not_one(p: dict) -> str | None:
 @mistake("gradients not clipped to max_norm")
 def not_clipped(p: dict) -> str | None:
     off = next(((i, n) for i, n in enumerate(p.get("step_norms", [])) if abs(n / MAX_NORM - 1) > 1e-3), None)
-    if off is None:
+    if off is None or off[1] == 0:  # no gradient at all: not a clipping mistake (no backward ran, say)
         return None
     return (f"the optimizer stepped with a gradient norm of {off[1]:.3g} at step {off[0] + 1}, where clipping to "
             f"max_norm={MAX_NORM} gives {MAX_NORM} on this model (every step clips): call "

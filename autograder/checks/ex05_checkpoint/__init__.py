@@ -23,6 +23,8 @@ and only what differs is named. The uninterrupted run itself is compared, step b
 and in the same way, with a single-process reference of the contract (``reference``:
 one process plays both ranks), so a mistake both runs share (the scheduler stepped before
 the optimizer) fails too; a resumed run equal to the uninterrupted one then equals the reference.
+The uninterrupted runs' launch is traced (``harness.trace``): a failure that none of the causes below
+explains gets the first divergence from the reference solution's trace (``autograder.divergence``).
 
 | mistake | message |
 |---|---|

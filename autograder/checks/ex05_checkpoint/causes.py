@@ -133,6 +133,10 @@ def scheduler_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
         return (f"the learning rate it set for step {x['step'] + 1} was {x['lr']:.6g} instead of {a['lr']:.6g} (the "
                 "optimizer's state restored the current rate, not the schedule)" + advice)
     same = [y["step"] for y in run.ref_rec[r] if y["pre"] and y["pre"]["lr"] == x["pre"]["lr"]]
+    if same and same[0] == x["step"] - 1 > 1:  # restored, but as it was one step earlier: saved before it stepped
+        return (f"the learning rate was {x['pre']['lr']:.6g} instead of {a['pre']['lr']:.6g}, the uninterrupted run's "
+                f"at step {same[0]}: the scheduler state you restored is one step behind, so it was saved before "
+                "that step's scheduler.step(): step the optimizer and the scheduler, then save")
     return (f"the learning rate was {x['pre']['lr']:.6g} instead of {a['pre']['lr']:.6g}"
             + (f" (the uninterrupted run's at step {same[0]}: the schedule started over)" if same else "") + advice)
 
@@ -191,6 +195,9 @@ def not_pruned(run: Run) -> str | None:
     want = list(range(steps, 0, -RUN["save_every"]))[:RUN["keep"]][::-1]
     if run.committed == want and len(run.checkpoints) == len(want):
         return None
+    if not run.checkpoints:  # nothing to prune: the advice would be about a step that never had a chance
+        return (f"after {steps} steps saving every {RUN['save_every']} the checkpoint directory holds nothing: "
+                "call save_checkpoint after every save_every-th step (it stages, commits, then prunes)")
     return (f"after {steps} steps saving every {RUN['save_every']} with keep={RUN['keep']} the directory holds "
             f"{run.checkpoints}, expected the committed steps {want} only: call prune(root, keep) on rank 0 after "
             "each commit")
@@ -253,7 +260,7 @@ def samples_not_contract(run: Run, xs: list[dict], a: dict, refs: list[dict]) ->
             f"{a['data'][r][:3]}...: {advice}")
 
 
-CONTRACT = [scheduler_first, rng_not_per_rank, samples_not_contract]
+CONTRACT = [scheduler_first, samples_not_contract, rng_not_per_rank]
 
 
 def _step_symptom(xs: list[dict], a: dict) -> str:
@@ -283,7 +290,12 @@ def against_reference(run: Run) -> str:
             return f"the uninterrupted run's records stop or skip before step {a['step']}"
         if any(x["pre"] is None for x in xs):
             return f"step {a['step']} made no optimizer.step() before on_step: step the optimizer once per step"
-        parts = [m for cause in CONTRACT if (m := cause(run, xs, a, refs))]
+        found = {cause: m for cause in CONTRACT if (m := cause(run, xs, a, refs))}
+        if samples_not_contract in found and "every rank's is the same" not in found.get(rng_not_per_rank, "x"):
+            # more samples, more dropout draws: unless the ranks were seeded alike, the samples explain the RNG
+            if rng_not_per_rank in found:  # (the seeding advice would name a step the learner may well have taken)
+                found[rng_not_per_rank] = "the RNG state differs too (other samples draw other dropout masks)"
+        parts = list(found.values())
         if parts:
             return "; ".join(parts)
         p, q = xs[0]["pre"], a["pre"]

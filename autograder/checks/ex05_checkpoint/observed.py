@@ -38,8 +38,9 @@ class Run:
         if (ref := self.final("A")) is None:
             return False
         self.ref, self.ref_rec = ref, self.records("A")
-        self.checkpoints = sorted(p.name for p in (self.out / "A").iterdir())
-        self.committed = [s for s, _ in complete_checkpoints(self.out / "A")]
+        saved = (self.out / "A").is_dir()  # a run that never saved made no directory
+        self.checkpoints = sorted(p.name for p in (self.out / "A").iterdir()) if saved else []
+        self.committed = [s for s, _ in complete_checkpoints(self.out / "A")] if saved else []
         self.reached = max((x["step"] for x in self.records("C", tag="first")[1]), default=0)
         return True
 

@@ -39,11 +39,13 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from distlab import LaunchError, init_distributed, torchrun
+from distlab.runtime.launch import target_string
 from distlab.data import RecordingDataset, synthetic_classification
 from distlab.measure.memory import local_tensor
 
 from ... import progress
-from ...harness import CapturedPrints, Replace, echo, load_learner
+from ...grading import TRACES, traced, tracing
+from ...harness import CapturedPrints, Replace, echo, load_learner, trace
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
 DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the run crosses an epoch
@@ -223,6 +225,7 @@ def rank_main(paths: list[str], outdirs: list[str], phases: list[list[dict]]) ->
             learner = load_learner(path)
             for phase in file_phases:
                 _run_phase(learner, phase, Path(outdir))
+            trace.dump(path, Path(outdir) / f"trace-rank{dist.get_rank()}.pt")  # if traced: its events so far
     return [{"rank": dist.get_rank()} for _ in paths]
 
 
@@ -231,12 +234,22 @@ def _launch(paths: Sequence[str], outdirs: Sequence[str], phases: list[list[dict
     """One launch of each file's phases; a killed job is expected, so its error is returned, not raised."""
     t, error = time.perf_counter(), None
     files = f" for {len(paths)} files" if len(paths) > 1 else ""
+    # The uninterrupted runs are traced (harness.trace), for the first divergence from the reference's.
+    target, args = (traced, (target_string(rank_main),)) if label == "reference" and tracing() \
+        else (rank_main, ())
     with progress.step(f"[W={world}] {label} launch, torchrun{files}"):
         try:
-            torchrun(rank_main, world, args=(list(paths), list(outdirs), phases), timeout=timeout,
+            torchrun(target, world, args=(*args, list(paths), list(outdirs), phases), timeout=timeout,
                      max_restarts=max_restarts)
         except LaunchError as exc:
             error = exc
+    if target is traced:  # each file that finished left its ranks' traces (a later file may have killed the job)
+        for path, outdir in zip(paths, outdirs):
+            files = [Path(outdir) / f"trace-rank{r}.pt" for r in range(world)]
+            if all(f.exists() for f in files):
+                TRACES.setdefault(str(path), []).append([torch.load(f, weights_only=True) for f in files])
+                for f in files:
+                    f.unlink()
     return error, round(time.perf_counter() - t, 2)
 
 

@@ -117,6 +117,13 @@ def loss_matches(step: Run) -> Verdict:
                   f"(ratio {loss.item() / ref.item():.3g})")
 
 
+def _used_what_it_received(step: Run) -> bool:
+    """Whether the gradient that reached each of stage 0's outputs is the tensor it received from stage 1."""
+    got = [c["value"] for c in step.ranks[0]["p2p"] if c["op"] == "recv" and c["value"] is not None]
+    used = [step.ranks[0]["out_grads"].get(i) for i in range(len(got))]
+    return bool(got) and all(u is not None and u.shape == g.shape and torch.equal(u, g) for u, g in zip(used, got))
+
+
 def _grads_verdict(step: Run, stage: int) -> Verdict:
     """Stage ``stage``'s gradients against the unsplit model's, and the cause when they differ."""
     grads, ref, part = step.ranks[stage]["grads"], step.ref_grads[stage], f"grads{stage}"
@@ -129,7 +136,11 @@ def _grads_verdict(step: Run, stage: int) -> Verdict:
     if p.ok:
         return passed(f"max abs difference {p.max_abs_diff:.2g}")
     why = diagnose([*PROTOCOL, *SCALE, backward_order, ignores_received], step, part)
-    if not why and stage == 0 and _grads_verdict(step, 1).ok:
+    if not why and stage == 0 and _grads_verdict(step, 1).ok and _used_what_it_received(step):
+        why = ("stage 1's gradients match and stage 0 backpropagated exactly what it received, so what stage 1 "
+               "sent back is not the gradient of each received activation: after loss.backward(), send act.grad "
+               "(of the tensor dist.recv filled) to rank 0")
+    elif not why and stage == 0 and _grads_verdict(step, 1).ok:
         why = ("stage 1's gradients match, so stage 0 did not continue the backward with what stage 1 sent: call "
                "out.backward(grad) with the gradient received for that micro-batch, in order")
     return failed(f"stage {stage}'s gradients differ from the unsplit model's (max abs difference "

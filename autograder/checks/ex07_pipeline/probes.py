@@ -27,6 +27,7 @@ from distlab.lab.pipeline.timeline import Delay, TimedStage
 from distlab.runtime.process import time_scale
 
 from ...harness import CapturedPrints, P2PSpy, echo, learner_frame, load_learner, own_rendezvous, raised
+from ...harness.errors import values_at
 
 BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 64, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
 DELAYS = (0.03, 0.015)                           # seconds of "compute" per forward, stage 0 and stage 1
@@ -93,6 +94,8 @@ def _observe(path: str, p2p_timeout_s: float) -> dict:
                 raise
             except Exception as exc:  # noqa: BLE001 - reported, so the other criteria are still judged
                 error, where = raised(exc), str(learner_frame(exc, path) or "")
+                if values := values_at(exc, path):  # the tensors on that line: shapes, requires_grad, .grad
+                    where += f" (with {values})"
     echo(out.lines)
     return {
         "rank": rank, "events": stage.log(), "error": error, "where": where, "p2p": p2p.calls,

@@ -1,0 +1,217 @@
+"""The first divergence from the reference: feedback for a mistake no check anticipated.
+
+A check names the causes it anticipated (:func:`autograder.diagnosis.mistake`); a mistake outside its
+list used to fall to the symptom ("weights differ"). Here the grader compares the learner's trace
+(:mod:`autograder.harness.trace`, recorded in the ranks) with the reference solution's, recorded by
+the same recorder on the same inputs, and reports the first event where they differ, what each side
+held, and the learner's line: record-and-compare localisation, as in delta debugging's "isolating
+failure-inducing differences" (Zeller, *Why Programs Fail*, ch. 14) and the differential
+testing of compilers (McKeeman 1998). A named cause, where one applies, still comes first:
+:func:`annotate` adds the divergence only to failing criteria whose feedback names none.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from .diagnosis import named
+
+# Fields compared exactly, per event; the numeric ones (below) within a relative tolerance.
+EXACT = {"event", "kind", "shape", "peer", "group", "module", "epoch"}
+NUMERIC = {"lr", "params", "value"}
+RTOL = 1e-5  # a correct solution may sum in another order: float32 checksums agree to about 1e-6
+FIELD_WORDS = {"lr": "learning rate", "params": "the parameters' sum after the step",
+               "value": "the sum of what it sent",
+               "shape": "shape", "peer": "peer", "module": "module", "kind": "kind", "group": "group size",
+               "epoch": "scheduler epoch", "rng": "RNG state"}
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=RTOL, abs_tol=1e-9)
+    return a == b
+
+
+def differing(ref: dict, got: dict) -> list[str]:
+    """The fields in which two events differ ("event" first: then nothing else is compared)."""
+    if ref.get("event") != got.get("event"):
+        return ["event"]
+    fields = [k for k in sorted(EXACT - {"event"}) if ref.get(k) != got.get(k)]
+    fields += [k for k in sorted(NUMERIC) if not _close(ref.get(k), got.get(k))]
+    if not fields and ref.get("rng") != got.get("rng"):
+        fields.append("rng")
+    return fields
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first event at which two traces differ: its index, both events (``None``: a trace ended), the fields."""
+
+    index: int
+    rank: int
+    ref: dict | None
+    got: dict | None
+    fields: tuple[str, ...]
+    later: str = ""  # where the learner's code does what the reference did here, if it does at all
+
+    def message(self) -> str:
+        return describe(self)
+
+
+def first_divergence(ref: Sequence[dict], got: Sequence[dict], rank: int = 0) -> Divergence | None:
+    """The first event where ``got`` (the learner's trace) differs from ``ref`` (the reference's)."""
+    for i, (r, g) in enumerate(zip(ref, got)):
+        if fields := differing(r, g):
+            return Divergence(i, rank, r, g, tuple(fields), _later(r, got[i + 1:]) if fields == ["event"] else "")
+    if len(ref) != len(got):
+        i = min(len(ref), len(got))
+        return Divergence(i, rank, ref[i] if i < len(ref) else None, got[i] if i < len(got) else None, ("event",))
+    return None
+
+
+def _later(ref: dict, rest: Sequence[dict]) -> str:
+    """Where, after the divergence, the learner's code does what the reference did there."""
+    j = next((j for j, e in enumerate(rest) if e.get("event") == ref.get("event")), None)
+    if j is None:
+        return "; your code never does"
+    return f"; yours does that {j + 1} event(s) later{_at(rest[j])}"
+
+
+def first_of_ranks(ref: Sequence[Sequence[dict]], got: Sequence[Sequence[dict]]) -> Divergence | None:
+    """The earliest divergence over the ranks (rank order breaks ties)."""
+    found = [d for rank, (r, g) in enumerate(zip(ref, got)) if (d := first_divergence(r, g, rank))]
+    return min(found, key=lambda d: (d.index, d.rank)) if found else None
+
+
+def action(event: dict | None) -> str:
+    """What an event did, in words: "stepped the optimizer (lr 0.1)", "sent a [16, 64] tensor to rank 1"."""
+    if event is None:
+        return "did nothing more"
+    kind = event["event"]
+    lr = ", ".join(f"{x:.6g}" for x in event.get("lr", []))
+    if kind == "optimizer.step":
+        return f"stepped the optimizer (lr {lr})"
+    if kind == "scheduler.step":
+        return f"stepped the LR scheduler (to lr {lr})"
+    if kind in ("send", "recv"):
+        to = "to" if kind == "send" else "from"
+        return f"{'sent' if kind == 'send' else 'received'} a {event.get('shape')} tensor {to} rank {event.get('peer')}"
+    if kind == "collective":
+        return f"called {event.get('kind')} on a {event.get('shape')} tensor (group of {event.get('group')})"
+    if kind == "forward":
+        return f"ran a forward of {event.get('module')}"
+    if kind == "backward":
+        return f"called backward() on a {event.get('shape')} tensor"
+    if kind in ("save", "load"):
+        return f"called {event.get('api', kind)} of {event.get('held')}"
+    if kind in ("dcp.save", "dcp.load"):
+        return f"called {kind} of {event.get('held')}"
+    return kind
+
+
+def _at(event: dict | None) -> str:
+    if not event or "line" not in event:
+        return ""
+    return f" ({event['file']}:{event['line']}: `{event['code']}`)"
+
+
+def _value(event: dict, name: str) -> str:
+    v = event.get(name)
+    if isinstance(v, list) and v and isinstance(v[0], float):
+        return "[" + ", ".join(f"{x:.6g}" for x in v) + "]"
+    return f"{v:.8g}" if isinstance(v, float) else str(v)
+
+
+def describe(d: Divergence) -> str:
+    """The learner-facing sentence: at which step, what the learner's code did at which line, what the
+    reference did, and the values that differ. The reference's code is never shown (only what it did)."""
+    ref, got = d.ref, d.got
+    step = (got or ref or {}).get("step", 0)
+    who = f"rank {d.rank}, " if d.rank else ""
+    when = f"after {step} optimizer step(s)" if step else "before any optimizer step"
+    head = f"first difference from the reference ({who}{when}, event {d.index + 1}): "
+    if d.fields == ("event",):
+        if got is None:
+            return head + f"your run ended where the reference {action(ref)}"
+        return head + f"your code {action(got)}{_at(got)} where the reference {action(ref)}{d.later}"
+    values = "; ".join(f"{FIELD_WORDS.get(f, f)} {_value(got, f)} vs the reference's {_value(ref, f)}"
+                       for f in d.fields)
+    return head + f"your code {action(got)}{_at(got)}: {values}"
+
+
+def unnamed_failures(report) -> list:
+    """The failing criteria of ``report`` whose feedback names no cause (a symptom only)."""
+    if not report.ran or any(c.name == "runs" for c in report.criteria):
+        return []
+    return [c for c in report.criteria if c.earned < c.points and not named(c.feedback)
+            and not c.feedback.startswith("not checked") and " raised " not in c.feedback]  # an error: its line
+
+
+def annotate(report, traces: Sequence, reference: Sequence) -> bool:
+    """Add the first divergence of ``traces`` (per launch, per rank) from ``reference`` to the first failing
+    criterion of ``report`` that names no cause. Whether it did."""
+    failing = unnamed_failures(report)
+    if not failing:
+        return False
+    for launch_ref, launch_got in zip(reference, traces):
+        if d := first_of_ranks(launch_ref, launch_got):
+            failing[0].feedback += f"\n  {d.message()}"
+            return True
+    return False
+
+
+_REFERENCE: dict = {}  # (check, its grade's keyword arguments) -> the reference's traces, per launch
+
+
+def solution_path(check):
+    """The reference solution of a check's exercise (``solutions/exNN_name.py``)."""
+    from distlab.runtime.launch import REPO_ROOT
+
+    return REPO_ROOT / "solutions" / check.EXERCISE.filename
+
+
+def reference_traces(check, **kwargs) -> list:
+    """The reference solution's traces, graded by ``check`` as the learner's file was (once per process);
+    ``[]`` where it cannot be read (the grading image keeps ``solutions/`` from the learner's user)."""
+    from .grading import TRACES
+
+    key = (check.__name__, repr(sorted(kwargs.items())))  # as grade() keys it
+    if key not in _REFERENCE:
+        path = solution_path(check)
+        TRACES.pop(str(path), None)
+        try:
+            check.grade([path], **kwargs)
+        except Exception:  # noqa: BLE001 - no reference trace: the feedback keeps its symptom
+            pass
+        _REFERENCE[key] = TRACES.pop(str(path), [])
+    return _REFERENCE[key]
+
+
+def grade(check, paths: Sequence, *, localise: bool = False, with_reference: bool = False, **kwargs) -> list:
+    """``check.grade(paths, **kwargs)``, and for each failing criterion that names no cause, the first
+    divergence of that file's trace from the reference's (graded the same way, only when needed);
+    ``localise``: then also which graded function, swapped for the reference's, makes it pass
+    (:mod:`.substitute`: one more grading of as many variants as the exercise has graded functions).
+    ``with_reference``: grade the reference in the same call (one launch less where a failure is likely)."""
+    from .grading import TRACES
+    from .substitute import localise as swap
+
+    key, solution = (check.__name__, repr(sorted(kwargs.items()))), solution_path(check)
+    extra = [solution] if with_reference and key not in _REFERENCE and str(solution) not in map(str, paths) else []
+    for path in [*paths, *extra]:
+        TRACES.pop(str(path), None)
+    reports = check.grade([*paths, *extra], **kwargs)[:len(paths)]
+    if extra:
+        _REFERENCE[key] = TRACES.pop(str(solution), [])
+    for path, report in zip(paths, reports):
+        traces = TRACES.pop(str(path), [])
+        if not unnamed_failures(report):
+            continue
+        if traces:
+            annotate(report, traces, reference_traces(check, **kwargs))
+        if localise and (where := swap(check, path, report, solution_path(check), **kwargs)):
+            report.notes.append(where)
+    return reports

@@ -1,0 +1,202 @@
+"""Feedback measured on mistakes nobody listed: mutants generated from the reference solutions' lines.
+
+The checks' tests hold the *anticipated* mistakes to their messages; this measures the others. For each
+line of each graded function of ``solutions/exNN_*.py`` (inside its solution block), one plausible edit,
+the kind a learner makes (mutation testing's operators, DeMillo, Lipton and Sayward 1978, and
+"are mutants a valid substitute for real faults", Just et al. 2014):
+
+* a numeric or boolean literal changed to a neighbouring legal value (``1 -> 2``, ``0.1 -> 0.2``,
+  ``True -> False``);
+* otherwise, on odd lines, the statement moved one statement down (swapped with the next, both single lines);
+* otherwise the line dropped (``pass`` in its place, so the line numbers stay the learner's).
+
+Edits that do not parse or leave the function's AST unchanged are skipped. Each exercise's mutants are
+graded in one ``grade`` call (``divergence.grade``: with the first divergence where no cause is named).
+A mutant that still earns full marks is *not caught* (an equivalent mutant, or a gap in the check).
+Of the caught ones, the rows give the share whose feedback names the edited line (``file:L`` or
+``line L``), and the share that names the line, a declared cause (a check's table), or shows the error the
+edit raised at the learner's line where it surfaced (a dropped assignment: the ``NameError`` where the
+name is used), or the first divergence from the reference at a learner's line (a dropped ``backward()``:
+"your code stepped the optimizer (line 70) where the reference called backward()"). Only the first is
+strict; the others say what went wrong and where it showed, not always the edited line.
+
+``python -m benchmarks feedback`` (minutes: exercise 5's mutants run its fresh-job scenario only).
+``DISTLAB_BENCH_EXERCISES=5,7`` restricts the exercises.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import Row
+
+MARKS = ("### BEGIN SOLUTION", "### END SOLUTION")
+SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)
+# What a grading of each exercise's mutants passes to its check: exercise 5's resume scenarios cost a
+# launch per file (the fresh job is the one that rides in a shared launch).
+GRADE_KWARGS = {5: {"scenarios": ("fresh",)}}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One edit of a solution: its source, the lines it touched (the learner's numbering), and what it did."""
+
+    source: str
+    lines: tuple[int, ...]
+    edit: str
+
+
+def _solution_span(lines: list[str]) -> list[tuple[int, int]]:
+    """The 1-based line ranges inside ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` blocks."""
+    spans, start = [], None
+    for i, ln in enumerate(lines, 1):
+        if MARKS[0] in ln:
+            start = i
+        elif MARKS[1] in ln and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def _statements(tree: ast.AST):
+    """Every statement list in ``tree`` (bodies, else branches...), so siblings can be swapped."""
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                yield block
+
+
+def _literal_edit(line: str, st: ast.stmt) -> str | None:
+    """The line with its first numeric or boolean literal changed to a neighbouring legal value."""
+    for node in ast.walk(st):
+        if isinstance(node, ast.Constant) and node.lineno == st.lineno == node.end_lineno:
+            v = node.value
+            if isinstance(v, bool):
+                new = repr(not v)
+            elif isinstance(v, int):
+                new = repr(v + 1)
+            elif isinstance(v, float):
+                new = repr(v * 2 if v else 1e-3)
+            else:
+                continue
+            a, b = node.col_offset, node.end_col_offset
+            return line[:a] + new + line[b:]
+    return None
+
+
+def mutants(solution: Path) -> list[Mutant]:
+    """One edit per statement line of the solution blocks of ``solution`` (see the module's docstring)."""
+    src = solution.read_text()
+    lines, tree = src.splitlines(), ast.parse(src)
+    spans = _solution_span(lines)
+    original = ast.dump(tree)
+    out: list[Mutant] = []
+    for block in _statements(tree):
+        for k, st in enumerate(block):
+            if not isinstance(st, SIMPLE) or not any(a < st.lineno < b for a, b in spans):
+                continue
+            edited, touched, what = list(lines), (st.lineno,), ""
+            literal = _literal_edit(lines[st.lineno - 1], st)
+            nxt = block[k + 1] if k + 1 < len(block) else None
+            if literal is not None:
+                edited[st.lineno - 1], what = literal, "literal changed"
+            elif st.lineno % 2 and isinstance(nxt, SIMPLE) and st.lineno == st.end_lineno \
+                    and nxt.lineno == nxt.end_lineno:
+                a, b = st.lineno - 1, nxt.lineno - 1
+                edited[a], edited[b] = lines[b], lines[a]
+                touched, what = (st.lineno, nxt.lineno), "moved down"
+            else:
+                indent = re.match(r"\s*", lines[st.lineno - 1]).group()
+                edited[st.lineno - 1] = indent + "pass"
+                for j in range(st.lineno, st.end_lineno):
+                    edited[j] = ""
+                what = "dropped"
+            source = "\n".join(edited) + "\n"
+            try:
+                if ast.dump(ast.parse(source)) == original:
+                    continue
+            except SyntaxError:
+                continue
+            out.append(Mutant(source, touched, f"line {st.lineno} {what}: {lines[st.lineno - 1].strip()[:60]}"))
+    return out
+
+
+def names_line(feedback: str, filename: str, lines: tuple[int, ...]) -> bool:
+    """Whether ``feedback`` points at one of the edited ``lines`` of the learner's file."""
+    return any(f"{filename}:{n}" in feedback or f"{filename} line {n} " in feedback or f"(line {n}: " in feedback
+               for n in lines)  # the harness's frames, the divergence's, and exercise 3's "(line N: code)
+
+
+def _grade(check, paths: list[Path], **kwargs) -> list:
+    """All in one call; where a check's launch cannot survive one file that raises (it raises for the batch),
+    one call per file, each launch error explained as ``run_one`` does."""
+    from autograder import divergence
+    from autograder.run_one import explain
+    from distlab import LaunchError
+
+    try:
+        return divergence.grade(check, paths, **kwargs)
+    except LaunchError:
+        pass
+    reports = []
+    for path in paths:
+        try:
+            reports += divergence.grade(check, [path], **kwargs)
+        except LaunchError as exc:
+            reports.append(check.EXERCISE.new_report().did_not_run(
+                explain(exc, path, getattr(check, "KNOWN_ERRORS", ()))))
+    return reports
+
+
+def measure(number: int, keep: Path | None = None) -> dict:
+    """Grade every generated mutant of exercise ``number`` in one ``grade`` call; the counts."""
+    from autograder import divergence
+    from autograder.diagnosis import named
+    from autograder.registry import check_modules
+
+    check = check_modules()[number]
+    solution = divergence.solution_path(check)
+    found = mutants(solution)
+    with tempfile.TemporaryDirectory(prefix=f"ex{number:02d}-mutants-") as tmp:
+        paths = []
+        for i, m in enumerate(found):
+            (Path(tmp) / str(i)).mkdir()
+            paths.append(Path(tmp) / str(i) / solution.name)
+            paths[-1].write_text(m.source)
+        reports = _grade(check, paths, **GRADE_KWARGS.get(number, {}))
+    caught = [(m, r) for m, r in zip(found, reports) if not r.passed and not r.not_graded]
+    by_line = [m for m, r in caught if names_line(r.feedback, solution.name, m.lines)]
+    by_cause = [m for m, r in caught if not names_line(r.feedback, solution.name, m.lines) and named(r.feedback)]
+    by_error = [m for m, r in caught if m not in by_line and m not in by_cause
+                and re.search(rf"raised .*({re.escape(solution.name)}:|\bline )\d+", r.feedback, flags=re.S)]
+    by_divergence = [m for m, r in caught if m not in by_line + by_cause + by_error
+                     and "first difference" in r.feedback]
+    if keep is not None:
+        keep.write_text("\n\n".join(f"## {m.edit}\n{r.feedback}" for m, r in zip(found, reports)))
+    return {"mutants": len(found), "caught": len(caught), "line": len(by_line), "cause": len(by_cause),
+            "error_line": len(by_error), "divergence": len(by_divergence)}
+
+
+def rows() -> list[Row]:
+    from autograder.registry import check_modules
+
+    wanted = os.environ.get("DISTLAB_BENCH_EXERCISES")
+    numbers = [int(n) for n in wanted.split(",")] if wanted else sorted(check_modules())
+    out = []
+    for n in numbers:
+        got = measure(n)
+        caught = max(got["caught"], 1)
+        named = got["line"] + got["cause"] + got["error_line"] + got["divergence"]
+        note = (f"{got['caught']} of {got['mutants']} generated mutants caught; of them {got['line']} name the "
+                f"edited line, {got['cause']} a declared cause, {got['error_line']} an error at another line of "
+                f"theirs, {got['divergence']} a first divergence at another line")
+        out += [Row("feedback", f"ex{n:02d}: caught mutants whose feedback names the edited line",
+                    100 * got["line"] / caught, "%", note),
+                Row("feedback", f"ex{n:02d}: ... the line, a declared cause, or an error or divergence at a line",
+                    100 * named / caught, "%", "goal of issue 25: >= 80%")]
+    return out

@@ -1,0 +1,97 @@
+"""The first divergence from the reference (autograder.divergence), on made-up traces; and substitution's parts."""
+from __future__ import annotations
+
+import textwrap
+
+from autograder import diagnosis
+from autograder.divergence import annotate, first_divergence, first_of_ranks
+from autograder.report import ExerciseReport
+from autograder.substitute import graded_functions, swapped, verdict
+
+
+def _step(n, lr, params=1.0, line=20):
+    return {"event": "optimizer.step", "step": n, "lr": [lr], "params": params, "rng": "ab",
+            "file": "ex05_checkpoint.py", "line": line, "code": "optimizer.step()"}
+
+
+def _sched(n, lr, line=21):
+    return {"event": "scheduler.step", "step": n, "lr": [lr], "epoch": n,
+            "file": "ex05_checkpoint.py", "line": line, "code": "scheduler.step()"}
+
+
+REF = [_step(1, 0.1), _sched(1, 0.05), _step(2, 0.05), _sched(2, 0.025)]
+
+
+def test_same_traces_do_not_diverge():
+    assert first_divergence(REF, [dict(e) for e in REF]) is None
+    assert first_divergence(REF, [dict(REF[0], params=1.0 + 1e-9)] + REF[1:]) is None  # within rtol
+
+
+def test_an_event_out_of_order_names_the_line_and_where_it_happens_later():
+    got = [_sched(0, 0.05, line=19), _step(1, 0.05), _sched(1, 0.025, line=19)]
+    d = first_divergence(REF, got)
+    assert d.index == 0 and d.fields == ("event",)
+    msg = d.message()
+    assert "your code stepped the LR scheduler (to lr 0.05) (ex05_checkpoint.py:19: `scheduler.step()`)" in msg
+    assert "where the reference stepped the optimizer (lr 0.1)" in msg
+    assert "yours does that 1 event(s) later (ex05_checkpoint.py:20" in msg
+
+
+def test_a_value_that_differs_is_shown_both_sides():
+    got = [REF[0], _sched(1, 0.05), _step(2, 0.05, params=2.5), REF[3]]
+    msg = first_divergence(REF, got).message()
+    assert "after 2 optimizer step(s), event 3" in msg
+    assert "the parameters' sum after the step 2.5 vs the reference's 1" in msg
+
+
+def test_a_run_that_ends_early_and_the_earliest_rank():
+    d = first_divergence(REF, REF[:2])
+    assert d.index == 2 and "your run ended where the reference stepped the optimizer" in d.message()
+    d = first_of_ranks([REF, REF], [REF[:3], [REF[0], _sched(1, 0.5)] + REF[2:]])
+    assert (d.rank, d.index) == (1, 1) and d.message().startswith("first difference from the reference (rank 1,")
+
+
+def test_annotate_only_failures_that_name_no_cause():
+    @diagnosis.mistake("a made-up mistake")
+    def cause(x):
+        return "the made-up cause, with numbers" if x else None
+
+    report = ExerciseReport(99, "made-up", 3)
+    report.check("named", 1, False, f"weights differ: {cause(True)}")
+    report.check("symptom", 1, False, "weights differ (max abs difference 0.1)")
+    report.check("passes", 1, True)
+    assert cause.mistake == "a made-up mistake"
+    assert annotate(report, [[REF[:3] + [_sched(2, 0.5)]]], [[REF]])
+    named, symptom, _ = report.criteria
+    assert "first difference" not in named.feedback
+    assert "first difference from the reference (after 2 optimizer step(s), event 4)" in symptom.feedback
+
+
+SOLUTION = textwrap.dedent('''
+    def helper():
+        return 1
+
+
+    def save(x):
+        """Graded."""
+        ### BEGIN SOLUTION
+        return x + 1
+        ### END SOLUTION
+
+
+    def train(x):
+        ### BEGIN SOLUTION
+        return save(x) * 2
+        ### END SOLUTION
+''')
+
+
+def test_substitution_swaps_one_graded_function():
+    assert graded_functions(SOLUTION) == ["save", "train"]
+    learner = "import os\n\n\ndef save(x):\n    return x - 1\n\n\ndef train(x):\n    return save(x) * 2\n"
+    variant = swapped(learner, SOLUTION, "save")
+    assert "return x + 1" in variant and "return x - 1" not in variant and variant.startswith("import os")
+    assert swapped("def other(): pass\n", SOLUTION, "save") is None
+    assert verdict([("save", 10, True), ("train", 4, False)], 4, 10).startswith("the difference is in save:")
+    assert "mostly in train" in verdict([("save", 4, False), ("train", 6, False)], 4, 10)
+    assert verdict([("save", 4, False)], 4, 10) is None

@@ -1,0 +1,92 @@
+"""The trace recorder (autograder.harness.trace), in this process: each event at the learner's line."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from autograder.harness.errors import describe_value, values_at
+from autograder.harness.trace import Tracer, held
+from distlab.runtime.importing import import_path
+
+LEARNER = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+
+    def train(out, steps=3):
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        for _ in range(steps):
+            optimizer.zero_grad()
+            model(torch.ones(3, 4)).sum().backward()
+            scheduler.step()
+            optimizer.step()
+        torch.save({"model": model.state_dict(), "step": steps}, out)
+
+
+    def broken(x):
+        y = torch.ones(5, 3)
+        return x @ y
+""")
+# The learner above steps the scheduler first on purpose (the trace must show it): PyTorch warns of it.
+pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+
+
+def _learner(tmp_path):
+    path = tmp_path / "ex99_trace.py"
+    path.write_text(LEARNER)
+    return path, import_path(path, name="learner_ex99_trace")
+
+
+def test_events_in_order_at_the_learners_lines(tmp_path):
+    path, learner = _learner(tmp_path)
+    with Tracer() as tracer:
+        tracer.begin(str(path))
+        learner.train(tmp_path / "ck.pt")
+    events = tracer.traces[str(path)]
+    kinds = [e["event"] for e in events]
+    assert kinds[:5] == ["scheduler.step", "forward", "backward", "scheduler.step", "optimizer.step"]  # init, loop
+    assert kinds.count("optimizer.step") == 3 and kinds[-1] == "save"
+    assert events[2]["shape"] == [] and events[2]["line"] == 12
+    sched = events[3]
+    assert (sched["file"], sched["line"], sched["code"]) == ("ex99_trace.py", 13, "scheduler.step()")
+    assert sched["lr"] == [0.05] and sched["step"] == 0  # stepped before the optimizer: lr halved already
+    step = events[4]
+    assert step["line"] == 14 and step["step"] == 1 and step["lr"] == [0.05]
+    assert isinstance(step["params"], float) and len(step["rng"]) == 12
+    assert events[1]["module"] == "Linear" and events[1]["line"] == 12  # the learner's call, not a child
+    assert events[-1]["held"] == ["model.weight", "model.bias", "step"] and events[-1]["line"] == 15
+
+
+def test_bounded_and_plain_data(tmp_path):
+    path, learner = _learner(tmp_path)
+    with Tracer(max_events=5) as tracer:
+        tracer.begin(str(path))
+        learner.train(tmp_path / "ck.pt", steps=10)
+    events = tracer.traces[str(path)]
+    assert len(events) == 6 and events[-1]["event"] == "truncated"
+    torch.save(tracer.traces, tmp_path / "t.pt")  # plain data: loads with weights_only
+    assert torch.load(tmp_path / "t.pt", weights_only=True) == tracer.traces
+
+
+def test_events_outside_a_learners_file_are_not_recorded(tmp_path):
+    path, _ = _learner(tmp_path)
+    with Tracer() as tracer:
+        tracer.begin(str(path))
+        torch.save({"x": 1}, tmp_path / "grader.pt")  # the grader's own save
+    assert tracer.traces[str(path)] == []
+    assert held([1, 2]) == "list"
+
+
+def test_values_at_the_learners_line(tmp_path):
+    path, learner = _learner(tmp_path)
+    try:
+        learner.broken(torch.ones(2, 4, requires_grad=True))
+    except RuntimeError as exc:
+        values = values_at(exc, path)
+    assert values == ("x: float32[2, 4], requires_grad=True, grad None; "
+                      "y: float32[5, 3], requires_grad=False, grad None")
+    assert describe_value(3) is None
