@@ -30,8 +30,8 @@ A failure names the first cause below that explains the observations:
 | loss not divided | "the gradient of window 0 (...) is the micro-batch gradients not divided, not the mean ..." |
 | loss divided by accumulation_steps | "... divided by accumulation_steps=4, not the mean over its N=16 samples ..." |
 | micro-batches weighted equally | "... divided by the 3 micro-batches (equal weights), not the mean ..." |
-| per-micro-batch token means averaged | "... (equal weights), not the mean over its N=29 tokens on all ranks ...: averaging ..." |
-| local token count not all-reduced | "... normalised by each rank's own token count, not the mean over its N=29 tokens ..." |
+| per-micro-batch token means averaged | "... (equal weights), not the mean over its N=29 tokens ...: averaging ..." |
+| local token count not all-reduced | "... normalised by each rank's own token count, not the mean ..." |
 | padding tokens counted | "... normalised with padding included (64 labels), not the mean over its N=29 ..." |
 | loss divided by the world size on top of DDP's average | "... averaged by DDP over 2 ranks (1/2 of the mean) ..." |
 | no_sync called on model.module | "no_sync() is a method of the DistributedDataParallel wrapper ..." (raised) |
