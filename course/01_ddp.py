@@ -196,9 +196,18 @@ plt.show()
 # ## Exercise 1: from one process to DDP
 #
 # Open **`exercises/ex01_ddp.py`**. It contains `train_single`, a working single-process loop,
-# and three stubs: `setup`, `train_ddp` and `teardown`. Their docstrings are the contract. In
-# short: join the process group, shard the data with a `DistributedSampler` (and `set_epoch`),
-# wrap the model in DDP, log and save on rank 0 only, and leave the process group at the end.
+# and four stubs: `setup`, `train_ddp`, `evaluate_ddp` and `teardown`. Their docstrings are the
+# contract. In short: join the process group, shard the data with a `DistributedSampler` (and
+# `set_epoch`), wrap the model in DDP, log and save on rank 0 only, evaluate a model over a data
+# set with all the ranks, and leave the process group at the end.
+#
+# **Before you write `evaluate_ddp`, think.** The digits above split evenly over the ranks; most
+# data sets do not. A `DistributedSampler` still hands every rank the same number of samples
+# (`len(sampler)` is `ceil(n / W)`): with its default `drop_last=False` it makes up the
+# difference from the data set itself. Try `list(DistributedSampler(range(10), num_replicas=4,
+# rank=r, shuffle=False))` for each `r`: which samples would a metric see twice? Training barely
+# notices a repeated sample; a reported accuracy should not count one. And each rank's number is
+# only its shard's.
 #
 # The grader runs your code with torchrun at **2 and 4 ranks** and checks, against a
 # single-process reference trained on the same global batches:
@@ -207,7 +216,9 @@ plt.show()
 #   missing broadcast shows);
 # * each rank read a disjoint shard, together covering the data, reshuffled every epoch;
 # * the weights match the single-process reference (`torch.testing.assert_close`);
-# * only rank 0 printed, and rank 0 alone saved the unwrapped model; teardown destroys the group.
+# * only rank 0 printed, and rank 0 alone saved the unwrapped model; teardown destroys the group;
+# * `evaluate_ddp` over 21 samples (which neither 2 nor 4 divides) returns, on every rank, the
+#   loss and accuracy one process computes over the 21, each rank reading only its shard.
 #
 # Run the cell below after each change (`check(1)`), or from a shell in the repository's root:
 # `make grade` grades every exercise, `.venv/bin/python -m autograder --exercise 1` this one.

@@ -86,6 +86,15 @@ for name, g in cases.items():
 # not divided; and with unequal micro-batches, $1/k$ over-weights the small ones: only $n_i/N$
 # gives the big-batch gradient.
 #
+# **Tokens, and other ranks.** A language model's loss is a mean over *tokens*, and a batch of
+# padded sequences holds as many tokens as its sequences are long: then $n_i$ is a token count
+# that changes with every micro-batch, and the label of a padding token (`-100`, `cross_entropy`'s
+# `ignore_index`) is no token at all. Under DDP the big batch is every rank's micro-batches
+# together, so $N$ counts the tokens of *all* ranks, while each rank can count only its own. Several
+# libraries shipped exactly this normalisation wrong in 2024 (they averaged per-micro-batch means).
+# Before the exercise, work out on paper: who knows $N$, and when? And what does DDP's *average*
+# over the ranks do to a loss you normalised by a global count?
+#
 # ## Under DDP: `no_sync()` saves all-reduces, and the ranks differ until the boundary
 #
 # Two ranks accumulate 4 micro-batches, once with an all-reduce after every backward and once
@@ -227,8 +236,10 @@ else:
 # ## Exercise 2
 #
 # Open `exercises/ex02_accumulation.py` and write `train_accumulated`. The grader runs it at
-# 2 ranks on equal micro-batches, unequal ones, and a final short window, and compares each
-# optimizer step with one big batch computed in a single process.
+# 2 ranks on equal micro-batches, unequal ones, a final short window, and padded sequences whose
+# token counts differ between micro-batches and between ranks, and compares each optimizer step
+# with one big batch computed in a single process (for the sequences: the mean over every
+# non-padding token of the window on both ranks).
 
 # %%
 from autograder.notebook import check

@@ -12,7 +12,9 @@ together do exactly what ``train_single`` would do with a global batch of
 3. Wrap the model in ``DistributedDataParallel``: it broadcasts rank 0's
    weights at construction and all-reduces (averages) gradients in backward.
 4. Log and save on rank 0 only: every rank holds the same model.
-5. ``teardown``: leave the process group.
+5. ``evaluate_ddp``: evaluate a model over a data set that the world size
+   does not divide, sharded like training, counting every sample once.
+6. ``teardown``: leave the process group.
 
 Check your work from the repository's root with ``make grade`` (every
 exercise) or ``.venv/bin/python -m autograder --exercise 1`` (this one),
@@ -96,6 +98,27 @@ def train_ddp(model: nn.Module, dataset: Dataset, *, epochs: int, batch_size: in
     * Save ``model.module.state_dict()`` (the unwrapped model, so its keys have
       no ``module.`` prefix) with ``torch.save`` to ``checkpoint_path``, on rank 0 only.
     * Return the trained model (wrapped or not).
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+def evaluate_ddp(model: nn.Module, dataset: Dataset, *, batch_size: int) -> tuple[float, float]:
+    """The mean cross-entropy and the accuracy of ``model`` over ``dataset``, computed by all ranks together.
+
+    Contract (the grader checks each point, with ``len(dataset)`` not divisible by the world size):
+
+    * Called after ``setup()`` on every rank, with the same ``model`` (a plain module, on this rank's
+      device, not wrapped) on every rank. Do not train: no gradients are needed.
+    * Each rank evaluates only its own shard: ``DistributedSampler(dataset, shuffle=False)`` (with its
+      default ``drop_last=False``) in a ``DataLoader`` of ``batch_size``. No rank reads more than
+      ``ceil(len(dataset) / W)`` samples.
+    * The sampler gives every rank the same number of samples: when ``W`` does not divide
+      ``len(dataset)`` it pads the shards, and some samples then reach the model twice. Every sample of
+      ``dataset`` must count exactly once (read how ``DistributedSampler.__iter__`` pads and shards).
+    * Return ``(loss, accuracy)`` as Python floats, the same on every rank: the mean cross-entropy over
+      the ``len(dataset)`` samples and the fraction of them whose arg-max logit is the label, equal (to
+      float rounding) to what one process computes over the whole data set.
     """
     # YOUR CODE HERE
     raise NotImplementedError

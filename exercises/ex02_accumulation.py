@@ -11,7 +11,9 @@ unless you say otherwise, and you only need the average once per step.
 Write ``train_accumulated`` so that:
 
 1. each micro-batch's loss is scaled so the gradient accumulated over a window
-   is the gradient of the mean loss over *all* the window's samples;
+   is the gradient of the mean loss over *all* the window's labels, on all
+   ranks: micro-batches may hold padded sequences of different lengths, and
+   a mean of their means is not that mean;
 2. ``optimizer.step()`` and ``optimizer.zero_grad()`` run once per window;
 3. every micro-step except the last of its window runs inside
    ``model.no_sync()``, so DDP all-reduces once per optimizer step.
@@ -27,8 +29,11 @@ import contextlib
 from typing import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+IGNORE_INDEX = -100  # cross_entropy's default ignore_index: the label of a padding token
 
 
 def windows(num_micro_batches: int, accumulation_steps: int) -> list[range]:
@@ -54,23 +59,29 @@ def train_accumulated(model: DDP, optimizer: torch.optim.Optimizer,
     * ``model`` is already wrapped in ``DistributedDataParallel``; ``optimizer``
       optimises its parameters, and gradients are zero (``None``) on entry.
       ``micro_batches`` are ``(x, y)`` pairs on the model's device, used in order.
+      ``model(x)`` returns logits of shape ``y.shape + (C,)``: ``y`` holds one
+      label per sample (shape ``(B,)``) or one per token of padded sequences
+      (shape ``(B, T)``), where a label equal to ``IGNORE_INDEX`` (-100) marks
+      padding. Sizes and token counts may differ between micro-batches *and*
+      between ranks.
     * The windows are ``windows(len(micro_batches), accumulation_steps)``: a
       final window shorter than ``accumulation_steps`` still ends with an
-      optimizer step, normalised over its own samples (as below).
-    * Loss: ``cross_entropy(model(x), y)`` is the mean over a micro-batch of
-      ``n_i`` samples; multiply it by ``n_i / N`` where ``N`` is the number of
-      samples in its window, then ``backward()``. The window's accumulated
-      gradient is then the gradient of the mean over all ``N`` samples, as if
-      they were one batch; with equal sizes this is dividing by the number of
-      micro-batches in the window. (Every rank gets micro-batches of the same
-      sizes, so DDP's average over ranks is the mean over the global batch.)
+      optimizer step, normalised over its own labels (as below).
+    * Loss: each optimizer step must use the gradient of the mean
+      cross-entropy over every non-padding label of the window, on *all*
+      ranks together: exactly the step of one process given the window's
+      global batch (every rank's micro-batches concatenated). ``N`` is that
+      count of non-padding labels, summed over the window's micro-batches and
+      over the ranks. Remember that DDP *averages* the ranks' gradients (it
+      divides their sum by the world size).
     * At the end of each window, and only there: ``optimizer.step()`` then
       ``optimizer.zero_grad()``.
     * Run every micro-step that is not the last of its window (forward *and*
       backward) inside ``with model.no_sync():`` so DDP all-reduces the
       gradients once per optimizer step; the ranks' ``.grad`` differ in between.
-    * Return (not graded) the loss of each window (the mean over its ``N``
-      samples on this rank) as a list of Python floats.
+      (A collective of your own, outside DDP, is not counted against this.)
+    * Return (not graded) each window's loss as a Python float: this rank's
+      share of the window's global token mean (its summed loss over ``N``).
     """
     # YOUR CODE HERE
     raise NotImplementedError

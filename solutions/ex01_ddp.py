@@ -12,7 +12,9 @@ together do exactly what ``train_single`` would do with a global batch of
 3. Wrap the model in ``DistributedDataParallel``: it broadcasts rank 0's
    weights at construction and all-reduces (averages) gradients in backward.
 4. Log and save on rank 0 only: every rank holds the same model.
-5. ``teardown``: leave the process group.
+5. ``evaluate_ddp``: evaluate a model over a data set that the world size
+   does not divide, sharded like training, counting every sample once.
+6. ``teardown``: leave the process group.
 
 Check your work from the repository's root with ``make grade`` (every
 exercise) or ``.venv/bin/python -m autograder --exercise 1`` (this one),
@@ -127,4 +129,44 @@ def train_ddp(model: nn.Module, dataset: Dataset, *, epochs: int, batch_size: in
     if rank == 0:
         torch.save(ddp_model.module.state_dict(), checkpoint_path)
     return ddp_model
+    ### END SOLUTION
+
+
+def evaluate_ddp(model: nn.Module, dataset: Dataset, *, batch_size: int) -> tuple[float, float]:
+    """The mean cross-entropy and the accuracy of ``model`` over ``dataset``, computed by all ranks together.
+
+    Contract (the grader checks each point, with ``len(dataset)`` not divisible by the world size):
+
+    * Called after ``setup()`` on every rank, with the same ``model`` (a plain module, on this rank's
+      device, not wrapped) on every rank. Do not train: no gradients are needed.
+    * Each rank evaluates only its own shard: ``DistributedSampler(dataset, shuffle=False)`` (with its
+      default ``drop_last=False``) in a ``DataLoader`` of ``batch_size``. No rank reads more than
+      ``ceil(len(dataset) / W)`` samples.
+    * The sampler gives every rank the same number of samples: when ``W`` does not divide
+      ``len(dataset)`` it pads the shards, and some samples then reach the model twice. Every sample of
+      ``dataset`` must count exactly once (read how ``DistributedSampler.__iter__`` pads and shards).
+    * Return ``(loss, accuracy)`` as Python floats, the same on every rank: the mean cross-entropy over
+      the ``len(dataset)`` samples and the fraction of them whose arg-max logit is the label, equal (to
+      float rounding) to what one process computes over the whole data set.
+    """
+    ### BEGIN SOLUTION
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = next(model.parameters()).device
+    shard = DistributedSampler(dataset, shuffle=False)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, samples counted
+    seen = 0
+    with torch.no_grad():
+        for x, y in DataLoader(dataset, batch_size=batch_size, sampler=shard):
+            x, y = x.to(device), y.to(device)
+            # The sampler pads the index list to W * ceil(n / W) by repeating its head, then deals it out:
+            # this rank's j-th sample is position j * W + rank, and positions from n on are the repeats.
+            position = torch.arange(seen, seen + len(y), device=device) * world + rank
+            real = position < len(dataset)
+            seen += len(y)
+            logits = model(x)[real]
+            totals[0] += nn.functional.cross_entropy(logits, y[real], reduction="sum")
+            totals[1] += (logits.argmax(dim=-1) == y[real]).sum()
+            totals[2] += real.sum()
+    dist.all_reduce(totals)  # sums, not means: the shards hold different numbers of real samples
+    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
     ### END SOLUTION

@@ -42,6 +42,7 @@ MUTANTS = {
     "no_ddp_no_sampler": {
         "loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)":
             "loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)",
+        "sampler=shard)": "sampler=None)",  # and the evaluation reads the whole set on every rank
         "ddp_model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)":
             "ddp_model = model",
         "torch.save(ddp_model.module.state_dict(), checkpoint_path)":
@@ -52,6 +53,7 @@ MUTANTS = {
         "        if rank == 0:\n            # Rank 0": "        if True:\n            # Rank 0",
         "    if rank == 0:\n        torch.save(": "    if True:\n        torch.save(",
         "    dist.destroy_process_group()": "    pass",
+        "DistributedSampler(dataset, shuffle=False)": "DistributedSampler(dataset, shuffle=False, drop_last=True)",
     },
     # The linear scaling rule applied by hand: DDP already averages, so the step is simply 2x too big.
     "lr_scaled": {
@@ -82,6 +84,11 @@ MUTANTS = {
         "torch.save(ddp_model.module.state_dict(), checkpoint_path)":
             "torch.save(ddp_model.state_dict(), checkpoint_path)",
     },
+    # evaluate_ddp's mistakes (the training in these files is the solution's).
+    "eval_padding_counted": {"real = position < len(dataset)": "real = position >= 0"},
+    "eval_not_reduced": {"    dist.all_reduce(totals)": "    pass"},
+    "eval_mean_of_means": {"    dist.all_reduce(totals)": "    totals = totals / totals[2]\n"
+                                                          "    dist.all_reduce(totals)"},
 }
 
 
@@ -96,9 +103,13 @@ def graded(tmp_path_factory):
     return graded
 
 
+EVAL = "[W=2] evaluate_ddp counts each of 21 samples once despite the sampler's padding"
+
+
 @pytest.mark.slow
 def test_no_sampler_and_no_ddp_are_named(graded):
     fails = failed(graded["no_ddp_no_sampler"])
+    assert fails[EVAL].startswith("rank 0 read 21 samples of the 21-sample evaluation set, the whole of it")
     shard = fails["[W=2] each rank reads its own shard"]
     assert shard.startswith("every rank read all 1792 samples in each epoch (rank 0 read 1792 per epoch, not its 896)")
     assert "pass a DistributedSampler" in shard
@@ -113,14 +124,15 @@ def test_set_epoch_logging_and_saving_mistakes_are_named(graded):
     report = graded["epoch_logging_saving"]
     fails = failed(report)
     assert set(fails) == {"[W=2] new shuffle every epoch", "[W=2] only rank 0 logs",
-                          "[W=2] rank 0 saves the model once", "[W=2] teardown destroys the process group"}
+                          "[W=2] rank 0 saves the model once", "[W=2] teardown destroys the process group", EVAL}
     assert fails["[W=2] new shuffle every epoch"].startswith(
         "epoch 0 and epoch 1 read the samples in the same shuffled order: call sampler.set_epoch(epoch)")
     assert fails["[W=2] only rank 0 logs"].startswith("rank 1 printed 2 lines (first: 'epoch 0: mean loss")
     assert fails["[W=2] rank 0 saves the model once"] == "torch.save was called on ranks [0, 1]: save on rank 0 only"
     assert "still initialised on ranks [0, 1]" in fails["[W=2] teardown destroys the process group"]
+    assert fails[EVAL].startswith("rank 0 returned loss") and "the metric of only 20 of the 21 samples" in fails[EVAL]
     # The parts that are right still earn their marks.
-    assert report.score == 6 and report.max_score == 10
+    assert report.score == 5 and report.max_score == 10
 
 
 def _only(report, criterion: str) -> str:
@@ -234,3 +246,26 @@ def test_the_save_and_all_reduce_spies_see_every_import_style(tmp_path, imported
             assert learner.save is torch.save and learner.all_reduce is dist.all_reduce
     finally:
         dist.destroy_process_group()
+
+
+
+def test_counting_the_samplers_padding_is_named(graded):
+    msg = _only(graded["eval_padding_counted"], EVAL[6:])
+    assert "the mean over the 22 samples the samplers dealt out, not over the data set's 21" in msg
+    assert "repeating samples (here [0])" in msg
+
+
+def test_a_metric_not_reduced_is_named(graded):
+    msg = _only(graded["eval_not_reduced"], EVAL[6:])
+    assert msg.startswith("the ranks returned different metrics (each its own shard's): rank 0 returned loss")
+
+
+def test_averaging_the_ranks_means_is_named(graded):
+    msg = _only(graded["eval_mean_of_means"], EVAL[6:])
+    assert "the average of the ranks' means; without the repeats the shards hold [11, 10] samples" in msg
+
+
+def test_every_criterion_has_three_hints():
+    from autograder.checks.ex01_ddp.hints import HINTS
+    assert set(HINTS) == {c.__name__ for c in ex01_ddp.CRITERIA}
+    assert all(len(tiers) == 3 and all(tiers) for tiers in HINTS.values())

@@ -11,19 +11,22 @@ from tests import independent
 from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
 
 FILE = check.EXERCISE.filename
+# The solution's loss line, and a micro-batch's mean loss (what most mistakes start from).
+LOSS, MEAN = "loss = summed * (world / count.item())", "loss = summed / y.ne(IGNORE_INDEX).sum()"
 MUTANTS = {
     "not_divided_no_sync": {
-        " * (len(y) / total)": "",
+        LOSS: MEAN,
         "contextlib.nullcontext() if boundary else model.no_sync()": "contextlib.nullcontext()",
     },
     "zero_grad_every_micro_step": {
         "                loss.backward()\n": "                optimizer.zero_grad()\n                loss.backward()\n",
     },
-    "divided_by_k": {" * (len(y) / total)": " / accumulation_steps"},
+    "divided_by_k": {LOSS: MEAN + " / accumulation_steps"},
     "step_every_micro_step": {
         "        optimizer.step()\n        optimizer.zero_grad()\n": "",
-        "            window_loss += loss.item()\n":
-            "            window_loss += loss.item()\n            optimizer.step()\n            optimizer.zero_grad()\n",
+        "            window_loss += summed.item() / count.item()\n":
+            "            window_loss += summed.item() / count.item()\n"
+            "            optimizer.step()\n            optimizer.zero_grad()\n",
     },
     "never_zero_grad": {"        optimizer.step()\n        optimizer.zero_grad()\n": "        optimizer.step()\n"},
     "zero_grad_before_step": {
@@ -31,7 +34,13 @@ MUTANTS = {
             "        optimizer.zero_grad()\n        optimizer.step()\n",
     },
     # Every micro-batch weighs the same, whatever its size: right for equal sizes only.
-    "equal_weights": {" * (len(y) / total)": " / len(window)"},
+    # and, over padded sequences, the mean of the micro-batches' token means (the 2024 accumulation bug).
+    "equal_weights": {LOSS: MEAN + " / len(window)"},
+    # Each rank divides by its own token count: right while every rank has as many labels.
+    "local_count": {"        dist.all_reduce(count)\n": "", LOSS: "loss = summed / count.item()"},
+    # The global count, but DDP's average over the ranks not undone.
+    "over_world": {LOSS: "loss = summed / count.item()"},
+    "padding_counted": {"(micro_batches[i][1] != IGNORE_INDEX).sum()": "micro_batches[i][1].numel()"},
     # Skips the step of a window shorter than accumulation_steps (and so its samples).
     "no_step_on_short_window": {
         "        optimizer.step()\n        optimizer.zero_grad()\n":
@@ -133,7 +142,7 @@ def test_equal_weights_for_unequal_micro_batches(reports):
     assert "is the micro-batch gradients divided by the 3 micro-batches (equal weights), not the mean over its N=24" \
         in unequal and "its share of the window's samples n_i / N" in unequal
     # With equal sizes dividing by the number of micro-batches is right, and so is the short window (2 of 8 each).
-    assert list(failed(report)) == [name for name in failed(report) if "unequal sizes" in name]
+    assert list(failed(report)) == [name for name in failed(report) if "unequal sizes" in name or "padded" in name]
 
 
 def test_never_synced_is_named(reports):
@@ -161,3 +170,41 @@ def test_known_errors_are_translated():
         .startswith("no_sync called on model.module: ")
     assert "backward() ran twice" in translate("RuntimeError: Trying to backward through the graph a second time "
                                                "(or directly access saved tensors...", check.KNOWN_ERRORS)
+
+
+
+TOKENS = "padded sequences"
+
+
+def test_mean_of_token_means_is_named(reports):
+    tokens = feedback_of(reports["equal_weights"], TOKENS)
+    assert "non-padding tokens per micro-batch [9, 4] on rank 0 and [2, 14] on rank 1" in tokens
+    assert "divided by the 2 micro-batches (equal weights), not the mean over its N=29 tokens on all ranks" in tokens
+    assert "weighs a token of a short micro-batch more" in tokens and "reduction='sum'" in tokens
+
+
+def test_local_token_count_is_named(reports):
+    report = reports["local_count"]
+    assert "normalised by each rank's own token count" in feedback_of(report, TOKENS)
+    assert "all_reduce the window's token count" in feedback_of(report, TOKENS)
+    assert list(failed(report)) == [name for name in failed(report) if TOKENS in name]  # equal counts: right
+
+
+def test_padding_counted_is_named(reports):
+    report = reports["padding_counted"]
+    assert "normalised with padding included (64 labels), not the mean over its N=29" in feedback_of(report, TOKENS)
+    assert list(failed(report)) == [name for name in failed(report) if TOKENS in name]  # no padding: right
+
+
+def test_ddp_average_not_undone_is_named(reports):
+    report = reports["over_world"]
+    msg = "averaged by DDP over 2 ranks (1/2 of the mean), not the mean over its N={}"
+    assert msg.format(32) in feedback_of(report, "after 4 micro-batches")
+    assert msg.format("29 tokens") in feedback_of(report, TOKENS)
+    assert "multiplied by the world size" in feedback_of(report, TOKENS)
+
+
+def test_every_criterion_has_three_hints():
+    from autograder.checks.ex02_accumulation.hints import HINTS
+    assert set(HINTS) == {c.__name__ for c in check.CRITERIA}
+    assert all(len(tiers) == 3 and all(tiers) for tiers in HINTS.values())

@@ -9,7 +9,11 @@ Inside the ranks (``probes``) global hooks also record which module
 each forward entered (the DDP wrapper or the model inside it), each batch's
 size, the weights at the first forward, every DDP built around the model,
 the gradients and lr at the first optimizer step, and gradients all-reduced
-by hand; a failure names the first cause below that explains them:
+by hand. ``evaluate_ddp`` then evaluates one model (the same on every rank)
+over 21 samples, which neither world size divides: DistributedSampler pads the
+shards by repeating samples, and the metric must equal one process's over the
+21 (the padding torchmetrics' and accelerate's ``gather_for_metrics`` remove).
+A failure names the first cause below that explains them:
 
 | mistake | message |
 |---|---|
@@ -25,6 +29,11 @@ by hand; a failure names the first cause below that explains them:
 | gradients all-reduced by hand on top of DDP | "... 2x the reference's: the gradients were also summed by hand ..." |
 | loss multiplied by the world size | "the first step's gradient is 2x the reference's on the same global batch: ..." |
 | loss divided by the world size | "the first step's gradient is 0.5x the reference's on the same global batch: ..." |
+| evaluation set read whole on every rank | "rank 0 read 21 samples of the 21-sample evaluation set, the whole ..." |
+| the sampler's padding counted | "... the mean over the 24 samples the samplers dealt out, not the data set's 21 ..." |
+| DistributedSampler built with drop_last=True | "... the metric of only 20 of the 21 samples ..." |
+| metric not all-reduced | "the ranks returned different metrics (each its own shard's): ..." |
+| the ranks' means averaged | "... the average of the ranks' means; ... the shards hold [6, 5, 5, 5] ..." |
 | DataLoader given a sampler and shuffle=True | "a DataLoader takes either sampler= or shuffle=True ..." (raised) |
 | device_ids given for a CPU model | "device_ids=[...] is for a model on one GPU ..." (raised) |
 | init_process_group called twice | "the process group was initialised twice ..." (raised) |
@@ -47,12 +56,12 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, inner_forward, loss_over_world,
-                     loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised, not_wrapped,
-                     seeded_apart,
-                     unshuffled)
+from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, eval_close, eval_drop_last,
+                     eval_mean_of_means, eval_not_reduced, eval_padding_counted, eval_whole_set, inner_forward,
+                     loss_over_world, loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised,
+                     not_wrapped, seeded_apart, unshuffled)
 from .observed import Run
-from .probes import ATOL, CONFIG, MODEL, RTOL, rank_main
+from .probes import ATOL, CONFIG, EVAL, MODEL, RTOL, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]
 
@@ -64,6 +73,7 @@ RANKS_APART = [inner_forward, not_synchronised, not_wrapped]
 SHARDS = [no_sampler, seeded_apart]
 SHUFFLE = [unshuffled, no_set_epoch]
 STEP = [batch_not_per_rank, lr_changed, double_all_reduce, loss_times_world, loss_over_world]
+EVALUATION = [eval_whole_set, eval_padding_counted, eval_drop_last, eval_not_reduced, eval_mean_of_means]
 
 
 @criterion("[W={world}] same parameters on every rank", points=2)
@@ -173,8 +183,29 @@ def teardown_destroys(run: Run) -> Verdict:
                   "dist.destroy_process_group()")
 
 
+@criterion(f"[W={{world}}] evaluate_ddp counts each of {EVAL['n']} samples once despite the sampler's padding",
+           points=2)
+def evaluates_once(run: Run) -> Verdict:
+    if errors := [(r["rank"], r["eval_error"]) for r in run.ranks if r["eval_error"]]:
+        return failed(f"evaluate_ddp raised on rank {errors[0][0]}: {errors[0][1]}")
+    if bad := [r for r in run.ranks if r["eval"] is None]:
+        return failed(f"evaluate_ddp returned {bad[0]['eval_returned']} on rank {bad[0]['rank']}, not a pair of "
+                      "floats (loss, accuracy)")
+    n, limit = EVAL["n"], -(-EVAL["n"] // run.world)
+    ref = run.eval_candidates["reference"]
+    measured = {f"W{run.world}_eval_loss": run.ranks[0]["eval"][0], f"W{run.world}_eval_reference_loss": ref[0]}
+    if greedy := [r for r in run.ranks if len(r["eval_accessed"]) > limit]:
+        return failed(diagnose([eval_whole_set], run) or f"rank {greedy[0]['rank']} read "
+                      f"{len(greedy[0]['eval_accessed'])} samples, more than its shard of {limit}", **measured)
+    if all(eval_close(r["eval"], ref) for r in run.ranks):
+        return passed(f"loss {ref[0]:.4f}, accuracy {ref[1]:.3f}, as one process", **measured)
+    loss, acc = run.ranks[0]["eval"]
+    return failed(diagnose(EVALUATION, run) or f"rank 0 returned loss {loss:.5f}, accuracy {acc:.4f}; one process "
+                  f"over the {n} samples has {ref[0]:.5f}, {ref[1]:.4f}", **measured)
+
+
 CRITERIA = [same_parameters, own_shard, reshuffled, matches_reference, only_rank0_logs, rank0_saves_once,
-            teardown_destroys]
+            evaluates_once, teardown_destroys]
 
 
 def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> list[ExerciseReport]:

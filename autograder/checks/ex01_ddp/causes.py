@@ -12,7 +12,7 @@ from distlab.data import digits
 from ...diagnosis import KnownError, mistake
 from ...parity import parity
 from .observed import Run
-from .probes import ATOL, CONFIG
+from .probes import ATOL, CONFIG, EVAL
 
 
 KNOWN_ERRORS = [
@@ -149,3 +149,65 @@ def loss_over_world(run: Run) -> str | None:
     return (f"the first step's gradient is {run.gradient_ratio:.3g}x the reference's on the same global batch: "
             f"the loss was divided by the world size ({run.world}); DDP already averages the gradients over the "
             "ranks, so use the plain mean cross-entropy")
+
+
+# evaluate_ddp's mistakes: what rank 0 returned, against what each usual mistake would return.
+
+def eval_close(got, want) -> bool:
+    return got is not None and all(abs(g - w) <= 1e-5 * max(1.0, abs(w)) for g, w in zip(got, want))
+
+
+def _returned(run: Run, r: int = 0) -> str:
+    loss, acc = run.ranks[r]["eval"]
+    return f"rank {r} returned loss {loss:.5f}, accuracy {acc:.4f}"
+
+
+@mistake("evaluation set read whole on every rank")
+def eval_whole_set(run: Run) -> str | None:
+    read = len(run.ranks[0]["eval_accessed"])
+    if read < EVAL["n"]:
+        return None
+    return (f"rank 0 read {read} samples of the {EVAL['n']}-sample evaluation set, the whole of it: give each rank "
+            "its shard with DistributedSampler(dataset, shuffle=False) so the ranks split the work")
+
+
+@mistake("the sampler's padding counted")
+def eval_padding_counted(run: Run) -> str | None:
+    if not eval_close(run.ranks[0]["eval"], run.eval_candidates["padding counted"]):
+        return None
+    dealt = sum(map(len, run.shards()))
+    repeats = sorted(i for r, s in enumerate(run.shards()) for j, i in enumerate(s) if j * run.world + r >= EVAL["n"])
+    return (f"{_returned(run)}: the mean over the {dealt} samples the samplers dealt out, not over the data set's "
+            f"{EVAL['n']}: DistributedSampler pads the shards to equal length by repeating samples (here {repeats}), "
+            "and those were counted twice; leave the repeats out of the sums and the count")
+
+
+@mistake("DistributedSampler built with drop_last=True")
+def eval_drop_last(run: Run) -> str | None:
+    if not eval_close(run.ranks[0]["eval"], run.eval_candidates["drop_last=True"]):
+        return None
+    kept = sum(map(len, run.shards(drop_last=True)))
+    return (f"{_returned(run)}: the metric of only {kept} of the {EVAL['n']} samples, as drop_last=True deals them: "
+            "an evaluation must see every sample; keep drop_last=False and leave out the repeats it adds instead")
+
+
+@mistake("metric not all-reduced")
+def eval_not_reduced(run: Run) -> str | None:
+    got = [r["eval"] for r in run.ranks]
+    if all(eval_close(g, got[0]) for g in got[1:]):
+        return None
+    own = [r for r in range(run.world) if any(eval_close(got[r], run.eval_candidates[f"rank {r}'s shard{w}"])
+                                              for w in ("", " without its repeats"))]
+    what = " (each its own shard's)" if len(own) == run.world else ""
+    return (f"the ranks returned different metrics{what}: {_returned(run, 0)}, {_returned(run, 1)[5:]}: each rank "
+            "saw only its shard; combine the ranks' results with a collective so every rank returns the data set's")
+
+
+@mistake("the ranks' means averaged")
+def eval_mean_of_means(run: Run) -> str | None:
+    if not eval_close(run.ranks[0]["eval"], run.eval_candidates["mean of the ranks' means"]):
+        return None
+    sizes = [len(s) for s in run.shards()]
+    real = [sum(j * run.world + r < EVAL["n"] for j in range(n)) for r, n in enumerate(sizes)]
+    return (f"{_returned(run)}, the average of the ranks' means; without the repeats the shards hold {real} samples, "
+            "so each rank's mean weighs differently: reduce the sums and the count, and divide once")

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.data.distributed import DistributedSampler
 
 from distlab.data import digits
 from distlab.models import make_mlp
 
-from .probes import CONFIG, MODEL
+from .probes import CONFIG, EVAL, MODEL
 
 
 @dataclass
@@ -59,6 +60,35 @@ class Run:
         got = torch.cat([r0["first_step"]["grads"][n].flatten() for n, _ in model.named_parameters()]).double()
         ratio = float(got @ ref / (ref @ ref))
         return ratio if torch.allclose(got, ratio * ref, rtol=1e-3, atol=1e-6) else None
+
+    def shards(self, drop_last: bool = False) -> list[list[int]]:
+        """The indices of evaluate_ddp's data set each rank's ``DistributedSampler(shuffle=False)`` deals out
+        (the real sampler's, so its padding: the head of the index list repeated)."""
+        return [list(DistributedSampler(range(EVAL["n"]), num_replicas=self.world, rank=r, shuffle=False,
+                                        drop_last=drop_last)) for r in range(self.world)]
+
+    @functools.cached_property
+    def eval_candidates(self) -> dict[str, tuple[float, float]]:
+        """(loss, accuracy) of the evaluation model over the data set once (``"reference"``, one process),
+        and what the usual mistakes return; ``"rank r's shard"``: what rank r alone would report."""
+        model = make_mlp(seed=EVAL["seed"], **MODEL).double()
+        x, y = digits().tensors
+        with torch.no_grad():
+            logits = model(x[:EVAL["n"]].double())
+        loss = nn.functional.cross_entropy(logits, y[:EVAL["n"]], reduction="none")
+        correct = (logits.argmax(-1) == y[:EVAL["n"]]).double()
+
+        def over(idx: list[int]) -> tuple[float, float]:
+            return float(loss[idx].mean()), float(correct[idx].mean())
+
+        padded, real = self.shards(), [[i for j, i in enumerate(s) if j * self.world + r < EVAL["n"]]
+                                       for r, s in enumerate(self.shards())]
+        out = {"reference": over(list(range(EVAL["n"]))), "padding counted": over(sum(padded, [])),
+               "drop_last=True": over(sum(self.shards(drop_last=True), [])),
+               "mean of the ranks' means": tuple(sum(over(s)[m] for s in real) / self.world for m in (0, 1))}
+        out.update({f"rank {r}'s shard": over(s) for r, s in enumerate(padded)})
+        out.update({f"rank {r}'s shard without its repeats": over(s) for r, s in enumerate(real)})
+        return out
 
     def ratio_is(self, value: float) -> bool:
         return self.gradient_ratio is not None and abs(self.gradient_ratio - value) < 1e-2 * value

@@ -1,8 +1,13 @@
 """Exercise 2 check: gradient accumulation under DDP equals one larger batch (world size 2).
 
-Three scenarios run in one launch, each from the same initial weights:
-equal micro-batches (k=4, 3 windows), unequal micro-batches (k=3), and a
-final window shorter than k. Inside the ranks the grader only observes:
+Four scenarios run in one launch, each from the same initial weights:
+equal micro-batches (k=4, 3 windows), unequal micro-batches (k=3), a
+final window shorter than k, and padded sequences whose token counts differ
+between micro-batches and between ranks (k=2): there the reference is one
+process's mean cross-entropy over every non-padding token of the window's
+global batch, which needs the window's token count summed over the ranks
+(the accumulation bug of 2024, where libraries averaged per-micro-batch
+means: Hugging Face, "Fixing Gradient Accumulation", Oct 2024). Inside the ranks the grader only observes:
 an optimizer that records the gradients it is asked to step with, a forward
 pre-hook that counts micro-steps, snapshots the gradients in the middle of a
 window and sees whether ``.grad`` is zero when a window starts, spies on
@@ -25,6 +30,10 @@ A failure names the first cause below that explains the observations:
 | loss not divided | "the gradient of window 0 (...) is the micro-batch gradients not divided, not the mean ..." |
 | loss divided by accumulation_steps | "... divided by accumulation_steps=4, not the mean over its N=16 samples ..." |
 | micro-batches weighted equally | "... divided by the 3 micro-batches (equal weights), not the mean ..." |
+| per-micro-batch token means averaged | "... (equal weights), not the mean over its N=29 tokens ...: averaging ..." |
+| local token count not all-reduced | "... normalised by each rank's own token count, not the mean ..." |
+| padding tokens counted | "... normalised with padding included (64 labels), not the mean over its N=29 ..." |
+| loss divided by the world size on top of DDP's average | "... averaged by DDP over 2 ranks (1/2 of the mean) ..." |
 | no_sync called on model.module | "no_sync() is a method of the DistributedDataParallel wrapper ..." (raised) |
 | the window's summed loss back-propagated every micro-step | "backward() ran twice through the same graph" (raised) |
 """
@@ -38,8 +47,9 @@ from ...parity import parity
 from ...grading import launch_files, launch_timeout
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, never_synced, never_zeroed,
-                     not_divided, step_every_micro_step, step_misplaced, zero_grad_before_step, zero_grad_mid_window)
+from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, local_count, mean_of_means,
+                     never_synced, never_zeroed, not_divided, over_world, padding_counted, step_every_micro_step,
+                     step_misplaced, window_in_words, zero_grad_before_step, zero_grad_mid_window)
 from .observed import Run, Scenario
 from .probes import SCENARIOS, rank_main, windows
 from .reference import WORLD, reference
@@ -50,7 +60,8 @@ EXERCISE = Exercise(number=2, name="accumulation", filename="ex02_accumulation.p
 
 # Most specific first: a broken schedule explains wrong gradients, not the other way round.
 SCHEDULE = [zero_grad_mid_window, zero_grad_before_step, step_every_micro_step, step_misplaced, never_zeroed]
-CAUSES = SCHEDULE + [never_synced, not_divided, divided_by_k, equal_weights]
+CAUSES = SCHEDULE + [never_synced, not_divided, mean_of_means, divided_by_k, equal_weights, over_world, local_count,
+                     padding_counted]
 
 
 def _first_wrong_step(s: Scenario) -> str:
@@ -58,9 +69,10 @@ def _first_wrong_step(s: Scenario) -> str:
     if (first := first_wrong(s)) is None:
         return ""
     w, diff = first
-    n = sum(s.sizes[i] for i in windows(len(s.sizes), s.k)[w])
-    return (f"the gradient at optimizer step {w} differs from one batch of the window's {WORLD * n} global "
-            f"samples (max abs difference {diff:.3g})")
+    what, n = window_in_words(s, w)
+    total = f"{n} non-padding tokens on all ranks" if s.name == "tokens" else f"{WORLD * n} global samples"
+    return (f"the gradient at optimizer step {w} ({what}) differs from one batch of the window's {total} (max abs "
+            f"difference {diff:.3g})")
 
 
 def _parameters_match(s: Scenario) -> Verdict:
@@ -80,6 +92,7 @@ EQUAL_SIZES, K = SCENARIOS["equal"]
 EQUAL = f"[equal sizes, k={K}]"
 UNEQUAL_SIZES, UNEQUAL_K = SCENARIOS["unequal"]
 SHORT_SIZES, SHORT_K = SCENARIOS["short"]
+_, TOKENS_K = SCENARIOS["tokens"]
 
 
 @criterion(f"{EQUAL} gradient after {K} micro-batches equals one {K}x larger batch", points=2)
@@ -149,8 +162,14 @@ def short_window_parameters(run: Run) -> Verdict:
     return _parameters_match(run.scenarios["short"])
 
 
+@criterion(f"[padded sequences, token counts differ by micro-batch and rank, k={TOKENS_K}] parameters equal "
+           "one process's token mean over the global batch", points=2)
+def token_parameters(run: Run) -> Verdict:
+    return _parameters_match(run.scenarios["tokens"])
+
+
 CRITERIA = [first_window_gradient, equal_parameters, step_per_window, allreduce_per_window, differ_inside_window,
-            unequal_parameters, short_window_parameters]
+            unequal_parameters, short_window_parameters, token_parameters]
 
 
 def grade(paths: Sequence[Path]) -> list[ExerciseReport]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ...diagnosis import KnownError, mistake
 from ...parity import parity
 from .observed import Scenario
-from .probes import ATOL, RTOL, windows
+from .probes import ATOL, RTOL, TOKEN_LENGTHS, windows
 
 
 KNOWN_ERRORS = [
@@ -97,21 +97,32 @@ def first_wrong(s: Scenario) -> tuple[int, float] | None:
     return None
 
 
+def window_in_words(s: Scenario, w: int) -> tuple[str, int]:
+    """Window ``w``'s micro-batches in words, and its ``N``: this rank's samples, or every rank's tokens."""
+    win = windows(len(s.sizes), s.k)[w]
+    if s.name != "tokens":
+        return f"{[s.sizes[i] for i in win]} samples per micro-batch on each rank", sum(s.sizes[i] for i in win)
+    counts = [[sum(TOKEN_LENGTHS[r][i]) for i in win] for r in sorted(TOKEN_LENGTHS)]
+    return (f"non-padding tokens per micro-batch {counts[0]} on rank 0 and {counts[1]} on rank 1",
+            sum(map(sum, counts)))
+
+
 def _normalisation(s: Scenario, wrong: str, advice: str) -> str | None:
     """The message if every step's gradient is the micro-batch gradients ``wrong`` (at that step's weights)."""
-    label = [next(key for key in ref if key.startswith(wrong)) for ref in s.references]
+    label = [next((key for key in ref if key.startswith(wrong)), None) for ref in s.references]
     first = first_wrong(s)
-    if not first or not all(close(step["grads"], ref[label[w]])[0]
-                            for w, (step, ref) in enumerate(zip(s.obs["steps"], s.references))):
+    if not first or None in label or not all(close(step["grads"], ref[label[w]])[0]
+                                             for w, (step, ref) in enumerate(zip(s.obs["steps"], s.references))):
         return None
     w, diff = first
     win = windows(len(s.sizes), s.k)[w]
     if wrong.startswith("divided by accumulation_steps") and len(win) != s.k:
         advice = ("this window is shorter than accumulation_steps: normalise the final, shorter window over its "
                   "own samples (n_i / N), not by accumulation_steps")
-    return (f"the gradient of window {w} ({[s.sizes[i] for i in win]} samples per micro-batch on each rank) is "
-            f"the micro-batch gradients {label[w]}, not the mean over its N={sum(s.sizes[i] for i in win)} "
-            f"samples (max abs difference {diff:.3g}): {advice}")
+    what, n = window_in_words(s, w)
+    unit = "tokens on all ranks" if s.name == "tokens" else "samples"
+    return (f"the gradient of window {w} ({what}) is the micro-batch gradients {label[w]}, not the mean over its "
+            f"N={n} {unit} (max abs difference {diff:.3g}): {advice}")
 
 
 @mistake("loss not divided")
@@ -129,3 +140,33 @@ def divided_by_k(s: Scenario) -> str | None:
 def equal_weights(s: Scenario) -> str | None:
     return _normalisation(s, "divided by the", "weight each micro-batch's mean loss by its share of the "
                           "window's samples n_i / N")
+
+
+@mistake("loss divided by the world size on top of DDP's average")
+def over_world(s: Scenario) -> str | None:
+    return _normalisation(s, "summed over the labels, divided by N and then", "DDP averages the ranks' "
+                          "gradients (their sum over the world size): a loss summed over this rank's labels and "
+                          "divided by the global N must be multiplied by the world size to give the global mean")
+
+
+@mistake("per-micro-batch token means averaged")
+def mean_of_means(s: Scenario) -> str | None:
+    if s.name != "tokens":
+        return None
+    return _normalisation(s, "divided by the", "averaging each micro-batch's token mean weighs a token of a "
+                          "short micro-batch more than one of a long one (the accumulation bug several libraries "
+                          "shipped in 2024); sum the token losses (reduction='sum') and divide by the window's "
+                          "token count over all ranks")
+
+
+@mistake("local token count not all-reduced")
+def local_count(s: Scenario) -> str | None:
+    return _normalisation(s, "normalised by each rank's", "each rank divided by its own token count, so a "
+                          "token of the rank with fewer weighs more; all_reduce the window's token count before its "
+                          "first backward and divide by that global N")
+
+
+@mistake("padding tokens counted")
+def padding_counted(s: Scenario) -> str | None:
+    return _normalisation(s, "normalised with padding", "the count included the padding labels (IGNORE_INDEX), which "
+                          "add nothing to the loss: count only the labels that are not IGNORE_INDEX")

@@ -1,8 +1,9 @@
 """Exercise 2's single-process reference: the big batch each accumulation window stands for.
 
 The grader compares rank 0's gradient at each optimizer step with the gradient of the window's global
-micro-batches concatenated into one batch (``"big"``), and names the usual wrong answers (the sum, the
-sum over ``accumulation_steps``, equal weights per micro-batch) beside it, for feedback.
+micro-batches concatenated into one batch (``"big"``: the mean over every non-padding label of the window on
+every rank), and names the usual wrong answers (the sum, the sum over ``accumulation_steps``, equal weights
+per micro-batch, a rank's own token count, padding counted, DDP's average not undone) beside it, for feedback.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch import nn
 
 from distlab.models import cpu_state, make_mlp
 
-from .probes import LR, MODEL, SCENARIOS, micro_batches, windows
+from .probes import IGNORE_INDEX, LR, MODEL, SCENARIOS, micro_batches, token_batches, windows
 
 WORLD = 2  # the ranks of every launch: a global micro-batch is theirs concatenated
 
@@ -25,25 +26,47 @@ def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _global_micro_batches(scenario: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Micro-step i's global micro-batch: every rank's i-th, concatenated."""
+def rank_batches(scenario: str) -> list[list[tuple[torch.Tensor, torch.Tensor, int]]]:
+    """Every rank's micro-batches as the ranks got them, flattened to their non-padding labels
+    ``(x, y, number of labels padding included)``."""
     sizes, _ = SCENARIOS[scenario]
-    per_rank = [micro_batches(sizes, r, WORLD) for r in range(WORLD)]
-    return [(torch.cat([b[i][0] for b in per_rank]), torch.cat([b[i][1] for b in per_rank])) for i in range(len(sizes))]
+    out = []
+    for r in range(WORLD):
+        batches = token_batches(r) if scenario == "tokens" else micro_batches(sizes, r, WORLD)
+        out.append([(x[y != IGNORE_INDEX], y[y != IGNORE_INDEX], y.numel()) for x, y in batches])
+    return out
 
 
 def window_gradients(scenario: str, w: int, params: dict) -> dict[str, dict]:
-    """At ``params``: window ``w``'s big-batch gradient ``"big"``, and the usual wrong answers (for feedback)."""
+    """At ``params``: window ``w``'s big-batch gradient ``"big"`` (the mean over every non-padding label of
+    the window on every rank), and the usual wrong answers (for feedback), each as DDP would average it."""
     sizes, k = SCENARIOS[scenario]
-    win, batches = windows(len(sizes), k)[w], _global_micro_batches(scenario)
+    win, per_rank = windows(len(sizes), k)[w], rank_batches(scenario)
     model = make_mlp(seed=5, **MODEL)
     model.load_state_dict(params)
-    big = _grad(model, torch.cat([batches[i][0] for i in win]), torch.cat([batches[i][1] for i in win]))
-    micro = [_grad(model, *batches[i]) for i in win]
-    total = {n: sum(g[n] for g in micro) for n in big}
-    return {"big": big, "not divided": total,
-            f"divided by accumulation_steps={k}": {n: t / k for n, t in total.items()},
-            f"divided by the {len(win)} micro-batches (equal weights)": {n: t / len(win) for n, t in total.items()}}
+    big = _grad(model, torch.cat([b[i][0] for b in per_rank for i in win]),
+                torch.cat([b[i][1] for b in per_rank for i in win]))
+    # g[r][j]: rank r's mean over the labels of the window's j-th micro-batch; n: their count; pad: with padding.
+    g = [[_grad(model, *b[i][:2]) for i in win] for b in per_rank]
+    n = [[len(b[i][1]) for i in win] for b in per_rank]
+    pad = sum(b[i][2] for b in per_rank for i in win)
+
+    def ddp_mean(local):  # DDP averages the ranks' accumulated gradients
+        return {name: sum(local(r, name) for r in range(WORLD)) / WORLD for name in big}
+
+    total = ddp_mean(lambda r, name: sum(gj[name] for gj in g[r]))
+    out = {"big": big, "not divided": total,
+           f"divided by accumulation_steps={k}": {name: t / k for name, t in total.items()},
+           f"divided by the {len(win)} micro-batches (equal weights)":
+               {name: t / len(win) for name, t in total.items()},
+           f"summed over the labels, divided by N and then averaged by DDP over {WORLD} ranks (1/{WORLD} of the mean)":
+               {name: b / WORLD for name, b in big.items()}}
+    if scenario == "tokens":
+        out["normalised by each rank's own token count"] = ddp_mean(
+            lambda r, name: sum(nj * gj[name] for nj, gj in zip(n[r], g[r])) / sum(n[r]))
+        tokens = sum(map(sum, n))
+        out[f"normalised with padding included ({pad} labels)"] = {name: b * tokens / pad for name, b in big.items()}
+    return out
 
 
 @functools.lru_cache(maxsize=None)  # one per scenario, shared by every file graded in this process
