@@ -537,8 +537,11 @@ display(widgets.interactive(
 # no error (the layers before the block get a wrong gradient, a different one on each rank, and
 # their copies drift apart), and where the bias goes.
 #
-# The grader runs your layers on 2 and on 4 ranks and compares them with the unsplit block; the
-# exercise file says what it checks. Run the next cell (it grades the stub until you fill it in).
+# The exercise file does not dictate the lines: its contract states the invariants, what each rank
+# holds (which rows or columns, of which shape, in storage of its own) and what crosses the wire (which
+# collective, in which direction, of how many bytes), and any code that keeps them scores full marks.
+# The grader runs your layers on 2 and on 4 ranks, compares them with the unsplit block and counts the
+# collectives. Run the next cell (it grades the stub until you fill it in).
 
 # %%
 from autograder.notebook import check

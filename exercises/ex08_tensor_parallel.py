@@ -36,14 +36,16 @@ from torch import nn
 
 
 class CopyToParallelRegion(torch.autograd.Function):
-    """Megatron's ``f``, applied to the column-parallel layer's input: ``CopyToParallelRegion.apply(x)``.
+    """Megatron's ``f``, where the column-parallel layer reads its input: ``CopyToParallelRegion.apply(x)``.
 
-    Contract (the grader checks each point):
+    Invariants (the grader checks each):
 
-    * Forward: return ``x`` unchanged, with no communication (every rank already holds the whole input).
-    * Backward: all-reduce (sum) the incoming gradient over the default process group and return the
-      result: each rank's shard of the layer contributes one part of the input's gradient, and the
-      input's gradient is their sum, the same on every rank. One collective, an all-reduce, in the backward.
+    * Value: the input every rank already holds whole, the same on every rank; the forward moves
+      no bytes.
+    * Gradient: the input's gradient is the sum over the W ranks of what each rank's shard of the
+      layer contributes; after the backward every rank holds that sum, the same everywhere. This
+      is the block's only collective in the backward: one, over the default process group, of the
+      input's size (``x.numel() * x.element_size()`` bytes).
     """
 
     @staticmethod
@@ -58,14 +60,15 @@ class CopyToParallelRegion(torch.autograd.Function):
 
 
 class ReduceFromParallelRegion(torch.autograd.Function):
-    """Megatron's ``g``, applied to the row-parallel layer's partial sums: ``ReduceFromParallelRegion.apply(p)``.
+    """Megatron's ``g``, where the row-parallel partial sums become the output: ``ReduceFromParallelRegion.apply(p)``.
 
-    Contract (the grader checks each point):
+    Invariants (the grader checks each):
 
-    * Forward: return the all-reduce (sum) of ``p`` over the default process group, the same on
-      every rank: the whole output. One collective, an all-reduce, in the forward.
-    * Backward: return the incoming gradient unchanged, with no communication (every rank's partial
-      sum went into the output with weight 1, and every rank holds the output's whole gradient).
+    * Value: each rank's ``p`` is one part of the output, not an estimate of it; the result is their
+      sum over the W ranks, the same on every rank. This is the block's only collective in the
+      forward: one, over the default process group, of the output's size.
+    * Gradient: each partial sum enters the output with weight 1 and every rank already holds the
+      output's whole gradient: the backward moves no bytes.
     """
 
     @staticmethod
@@ -82,18 +85,19 @@ class ReduceFromParallelRegion(torch.autograd.Function):
 class ColumnParallelLinear(nn.Module):
     """The block's first layer, split by output features: this rank's ``k = out / world_size`` of them.
 
-    Contract (the grader checks each point):
+    Given the unsplit ``linear = nn.Linear(in, out)``, the same on every rank, ``out`` a multiple of
+    ``world_size`` and ``0 <= rank < world_size``. Invariants (the grader checks each):
 
-    * ``linear`` is the unsplit ``nn.Linear(in, out)``, the same on every rank; ``out`` is a multiple
-      of ``world_size``, and ``rank`` is this rank's index (``0 <= rank < world_size``).
-    * Keep, as ``nn.Parameter`` attributes, copies (``.clone()``, not views: a view keeps the whole
-      unsplit tensor alive) of this rank's shard, and no reference to ``linear``:
-      ``self.weight``: rows ``rank*k : (rank+1)*k`` of ``linear.weight``, shape ``(k, in)``;
-      ``self.bias``: elements ``rank*k : (rank+1)*k`` of ``linear.bias``, shape ``(k,)``.
-    * ``forward(x)``: ``x`` is ``(..., in)``, the whole input, the same on every rank. Return
-      ``F.linear(f(x), self.weight, self.bias)``, shape ``(..., k)``: this rank's features
-      ``rank*k : (rank+1)*k`` of ``linear(x)``. ``f`` is ``CopyToParallelRegion.apply``: no
-      collective in the forward; the backward all-reduces ``x``'s gradient.
+    * Held: the rank's own block of output features, ``rank*k : (rank+1)*k``: a weight of shape
+      ``(k, in)`` (``nn.Linear``'s weight is ``(out, in)``) and a bias of shape ``(k,)``, as the
+      module's ``nn.Parameter`` attributes ``weight`` and ``bias``. They are the rank's 1/W of the
+      layer: storage of their own (not a view keeping the unsplit tensor alive) and no reference to
+      ``linear`` or its tensors.
+    * Forward: from ``x`` of shape ``(..., in)``, whole and the same on every rank, to this rank's
+      features ``rank*k : (rank+1)*k`` of ``linear(x)``, shape ``(..., k)``; no collective.
+    * Backward: the gradients of ``weight`` and ``bias`` are the matching slices of the unsplit
+      layer's, with no communication; ``x``'s gradient, whole and the same on every rank, is the
+      block's one all-reduce in the backward (``f``).
     """
 
     def __init__(self, linear: nn.Linear, rank: int, world_size: int):
@@ -109,19 +113,19 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """The block's second layer, split by input features: this rank's ``k = in / world_size`` of them.
 
-    Contract (the grader checks each point):
+    Given the unsplit ``linear = nn.Linear(in, out)``, the same on every rank, ``in`` a multiple of
+    ``world_size``. Invariants (the grader checks each):
 
-    * ``linear`` is the unsplit ``nn.Linear(in, out)``, the same on every rank; ``in`` is a multiple
-      of ``world_size``, and ``rank`` is this rank's index.
-    * Keep, as ``nn.Parameter`` attributes, copies (not views) and no reference to ``linear``:
-      ``self.weight``: columns ``rank*k : (rank+1)*k`` of ``linear.weight``, shape ``(out, k)``;
-      ``self.bias``: the whole ``linear.bias``, shape ``(out,)`` (every rank keeps it).
-    * ``forward(x)``: ``x`` is ``(..., k)``, this rank's features ``rank*k : (rank+1)*k`` of the
-      layer's input (a ``ColumnParallelLinear``'s output, after the activation). Return
-      ``g(F.linear(x, self.weight)) + self.bias``, shape ``(..., out)``, the same on every rank:
-      ``g`` is ``ReduceFromParallelRegion.apply``, one all-reduce in the forward that adds up the
-      ranks' partial sums, and the bias is added once, after it (added before, the all-reduce would
-      sum it ``world_size`` times).
+    * Held: as ``nn.Parameter`` attributes ``weight`` and ``bias``, with storage of their own and no
+      reference to ``linear``: the weight's columns (input features) ``rank*k : (rank+1)*k``, shape
+      ``(out, k)``, and the whole bias, shape ``(out,)``, on every rank.
+    * Forward: ``x`` of shape ``(..., k)`` holds this rank's features ``rank*k : (rank+1)*k`` of the
+      layer's input (the column layer's output, after the activation). The result is ``linear`` of
+      the whole input, shape ``(..., out)``, the same on every rank; one collective, of the output's
+      size, adds the ranks' partial results (``g``), and the bias is in the output exactly once.
+    * Backward: no collective; ``weight``'s and ``bias``'s gradients are the unsplit layer's
+      (columns ``rank*k : (rank+1)*k``; the whole bias gradient), and ``x``'s gradient is this
+      rank's slice of the unsplit layer's input gradient.
     """
 
     def __init__(self, linear: nn.Linear, rank: int, world_size: int):

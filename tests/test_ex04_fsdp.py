@@ -232,3 +232,10 @@ def test_the_state_dict_spy_sees_every_import_style(tmp_path, imported):
     finally:
         dist.destroy_process_group()
     assert [c["fn"] for c in spy.calls] == ["get_model_state_dict"] * 3
+
+
+def test_every_criterion_has_three_tiers_of_hints():
+    from autograder.checks import ex04_fsdp as package
+    from autograder.checks.ex04_fsdp.hints import HINTS
+    assert set(HINTS) == {c.__name__ for c in package.CRITERIA}
+    assert all(len(tiers) == 3 and all(tiers) for tiers in HINTS.values())

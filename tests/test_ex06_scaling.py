@@ -235,3 +235,10 @@ def test_launch_timeouts_fit_the_time_limit():
 def test_stub_is_not_implemented():
     r = grade_one(check.EXERCISE, EXERCISES)
     assert r.score == 0 and "not implemented yet" in r.feedback, r.feedback
+
+
+def test_every_criterion_has_three_tiers_of_hints():
+    from autograder.checks import ex06_scaling as package
+    from autograder.checks.ex06_scaling.hints import HINTS
+    assert set(HINTS) == {c.__name__ for c in package.METHOD_CRITERIA + package.CRITERIA}
+    assert all(len(tiers) == 3 and all(tiers) for tiers in HINTS.values())

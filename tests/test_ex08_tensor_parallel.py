@@ -253,3 +253,9 @@ def test_every_mistake_is_named_with_its_numbers_at_w4(w4, name):
     r = w4[name]
     assert r.score < r.max_score
     assert any(W4_SAYS[name] in said for said in failed(r).values()), r.feedback
+
+
+def test_every_criterion_has_three_tiers_of_hints():
+    from autograder.checks.ex08_tensor_parallel.hints import HINTS
+    assert set(HINTS) == {c.__name__ for c in check.CRITERIA}
+    assert all(len(tiers) == 3 and all(tiers) for tiers in HINTS.values())

@@ -1,0 +1,55 @@
+"""Exercise 8's hints: three tiers per criterion (1 a nudge towards the concept, 2 the mechanism, 3 the API).
+
+Keyed by the criterion functions' names in ``ex08_tensor_parallel``; a hint never gives the whole answer.
+"""
+from __future__ import annotations
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "holds_its_shard": (
+        "Each rank keeps 1/W of each weight matrix. Which axis of nn.Linear's (out, in) weight is 'output "
+        "features', and which is 'input features'?",
+        "The column layer keeps a block of rows (and the matching bias elements); the row layer keeps a block "
+        "of columns and the whole bias. The block is the rank's own, at offset rank*k, and it must be a tensor "
+        "of its own, not a window onto the unsplit one.",
+        "Tensor.chunk(world_size, dim=...)[rank] or narrow(dim, rank*k, k), then .clone(), wrapped in "
+        "nn.Parameter; keep no attribute that points at `linear`.",
+    ),
+    "output_matches": (
+        "Each rank's row layer sees only k of the hidden features: its product is a part of the output. How do "
+        "W parts become the whole?",
+        "The parts add up (they are partial sums over disjoint hidden features), and every rank must end with "
+        "the sum; the column layer needs the whole input on every rank, so nothing may split it.",
+        "dist.all_reduce with ReduceOp.SUM (the default), inside ReduceFromParallelRegion.forward.",
+    ),
+    "bias_once": (
+        "A sum over W ranks counts anything every rank adds W times.",
+        "The row layer's bias belongs to the whole output, not to any rank's partial sum: add it where it is "
+        "counted once.",
+        "Call F.linear(x, self.weight) without the bias for the partial sum; add self.bias to g's result.",
+    ),
+    "forward_communication": (
+        "How many bytes must cross the wire in the forward, and in which of the two layers?",
+        "The column layer already has everything it needs (the whole input); only the row layer's partial "
+        "sums need combining, once.",
+        "Exactly one dist.all_reduce in the forward, in ReduceFromParallelRegion.forward; CopyToParallelRegion"
+        ".forward returns its input.",
+    ),
+    "input_grad_matches": (
+        "The input fed every rank's shard of the column layer: its gradient collects a contribution from each.",
+        "Each rank's backward through its rows gives one part of dL/dx; the true gradient is the sum of the "
+        "parts, and every rank must hold it (the layers before the block are replicated).",
+        "dist.all_reduce the incoming gradient in CopyToParallelRegion.backward (on a copy: autograd may hold it).",
+    ),
+    "shard_grads_match": (
+        "Each shard's gradient is a slice of the unsplit layer's gradient: which slice?",
+        "With the forward right, autograd computes the shards' gradients locally; they go wrong only when the "
+        "forward's or the backward's reduction is missing, doubled or averaged, or the shard is not the rank's.",
+        "Check g's backward returns the gradient unchanged and f's backward sums (ReduceOp.SUM), not averages.",
+    ),
+    "backward_communication": (
+        "In the backward, which tensor's gradient is incomplete on each rank?",
+        "Only the block input's gradient needs combining; the row layer's output gradient is already whole on "
+        "every rank, so g's backward moves nothing.",
+        "One dist.all_reduce, in CopyToParallelRegion.backward; ReduceFromParallelRegion.backward returns grad.",
+    ),
+}
