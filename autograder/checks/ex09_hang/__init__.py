@@ -17,7 +17,7 @@ still learnt from.
 | a barrier where the peers all-reduce | "... rank 1's is barrier (step 1) ... A barrier does not ..." |
 | gradients never all-reduced | "no rank made an all-reduce in 6 steps ...: each rank stepped on its own gradient ..." |
 | the step skipped on every rank | "at step 1 no rank all-reduced its gradients ... although rank 0 kept 5 ..." |
-| an empty rank sends a non-zero gradient | "rank 1 kept no sample at step 1 but all-reduced tensors whose |values| ..." |
+| an empty rank sends a non-zero gradient | "rank 1 kept no sample at step 1 but all-reduced tensors whose ..." |
 """
 from __future__ import annotations
 
