@@ -21,36 +21,18 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
+from distlab.lab.hang import EMPTY_STEPS, KEEP_STEPS, masked_batch, small_classifier
 from distlab.measure.comm import CollectiveRecorder
 from distlab.models import cpu_state
 from distlab.runtime.distributed import default_timeout, init_distributed
 
 from ...harness import CapturedPrints, attempt, echo, load_learner, raised
 
-D, H, C, B = 8, 16, 4, 6   # features, hidden, classes, local batch
-STEPS, LR, SEED = 6, 0.5, 9
-EMPTY = {0: (4,), 1: (1, 4)}   # rank -> the steps at which it keeps no sample (step 4: no rank does)
+STEPS, LR = KEEP_STEPS, 0.5
+EMPTY = EMPTY_STEPS
 RTOL, ATOL = 1e-5, 1e-6        # all-reduced sums in another order than one process's
-
-
-def model() -> nn.Module:
-    """The same initial weights in every process."""
-    with torch.random.fork_rng():
-        torch.manual_seed(SEED)
-        return nn.Sequential(nn.Linear(D, H), nn.Tanh(), nn.Linear(H, C))
-
-
-def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rank ``rank``'s batch at ``step`` (the grading process rebuilds every rank's for the reference)."""
-    gen = torch.Generator().manual_seed(1000 * SEED + 10 * step + rank)
-    x, y = torch.randn(B, D, generator=gen), torch.randint(0, C, (B,), generator=gen)
-    keep = torch.rand(B, generator=gen) > 0.4
-    keep[0] = True                          # at least one sample to keep ...
-    if step in EMPTY.get(rank, ()):
-        keep[:] = False                     # ... except where this rank has none
-    return x, y, keep
+model, batch = small_classifier, masked_batch
 
 
 class Batches:
