@@ -260,3 +260,25 @@ def masked_batch(rank: int, step: int):
     if not keep[0]:
         keep[:] = False
     return x, y, keep
+
+
+def masked_job(path: str) -> None:
+    """Runs on every rank: ``train_broken`` (or ``train``) of the exercise file at ``path`` on this rank's
+    batches (:func:`masked_batch`), printing each step it takes, as a learner's print would."""
+    import runpy
+
+    import torch.distributed as dist
+
+    from distlab.runtime.distributed import init_distributed
+
+    init_distributed(timeout=timedelta(seconds=2 * time_scale()))  # the collectives give up soon
+    rank, train = dist.get_rank(), runpy.run_path(path)["train_broken"]
+
+    def batches():
+        for step in range(KEEP_STEPS):
+            x, y, keep = masked_batch(rank, step)
+            print(f"step {step}: {int(keep.sum())} samples to keep", flush=True)
+            yield x, y, keep
+
+    train(small_classifier(), batches(), lr=0.5)
+    print("returned from train", flush=True)
