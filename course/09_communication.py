@@ -440,3 +440,59 @@ print("\nprocesses of the job still running:", stuck["left_running"] or "none")
 #   scaling loss of notebook 06 as unused FLOPs.
 # * A hang has tools: `TORCH_DISTRIBUTED_DEBUG=DETAIL`, `monitored_barrier`, faulthandler or
 #   py-spy stacks, and on GPUs the flight recorder.
+#
+# ## Exercise 9: find the hang, then fix it
+# `exercises/ex09_hang.py` gives `train_broken`, a data-parallel loop written by hand: each rank
+# sums the loss of the samples of its batch that count (`keep`: padding and ignored labels do
+# not), all-reduces the number kept and every gradient, and steps on the mean over the global
+# batch. At some steps a rank keeps nothing (rank 1 at step 1, both ranks at step 4), and
+# `train_broken` then skips the step. Run it on 2 ranks with `TORCH_DISTRIBUTED_DEBUG=DETAIL`, each
+# rank printing the steps it takes (`distlab.lab.hang.masked_job`), with collectives that give up
+# after 2 s:
+
+# %%
+from distlab import LaunchError
+from distlab.lab.hang import rank_errors
+
+
+def steps_only(line: str) -> None:   # the ranks' own prints, not torchrun's report of the failure
+    if "step" in line or "returned" in line:
+        print(line)
+
+
+try:
+    torchrun("distlab.lab.hang:masked_job", 2, args=(str(REPO_ROOT / "exercises" / "ex09_hang.py"),),
+             timeout=30, stream=steps_only, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+except LaunchError as exc:
+    print("launcher:", str(exc)[:120])
+    for rank, error in sorted(rank_errors(exc.output).items()):
+        print(f"rank {rank}'s last error: {error[:120]}")
+
+# %% [markdown]
+# Read it as the tools above taught. `DETAIL` raised *no* mismatch: at step 1 rank 1 skipped
+# the step, so its step-2 all-reduce of the count met rank 0's step-1 one, and the two have the
+# same fingerprint (one float), as do the gradients' after them. gloo paired collectives of
+# different steps and summed them, silently; rank 1 returned one step early, and rank 0 waited
+# in its last all-reduce until `DETAIL`'s monitored barrier named rank 1. The printed steps
+# show where the ranks parted. The signature of a skipped collective: a branch on one rank's
+# own data (`if not keep.any(): continue`) in front of a collective.
+#
+# Write `train` in `exercises/ex09_hang.py`: the same job, without the hang, and with the same
+# meaning. The grader runs it on 2 ranks with every collective checked against the other rank's
+# *before* it runs (its step, kind and shapes, which is more than `DETAIL` compares), so a job
+# that would hang is stopped at once and each rank's line is named. A fixed job must
+#
+# * finish, with the same collectives on every rank, in the same order;
+# * make the same all-reduces on every rank at every step (counted with `CollectiveRecorder`):
+#   removing the communication removes the hang and the job with it;
+# * match one process trained with SGD on the mean loss over every rank's kept samples
+#   (`torch.testing.assert_close`);
+# * keep the meaning: a rank with nothing to keep takes part, with a zero gradient and a count of
+#   0, and the other ranks still learn from theirs (skipping the step everywhere drops them).
+#
+# Or from a shell: `.venv/bin/python -m autograder --exercise 9`.
+
+# %%
+from autograder.notebook import check
+
+check(9, raise_on_fail=False)

@@ -228,3 +228,57 @@ def short_report(message: str) -> str:
     text = re.sub(r", TensorDeviceTypes=TensorOptions\(.*?\(nullopt\)\)", "", message)
     text = re.sub(r" {2,}", " ", text)  # the report pads its clauses with runs of spaces
     return text.replace(", but Rank", ",\n  but Rank").replace(".Collectives differ", ".\n  Collectives differ")
+
+
+# Exercise 9's job (notebook 09): data-parallel steps whose local batches keep some samples only, and
+# at some steps none (rank 1 at step 1; every rank at step 4). The data, not the answer: the grader
+# builds every rank's batches from here, and so does the notebook's demonstration of the hang.
+KEEP_D, KEEP_H, KEEP_C, KEEP_B, KEEP_STEPS = 8, 16, 4, 6, 6   # features, hidden, classes, local batch, steps
+EMPTY_STEPS = {0: (4,), 1: (1, 4)}   # rank -> the steps at which it keeps no sample
+_SEED = 9
+
+
+def small_classifier():
+    """The job's model, with the same initial weights in every process."""
+    import torch
+    from torch import nn
+
+    with torch.random.fork_rng():
+        torch.manual_seed(_SEED)
+        return nn.Sequential(nn.Linear(KEEP_D, KEEP_H), nn.Tanh(), nn.Linear(KEEP_H, KEEP_C))
+
+
+def masked_batch(rank: int, step: int):
+    """Rank ``rank``'s batch at ``step``: ``x`` (B x D), ``y`` (B classes), ``keep`` (B booleans: which
+    samples count, as padding or an ignored label would not), all False at :data:`EMPTY_STEPS`."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1000 * _SEED + 10 * step + rank)
+    x, y = torch.randn(KEEP_B, KEEP_D, generator=gen), torch.randint(0, KEEP_C, (KEEP_B,), generator=gen)
+    keep = torch.rand(KEEP_B, generator=gen) > 0.4
+    keep[0] = step not in EMPTY_STEPS.get(rank, ())   # one sample at least, except where this rank has none
+    if not keep[0]:
+        keep[:] = False
+    return x, y, keep
+
+
+def masked_job(path: str) -> None:
+    """Runs on every rank: ``train_broken`` (or ``train``) of the exercise file at ``path`` on this rank's
+    batches (:func:`masked_batch`), printing each step it takes, as a learner's print would."""
+    import runpy
+
+    import torch.distributed as dist
+
+    from distlab.runtime.distributed import init_distributed
+
+    init_distributed(timeout=timedelta(seconds=2 * time_scale()))  # the collectives give up soon
+    rank, train = dist.get_rank(), runpy.run_path(path)["train_broken"]
+
+    def batches():
+        for step in range(KEEP_STEPS):
+            x, y, keep = masked_batch(rank, step)
+            print(f"step {step}: {int(keep.sum())} samples to keep", flush=True)
+            yield x, y, keep
+
+    train(small_classifier(), batches(), lr=0.5)
+    print("returned from train", flush=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 FILES = {1: "ex01_ddp.py", 2: "ex02_accumulation.py", 3: "ex03_amp.py", 4: "ex04_fsdp.py",
          5: "ex05_checkpoint.py", 6: "ex06_scaling.py", 7: "ex07_pipeline.py", 8: "ex08_tensor_parallel.py"}
+FILES[9] = "ex09_hang.py"
 FILES[10] = "ex10_ring_attention.py"
 _REPORTS: dict = {}
 
@@ -46,6 +47,7 @@ def _grade_alone(exercise: int):
              6: lambda: ex06_scaling.grade(p, world_sizes=(1, 2), real=REAL_FEW_STEPS),
              7: lambda: ex07_pipeline.grade(p, p2p_timeout_s=1.5),
              8: lambda: ex08_tensor_parallel.grade(p, world_sizes=(2,))}
+    grade[9] = lambda: __import__("autograder.checks.ex09_hang", fromlist=["grade"]).grade(p)
     return grade[exercise]()[0]
 
 

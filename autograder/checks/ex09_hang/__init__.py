@@ -1,0 +1,105 @@
+"""Exercise 9 check: a hanging job diagnosed and fixed, graded by the fix at W=2.
+
+Every rank trains the same small MLP on its own batches, given as an iterable that records the
+step the learner's loop is at; at some steps a rank keeps no sample (rank 1 at step 1, both at step
+4). The :class:`~.probes.Ledger` records every collective each rank makes (the one recorder,
+``CollectiveRecorder``) and, before it runs, compares it with the peers' op of the same number
+(step, kind, shapes), so a job that would hang is stopped on every rank at once with each rank's
+line, and the next file is graded in the same launch. A fixed job must finish with the same
+collectives on every rank, match one process trained on each step's global batch (the mean over
+every rank's kept samples: parity, Li et al. 2020's data-parallel equivalence), and keep the job's
+meaning: a rank with nothing to keep takes part with a zero gradient, and the others' samples are
+still learnt from.
+
+| mistake | message |
+|---|---|
+| collectives skipped on a rank with nothing to keep | "the job hangs: rank 0's collective 6 is all_reduce ..." |
+| a barrier where the peers all-reduce | "... rank 1's is barrier (step 1) ... A barrier does not ..." |
+| gradients never all-reduced | "no rank made an all-reduce in 6 steps ...: each rank stepped on its own gradient ..." |
+| the step skipped on every rank | "at step 1 no rank all-reduced its gradients ... although rank 0 kept 5 ..." |
+| an empty rank sends a non-zero gradient | "rank 1 kept no sample at step 1 but all-reduced tensors whose ..." |
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ...diagnosis import diagnose
+from ...grading import launch_files, launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, no_all_reduce, parted, skipped_everywhere,
+                     skipped_on_empty, stale_gradient)
+from .observed import Run
+from .probes import ATOL, RTOL, STEPS, rank_main
+
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD", "grade"]
+
+EXERCISE = Exercise(number=9, name="hang", filename="ex09_hang.py", max_score=10, time_limit=90)
+WORLD = 2
+
+
+@criterion("[W={world}] the job finishes: every rank makes the same collectives, in order", points=3)
+def finishes(run: Run) -> Verdict:
+    if errors := [(r["rank"], r["error"]) for r in run.ranks if r["error"]]:
+        rank, error = errors[0]
+        return failed(f"train raised on rank {rank}: {error}")
+    if run.mismatch is None:
+        return passed()
+    return failed(diagnose([barrier_for_all_reduce, skipped_on_empty], run) or f"the job hangs: {parted(run)}")
+
+
+@criterion("[W={world}] the same all-reduces on every rank, each step", points=2, requires=[finishes])
+def same_collectives(run: Run) -> Verdict:
+    counts = [r["counts"] for r in run.ranks]
+    if not counts[0].get("all-reduce"):
+        return failed(diagnose([no_all_reduce], run) or f"rank 0 made no all-reduce ({counts[0]})")
+    if any(c != counts[0] for c in counts):
+        return failed(f"the ranks made different collectives: {counts}")
+    per_step = [[len(run.at_step(r, s)) for s in range(STEPS)] for r in range(run.world)]
+    if any(p != per_step[0] for p in per_step):
+        return failed(f"the ranks' all-reduces per step differ: {per_step}")
+    return passed(f"{counts[0]} on every rank", all_reduces_per_rank=counts[0]["all-reduce"])
+
+
+@criterion("[W={world}] matches one process on the global batches", points=3, requires=[finishes])
+def matches_reference(run: Run) -> Verdict:
+    diffs = [parity(r["final"], run.reference, rtol=RTOL, atol=ATOL) for r in run.ranks]
+    worst = max(diffs, key=lambda d: d.max_abs_diff)
+    measured = {"max_abs_diff_vs_reference": worst.max_abs_diff}
+    if all(d.ok for d in diffs):
+        return passed(f"max abs difference {worst.max_abs_diff:.2g}", **measured)
+    return failed(diagnose([no_all_reduce, skipped_everywhere, stale_gradient], run)
+                  or f"the weights differ from one process's SGD on the mean loss over every rank's kept samples "
+                  f"(max abs difference {worst.max_abs_diff:.3g} in '{worst.worst}', tolerance rtol={RTOL}, "
+                  f"atol={ATOL}): divide the all-reduced gradient by the all-reduced count", **measured)
+
+
+@criterion("[W={world}] a rank with nothing to keep takes part with a zero gradient", points=2,
+           requires=[finishes])
+def empty_rank_takes_part(run: Run) -> Verdict:
+    for rank, step in run.empty_steps():
+        theirs = [len(run.at_step(o, step)) for o in range(run.world) if o != rank]
+        mine = len(run.at_step(rank, step))
+        if mine == 0 or mine != max(theirs):
+            return failed(diagnose([no_all_reduce, skipped_everywhere], run)
+                          or f"rank {rank} kept no sample at step {step} and made {mine} all-reduces there, the "
+                          f"others {theirs}: it takes part in every all-reduce of the step")
+        if any(c["input_abs"] > 0 for c in run.at_step(rank, step)):
+            return failed(diagnose([skipped_everywhere, stale_gradient], run)
+                          or f"rank {rank} sent non-zero values at step {step}")
+    return passed()
+
+
+CRITERIA = [finishes, same_collectives, matches_reference, empty_rank_takes_part]
+
+
+def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
+    """Grade the files at ``paths`` in one launch on 2 ranks; one report each."""
+    reports = [EXERCISE.new_report() for _ in paths]
+    runs, wall_s = launch_files(rank_main, paths, world=WORLD, timeout=launch_timeout(EXERCISE, files=len(paths)))
+    for report, ranks in zip(reports, runs):
+        report.judge(CRITERIA, Run(ranks), world=WORLD)
+        report.measurements["launch_s"] = round(wall_s, 2)
+    return [r.scale_to() for r in reports]

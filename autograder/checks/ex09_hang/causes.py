@@ -1,0 +1,99 @@
+"""The named mistakes of exercise 9: each tests one file's observations and returns its message, or
+``None`` when it does not explain them (``autograder/diagnosis.py``)."""
+from __future__ import annotations
+
+from ...diagnosis import mistake
+from .observed import Run
+from .probes import STEPS
+
+KNOWN_ERRORS: list = []
+
+
+def _where(op: dict) -> str:
+    return f"{op['kind']} (step {op['step']}) at {op['at'] or 'a line outside your file'}"
+
+
+def parted(run: Run) -> str | None:
+    """Where the ranks' collectives parted: each rank's op and line (the words of the other causes)."""
+    m = run.mismatch
+    if m is None:
+        return None
+    mine, peer = m["mine"], m["peer"]
+    if "theirs" in m:
+        return (f"rank {m['rank']}'s collective {mine['n']} is {_where(mine)}, rank {peer}'s is "
+                f"{_where(m['theirs'])}")
+    if m["peer_done"] is None:
+        return f"rank {m['rank']} waits in {_where(mine)}; rank {peer} never reached its collective {mine['n']}"
+    return (f"rank {m['rank']} waits in {_where(mine)}, its collective {mine['n']}; rank {peer} returned from "
+            f"train after {m['peer_done']} collectives")
+
+
+@mistake("collectives skipped on a rank with nothing to keep")
+def skipped_on_empty(run: Run) -> str | None:
+    m = run.mismatch
+    if m is None:
+        return None
+    steps = [(r, s) for r, s in run.empty_steps() if not run.at_step(r, s) and _went_past(run, r, s)]
+    kinds = {m["mine"]["kind"], m.get("theirs", {}).get("kind", m["mine"]["kind"])}
+    if not steps or kinds != {"all_reduce"}:
+        return None
+    rank, step = steps[0]
+    return (f"the job hangs: {parted(run)}. Rank {rank} kept no sample at step {step} and made none of that "
+            f"step's all-reduces, then went on: "
+            "every rank must make every collective, so do not branch on a rank's own data before one; an empty "
+            "selection gives a loss of 0 and zero gradients, which is that rank's share of the sum")
+
+
+def _went_past(run: Run, rank: int, step: int) -> bool:
+    """Whether ``rank`` went on beyond ``step``: it returned from train, or parted from its peer later."""
+    r = run.ranks[rank]
+    if r["mismatch"] is None:
+        return r["error"] is None
+    return r["mismatch"]["mine"]["step"] is not None and r["mismatch"]["mine"]["step"] > step
+
+
+@mistake("a barrier where the peers all-reduce")
+def barrier_for_all_reduce(run: Run) -> str | None:
+    m = run.mismatch
+    if m is None or "theirs" not in m or "barrier" not in {m["mine"]["kind"], m["theirs"]["kind"]}:
+        return None
+    return (f"the job hangs: {parted(run)}. A barrier does not match an all-reduce (with DETAIL PyTorch "
+            "reports 'Detected mismatch between collectives'; without it gloo waits or pairs them wrongly): a rank "
+            "with nothing to keep must make the same all-reduces as the others, with a zero gradient and a count of 0")
+
+
+@mistake("gradients never all-reduced")
+def no_all_reduce(run: Run) -> str | None:
+    counts = [r["counts"].get("all-reduce", 0) for r in run.ranks]
+    if any(counts):
+        return None
+    return (f"no rank made an all-reduce in {STEPS} steps ({run.ranks[0]['counts'] or 'no collective at all'} on "
+            "rank 0): each rank stepped on its own gradient divided by its own count, so the ranks trained apart "
+            "and nothing hangs only because nothing is shared. Keep the all-reduces of the count and of every "
+            "gradient, on every rank, at every step")
+
+
+@mistake("the step skipped on every rank")
+def skipped_everywhere(run: Run) -> str | None:
+    params = max(len(run.grad_reduces(r, s)) for r in range(run.world) for s in range(STEPS))
+    for step in range(STEPS):
+        kept = [run.kept(r, step) for r in range(run.world)]
+        if any(kept) and params > 0 and not any(run.grad_reduces(r, step) for r in range(run.world)):
+            who = next(r for r in range(run.world) if kept[r])
+            return (f"at step {step} no rank all-reduced its gradients ({params} all-reduces of gradients at "
+                    f"other steps) although rank {who} kept {kept[who]} samples: the step was skipped on "
+                    "every rank because one had nothing, which drops the other ranks' samples. Only the empty rank "
+                    "has nothing to add: it takes part with a zero gradient")
+    return None
+
+
+@mistake("an empty rank sends a non-zero gradient")
+def stale_gradient(run: Run) -> str | None:
+    for rank, step in run.empty_steps():
+        sent = [c["input_abs"] for c in run.at_step(rank, step)]
+        if sent and any(v > 0 for v in sent):
+            return (f"rank {rank} kept no sample at step {step} but all-reduced tensors whose |values| sum to "
+                    f"{sum(sent):.3g}: its share of the sum is zero (a count of 0 and zero gradients); a gradient "
+                    "left from an earlier step, or a count of 1, changes every rank's update")
+    return None
+

@@ -1,0 +1,27 @@
+"""Three tiers of hints per criterion of exercise 9 (1: the concept, 2: the mechanism, 3: the API)."""
+from __future__ import annotations
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "finishes": (
+        "A collective completes only when every rank calls it, in the same order, with the same shapes.",
+        "Find the branch that depends on one rank's data and skips a collective there; the stack of each rank "
+        "(or TORCH_DISTRIBUTED_DEBUG=DETAIL) shows the two ranks in different collectives.",
+        "Remove the early `continue`: `cross_entropy(model(x[keep]), y[keep], reduction='sum')` of an empty "
+        "selection is 0 and its backward gives zero gradients, so every rank can run the same `dist.all_reduce`s.",
+    ),
+    "same_collectives": (
+        "Fixing a hang by removing the communication removes what made it one job.",
+        "Every rank all-reduces the number of kept samples and each gradient at every step.",
+        "`dist.all_reduce(count)` then `dist.all_reduce(p.grad)` for every parameter, on every rank.",
+    ),
+    "matches_reference": (
+        "The job means one SGD step on the mean loss over the global batch's kept samples.",
+        "Sum the losses locally, all-reduce the sums' gradients and the counts, then divide.",
+        "`p -= lr * grad / count` with both all-reduced; skip the update only where the global count is 0.",
+    ),
+    "empty_rank_takes_part": (
+        "A rank with nothing to keep still has a share of the sum: zero.",
+        "It makes the same all-reduces as the others, sending zeros; the others still learn from their samples.",
+        "Let the empty rank run the step as usual (zero_grad, a backward of a 0 loss) so p.grad is zero, not stale.",
+    ),
+}

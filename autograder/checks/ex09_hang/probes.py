@@ -1,0 +1,125 @@
+"""Rank-side instruments of the exercise 9 check: run the learner's ``train`` on each rank's batches and
+record every collective each rank makes, checked against its peers' *before* it runs.
+
+A job that skips a collective on one rank hangs (or, on gloo, pairs collectives of different
+steps and computes garbage). So that one launch can grade a fixed job, a hanging one and the
+ones in between, the :class:`Ledger` (the one recorder of collectives,
+``distlab.measure.comm.CollectiveRecorder``, whose ``tag`` sees each op before it runs) writes
+every op's fingerprint (its step, kind, shapes and the learner's line) to the job's store and
+waits until every peer has written its op of the same number, or has returned from ``train``
+with fewer. Where they differ it raises on every rank at once, before any rank enters the real
+collective, and names where each rank is: what ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` compares
+(its fingerprints, without the step) and what a stack dump of every rank shows (the lines),
+with the process group left in step for the next file.
+"""
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from distlab.lab.hang import EMPTY_STEPS, KEEP_STEPS, masked_batch, small_classifier
+from distlab.measure.comm import CollectiveRecorder
+from distlab.models import cpu_state
+from distlab.runtime.distributed import default_timeout, init_distributed
+
+from ...harness import CapturedPrints, attempt, echo, load_learner, raised
+
+STEPS, LR = KEEP_STEPS, 0.5
+EMPTY = EMPTY_STEPS
+RTOL, ATOL = 1e-5, 1e-6        # all-reduced sums in another order than one process's
+model, batch = small_classifier, masked_batch
+
+
+class Batches:
+    """This rank's batches, recording which step the learner's loop is at (the last batch it took)."""
+
+    def __init__(self, rank: int):
+        self.rank, self.step = rank, None
+
+    def __len__(self) -> int:
+        return STEPS
+
+    def __iter__(self):
+        for step in range(STEPS):
+            self.step = step
+            yield batch(self.rank, step)
+
+
+class Mismatch(RuntimeError):
+    """Raised on every rank when their collectives differ: where a real job would hang."""
+
+
+class Ledger(CollectiveRecorder):
+    """Records every op with its step, its learner line and the sum of |input| (before it runs), and
+    holds it until every peer has made its op of the same number, or has returned with fewer."""
+
+    def __init__(self, tag: str, batches: Batches, path: str):
+        super().__init__()
+        self.key, self.batches, self.path = tag, batches, str(Path(path).resolve())
+        self.store = dist.distributed_c10d._get_default_store()
+        self.rank, self.nprocs = dist.get_rank(), dist.get_world_size()
+        self.made = 0
+
+    def _at(self) -> str | None:
+        mine = [f for f in traceback.extract_stack() if str(Path(f.filename).resolve()) == self.path]
+        return f"{Path(mine[-1].filename).name}:{mine[-1].lineno} ({(mine[-1].line or '').strip()})" if mine else None
+
+    def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
+        self.made += 1
+        mine = {"n": self.made, "step": self.batches.step, "kind": kind, "shapes": [list(t.shape) for t in tensors],
+                "at": self._at()}
+        self.store.set(f"{self.key}/op/{self.rank}/{self.made}", json.dumps(mine))
+        for peer in range(self.nprocs):
+            if peer != self.rank:
+                self._agree(mine, peer)
+        return {"step": mine["step"], "at": mine["at"],
+                "input_abs": float(sum(t.detach().abs().sum() for t in tensors if t.is_floating_point()))}
+
+    def _agree(self, mine: dict, peer: int) -> None:
+        deadline = time.monotonic() + default_timeout().total_seconds()
+        op_key, done_key = f"{self.key}/op/{peer}/{mine['n']}", f"{self.key}/done/{peer}"
+        while not self.store.check([op_key]):
+            if self.store.check([done_key]):
+                made = int(self.store.get(done_key))
+                raise Mismatch(json.dumps({"rank": self.rank, "mine": mine, "peer": peer, "peer_done": made}))
+            if time.monotonic() > deadline:
+                raise Mismatch(json.dumps({"rank": self.rank, "mine": mine, "peer": peer, "peer_done": None}))
+            time.sleep(0.002)
+        theirs = json.loads(self.store.get(op_key))
+        if [theirs[k] for k in ("step", "kind", "shapes")] != [mine[k] for k in ("step", "kind", "shapes")]:
+            raise Mismatch(json.dumps({"rank": self.rank, "mine": mine, "peer": peer, "theirs": theirs}))
+
+    def done(self) -> None:
+        self.store.set(f"{self.key}/done/{self.rank}", str(self.made))
+
+    @property
+    def calls(self) -> list[dict]:
+        return [{"kind": op.kind, "shape": list(op.shape), **op.tags} for op in self.ops]
+
+
+def rank_main(paths: list[str]) -> list[dict]:
+    """Runs on every rank: each file's ``train`` in turn, under its own :class:`Ledger`."""
+    init_distributed()
+    return [_observe(path, f"ex09/file{i}") for i, path in enumerate(paths)]
+
+
+def _observe(path: str, tag: str) -> dict:
+    rank = dist.get_rank()
+    net, batches = model(), Batches(rank)
+    learner, error = attempt(load_learner, path)
+    ledger = Ledger(tag, batches, path)
+    with CapturedPrints() as out:
+        if error is None:
+            with ledger:
+                trained, error = attempt(learner.train, net, batches, lr=LR)
+    ledger.done()
+    echo(out.lines)
+    mismatch = json.loads(str(error)) if isinstance(error, Mismatch) else None
+    return {"rank": rank, "final": cpu_state(net), "calls": ledger.calls, "counts": ledger.counts(),
+            "mismatch": mismatch, "error": None if mismatch else raised(error),
+            "traceback": None if error is None or mismatch else "".join(traceback.format_exception(error))[-2000:]}
