@@ -14,7 +14,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FILES = {1: "ex01_ddp.py", 2: "ex02_accumulation.py", 3: "ex03_amp.py", 4: "ex04_fsdp.py",
-         5: "ex05_checkpoint.py", 6: "ex06_scaling.py", 7: "ex07_pipeline.py", 8: "ex08_tensor_parallel.py"}
+         5: "ex05_checkpoint.py", 6: "ex06_scaling.py", 7: "ex07_pipeline.py", 8: "ex08_tensor_parallel.py",
+         11: "ex11_moe_dispatch.py"}
 _REPORTS: dict = {}
 
 
