@@ -14,9 +14,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FILES = {1: "ex01_ddp.py", 2: "ex02_accumulation.py", 3: "ex03_amp.py", 4: "ex04_fsdp.py",
-         5: "ex05_checkpoint.py", 6: "ex06_scaling.py", 7: "ex07_pipeline.py", 8: "ex08_tensor_parallel.py"}
-FILES[9] = "ex09_hang.py"
-FILES[10] = "ex10_ring_attention.py"
+         5: "ex05_checkpoint.py", 6: "ex06_scaling.py", 7: "ex07_pipeline.py", 8: "ex08_tensor_parallel.py",
+         9: "ex09_hang.py", 10: "ex10_ring_attention.py", 11: "ex11_moe_dispatch.py"}
 _REPORTS: dict = {}
 
 
@@ -35,7 +34,7 @@ def _grade_alone(exercise: int):
         from autograder.checks import ex10_ring_attention
         return ex10_ring_attention.grade([path(10)], world_sizes=(4,), p2p_timeout_s=1.5)[0]
     from autograder.checks import (ex01_ddp, ex02_accumulation, ex03_amp, ex04_fsdp, ex05_checkpoint,
-                                   ex06_scaling, ex07_pipeline, ex08_tensor_parallel)
+                                   ex06_scaling, ex07_pipeline, ex08_tensor_parallel, ex09_hang, ex11_moe_dispatch)
     from tests.test_ex03_amp import REAL_MODELS
     from tests.test_ex05_checkpoint import INDEPENDENT_SCENARIOS
     from tests.test_ex06_scaling import REAL_FEW_STEPS
@@ -46,8 +45,8 @@ def _grade_alone(exercise: int):
              5: lambda: ex05_checkpoint.grade(p, scenarios=INDEPENDENT_SCENARIOS),
              6: lambda: ex06_scaling.grade(p, world_sizes=(1, 2), real=REAL_FEW_STEPS),
              7: lambda: ex07_pipeline.grade(p, p2p_timeout_s=1.5),
-             8: lambda: ex08_tensor_parallel.grade(p, world_sizes=(2,))}
-    grade[9] = lambda: __import__("autograder.checks.ex09_hang", fromlist=["grade"]).grade(p)
+             8: lambda: ex08_tensor_parallel.grade(p, world_sizes=(2,)),
+             9: lambda: ex09_hang.grade(p), 11: lambda: ex11_moe_dispatch.grade(p)}
     return grade[exercise]()[0]
 
 

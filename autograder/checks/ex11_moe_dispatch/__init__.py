@@ -1,0 +1,170 @@
+"""Exercise 11 check: expert parallelism's uneven dispatch and combine, graded at world size 2.
+
+Every rank builds the same top-1 MoE layer (``distlab.lab.expert_parallel``, one expert per rank,
+capacity factor 1.25, so that some slots are dropped) and routes its own 24 tokens; the grader runs
+the learner's ``sort_by_expert``, ``exchange_split_sizes``, ``dispatch`` and ``combine`` in the layer
+as ``moe_forward`` does, one at a time (``probes``). Against the single-process MoE on every rank's
+tokens with capacity per rank (GShard's groups; Lepikhin et al., 2020; Fedus et al., 2021) it checks:
+
+* the split sizes, exactly: the kept slots in expert order, and each expert's count;
+* the sizes exchanged: each rank's ``output_split_sizes`` is what the others send it, by one all-to-all;
+* the layer's output on each rank's tokens, and the gradients of the input, the router and the
+  rank's expert (``assert_close``: the router's gradient is summed over the ranks, another order);
+* the all-to-alls counted (``CollectiveRecorder``): one in dispatch and one in combine in the forward,
+  two in the backward, and no other collective.
+
+| mistake | message |
+|---|---|
+| capacity drop not applied: dropped slots sent | "rank 0's perm holds 48 slots, 3 of them dropped at capacity ..." |
+| tokens sorted by the wrong key | "rank 0's perm is not in expert order: its slot 21 goes to expert 1 after ..." |
+| split sizes not exchanged: output_split_sizes = input_split_sizes | "rank 0's exchange_split_sizes returned ..." |
+| permutation not inverted: rows come back in expert order | "rank 0's combine returned the 45 rows in the order ..." |
+| all-to-all not autograd-aware: no gradient through it | "rank 0's dispatch returned a tensor with no grad_fn ..." |
+| split sizes that do not add up to the rows sent | ("Split sizes doesn't match total dim 0 size") "..." |
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ...diagnosis import diagnose, translate
+from ...grading import launch_files, launch_timeout
+from ...parity import parity
+from ...registry import Exercise
+from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .causes import KNOWN_ERRORS, dropped_sent, not_autograd, not_exchanged, not_inverted, wrong_order
+from .observed import Run
+from .probes import ATOL, RTOL, rank_main
+
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
+
+EXERCISE = Exercise(number=11, name="moe_dispatch", filename="ex11_moe_dispatch.py", max_score=10, time_limit=90)
+
+
+def _raised(run: Run, stage: str) -> str | None:
+    bad = run.error(stage)
+    if bad is None:
+        return None
+    rank, err = bad
+    known = translate(err["error"], KNOWN_ERRORS)
+    return (f"rank {rank}'s {stage if stage == 'backward' else stage + '()'} raised {err['error']}"
+            + (f" at {err['where']}" if err["where"] else "") + (f": {known}" if known else ""))
+
+
+@criterion("[W={world}] the kept slots sorted by expert, and the split sizes exact", points=2)
+def split_sizes(run: Run) -> Verdict:
+    if why := _raised(run, "sort"):
+        return failed(why)
+    for obs in run.ranks:
+        if "sort" in obs["substituted"]:
+            r, got = obs["rank"], obs["returned"]
+            want = run.slots(r)["send"]
+            return failed(diagnose([dropped_sent, wrong_order], run) or (
+                f"rank {r}'s input_split_sizes is {got['send']}, its kept slots per expert {want}"
+                if got["send"] != want else f"rank {r}'s perm is not the {sum(want)} kept slots' indices "
+                "(int64, 1-D, each once) in expert order"))
+    counts = [run.slots(r)["send"] for r in range(run.world)]
+    dropped = sum(int((~run.slots(r)["keep"]).sum()) for r in range(run.world))
+    return passed(f"split sizes {counts}; {dropped} slots dropped at capacity", dropped_slots=dropped)
+
+
+@criterion("[W={world}] the split sizes exchanged, by one all-to-all of counts", points=2)
+def sizes_exchanged(run: Run) -> Verdict:
+    if why := _raised(run, "exchange"):
+        return failed(why)
+    for obs in run.ranks:
+        r = obs["rank"]
+        if "exchange" in obs["substituted"]:
+            want = [run.slots(j)["send"][r] for j in range(run.world)]
+            return failed(diagnose([not_exchanged], run) or
+                          f"rank {r}'s exchange_split_sizes returned {obs['returned']['recv']}; the ranks send it "
+                          f"{want} rows (a list of Python ints)")
+        calls = run.calls(r, "exchange")
+        if [(c["kind"], c["shape"]) for c in calls] != [("all_to_all", [run.world])]:
+            return failed(f"rank {r}'s exchange_split_sizes made {len(calls)} collective(s) "
+                          f"({', '.join(c['kind'] for c in calls) or 'none'}): the counts take one all_to_all_single "
+                          f"of {run.world} integers")
+    return passed("one all-to-all of the counts on every rank")
+
+
+def _output(run: Run) -> tuple[str | None, float]:
+    for stage in ("dispatch", "combine"):
+        if why := _raised(run, stage):
+            return why, 0.0
+    worst = 0.0
+    for obs in run.ranks:
+        r = obs["rank"]
+        if obs["y"] is None:
+            got = obs["returned"].get("dispatch_shape", obs["returned"].get("combine_shape"))
+            which = "dispatch" if "dispatch_shape" in obs["returned"] else "combine"
+            return f"rank {r}'s {which} returned {got}, not the shape its contract gives", 0.0
+        p = parity(obs["y"], run.ref["y"][run.rows(r)], rtol=RTOL, atol=ATOL)
+        if not p.ok:
+            return diagnose([not_inverted], run) or (f"rank {r}'s output differs from the single-process MoE's by "
+                                                     f"up to {p.max_abs_diff:.3g}"), 0.0
+        worst = max(worst, p.max_abs_diff)
+    return None, worst
+
+
+@criterion("[W={world}] the layer's output matches the single-process MoE", points=2)
+def output_matches(run: Run) -> Verdict:
+    why, diff = _output(run)
+    return failed(why) if why else passed(f"max abs difference {diff:.2g}", **{f"W{run.world}_y_max_abs_diff": diff})
+
+
+@criterion("[W={world}] the gradients of the input, the router and the expert match", points=2)
+def grads_match(run: Run) -> Verdict:
+    if why := _output(run)[0] or _raised(run, "backward"):
+        return failed(f"not checked: {why}" if not why.startswith("rank") or "raised" not in why else why)
+    if why := diagnose([not_autograd], run):
+        return failed(why)
+    worst, ref = 0.0, run.ref
+    routers = [o["router_grad"] for o in run.ranks]
+    checks = [(f"rank {o['rank']}'s x.grad", o["x_grad"], ref["x_grad"][run.rows(o["rank"])]) for o in run.ranks]
+    checks += [(f"rank {o['rank']}'s expert {n}.grad", g, ref["expert_grads"][o["rank"]][n])
+               for o in run.ranks for n, g in o["expert_grads"].items()]
+    checks.append(("the router's gradient summed over the ranks", None if None in routers else sum(routers),
+                   ref["router_grad"]))
+    for what, got, want in checks:
+        if got is None:
+            return failed(f"{what} is missing after the backward")
+        p = parity(got, want, rtol=RTOL, atol=ATOL)
+        if not p.ok:
+            return failed(f"{what} differs from the single-process MoE's by up to {p.max_abs_diff:.3g}")
+        worst = max(worst, p.max_abs_diff)
+    return passed(f"max abs difference {worst:.2g}", **{f"W{run.world}_grad_max_abs_diff": worst})
+
+
+@criterion("[W={world}] two all-to-alls in the forward and two in the backward, nothing else", points=2)
+def all_to_alls(run: Run) -> Verdict:
+    if why := _output(run)[0]:
+        return failed(f"not checked: {why}")
+    want = {"dispatch": 1, "combine": 1, "backward": 2}
+    for obs in run.ranks:
+        r = obs["rank"]
+        for stage, n in want.items():
+            calls = run.calls(r, stage)
+            if [c["kind"] for c in calls] != ["all_to_all"] * n:
+                return failed((diagnose([not_autograd], run) if stage == "backward" else None) or
+                              f"rank {r}'s {stage} made {', '.join(c['kind'] for c in calls) or 'no collective'}; "
+                              f"it takes {n} all-to-all{'s' if n > 1 else ''}")
+    rows = [sum(run.slots(r)["send"]) for r in range(run.world)]
+    return passed(f"4 all-to-alls per rank, of {rows} rows (no padding)")
+
+
+CRITERIA = [split_sizes, sizes_exchanged, output_matches, grads_match, all_to_alls]
+
+
+def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:
+    """Grade the files at ``paths`` in one ``world``-rank launch; one report each."""
+    reports = [EXERCISE.new_report() for _ in paths]
+    runs, wall_s = launch_files(rank_main, paths, world=world, timeout=launch_timeout(EXERCISE, files=len(paths)))
+    for report, ranks in zip(reports, runs):
+        run = Run(ranks)
+        if stub := next((o["not_implemented"] for o in ranks if o["not_implemented"]), None):
+            report.did_not_run(f"not implemented yet ({stub})")
+            continue
+        report.judge(CRITERIA, run, world=world)
+        report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
+    return [r.scale_to() for r in reports]
+

@@ -1,0 +1,90 @@
+"""Exercise 11's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+
+Each takes the :class:`~.observed.Run` of one file at one world size and returns its message with the
+numbers of the run, or ``None`` when it does not explain what was seen.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...diagnosis import KnownError, mistake
+from .observed import Run
+
+KNOWN_ERRORS = [
+    KnownError("split sizes that do not add up to the rows sent",
+               r"[Ss]plit sizes? .*(sum|doesn't match)|split_sizes",
+               "the all-to-all's input_split_sizes must add up to the rows you send (the kept slots), and its "
+               "output_split_sizes to the rows you receive (what exchange_split_sizes returned)"),
+]
+
+
+def _kept(run: Run, rank: int) -> torch.Tensor:
+    return run.slots(rank)["keep"].nonzero().squeeze(1)
+
+
+@mistake("capacity drop not applied: dropped slots sent")
+def dropped_sent(run: Run) -> str | None:
+    for obs in run.ranks:
+        perm, r = obs["returned"].get("perm"), obs["rank"]
+        dropped = (~run.slots(r)["keep"]).nonzero().squeeze(1)
+        if isinstance(perm, torch.Tensor) and len(dropped) and set(dropped.tolist()) & set(perm.tolist()):
+            n = len(set(dropped.tolist()) & set(perm.tolist()))
+            return (f"rank {r}'s perm holds {len(perm)} slots, {n} of them dropped at capacity (keep is False for "
+                    f"slots {dropped.tolist()[:5]}): send only the slots where keep is True, and count only those "
+                    "in input_split_sizes")
+    return None
+
+
+@mistake("tokens sorted by the wrong key")
+def wrong_order(run: Run) -> str | None:
+    for obs in run.ranks:
+        perm, r = obs["returned"].get("perm"), obs["rank"]
+        kept = _kept(run, r)
+        if isinstance(perm, torch.Tensor) and sorted(perm.tolist()) == kept.tolist():
+            experts = run.slots(r)["expert"][perm]
+            if len(experts) > 1 and not bool((experts.diff() >= 0).all()):
+                k = int((experts.diff() < 0).nonzero()[0]) + 1
+                return (f"rank {r}'s perm is not in expert order: its slot {k} goes to expert {int(experts[k])} "
+                        f"after one for expert {int(experts[k - 1])}; all_to_all_single sends the first "
+                        "input_split_sizes[0] rows to rank 0, the next to rank 1...: sort the kept slots by "
+                        "expert, ascending")
+    return None
+
+
+@mistake("split sizes not exchanged: output_split_sizes = input_split_sizes")
+def not_exchanged(run: Run) -> str | None:
+    for obs in run.ranks:
+        r, recv, send = obs["rank"], obs["returned"].get("recv"), run.slots(obs["rank"])["send"]
+        want = [run.slots(j)["send"][r] for j in range(run.world)]
+        if recv == send and recv != want:
+            return (f"rank {r}'s exchange_split_sizes returned {recv}, its own input_split_sizes: it will receive "
+                    f"{want} rows from ranks 0..{run.world - 1}, which only they know; all-to-all the counts "
+                    "first (dist.all_to_all_single of a tensor of them)")
+    return None
+
+
+@mistake("permutation not inverted: rows come back in expert order")
+def not_inverted(run: Run) -> str | None:
+    for obs in run.ranks:
+        r, got = obs["rank"], obs["y_slots"]
+        if got is None:
+            continue
+        kept, want = _kept(run, r), run.slots(r)["y_slots"]
+        perm = kept[torch.argsort(run.slots(r)["expert"][kept], stable=True)]
+        if not torch.allclose(got, want, atol=1e-5) and torch.allclose(got[:len(perm)], want[perm], atol=1e-5):
+            return (f"rank {r}'s combine returned the {len(perm)} rows in the order they were sent (by expert): "
+                    "row k belongs to slot perm[k]; put it there (out[perm] = rows, or index_copy(0, perm, rows))")
+    return None
+
+
+@mistake("all-to-all not autograd-aware: no gradient through it")
+def not_autograd(run: Run) -> str | None:
+    for obs in run.ranks:
+        for stage, key in (("dispatch", "received_grad_fn"), ("combine", "combined_grad_fn")):
+            if obs[key] is False:
+                return (f"rank {obs['rank']}'s {stage} returned a tensor with no grad_fn: dist.all_to_all_single "
+                        "writes into a buffer autograd cannot see through, so no gradient reaches the expert "
+                        f"{'or x' if stage == 'dispatch' else 'from the output'}; use the autograd-aware "
+                        "all_to_all_single_autograd (torch.distributed._functional_collectives) or "
+                        "torch.distributed.nn.functional.all_to_all_single")
+    return None

@@ -1,0 +1,43 @@
+"""Exercise 11's hints, three tiers per criterion (``check(11, hint=k)``; :mod:`autograder.notebook`).
+
+1: a nudge towards the concept, 2: the mechanism, 3: the API to use. Plain data, read on its own: no
+imports. The dispatch is GShard's (Lepikhin et al., 2020) without its padding: uneven splits.
+"""
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "split_sizes": (
+        "An all-to-all sends one contiguous block of rows to each rank, rank 0's first; a slot dropped at "
+        "capacity is not sent at all.",
+        "Keep only the slots whose keep is True, order them by their expert, and count how many each expert "
+        "gets (zero included).",
+        "keep.nonzero(), torch.argsort(..., stable=True) on their experts, and torch.bincount(..., "
+        "minlength=world_size).tolist().",
+    ),
+    "sizes_exchanged": (
+        "A rank knows what it sends; what it receives is known only to the senders.",
+        "Every rank sends each rank the one number 'how many rows you will get from me', and reads the numbers "
+        "the others sent it.",
+        "dist.all_to_all_single(recv, send) with send = torch.tensor(input_split_sizes) and recv = "
+        "torch.empty_like(send); return recv.tolist().",
+    ),
+    "output_matches": (
+        "The rows come back in the order they were sent, which is not the order of the slots.",
+        "combine sends the expert's rows back with the splits swapped; the k-th row it gets back is slot "
+        "perm[k]'s, and the dropped slots get zeros.",
+        "output_split_sizes and input_split_sizes swap places in combine; new_zeros(n_slots, hidden)"
+        ".index_copy(0, perm, rows).",
+    ),
+    "grads_match": (
+        "The expert's gradient has to travel back to the rank that owns each token.",
+        "An all-to-all whose backward is the all-to-all with the splits swapped carries the gradient; "
+        "dist.all_to_all_single writes into a buffer and has no backward.",
+        "torch.distributed._functional_collectives.all_to_all_single_autograd(rows, output_split_sizes, "
+        "input_split_sizes, group), or torch.distributed.nn.functional.all_to_all_single.",
+    ),
+    "all_to_alls": (
+        "Expert parallelism moves tokens, twice each way.",
+        "One all-to-all in dispatch and one in combine; autograd runs their two backwards; nothing else "
+        "communicates.",
+        "One all_to_all_single_autograd call in each of dispatch and combine, and no other collective.",
+    ),
+}

@@ -1,0 +1,177 @@
+"""Rank-side instruments of the exercise 11 check: run the learner's four functions inside the MoE layer
+the grader assembles (as ``moe_forward`` does), one part at a time, and record what happened.
+
+Every rank builds the same MoE (``distlab.lab.expert_parallel.seeded_moe``, one expert per rank, top-1 (Switch),
+capacity factor 1.25:
+rank 0 drops 2 slots, and the two ranks send each other different counts) and the same
+``W * T`` tokens, and takes its own ``T``.
+Each learner function's result is recorded, then checked against what it must be: where it is
+wrong (or raised), the right value is used from there on, so that one mistake costs its own marks
+only (llmsys_hw5's "one part at a time") and no rank is left waiting in an all-to-all of sizes the
+others do not agree with. Every collective is recorded by ``distlab.measure.comm.CollectiveRecorder``,
+tagged with the stage (the learner function) and the phase (forward or backward) it ran in.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+
+import distlab
+from distlab.lab.expert_parallel import seeded_moe
+from distlab.measure.comm import CollectiveRecorder
+
+from ...harness import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
+
+T, HIDDEN, FFN, TOP_K, CAPACITY_FACTOR, SEED = 24, 8, 16, 1, 1.25, 14
+STAGES = ("sort", "exchange", "dispatch", "combine", "backward")
+# assert_close against the single-process MoE: the router's gradient is summed over the ranks here,
+# over all tokens at once there (float32: measured 3.6e-7 apart at W=2).
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def moe(world: int):
+    return seeded_moe(SEED, hidden=HIDDEN, ffn=FFN, n_experts=world, top_k=TOP_K, capacity_factor=CAPACITY_FACTOR)
+
+
+def data(world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(SEED + 1)
+    return torch.randn(world * T, HIDDEN, generator=gen), torch.randn(world * T, HIDDEN, generator=gen)
+
+
+@functools.lru_cache(maxsize=4)
+def reference(world: int) -> dict:
+    """The single-process MoE on every rank's tokens, capacity per rank (``groups=W``): its output and
+    gradients, and for each rank its slots and each kept slot's expert output (ungated)."""
+    layer, (x, grad) = moe(world), data(world)
+    x.requires_grad_()
+    out = layer(x, groups=world)
+    out.y.backward(grad)
+    ranks = []
+    for r in range(world):
+        xr = x.detach()[r * T:(r + 1) * T]
+        _, slots = layer.route(xr)
+        with torch.no_grad():
+            per_slot = torch.stack([layer.experts[e](xr[t]) for t, e in zip(slots.token.tolist(),
+                                                                            slots.expert.tolist())])
+        per_slot[~slots.keep] = 0
+        ranks.append({"expert": slots.expert, "keep": slots.keep, "token": slots.token, "y_slots": per_slot,
+                      "send": torch.bincount(slots.expert[slots.keep], minlength=world).tolist()})
+    return {"y": out.y.detach(), "x_grad": x.grad, "router_grad": layer.router.gate.weight.grad,
+            "expert_grads": [{n: p.grad for n, p in e.named_parameters()} for e in layer.experts], "ranks": ranks}
+
+
+def valid_perm(perm, expert: torch.Tensor, keep: torch.Tensor) -> bool:
+    """Whether ``perm`` lists exactly the kept slots, in expert order."""
+    if not isinstance(perm, torch.Tensor) or perm.dtype != torch.int64 or perm.dim() != 1:
+        return False
+    if sorted(perm.tolist()) != keep.nonzero().squeeze(1).tolist():
+        return False
+    return bool((expert[perm].diff() >= 0).all()) if len(perm) > 1 else True
+
+
+class CommSpy(CollectiveRecorder):
+    """The one recorder, each op tagged with the learner function (stage) running and the phase."""
+
+    def __init__(self):
+        super().__init__()
+        self.stage, self.phase = None, "forward"
+
+    def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
+        return {"stage": self.stage, "phase": self.phase}
+
+    @property
+    def calls(self) -> list[dict]:
+        return [{"kind": op.kind, "shape": list(op.shape), **op.tags} for op in self.ops]
+
+
+def _ints(value) -> list | None:
+    """A list of Python ints, as the contract asks, or None (a tensor, a list of tensors, anything else)."""
+    ok = isinstance(value, (list, tuple)) and all(type(v) is int for v in value)
+    return list(value) if ok else None
+
+
+def _everywhere(ok: bool) -> bool:
+    """Whether ``ok`` on every rank: the backward runs the all-to-alls' backward on all of them, or none
+    (one rank whose combine raised would leave the others waiting in it)."""
+    flag = torch.tensor([int(ok)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def rank_main(paths: list[str]) -> list[dict]:
+    """Runs on every rank: observe each learner file in turn (the tests grade several per launch)."""
+    distlab.init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        return [_observe(path, rank, world) for path in paths]
+    finally:
+        distlab.shutdown()
+
+
+def _observe(path: str, rank: int, world: int) -> dict:
+    obs = {"rank": rank, "world": world, "not_implemented": None, "errors": {}, "returned": {}, "substituted": [],
+           "received_grad_fn": None, "combined_grad_fn": None, "y": None, "y_slots": None, "x_grad": None,
+           "router_grad": None, "expert_grads": None, "comm": []}
+    layer, (x_all, grad_all) = moe(world), data(world)
+    x = x_all[rank * T:(rank + 1) * T].clone().requires_grad_()
+    _, slots = layer.route(x)
+    truth = reference(world)
+    send_true = truth["ranks"][rank]["send"]
+    recv_true = [truth["ranks"][j]["send"][rank] for j in range(world)]
+    learner, spy = load_learner(path), CommSpy()
+
+    def stage(name, fn, *args):
+        spy.stage = name
+        with spy:
+            out, exc = attempt(fn, *args)
+        spy.stage = None
+        if isinstance(exc, NotImplementedError):
+            obs["not_implemented"] = obs["not_implemented"] or str(learner_frame(exc, path) or exc)
+        elif exc is not None:
+            obs["errors"][name] = {"error": raised(exc), "where": str(learner_frame(exc, path) or "")}
+        return out
+
+    with CapturedPrints() as printed:
+        got = stage("sort", learner.sort_by_expert, slots.expert, slots.keep, world)
+        perm, send = got if isinstance(got, tuple) and len(got) == 2 else (None, None)
+        obs["returned"]["perm"] = perm.detach().cpu().clone() if isinstance(perm, torch.Tensor) else repr(perm)[:80]
+        obs["returned"]["send"] = _ints(send) if _ints(send) is not None else repr(send)[:80]
+        if not valid_perm(perm, slots.expert, slots.keep) or _ints(send) != send_true:
+            obs["substituted"].append("sort")
+            kept = slots.keep.nonzero().squeeze(1)
+            perm, send = kept[torch.argsort(slots.expert[kept], stable=True)], send_true
+        recv = stage("exchange", learner.exchange_split_sizes, list(send))
+        obs["returned"]["recv"] = _ints(recv) if _ints(recv) is not None else repr(recv)[:80]
+        if _ints(recv) != recv_true:
+            obs["substituted"].append("exchange")
+            recv = recv_true
+        received = stage("dispatch", learner.dispatch, x[slots.token], perm, list(send), list(recv))
+        if _everywhere(isinstance(received, torch.Tensor) and tuple(received.shape) == (sum(recv), HIDDEN)):
+            obs["received_grad_fn"] = received.grad_fn is not None
+            y_slots = stage("combine", learner.combine, layer.experts[rank](received), perm, len(slots.token),
+                            list(send), list(recv))
+            shaped = isinstance(y_slots, torch.Tensor) and tuple(y_slots.shape) == (len(slots.token), HIDDEN)
+            if _everywhere(shaped):
+                obs["combined_grad_fn"] = y_slots.grad_fn is not None
+                obs["y_slots"] = y_slots.detach().cpu().clone()
+                y = torch.zeros_like(x).index_add(0, slots.token, slots.gate[:, None] * y_slots)
+                obs["y"] = y.detach().cpu().clone()
+                spy.stage, spy.phase = "backward", "backward"
+                with spy:
+                    _, exc = attempt(y.backward, grad_all[rank * T:(rank + 1) * T])
+                if exc is not None:
+                    obs["errors"]["backward"] = {"error": raised(exc), "where": str(learner_frame(exc, path) or "")}
+            else:
+                obs["returned"]["combine_shape"] = list(getattr(y_slots, "shape", [])) or repr(y_slots)[:80]
+        else:
+            obs["returned"]["dispatch_shape"] = list(getattr(received, "shape", [])) or repr(received)[:80]
+    echo(printed.lines)
+    obs["x_grad"] = None if x.grad is None else x.grad.detach().clone()
+    router = layer.router.gate.weight.grad
+    obs["router_grad"] = None if router is None else router.detach().clone()
+    obs["expert_grads"] = {n: (None if p.grad is None else p.grad.detach().clone())
+                           for n, p in layer.experts[rank].named_parameters()}
+    obs["comm"] = spy.calls
+    return obs
