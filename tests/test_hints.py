@@ -15,9 +15,6 @@ from autograder.registry import check_modules, exercises, hints
 from autograder.report import criterion, failed, passed
 from distlab.runtime.importing import REPO_ROOT
 
-# Exercises whose hints.py other helpers are writing in parallel (issue 28): the merge of their branches
-# adds the files and removes the numbers from this list. Nothing else may lack hints.
-HINTS_PENDING = {1, 2, 4, 6, 8}
 MIN_QUOTE = 20  # a solution line longer than this, found verbatim in a hint, is the answer given away
 
 
@@ -45,10 +42,7 @@ def _solution_lines(filename: str) -> set[str]:
 @pytest.mark.parametrize("number", sorted(exercises()))
 def test_every_criterion_has_three_tiers_that_do_not_quote_the_solution(number):
     known = hints(number)
-    if not known:
-        assert number in HINTS_PENDING, f"exercise {number}'s check package has no hints.py"
-        return
-    assert number not in HINTS_PENDING, f"exercise {number} has hints.py: take it off HINTS_PENDING"
+    assert known, f"exercise {number}'s check package has no hints.py"
     declared = _criterion_names(check_modules()[number])
     assert set(known) == declared, (f"missing hints: {sorted(declared - set(known))}; "
                                     f"hints of no criterion: {sorted(set(known) - declared)}")

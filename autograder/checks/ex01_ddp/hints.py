@@ -16,7 +16,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
     "reshuffled": (
         "A shuffle that never changes is an order, not a shuffle.",
         "The sampler derives its permutation from its seed and an epoch number that you must advance.",
-        "sampler.set_epoch(epoch) at the start of every epoch.",
+        "DistributedSampler.set_epoch, given the epoch number, before the epoch's first batch.",
     ),
     "matches_reference": (
         "W ranks of batch_size each are one step of a W x batch_size batch: the same lr, the same loss.",
@@ -31,7 +31,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
     "rank0_saves_once": (
         "W ranks writing the same file race each other for nothing.",
         "Save the unwrapped model's weights, on one rank: the wrapper adds a prefix to every key.",
-        "torch.save(ddp_model.module.state_dict(), checkpoint_path) where dist.get_rank() == 0.",
+        "torch.save of the wrapped model's .module state_dict, on the rank whose dist.get_rank() is 0 only.",
     ),
     "evaluates_once": (
         "21 samples do not split evenly over 2 or 4 ranks, yet the sampler gives every rank as many.",
@@ -41,6 +41,6 @@ HINTS: dict[str, tuple[str, str, str]] = {
     "teardown_destroys": (
         "A process group holds sockets and threads until it is closed.",
         "Leave the group you joined in setup().",
-        "dist.destroy_process_group().",
+        "torch.distributed's destroy_process_group, with no arguments.",
     ),
 }

@@ -11,7 +11,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
     "equal_parameters": (
         "Every window must be the step of its big batch, not only the first one.",
         "What is left in .grad when the next window starts is added to its gradients.",
-        "optimizer.step() then optimizer.zero_grad(), once per window, at its end.",
+        "The optimizer's step, then its zero_grad, once per window, after the window's last backward.",
     ),
     "step_per_window": (
         "One optimizer step stands for a whole window of micro-batches.",

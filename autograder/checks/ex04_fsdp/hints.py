@@ -29,7 +29,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
     "matches_reference": (
         "W ranks on W micro-batches must take the step one process takes on the whole batch.",
         "Every step starts from zero gradients, runs one backward (FSDP averages over ranks) and one step.",
-        "optimizer.zero_grad(), loss.backward(), optimizer.step(), in that order, once per batch.",
+        "The optimizer's zero_grad, the loss's backward, the optimizer's step: in that order, once per batch.",
     ),
     "exports_once": (
         "Gathering a full state dict is a collective; saving a file is not.",

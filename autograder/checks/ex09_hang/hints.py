@@ -12,12 +12,14 @@ HINTS: dict[str, tuple[str, str, str]] = {
     "same_collectives": (
         "Fixing a hang by removing the communication removes what made it one job.",
         "Every rank all-reduces the number of kept samples and each gradient at every step.",
-        "`dist.all_reduce(count)` then `dist.all_reduce(p.grad)` for every parameter, on every rank.",
+        "`dist.all_reduce` of the kept-sample count, then of every parameter's `.grad` (zeros where nothing was kept), "
+        "on every rank at every step.",
     ),
     "matches_reference": (
         "The job means one SGD step on the mean loss over the global batch's kept samples.",
         "Sum the losses locally, all-reduce the sums' gradients and the counts, then divide.",
-        "`p -= lr * grad / count` with both all-reduced; skip the update only where the global count is 0.",
+        "Subtract lr times the all-reduced gradient over the all-reduced count; skip the update only where that "
+        "global count is 0.",
     ),
     "empty_rank_takes_part": (
         "A rank with nothing to keep still has a share of the sum: zero.",

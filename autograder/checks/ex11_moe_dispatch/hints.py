@@ -17,8 +17,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "A rank knows what it sends; what it receives is known only to the senders.",
         "Every rank sends each rank the one number 'how many rows you will get from me', and reads the numbers "
         "the others sent it.",
-        "dist.all_to_all_single(recv, send) with send = torch.tensor(input_split_sizes) and recv = "
-        "torch.empty_like(send); return recv.tolist().",
+        "`dist.all_to_all_single(output, input)` of one int64 count per rank (your input_split_sizes as a tensor), "
+        "into an empty tensor of the same shape; its values are your output_split_sizes.",
     ),
     "output_matches": (
         "The rows come back in the order they were sent, which is not the order of the slots.",
