@@ -48,16 +48,21 @@ def init_distributed(timeout: timedelta | None = None) -> torch.device:
     torch 2.13 an elastic restart otherwise fails to reconnect: the new
     workers read the previous attempt's addresses from the shared store
     (``connectFullMesh`` to stale peers). Keying the prefix on
-    ``TORCHELASTIC_RESTART_COUNT`` keeps attempts apart.
+    ``TORCHELASTIC_RESTART_COUNT`` keeps attempts apart. Across nodes the
+    agents may count restarts differently, so a multi-node job gives every
+    round a store of its own instead (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
     """
     if dist.is_initialized():
         return device()
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     timeout = timeout or default_timeout()
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     # Under torchrun the agent hosts the store; workers only connect to it.
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    # The agent's store outlives the attempts, so each attempt keys its own. A store rank 0 hosts is
+    # new every round (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as course/slurm/train.sbatch sets): there
+    # the key must not be the restart count, which the agents of two nodes can count differently.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if agent_hosts_store else "0"
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),

@@ -74,13 +74,17 @@ def command_lines(nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id: str,
 
 def multinode_torchrun(target: str | Callable, nnodes: int = 2, nproc_per_node: int = 1, *,
                        args: tuple = (), kwargs: dict | None = None, timeout: float = 60.0,
-                       backend: str | None = None, stream: bool | Callable[[str], None] = False) -> MultinodeResult:
+                       backend: str | None = None, stream: bool | Callable[[str], None] = False,
+                       max_restarts: int = 0) -> MultinodeResult:
     """Run ``target`` under ``nnodes`` torchrun agents on this machine, rendezvous on 127.0.0.1.
 
     ``results`` are in global rank order; ``endpoint`` is the rendezvous address used (a free
     port). Agent 0 hosts the c10d store (``is_host=1``); on real machines torchrun infers that
     from the address. All "nodes" share this machine's GPUs, so NCCL needs one GPU per worker of
-    the whole job, and each agent is shown only its own (``CUDA_VISIBLE_DEVICES``).
+    the whole job, and each agent is shown only its own (``CUDA_VISIBLE_DEVICES``). Each rendezvous
+    round gets a store of its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, as
+    ``course/slurm/train.sbatch`` sets), so an elastic restart (``max_restarts``) rejoins one world
+    even where the two agents count the restart differently (:func:`distlab.init_distributed`).
     """
     nprocs = nnodes * nproc_per_node
     backend = backend or pick_backend(nprocs)
@@ -92,8 +96,8 @@ def multinode_torchrun(target: str | Callable, nnodes: int = 2, nproc_per_node: 
         outdir = Path(tmp)
         spec = write_spec(outdir, target_string(target), args=args, kwargs=kwargs)
         program = ["--monitor-interval=0.1", "-m", "distlab.runtime.worker", str(spec)]
-        env = job_env(outdir, backend, 0.75 * timeout)
-        commands = command_lines(nnodes, nproc_per_node, endpoint, uuid.uuid4().hex, program)
+        env = {**job_env(outdir, backend, 0.75 * timeout), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        commands = command_lines(nnodes, nproc_per_node, endpoint, uuid.uuid4().hex, program, max_restarts)
         sandbox = learner_sandbox(outdir)
         lock = threading.Lock()
         lines: list[str] = []
