@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scontrol", "sinfo", "srun")
 CPUS, GPUS = 16, 4  # what course/slurm/train.sbatch asks of each node
@@ -75,6 +77,13 @@ def missing() -> str | None:
 
 def _path() -> str:
     return os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _free_port(host: str, avoid: set[int]) -> int:
@@ -139,6 +148,10 @@ class SlurmCluster:
             self.root = None
 
     def _stop_daemons(self) -> None:
+        # A job still running (a test that failed before its job ended) lives in the slurmds' process
+        # trees, and slurmstepd does not end it when its slurmd goes: collect the trees first, end them last.
+        jobs = [c for proc in self.procs.values() if proc.poll() is None
+                for c in _descendants(proc.pid)]
         for name in reversed(list(self.procs)):  # slurmds, then slurmctld, then munged
             proc = self.procs[name]
             if proc.poll() is None:
@@ -153,6 +166,10 @@ class SlurmCluster:
             for stream in (proc.stdout,):
                 if stream:
                     stream.close()
+        for child in jobs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        psutil.wait_procs(jobs, timeout=30)
         self.procs = {}
 
     # -- configuration --------------------------------------------------------------------------
