@@ -25,6 +25,8 @@
 """
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Callable, Iterable
 
 import torch
@@ -81,17 +83,35 @@ class SavedTensors(torch.autograd.graph.saved_tensors_hooks):
         self.views_apart, self.on_pack = views_apart, on_pack
         self.saved: dict[tuple, int] = {}
         self._refs: dict[tuple, list[int]] = {}  # key -> [saved tensors holding it, bytes counted]
+        # address -> (the storage seen there, its key): an address alone is no identity, since a storage
+        # freed after one backward may be reallocated at the same address in the next forward
+        self._at: dict[tuple, tuple[weakref.ref, tuple]] = {}
+        self._fresh = itertools.count(1)
         self.live = self.peak = self.gen = 0
 
     @property
     def total(self) -> int:
         return sum(self.saved.values())
 
+    def _identity(self, mine: torch.Tensor) -> tuple:
+        """One key per storage while it lives: a new storage at a freed one's address gets a new key.
+
+        A storage's Python object lives exactly as long as the storage (PyTorch preserves it), so a
+        weak reference to it tells the same storage from a later one at the same address.
+        """
+        address, storage = _key(mine), mine.untyped_storage()
+        seen = self._at.get(address)
+        if seen is not None and seen[0]() is storage:
+            return seen[1]
+        key = address if seen is None else address + (next(self._fresh),)
+        self._at[address] = (weakref.ref(storage), key)
+        return key
+
     def _pack(self, t: torch.Tensor):
         mine = local_tensor(t)
-        key = _key(mine)
-        if key in self.skip:
+        if _key(mine) in self.skip:
             return _Held(self, t, None)
+        key = self._identity(mine)
         nbytes = mine.untyped_storage().nbytes()
         if self.views_apart:
             key, nbytes = key + (mine.data_ptr(), mine.nbytes), mine.nbytes
@@ -121,6 +141,7 @@ class SavedTensors(torch.autograd.graph.saved_tensors_hooks):
         self.gen += 1
         self.saved.clear()
         self._refs.clear()
+        self._at.clear()
         self.live = self.peak = 0
 
 
