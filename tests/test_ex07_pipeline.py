@@ -44,6 +44,16 @@ MISTAKES = {
     "stage 1 backward per micro-batch (deadlock)": {BACKWARD_LATER: BACKWARD_AT_ONCE},
     "whole batch's labels on stage 1": {"cross_entropy(stage(act), y_i) / m": "cross_entropy(stage(act), y) / m"},
 }
+# A legal style, not a mistake: every send and receive posted through dist.batch_isend_irecv (one op a
+# batch, each waited on). It must get full marks: the spy records the batch's ops as sends and receives.
+BATCHED = {
+    "dist.send(out.detach().contiguous(), dst=1)":
+        "dist.batch_isend_irecv([dist.P2POp(dist.isend, out.detach().contiguous(), 1)])[0].wait()",
+    "dist.recv(grad, src=1)": "dist.batch_isend_irecv([dist.P2POp(dist.irecv, grad, 1)])[0].wait()",
+    "dist.recv(act, src=0)": "dist.batch_isend_irecv([dist.P2POp(dist.irecv, act, 0)])[0].wait()",
+    "dist.send(act.grad.contiguous(), dst=0)":
+        "dist.batch_isend_irecv([dist.P2POp(dist.isend, act.grad.contiguous(), 0)])[0].wait()",
+}
 GRADS = "stage {} gradients match the unsplit model"
 COUNT, LOSS, OVERLAP = ("each stage processes every micro-batch once", "loss matches the unsplit model",
                         "stages overlap in time")
@@ -51,12 +61,13 @@ COUNT, LOSS, OVERLAP = ("each stage processes every micro-batch once", "loss mat
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    paths = [SOLUTIONS / FILE, independent.path(7)]
+    paths = [SOLUTIONS / FILE, independent.path(7), mutant(tmp_path_factory.mktemp("batched"), FILE, BATCHED)]
     for i, (name, repl) in enumerate(MISTAKES.items()):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
     graded = check.grade(paths, p2p_timeout_s=1.5)  # the deadlock's cost: 1.5 s x DISTLAB_TIME_SCALE
     independent.record(7, graded[1])
-    return {"solution": graded[0], "independent": graded[1], **dict(zip(MISTAKES, graded[2:]))}
+    return {"solution": graded[0], "independent": graded[1], "batched": graded[2],
+            **dict(zip(MISTAKES, graded[3:]))}
 
 
 def test_solution_full_marks(reports):
@@ -68,6 +79,11 @@ def test_solution_full_marks(reports):
     # missed overlap needs stage 1 to wake >90 ms late. The mistake (sends after the loop) fails
     # by causality, whatever the load.
     assert r.measurements["stage1_start_minus_stage0_forwards_end_ms"] < 0
+
+
+def test_sends_and_receives_posted_through_batch_isend_irecv_get_full_marks(reports):
+    r = reports["batched"]
+    assert r.score == r.max_score, r.feedback
 
 
 def test_no_microbatches_fails_count_and_overlap(reports):

@@ -103,14 +103,20 @@ class P2PSpy(Replace):
     shape, when it was called and returned (``t1`` stays ``None`` if it raised), and a copy of each tensor
     received. Entered before the learner's file is imported (:class:`Replace`): ``from
     torch.distributed import isend`` is seen too. Not ``distributed_c10d``'s own names: torch's functions
-    call each other by them (``send`` calls ``isend``), and each call would be recorded twice."""
+    call each other by them (``send`` calls ``isend``), and each call would be recorded twice.
+
+    The sends and receives a ``dist.batch_isend_irecv`` posts are recorded too. ``dist.P2POp`` checks that
+    its ``op`` *is* ``isend`` or ``irecv``, and under the spy ``dist.isend`` is the spy's stand-in: so
+    ``P2POp`` is replaced too, by a subclass that stores the real function, and the batch's stand-in records
+    each op (its peer, shape, and what a receive got) before the real batch runs."""
 
     NAMES = ("send", "recv", "isend", "irecv")
 
     def __init__(self):
         self.calls: list[dict] = []
         self._async_recv: list[tuple[dict, torch.Tensor]] = []
-        super().__init__({(dist, n): functools.partial(self._spy, n) for n in self.NAMES})
+        super().__init__({(dist, n): functools.partial(self._spy, n) for n in self.NAMES}
+                         | {(dist, "P2POp"): self._p2p_op, (dist, "batch_isend_irecv"): self._batch})
 
     def __exit__(self, *exc):
         super().__exit__(*exc)
@@ -133,6 +139,46 @@ class P2PSpy(Replace):
             return result
 
         return spy
+
+
+
+    def _unspied(self, fn):
+        """The real ``isend``/``irecv`` behind ``fn`` when ``fn`` is the spy's stand-in for it."""
+        for name in ("isend", "irecv"):
+            real = self.real.get((dist, name))
+            if real is not None and fn is self._stand_ins.get(id(real)):
+                return real
+        return fn
+
+    def _p2p_op(self, real_cls):
+        spy = self
+
+        class P2POp(real_cls):
+            def __new__(cls, op, *args, **kwargs):
+                return real_cls.__new__(cls, spy._unspied(op), *args, **kwargs)
+
+            def __init__(self, op, *args, **kwargs):
+                super().__init__(spy._unspied(op), *args, **kwargs)
+
+        return P2POp
+
+    def _batch(self, real):
+        def spy(ops):
+            now, isend = time.perf_counter(), self.real[(dist, "isend")]
+            calls = []
+            for op in ops:
+                send = self._unspied(op.op) is isend
+                calls.append({"op": "send" if send else "recv", "async": True, "peer": op.peer,
+                              "shape": list(op.tensor.shape), "t0": now, "t1": None, "value": None})
+                if not send:
+                    self._async_recv.append((calls[-1], op.tensor))
+            self.calls.extend(calls)
+            works = real(ops)
+            for call in calls:
+                call["t1"] = time.perf_counter()
+            return works
+
+        return functools.wraps(real)(spy)
 
 
 def grad_norm(params) -> float:

@@ -1,7 +1,7 @@
 """Exercise 10 check: causal ring attention by hand, graded at 2 and 4 ranks.
 
 The grader makes the whole sequence's ``q, k, v`` (seeded), gives each rank its contiguous shard and
-runs the learner's ``ring_attention`` on it, with every send and receive recorded (``probes.RingSpy``:
+runs the learner's ``ring_attention`` on it, with every send and receive recorded (the harness's ``P2PSpy``:
 ``dist.send/recv/isend/irecv`` and the ops of ``dist.batch_isend_irecv``, with their peers and what
 each receive got) and every collective (``CollectiveRecorder``). Each file runs in a process group of
 its own, so a ring that deadlocks times out (gloo) and costs only that file's marks. The grading
