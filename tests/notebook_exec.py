@@ -75,6 +75,7 @@ from distlab.runtime.process import time_scale
 
 REPO = Path(__file__).resolve().parent.parent
 COURSE = REPO / "course"
+NOTEBOOK_GLOB = "[0-9][0-9]*_*.py"  # 00_why_distribute ... and 00b_collectives, in course order
 CELL_MARKER = re.compile(r"# %%( |$)")  # "# %%torchrun" and "# %%time" are cell magics inside a cell
 STACK_SIGNAL = signal.SIGUSR2  # not SIGUSR1: the course teaches faulthandler on SIGUSR1 (notebook 09)
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -204,7 +205,7 @@ def widget_cells(source: Path) -> list[WidgetCell]:
 
 
 def course_widget_cells() -> list[WidgetCell]:
-    return [c for source in sorted(COURSE.glob("[0-9][0-9]_*.py")) for c in widget_cells(source)]
+    return [c for source in sorted(COURSE.glob(NOTEBOOK_GLOB)) for c in widget_cells(source)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,11 +15,11 @@ import pytest
 from nbclient.exceptions import CellExecutionError
 
 from tests.helpers import REPO
-from tests.notebook_exec import Cell, CellHang, cell_lines, execute
+from tests.notebook_exec import NOTEBOOK_GLOB, Cell, CellHang, cell_lines, execute
 
 pytestmark = [pytest.mark.notebook, pytest.mark.slow]
 
-NOTEBOOKS = sorted((REPO / "course").glob("[0-9][0-9]*_*.py"))
+NOTEBOOKS = sorted((REPO / "course").glob(NOTEBOOK_GLOB))
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # Hang guards, not speed limits (both x DISTLAB_TIME_SCALE). Measured on 2 cores: the slowest cell
 # of the course takes 12 s (09's first launch) and the slowest notebook 20 s, so a stuck cell is

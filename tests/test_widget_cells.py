@@ -60,7 +60,7 @@ def test_every_interactive_cell_of_the_course_is_found():
     """What the stress runs: each cell that calls display/interact(ive) or builds a widget, with
     the imports above it, and nothing else (no launch, no grading)."""
     by_notebook = {c.notebook.stem for c in CELLS}
-    for source in sorted(notebook_exec.COURSE.glob("[0-9][0-9]_*.py")):
+    for source in sorted(notebook_exec.COURSE.glob(notebook_exec.NOTEBOOK_GLOB)):
         text = source.read_text()
         if "import ipywidgets" in text or "display(" in text:
             assert source.stem in by_notebook, f"{source.name} shows widgets but no widget cell was found"
