@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import signal
 import sys
 
 import psutil
@@ -75,7 +76,9 @@ def test_the_ranks_see_what_the_torchrun_clis_ranks_see_and_the_fallback_is_anno
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert (seen["path"], seen["then"]) == ("warm", "cli")
-    assert seen["warm"] == seen["cli"]  # the same variables and values, thread count, and no CUDA fork poison
+    # the same variables and values, thread count, signal handlers, and no CUDA fork poison
+    assert seen["warm"] == seen["cli"]
+    assert seen["warm"][0]["signals"]["SIGTERM"] == str(signal.SIG_DFL)
     assert seen["warm"][1]["env"]["RANK"] == "1" and seen["warm"][1]["env"]["MASTER_PORT"] == "set"
     assert done.stderr.count("distlab: launching with the torchrun CLI (DISTLAB_LAUNCH=cli)") == 1
 

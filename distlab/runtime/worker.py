@@ -164,18 +164,35 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+def _fresh_signal_handlers() -> None:
+    """SIGTERM, SIGHUP and SIGQUIT end the rank at once, and SIGINT raises KeyboardInterrupt, as in a new interpreter.
+
+    The fork inherits its agent's handlers: torch elastic's ``_terminate_process_handler``, a Python
+    handler, which runs only when the main thread is back in the interpreter. A rank blocked in C++
+    (waiting on the store for a peer that died) then outlived its agent's SIGTERM by the agent's
+    30 s grace before SIGKILL, at every elastic restart and every stop.
+    """
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def entry(spec_path: str) -> int:
     """The same program as a function: torchrun's entry point in a warm launch (:mod:`distlab.runtime.agent`).
 
     The rank is a fork of the warm server, not a new interpreter, so first it is made one as far as
     the job can tell: it dies with its agent (as a CLI rank dies with its pipe), reads
-    ``OMP_NUM_THREADS`` as a new interpreter would, and reseeds NumPy's global generator (Python's
-    ``random`` reseeds itself after a fork). A rank that failed exits with its code here; one
+    ``OMP_NUM_THREADS`` as a new interpreter would, reseeds NumPy's global generator (Python's
+    ``random`` reseeds itself after a fork), and has a new interpreter's signal handlers
+    (:func:`_fresh_signal_handlers`). A rank that failed exits with its code here; one
     that succeeded runs its exit handlers and returns, so torchrun collects its return value.
     """
     from distlab import reaper
 
     reaper.prctl(reaper.PR_SET_PDEATHSIG, 9)
+    _fresh_signal_handlers()
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         import torch
 

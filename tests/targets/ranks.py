@@ -149,12 +149,17 @@ TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 
 def torchrun_view() -> dict:
     """What a rank sees of its launcher: torchrun's variables (names, and the values that are not
-    a port or an id), how many threads, and whether it may use CUDA after the fork."""
+    a port or an id), how many threads, whether it may use CUDA after the fork, and its signal handlers
+    (a fork of the agent inherited torch elastic's Python handler, which a rank blocked in C++ outlives)."""
+    import signal
+
     env = {k: v for k, v in os.environ.items() if k in TORCHRUN_VARS or k.startswith("TORCHELASTIC_")}
     for volatile in ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"):
         env[volatile] = "set" if env.get(volatile) else ""
     bad_fork = bool(getattr(torch.cuda, "_is_in_bad_fork", lambda: False)())
-    return {"env": env, "threads": torch.get_num_threads(), "cuda_bad_fork": bad_fork}
+    handlers = {sig.name: getattr(signal.getsignal(sig), "__name__", str(signal.getsignal(sig)))
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    return {"env": env, "threads": torch.get_num_threads(), "cuda_bad_fork": bad_fork, "signals": handlers}
 
 
 def sandbox_view(server_pid: int, server_socket: str) -> dict:
