@@ -112,11 +112,13 @@ def _full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def mesh2d_job(*, seed: int = 0, steps: int = STEPS, batch: int = BATCH, seq: int = SEQ, lr: float = LR,
-               momentum: float = MOMENTUM) -> dict:
+               momentum: float = MOMENTUM, with_reference: bool = False) -> dict:
     """Runs on each of 4 ranks: the tiny transformer with :func:`apply_tp` over ``tp`` and :func:`apply_fsdp`
     over ``dp``, ``steps`` steps on this data-parallel rank's half of each batch. Returns its losses, the
     weights gathered whole, each parameter's global and local shape and placements, the bytes this rank
-    holds after the last backward (before ``zero_grad``), and the collectives of the last step."""
+    holds after the last backward (before ``zero_grad``), and the collectives of the last step. With
+    ``with_reference`` rank 0 also returns :func:`reference_run` (no collective in it; where a notebook's
+    kernel would pay ``torch.optim``'s first import of ``torch._dynamo``, the ranks have it preloaded)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from distlab.runtime.distributed import init_distributed, shutdown
@@ -135,7 +137,9 @@ def mesh2d_job(*, seed: int = 0, steps: int = STEPS, batch: int = BATCH, seq: in
                 opt.zero_grad()
             losses.append(loss.item())
         held["optimizer"] = measured_bytes(model, opt)["optimizer"]  # the momentum exists after a step
-        return {"rank": mesh.get_rank(), "coordinate": mesh.get_coordinate(), "losses": losses,
+        shape = dict(seed=seed, steps=steps, batch=batch, seq=seq, lr=lr, momentum=momentum)
+        reference = reference_run(**shape) if with_reference and mesh.get_rank() == 0 else None
+        return {"reference": reference, "rank": mesh.get_rank(), "coordinate": mesh.get_coordinate(), "losses": losses,
                 "weights": {n: w.cpu() for n, w in _full_weights(model).items()},
                 "shapes": {n: (tuple(p.shape), tuple(local_tensor(p).shape), str(p.placements))
                            for n, p in model.named_parameters()},

@@ -57,6 +57,15 @@ def as_html(rows: list[tuple[str, ...]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+class _Shown(widgets.VBox):
+    """The widget; its text form (a saved notebook's ``text/plain``, a terminal) is the table, not a repr."""
+
+    planner = None
+
+    def __repr__(self) -> str:
+        return repr(self.planner)
+
+
 class Planner:
     """The controls and the table; :meth:`inputs` reads them, :meth:`update` redraws."""
 
@@ -83,7 +92,8 @@ class Planner:
         for c in controls:
             c.observe(lambda _change: self.update(), names="value")
         grid = widgets.GridBox(controls, layout=widgets.Layout(grid_template_columns="repeat(4, 15em)"))
-        self.widget = widgets.VBox([grid, self.table])
+        self.widget = _Shown([grid, self.table])
+        self.widget.planner = self
         self.update()
 
     def inputs(self) -> tuple[Model, Cluster, Training]:
