@@ -178,8 +178,8 @@ plan_7b = planner()
 #
 # * **FSDP first** while the model states do not fit: it divides them by its degree and sends
 #   `3(n-1)/n` of the parameters a step, whatever the batch.
-# * **TP within a node**: its all-reduces carry activations, four per layer each way, and are on the
-#   critical path; the fastest links pay for them. It also divides the activations.
+# * **TP within a node**: its all-reduces carry activations, two per layer in the forward and two in
+#   the backward, on the critical path; the fastest links pay for them. It also divides the activations.
 # * **PP across nodes**: a pipeline sends the least (one activation per micro-batch and boundary), but
 #   idles for `(p-1)/(m+p-1)` of the step unless micro-batches are many; CP and EP are for long
 #   sequences and for experts.

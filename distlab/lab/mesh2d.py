@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
 
@@ -50,7 +51,7 @@ def block_plan() -> dict:
             "attn.wo": RowwiseParallel(), "mlp.w1": ColwiseParallel(), "mlp.w2": RowwiseParallel()}
 
 
-def apply_tp(model: nn.Module, *, tp_mesh) -> nn.Module:
+def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh) -> nn.Module:
     """Every block of ``model`` tensor-parallel over ``tp_mesh`` (in place); embeddings, norms and head
     stay whole on each tensor-parallel rank. ``Attention.heads`` reads the head count from the
     projection's width, so a rank's attention runs on its ``n_heads / t`` heads unchanged."""
@@ -61,7 +62,7 @@ def apply_tp(model: nn.Module, *, tp_mesh) -> nn.Module:
     return model
 
 
-def apply_fsdp(model: nn.Module, *, dp_mesh, reshard_after_forward: bool | None = None) -> nn.Module:
+def apply_fsdp(model: nn.Module, *, dp_mesh: DeviceMesh, reshard_after_forward: bool | None = None) -> nn.Module:
     """``fully_shard`` each block, then the root, over ``dp_mesh`` (in place). ``reshard_after_forward``
     applies to the root (``None``: FSDP2's default, the root stays gathered until its backward)."""
     from torch.distributed.fsdp import fully_shard
