@@ -72,6 +72,8 @@ def test_bubble_memory_and_validity():
     assert stage["root"] == (BIG.vocab + 1) * BIG.hidden  # the head and the final norm
     assert piped["memory"]["params"] == training_memory(stage["layers"] + stage["root"], precision="bf16",
                                                         world=2, level="full")["params"]
+    # 1F1B: the first stage holds p micro-batches of its L/p layers, one micro-batch of all L layers' worth
+    assert piped["memory"]["activations"] == memory_per_gpu(BIG, Layout(fsdp=2), t)["activations"] > 0
     assert not valid(TINY, Layout(tp=8), t)  # 4 heads
     assert not valid(BIG, Layout(ep=2, dp=4), t)  # a dense model has no experts to split
     moe = Model(layers=4, hidden=256, heads=4, seq=128, vocab=1000, experts=8, top_k=2)

@@ -136,7 +136,7 @@ def memory_per_gpu(model: Model, layout: Layout, training: Training) -> dict[str
     in_flight = min(layout.pp, training.micro_batches)
     return training_memory(n, precision=training.precision, optimizer=training.optimizer, world=layout.fsdp,
                            level="full" if layout.fsdp > 1 else "none",
-                           activations=layer * model.layers // layout.pp * in_flight)
+                           activations=layer * (model.layers // layout.pp) * in_flight)
 
 
 def collectives(model: Model, layout: Layout, training: Training) -> list[dict]:
