@@ -1,0 +1,185 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 · Putting them together
+#
+# Each notebook so far split one thing: the batch (01 DDP, 04 FSDP), the layers (07 pipeline), a
+# layer's matrices (08 tensor parallelism), the sequence (10 context parallelism), the experts (11).
+# A real job splits several at once: its `W` GPUs are laid out on a **device mesh**, one dimension
+# per parallelism, and the degrees multiply to `W`. torchtitan's Llama recipe
+# (`torchtitan/models/llama3/infra/parallelize.py`) applies tensor parallelism first, on the mesh's
+# `tp` dimension, then FSDP on its `dp` dimension, to the same modules.
+#
+# This notebook does that with the tiny transformer of `distlab.transformer` at W = 4, on a 2 × 2 mesh
+# (rank = 2·dp + tp): each **row** `{0, 1}`, `{2, 3}` is a tensor-parallel pair (Megatron's split of
+# the attention heads and the MLP, Shoeybi et al. 2019), each **column** `{0, 2}`, `{1, 3}` a
+# data-parallel pair that shards what its pair holds (ZeRO-3, Rajbhandari et al. 2020). Then a
+# **planner** in the manner of the *Ultra-Scale Playbook* (Tazi et al., 2025) predicts, for any
+# model and cluster, the memory per GPU, the bytes sent per step and the pipeline bubble of every
+# layout; first it must predict this run exactly.
+
+# %%
+# %load_ext distlab
+
+# %% [markdown]
+# ## One run on two dimensions
+# `distlab.lab.mesh2d` holds the two steps, written as torchtitan writes them:
+#
+# ```python
+# mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+# apply_tp(model, tp_mesh=mesh["tp"])    # parallelize_module: wq, wk, wv, mlp.w1 Colwise; wo, mlp.w2 Rowwise
+# apply_fsdp(model, dp_mesh=mesh["dp"])  # fully_shard each block, then the root
+# ```
+#
+# The job trains 3 steps of SGD with momentum on 8 sequences of 32 tokens: each data-parallel rank
+# takes 4 of them, and both ranks of a tensor-parallel pair take the *same* 4 (they split the layer,
+# not the data). It returns the losses, the weights gathered whole, every parameter's local shape,
+# the bytes it holds, and every collective of the last step, recorded by `CollectiveRecorder`.
+#
+# Before you run it: the tensor-parallel pair all-reduces the attention's and the MLP's output in the
+# forward (`4 × 32 × 32` floats each) and their input gradients in the backward; the data-parallel
+# pair all-gathers each block's parameters (its tensor-parallel half) before the forward and again
+# before the backward, and reduce-scatters the gradients.
+
+# %%
+from distlab.lab.predict import predict
+
+sent_guess = predict("bytes each rank sends in one training step, both dimensions together", unit="kB",
+                     guess=None)
+
+# %%
+# %%torchrun -n 4 --result runs
+from distlab.lab.mesh2d import mesh2d_job
+
+result = mesh2d_job(with_reference=True)
+
+# %% [markdown]
+# ## The same training as one process
+# `reference_run` trains the whole model on the whole batch in one process, with no collective (rank
+# 0 ran it too, after its share of the job: `with_reference=True`). The mean of the two
+# data-parallel halves' losses is the whole batch's loss, and FSDP's reduce-scatter averages the
+# gradients, so the runs must agree to float rounding (the sums are added in another order).
+
+# %%
+from distlab.lab.mesh2d import comm_by_dimension, parity
+
+ref = runs[0]["reference"]
+diff = parity(runs, ref)
+print("loss per step, 2-D mesh:  ", [f"{x:.6f}" for x in diff["losses"]])
+print("loss per step, one process:", [f"{x:.6f}" for x in ref["losses"]])
+print(f"largest weight difference on any rank after 3 steps: {diff['weight_abs']:.1e} "
+      f"({diff['weight_rel']:.1e} of the weight's largest entry)")
+assert diff["loss"] < 1e-5 and diff["weight_rel"] < 1e-5
+
+# %% [markdown]
+# ## What each rank holds
+# A split matrix is halved by `tp` (`ColwiseParallel` by output rows, `RowwiseParallel` by input
+# columns) and its half halved again by `dp` (FSDP always shards dim 0; on top of a row split that is
+# a `_StridedShard`): **a quarter per rank**. The norms, `mlp.w2`'s bias, the embeddings and the head
+# are whole on both ranks of a pair, so only FSDP halves them.
+
+# %%
+import math
+
+shapes = runs[0]["shapes"]
+for name in [n for n in shapes if n.startswith("blocks.0.")] + ["tok.weight", "head.weight"]:
+    full, local, placements = shapes[name]
+    share = math.prod(full) // math.prod(local)
+    print(f"{name:26} global {str(full):10} local {str(local):9} 1/{share} per rank  {placements}")
+for r in runs:
+    print(f"rank {r['rank']} (dp, tp) = {r['coordinate']}: holds {r['held']} bytes")
+
+# %% [markdown]
+# ## Every collective of one step
+# By the dimension it ran on (each group has 2 ranks), its calls, its size `S` summed (the all-gathered
+# output, the reduce-scattered input, the all-reduced tensor) and the bytes this rank sent with ring
+# algorithms (`wire_bytes`: `(n-1)/n · S` a gather or scatter, `2(n-1)/n · S` an all-reduce).
+
+# %%
+measured = comm_by_dimension(runs[0]["ops"], runs[0]["group_sizes"])
+for dim, kinds in measured.items():
+    for kind, row in kinds.items():
+        print(f"{dim}: {kind:15} {row['calls']} calls, {row['bytes']:>7,} B, sent {row['wire_bytes']:>9,.0f} B")
+sent = sum(row["wire_bytes"] for kinds in measured.values() for row in kinds.values())
+assert all(comm_by_dimension(r["ops"], r["group_sizes"]) == measured for r in runs)  # every rank alike
+
+# %%
+line = sent_guess.reveal(sent / 1e3)  # printed beside your prediction
+
+# %% [markdown]
+# The tensor-parallel all-reduces move **activations** (they grow with the micro-batch and the
+# sequence); FSDP's collectives move **parameters and gradients** (they grow with the model). The
+# root unit (embeddings, final norm, head) is all-gathered once, not twice: FSDP2 keeps the root
+# gathered between its forward and its backward (`2 × 2 + 1 = 5` all-gathers).
+#
+# ## The planner, on this run
+# `distlab.lab.planner` adds nothing to the course's accounting: memory is
+# `training_memory` (notebook 00, 04) of the parameters a rank keeps plus `activation_memory`'s
+# transformer layer (notebook 08); each collective is priced by the recorder's own `wire_bytes`, and
+# timed with the α-β model of `bandwidth` (notebooks 00b, 06); the bubble is `(p-1)/(m+p-1)` (07).
+# Given this run's layout (`fsdp 2 × tp 2`) and training (fp32, SGD with momentum, 8 sequences), its
+# model states and its collectives must be exactly what the run held and recorded.
+
+# %%
+from distlab.lab.planner import Layout, Model, Training, collectives, memory_per_gpu
+from distlab.measure.comm import label, wire_bytes
+from distlab.transformer import TransformerConfig
+
+model, layout = Model.of(TransformerConfig(), seq=32), Layout(fsdp=2, tp=2)
+training = Training(batch=8, precision="fp32", optimizer="sgd+momentum")
+memory = memory_per_gpu(model, layout, training)
+for term in ("params", "grads", "optimizer"):
+    print(f"{term:9} predicted {memory[term]:>8,.0f} B, held {runs[0]['held'][term]:>8,} B")
+predicted = {}
+for row in collectives(model, layout, training):
+    cell = predicted.setdefault({"fsdp": "dp"}.get(row["dim"], row["dim"]), {}).setdefault(
+        label(row["kind"]), {"calls": 0, "bytes": 0, "wire_bytes": 0})
+    cell["calls"] += row["calls"]
+    cell["bytes"] += row["calls"] * row["bytes"]
+    cell["wire_bytes"] += row["calls"] * wire_bytes(row["kind"], row["bytes"], row["group"])
+for dim, kinds in predicted.items():
+    for kind, row in kinds.items():
+        print(f"{dim}: {kind:15} predicted {row['calls']} calls, {row['bytes']:>7,.0f} B; "
+              f"recorded {measured[dim][kind]['calls']} calls, {measured[dim][kind]['bytes']:>7,} B")
+assert predicted == measured and all(memory[t] == runs[0]["held"][t] for t in ("params", "grads", "optimizer"))
+
+# %% [markdown]
+# Exact, because nothing here is padded (every split divides) and the planner models FSDP2 as it
+# behaves (one unit per layer, the root gathered once). What it leaves out: the compute, and how much
+# of the communication overlaps it; Adam's 4-byte step counters; allocator slack. Its activation term
+# is Korthikanti et al.'s GPT layer (16-bit, with dropout), not this fp32 model's: a figure to plan
+# with, not one this run can check to the byte.
+#
+# ## Plan a real job
+# Type in a model, a cluster and a batch. Every layout of the six degrees whose product is the GPU
+# count (and that the model divides: heads by `tp`, layers by `pp`, the sequence by `cp`, experts by
+# `ep`) is listed, those that fit in memory first, then by their communication time. Try: Llama-2 7B
+# on 8 GPUs of 80 GB (the default) with `recompute` full; 4 micro-batches against 16; a link of
+# 25 GB/s (between nodes) instead of 100; 8 experts.
+
+# %%
+from distlab.lab.planner_widget import planner
+
+plan_7b = planner()
+
+# %% [markdown]
+# Three rules of thumb fall out of the table, as the Playbook states them:
+#
+# * **FSDP first** while the model states do not fit: it divides them by its degree and sends
+#   `3(n-1)/n` of the parameters a step, whatever the batch.
+# * **TP within a node**: its all-reduces carry activations, two per layer in the forward and two in
+#   the backward, on the critical path; the fastest links pay for them. It also divides the activations.
+# * **PP across nodes**: a pipeline sends the least (one activation per micro-batch and boundary), but
+#   idles for `(p-1)/(m+p-1)` of the step unless micro-batches are many; CP and EP are for long
+#   sequences and for experts.

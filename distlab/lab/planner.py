@@ -1,0 +1,219 @@
+"""The planner: for every way of splitting ``W`` GPUs, the memory per GPU, the bytes each sends a step, the bubble.
+
+In the manner of the Ultra-Scale Playbook (Tazi et al., Hugging Face, 2025): a layout is six degrees
+that multiply to ``W``, ``dp`` (replicated data parallelism, DDP), ``fsdp`` (sharded data parallelism,
+ZeRO-3: Rajbhandari et al. 2020), ``tp`` (Megatron's tensor parallelism, Shoeybi et al. 2019), ``pp``
+(pipeline stages, 1F1B: Narayanan et al. 2021), ``cp`` (ring attention on sequence shards, Liu et al.
+2023) and ``ep`` (experts, GShard: Lepikhin et al. 2020). Nothing here is a second accounting:
+
+* memory: :func:`distlab.lab.training_memory.training_memory` of the parameters a GPU keeps (its stage's
+  layers, its ``1/tp`` of each split matrix, its ``1/ep`` of the experts, ZeRO-3 over ``fsdp``), plus
+  :func:`distlab.lab.activation_memory.transformer_layer_bytes` (Korthikanti et al. 2022) for the
+  micro-batches a 1F1B stage holds (``min(pp, m)``);
+* communication: one row per collective (:func:`collectives`), its size ``S`` as
+  :class:`distlab.measure.comm.CollectiveRecorder` records it, priced by
+  :func:`distlab.measure.comm.wire_bytes` (ring) and timed with the alpha-beta model of
+  :mod:`distlab.lab.bandwidth`; tensor parallelism's collectives are
+  :func:`distlab.lab.activation_memory.tp_collectives_per_layer`;
+* the bubble: :func:`distlab.lab.pipeline.timeline.theoretical_bubble`, ``(p-1)/(m+p-1)``.
+
+The model is :mod:`distlab.transformer`'s layer (separate ``wq, wk, wv, wo`` without bias, a ``4h`` MLP
+with biases, two RMSNorms; embeddings, norm and head whole on every tensor-parallel rank, as
+:mod:`distlab.lab.mesh2d` runs it), so the planner is exact for the run notebook 12 measures: the
+bytes each rank holds and every collective of its step (``tests/test_planner.py``). FSDP2 is modelled
+as it behaves: a unit per layer gathered before its forward and again before its backward, the root
+unit (embeddings, norm, head) once unless ``reshard_root``, every unit reduce-scattered, once per
+micro-batch. CP and EP ranks see other tokens, so the dense gradients are all-reduced over
+``dp x cp x ep`` (torchtitan folds cp into its FSDP mesh instead); the experts' over ``dp x cp``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass
+
+from distlab.lab.activation_memory import tp_collectives_per_layer, transformer_layer_bytes
+from distlab.lab.bandwidth import allreduce_time
+from distlab.lab.pipeline.timeline import theoretical_bubble
+from distlab.lab.training_memory import PRECISIONS, training_memory
+from distlab.measure.comm import wire_bytes
+
+DEGREES = ("dp", "fsdp", "tp", "pp", "cp", "ep")
+BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb: one all-reduce per bucket (Li et al. 2020)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A decoder of ``layers`` layers of width ``hidden``; ``positions``: learned position rows (the
+    tiny transformer's ``max_seq``; 0 for rotary); ``experts > 1``: a mixture of experts of top-``top_k``."""
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    mlp_ratio: int = 4
+    positions: int = 0
+    experts: int = 1
+    top_k: int = 1
+
+    @classmethod
+    def of(cls, cfg, seq: int) -> Model:
+        """The :class:`distlab.transformer.TransformerConfig` ``cfg`` trained on sequences of ``seq``."""
+        return cls(layers=cfg.n_layers, hidden=cfg.dim, heads=cfg.n_heads, seq=seq, vocab=cfg.vocab,
+                   mlp_ratio=cfg.mlp_ratio, positions=cfg.max_seq)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``gpus`` of ``memory`` bytes each; ``bandwidth``: a link's bus bandwidth (bytes/s), ``latency``: one
+    ring step's (s), the alpha and 1/beta of :func:`distlab.lab.bandwidth.fit_latency_bandwidth`."""
+    gpus: int
+    memory: float
+    bandwidth: float
+    latency: float = 0.0
+
+
+@dataclass(frozen=True)
+class Training:
+    """``batch`` sequences a step in ``micro_batches`` micro-batches; precision and optimizer as
+    :func:`~distlab.lab.training_memory.training_memory` names them."""
+    batch: int
+    micro_batches: int = 1
+    precision: str = "bf16"
+    optimizer: str = "adam"
+    recompute: str = "none"
+    sp: bool = False
+    reshard_root: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1
+    fsdp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+
+    @property
+    def world(self) -> int:
+        return math.prod(asdict(self).values())
+
+    def __str__(self) -> str:
+        return " x ".join(f"{k} {v}" for k, v in asdict(self).items() if v > 1) or "one GPU"
+
+
+def layer_params(model: Model, tp: int = 1, ep: int = 1) -> dict[str, float]:
+    """Parameters of one layer on one rank: ``attention`` (``4h^2``, split ``tp`` ways), ``mlp`` (``w1``,
+    its bias and ``w2`` split, ``w2``'s bias whole; per expert, ``experts / ep`` of them), ``norms`` (whole)."""
+    h, r = model.hidden, model.mlp_ratio
+    mlp = (2 * r * h * h + r * h) / tp + h
+    return {"attention": 4 * h * h / tp, "mlp": mlp * model.experts / ep, "norms": 2 * h}
+
+
+def stage_params(model: Model, layout: Layout) -> dict[str, float]:
+    """Parameters of the largest pipeline stage on one rank, before FSDP shards them: its ``layers``
+    (``layers / pp`` of :func:`layer_params`) and its ``root`` share: the embeddings on the first stage,
+    the final norm and head on the last (both on one stage when ``pp = 1``)."""
+    per_layer = sum(layer_params(model, layout.tp, layout.ep).values())
+    h = model.hidden
+    first, last = (model.vocab + model.positions) * h, h + model.vocab * h
+    root = first + last if layout.pp == 1 else max(first, last)
+    return {"layers": model.layers // layout.pp * per_layer, "root": root, "per_layer": per_layer}
+
+
+def micro_batch(model: Model, layout: Layout, training: Training) -> int:
+    """Sequences in one rank's micro-batch: the batch over the ranks that see other samples, ``dp fsdp ep``."""
+    return training.batch // (layout.dp * layout.fsdp * layout.ep * training.micro_batches)
+
+
+def memory_per_gpu(model: Model, layout: Layout, training: Training) -> dict[str, float]:
+    """:func:`~distlab.lab.training_memory.training_memory` of the stage's parameters, ZeRO-3 over
+    ``fsdp``, plus the activations of the ``min(pp, m)`` micro-batches a 1F1B first stage holds."""
+    n = sum(v for k, v in stage_params(model, layout).items() if k != "per_layer")
+    layer = transformer_layer_bytes(model.seq // layout.cp, micro_batch(model, layout, training), model.hidden,
+                                    model.heads, tp=layout.tp, sp=training.sp, recompute=training.recompute)
+    in_flight = min(layout.pp, training.micro_batches)
+    return training_memory(n, precision=training.precision, optimizer=training.optimizer, world=layout.fsdp,
+                           level="full" if layout.fsdp > 1 else "none",
+                           activations=layer * (model.layers // layout.pp) * in_flight)
+
+
+def collectives(model: Model, layout: Layout, training: Training) -> list[dict]:
+    """Every collective one rank joins in a step: ``dim`` (the degree it belongs to), ``kind`` (as
+    :data:`distlab.measure.comm.KINDS`), ``bytes`` (the size ``S`` of one call), ``group`` and ``calls``."""
+    m, lo, h = training.micro_batches, layout, model.hidden
+    layers = model.layers // lo.pp
+    pbytes, gbytes = PRECISIONS[training.precision]["params"], PRECISIONS[training.precision]["grads"]
+    act = micro_batch(model, lo, training) * (model.seq // lo.cp) * h * pbytes  # one b x s x h activation
+    stage = stage_params(model, lo)
+    rows = []
+
+    def add(dim, kind, nbytes, group, calls):
+        if group > 1 and calls > 0:
+            rows.append({"dim": dim, "kind": kind, "bytes": nbytes, "group": group, "calls": calls})
+
+    layer, root = stage["per_layer"], stage["root"]
+    add("fsdp", "all_gather", layer * pbytes, lo.fsdp, 2 * layers * m)
+    add("fsdp", "all_gather", root * pbytes, lo.fsdp, (2 if training.reshard_root else 1) * m)
+    add("fsdp", "reduce_scatter", layer * gbytes, lo.fsdp, layers * m)
+    add("fsdp", "reduce_scatter", root * gbytes, lo.fsdp, m)
+    experts = layers * layer_params(model, lo.tp, lo.ep)["mlp"] if model.experts > 1 else 0
+    for group, n in ((lo.dp * lo.cp * lo.ep, stage["layers"] + root - experts), (lo.dp * lo.cp, experts)):
+        grads = n * gbytes / lo.fsdp
+        buckets = max(1, math.ceil(grads / BUCKET_BYTES))
+        add("dp", "all_reduce", grads / buckets, group, buckets if grads else 0)
+    for kind, n in tp_collectives_per_layer(lo.tp, training.sp, training.recompute).items():
+        add("tp", kind.replace("-", "_"), act, lo.tp, n * layers * m)
+    add("pp", "send", act, lo.pp, m * (1 if lo.pp == 2 else 2))  # a middle stage sends both ways
+    add("cp", "send", 2 * act, lo.cp, (3 * lo.cp - 2) * layers * m)  # k, v: cp-1 forward; again, and dk, dv
+    if model.experts > 1:
+        add("ep", "all_to_all", act * model.top_k, lo.ep, 4 * layers * m)  # dispatch, combine; both ways
+    return rows
+
+
+def comm_seconds(row: dict, cluster: Cluster) -> float:
+    """The alpha-beta time of a row's calls: ``2(n-1)`` latencies an all-reduce
+    (:func:`~distlab.lab.bandwidth.allreduce_time`), ``n-1`` a gather, scatter or all-to-all, one a send."""
+    kind, n, s = row["kind"], row["group"], row["bytes"]
+    if kind == "all_reduce":
+        one = allreduce_time(s, n, cluster.bandwidth, cluster.latency)
+    else:
+        one = (1 if kind == "send" else n - 1) * cluster.latency + wire_bytes(kind, s, n) / cluster.bandwidth
+    return row["calls"] * one
+
+
+def plan_layout(model: Model, layout: Layout, training: Training, cluster: Cluster) -> dict:
+    """One layout's figures: memory per GPU (and whether it fits), bytes sent per step by degree, the
+    collectives' alpha-beta time, the bubble."""
+    memory = memory_per_gpu(model, layout, training)
+    rows = collectives(model, layout, training)
+    by_dim: dict[str, float] = {}
+    for row in rows:
+        by_dim[row["dim"]] = by_dim.get(row["dim"], 0.0) + row["calls"] * wire_bytes(row["kind"], row["bytes"],
+                                                                                     row["group"])
+    return {"layout": layout, "memory": memory, "fits": memory["total"] <= cluster.memory,
+            "comm_bytes": sum(by_dim.values()), "comm_by_dim": by_dim,
+            "comm_s": sum(comm_seconds(r, cluster) for r in rows),
+            "bubble": theoretical_bubble(layout.pp, training.micro_batches), "collectives": rows}
+
+
+def valid(model: Model, layout: Layout, training: Training) -> bool:
+    """Whether a layout can run: heads split by ``tp``, layers by ``pp``, the sequence by ``cp``, experts
+    by ``ep`` (``ep`` only with experts), and every rank gets a whole micro-batch."""
+    return (model.heads % layout.tp == 0 and model.layers % layout.pp == 0 and model.seq % layout.cp == 0
+            and model.experts % layout.ep == 0 and (layout.ep == 1 or model.experts > 1)
+            and training.batch % (layout.dp * layout.fsdp * layout.ep * training.micro_batches) == 0)
+
+
+def layouts(world: int) -> list[Layout]:
+    """Every assignment of the six degrees whose product is ``world``."""
+    divisors = [d for d in range(1, world + 1) if world % d == 0]
+    return [Layout(*ds) for ds in itertools.product(divisors, repeat=len(DEGREES)) if math.prod(ds) == world]
+
+
+def plan(model: Model, cluster: Cluster, training: Training) -> list[dict]:
+    """:func:`plan_layout` of every valid layout on ``cluster.gpus``: those that fit first, then by the
+    collectives' time, the bubble and the memory (what the model prices; compute and overlap it does not)."""
+    rows = [plan_layout(model, lo, training, cluster) for lo in layouts(cluster.gpus) if valid(model, lo, training)]
+    return sorted(rows, key=lambda r: (not r["fits"], r["comm_s"], r["bubble"], r["memory"]["total"]))
