@@ -65,15 +65,15 @@ figure's ratio to the truth only where the evidence is missing.
 | the real run timed other steps than the iters after the warm-up | "on the real model your clock started after 0 ..." |
 | the bandwidth returned as beta | "you returned 2e+09 as β: that is a bandwidth, bytes a second ..." |
 | elements fitted as bytes | "your β (...) is 4.01x the 5e-10, as a fit on the rows' numel gives ..." |
-| the latency counted once per all-reduce | "your α (97.1 µs) is 2.43x ...: 2(W-1) steps ... 14α = 560.0 µs: 7x too little" |
-| the bandwidth term without the ring's factor | "your β ... is 1.14x ..., as bytes * β gives (the algorithm bandwidth) ..." |
+| the latency counted once per all-reduce | "your α (97.1 µs) is 2.43x ... 14α = 560.0 µs: 7x too little" |
+| the bandwidth term without the ring's factor | "your β ... is 1.14x ..., as bytes * β gives ..." |
 | the bandwidth term without (W-1)/W | "your β ... is 0.57x ..., as 2 * bytes * β gives ..." |
 | least squares in seconds, not relative | "your α (63.6 µs) is 1.59x ..., as least squares in seconds gives ..." |
 | the speed-up predicted, not the efficiency | "you predicted 2.02 at W=8, the speed-up W * t_step(1) / t_step(W) ..." |
-| the all-reduce not overlapped with the backward | "at W=8 (...) you predicted 0.219, the step with the whole all-reduce ..." |
+| the all-reduce not overlapped with the backward | "... you predicted 0.219, the step with the whole all-reduce ..." |
 | the all-reduce hidden under the whole step | "... you predicted 0.281, as max(step, all-reduce) gives ..." |
-| the latency counted once in the prediction | "... with one latency (40.0 µs) in the all-reduce: ... 2(W-1) = 14 steps ..." |
-| the prediction's bandwidth term without the ring's factor | "... with the all-reduce moving bytes * β: ... 2(W-1)/W = 1.75 ..." |
+| the latency counted once in the prediction | "... with one latency (40.0 µs) ... 2(W-1) = 14 steps ..." |
+| the prediction's bandwidth term without the ring's factor | "... moving bytes * β: ... 2(W-1)/W = 1.75 ..." |
 | the prediction's bandwidth term without (W-1)/W | "... with 2 * bytes * β: the ring's factor is 2(W-1)/W = 1.75 ..." |
 | a Python float passed to a collective | (TypeError "Expected parameter `tensor` ...") "collectives work on tensors" |
 | the process group initialised again in the benchmark | (ValueError "... initialize ... twice") "..." |
