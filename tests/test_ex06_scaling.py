@@ -26,6 +26,8 @@ FIT = {
     "seconds": {"torch.linalg.lstsq(features / t.unsqueeze(1), torch.ones_like(t).unsqueeze(1))":
                 "torch.linalg.lstsq(features, t.unsqueeze(1))"},
     "bandwidth": {"    return alpha, beta\n": "    return alpha, 1 / beta\n"},
+    "nothing returned": {"    return alpha, beta\n": "    alpha, beta\n"},
+    "2 bytes an element": {'dtype=torch.float64) * 4  # float32': 'dtype=torch.float64) * 2  # float32'},
 }
 PREDICT = {
     "speed-up": {"return compute_s / (compute_s + exposed_s)": "return world * compute_s / (compute_s + exposed_s)"},
@@ -34,6 +36,8 @@ PREDICT = {
     "latency once": {"allreduce_s = 2 * (world - 1) * alpha + ": "allreduce_s = alpha + "},
     "algorithm bandwidth": {"2 * (world - 1) / world * grad_bytes * beta": "grad_bytes * beta"},
     "no (W-1)/W": {"2 * (world - 1) / world * grad_bytes * beta": "2 * grad_bytes * beta"},
+    # no cause: the feedback names the line whose number is none of the model's
+    "a floor on the exposed time": {"max(0.0, allreduce_s - backward_s)": "max(0.001, allreduce_s - backward_s)"},
 }
 MISTAKES = {
     "one rank's samples": {
@@ -57,12 +61,13 @@ MISTAKES = {
     "summed clocks, inner forward": {"dist.broadcast(elapsed, src=0)": "dist.all_reduce(elapsed)",
                                      "ddp(x), y)": "ddp.module(x), y)", **FIT["bandwidth"], **PREDICT["no (W-1)/W"]},
     "CPU clock": {"start = time.perf_counter()": "start = time.process_time()",
-                  "time.perf_counter() - start": "time.process_time() - start"},
+                  "time.perf_counter() - start": "time.process_time() - start",
+                  **PREDICT["a floor on the exposed time"]},
     # The ranks arrive at the timed steps at different times: no barrier before the clock starts (and a
     # barrier of its own in every real step, which the real run counts).
     "no start barrier, barrier per step": {
         "    dist.barrier()                    # nobody starts the clock before everyone is warm\n": "",
-        "        opt.step()\n": "        opt.step()\n        dist.barrier()\n"},
+        "        opt.step()\n": "        opt.step()\n        dist.barrier()\n", **FIT["nothing returned"]},
     # Two independent mistakes: the clock stopped without a barrier, in a file naming its clock and barrier by
     # name (the spies see them: the cause is named from the reads), and a DDP wrapper rebuilt in every step.
     "from-imports no end barrier, wrapper per step": {
@@ -72,7 +77,8 @@ MISTAKES = {
         "time.perf_counter()": "perf_counter()",
         "    dist.barrier()                    # ... on every rank, the slowest included\n": "",
         "    dist.barrier()                    # nobody": "    barrier()                    # nobody",
-        "    def step() -> None:\n": "    def step() -> None:\n        ddp = DDP(model, device_ids=None)\n"},
+        "    def step() -> None:\n": "    def step() -> None:\n        ddp = DDP(model, device_ids=None)\n",
+        **FIT["2 bytes an element"]},
 }
 REAL_FEW_STEPS = dict(warmup=2, iters=5)  # the real benchmark's steps in the tests (a learner's: REAL)
 METHOD = "[W={}] throughput of the timed steps of every rank"
@@ -167,7 +173,7 @@ def test_summed_clocks_and_the_inner_forward_are_named_not_their_lookalikes(grad
 @pytest.mark.slow
 def test_cpu_time_is_named(graded):
     f = failed(graded["CPU clock"])
-    assert set(f) == {METHOD.format(1), METHOD.format(2)}
+    assert set(f) == {METHOD.format(1), METHOD.format(2), PREDICTED}
     assert "you timed with time.process_time()" in f[METHOD.format(1)]
 
 
@@ -231,6 +237,25 @@ def test_each_fit_and_prediction_mistake_is_named_with_its_numbers(graded, name)
         assert words in f[FITTED], f[FITTED]
     for words in PREDICT_MESSAGES[name]:
         assert words in f[PREDICTED], f[PREDICTED]
+
+
+@pytest.mark.slow
+def test_a_fit_returning_nothing_and_a_wrong_element_size_are_named(graded):
+    assert failed(graded["no start barrier, barrier per step"])[FITTED] == (
+        "fit_alpha_beta returned None: every path through it must end in return (alpha, beta)")
+    f = failed(graded["from-imports no end barrier, wrapper per step"])[FITTED]
+    assert "is 2.00x the 5e-10, as a fit with 2 bytes an element gives" in f, f
+
+
+@pytest.mark.slow
+def test_a_wrong_prediction_without_a_cause_names_the_line_that_left_the_model(graded):
+    f = failed(graded["CPU clock"])[PREDICTED]
+    lines = (SOLUTIONS / FILE).read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if "exposed_s = max(" in text)
+    assert f.startswith("at W=4 (compute_s=0.01, backward_s=0.006, grad_bytes=4e+06, alpha=4e-05, beta=5e-10) you "
+                        "predicted 0.9091, the model 1: "), f
+    assert f"ex06_scaling.py line {line} (exposed_s = max(0.001, allreduce_s - backward_s)" in f
+    assert "made exposed_s = 0.001, none of the model's numbers at W=4" in f
 
 
 @pytest.mark.parametrize("raised, name", [

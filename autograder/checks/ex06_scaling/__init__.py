@@ -63,6 +63,7 @@ figure's ratio to the truth only where the evidence is missing.
 | gradients not all-reduced once per step | "at 2 worker(s) DDP all-reduced the gradients 0 times in 7 steps: ..." |
 | a collective of your own in every step | "at 2 worker(s) step() itself called dist.barrier (7 calls in 7 steps) ..." |
 | the real run timed other steps than the iters after the warm-up | "on the real model your clock started after 0 ..." |
+| nothing returned | "fit_alpha_beta returned None: every path through it must end in return (alpha, beta)" |
 | the bandwidth returned as beta | "you returned 2e+09 as β: that is a bandwidth, bytes a second ..." |
 | elements fitted as bytes | "your β (...) is 4.01x the 5e-10, as a fit on the rows' numel gives ..." |
 | the latency counted once per all-reduce | "your α (97.1 µs) is 2.43x ... 14α = 560.0 µs: 7x too little" |
@@ -93,7 +94,7 @@ from ...grading import launch_files, launch_timeout
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
 from .alphabeta import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
-from .alphabeta_causes import FIT_CAUSES, PREDICT_CAUSES
+from .alphabeta_causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returned_nothing
 from .causes import (KNOWN_ERRORS, REAL_CAUSES, cpu_clock, figure_per_rank, inner_forward, no_barrier, no_ddp,
                      no_start_barrier, one_rank_samples, summed_clocks, warmup_samples, warmup_timed)
 from .observed import REAL, Benchmark, Run
@@ -181,7 +182,7 @@ def _missing(values: list[dict], want: int, what: str) -> str:
     if len(values) != want:
         return f"{what} was not run (the first launch did not get that far)"
     error = next((v["error"] for v in values if v["error"]), None)
-    return f"{what} raised {error}" if error else ""
+    return f"{what} raised {error}" if error else (returned_nothing(what, values) or "")
 
 
 @criterion("α and β fitted to all-reduce times at several world sizes", points=2)
@@ -214,13 +215,14 @@ def efficiency_predicted(bench: Benchmark) -> Verdict:
     wrong = [i for i, (g, c) in enumerate(zip(got, CASES)) if not close(g, predict(c), PREDICT_RTOL)]
     if not wrong:
         return passed(f"{len(CASES)} cases, W = {', '.join(str(c['world']) for c in CASES)}")
+    if why := diagnose(PREDICT_CAUSES, got):
+        return failed(why)
     c = CASES[wrong[0]]
-    why = diagnose(PREDICT_CAUSES, got) or (
-        f"at W={c['world']} (compute_s={c['compute_s']:g}, backward_s={c['backward_s']:g}, "
-        f"grad_bytes={c['grad_bytes']:g}, alpha={c['alpha']:g}, beta={c['beta']:g}) you predicted "
-        f"{got[wrong[0]]:.4g}, the model {predict(c):.4g}: the step is compute + max(0, all-reduce - backward), "
-        "the efficiency t_step(1) / t_step(W)")
-    return failed(why)
+    where = first_unknown(predictions[wrong[0]].get("numbers", []), c) or (
+        "the step is compute + max(0, all-reduce - backward), the efficiency t_step(1) / t_step(W)")
+    return failed(f"at W={c['world']} (compute_s={c['compute_s']:g}, backward_s={c['backward_s']:g}, "
+                  f"grad_bytes={c['grad_bytes']:g}, alpha={c['alpha']:g}, beta={c['beta']:g}) you predicted "
+                  f"{got[wrong[0]]:.4g}, the model {predict(c):.4g}: {where}")
 
 
 CRITERIA = [trains_with_ddp, real_run_counted, alpha_beta_fitted, efficiency_predicted]  # once, after every launch

@@ -109,5 +109,21 @@ PREDICT_VARIANTS = {
 }
 
 
+def quantities(case: dict) -> dict[str, float]:
+    """The model's numbers for ``case``, by name: the inputs and the terms a correct prediction assigns on
+    its way, in the orders it may take (a learner's line that makes none of them is where it went wrong;
+    few on purpose, so that a wrong number rarely equals one of them by chance)."""
+    w, a, b, n = case["world"], case["alpha"], case["beta"], case["grad_bytes"]
+    ar = allreduce_s(n, w, a, b)
+    step = step_s(case)
+    named = {**case, "W-1": w - 1, "2(W-1)": 2 * (w - 1), "2(W-1)/W": 2 * (w - 1) / w,
+             "latency 2(W-1)α": 2 * (w - 1) * a, "bytes through a link": 2 * (w - 1) / w * n,
+             "bandwidth term": 2 * (w - 1) / w * n * b, "all-reduce": ar,
+             "all-reduce - backward": ar - case["backward_s"], "exposed all-reduce": max(0.0, ar - case["backward_s"]),
+             "forward and update": case["compute_s"] - case["backward_s"],
+             "max(backward, all-reduce)": max(case["backward_s"], ar), "step": step, "efficiency": predict(case)}
+    return named
+
+
 def close(got: float | None, want: float, rtol: float) -> bool:
     return got is not None and abs(got - want) <= rtol * abs(want) + 1e-15

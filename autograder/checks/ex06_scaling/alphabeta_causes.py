@@ -9,12 +9,13 @@ first.
 from __future__ import annotations
 
 from ...diagnosis import mistake
-from .alphabeta import CASES, FIT_VARIANTS, NOISE, PREDICT_RTOL, PREDICT_VARIANTS, allreduce_s, close, fit, predict
+from .alphabeta import (CASES, ELEMENT_BYTES, FIT_VARIANTS, NOISE, PREDICT_RTOL, PREDICT_VARIANTS, allreduce_s,
+                        close, fit, predict, quantities)
 
 
-def _like(got: tuple[float, float], data: dict, variant: str) -> bool:
+def _like(got: tuple[float, float], data: dict, variant: str, **options) -> bool:
     """Whether ``got`` is what the ``variant`` of the fit makes of the same rows (within 1%)."""
-    want = fit(data["rows"], **FIT_VARIANTS[variant])
+    want = fit(data["rows"], **{**FIT_VARIANTS[variant], **options})
     return all(close(g, w, 0.01) for g, w in zip(got, want))
 
 
@@ -24,10 +25,33 @@ def _us(seconds: float) -> str:
 
 @mistake("elements fitted as bytes")
 def fit_elements(got: tuple[float, float], data: dict) -> str | None:
-    if not _like(got, data, "elements"):
+    size = round(ELEMENT_BYTES * data["beta"] / got[1]) if got[1] > 0 else 0
+    if not 1 <= size <= 16 or size == ELEMENT_BYTES or not _like(got, data, "elements", element_bytes=size):
         return None
-    return (f"your β ({got[1]:.3g} s a byte) is {got[1] / data['beta']:.2f}x the {data['beta']:.3g}, as a fit on "
-            "the rows' numel gives: numel counts float32 elements, 4 bytes each (bytes = 4 * numel)")
+    how = "a fit on the rows' numel gives" if size == 1 else f"a fit with {size} bytes an element gives"
+    return (f"your β ({got[1]:.3g} s a byte) is {got[1] / data['beta']:.2f}x the {data['beta']:.3g}, as {how}: "
+            "numel counts float32 elements, 4 bytes each (bytes = 4 * numel)")
+
+
+@mistake("nothing returned")
+def returned_nothing(function: str, values: list[dict]) -> str | None:
+    if not any(v["value"] is None and not v["error"] for v in values):
+        return None
+    what = "(alpha, beta)" if function == "fit_alpha_beta" else "the efficiency, a float"
+    return f"{function} returned None: every path through it must end in return {what}"
+
+
+def first_unknown(numbers: list[dict], case: dict) -> str | None:
+    """The learner's first line that made a number none of the model's quantities for ``case`` are."""
+    known = quantities(case)
+    for made in numbers:
+        if not any(close(made["value"], v, 1e-9) or made["value"] == v for v in known.values()):
+            figures = ", ".join(f"{k} {known[k]:.6g}" for k in ("all-reduce", "exposed all-reduce", "step",
+                                                                 "efficiency"))
+            return (f"{made['file']} line {made['line']} ({made['code']}) made {made['name']} = "
+                    f"{made['value']:.6g}, none of the model's numbers at W={case['world']} ({figures} s and "
+                    "the terms they add up from)")
+    return None
 
 
 @mistake("the bandwidth returned as beta")

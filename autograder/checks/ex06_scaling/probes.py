@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import linecache
 import sys
 import time
 import timeit
@@ -191,14 +192,45 @@ def _observe_real(learner, rank: int, dev: torch.device, real: dict, spy: Method
     return obs
 
 
-def _pair(value) -> tuple[float, float]:
+def _pair(value) -> tuple[float, float] | None:
+    if value is None:
+        return None
     alpha, beta = value  # a tuple, a list, a tensor of two: what unpacks into two numbers
     return float(alpha), float(beta)
 
 
+def numbers_by_line(fn, path: str, kwargs: dict) -> tuple[object, list[dict]]:
+    """``fn(**kwargs)``, and each number a line of it assigned to a local (or returned), in order: where a
+    wrong prediction first leaves the model's quantities, the grader names that line."""
+    code, numbers, last, where = getattr(fn, "__code__", None), [], dict(kwargs), [None]
+
+    def local(frame, event, arg):
+        if event not in ("line", "return") or len(numbers) > 50:
+            return local
+        made = {n: v for n, v in frame.f_locals.items() if type(v) in (int, float) and last.get(n) != v}
+        if event == "return" and type(arg) in (int, float):
+            made["return"] = arg
+        for name, value in made.items():
+            line = where[0] if name != "return" else frame.f_lineno
+            if line is not None:
+                numbers.append({"file": Path(path).name, "line": line, "name": name, "value": float(value),
+                                "code": linecache.getline(frame.f_code.co_filename, line).strip()})
+        last.update(made)
+        where[0] = frame.f_lineno
+        return local
+
+    previous = sys.gettrace()
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+    try:
+        return fn(**kwargs), numbers
+    finally:
+        sys.settrace(previous)
+
+
 def _observe_model(learner, path: str) -> dict:
     """The learner's ``(alpha, beta)`` for each synthetic set of all-reduce times (``DATASETS``), and its
-    efficiency for each of ``CASES``; an error where it raised, at the learner's line."""
+    efficiency for each of ``CASES`` with the numbers each of its lines made; an error where it raised,
+    at the learner's line."""
     def run(fn) -> dict:
         got, exc = attempt(fn)
         if exc is None:
@@ -206,7 +238,15 @@ def _observe_model(learner, path: str) -> dict:
         frame = learner_frame(exc, path)
         return {"value": None, "error": raised(exc) + (f" at {frame}" if frame else "")}
 
+    def predicted(case: dict) -> dict:
+        def call() -> tuple[float | None, list[dict]]:
+            value, numbers = numbers_by_line(learner.predict_efficiency, path, dict(case))
+            return (None if value is None else float(value)), numbers
+        got = run(call)
+        value, numbers = got["value"] or (None, [])
+        return {"value": value, "error": got["error"], "numbers": numbers}
+
     with CapturedPrints():
         fits = [run(lambda d=d: _pair(learner.fit_alpha_beta(copy.deepcopy(d["rows"])))) for d in DATASETS]
-        predictions = [run(lambda c=c: float(learner.predict_efficiency(**c))) for c in CASES]
+        predictions = [predicted(c) for c in CASES]
     return {"fits": fits, "predictions": predictions}
