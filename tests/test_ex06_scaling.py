@@ -1,7 +1,8 @@
 """Exercise 6 (DDP scaling benchmark): the solution and an independent one (tests/independent) score
 full marks, the stub 0, and each classic measuring mistake fails with its own diagnosis, whatever the
 file's import style; what the real run does (wrappers built, all-reduces and collectives per step) is
-counted. The solution, the independent one and the mutants are graded together: one launch per world
+counted; each mutant also carries one mistake of the α-β fit and one of the prediction, each named with
+its numbers. The solution, the independent one and the mutants are graded together: one launch per world
 size (1 and 2; the CLI also grades 4)."""
 from __future__ import annotations
 
