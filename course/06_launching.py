@@ -237,13 +237,23 @@ efficiency_guess.reveal(measured)
 # because DDP overlaps the all-reduce with the backward. Where prediction and measurement disagree,
 # something the model leaves out dominates — find it before trusting a scaling figure.
 #
-# ### Exercise 6: measure it yourself
+# ### Exercise 6: measure it yourself, then predict
 # In `exercises/ex06_scaling.py` you write the measurement: throughput counting every rank's
 # samples, warm-up excluded, the window bracketed by barriers (and `torch.cuda.synchronize()` on
-# GPUs), the efficiency, a JSON file and a plot. The grader first runs your `measure_throughput`
-# on a synthetic step whose duration it controls (your figure must be within 10% of the truth at
-# 1, 2 and 4 workers), then runs your benchmark on the real model and shows you the figures.
-# When it passes, `run_scaling()` in your file produces `scaling.json` and `scaling.png`.
+# GPUs). The grader first runs your `measure_throughput` on a synthetic step whose duration it
+# controls, at 1, 2 and 4 workers, and checks your figure against the window your own clock reads
+# span (it brackets each of them with its clock, so a busy machine cannot fail a correct method),
+# then runs your benchmark on the real model and shows you the figures.
+#
+# Then the model above, in two parts this notebook leaves to you. The fit here used one world
+# size; a real campaign measures all-reduces at several (2 and 4 workers here, some sizes at some
+# of them only), and each measurement is one equation in the same α and β: fit them all at once
+# (`fit_alpha_beta`). And the table's model adds the whole all-reduce to the step, where DDP
+# runs it *during* the backward: `predict_efficiency` predicts the efficiency at a W you never
+# ran when the backward hides what it can of the all-reduce. Before you write it, ask which
+# of the two terms decides at W = 64 with small gradients, and which at W = 8 with large ones.
+# `run_scaling()` in your file then fits the all-reduces it timed at 2 and 4 workers, predicts
+# the efficiency at 8, and writes `scaling.json` and `scaling.png` (measured and predicted).
 
 # %%
 from autograder.notebook import check

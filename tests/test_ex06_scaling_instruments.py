@@ -84,3 +84,35 @@ def test_the_real_runs_counts_name_their_causes_without_a_launch():
     same = _counted(real_method=from_zero)
     same.ranks[0]["method"] = [{**e, "steps": s} for e, s in zip(from_zero, (0, 10))]
     assert causes.timed_other_steps(same) is None
+
+
+def _timeline(read_at: dict[int, tuple[float, float]], reported_window: float) -> Run:
+    """Two ranks' synthetic steps (rank 1 warms up last, and is slower), each rank's clock read at
+    ``read_at[rank]`` = (start, stop) on the grader's clock, rank 0's figure from ``reported_window``."""
+    k, n, b = SYNTH["warmup"], SYNTH["iters"], SYNTH["batch_size"]
+    ranks = []
+    for rank, (warm, step) in enumerate([(0.1, 0.03), (0.15, 0.045)]):
+        ends = [warm * (i + 1) for i in range(k)] + [0.3 + 0.01 + step * (i + 1) for i in range(n)]
+        starts = [0.0, warm] + [0.31 + step * i for i in range(n)]
+        reads = [{"kind": "clock", "name": "perf_counter", "steps": s, "in_step": False, "before": t, "after": t}
+                 for s, t in zip((k, k + n), read_at.get(rank, ()))]
+        ranks.append({"rank": rank, "times": torch.tensor(list(zip(starts, ends)), dtype=torch.float64),
+                      "reported": 2 * b * n / reported_window, "returned": 2.0, "method": reads})
+    return Run(ranks)
+
+
+def test_the_window_is_judged_by_the_order_of_events_not_their_speed():
+    """No launch: a correct method on a machine so loaded that rank 0 read its clock 50 ms after the start
+    barrier and 0.2 s after the end one (0.78 of the truth's figure, far outside the old 10%) passes; a clock
+    started before the late rank's warm-up ended fails whatever its figure; without clock reads the bounds
+    are the truth's window and the last return."""
+    from autograder.checks.ex06_scaling import _window_ok
+
+    late = _timeline({0: (0.35, 0.88)}, reported_window=0.53)
+    assert late.ratio() < 0.8 and _window_ok(late)
+    assert not _window_ok(_timeline({0: (0.35, 0.88)}, reported_window=0.53 * 0.8))  # the warm-up's samples
+    early = _timeline({0: (0.25, 0.73)}, reported_window=0.48)  # before rank 1's warm-up ended (0.3 s)
+    assert early.read_windows() == (0.0, 0.0) and not _window_ok(early)
+    unseen = _timeline({}, reported_window=0.4)
+    assert unseen.read_windows() is None and _window_ok(unseen)
+    assert not _window_ok(_timeline({}, reported_window=0.3))  # shorter than the timed steps (0.36 s)

@@ -34,8 +34,7 @@ def _near(a: float, b: float, rel: float = TOL / 2) -> bool:
 
 
 def _window(run: Run) -> float:
-    """The window rank 0's figure implies: every rank's timed samples over it."""
-    return run.truth()["samples"] / run.ranks[0]["reported"]
+    return run.window()
 
 
 @mistake("CPU time measured instead of wall-clock time")
@@ -53,7 +52,7 @@ def cpu_clock(run: Run) -> str | None:
 def summed_clocks(run: Run) -> str | None:
     summed = [e for e in run.events("collective") if e["name"] == "all_reduce" and e.get("op") == "SUM"]
     # The SUM all-reduce was seen: the ratio only has to be about 1/W (load makes a summed clock noisy).
-    if run.world > 1 and summed and _near(run.ratio() * run.world, 1, rel=0.25):
+    if run.world > 1 and summed and _near(run.own_ratio() * run.world, 1, rel=0.25):
         return (f"you all-reduced the elapsed time with SUM (all_reduce's default), adding the {run.world} ranks' "
                 f"clocks: a window of {_window(run):.3f} s for steps that took {run.truth()['window']:.3f} s. "
                 "Pass op=dist.ReduceOp.MAX (the slowest rank's time), or broadcast rank 0's")
@@ -62,7 +61,7 @@ def summed_clocks(run: Run) -> str | None:
 
 @mistake("counted one rank's samples")
 def one_rank_samples(run: Run) -> str | None:
-    if run.world > 1 and _near(run.ratio() * run.world, 1):
+    if run.world > 1 and _near(run.own_ratio() * run.world, 1):
         return (f"you counted one rank's samples: the {run.world} ranks trained {run.truth()['samples']} "
                 "(world_size * batch_size * iters): multiply by the world size (every rank trains its own batch)")
     return None
@@ -84,7 +83,7 @@ def warmup_timed(run: Run) -> str | None:
 @mistake("warm-up steps' samples counted")
 def warmup_samples(run: Run) -> str | None:
     k, n = SYNTH["warmup"], SYNTH["iters"]
-    if _near(run.ratio(), (k + n) / n, 0.04):
+    if _near(run.own_ratio(), (k + n) / n, 0.04):
         return (f"that is ({k} + {n}) / {n}: you counted the samples of the {k} warm-up steps too, but did not "
                 "time them: count world_size * batch_size * iters")
     return None
@@ -250,14 +249,4 @@ def inner_forward(run: Run) -> str | None:
         return (f"at {run.world} workers rank {apart[0]}'s parameters differ from rank 0's by up to {apart[1]:.3g}: "
                 "the model was wrapped in DistributedDataParallel, but no forward went through the wrapper "
                 "(ddp.module(x) skips the gradient all-reduce): call ddp(x)")
-    return None
-
-
-@mistake("efficiency as the speed-up (not divided by W)")
-def speedup(thr: dict, eff: dict | None) -> str | None:
-    if 1 in thr and eff and set(eff) == set(thr) and all(_near(eff[w], thr[w] / thr[1], 1e-6) for w in thr):
-        w = max(thr)
-        return (f"you returned {eff[w]:.3g} at {w} workers, the speed-up throughput[{w}] / throughput[1]: the "
-                f"efficiency divides it by {w} as well, throughput[W] / (W * throughput[1]) = "
-                f"{thr[w] / (w * thr[1]):.3g} (1 at linear scaling)")
     return None

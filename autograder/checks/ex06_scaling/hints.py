@@ -21,14 +21,18 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "One DDP wrapper for the run (not one per step), one gradient all-reduce per step, warm-up untimed.",
         "Build DistributedDataParallel once, outside step(); call step() warmup + iters times.",
     ),
-    "efficiency_against_linear": (
-        "Linear scaling means W workers give W times one worker's throughput.",
-        "Efficiency compares the measured throughput at W with that ideal.",
-        "throughput[W] / (W * throughput[1]) for each measured W.",
+    "alpha_beta_fitted": (
+        "Every measurement is one equation in the same two unknowns, whatever its world size and size.",
+        "A ring all-reduce pays the latency at each of its 2(W-1) steps and moves 2(W-1)/W of the bytes through "
+        "each link; a row's time is linear in α and β, so all rows together are a least-squares problem. Weigh "
+        "each row by 1/time, or the largest messages decide it alone.",
+        "A matrix with one row [2(W-1), 2(W-1)/W * 4 * numel] / t per measurement, solved against ones with "
+        "torch.linalg.lstsq (or numpy.linalg.lstsq); β is seconds per byte, not bytes per second.",
     ),
-    "results_written": (
-        "A result nobody can read back is not a result.",
-        "Write the measured figures in a format a program can read, and a plot a person can.",
-        "json.dump the figures; matplotlib's savefig for the plot; return the paths written.",
+    "efficiency_predicted": (
+        "With W workers each trains its own batch: what does the step pay that one worker does not?",
+        "DDP all-reduces gradient buckets while the backward still runs, so only the part of the all-reduce "
+        "longer than the backward lengthens the step; the efficiency is t_step(1) / t_step(W), not the speed-up.",
+        "all-reduce = 2(W-1) α + 2(W-1)/W * grad_bytes * β; step = compute + max(0, all-reduce - backward).",
     ),
 }

@@ -1,5 +1,5 @@
 """Rank-side instruments of the exercise 6 check: the synthetic step whose timing the grader knows,
-and the learner's benchmark run on the real model.
+the learner's benchmark run on the real model, and its α-β fit and prediction on the grader's cases.
 
 Everything here observes; the verdicts, and the truth from the recorded step times, are computed in
 ``ex06_scaling``. The instruments that replace library functions (the clocks and collectives of
@@ -11,6 +11,8 @@ and ``dist.barrier()`` are; they record only while a run is watched.
 from __future__ import annotations
 
 import contextlib
+import copy
+import linecache
 import sys
 import time
 import timeit
@@ -23,7 +25,8 @@ import torch.distributed.distributed_c10d as c10d
 import distlab
 from distlab.models import cpu_state, make_mlp
 
-from ...harness import CapturedPrints, DDPSpy, Replace, attempt, echo, load_learner, raised
+from ...harness import CapturedPrints, DDPSpy, Replace, attempt, echo, learner_frame, load_learner, raised
+from .alphabeta import CASES, DATASETS
 
 SYNTH = dict(batch_size=32, warmup=2, iters=8)
 # Rank r's timed steps take STEP_S * (1 + SLOWER_PER_RANK * r); the warm-up steps WARMUP_STEP_S, except
@@ -89,7 +92,9 @@ class CountedStep:
 
 class MethodSpy(Replace):
     """While a run is watched: each clock the learner's file read and collective it called, in order, with
-    the number of steps done at that moment, whether a step was running (an all_reduce's op too)."""
+    the number of steps done at that moment, whether a step was running (an all_reduce's op too), and the
+    grader's clock just before and just after the call (``before``, ``after``: the learner's reading lies
+    between them, so its window is known however late a loaded machine ran the rank)."""
 
     def __init__(self, path: str):
         self.path, self.events, self.counter = str(Path(path).resolve()), [], None
@@ -111,33 +116,35 @@ class MethodSpy(Replace):
         def make(real):
             def spy(*args, **kwargs):
                 counter = self.counter
-                if counter is not None and str(Path(sys._getframe(1).f_code.co_filename).resolve()) == self.path:
-                    event = {"kind": kind, "name": name, "steps": counter.calls, "in_step": counter.active}
-                    if name == "all_reduce":
-                        op = kwargs.get("op", args[1] if len(args) > 1 else dist.ReduceOp.SUM)
-                        event["op"] = str(getattr(op, "name", op)).split(".")[-1]
-                    self.events.append(event)
-                return real(*args, **kwargs)
+                if counter is None or str(Path(sys._getframe(1).f_code.co_filename).resolve()) != self.path:
+                    return real(*args, **kwargs)
+                event = {"kind": kind, "name": name, "steps": counter.calls, "in_step": counter.active}
+                if name == "all_reduce":
+                    op = kwargs.get("op", args[1] if len(args) > 1 else dist.ReduceOp.SUM)
+                    event["op"] = str(getattr(op, "name", op)).split(".")[-1]
+                self.events.append(event)
+                event["before"] = _clock()  # the learner's reading lies between these two of the grader's
+                try:
+                    return real(*args, **kwargs)
+                finally:
+                    event["after"] = _clock()
             return spy
         return make
 
 
-def rank_main(paths: list[str], so_far: list[dict], out_dirs: list[str], final: bool, real: dict) -> list[dict]:
-    """Runs on every rank: the synthetic method check, then the real benchmark, for each file.
-
-    ``so_far[i]``: file i's real figures at the earlier world sizes; in the ``final`` launch rank 0
-    adds this one's and hands them to the learner's efficiency and results functions.
-    """
+def rank_main(paths: list[str], real: dict, model_part: bool) -> list[dict]:
+    """Runs on every rank: the synthetic method check, then the real benchmark, for each file; with
+    ``model_part`` (the first launch), rank 0 also runs the learner's α-β fit and prediction on the
+    grader's cases (pure functions: no launch of their own, and never in the grading process)."""
     dev = distlab.init_distributed()  # the grader owns the process group: the learner's code never makes one
     rank, observed = dist.get_rank(), []
-    for i, path in enumerate(paths):
+    for path in paths:
         with MethodSpy(path) as spy, DDPSpy() as ddp:  # before the import: names it binds are spied on too
             learner = load_learner(path)
             obs = _observe_method(learner, rank, spy)
             obs.update(_observe_real(learner, rank, dev, real, spy, ddp))
-        if final and rank == 0 and "real" in obs:
-            figures = {**{int(k): float(v) for k, v in so_far[i].items()}, dist.get_world_size(): obs["real"]}
-            obs.update(_observe_results(learner, figures, out_dirs[i]))
+        if model_part and rank == 0:
+            obs["model"] = _observe_model(learner, path)
         observed.append(obs)
     distlab.shutdown()
     return observed
@@ -149,8 +156,9 @@ def _observe_method(learner, rank: int, spy: MethodSpy) -> dict:
     with CapturedPrints() as out, spy.watching(step) as events:
         reported = learner.measure_throughput(step, SYNTH["batch_size"], warmup=SYNTH["warmup"],
                                               iters=SYNTH["iters"])
+        returned = _clock()  # no correct window ends later than this (on this rank)
     echo(out.lines)
-    return {"rank": rank, "backend": dist.get_backend(), "reported": float(reported),
+    return {"rank": rank, "backend": dist.get_backend(), "reported": float(reported), "returned": returned,
             "times": torch.tensor(step.times, dtype=torch.float64), "method": events}
 
 
@@ -184,14 +192,61 @@ def _observe_real(learner, rank: int, dev: torch.device, real: dict, spy: Method
     return obs
 
 
-def _observe_results(learner, throughput: dict[int, float], out_dir: str) -> dict:
-    """Rank 0, last launch: the learner's efficiency of every figure, and the files it writes."""
-    obs = {"throughput": throughput}
-    eff, exc = attempt(learner.scaling_efficiency, dict(throughput))
-    obs["efficiency_error"] = raised(exc)
-    obs["efficiency"] = {int(k): float(v) for k, v in eff.items()} if isinstance(eff, dict) else None
-    if obs["efficiency"] is not None:
-        files, exc = attempt(learner.write_results, dict(throughput), dict(eff), out_dir)
-        obs["files_error"] = raised(exc)
-        obs["files"] = {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else None
-    return obs
+def _pair(value) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    alpha, beta = value  # a tuple, a list, a tensor of two: what unpacks into two numbers
+    return float(alpha), float(beta)
+
+
+def numbers_by_line(fn, path: str, kwargs: dict) -> tuple[object, list[dict]]:
+    """``fn(**kwargs)``, and each number a line of it assigned to a local (or returned), in order: where a
+    wrong prediction first leaves the model's quantities, the grader names that line."""
+    code, numbers, last, where = getattr(fn, "__code__", None), [], dict(kwargs), [None]
+
+    def local(frame, event, arg):
+        if event not in ("line", "return") or len(numbers) > 50:
+            return local
+        made = {n: v for n, v in frame.f_locals.items() if type(v) in (int, float) and last.get(n) != v}
+        if event == "return" and type(arg) in (int, float):
+            made["return"] = arg
+        for name, value in made.items():
+            line = where[0] if name != "return" else frame.f_lineno
+            if line is not None:
+                numbers.append({"file": Path(path).name, "line": line, "name": name, "value": float(value),
+                                "code": linecache.getline(frame.f_code.co_filename, line).strip()})
+        last.update(made)
+        where[0] = frame.f_lineno
+        return local
+
+    previous = sys.gettrace()
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+    try:
+        return fn(**kwargs), numbers
+    finally:
+        sys.settrace(previous)
+
+
+def _observe_model(learner, path: str) -> dict:
+    """The learner's ``(alpha, beta)`` for each synthetic set of all-reduce times (``DATASETS``), and its
+    efficiency for each of ``CASES`` with the numbers each of its lines made; an error where it raised,
+    at the learner's line."""
+    def run(fn) -> dict:
+        got, exc = attempt(fn)
+        if exc is None:
+            return {"value": got, "error": None}
+        frame = learner_frame(exc, path)
+        return {"value": None, "error": raised(exc) + (f" at {frame}" if frame else "")}
+
+    def predicted(case: dict) -> dict:
+        def call() -> tuple[float | None, list[dict]]:
+            value, numbers = numbers_by_line(learner.predict_efficiency, path, dict(case))
+            return (None if value is None else float(value)), numbers
+        got = run(call)
+        value, numbers = got["value"] or (None, [])
+        return {"value": value, "error": got["error"], "numbers": numbers}
+
+    with CapturedPrints():
+        fits = [run(lambda d=d: _pair(learner.fit_alpha_beta(copy.deepcopy(d["rows"])))) for d in DATASETS]
+        predictions = [predicted(c) for c in CASES]
+    return {"fits": fits, "predictions": predictions}
