@@ -1,8 +1,8 @@
-"""Exercise 10's observations: one file's ring on every rank (the output shard, every send and receive with
-its peer, the collectives, what it raised), and the single-process references."""
+"""Exercise 10's observations: one file's two rings on every rank (the output shard, or the ``dq, dk, dv``;
+every send and receive with its peer, the collectives, what it raised), and the single-process references."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,10 +11,17 @@ from .reference import shard, whole
 
 @dataclass
 class Run:
-    """One file's ring attention on ``world`` ranks, and each rank's rows of the whole sequence's attention."""
+    """One file's ring attention on ``world`` ranks, and each rank's rows of the whole sequence's attention;
+    :meth:`backward` is the same view of its backward ring, with autograd's gradients (``grads``)."""
 
     ranks: list[dict]
     reference: list[torch.Tensor]
+    grads: list[dict[str, torch.Tensor]] = field(default_factory=list)
+
+    def backward(self) -> "Run":
+        """The backward's ring as a ``Run`` of its own (each rank's ``grads``, sends, receives, collectives,
+        errors): the protocol's causes read it as they read the forward's."""
+        return Run([r["backward"] for r in self.ranks], self.reference, self.grads)
 
     @property
     def world(self) -> int:
@@ -25,6 +32,10 @@ class Run:
 
     def errors(self) -> list[dict]:
         return [r for r in self.ranks if r["error"]]
+
+    def not_implemented(self) -> str | None:
+        """Where the function still raises ``NotImplementedError`` (the learner's line), if it does."""
+        return next((r["not_implemented"] for r in self.ranks if r["not_implemented"]), None)
 
     def bytes_moved(self, rank: int, op: str) -> int:
         """The bytes of this rank's sends (or receives): shapes as recorded, float32."""

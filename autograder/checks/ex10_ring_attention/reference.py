@@ -1,12 +1,14 @@
-"""Exercise 10's single-process references: the whole sequence's causal attention, and the ring of each
-named mistake replayed on one process (what a rank's output is when its merge or its mask is wrong),
-so that a cause is named only when the learner's output *is* that mistake's, to float rounding."""
+"""Exercise 10's single-process references: the whole sequence's causal attention (its output, its
+log-sum-exp, and autograd's gradients through it), and the ring of each named mistake replayed on one
+process (what a rank's output, or its ``dq, dk, dv``, is when its merge, its mask or its backward is
+wrong), so that a cause is named only when the learner's result *is* that mistake's, to float rounding."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 BATCH, HEADS, SEQ, HEAD_DIM, SEED = 1, 2, 32, 8, 10
+GRADS = ("dq", "dk", "dv")
 
 
 def whole() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -18,6 +20,35 @@ def whole() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     """Rank ``rank``'s contiguous positions of ``t``."""
     return t.chunk(world, dim=-2)[rank].contiguous()
+
+
+def grad_output() -> torch.Tensor:
+    """The loss's gradient with respect to the whole sequence's output (``dout``), seeded apart from ``q, k, v``."""
+    return torch.randn(BATCH, HEADS, SEQ, HEAD_DIM, generator=torch.Generator().manual_seed(SEED + 1))
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+            mask: bool = True) -> torch.Tensor:
+    s = (q @ k.transpose(-1, -2)) * HEAD_DIM ** -0.5
+    return s.masked_fill(q_pos[:, None] < k_pos[None, :], float("-inf")) if mask else s
+
+
+def backward_inputs(rank: int, world: int) -> dict[str, torch.Tensor]:
+    """What ``ring_attention_backward`` is given on ``rank``: its shards of ``q, k, v``, of the causal output,
+    of its log-sum-exp over the whole sequence (``B x H x n x 1``) and of ``dout``."""
+    q, k, v = whole()
+    pos = torch.arange(SEQ)
+    full = {"q": q, "k": k, "v": v, "out": F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "lse": torch.logsumexp(_scores(q, k, pos, pos), -1, keepdim=True), "dout": grad_output()}
+    return {name: shard(t, rank, world) for name, t in full.items()}
+
+
+def grad_reference(world: int) -> list[dict[str, torch.Tensor]]:
+    """Each rank's shards of autograd's ``dq, dk, dv`` through ``F.scaled_dot_product_attention(is_causal=True)``
+    on the whole sequence, for the loss whose gradient is ``grad_output()``."""
+    q, k, v = (t.clone().requires_grad_() for t in whole())
+    F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad_output())
+    return [{g: shard(t.grad, r, world) for g, t in zip(GRADS, (q, k, v))} for r in range(world)]
 
 
 def causal_reference(world: int) -> list[torch.Tensor]:
@@ -54,3 +85,29 @@ def replay(world: int, *, merge: str = "lse", mask: str = "global") -> list[torc
                 out, lse = torch.exp(lse - new) * out + torch.exp(b_lse - new) * b_out, new
         outs.append(out)
     return outs
+
+
+def replay_backward(world: int, *, delta: str = "merged", lse: str = "merged", mask: bool = True,
+                    skip: bool = True, scale: bool = True) -> list[dict[str, torch.Tensor]]:
+    """Each rank's ``dq, dk, dv`` (``dk, dv`` home on their owner) from a backward ring that computes ``D`` from
+    the ``"merged"`` output or per ``"block"`` (``rowsum(dout * p v)`` of that block's ``p``), recomputes ``p``
+    with the ``"merged"`` lse or the ``"block"``'s own, masks by global positions or not (``mask``), skips the
+    blocks after its own (``skip``), and scales ``dq, dk`` by ``1 / sqrt(D)`` or not (``scale``)."""
+    n, c = SEQ // world, HEAD_DIM ** -0.5 if scale else 1.0
+    ins = [backward_inputs(r, world) for r in range(world)]
+    grads = [{"dq": torch.zeros_like(i["q"]), "dk": torch.zeros_like(i["k"]), "dv": torch.zeros_like(i["v"])}
+             for i in ins]
+    for r, mine in enumerate(ins):
+        for src in range(world):
+            if skip and src > r:
+                continue
+            theirs = ins[src]
+            s = _scores(mine["q"], theirs["k"], torch.arange(r * n, (r + 1) * n), torch.arange(src * n, (src + 1) * n),
+                        mask)
+            p = torch.exp(s - (mine["lse"] if lse == "merged" else torch.logsumexp(s, -1, keepdim=True)))
+            o = mine["out"] if delta == "merged" else p @ theirs["v"]
+            ds = p * (mine["dout"] @ theirs["v"].transpose(-1, -2) - (mine["dout"] * o).sum(-1, keepdim=True))
+            grads[r]["dq"] += (ds @ theirs["k"]) * c
+            grads[src]["dk"] += (ds.transpose(-1, -2) @ mine["q"]) * c
+            grads[src]["dv"] += p.transpose(-1, -2) @ mine["dout"]
+    return grads
