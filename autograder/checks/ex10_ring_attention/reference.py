@@ -4,6 +4,8 @@ process (what a rank's output, or its ``dq, dk, dv``, is when its merge, its mas
 wrong), so that a cause is named only when the learner's result *is* that mistake's, to float rounding."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 
@@ -33,16 +35,21 @@ def _scores(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.
     return s.masked_fill(q_pos[:, None] < k_pos[None, :], float("-inf")) if mask else s
 
 
+@lru_cache(maxsize=1)
+def _whole_backward() -> dict[str, torch.Tensor]:
+    q, k, v = whole()
+    pos = torch.arange(SEQ)
+    return {"q": q, "k": k, "v": v, "out": F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "lse": torch.logsumexp(_scores(q, k, pos, pos), -1, keepdim=True), "dout": grad_output()}
+
+
 def backward_inputs(rank: int, world: int) -> dict[str, torch.Tensor]:
     """What ``ring_attention_backward`` is given on ``rank``: its shards of ``q, k, v``, of the causal output,
     of its log-sum-exp over the whole sequence (``B x H x n x 1``) and of ``dout``."""
-    q, k, v = whole()
-    pos = torch.arange(SEQ)
-    full = {"q": q, "k": k, "v": v, "out": F.scaled_dot_product_attention(q, k, v, is_causal=True),
-            "lse": torch.logsumexp(_scores(q, k, pos, pos), -1, keepdim=True), "dout": grad_output()}
-    return {name: shard(t, rank, world) for name, t in full.items()}
+    return {name: shard(t, rank, world) for name, t in _whole_backward().items()}
 
 
+@lru_cache(maxsize=4)
 def grad_reference(world: int) -> list[dict[str, torch.Tensor]]:
     """Each rank's shards of autograd's ``dq, dk, dv`` through ``F.scaled_dot_product_attention(is_causal=True)``
     on the whole sequence, for the loss whose gradient is ``grad_output()``."""
@@ -57,6 +64,7 @@ def causal_reference(world: int) -> list[torch.Tensor]:
     return list(F.scaled_dot_product_attention(q, k, v, is_causal=True).chunk(world, dim=-2))
 
 
+@lru_cache(maxsize=16)  # as replay_backward's
 def replay(world: int, *, merge: str = "lse", mask: str = "global") -> list[torch.Tensor]:
     """Each rank's output of a ring that visits the shards in ring order ``r, r - 1, ...``, skips those after
     its own, masks by ``mask`` (``"global"`` positions, ``"local"``: each block's own indices, as
@@ -87,6 +95,7 @@ def replay(world: int, *, merge: str = "lse", mask: str = "global") -> list[torc
     return outs
 
 
+@lru_cache(maxsize=32)  # each mutant's diagnosis asks again: computed once per launch (read, never written)
 def replay_backward(world: int, *, delta: str = "merged", lse: str = "merged", mask: bool = True,
                     skip: bool = True, scale: bool = True) -> list[dict[str, torch.Tensor]]:
     """Each rank's ``dq, dk, dv`` (``dk, dv`` home on their owner) from a backward ring that computes ``D`` from
