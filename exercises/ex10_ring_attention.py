@@ -63,10 +63,10 @@ def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
       ``Q, K, V``, as autograd through ``F.scaled_dot_product_attention(Q, K, V, is_causal=True)`` on
       the whole sequence gives them, to float32 rounding. ``dk`` and ``dv`` get a contribution from the
       queries of every later rank, so they are summed on the way round, not on their owner.
-    * The math, per block of keys (``p = exp(scale * q k^T - lse)`` masked by global positions, the
-      softmax over the whole sequence restricted to the block): ``dv += p^T dout``;
-      ``dp = dout v^T``; ``ds = p * (dp - D)`` with ``D = rowsum(dout * out)``, one number per query,
-      from the merged output; ``dq += scale * ds k``; ``dk += scale * ds^T q``.
+    * The math, per block of keys, with ``scale = 1 / sqrt(head_dim)`` and ``p = exp(scale * q k^T - lse)``
+      masked by global positions (the softmax over the whole sequence, cut to the block):
+      ``dv += p^T dout``; ``dp = dout v^T``; ``ds = p * (dp - D)`` with ``D = rowsum(dout * out)``, one
+      number per query, from the merged output; ``dq += scale * ds k``; ``dk += scale * ds^T q``.
     * Communication: point-to-point only, round the ring of the forward. Each key/value shard travels
       with its ``dk, dv`` accumulators, ``W - 1`` hops, and the accumulators take one hop more, home:
       each rank sends and receives ``(4 W - 2)`` shards' worth of bytes (``k, v, dk, dv`` ``W - 1``

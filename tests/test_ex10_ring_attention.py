@@ -98,7 +98,7 @@ def test_a_wrong_merge_or_mask_fails_parity_only_and_is_named(reports, name, wor
     ("max without rescale", "dq and dk are what D = rowsum(dout * p @ v) of each block gives"),
     ("local mask", "p = exp(s - logsumexp(s)) of each block's own scores"),
     ("masked shard merged", "what a backward with no causal mask gives"),
-    ("no mask", "dq and dk are sqrt(D) = sqrt(8) = 2.83x autograd's"),
+    ("no mask", "dq and dk are sqrt(head_dim) = sqrt(8) = 2.83x autograd's"),
 ])
 def test_a_wrong_backward_fails_its_gradients_only_and_is_named(reports, name, words):
     f = {k: v for k, v in failed(reports[name]).items() if "backward" in k}

@@ -22,6 +22,7 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 
 | mistake | message |
 |---|---|
+| a function still raises NotImplementedError | "ring_attention_backward is not implemented yet (... line 92 ...)" |
 | every rank sends before it receives: a deadlock | "all 4 ranks were waiting in a blocking dist.send at once ..." |
 | sends to and receives from the same neighbour | "rank 0 sent to rank 1 and also waited for a shard from rank 1 ..." |
 | forwards its own shard instead of the one it received | "rank 2 received rank 1's keys at each of its 3 ..." |
@@ -36,7 +37,7 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 | D computed per block instead of from the merged output | "rank 3's dq and dk are what D = rowsum(dout * p @ v) ..." |
 | lse of the block instead of the merged lse | "rank 3's gradients are what p = exp(s - logsumexp(s)) ..." |
 | the causal mask dropped in the backward | "rank 3's gradients are what a backward with no causal mask gives ..." |
-| scale missing in dq or dk | "rank 0's dq and dk are sqrt(D) = sqrt(8) = 2.83x autograd's ..." |
+| scale missing in dq or dk | "rank 0's dq and dk are sqrt(head_dim) = sqrt(8) = 2.83x autograd's ..." |
 | NaN in the backward | "rank 0's dq, dk, dv hold NaN: a block from a later rank is wholly masked ..." |
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, not_home
+from .causes import BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, not_home, unwritten
 from .observed import Run
 from .probes import P2P_TIMEOUT_S, rank_main
 from .reference import GRADS, causal_reference, grad_reference
@@ -72,14 +73,9 @@ def _raised(run: Run) -> str:
     return "".join(out)
 
 
-def _unwritten(run: Run, name: str) -> str | None:
-    where = run.not_implemented()
-    return None if where is None else f"{name} is not implemented yet ({where})"
-
-
 @criterion("[W={world}] each rank's output matches causal attention on the whole sequence", points=6)
 def output_matches(run: Run) -> Verdict:
-    if todo := _unwritten(run, "ring_attention"):
+    if todo := unwritten(run, "ring_attention"):
         return failed(todo)
     worst = None
     for obs in run.ranks:
@@ -124,7 +120,7 @@ def _neighbours_ok(run: Run, r: int) -> bool:
 
 @criterion("[W={world}] key/value shards passed round the ring, point to point", points=4)
 def ring_communication(run: Run) -> Verdict:
-    if todo := _unwritten(run, "ring_attention"):
+    if todo := unwritten(run, "ring_attention"):
         return failed(f"not checked: {todo}")
     if why := _ring_faults(run, PROTOCOL):
         return failed(why)
@@ -149,7 +145,7 @@ def ring_communication(run: Run) -> Verdict:
 def _grads_match(run: Run, names: tuple[str, ...], what: str) -> Verdict:
     """Every rank's gradients ``names`` against autograd's shards of them, or the named cause."""
     b = run.backward()
-    if todo := _unwritten(b, "ring_attention_backward"):
+    if todo := unwritten(b, "ring_attention_backward"):
         return failed(todo)
     worst = 0.0
     for obs in b.ranks:
@@ -193,7 +189,7 @@ def _backward_bytes(shards: float, world: int) -> str:
 @criterion("[W={world}] backward: k, v and their dk, dv passed round the ring, and home", points=2)
 def backward_ring(run: Run) -> Verdict:
     b = run.backward()
-    if todo := _unwritten(b, "ring_attention_backward"):
+    if todo := unwritten(b, "ring_attention_backward"):
         return failed(f"not checked: {todo}")
     if why := _ring_faults(b, BACKWARD_RING):
         return failed(why)

@@ -35,6 +35,13 @@ def _is(run: Run, outs: list[torch.Tensor]) -> list[int]:
     return [r for r in wrong if _close(run.ranks[r]["out"], outs[r])] if wrong else []
 
 
+@mistake("a function still raises NotImplementedError")
+def unwritten(run: Run, name: str) -> str | None:
+    """The function ``name`` (this run's: ``run`` may be ``Run.backward()``) is the stub's still."""
+    where = run.not_implemented()
+    return None if where is None else f"{name} is not implemented yet ({where})"
+
+
 @mistake("every rank sends before it receives: a deadlock")
 def deadlock(run: Run) -> str | None:
     pending = [next((c for c in reversed(r["p2p"]) if c["t1"] is None and not c["async"]), None) for r in run.ranks]
@@ -201,9 +208,9 @@ def no_scale(run: Run) -> str | None:
         off = [g for g in ("dq", "dk") if got is not None and not _close(got[g], want[g])
                and _close(got[g], want[g] * root)]
         if off:
-            return (f"rank {r['rank']}'s {' and '.join(off)} {'are' if len(off) > 1 else 'is'} sqrt(D) = "
+            return (f"rank {r['rank']}'s {' and '.join(off)} {'are' if len(off) > 1 else 'is'} sqrt(head_dim) = "
                     f"sqrt({HEAD_DIM}) = {root:.3g}x autograd's: the scores are s = scale * q k^T with scale = "
-                    "1 / sqrt(D), so ds reaches dq as scale * ds @ k and dk as scale * ds^T @ q")
+                    "1 / sqrt(head_dim), so ds reaches dq as scale * ds @ k and dk as scale * ds^T @ q")
     return None
 
 
