@@ -183,7 +183,7 @@ def _backward_bytes(shards: float, world: int) -> str:
              4 * world: "k, v took the last hop home too, which only dk, dv need",
              2 * world - 2: "only k, v travelled: dk, dv are summed on the way round, so they travel with them"}
     return known.get(int(shards), "each hop carries k, v and their dk, dv, and the last one dk, dv alone") \
-        if shards == int(shards) else "each message is whole k, v, dk or dv shards"
+        if shards == int(shards) else "each message should hold whole shards of k, v, dk or dv"
 
 
 @criterion("[W={world}] backward: k, v and their dk, dv passed round the ring, and home", points=2)

@@ -8,11 +8,10 @@ mask or backward formula is named only when a rank's result *is* that mistake's,
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ...diagnosis import KnownError, mistake
 from .observed import Run
-from .reference import GRADS, HEAD_DIM, replay, replay_backward, whole
+from .reference import GRADS, HEAD_DIM, noncausal, replay, replay_backward
 
 KNOWN_ERRORS = [KnownError(
     "a send/recv deadlock in the ring",
@@ -123,9 +122,7 @@ def local_mask(run: Run) -> str | None:
 
 @mistake("no causal mask")
 def no_mask(run: Run) -> str | None:
-    q, k, v = whole()
-    full = list(F.scaled_dot_product_attention(q, k, v).chunk(run.world, dim=-2))
-    ranks = _is(run, full)
+    ranks = _is(run, noncausal(run.world))
     if not ranks:
         return None
     return (f"rank {ranks[0]}'s output is the non-causal attention (every key seen): mask each block by global "

@@ -101,22 +101,36 @@ def replay_backward(world: int, *, delta: str = "merged", lse: str = "merged", m
     """Each rank's ``dq, dk, dv`` (``dk, dv`` home on their owner) from a backward ring that computes ``D`` from
     the ``"merged"`` output or per ``"block"`` (``rowsum(dout * p v)`` of that block's ``p``), recomputes ``p``
     with the ``"merged"`` lse or the ``"block"``'s own, masks by global positions or not (``mask``), skips the
-    blocks after its own (``skip``), and scales ``dq, dk`` by ``1 / sqrt(D)`` or not (``scale``)."""
-    n, c = SEQ // world, HEAD_DIM ** -0.5 if scale else 1.0
-    ins = [backward_inputs(r, world) for r in range(world)]
-    grads = [{"dq": torch.zeros_like(i["q"]), "dk": torch.zeros_like(i["k"]), "dv": torch.zeros_like(i["v"])}
-             for i in ins]
-    for r, mine in enumerate(ins):
-        for src in range(world):
-            if skip and src > r:
-                continue
-            theirs = ins[src]
-            s = _scores(mine["q"], theirs["k"], torch.arange(r * n, (r + 1) * n), torch.arange(src * n, (src + 1) * n),
-                        mask)
-            p = torch.exp(s - (mine["lse"] if lse == "merged" else torch.logsumexp(s, -1, keepdim=True)))
-            o = mine["out"] if delta == "merged" else p @ theirs["v"]
-            ds = p * (mine["dout"] @ theirs["v"].transpose(-1, -2) - (mine["dout"] * o).sum(-1, keepdim=True))
-            grads[r]["dq"] += (ds @ theirs["k"]) * c
-            grads[src]["dk"] += (ds.transpose(-1, -2) @ mine["q"]) * c
-            grads[src]["dv"] += p.transpose(-1, -2) @ mine["dout"]
-    return grads
+    blocks after its own (``skip``), and scales ``dq, dk`` by ``1 / sqrt(D)`` or not (``scale``). All the
+    ring's blocks at once: the ``S x S`` scores cut into ``W x W`` blocks, the sums over blocks as matmuls."""
+    x = _whole_backward()
+    q, k, v, out, dout = x["q"], x["k"], x["v"], x["out"], x["dout"]
+    n, c, pos = SEQ // world, HEAD_DIM ** -0.5 if scale else 1.0, torch.arange(SEQ)
+    seen = (pos[None, :] // n <= pos[:, None] // n) if skip else torch.ones(SEQ, SEQ, dtype=torch.bool)
+    s = _scores(q, k, pos, pos, mask).masked_fill(~seen, float("-inf"))  # a skipped block adds nothing
+    if lse == "merged":
+        p = torch.exp(s - x["lse"])
+    else:  # each block normalised over its own keys (a hidden one, visited anyway, is NaN: as the ring's)
+        blocks = s.unflatten(-1, (world, n))
+        p = torch.exp(blocks - torch.logsumexp(blocks, -1, keepdim=True)).flatten(-2).masked_fill(~seen, 0.0)
+    if delta == "merged":
+        d = (dout * out).sum(-1, keepdim=True)
+    else:  # rowsum(dout * p_b v_b) for each block b, spread over that block's keys
+        o = torch.einsum("bhswn,bhwnd->bhswd", p.unflatten(-1, (world, n)), v.unflatten(-2, (world, n)))
+        d = (dout.unsqueeze(-2) * o).sum(-1).repeat_interleave(n, -1)
+    ds = p * (dout @ v.transpose(-1, -2) - d)
+    grads = {"dq": c * ds @ k, "dk": c * ds.transpose(-1, -2) @ q, "dv": p.transpose(-1, -2) @ dout}
+    return [{g: shard(t, r, world) for g, t in grads.items()} for r in range(world)]
+
+
+@lru_cache(maxsize=4)
+def key_sources(world: int) -> dict[bytes, int]:
+    """Each rank's key shard, as bytes, to the rank: a received message's pieces are looked up, not compared."""
+    return {shard(whole()[1], s, world).numpy().tobytes(): s for s in range(world)}
+
+
+@lru_cache(maxsize=4)
+def noncausal(world: int) -> list[torch.Tensor]:
+    """Each rank's rows of the whole sequence's attention with no mask (what a ring that masks nothing gives)."""
+    q, k, v = whole()
+    return list(F.scaled_dot_product_attention(q, k, v).chunk(world, dim=-2))
