@@ -191,6 +191,23 @@ for r, run in enumerate(runs):
 # ranks, compares each rank's output with its rows of `F.scaled_dot_product_attention(is_causal=True)`
 # on the whole sequence, and counts your sends and receives: `W - 1` shards to one neighbour, from
 # the other, no collective.
+#
+# Then `ring_attention_backward(q, k, v, out, lse, dout)`, the backward of the causal ring, graded on
+# its own (it is given the exact `out` and `lse`, so it does not depend on your forward). What it must
+# compute, per block of keys from the shard of rank `src` (FlashAttention-2's backward, Dao 2023), with
+# `c = 1 / sqrt(D)`:
+#
+# $$P = \exp(c\, q k^\top - \ell) \text{ (0 where the key's global position is after the query's)},
+# \qquad dV \mathrel{+}= P^\top dO, \qquad dS = P \circ (dO\, v^\top - \Delta),$$
+# $$dQ \mathrel{+}= c\, dS\, k, \qquad dK \mathrel{+}= c\, dS^\top q, \qquad
+# \Delta_i = \textstyle\sum_d dO_{id}\, O_{id} .$$
+#
+# $\ell$ is the *merged* lse of the whole row (so `P` is the softmax over the whole sequence, cut to
+# the block), and $\Delta$ is one number per query from the *merged* output. `dQ` stays on its rank;
+# a shard's `dK, dV` sum the contributions of every later rank's queries, so they travel round the
+# ring with that shard and take one hop more, home: `4 W - 2` shards' worth of bytes per rank. The
+# grader compares `dq`, `dk`, `dv` with autograd through `F.scaled_dot_product_attention(is_causal=True)`
+# on the whole sequence, in the same launches.
 
 # %%
 from autograder.notebook import check

@@ -13,9 +13,15 @@ Here the mask is causal, and it is a mask by *global* positions: the query at po
 the key at position ``j`` only if ``j <= i``. Some blocks are then entirely hidden, some cut by the
 diagonal, some entirely visible: which is which depends on where each shard sits in the sequence.
 
+Autograd does not flow through ``isend``/``irecv``, so the backward is a second ring, written by hand
+as FlashAttention's backward is (Dao 2023, "FlashAttention-2", algorithm 2; the ring of Liu et al.
+2023): each block's probabilities are recomputed from the saved ``lse``, ``dq`` stays on its rank, and
+the gradients of each key/value shard travel round with it and go home at the end.
+
 Check your work from the repository's root with ``make grade`` (every exercise) or
 ``.venv/bin/python -m autograder --exercise 10`` (this one), or with ``check(10)`` in the notebook
-``course/10_context_parallel``. The function raises ``NotImplementedError`` until you fill it in.
+``course/10_context_parallel``. The functions raise ``NotImplementedError`` until you fill them in;
+each is graded on its own (the backward is given the exact ``out`` and ``lse``), so one can be done first.
 """
 from __future__ import annotations
 
@@ -39,6 +45,32 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
       it forwards next (``dist.batch_isend_irecv`` with ``dist.P2POp``, or ``dist.isend``/``dist.irecv``).
       No collective (``all_gather`` would hold the whole sequence on every rank).
     * Merge the partial outputs by their log-sum-exps; mask by global positions.
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                            lse: torch.Tensor, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's ``dq, dk, dv`` of causal attention over the whole sequence, by a second ring.
+
+    Contract (the grader checks each point):
+
+    * ``q, k, v`` are this rank's shards, as in :func:`ring_attention`; ``out`` is this rank's rows of the
+      output and ``lse`` (``B x H x n x 1``) their log-sum-exp over *every* key they may see (the
+      merged ``lse`` the forward ends with); ``dout`` is the loss's gradient with respect to ``out``.
+    * Return ``(dq, dk, dv)``, each ``B x H x n x D``: the gradients of this rank's *own* shards of
+      ``Q, K, V``, as autograd through ``F.scaled_dot_product_attention(Q, K, V, is_causal=True)`` on
+      the whole sequence gives them, to float32 rounding. ``dk`` and ``dv`` get a contribution from the
+      queries of every later rank, so they are summed on the way round, not on their owner.
+    * The math, per block of keys, with ``scale = 1 / sqrt(head_dim)`` and ``p = exp(scale * q k^T - lse)``
+      masked by global positions (the softmax over the whole sequence, cut to the block):
+      ``dv += p^T dout``; ``dp = dout v^T``; ``ds = p * (dp - D)`` with ``D = rowsum(dout * out)``, one
+      number per query, from the merged output; ``dq += scale * ds k``; ``dk += scale * ds^T q``.
+    * Communication: point-to-point only, round the ring of the forward. Each key/value shard travels
+      with its ``dk, dv`` accumulators, ``W - 1`` hops, and the accumulators take one hop more, home:
+      each rank sends and receives ``(4 W - 2)`` shards' worth of bytes (``k, v, dk, dv`` ``W - 1``
+      times, then ``dk, dv``), to and from its neighbours only. No collective.
     """
     # YOUR CODE HERE
     raise NotImplementedError

@@ -13,9 +13,15 @@ Here the mask is causal, and it is a mask by *global* positions: the query at po
 the key at position ``j`` only if ``j <= i``. Some blocks are then entirely hidden, some cut by the
 diagonal, some entirely visible: which is which depends on where each shard sits in the sequence.
 
+Autograd does not flow through ``isend``/``irecv``, so the backward is a second ring, written by hand
+as FlashAttention's backward is (Dao 2023, "FlashAttention-2", algorithm 2; the ring of Liu et al.
+2023): each block's probabilities are recomputed from the saved ``lse``, ``dq`` stays on its rank, and
+the gradients of each key/value shard travel round with it and go home at the end.
+
 Check your work from the repository's root with ``make grade`` (every exercise) or
 ``.venv/bin/python -m autograder --exercise 10`` (this one), or with ``check(10)`` in the notebook
-``course/10_context_parallel``. The function raises ``NotImplementedError`` until you fill it in.
+``course/10_context_parallel``. The functions raise ``NotImplementedError`` until you fill them in;
+each is graded on its own (the backward is given the exact ``out`` and ``lse``), so one can be done first.
 """
 from __future__ import annotations
 
@@ -69,4 +75,53 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
                 work.wait()
             kv = buf
     return out
+    ### END SOLUTION
+
+
+def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                            lse: torch.Tensor, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's ``dq, dk, dv`` of causal attention over the whole sequence, by a second ring.
+
+    Contract (the grader checks each point):
+
+    * ``q, k, v`` are this rank's shards, as in :func:`ring_attention`; ``out`` is this rank's rows of the
+      output and ``lse`` (``B x H x n x 1``) their log-sum-exp over *every* key they may see (the
+      merged ``lse`` the forward ends with); ``dout`` is the loss's gradient with respect to ``out``.
+    * Return ``(dq, dk, dv)``, each ``B x H x n x D``: the gradients of this rank's *own* shards of
+      ``Q, K, V``, as autograd through ``F.scaled_dot_product_attention(Q, K, V, is_causal=True)`` on
+      the whole sequence gives them, to float32 rounding. ``dk`` and ``dv`` get a contribution from the
+      queries of every later rank, so they are summed on the way round, not on their owner.
+    * The math, per block of keys, with ``scale = 1 / sqrt(head_dim)`` and ``p = exp(scale * q k^T - lse)``
+      masked by global positions (the softmax over the whole sequence, cut to the block):
+      ``dv += p^T dout``; ``dp = dout v^T``; ``ds = p * (dp - D)`` with ``D = rowsum(dout * out)``, one
+      number per query, from the merged output; ``dq += scale * ds k``; ``dk += scale * ds^T q``.
+    * Communication: point-to-point only, round the ring of the forward. Each key/value shard travels
+      with its ``dk, dv`` accumulators, ``W - 1`` hops, and the accumulators take one hop more, home:
+      each rank sends and receives ``(4 W - 2)`` shards' worth of bytes (``k, v, dk, dv`` ``W - 1``
+      times, then ``dk, dv``), to and from its neighbours only. No collective.
+    """
+    ### BEGIN SOLUTION
+    me, world = dist.get_rank(), dist.get_world_size()
+    n, scale = q.shape[-2], q.shape[-1] ** -0.5
+    rows = me * n + torch.arange(n, device=q.device)  # global positions of this rank's queries
+    delta = (dout * out).sum(-1, keepdim=True)  # D: sum_j p_j dp_j per query, from the merged output
+    dq = torch.zeros_like(q)
+    moving = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])  # a shard and its dk, dv so far
+    for step in range(world):
+        owner = (me - step) % world  # whose shard is in hand
+        if owner <= me:  # a later rank's keys are hidden from every query here: p = 0, nothing to add
+            cols = owner * n + torch.arange(n, device=q.device)
+            s = (q @ moving[0].transpose(-1, -2)) * scale
+            p = torch.exp(s.masked_fill(cols[None, :] > rows[:, None], float("-inf")) - lse)
+            ds = p * (dout @ moving[1].transpose(-1, -2) - delta)
+            dq += (ds @ moving[0]) * scale
+            moving[2] += (ds.transpose(-1, -2) @ q) * scale
+            moving[3] += p.transpose(-1, -2) @ dout
+        send = moving if step < world - 1 else moving[2:].contiguous()  # the last hop takes dk, dv home
+        recv = torch.empty_like(send)
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (me + 1) % world),
+                                            dist.P2POp(dist.irecv, recv, (me - 1) % world)]):
+            work.wait()
+        moving = recv
+    return dq, moving[0], moving[1]
     ### END SOLUTION

@@ -1,8 +1,11 @@
-"""Exercise 10 (causal ring attention by hand): the solution and an independent one score full marks, each
-known mistake fails with its own feedback, naming the cause. All are graded in one launch of 4 ranks (at 2
-ranks the two neighbours are one rank, and a wrong neighbour cannot show); each file runs in its own
-process group, so the two mutants whose ring never completes (stopped by a short p2p timeout) cost only
-their own marks. The stub's grading: tests/test_stubs.py (every untouched stub, at once)."""
+"""Exercise 10 (causal ring attention by hand, forward and backward): the solution and an independent one
+score full marks, each known mistake fails with its own feedback, naming the cause. All are graded in one
+launch of 4 ranks (at 2 ranks the two neighbours are one rank, and a wrong neighbour cannot show); each
+file's forward and backward run in process groups of their own, so the two mutants whose forward ring never
+completes (stopped by a short p2p timeout) cost only their own forward's marks. The backward is graded
+apart from the forward (it is given the exact out and lse), so each mistake of the backward rides in a
+mutant of the forward's (no file of its own: no launch time of its own), and fails only the backward's
+criteria. The stub's grading: tests/test_stubs.py (every untouched stub, at once)."""
 from __future__ import annotations
 
 import pytest
@@ -19,25 +22,45 @@ BATCH = """            works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv
 BLOCKING = """            dist.send(kv, (rank + 1) % world)
             dist.recv(buf, (rank - 1) % world)
             works = []"""
+PROBS = 'p = torch.exp(s.masked_fill(cols[None, :] > rows[:, None], float("-inf")) - lse)'
+DS = "ds = p * (dout @ moving[1].transpose(-1, -2) - delta)"
+# The backward's mistakes, each added to a mutant of the forward's
+BACKWARD = {
+    "not written": {"    delta = (dout * out)": "    raise NotImplementedError\n    delta = (dout * out)"},
+    "D per block": {DS: "ds = p * (dout @ moving[1].transpose(-1, -2) - (dout * (p @ moving[1])).sum(-1, True))"},
+    "block lse": {PROBS: 's = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))\n'
+                         "            p = torch.exp(s - torch.logsumexp(s, -1, keepdim=True))"},
+    "mask dropped": {PROBS: "p = torch.exp(s - lse)"},
+    "scale missing": {"dq += (ds @ moving[0]) * scale": "dq += ds @ moving[0]",
+                      "moving[2] += (ds.transpose(-1, -2) @ q) * scale": "moving[2] += ds.transpose(-1, -2) @ q"},
+    "not home": {"send = moving if step < world - 1 else moving[2:].contiguous()":
+                 "if step == world - 1:\n            return dq, moving[2], moving[3]\n        send = moving"},
+}
 MISTAKES = {
-    # two independent mistakes: the plain average, and an all_gather (which costs the ring's marks only)
+    # independent mistakes: the plain average, an all_gather (which costs the ring's marks only), no backward
     "averaged, all_gather": {"out = torch.exp(lse - new) * out + torch.exp(block_lse - new) * block_out":
                              "out = (out + block_out) / 2", "    kv = torch.stack([k, v])\n":
                              "    kv = torch.stack([k, v])\n    dist.all_gather([torch.empty_like(kv) for _ in "
-                             "range(world)], kv)\n"},
-    "max without rescale": {MERGE: "new = torch.maximum(lse, block_lse)"},
+                             "range(world)], kv)\n", **BACKWARD["not written"]},
+    "max without rescale": {MERGE: "new = torch.maximum(lse, block_lse)", **BACKWARD["D per block"]},
     "local mask": {"torch.arange(rank * n, (rank + 1) * n, device=q.device)": "torch.arange(n, device=q.device)",
-                   "torch.arange(src * n, (src + 1) * n, device=q.device)": "torch.arange(n, device=q.device)"},
-    "masked shard merged": {"if src <= rank:": "if True:"},
+                   "torch.arange(src * n, (src + 1) * n, device=q.device)": "torch.arange(n, device=q.device)",
+                   **BACKWARD["block lse"]},
+    "masked shard merged": {"if src <= rank:": "if True:", **BACKWARD["mask dropped"]},
     "no mask": {"if src <= rank:": "if True:",
-                "            scores = scores.masked_fill(q_pos[:, None] < k_pos[None, :], float(\"-inf\"))\n": ""},
+                "            scores = scores.masked_fill(q_pos[:, None] < k_pos[None, :], float(\"-inf\"))\n": "",
+                **BACKWARD["scale missing"]},
     "deadlock": {BATCH: BLOCKING},
     "wrong neighbour": {"dist.P2POp(dist.irecv, buf, (rank - 1) % world)":
                         "dist.P2POp(dist.irecv, buf, (rank + 1) % world)"},
-    "forwards its own shard": {"dist.P2POp(dist.isend, kv,": "dist.P2POp(dist.isend, torch.stack([k, v]),"},
+    "forwards its own shard": {"dist.P2POp(dist.isend, kv,": "dist.P2POp(dist.isend, torch.stack([k, v]),",
+                               **BACKWARD["not home"]},
 }
 OUTPUT = "[W=4] each rank's output matches causal attention on the whole sequence"
 RING = "[W=4] key/value shards passed round the ring, point to point"
+DQ = "[W=4] backward: each rank's dq matches autograd on the whole sequence"
+DKDV = "[W=4] backward: each rank ends with its own shards' dk, dv, as autograd's"
+BRING = "[W=4] backward: k, v and their dk, dv passed round the ring, and home"
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +78,7 @@ def test_solution_and_independent_full_marks(reports):
         r = reports[name]
         assert r.score == r.max_score, r.feedback
     assert reports["solution"].measurements["W4_bytes_sent_per_rank"] == 3 * 2 * 1 * 2 * 8 * 8 * 4
+    assert reports["solution"].measurements["W4_backward_bytes_sent_per_rank"] == (4 * 4 - 2) * 1 * 2 * 8 * 8 * 4
 
 
 @pytest.mark.parametrize("name, words", [
@@ -65,14 +89,46 @@ def test_solution_and_independent_full_marks(reports):
     ("no mask", "is the non-causal attention"),
 ])
 def test_a_wrong_merge_or_mask_fails_parity_only_and_is_named(reports, name, words):
-    f = failed(reports[name])
+    f = {k: v for k, v in failed(reports[name]).items() if "backward" not in k}
     assert list(f) == ([OUTPUT, RING] if "all_gather" in name else [OUTPUT]), f
     assert words in f[OUTPUT], f[OUTPUT]
 
 
+@pytest.mark.parametrize("name, words", [
+    ("max without rescale", "dq and dk are what D = rowsum(dout * p @ v) of each block gives"),
+    ("local mask", "p = exp(s - logsumexp(s)) of each block's own scores"),
+    ("masked shard merged", "what a backward with no causal mask gives"),
+    ("no mask", "dq and dk are sqrt(head_dim) = sqrt(8) = 2.83x autograd's"),
+])
+def test_a_wrong_backward_fails_its_gradients_only_and_is_named(reports, name, words):
+    f = {k: v for k, v in failed(reports[name]).items() if "backward" in k}
+    assert list(f) == [DQ, DKDV], f
+    for text in f.values():
+        assert words in text, text
+
+
+def test_gradients_left_a_hop_from_home_are_named_with_the_shift(reports):
+    f = failed(reports["forwards its own shard"])
+    assert DQ not in f and {DKDV, BRING} <= set(f), f
+    for text in (f[DKDV], f[BRING]):
+        assert "every rank r returned the dk, dv of rank (r + 1) % W's shard (rank 0 those of rank 1's)" in text, text
+        assert "one hop from home" in text
+
+
+def test_an_unwritten_backward_costs_only_its_own_marks(reports):
+    f = failed(reports["averaged, all_gather"])
+    assert {DQ, DKDV, BRING} <= set(f)
+    assert "ring_attention_backward is not implemented yet (ex10_ring_attention.py line" in f[DQ], f[DQ]
+    assert f[BRING].startswith("not checked: ring_attention_backward is not implemented yet")
+
+
+def test_a_forward_ring_that_hangs_costs_the_backward_nothing(reports):
+    for name in ("deadlock", "wrong neighbour"):
+        assert set(failed(reports[name])) == {OUTPUT, RING}, failed(reports[name])
+
+
 def test_a_blocking_ring_is_a_named_deadlock(reports):
     f = failed(reports["deadlock"])
-    assert set(f) == {OUTPUT, RING}
     for text in f.values():
         assert "all 4 ranks were waiting in a blocking dist.send at once" in text, text
         assert "dist.batch_isend_irecv" in text
@@ -80,12 +136,11 @@ def test_a_blocking_ring_is_a_named_deadlock(reports):
 
 def test_receiving_from_the_rank_it_sends_to_is_named(reports):
     f = failed(reports["wrong neighbour"])
-    assert set(f) == {OUTPUT, RING}
     assert "sent to rank 1 and also waited for a shard from rank 1" in f[RING], f[RING]
 
 
 def test_forwarding_its_own_shard_is_named(reports):
-    f = failed(reports["forwards its own shard"])
+    f = {k: v for k, v in failed(reports["forwards its own shard"]).items() if "backward" not in k}
     assert set(f) == {OUTPUT, RING}
     for text in f.values():
         assert "keys at each of its 3 receives" in text and "send on the shard you have just received" in text, text

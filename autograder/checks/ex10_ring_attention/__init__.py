@@ -1,7 +1,9 @@
-"""Exercise 10 check: causal ring attention by hand, graded at 2 and 4 ranks.
+"""Exercise 10 check: causal ring attention by hand, forward and backward, graded at 2 and 4 ranks.
 
 The grader makes the whole sequence's ``q, k, v`` (seeded), gives each rank its contiguous shard and
-runs the learner's ``ring_attention`` on it, with every send and receive recorded (the harness's ``P2PSpy``:
+runs the learner's ``ring_attention`` on it, then its ``ring_attention_backward`` on the same shards with
+the exact ``out``, ``lse`` and a seeded ``dout`` (graded apart: a wrong forward costs the backward
+nothing), each ring with every send and receive recorded (the harness's ``P2PSpy``:
 ``dist.send/recv/isend/irecv`` and the ops of ``dist.batch_isend_irecv``, with their peers and what
 each receive got) and every collective (``CollectiveRecorder``). Each file runs in a process group of
 its own, so a ring that deadlocks times out (gloo) and costs only that file's marks. The grading
@@ -11,10 +13,16 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 * parity: each rank's output is its rows of the whole sequence's causal attention;
 * the ring: each rank sent to one neighbour and received from the other, ``W - 1`` key/value shards
   of the recorded bytes, the shards it received came from every other rank (it forwards what it
-  receives), and no collective ran.
+  receives), and no collective ran;
+* the backward (FlashAttention-2's backward, Dao 2023, per block; the reference is autograd through the
+  same ``F.scaled_dot_product_attention`` on the whole sequence): each rank's ``dq``, and its own shards'
+  ``dk, dv``; its ring: ``k, v`` with their ``dk, dv`` ``W - 1`` times and ``dk, dv`` once more, home,
+  ``4 W - 2`` shards of bytes to one neighbour and from the other, every other rank's keys received,
+  no collective.
 
 | mistake | message |
 |---|---|
+| a function still raises NotImplementedError | "ring_attention_backward is not implemented yet (... line 92 ...)" |
 | every rank sends before it receives: a deadlock | "all 4 ranks were waiting in a blocking dist.send at once ..." |
 | sends to and receives from the same neighbour | "rank 0 sent to rank 1 and also waited for a shard from rank 1 ..." |
 | forwards its own shard instead of the one it received | "rank 2 received rank 1's keys at each of its 3 ..." |
@@ -25,6 +33,12 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 | no causal mask | "rank 0's output is the non-causal attention (every key seen) ..." |
 | gathered the whole sequence with a collective | "the ring called all_gather: a collective that gathers ..." |
 | a send/recv deadlock in the ring | (gloo's "Timed out waiting 3000ms for send") "every rank waited for ..." |
+| dk, dv left one or more hops from their owner | "every rank r returned the dk, dv of rank (r + 1) % W's shard ..." |
+| D computed per block instead of from the merged output | "rank 3's dq and dk are what D = rowsum(dout * p @ v) ..." |
+| lse of the block instead of the merged lse | "rank 3's gradients are what p = exp(s - logsumexp(s)) ..." |
+| the causal mask dropped in the backward | "rank 3's gradients are what a backward with no causal mask gives ..." |
+| scale missing in dq or dk | "rank 0's dq and dk are sqrt(head_dim) = sqrt(8) = 2.83x autograd's ..." |
+| NaN in the backward | "rank 0's dq, dk, dv hold NaN: a block from a later rank is wholly masked ..." |
 """
 from __future__ import annotations
 
@@ -36,10 +50,10 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered
+from .causes import BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, not_home, unwritten
 from .observed import Run
 from .probes import P2P_TIMEOUT_S, rank_main
-from .reference import causal_reference
+from .reference import GRADS, causal_reference, grad_reference
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
 
@@ -61,6 +75,8 @@ def _raised(run: Run) -> str:
 
 @criterion("[W={world}] each rank's output matches causal attention on the whole sequence", points=6)
 def output_matches(run: Run) -> Verdict:
+    if todo := unwritten(run, "ring_attention"):
+        return failed(todo)
     worst = None
     for obs in run.ranks:
         ref, out = run.reference[obs["rank"]], obs["out"]
@@ -78,6 +94,23 @@ def output_matches(run: Run) -> Verdict:
     return passed(f"max abs difference {worst:.2g}", **{f"W{run.world}_max_abs_diff": worst})
 
 
+def _ring_faults(run: Run, causes) -> str | None:
+    """Why the ring did not finish, or the collective it called; ``None`` if neither."""
+    if run.errors():
+        return diagnose(causes, run) or "the ring did not finish" + _raised(run)
+    return gathered(run)
+
+
+def _forwarded(run: Run, r: int, causes) -> str | None:
+    """Unless rank ``r`` received the keys of every other rank (judged only where a received message holds a
+    key shard as it is: k, or k stacked with v and more), why not."""
+    others, seen = sorted(set(range(run.world)) - {r}), sorted({s for s in run.sources(r) if s is not None})
+    if seen and seen != others:
+        return diagnose(causes, run) or (f"rank {r} received the keys of ranks {seen}, not of every other rank "
+                                         f"{others}: forward the shard you have just received")
+    return None
+
+
 def _neighbours_ok(run: Run, r: int) -> bool:
     sent = {c["peer"] for c in run.p2p(r, "send")}
     got = {c["peer"] for c in run.p2p(r, "recv")}
@@ -87,9 +120,9 @@ def _neighbours_ok(run: Run, r: int) -> bool:
 
 @criterion("[W={world}] key/value shards passed round the ring, point to point", points=4)
 def ring_communication(run: Run) -> Verdict:
-    if run.errors():
-        return failed(diagnose(PROTOCOL, run) or "the ring did not finish" + _raised(run))
-    if why := gathered(run):
+    if todo := unwritten(run, "ring_attention"):
+        return failed(f"not checked: {todo}")
+    if why := _ring_faults(run, PROTOCOL):
         return failed(why)
     want = (run.world - 1) * 2 * run.shard_bytes()
     for r in range(run.world):
@@ -102,17 +135,83 @@ def ring_communication(run: Run) -> Verdict:
         if sent != want or got != want:
             return failed(f"rank {r} sent {sent:,} B and received {got:,} B; W - 1 = {run.world - 1} key/value "
                           f"shards are {want:,} B: pass the shard in hand on at each of W - 1 steps")
-        # judged only where a received message holds a key shard as it is (k, or k stacked with v)
-        others, seen = sorted(set(range(run.world)) - {r}), sorted({s for s in run.sources(r) if s is not None})
-        if seen and seen != others:
-            return failed(diagnose(PROTOCOL, run) or f"rank {r} received the keys of ranks {seen}, not of every "
-                          f"other rank {others}: forward the shard you have just received")
+        if why := _forwarded(run, r, PROTOCOL):
+            return failed(why)
     shards = f"{run.world - 1} key/value shard{'s' if run.world > 2 else ''}"
     return passed(f"{shards} of {2 * run.shard_bytes():,} B sent per rank, to its neighbour",
                   **{f"W{run.world}_bytes_sent_per_rank": want})
 
 
-CRITERIA = [output_matches, ring_communication]
+def _grads_match(run: Run, names: tuple[str, ...], what: str) -> Verdict:
+    """Every rank's gradients ``names`` against autograd's shards of them, or the named cause."""
+    b = run.backward()
+    if todo := unwritten(b, "ring_attention_backward"):
+        return failed(todo)
+    worst = 0.0
+    for obs in b.ranks:
+        ref, got = b.grads[obs["rank"]], obs["grads"]
+        bad = [g for g in names if got is None or got[g] is None or tuple(got[g].shape) != tuple(ref[g].shape)]
+        if bad:
+            shapes = "nothing" if got is None else ", ".join(
+                f"{g} {'nothing' if got[g] is None else tuple(got[g].shape)}" for g in GRADS)
+            return failed(diagnose(GRADIENTS, b) or f"rank {obs['rank']}'s backward returned {shapes}; expected "
+                          f"(dq, dk, dv), each {tuple(ref['dq'].shape)}" + _raised(b))
+        for g in names:
+            p = parity(got[g], ref[g], rtol=RTOL, atol=ATOL)
+            if not p.ok:
+                return failed(diagnose(GRADIENTS if g == "dq" else [*GRADIENTS, not_home], b)
+                              or f"rank {obs['rank']}'s {g} differs from autograd's {what} (max abs difference "
+                              f"{p.max_abs_diff:.3g}, rtol={RTOL}, atol={ATOL}): replay your backward on one process "
+                              "against torch.autograd through F.scaled_dot_product_attention" + _raised(b))
+            worst = max(worst, p.max_abs_diff)
+    return passed(f"max abs difference {worst:.2g}", **{f"W{run.world}_{'_'.join(names)}_max_abs_diff": worst})
+
+
+@criterion("[W={world}] backward: each rank's dq matches autograd on the whole sequence", points=4)
+def dq_matches(run: Run) -> Verdict:
+    return _grads_match(run, ("dq",), "for this rank's queries")
+
+
+@criterion("[W={world}] backward: each rank ends with its own shards' dk, dv, as autograd's", points=4)
+def dk_dv_match(run: Run) -> Verdict:
+    return _grads_match(run, ("dk", "dv"), "for this rank's own keys and values (summed over every later query)")
+
+
+def _backward_bytes(shards: float, world: int) -> str:
+    """What ``shards`` shards' worth of bytes sent per rank says about the backward's ring."""
+    known = {4 * world - 4: "k, v, dk, dv travelled W - 1 hops but dk, dv never took the last hop home",
+             4 * world: "k, v took the last hop home too, which only dk, dv need",
+             2 * world - 2: "only k, v travelled: dk, dv are summed on the way round, so they travel with them"}
+    return known.get(int(shards), "each hop carries k, v and their dk, dv, and the last one dk, dv alone") \
+        if shards == int(shards) else "each message should hold whole shards of k, v, dk or dv"
+
+
+@criterion("[W={world}] backward: k, v and their dk, dv passed round the ring, and home", points=2)
+def backward_ring(run: Run) -> Verdict:
+    b = run.backward()
+    if todo := unwritten(b, "ring_attention_backward"):
+        return failed(f"not checked: {todo}")
+    if why := _ring_faults(b, BACKWARD_RING):
+        return failed(why)
+    shard, want = b.shard_bytes(), (4 * run.world - 2) * b.shard_bytes()
+    for r in range(run.world):
+        sent, got = b.bytes_moved(r, "send"), b.bytes_moved(r, "recv")
+        if not _neighbours_ok(b, r):
+            return failed(diagnose(BACKWARD_RING, b) or f"rank {r}'s backward sent to ranks "
+                          f"{sorted({c['peer'] for c in b.p2p(r, 'send')})} and received from ranks "
+                          f"{sorted({c['peer'] for c in b.p2p(r, 'recv')})}: the backward's ring is the forward's, "
+                          "one neighbour to send to and the other to receive from")
+        if sent != want or got != want:
+            return failed(diagnose([not_home], b) or f"rank {r}'s backward sent {sent:,} B ({sent / shard:g} "
+                          f"shards) and received {got:,} B; the ring moves 4 W - 2 = {4 * run.world - 2} shards of "
+                          f"{shard:,} B: {_backward_bytes(sent / shard, run.world)}")
+        if why := _forwarded(b, r, BACKWARD_RING):
+            return failed(why)
+    return passed(f"{4 * run.world - 2} shards of {shard:,} B sent per rank, to its neighbour",
+                  **{f"W{run.world}_backward_bytes_sent_per_rank": want})
+
+
+CRITERIA = [output_matches, ring_communication, dq_matches, dk_dv_match, backward_ring]
 
 
 def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
@@ -124,6 +223,6 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
     for world in world_sizes:
         runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeout, args=(p2p_timeout_s,))
         for report, ranks in zip(reports, runs):
-            report.judge(CRITERIA, Run(ranks, causal_reference(world)), world=world)
+            report.judge(CRITERIA, Run(ranks, causal_reference(world), grad_reference(world)), world=world)
             report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

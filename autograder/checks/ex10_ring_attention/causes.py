@@ -1,17 +1,17 @@
 """Exercise 10's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
 
-The ring's protocol (a deadlock, the wrong neighbour, forwarding the wrong shard) explains any failure;
-a wrong merge or mask is named only when a rank's output *is* that mistake's output, replayed on one
-process (``reference.replay``), to float rounding.
+The ring's protocol (a deadlock, the wrong neighbour, forwarding the wrong shard) explains any failure, in
+the forward and in the backward (``Run.backward()``, the same view of the second ring); a wrong merge,
+mask or backward formula is named only when a rank's result *is* that mistake's, replayed on one process
+(``reference.replay``, ``reference.replay_backward``), to float rounding.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ...diagnosis import KnownError, mistake
 from .observed import Run
-from .reference import replay, whole
+from .reference import GRADS, HEAD_DIM, noncausal, replay, replay_backward
 
 KNOWN_ERRORS = [KnownError(
     "a send/recv deadlock in the ring",
@@ -32,6 +32,13 @@ def _is(run: Run, outs: list[torch.Tensor]) -> list[int]:
     """The ranks whose output is wrong and equals ``outs``' (the replayed mistake's)."""
     wrong = _wrong_ranks(run)
     return [r for r in wrong if _close(run.ranks[r]["out"], outs[r])] if wrong else []
+
+
+@mistake("a function still raises NotImplementedError")
+def unwritten(run: Run, name: str) -> str | None:
+    """The function ``name`` (this run's: ``run`` may be ``Run.backward()``) is the stub's still."""
+    where = run.not_implemented()
+    return None if where is None else f"{name} is not implemented yet ({where})"
 
 
 @mistake("every rank sends before it receives: a deadlock")
@@ -115,9 +122,7 @@ def local_mask(run: Run) -> str | None:
 
 @mistake("no causal mask")
 def no_mask(run: Run) -> str | None:
-    q, k, v = whole()
-    full = list(F.scaled_dot_product_attention(q, k, v).chunk(run.world, dim=-2))
-    ranks = _is(run, full)
+    ranks = _is(run, noncausal(run.world))
     if not ranks:
         return None
     return (f"rank {ranks[0]}'s output is the non-causal attention (every key seen): mask each block by global "
@@ -134,5 +139,90 @@ def gathered(run: Run) -> str | None:
             "to the next rank with point-to-point sends")
 
 
+# The backward's (``run`` is ``Run.backward()``: each rank's ``grads``, autograd's in ``run.grads``)
+
+def _grads_close(got: dict | None, want: dict, names=GRADS) -> bool:
+    return got is not None and all(_close(got[g], want[g]) for g in names)
+
+
+def _grads_are(run: Run, replayed: list[dict], names=GRADS) -> list[int]:
+    """The ranks whose gradients ``names`` are wrong and equal the replayed mistake's."""
+    return [r["rank"] for r in run.ranks if not _grads_close(r["grads"], run.grads[r["rank"]], names)
+            and _grads_close(r["grads"], replayed[r["rank"]], names)]
+
+
+@mistake("dk, dv left one or more hops from their owner")
+def not_home(run: Run) -> str | None:
+    if any(r["grads"] is None for r in run.ranks):
+        return None
+    for shift in range(1, run.world):
+        if all(_grads_close(r["grads"], run.grads[(r["rank"] + shift) % run.world], ("dk", "dv"))
+               for r in run.ranks):
+            away = "one hop" if shift in (1, run.world - 1) else f"{shift} hops"
+            return (f"every rank r returned the dk, dv of rank (r + {shift}) % W's shard (rank 0 those of rank "
+                    f"{shift}'s): the accumulators travel with their k, v shard, and after its W - 1 = "
+                    f"{run.world - 1} hops they sit {away} from home. Send dk, dv on once more, round the same "
+                    "ring, so that each rank ends with the gradients of its own k, v")
+    return None
+
+
+@mistake("D computed per block instead of from the merged output")
+def block_delta(run: Run) -> str | None:
+    ranks = _grads_are(run, replay_backward(run.world, delta="block"), ("dq", "dk"))
+    if not ranks:
+        return None
+    return (f"rank {ranks[-1]}'s dq and dk are what D = rowsum(dout * p @ v) of each block gives: D_i = "
+            "sum_j p_ij dp_ij runs over every key query i sees, so it is one number per query, rowsum(dout * out) "
+            "with the merged output you are given, computed once before the ring")
+
+
+@mistake("lse of the block instead of the merged lse")
+def block_lse(run: Run) -> str | None:
+    ranks = _grads_are(run, replay_backward(run.world, lse="block"))
+    if not ranks:
+        return None
+    return (f"rank {ranks[-1]}'s gradients are what p = exp(s - logsumexp(s)) of each block's own scores gives: that "
+            "p sums to 1 over one block, as if every block held the whole softmax. The probabilities are over the "
+            "whole sequence: p = exp(s - lse) with the merged lse you are given")
+
+
+@mistake("the causal mask dropped in the backward")
+def backward_no_mask(run: Run) -> str | None:
+    ranks = _grads_are(run, replay_backward(run.world, mask=False)) or \
+        _grads_are(run, replay_backward(run.world, mask=False, skip=False))
+    if not ranks:
+        return None
+    return (f"rank {ranks[-1]}'s gradients are what a backward with no causal mask gives: p = exp(s - lse) must be 0 "
+            "where the key's global position is after the query's (src * n + j > rank * n + i), as in the forward; "
+            "mask the scores before the exp")
+
+
+@mistake("scale missing in dq or dk")
+def no_scale(run: Run) -> str | None:
+    root = HEAD_DIM ** 0.5
+    for r in run.ranks:
+        got, want = r["grads"], run.grads[r["rank"]]
+        off = [g for g in ("dq", "dk") if got is not None and not _close(got[g], want[g])
+               and _close(got[g], want[g] * root)]
+        if off:
+            return (f"rank {r['rank']}'s {' and '.join(off)} {'are' if len(off) > 1 else 'is'} sqrt(head_dim) = "
+                    f"sqrt({HEAD_DIM}) = {root:.3g}x autograd's: the scores are s = scale * q k^T with scale = "
+                    "1 / sqrt(head_dim), so ds reaches dq as scale * ds @ k and dk as scale * ds^T @ q")
+    return None
+
+
+@mistake("NaN in the backward")
+def backward_nan(run: Run) -> str | None:
+    for r in run.ranks:
+        bad = [g for g, t in (r["grads"] or {}).items() if t is not None and torch.isnan(t).any()]
+        if bad:
+            return (f"rank {r['rank']}'s {', '.join(bad)} hold NaN: a block from a later rank is wholly masked, its "
+                    "scores all -inf, and exp(-inf - logsumexp(-inf)) is NaN. Use the merged lse you are given "
+                    "(finite: every query sees at least itself) and skip the shards after your own")
+    return None
+
+
 PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
 OUTPUT = [*PROTOCOL, masked_nan, averaged, max_no_rescale, local_mask, no_mask]
+GRADIENTS = [*PROTOCOL, backward_nan, block_delta, block_lse, backward_no_mask, no_scale]
+BACKWARD_RING = [*PROTOCOL, not_home]

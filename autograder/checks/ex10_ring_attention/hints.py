@@ -16,4 +16,26 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "send at once.",
         "dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, next), dist.P2POp(dist.irecv, buf, prev)]) returns "
         "works: call .wait() on each before you use buf. torch.stack([k, v]) makes one message of both."),
+    "dq_matches": (
+        "The backward of softmax attention needs the probabilities again, over the whole sequence, not over one "
+        "block. You are given what makes them exact without a second pass: the merged lse and the output.",
+        "Per block of keys: p = exp(scale * q k^T - lse), masked by global positions as in the forward; "
+        "dp = dout v^T; ds = p * (dp - D) where D is one number per query, the row sum of dout * out; "
+        "dq gains scale * ds k. Blocks after your own add nothing.",
+        "(dout * out).sum(-1, keepdim=True) once, before the ring; torch.exp(scores - lse) with the lse given; "
+        "check one rank's dq against Q.grad from F.scaled_dot_product_attention(..., is_causal=True).backward(dout)."),
+    "dk_dv_match": (
+        "A key is seen by the queries of its own rank and of every later rank, so its gradient is a sum over "
+        "ranks. Where can that sum be made without gathering anything?",
+        "Carry each shard's dk, dv accumulators round with its k, v: every rank adds its queries' share "
+        "(dv += p^T dout, dk += scale * ds^T q) and passes them on. After W - 1 hops they are one hop from the "
+        "rank that owns the shard.",
+        "torch.stack of k, v and two zeros_like tensors makes one message; add into its last "
+        "two slices; send the slices [2:] alone on the last hop, and return what arrives."),
+    "backward_ring": (
+        "The backward's ring is the forward's: the same neighbours, the same direction, one more hop at the end.",
+        "W - 1 exchanges of k, v, dk, dv (four shards each), then one of dk, dv (two shards): 4 W - 2 shards' "
+        "worth of bytes per rank, sent to one neighbour and received from the other.",
+        "dist.batch_isend_irecv with dist.P2POp(dist.isend, ...) and dist.P2POp(dist.irecv, ...), as in the "
+        "forward; .contiguous() on a slice before you send it. No all_gather or all_reduce."),
 }

@@ -1,15 +1,21 @@
 """Rank-side instruments of the exercise 10 check: run the learner's ``ring_attention`` on this rank's
-shard of the grader's ``q, k, v``, and record every send and receive it makes (also those posted through
-``dist.batch_isend_irecv``) and every collective.
+shard of the grader's ``q, k, v``, then its ``ring_attention_backward`` on the same shards with the exact
+``out``, ``lse`` and ``dout`` (so a wrong forward costs the backward nothing), and record every send and
+receive of each (also those posted through ``dist.batch_isend_irecv``) and every collective.
 
 Each file runs in a process group of its own (``harness.own_rendezvous``): a ring whose sends and
 receives do not match (every rank in a blocking ``send``, a receive from the wrong neighbour) times out
-after ``p2p_timeout_s`` (gloo), the error is caught here and returned with the rest, and the next file
-starts clean.
+after ``p2p_timeout_s`` (gloo), the error is caught here and returned with the rest, and the next ring
+starts clean. The backward runs in the forward's group where the forward left it clean on every rank,
+and in a fresh one otherwise, so that no stale message of the forward meets the backward's receives.
 """
 from __future__ import annotations
 
+import json
+import os
+from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -18,38 +24,86 @@ import distlab
 from distlab.measure.comm import CollectiveRecorder
 from distlab.runtime.process import time_scale
 
-from ...harness import CapturedPrints, P2PSpy, echo, learner_frame, load_learner, own_rendezvous, raised
-from .reference import shard, whole
+from ...harness import CapturedPrints, P2PSpy, attempt, echo, learner_frame, load_learner, own_rendezvous, raised
+from .reference import GRADS, backward_inputs, shard, whole
 
 P2P_TIMEOUT_S = 3.0  # x DISTLAB_TIME_SCALE: a healthy ring waits milliseconds for its neighbour
 
 
 def rank_main(paths: list[str], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[dict]:
-    """Runs on every rank: each learner file's ring in turn, each in its own process group."""
+    """Runs on every rank: each learner file's two rings in turn, each file in its own process group. A file
+    whose two functions both raise ``NotImplementedError`` raises it (nothing was graded)."""
     observed = []
     for i, path in enumerate(paths):
-        with own_rendezvous(f"file{i}"):
-            observed.append(_observe(path, p2p_timeout_s))
+        with P2PSpy() as p2p:  # before the import: the functions it binds are spied on too
+            learner = load_learner(path)
+            with own_rendezvous(f"file{i}"):
+                forward = _observe(learner, path, p2p, p2p_timeout_s, backward=False)
+                if same_group := _matched_everywhere(forward, p2p.calls[forward["first"]:forward["last"]]):
+                    backward = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
+            if not same_group:
+                with own_rendezvous(f"file{i}/backward"):
+                    backward = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
+        for phase in (forward, backward):  # what each receive held, known once the spy is left
+            phase["p2p"] = p2p.calls[phase.pop("first"):phase.pop("last")]
+        if forward["not_implemented"] and backward["not_implemented"]:
+            raise NotImplementedError(forward["not_implemented"])
+        observed.append({**forward, "backward": backward})
     return observed
 
 
-def _observe(path: str, p2p_timeout_s: float) -> dict:
+def _matched_everywhere(forward: dict, calls: list[dict]) -> bool:
+    """Whether, on every rank, the forward raised nothing and each of its sends had its receive on the peer:
+    the group can then carry the backward (a second group's set-up and teardown cost about half a second a
+    file). Agreed through the file's store, which outlives a timed-out gloo pair, so every rank decides alike."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timedelta(seconds=60))
+    mine = {"ok": not forward["error"] and dist.is_initialized(), "sent": Counter(), "recv": Counter()}
+    for c in calls:
+        mine["sent" if c["op"] == "send" else "recv"][str(c["peer"])] += 1
+    store.set(f"distlab/ex10/forward/{rank}", json.dumps(mine))
+    every = [json.loads(store.get(f"distlab/ex10/forward/{r}")) for r in range(world)]
+    return all(e["ok"] for e in every) and all(
+        every[a]["sent"].get(str(b), 0) == every[b]["recv"].get(str(a), 0) for a in range(world) for b in range(world))
+
+
+def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float, backward: bool) -> dict:
     short = timedelta(seconds=p2p_timeout_s * time_scale()) if distlab.backend() == "gloo" else None
     dev = distlab.init_distributed(timeout=short)
     rank, world = dist.get_rank(), dist.get_world_size()
-    q, k, v = (shard(t, rank, world).to(dev) for t in whole())
-    out = error = where = None
-    with P2PSpy() as p2p:  # before the import: the functions it binds are spied on too
-        learner = load_learner(path)
-        dist.barrier()
-        with CapturedPrints() as printed, CollectiveRecorder() as comm:
-            try:
-                out = learner.ring_attention(q.clone(), k.clone(), v.clone())
-            except NotImplementedError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - reported, so the other criteria are still judged
-                error, where = raised(exc), str(learner_frame(exc, path) or "")
+    if backward:
+        given = {name: t.to(dev) for name, t in backward_inputs(rank, world).items()}
+        fn, args = getattr(learner, "ring_attention_backward", None), [given[n].clone() for n in
+                                                                       ("q", "k", "v", "out", "lse", "dout")]
+    else:
+        fn, args = getattr(learner, "ring_attention", None), [shard(t, rank, world).to(dev) for t in whole()]
+    key = "grads" if backward else "out"
+    obs = {"rank": rank, "world": world, "error": None, "where": None, "not_implemented": None, key: None}
+    if fn is None:  # an older copy of the exercise: graded as the stub would be
+        obs["not_implemented"] = f"{Path(path).name} has no function of that name"
+        return obs | {"first": len(p2p.calls), "last": len(p2p.calls), "collectives": []}
+    dist.barrier()
+    first = len(p2p.calls)
+    with CapturedPrints() as printed, CollectiveRecorder() as comm:
+        result, exc = attempt(fn, *args)
+    last = len(p2p.calls)
     echo(printed.lines)
-    return {"rank": rank, "world": world, "error": error, "where": where, "p2p": p2p.calls,
-            "collectives": sorted({op.kind for op in comm.ops} - {"send", "recv"}),
-            "out": out.detach().cpu().clone() if isinstance(out, torch.Tensor) else None}
+    if isinstance(exc, NotImplementedError):
+        obs["not_implemented"] = str(learner_frame(exc, path) or "NotImplementedError")
+    elif exc is not None:  # reported, so the other criteria are still judged
+        obs["error"], obs["where"] = raised(exc), str(learner_frame(exc, path) or "")
+    obs[key] = _grads(result) if backward else _cpu(result)
+    return obs | {"first": first, "last": last,
+                  "collectives": sorted({op.kind for op in comm.ops} - {"send", "recv"})}
+
+
+def _cpu(t) -> torch.Tensor | None:
+    return t.detach().cpu().clone() if isinstance(t, torch.Tensor) else None
+
+
+def _grads(result) -> dict[str, torch.Tensor | None] | None:
+    """``{"dq": ..., "dk": ..., "dv": ...}`` from what the backward returned; ``None`` if not three tensors."""
+    if not isinstance(result, (tuple, list)) or len(result) != len(GRADS):
+        return None
+    return dict(zip(GRADS, map(_cpu, result)))

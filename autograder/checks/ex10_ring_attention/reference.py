@@ -1,12 +1,16 @@
-"""Exercise 10's single-process references: the whole sequence's causal attention, and the ring of each
-named mistake replayed on one process (what a rank's output is when its merge or its mask is wrong),
-so that a cause is named only when the learner's output *is* that mistake's, to float rounding."""
+"""Exercise 10's single-process references: the whole sequence's causal attention (its output, its
+log-sum-exp, and autograd's gradients through it), and the ring of each named mistake replayed on one
+process (what a rank's output, or its ``dq, dk, dv``, is when its merge, its mask or its backward is
+wrong), so that a cause is named only when the learner's result *is* that mistake's, to float rounding."""
 from __future__ import annotations
+
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 
 BATCH, HEADS, SEQ, HEAD_DIM, SEED = 1, 2, 32, 8, 10
+GRADS = ("dq", "dk", "dv")
 
 
 def whole() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -20,12 +24,47 @@ def shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return t.chunk(world, dim=-2)[rank].contiguous()
 
 
+def grad_output() -> torch.Tensor:
+    """The loss's gradient with respect to the whole sequence's output (``dout``), seeded apart from ``q, k, v``."""
+    return torch.randn(BATCH, HEADS, SEQ, HEAD_DIM, generator=torch.Generator().manual_seed(SEED + 1))
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+            mask: bool = True) -> torch.Tensor:
+    s = (q @ k.transpose(-1, -2)) * HEAD_DIM ** -0.5
+    return s.masked_fill(q_pos[:, None] < k_pos[None, :], float("-inf")) if mask else s
+
+
+@lru_cache(maxsize=1)
+def _whole_backward() -> dict[str, torch.Tensor]:
+    q, k, v = whole()
+    pos = torch.arange(SEQ)
+    return {"q": q, "k": k, "v": v, "out": F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "lse": torch.logsumexp(_scores(q, k, pos, pos), -1, keepdim=True), "dout": grad_output()}
+
+
+def backward_inputs(rank: int, world: int) -> dict[str, torch.Tensor]:
+    """What ``ring_attention_backward`` is given on ``rank``: its shards of ``q, k, v``, of the causal output,
+    of its log-sum-exp over the whole sequence (``B x H x n x 1``) and of ``dout``."""
+    return {name: shard(t, rank, world) for name, t in _whole_backward().items()}
+
+
+@lru_cache(maxsize=4)
+def grad_reference(world: int) -> list[dict[str, torch.Tensor]]:
+    """Each rank's shards of autograd's ``dq, dk, dv`` through ``F.scaled_dot_product_attention(is_causal=True)``
+    on the whole sequence, for the loss whose gradient is ``grad_output()``."""
+    q, k, v = (t.clone().requires_grad_() for t in whole())
+    F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad_output())
+    return [{g: shard(t.grad, r, world) for g, t in zip(GRADS, (q, k, v))} for r in range(world)]
+
+
 def causal_reference(world: int) -> list[torch.Tensor]:
     """Each rank's rows of ``F.scaled_dot_product_attention(is_causal=True)`` on the whole sequence."""
     q, k, v = whole()
     return list(F.scaled_dot_product_attention(q, k, v, is_causal=True).chunk(world, dim=-2))
 
 
+@lru_cache(maxsize=16)  # as replay_backward's
 def replay(world: int, *, merge: str = "lse", mask: str = "global") -> list[torch.Tensor]:
     """Each rank's output of a ring that visits the shards in ring order ``r, r - 1, ...``, skips those after
     its own, masks by ``mask`` (``"global"`` positions, ``"local"``: each block's own indices, as
@@ -54,3 +93,44 @@ def replay(world: int, *, merge: str = "lse", mask: str = "global") -> list[torc
                 out, lse = torch.exp(lse - new) * out + torch.exp(b_lse - new) * b_out, new
         outs.append(out)
     return outs
+
+
+@lru_cache(maxsize=32)  # each mutant's diagnosis asks again: computed once per launch (read, never written)
+def replay_backward(world: int, *, delta: str = "merged", lse: str = "merged", mask: bool = True,
+                    skip: bool = True, scale: bool = True) -> list[dict[str, torch.Tensor]]:
+    """Each rank's ``dq, dk, dv`` (``dk, dv`` home on their owner) from a backward ring that computes ``D`` from
+    the ``"merged"`` output or per ``"block"`` (``rowsum(dout * p v)`` of that block's ``p``), recomputes ``p``
+    with the ``"merged"`` lse or the ``"block"``'s own, masks by global positions or not (``mask``), skips the
+    blocks after its own (``skip``), and scales ``dq, dk`` by ``1 / sqrt(D)`` or not (``scale``). All the
+    ring's blocks at once: the ``S x S`` scores cut into ``W x W`` blocks, the sums over blocks as matmuls."""
+    x = _whole_backward()
+    q, k, v, out, dout = x["q"], x["k"], x["v"], x["out"], x["dout"]
+    n, c, pos = SEQ // world, HEAD_DIM ** -0.5 if scale else 1.0, torch.arange(SEQ)
+    seen = (pos[None, :] // n <= pos[:, None] // n) if skip else torch.ones(SEQ, SEQ, dtype=torch.bool)
+    s = _scores(q, k, pos, pos, mask).masked_fill(~seen, float("-inf"))  # a skipped block adds nothing
+    if lse == "merged":
+        p = torch.exp(s - x["lse"])
+    else:  # each block normalised over its own keys (a hidden one, visited anyway, is NaN: as the ring's)
+        blocks = s.unflatten(-1, (world, n))
+        p = torch.exp(blocks - torch.logsumexp(blocks, -1, keepdim=True)).flatten(-2).masked_fill(~seen, 0.0)
+    if delta == "merged":
+        d = (dout * out).sum(-1, keepdim=True)
+    else:  # rowsum(dout * p_b v_b) for each block b, spread over that block's keys
+        o = torch.einsum("bhswn,bhwnd->bhswd", p.unflatten(-1, (world, n)), v.unflatten(-2, (world, n)))
+        d = (dout.unsqueeze(-2) * o).sum(-1).repeat_interleave(n, -1)
+    ds = p * (dout @ v.transpose(-1, -2) - d)
+    grads = {"dq": c * ds @ k, "dk": c * ds.transpose(-1, -2) @ q, "dv": p.transpose(-1, -2) @ dout}
+    return [{g: shard(t, r, world) for g, t in grads.items()} for r in range(world)]
+
+
+@lru_cache(maxsize=4)
+def key_sources(world: int) -> dict[bytes, int]:
+    """Each rank's key shard, as bytes, to the rank: a received message's pieces are looked up, not compared."""
+    return {shard(whole()[1], s, world).numpy().tobytes(): s for s in range(world)}
+
+
+@lru_cache(maxsize=4)
+def noncausal(world: int) -> list[torch.Tensor]:
+    """Each rank's rows of the whole sequence's attention with no mask (what a ring that masks nothing gives)."""
+    q, k, v = whole()
+    return list(F.scaled_dot_product_attention(q, k, v).chunk(world, dim=-2))
