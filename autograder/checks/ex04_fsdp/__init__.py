@@ -1,6 +1,14 @@
-"""Exercise 4 check: FSDP2 per-block sharding, graded at world sizes 2 and 4.
+"""Exercise 4 check: ZeRO-1 by hand, then FSDP2 per-block sharding, graded at world sizes 2 and 4.
 
-Every rank builds the same :class:`~distlab.resmlp.ResidualMLP` and trains it
+Part 1 (ZeRO-1, Rajbhandari et al., 2020, stage 1, P_os): every rank builds the same plain
+ResidualMLP of ``zero1.ZERO1_MODEL`` (21489 parameters, which neither 2 nor 4 divides), and the
+grader's loop runs the learner's ``make_zero1_optimizer`` and ``zero1_step`` on its slice of each
+global batch (``zero1`` observes it). Graded: ``shard_range``'s padded slices; every rank's weights
+against one process's Adam on the whole batches (``reference.zero1_reference``, flat); the elements
+of each rank's Adam state (1/W); the collectives of each step, counted by the one recorder (one
+reduce-scatter, one all-gather, no all-reduce). A part 2 not written yet does not stop part 1's grading.
+
+Part 2: every rank builds the same :class:`~distlab.resmlp.ResidualMLP` and trains it
 with the learner's ``train_fsdp`` on its slice of each global batch. The
 instruments of ``probes`` observe one step from inside the rank: the
 placements and storage bytes of parameters, gradients and Adam state
@@ -20,6 +28,12 @@ training is still graded:
 
 | mistake | message |
 |---|---|
+| shard_range drops the padding | "shard_range(21489, 2, r) gave [[0, 10744], [10744, 21488]]: slices of 10744 ..." |
+| ZeRO-1 optimizer built over the full parameters | "on rank 0 the optimizer holds 12 of the model's 12 parameters ..."|
+| ZeRO-1 shard copied from another rank's slice | "rank 0's shard is a copy of elements [10745, 21490) ..." |
+| ZeRO-1 gradients summed, not averaged | "at the first step rank 0's shard.grad is 2x the mean gradient ..." |
+| ZeRO-1 shards never all-gathered | "after 4 steps rank 0's weights in elements [10745, 21490) ... are still ..." |
+| ZeRO-1 gradients all-reduced | "each step issued 1 all-reduce of 85960 B (line 124: ...) and 0 reduce-scatters ..." |
 | optimizer built before sharding | "on rank 0 the optimizer does not hold 36 of the model's 36 parameters ..." |
 | root not sharded | "the blocks are sharded, but 4 parameters (['inp.weight', ...]) are plain tensors ..." |
 | nothing sharded | "none of the 36 parameters is a DTensor: shard(model) must call fully_shard ..." |
@@ -100,6 +114,13 @@ def zero1_shard_range(run: Run) -> Verdict:
     return passed()
 
 
+def _z1_raised(run: Run) -> str | None:
+    """Part 1 raised: said in full once, by zero1_matches_reference; the other criteria point there."""
+    if not z1_error(run):
+        return None
+    return f"not checked: part 1 raised (see '{zero1_matches_reference.rule.name.format(world=run.world)}')"
+
+
 @criterion("[W={world}] ZeRO-1: every rank's weights match single-process Adam", points=2)
 def zero1_matches_reference(run: Run) -> Verdict:
     if why := z1_error(run):
@@ -120,7 +141,7 @@ def zero1_matches_reference(run: Run) -> Verdict:
 
 @criterion("[W={world}] ZeRO-1: each rank's Adam state is 1/{world} of the parameters", points=1)
 def zero1_state_sharded(run: Run) -> Verdict:
-    if why := z1_error(run):
+    if why := _z1_raised(run):
         return failed(why)
     numel, c = run.z1_ref["numel"], run.z1_ref["c"]
     measured = {f"W{run.world}_zero1_rank{r['rank']}_exp_avg_numel": r["zero1"]["state"].get("exp_avg", 0)
@@ -139,7 +160,7 @@ def zero1_state_sharded(run: Run) -> Verdict:
 
 @criterion("[W={world}] ZeRO-1: one reduce-scatter and one all-gather per step, no all-reduce", points=1)
 def zero1_collectives(run: Run) -> Verdict:
-    if why := z1_error(run):
+    if why := _z1_raised(run):
         return failed(why)
     for r in range(run.world):
         for step, counts in enumerate(run.z1_counts(r), 1):
@@ -148,8 +169,8 @@ def zero1_collectives(run: Run) -> Verdict:
                 return failed(z1_all_reduce(run) or z1_no_all_gather(run) or
                               f"step {step} on rank {r} issued {said}: ZeRO-1 needs one reduce-scatter of the padded "
                               "flat gradient and one all-gather of the updated shards per step")
-    bytes_ = sorted({b for kind, b, _ in run.z1[0]["steps"][0]})
-    return passed(f"per step one reduce-scatter and one all-gather ({', '.join(map(str, bytes_))} B)")
+    return passed(f"each of {len(run.z1[0]['steps'])} steps issued one reduce-scatter and one all-gather on every "
+                  "rank, no all-reduce")
 
 
 @criterion("[W={world}] parameters are DTensors sharded on dim 0", points=1)
@@ -255,12 +276,12 @@ def _judge(report: ExerciseReport, run: Run, wall_s: float) -> None:
     """One file at one world size: the criteria, or "did not run" when neither part ran."""
     tag = f"[W={run.world}]"
     if not run.stepped:
-        why = (f"not implemented yet ({run.ranks[0]['where']})" if run.ranks[0].get("error", "").startswith(
-            "NotImplementedError") else f"train_fsdp returned without calling train_step {MEASURE_STEP} times (it "
-            f"called it {run.ranks[0]['steps']} times for {STEPS} micro-batches)")
-        if run.z1[0]["not_implemented"]:
+        why = (f"not implemented yet ({run.ranks[0]['not_implemented']})" if "not_implemented" in run.ranks[0]
+               else f"train_fsdp returned without calling train_step {MEASURE_STEP} times (it called it "
+               f"{run.ranks[0]['steps']} times for {STEPS} micro-batches)")
+        if run.z1[0]["not_implemented"]:  # neither part written: the first function still to write is named
             report.notes.clear()  # what an earlier world size measured is not shown beside "did not run"
-            report.did_not_run(f"{tag} {why}")
+            report.did_not_run(f"{tag} {z1_error(run) if 'not_implemented' in run.ranks[0] else why}")
             return
         report.judge(ZERO1_CRITERIA, run, world=run.world)  # part 1 is graded; part 2 scores 0
         for fn in CRITERIA[len(ZERO1_CRITERIA):]:

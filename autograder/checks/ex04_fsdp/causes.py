@@ -177,7 +177,8 @@ def padding_dropped(run: Run) -> str | None:
         return None
     left = numel - got[-1][1]
     return (f"shard_range({numel}, {run.world}, r) gave {got}: slices of {got[0][1] - got[0][0]} elements cover "
-            f"{got[-1][1]} of the {numel} parameters, so the last {left} belong to no rank and are never stepped. "
+            f"{got[-1][1]} of the {numel} parameters, so the last {left} of them belong to no rank and are never "
+            "stepped. "
             f"{run.world} does not divide {numel}: round the slice up to c = ceil(numel / W) = {run.z1_ref['c']} and "
             f"pad the flat buffers with zeros to W * c = {run.world * run.z1_ref['c']}")
 

@@ -84,7 +84,8 @@ class LineRecorder(CollectiveRecorder):
 
     def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
         mine = [f for f in traceback.extract_stack() if Path(f.filename).resolve() == self.path]
-        return {"line": f"line {mine[-1].lineno}: {(mine[-1].line or '').strip()}" if mine else ""}
+        code = (mine[-1].line or "").split("  #")[0].strip() if mine else ""  # the code, not its comment
+        return {"line": f"line {mine[-1].lineno}: {code}" if mine else ""}
 
 
 def _where(exc: BaseException, path: str) -> str:
