@@ -110,10 +110,10 @@ def zero1_step(model: nn.Module, shard: torch.Tensor, optimizer: torch.optim.Opt
       on every rank. They come from **one** all-gather of the W updated shards (``c`` elements in,
       ``W * c`` out), written into the parameters in place (under ``torch.no_grad()``).
 
-    The collectives: ``dist.reduce_scatter_single(output, input, op=dist.ReduceOp.AVG)`` and
+    The collectives: ``dist.reduce_scatter_single(output, input, op=...)`` and
     ``dist.all_gather_single(output, input)``, torch 2.13's names for the legacy
     ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` (same arguments; those now warn that they
-    are deprecated). ``ReduceOp.AVG`` averages; the default ``SUM`` adds.
+    are deprecated). A reduce-scatter's ``op`` defaults to ``dist.ReduceOp.SUM``.
     """
     ### BEGIN SOLUTION
     world = dist.get_world_size()

@@ -254,7 +254,7 @@ def z1_error(run: Run) -> str | None:
     if r is None:
         return None
     z = r["zero1"]
-    if z["not_implemented"]:
-        return f"not implemented yet ({z['where']})"
+    if z["not_implemented"]:  # the first function still to write, in the file's order
+        return f"not implemented yet ({z.get('ranges_unwritten') or z['where']})"
     cause = padding_dropped(run) or translate(z["error"], KNOWN_ERRORS)
     return f"{cause + ': ' if cause else ''}rank {r['rank']}'s part 1 raised {z['error']}"

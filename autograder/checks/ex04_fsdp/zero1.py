@@ -48,6 +48,7 @@ def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Te
                          for n in (zero1_numel(), *SHARD_RANGE_SIZES)}
     except Exception as exc:  # noqa: BLE001 - the learner's error is feedback
         obs["ranges_error"] = _where(exc, path)
+        obs["ranges_unwritten"] = str(learner_frame(exc, path) or "") if isinstance(exc, NotImplementedError) else ""
     model = make_resmlp(seed=seed, **ZERO1_MODEL).to(device)  # the same start on every rank
     params = list(model.parameters())
     optimizer = None
