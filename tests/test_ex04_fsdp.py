@@ -273,6 +273,10 @@ def test_causes_without_a_launch():
     ("TypeError: Invariant encountered: value was None when it should not be", "root sharded before its blocks"),
     ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 30000ms for recv "
      "operation to complete", "state-dict collective on rank 0 only, not completed"),
+    ("RuntimeError: [rank0]:[F1202 17:49:30.615257792 ProcessGroupGloo.cpp:1537] Check failed: outputShape[0] * "
+     "worldSize == inputShape[0] (8 vs. 7).", "ZeRO-1 reduce-scatter input not padded"),
+    ("RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 1 (expected (4), got (3))",
+     "ZeRO-1 all-gather sizes unequal"),
 ])
 def test_known_errors_named(raised, name):
     assert translate(raised, ex04_fsdp.KNOWN_ERRORS).startswith(f"{name}: ")

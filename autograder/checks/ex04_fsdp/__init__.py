@@ -50,6 +50,8 @@ training is still graded:
 | fully_shard applied twice to one module | "fully_shard ran twice on the same module ..." (raised) |
 | root sharded before its blocks | "fully_shard(model) ran before fully_shard(block) ..." (raised) |
 | state-dict collective on rank 0 only, not completed | "a collective ... ran on rank 0 only ..." (raised) |
+| ZeRO-1 reduce-scatter input not padded | "the reduce-scatter's input must hold exactly W times ..." (raised) |
+| ZeRO-1 all-gather sizes unequal | "an all-gather collects W pieces of one size ..." (raised) |
 """
 from __future__ import annotations
 

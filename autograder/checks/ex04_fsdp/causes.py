@@ -26,6 +26,12 @@ KNOWN_ERRORS = [
                "a collective (most likely the state dict: DTensor.full_tensor(), or a checkpoint save) ran on rank 0 "
                "only: rank 0 waited for the others, which had returned. Every rank must make the call (it "
                "all-gathers the shards); only the torch.save is for rank 0"),
+    KnownError("ZeRO-1 reduce-scatter input not padded", r"outputShape\[0\] \* worldSize == inputShape\[0\]",
+               "the reduce-scatter's input must hold exactly W times its output's elements: pad the flat gradient "
+               "with zeros to W * c, c = ceil(numel / W), the shard's length"),
+    KnownError("ZeRO-1 all-gather sizes unequal", r"ProcessGroupGloo::allgather: invalid tensor size",
+               "an all-gather collects W pieces of one size: every rank's shard must have c = ceil(numel / W) "
+               "elements, and the output W * c"),
 ]
 
 
