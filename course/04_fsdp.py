@@ -98,6 +98,18 @@ display(ui, out)
 print(describe(7, "bf16", "adam", 8, "full"))
 
 # %% [markdown]
+# ### Stage by stage
+#
+# The same calculator, one line per ZeRO stage (7B parameters, bf16 with Adam, 8 GPUs). Stage 1
+# (`optimizer`) already removes most of the redundancy, because Adam's moments and the fp32 master
+# copy are 12 of the 16 bytes per parameter; it does so without changing the forward or the
+# backward at all: every rank still holds the whole model and computes whole gradients.
+
+# %%
+for level in LEVELS:
+    print(f"{level:>10}: {training_memory(7e9, precision='bf16', world=8, level=level)['total'] / 1e9:6.1f} GB per GPU")
+
+# %% [markdown]
 # ## FSDP2: `fully_shard`, and what it does to a tensor
 #
 # `torch.distributed.fsdp.fully_shard(module)` turns every parameter of `module` that is not
@@ -221,12 +233,30 @@ shard_guess.reveal(sum(fsdp_runs[0]["per block"]["measured"].values()) / unshard
 #
 # ## Exercise 4
 #
-# Open `exercises/ex04_fsdp.py`: shard per block then the root, build the optimizer *after*
-# sharding, train, and export a full state dict on rank 0. The grader runs it at 2 and 4 ranks
-# and checks, against a single-process run on the same global batches: the DTensor placements,
-# each rank's exact bytes (padding included), the peak during a step against the per-block
-# bound, parity of the trained weights, and the exported state dict. Run the next cell (it
-# grades the stub until you fill it in).
+# Open `exercises/ex04_fsdp.py`. It has two parts.
+#
+# **Part 1, ZeRO-1 by hand** (`shard_range`, `make_zero1_optimizer`, `zero1_step`): a plain,
+# replicated model (no DDP, no FSDP), whose optimizer state you shard yourself. Each rank keeps an
+# fp32 copy of its 1/W slice of the flattened parameters and an Adam over that slice alone; after
+# backward the ranks must end up with the *mean* gradient of their own slice, step it, and then every
+# rank needs every updated slice back in its model. **Before you write it, think.** Notebook 00b
+# showed that an all-reduce is a reduce-scatter followed by an all-gather: where would the optimizer
+# step go between the two, and what does each rank then never need to hold? A reduce-scatter and an
+# all-gather move W *equal* pieces, and the grader's model has an odd number of parameters, which
+# splits evenly over neither 2 nor 4 ranks: how long is each piece, and where do the extra elements
+# go? The docstrings are the contract: what each rank holds, what crosses the wire, which
+# collective and how many.
+#
+# **Part 2, FSDP2**: shard per block then the root, build the optimizer *after* sharding, train,
+# and export a full state dict on rank 0.
+#
+# The grader runs both at 2 and 4 ranks and checks, against a single-process Adam on the same
+# global batches: for part 1, `shard_range`'s slices, every rank's weights, the elements of each
+# rank's Adam state (1/W of the parameters) and the collectives of each step, counted (one
+# reduce-scatter, one all-gather, no all-reduce); for part 2, the DTensor placements, each rank's
+# exact bytes (padding included), the peak during a step against the per-block bound, parity of
+# the trained weights, and the exported state dict. Run the next cell (it grades the stub until you
+# fill it in).
 
 # %%
 from autograder.notebook import check

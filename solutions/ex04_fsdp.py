@@ -1,24 +1,39 @@
-"""Exercise 4: shard a model with FSDP2 (``fully_shard``) and export it.
+"""Exercise 4: shard the optimizer by hand (ZeRO-1), then a model with FSDP2 (``fully_shard``).
 
-Fully Sharded Data Parallel (ZeRO-3, Rajbhandari et al., 2020; PyTorch FSDP,
-Zhao et al., 2023) keeps on each of the W ranks only 1/W of every parameter,
-gradient and optimizer state. Before a block runs forward (and again in
-backward) its parameters are all-gathered; after backward its gradients are
-reduce-scattered so each rank keeps the averaged gradient of its own shard.
-The memory win depends on *where* you shard: one ``fully_shard`` per block
-means only one block is ever unsharded at a time.
+ZeRO (Rajbhandari et al., 2020) removes data parallelism's redundancy in
+stages. Stage 1 (P_os) shards only the optimizer state: every rank still
+holds the whole model and computes whole gradients, but each of the W ranks
+keeps Adam's moments (and, in mixed precision, the fp32 master weights) of
+1/W of the parameters, steps only that 1/W, and the ranks then exchange the
+updated pieces. Part 1 builds that by hand from two collectives. Stage 3
+(FSDP; Zhao et al., 2023) shards the parameters and gradients too: before a
+block runs forward (and again in backward) its parameters are all-gathered;
+after backward its gradients are reduce-scattered. Its memory win depends on
+*where* you shard: one ``fully_shard`` per block means only one block is
+ever unsharded at a time.
 
 Fill in, in order:
 
-1. ``shard``: ``fully_shard`` every block of ``model.blocks``, then the root.
-2. ``make_optimizer``: ``torch.optim.Adam`` over the *sharded* parameters.
-3. ``train_step``: one step on this rank's micro-batch.
-4. ``export_full_state_dict``: gather a full (unsharded) state dict on rank 0
-   and save it there.
-5. ``train_fsdp``: put them together in the right order.
+Part 1, ZeRO-1 by hand (a replicated model, no DDP, no FSDP):
 
-The grader calls ``train_fsdp`` under torchrun at world sizes 2 and 4,
-after ``distlab.init_distributed()``. Legacy names: ``fully_shard`` replaces
+1. ``shard_range``: which slice of a padded flat buffer a rank owns.
+2. ``make_zero1_optimizer``: this rank's fp32 master shard, and Adam over it alone.
+3. ``zero1_step``: average the gradients into the shards, step, gather the
+   updated shards into every rank's model. ``train_zero1`` (given) is the
+   loop the grader runs around them.
+
+Part 2, FSDP2:
+
+4. ``shard``: ``fully_shard`` every block of ``model.blocks``, then the root.
+5. ``make_optimizer``: ``torch.optim.Adam`` over the *sharded* parameters.
+6. ``train_step``: one step on this rank's micro-batch.
+7. ``export_full_state_dict``: gather a full (unsharded) state dict on rank 0
+   and save it there.
+8. ``train_fsdp``: put them together in the right order.
+
+The grader runs both parts under torchrun at world sizes 2 and 4, after
+``distlab.init_distributed()``, against one process running Adam on the
+whole global batch. Legacy names: ``fully_shard`` replaces
 the ``FullyShardedDataParallel`` wrapper (FSDP1) with ``auto_wrap_policy``;
 the full state dict below replaces ``FSDP.state_dict_type(model,
 StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True,
@@ -36,6 +51,103 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
+from torch.nn.utils import parameters_to_vector
+
+
+# Part 1: ZeRO-1 by hand ------------------------------------------------------------------------------
+
+
+def shard_range(numel: int, world: int, rank: int) -> tuple[int, int]:
+    """``(start, stop)``: the slice of a flat buffer of ``numel`` elements that rank ``rank`` of ``world`` owns.
+
+    Contract: the buffer is padded with zeros at its end to ``world * c`` elements, ``c = ceil(numel /
+    world)``, and cut into ``world`` contiguous slices of ``c`` elements in rank order. Every slice has
+    the same length whether or not ``world`` divides ``numel``: a reduce-scatter hands out, and an
+    all-gather collects, W *equal* pieces. The padding belongs to no parameter, and no element of the
+    ``numel`` is left out.
+    """
+    ### BEGIN SOLUTION
+    size = -(-numel // world)  # ceil: the last slices are padded
+    return rank * size, (rank + 1) * size
+    ### END SOLUTION
+
+
+def make_zero1_optimizer(model: nn.Module, lr: float) -> tuple[torch.Tensor, torch.optim.Optimizer]:
+    """``(shard, optimizer)``: this rank's fp32 master shard of ``model``'s parameters, and Adam over it alone.
+
+    Contract (the grader checks each point; ``model`` is the same plain module on every rank):
+
+    * The *flat parameters* are the tensors of ``model.parameters()``, in that order, flattened and
+      concatenated (``numel`` elements in all), then zero-padded as :func:`shard_range` says.
+    * ``shard`` is a new fp32 leaf tensor of ``c = ceil(numel / W)`` elements: a copy (not a view) of this
+      rank's slice ``shard_range(numel, W, rank)`` of the flat parameters.
+    * ``optimizer`` is ``torch.optim.Adam`` with learning rate ``lr`` over ``shard`` and nothing else:
+      its state (``exp_avg``, ``exp_avg_sq``) is ``c`` elements per moment on each rank, 1/W of the
+      model's. The model's own parameters are in no optimizer; :func:`zero1_step` writes them.
+    """
+    ### BEGIN SOLUTION
+    rank, world = dist.get_rank(), dist.get_world_size()
+    flat = parameters_to_vector(model.parameters()).detach()
+    start, stop = shard_range(flat.numel(), world, rank)
+    flat = nn.functional.pad(flat, (0, world * (stop - start) - flat.numel()))
+    shard = flat[start:stop].clone().float().requires_grad_()  # its own storage: the master copy
+    return shard, torch.optim.Adam([shard], lr=lr)
+    ### END SOLUTION
+
+
+def zero1_step(model: nn.Module, shard: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+    """One ZeRO-1 optimizer step, called on every rank after ``loss.backward()`` on its own micro-batch.
+
+    On entry every parameter's ``.grad`` holds this rank's gradient; ``shard`` and ``optimizer`` are
+    :func:`make_zero1_optimizer`'s. On return (the grader checks each point):
+
+    * ``shard.grad`` holds this rank's slice of the *mean over the W ranks* of the zero-padded flat
+      gradients: what one process computes on the whole global batch. It comes from **one**
+      reduce-scatter of the padded flat gradient (``W * c`` elements in, ``c`` out). No rank ever
+      holds the whole averaged gradient: no all-reduce.
+    * ``optimizer`` has stepped once; it changed ``shard`` only.
+    * every rank's ``model.parameters()`` hold the updated flat parameters (padding dropped), the same
+      on every rank. They come from **one** all-gather of the W updated shards (``c`` elements in,
+      ``W * c`` out), written into the parameters in place (under ``torch.no_grad()``).
+
+    The collectives: ``dist.reduce_scatter_single(output, input, op=...)`` and
+    ``dist.all_gather_single(output, input)``, torch 2.13's names for the legacy
+    ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` (same arguments; those now warn that they
+    are deprecated). A reduce-scatter's ``op`` defaults to ``dist.ReduceOp.SUM``.
+    """
+    ### BEGIN SOLUTION
+    world = dist.get_world_size()
+    params = list(model.parameters())
+    grads = parameters_to_vector(p.grad for p in params).float()
+    grads = nn.functional.pad(grads, (0, world * shard.numel() - grads.numel()))
+    shard.grad = torch.empty_like(shard)
+    dist.reduce_scatter_single(shard.grad, grads, op=dist.ReduceOp.AVG)  # mean gradient, this rank's slice
+    optimizer.step()
+    full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)
+    dist.all_gather_single(full, shard.detach())  # every rank's updated slice, in rank order
+    sizes = [p.numel() for p in params]
+    with torch.no_grad():
+        for p, new in zip(params, full[:sum(sizes)].split(sizes)):  # the padding is dropped
+            p.copy_(new.view_as(p))
+    ### END SOLUTION
+
+
+def train_zero1(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], *,
+                lr: float) -> tuple[torch.Tensor, torch.optim.Optimizer]:
+    """Given: ZeRO-1 training on this rank's micro-batches, the loop the grader runs around your functions.
+
+    The optimizer holds the shard, not the model's parameters, so ``optimizer.zero_grad()`` would not
+    clear their gradients: ``model.zero_grad()`` does.
+    """
+    shard, optimizer = make_zero1_optimizer(model, lr)
+    for x, y in batches:
+        model.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        zero1_step(model, shard, optimizer)
+    return shard, optimizer
+
+
+# Part 2: FSDP2 -------------------------------------------------------------------------------------------
 
 
 def shard(model: nn.Module) -> nn.Module:

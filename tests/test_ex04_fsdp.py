@@ -1,9 +1,14 @@
-"""Exercise 4 (FSDP2): the solution scores full marks, the stub zero, and the usual mistakes are each
-named with their numbers: only the root wrapped, optimizer built before sharding, the root not sharded,
+"""Exercise 4 (ZeRO-1 by hand, then FSDP2): the solution scores full marks, the stub zero, and the usual
+mistakes are each named with their numbers. Part 1 (ZeRO-1): the gradients summed instead of averaged,
+the optimizer built over the full parameters, an all-reduce instead of the reduce-scatter, the
+all-gather forgotten, another rank's slice copied into the shard, the padding dropped (in the one file
+whose part 2 is not written: part 1 is still graded). Part 2 (FSDP2): only the root wrapped, optimizer
+built before sharding, the root not sharded,
 reshard_after_forward=False, zero_grad missing, the state dict saved on every rank or on none, its
 collective called on rank 0 only (the other ranks' instruments complete it: the training is still
-graded), without cpu_offload, or through FSDP1's state_dict_type. Independent mistakes share a mutant;
-the solution and the five mutants are graded in ONE launch at world size 2 (the CLI grades 2 and 4);
+graded), without cpu_offload, or through FSDP1's state_dict_type. Independent mistakes share a mutant
+(each file has one mistake of part 1 and one or more of part 2);
+the solution and the six mutants are graded in ONE launch at world size 2 (the CLI grades 2 and 4);
 the stub in one more, through the grading subprocess's code (run_one.main, here in-process: the
 subprocess around it is exercise 1's CLI tests'). The other causes and the errors PyTorch raises are
 tested on observations, without a launch."""
@@ -37,25 +42,49 @@ def test_calculator_gives_the_overview_figures():
     assert memory_per_gpu(7e9, 4, "adam", 8, "optimizer")["total"] == 7e9 * (4 + 4 + 8 / 8)
 
 
-MISTAKES = {  # three independent mistakes: sharding, optimizer, export
+Z1_SUMMED = {"dist.reduce_scatter_single(shard.grad, grads, op=dist.ReduceOp.AVG)":
+             "dist.reduce_scatter_single(shard.grad, grads)"}
+Z1_OPTIMIZER_FULL = {"return shard, torch.optim.Adam([shard], lr=lr)":
+                     "return shard, torch.optim.Adam(model.parameters(), lr=lr)"}
+Z1_ALL_REDUCE = {
+    "    dist.reduce_scatter_single(shard.grad, grads, op=dist.ReduceOp.AVG)  # mean gradient, this rank's slice\n":
+        "    dist.all_reduce(grads, op=dist.ReduceOp.AVG)\n"
+        "    shard.grad = grads.chunk(world)[dist.get_rank()].clone()\n"}
+Z1_NO_ALL_GATHER = {  # each rank writes back its own updated slice only
+    "    dist.all_gather_single(full, shard.detach())  # every rank's updated slice, in rank order\n":
+        "    rank, c = dist.get_rank(), shard.numel()\n"
+        "    mine = parameters_to_vector(params).detach()\n"
+        "    full = nn.functional.pad(mine, (0, world * c - mine.numel()))\n"
+        "    full[rank * c:(rank + 1) * c] = shard.detach()\n"}
+Z1_OFFSET = {"    start, stop = shard_range(flat.numel(), world, rank)":
+             "    start, stop = shard_range(flat.numel(), world, (rank + 1) % world)"}
+Z1_PADDING_NO_PART2 = {  # floor, not ceil; and train_fsdp not written yet
+    "    size = -(-numel // world)  # ceil: the last slices are padded": "    size = numel // world",
+    "    model = shard(model)\n    optimizer = make_optimizer(model, lr)\n": "    raise NotImplementedError\n"}
+MISTAKES = {  # three independent mistakes: sharding, optimizer, export; ZeRO-1's optimizer over the model
+    **Z1_OPTIMIZER_FULL,
     "    for block in model.blocks:\n        fully_shard(block)": "    for block in []:\n        fully_shard(block)",
     "    model = shard(model)\n    optimizer = make_optimizer(model, lr)":
         "    optimizer = make_optimizer(model, lr)\n    model = shard(model)",
     "    if dist.get_rank() != 0:\n        return None\n    torch.save(state, path)": "    torch.save(state, path)",
 }
-NO_SAVE_NO_RESHARD_NO_ZERO_GRAD = {  # memory, parity and export each get one
+NO_SAVE_NO_RESHARD_NO_ZERO_GRAD = {  # memory, parity and export each get one; ZeRO-1's gradient summed
+    **Z1_SUMMED,
     "    torch.save(state, path)\n    return state": "    return state",
     "        fully_shard(block)  #": "        fully_shard(block, reshard_after_forward=False)  #",
     "    optimizer.zero_grad()\n": "",
 }
 RANK0_STATE_DICT_ROOT_UNSHARDED = {
+    **Z1_NO_ALL_GATHER,
     "    state = get_model_state_dict(model, options=options)  # a collective: all ranks call it\n"
     "    if dist.get_rank() != 0:\n        return None\n":
         "    if dist.get_rank() != 0:\n        return None\n    state = get_model_state_dict(model, options=options)\n",
     "    fully_shard(model)\n    return model": "    return model",
 }
-NO_CPU_OFFLOAD = {"StateDictOptions(full_state_dict=True, cpu_offload=True)": "StateDictOptions(full_state_dict=True)"}
+NO_CPU_OFFLOAD = {"StateDictOptions(full_state_dict=True, cpu_offload=True)": "StateDictOptions(full_state_dict=True)",
+                  **Z1_ALL_REDUCE}
 FSDP1_EXPORT = {
+    **Z1_OFFSET,
     "    state = get_model_state_dict(model, options=options)  # a collective: all ranks call it\n":
         "    from torch.distributed.fsdp import FullStateDictConfig, StateDictType\n"
         "    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n\n"
@@ -65,8 +94,12 @@ FSDP1_EXPORT = {
 }
 FILES = {"mistakes": MISTAKES, "no_save_no_reshard_no_zero_grad": NO_SAVE_NO_RESHARD_NO_ZERO_GRAD,
          "rank0_state_dict_root_unsharded": RANK0_STATE_DICT_ROOT_UNSHARDED, "no_cpu_offload": NO_CPU_OFFLOAD,
-         "fsdp1_export": FSDP1_EXPORT}
+         "fsdp1_export": FSDP1_EXPORT, "z1_padding_no_part2": Z1_PADDING_NO_PART2}
 EXPORT = "[W=2] rank 0 exports the full state dict once"
+Z1_RANGE = "[W=2] ZeRO-1: shard_range cuts W equal, padded, contiguous slices"
+Z1_PARITY = "[W=2] ZeRO-1: every rank's weights match single-process Adam"
+Z1_STATE = "[W=2] ZeRO-1: each rank's Adam state is 1/2 of the parameters"
+Z1_COMM = "[W=2] ZeRO-1: one reduce-scatter and one all-gather per step, no all-reduce"
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +126,11 @@ def test_solution_full_marks_with_exact_bytes_and_peak_under_bound(graded):
         assert [m[f"W2_rank{r}_{part}_bytes"] for part in ("params", "grads", "optimizer")] == \
             [exp["params"], exp["grads"], exp["optimizer"]]
     assert "rank 0 holds 2145104 B of params+grads+Adam state (expected 2145104 B" in report.feedback
+    # ZeRO-1: 21489 parameters, padded to 21490; Adam's state is 10745 elements per moment on each rank
+    assert m["W2_zero1_max_abs_diff_vs_reference"] < 1e-5
+    assert m["W2_zero1_rank0_exp_avg_numel"] == m["W2_zero1_rank1_exp_avg_numel"] == 10745
+    assert f"ok  {Z1_COMM}: each of 4 steps issued one reduce-scatter and one all-gather on every rank, no " \
+        "all-reduce" in report.feedback
 
 
 @pytest.mark.slow
@@ -118,12 +156,21 @@ def test_root_only_optimizer_first_and_every_rank_saving_are_named(graded):
     assert fails["[W=2] matches single-process training"].startswith(
         "on rank 0 the optimizer does not hold 36 of the model's 36 parameters")
     assert fails[EXPORT].startswith("torch.save was called on ranks [0, 1]")
+    full = ("on rank 0 the optimizer holds 12 of the model's 12 parameters (21489 elements) and its exp_avg has "
+            "21489 elements, where ZeRO-1 keeps 10745 (1/2)")
+    assert fails[Z1_STATE].startswith(full) and fails[Z1_PARITY].startswith(full)
+    assert "Build torch.optim.Adam over the shard alone, in make_zero1_optimizer" in fails[Z1_STATE]
+    assert Z1_COMM not in fails and Z1_RANGE not in fails
 
 
 def test_saving_nothing_reshard_false_and_no_zero_grad_are_named(graded):
     fails = failed(graded["no_save_no_reshard_no_zero_grad"])
     assert set(fails) == {EXPORT, "[W=2] peak memory within the per-block bound",
-                          "[W=2] matches single-process training"}, fails
+                          "[W=2] matches single-process training", Z1_PARITY}, fails
+    assert fails[Z1_PARITY].startswith(
+        "at the first step rank 0's shard.grad is 2x the mean gradient of its slice over the global batch (line ")
+    assert ": dist.reduce_scatter_single(shard.grad, grads)): the reduce-scatter summed the 2 ranks' gradients (its " \
+        "default op is SUM)" in fails[Z1_PARITY], fails[Z1_PARITY]
     assert fails[EXPORT].startswith("nothing was saved to /")
     assert "full_state-2.pt: torch.save the full state dict to export_path on rank 0" in fails[EXPORT]
     peak = fails["[W=2] peak memory within the per-block bound"]
@@ -146,19 +193,44 @@ def test_state_dict_on_rank0_only_is_named_and_training_still_graded(graded):
                  "[W=2] peak memory within the per-block bound"):
         assert root in fails[name] and "Call fully_shard(model) on the root" in fails[name], (name, fails[name])
     assert "[W=2] optimizer built after sharding" not in fails
+    assert fails[Z1_PARITY].startswith(
+        "after 4 steps rank 0's weights in elements [10745, 21490) ('blocks.0.fc2.weight' to 'head.bias'), rank 1's "
+        "shard, are still their initial values, though its own slice changed: no all-gather was issued"), \
+        fails[Z1_PARITY]
+    assert fails[Z1_COMM].startswith("after 4 steps rank 0's weights in elements [10745, 21490)"), fails[Z1_COMM]
+    assert Z1_STATE not in fails
 
 
 def test_full_state_dict_without_cpu_offload_is_named(graded):
     fails = failed(graded["no_cpu_offload"])
-    assert list(fails) == [EXPORT], fails
+    assert list(fails) == [Z1_COMM, EXPORT], fails
+    assert fails[Z1_COMM].startswith("each step issued 1 all-reduce of 85960 B (line ") and \
+        ": dist.all_reduce(grads, op=dist.ReduceOp.AVG)) and 0 reduce-scatters" in fails[Z1_COMM], fails[Z1_COMM]
     assert fails[EXPORT].startswith("get_model_state_dict(full_state_dict=True) returned the full state dict "
                                     "(36 tensors, ") and "on rank 1 too" in fails[EXPORT], fails[EXPORT]
 
 
 def test_fsdp1_export_is_named_and_training_still_graded(graded):
     fails = failed(graded["fsdp1_export"])
-    assert list(fails) == [EXPORT], fails
+    assert list(fails) == [Z1_PARITY, EXPORT], fails
+    assert fails[Z1_PARITY].startswith(
+        "rank 0's shard is a copy of elements [10745, 21490) ('blocks.0.fc2.weight' to 'head.bias') of the flat "
+        "parameters, rank 1's slice, but the reduce-scatter hands rank 0 the gradient of its own slice [0, 10745)")
     assert fails[EXPORT].startswith("FullyShardedDataParallel.state_dict_type (FSDP1) does not apply to fully_shard")
+
+
+def test_dropped_padding_is_named_and_part1_graded_without_part2(graded):
+    report = graded["z1_padding_no_part2"]
+    fails = failed(report)
+    assert report.ran and len(fails) == len(report.criteria), fails  # graded: every criterion fails, with a cause
+    short = ("shard_range(21489, 2, r) gave [[0, 10744], [10744, 21488]]: slices of 10744 elements cover 21488 of "
+             "the 21489 parameters, so the last 1 of them belong to no rank")
+    assert fails[Z1_RANGE].startswith(short) and "c = ceil(numel / W) = 10745" in fails[Z1_RANGE]
+    assert fails[Z1_PARITY].startswith(short) and "rank 0's part 1 raised RuntimeError: split_with_sizes" in \
+        fails[Z1_PARITY] and "ex04_fsdp.py line" in fails[Z1_PARITY], fails[Z1_PARITY]
+    assert fails[Z1_STATE] == fails[Z1_COMM] == f"not checked: part 1 raised (see '{Z1_PARITY}')"
+    assert fails[EXPORT].startswith("part 2: not implemented yet (ex04_fsdp.py line ") and "in train_fsdp" in \
+        fails[EXPORT]
 
 
 def _run(world: int = 2, **observed) -> ex04_fsdp.Run:
@@ -201,6 +273,10 @@ def test_causes_without_a_launch():
     ("TypeError: Invariant encountered: value was None when it should not be", "root sharded before its blocks"),
     ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 30000ms for recv "
      "operation to complete", "state-dict collective on rank 0 only, not completed"),
+    ("RuntimeError: [rank0]:[F1202 17:49:30.615257792 ProcessGroupGloo.cpp:1537] Check failed: outputShape[0] * "
+     "worldSize == inputShape[0] (8 vs. 7).", "ZeRO-1 reduce-scatter input not padded"),
+    ("RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 1 (expected (4), got (3))",
+     "ZeRO-1 all-gather sizes unequal"),
 ])
 def test_known_errors_named(raised, name):
     assert translate(raised, ex04_fsdp.KNOWN_ERRORS).startswith(f"{name}: ")

@@ -1,10 +1,39 @@
-"""Exercise 4's hints: three tiers per criterion (1 a nudge towards the concept, 2 the mechanism, 3 the API).
+"""Exercise 4's hints: three tiers per criterion (1 a nudge towards the concept, 2 the mechanism, 3 the API),
+part 1's (ZeRO-1, ``zero1_...``) first.
 
 Keyed by the criterion functions' names in ``ex04_fsdp``; a hint never gives the whole answer.
 """
 from __future__ import annotations
 
 HINTS: dict[str, tuple[str, str, str]] = {
+    "zero1_shard_range": (
+        "A reduce-scatter hands out, and an all-gather collects, W equal pieces: how long is each when W does not "
+        "divide the buffer?",
+        "Round the slice length up; the buffer then ends in a few zeros of padding that belong to no parameter, "
+        "and the slices are contiguous, in rank order.",
+        "c = ceil(numel / W), in integers -(-numel // W); rank r owns [r * c, (r + 1) * c).",
+    ),
+    "zero1_matches_reference": (
+        "W ranks, each on its own micro-batch, must take the Adam step one process takes on the whole global batch.",
+        "Each rank's shard starts as its own slice of the flat parameters, is stepped with the mean (not the sum) of "
+        "the ranks' gradients of that slice, and every rank receives every updated slice afterwards.",
+        "torch.nn.utils.parameters_to_vector flattens in model.parameters() order; ReduceOp.AVG averages; copy the "
+        "gathered values back into the parameters in place, under torch.no_grad().",
+    ),
+    "zero1_state_sharded": (
+        "ZeRO-1 divides the optimizer state W ways: what size should Adam's moments be on one rank?",
+        "The optimizer holds only this rank's fp32 shard, never the model's parameters: the all-gather, not the "
+        "optimizer, writes the model's weights.",
+        "Give torch.optim.Adam a list holding the shard alone, a leaf tensor of ceil(numel / W) elements that "
+        "requires grad.",
+    ),
+    "zero1_collectives": (
+        "An all-reduce is a reduce-scatter followed by an all-gather: ZeRO-1 puts the optimizer step between them.",
+        "Once per step: reduce-scatter the whole padded flat gradient, step the shard, all-gather the updated "
+        "shards; no per-parameter calls and no all-reduce.",
+        "dist.reduce_scatter_single and dist.all_gather_single (torch 2.13's names for reduce_scatter_tensor and "
+        "all_gather_into_tensor), each on one flat buffer of W * c elements.",
+    ),
     "sharded_on_dim0": (
         "After sharding, no rank should hold any parameter whole.",
         "Each block is its own unit, and the root takes what is left (the input layer and the head).",

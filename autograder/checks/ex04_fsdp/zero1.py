@@ -1,0 +1,125 @@
+"""Rank-side instruments of exercise 4's part 1, ZeRO-1 by hand (Rajbhandari et al., 2020, stage 1, P_os).
+
+Everything here observes; the verdicts are computed in ``ex04_fsdp`` against ``reference.zero1_reference``.
+The grader runs its own copy of the learner file's ``train_zero1`` loop around the learner's
+``make_zero1_optimizer`` and ``zero1_step``, so that each step's collectives are recorded apart
+(the one recorder, :class:`~distlab.measure.comm.CollectiveRecorder`), and notes:
+
+* ``shard_range``'s slices for the model's parameter count and two small ones, at this world size;
+* the shard the learner made (its size, dtype, first values: which slice of the flat parameters it copies)
+  and which tensors its optimizer holds (the model's own parameters or not);
+* the gradient the optimizer saw at its first step (an optimizer step pre-hook: what was averaged);
+* every rank's flat parameters after the last step, and the elements of the optimizer's state.
+
+An error the learner's part 1 raises is recorded, not raised: part 2 (FSDP) is graded all the same.
+"""
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.utils import parameters_to_vector
+
+from distlab.measure.comm import CollectiveRecorder
+from distlab.resmlp import make_resmlp
+
+from ...harness import learner_frame, raised
+
+# A model whose parameter count neither 2 nor 4 divides: 21489 parameters, padded by 1 at W=2 and by 3 at W=4.
+ZERO1_MODEL = dict(in_features=64, hidden=47, out_features=10, depth=2)
+SHARD_RANGE_SIZES = (10, 12)  # more counts shard_range is asked about: 4 does not divide 10, 2 and 4 divide 12
+
+
+def zero1_numel() -> int:
+    return sum(p.numel() for p in make_resmlp(seed=0, **ZERO1_MODEL).parameters())
+
+
+def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Tensor]], *, seed: int,
+                  lr: float, device: torch.device) -> dict:
+    """Part 1 on this rank: ``shard_range``'s answers, then ZeRO-1 training on ``batches`` (this rank's)."""
+    world = dist.get_world_size()
+    obs: dict = {"ranges": {}, "ranges_error": None, "error": None, "where": "", "not_implemented": False,
+                 "steps": [], "holdings": {}, "first_grad": None, "final": None, "state": {}}
+    try:
+        obs["ranges"] = {n: [[int(v) for v in learner.shard_range(n, world, r)] for r in range(world)]
+                         for n in (zero1_numel(), *SHARD_RANGE_SIZES)}
+    except Exception as exc:  # noqa: BLE001 - the learner's error is feedback
+        obs["ranges_error"] = _where(exc, path)
+        obs["ranges_unwritten"] = str(learner_frame(exc, path) or "") if isinstance(exc, NotImplementedError) else ""
+    model = make_resmlp(seed=seed, **ZERO1_MODEL).to(device)  # the same start on every rank
+    params = list(model.parameters())
+    optimizer = None
+    try:
+        shard, optimizer = learner.make_zero1_optimizer(model, lr)
+        obs["holdings"] = _holdings(params, shard, optimizer)
+        first: dict = {}
+
+        def at_step(opt, args, kwargs) -> None:
+            first.setdefault("grad", _grads(opt))
+
+        optimizer.register_step_pre_hook(at_step)
+        for x, y in batches:
+            model.zero_grad(set_to_none=True)  # train_zero1's loop, as the learner's file gives it
+            nn.functional.cross_entropy(model(x), y).backward()
+            with LineRecorder(world, path) as rec:
+                learner.zero1_step(model, shard, optimizer)
+            obs["steps"].append([[op.kind, op.bytes, op.tags["line"]] for op in rec.ops])
+        obs["first_grad"] = first.get("grad")
+    except Exception as exc:  # noqa: BLE001 - part 1's error costs part 1's marks only
+        obs.update(error=_where(exc, path), not_implemented=isinstance(exc, NotImplementedError))
+        obs["where"] = str(learner_frame(exc, path) or "")
+    obs["final"] = parameters_to_vector(p.detach() for p in params).cpu()
+    obs["state"] = _state_numel(optimizer)
+    return obs
+
+
+class LineRecorder(CollectiveRecorder):
+    """The one recorder of collectives, each op tagged with the learner's line that issued it."""
+
+    def __init__(self, world: int, path: str) -> None:
+        super().__init__(world)
+        self.path = Path(path).resolve()
+
+    def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
+        mine = [f for f in traceback.extract_stack() if Path(f.filename).resolve() == self.path]
+        code = (mine[-1].line or "").split("  #")[0].strip() if mine else ""  # the code, not its comment
+        return {"line": f"line {mine[-1].lineno}: {code}" if mine else ""}
+
+
+def _where(exc: BaseException, path: str) -> str:
+    where = learner_frame(exc, path)
+    return raised(exc) + (f" (at {where})" if where else "")
+
+
+def _holdings(params: list[torch.Tensor], shard, optimizer) -> dict:
+    """What ``make_zero1_optimizer`` returned: the shard's size, dtype and values, the optimizer's tensors."""
+    held = [p for group in getattr(optimizer, "param_groups", []) for p in group["params"]]
+    ids = {id(p) for p in params}
+    out = {"opt_numel": sum(p.numel() for p in held), "opt_tensors": len(held),
+           "opt_model_params": sum(id(p) in ids for p in held), "model_params": len(params),
+           "shard_in_opt": any(p is shard for p in held), "shard": None}
+    if isinstance(shard, torch.Tensor):
+        out.update(shard=shard.detach().reshape(-1).cpu().clone(), shard_dtype=str(shard.dtype).removeprefix("torch."),
+                   shard_is_leaf=shard.is_leaf, shard_aliases_model=any(
+                       shard.untyped_storage().data_ptr() == p.untyped_storage().data_ptr() for p in params))
+    return out
+
+
+def _grads(optimizer) -> torch.Tensor:
+    """The gradients of the optimizer's tensors as it is about to step, flattened (zeros for a missing one)."""
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).cpu().float()
+                      for p in held]) if held else torch.zeros(0)
+
+
+def _state_numel(optimizer) -> dict[str, int]:
+    """Elements of each kind of optimizer state on this rank (``exp_avg``...; scalars such as ``step`` left out)."""
+    out: dict[str, int] = {}
+    for state in getattr(optimizer, "state", {}).values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                out[key] = out.get(key, 0) + value.numel()
+    return out
