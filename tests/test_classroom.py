@@ -1,8 +1,9 @@
 """A whole class graded in parallel gets the same grades as graded one at a time (autograder.classroom).
 
-Eight learners for exercise 7 (one 2-rank launch each, the cheapest full grading): two correct,
-the stub, a file that does not import, a missing file, two mutants (one never sends the gradients back), and a hostile
-one that leaves a daemon and a detached helper. Graded with --jobs 1 and --jobs 4, the two CSVs are
+Six learners for exercise 7 (one 2-rank launch each, the cheapest full grading): one correct,
+the stub, a file that does not import, a missing file, a mutant that never sends the gradients back, and a hostile
+one (correct too) that leaves a daemon and a detached helper. Three of them launch, so the parallel grading
+runs launches side by side; more learners would only repeat those cases at 30 s of CPU each. Graded with --jobs 1 and --jobs 4, the two CSVs are
 identical, and nothing either run started is left.
 """
 from __future__ import annotations
@@ -24,9 +25,8 @@ FILE = "ex07_pipeline.py"
 @pytest.fixture
 def classroom(tmp_path):
     root = tmp_path / "class"
-    for name in ("ada", "bo"):
-        (root / name).mkdir(parents=True)
-        shutil.copy(SOLUTIONS / FILE, root / name / FILE)
+    (root / "ada").mkdir(parents=True)
+    shutil.copy(SOLUTIONS / FILE, root / "ada" / FILE)
     (root / "cy").mkdir()
     shutil.copy(REPO / "exercises" / FILE, root / "cy" / FILE)  # the stub, untouched
     (root / "di").mkdir()
@@ -34,8 +34,6 @@ def classroom(tmp_path):
     (root / "ed").mkdir()  # submitted nothing
     (root / "fa").mkdir()
     mutant(root / "fa", FILE, {"        dist.send(act.grad.contiguous(), dst=0)\n": ""})
-    (root / "gu").mkdir()
-    mutant(root / "gu", FILE, {"cross_entropy(stage(act), y_i) / m": "cross_entropy(stage(act), y) / m"})
     pids = tmp_path / "pids"
     pids.mkdir()
     hostile.submission(root / "hu", pids, hostile.DETACHED, hostile.DAEMON, filename=FILE)
@@ -57,10 +55,10 @@ def test_a_class_graded_four_at_a_time_gets_the_grades_of_one_at_a_time(classroo
     assert one == four
     assert one[0] == ["learner", "ex07_pipeline", "total"]
     scores = {row[0]: row[1] for row in one[1:]}
-    assert {k: scores[k] for k in ("ada", "bo", "cy", "di", "ed", "hu")} == \
-        {"ada": "10", "bo": "10", "cy": "0", "di": "0", "ed": "0", "hu": "10"}
-    assert float(scores["fa"]) < 10 and float(scores["gu"]) < 10  # the mutants lose marks
-    assert "[8/8 learners]" in capsys.readouterr().err
+    assert {k: scores[k] for k in ("ada", "cy", "di", "ed", "hu")} == \
+        {"ada": "10", "cy": "0", "di": "0", "ed": "0", "hu": "10"}
+    assert float(scores["fa"]) < 10  # the mutant loses marks
+    assert "[6/6 learners]" in capsys.readouterr().err
     started = hostile.started(pids)
     assert wait_for(lambda: hostile.alive(started["detached"] + started["daemon"]) == [], timeout=10)
     assert leftover_processes() == []
