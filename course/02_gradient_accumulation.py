@@ -234,7 +234,7 @@ else:
 # for memory: use the largest micro-batch that fits.
 #
 # What it trades is one term of the accounting notebook 00 began (`distlab.lab.training_memory`,
-# the same function in notebooks 03, 04, 07 and 08): each rank holds the parameters, their gradients
+# the same function in notebooks 00 to 05, 07 and 08): each rank holds the parameters, their gradients
 # and the optimizer's state whatever k is (here fp32 and plain SGD: 4 + 4 + 0 bytes a parameter;
 # with Adam, 16), and only the activations shrink. The measured activations of one micro-step go in
 # as its `activations` term:
