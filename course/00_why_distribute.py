@@ -61,7 +61,7 @@ memory_guess = predict(
 # stores the weights and gradients in 16 bits but keeps an fp32 **master copy** for the update:
 # 2 + 2 + 4 + 4 + 4, the same 16 bytes. Sharding this state over W GPUs, as FSDP and ZeRO stage 3
 # do (Rajbhandari et al., *ZeRO*, 2020), divides it by W. `distlab.lab.training_memory` does this
-# arithmetic, here and in notebooks 03, 04 and 08.
+# arithmetic, here and in notebooks 01 to 05, 07 and 08.
 
 # %%
 from distlab.lab.training_memory import training_memory

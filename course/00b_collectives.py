@@ -41,7 +41,16 @@
 # Rank r starts with small integers that say whose they are (rank r's tensor is `10*r + i`), so
 # every sum is exact and each printed table reads as who holds what. Every collective runs
 # inside `distlab.measure.comm.CollectiveRecorder`, which records each op's kind and size as the
-# dispatcher runs it (the same recorder the grader counts with).
+# dispatcher runs it (the same recorder the grader counts with). The same job then runs an
+# all-reduce of 1 MiB (2¹⁸ float32) both ways: in one call, and as a reduce-scatter followed by an
+# all-gather.
+
+# %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+sent_guess = predict("bytes each of the 4 ranks sends in a ring all-reduce of 1 MiB (2**18 float32)",
+                     unit="bytes", fmt=",.0f", guess=None)
 
 # %%
 # %%torchrun -n 4 --result ranks
@@ -118,21 +127,19 @@ print("ops recorded on rank 0:", ranks[0]["ops"])
 # the sum of one W-th, and an all-gather hands every rank every sum. Each half sends (W−1)/W of
 # the tensor per rank, so the whole sends 2(W−1)/W of it: nccl-tests' bus factor.
 #
-# **Predict before you run the next cell.** An all-reduce of the 1 MiB tensor above (2¹⁸
-# float32) on 4 ranks: how many bytes does each rank send with a ring? Write it here:
-
-# %%
-my_prediction_bytes = None   # <- your prediction, in bytes, before reading the measurement below
+# Your prediction, written before the job ran, was how many bytes each rank sends in the 1 MiB
+# all-reduce on 4 ranks. The recorder saw each call and its size; priced with the ring's formula
+# (`ring_bytes`), for the one call and for the two halves:
 
 # %%
 from distlab.lab.bandwidth import allreduce_time, bus_factor, ring_steps
 
-measured = ranks[0]["ring_bytes"]
+priced = ranks[0]["ring_bytes"]
 print(f"bit for bit equal on every rank: {all(r['equal'] for r in ranks)}")
-print(f"your prediction: {my_prediction_bytes}")
-for way, sent in measured.items():
+for way, sent in priced.items():
     print(f"{way:>28}: {ranks[0]['counts'][way]}, {sent:,.0f} bytes sent per rank")
 print(f"2(W-1)/W x n = {bus_factor(4):.2f} x {2**20:,} = {bus_factor(4) * 2**20:,.0f}")
+sent_guess.reveal(priced["all_reduce"], what="computed")
 
 # %% [markdown]
 # The recorder priced both with ring algorithms: 1.5 MiB per rank either way, whatever the

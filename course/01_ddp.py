@@ -144,6 +144,22 @@ print("averaged gradient == full-batch gradient, and identical on both ranks")
 allreduce_guess.reveal(sum(g.numel() * g.element_size() for g in ranks[0]["averaged"].values()) / 1e3)
 
 # %% [markdown]
+# Those bytes are one term of the course's one memory accounting (`distlab.lab.training_memory`,
+# notebook 00): the gradients, 4 bytes a parameter in fp32. A DDP rank holds every term whole,
+# whatever W is: replication is ZeRO's level `"none"`, and notebook 04 shards the terms instead.
+
+# %%
+from distlab.lab.training_memory import training_memory
+
+n_params = sum(g.numel() for g in ranks[0]["averaged"].values())
+for world in (1, 2, 8):
+    held = training_memory(n_params, precision="fp32", optimizer="sgd", world=world, level="none")
+    print(f"W = {world}: each rank holds {held['params'] / 1e3:.1f} kB of weights and {held['grads'] / 1e3:.1f} kB "
+          f"of gradients (plain SGD keeps no state): {held['total'] / 1e3:.1f} kB")
+assert training_memory(n_params, optimizer="sgd")["grads"] == sum(
+    g.numel() * g.element_size() for g in ranks[0]["averaged"].values())
+
+# %% [markdown]
 # ## The real thing: DDP, with and without
 #
 # The weights each rank ended with, without DDP and with it, and the losses of the DDP run:

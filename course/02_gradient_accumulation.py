@@ -233,6 +233,36 @@ else:
 # shared CPU the throughput curve is noisy; the memory curve is exact. Accumulation trades time
 # for memory: use the largest micro-batch that fits.
 #
+# What it trades is one term of the accounting notebook 00 began (`distlab.lab.training_memory`,
+# the same function in notebooks 00 to 05, 07 and 08): each rank holds the parameters, their gradients
+# and the optimizer's state whatever k is (here fp32 and plain SGD: 4 + 4 + 0 bytes a parameter;
+# with Adam, 16), and only the activations shrink. The measured activations of one micro-step go in
+# as its `activations` term:
+
+# %%
+from distlab.lab.accumulation import MODEL
+from distlab.lab.training_memory import training_memory
+from distlab.models import make_mlp
+
+n_params = sum(p.numel() for p in make_mlp(seed=0, **MODEL).parameters())
+if res:
+    MiB = 2**20
+    print(f"{n_params:,} parameters; per rank, MiB:")
+    print(f"{'k':>2} {'params':>7} {'grads':>6} {'optimizer':>10} {'activations':>12} {'total':>7}")
+    for r in res:
+        m = training_memory(n_params, precision="fp32", optimizer="sgd", activations=r["activation_bytes"])
+        print(f"{r['k']:>2} {m['params'] / MiB:>7.2f} {m['grads'] / MiB:>6.2f} {m['optimizer'] / MiB:>10.2f} "
+              f"{m['activations'] / MiB:>12.2f} {m['total'] / MiB:>7.2f}")
+
+# %% [markdown]
+# Accumulation shrinks the total only by the activations it saves. In this MLP the state (about
+# 10 MiB) already outweighs one micro-step's activations at k = 1, so k = 8 saves under a fifth of
+# the total; it pays where the activations dominate (large batches, long sequences, notebook 08).
+# Where the state itself does not fit (notebook 00's 7B model: 112 GB of it before one activation),
+# accumulation cannot help: sharding the state does (notebook 04). The accounting leaves out
+# what DDP adds itself: its gradient buckets hold a second copy of the gradients unless
+# `DDP(..., gradient_as_bucket_view=True)` makes the gradients views into them.
+#
 # ## Exercise 2
 #
 # Open `exercises/ex02_accumulation.py` and write `train_accumulated`. The grader runs it at

@@ -334,7 +334,7 @@ speedup_guess.reveal(speedup)
 # What mixed precision does **not** save is the training state. The update runs on an fp32
 # master copy of the weights (Micikevicius et al., 2018), and Adam's moments stay fp32; the 16-bit
 # weights and gradients are extra to it. The course's one accounting,
-# `distlab.lab.training_memory` (notebooks 00, 04 and 08 call it too), per parameter:
+# `distlab.lab.training_memory` (notebooks 00 to 05, 07 and 08 call it), per parameter:
 
 # %%
 from distlab.lab.training_memory import bytes_per_param

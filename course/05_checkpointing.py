@@ -227,8 +227,31 @@ from distlab import pick_backend
 if pick_backend(2) == "gloo":  # bit-identical on the CPU; NCCL may reorder reductions
     assert worst == 0.0, worst
 print("checkpoints kept:", sorted(p.name for p in (demo / "killed").iterdir()))
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
 from distlab.checkpoint import latest_complete, size_bytes
-print("files of the last one (bytes):", size_bytes(latest_complete(demo / "killed")[1]))
+from distlab.lab.training_memory import training_memory
+from distlab.resmlp import make_resmlp
+
+files = size_bytes(latest_complete(demo / "killed")[1])
+print("files of the last one (bytes):", files)
+# what a checkpoint must hold, in the course's one accounting: the weights and Adam's moments (fp32,
+# so the weights are the master copy), not the gradients, which the next step recomputes
+n_params = sum(p.numel() for p in make_resmlp(seed=0, hidden=48, depth=2).parameters())
+state = training_memory(n_params, precision="fp32", optimizer="adam")
+kept = state["params"] + state["master"] + state["optimizer"]
+meta = dcp.FileSystemReader(latest_complete(demo / "killed")[1]).read_metadata()
+tensors = {fqn: m for fqn, m in meta.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
+payload = sum(m.size.numel() * torch.empty((), dtype=m.properties.dtype).element_size() for m in tensors.values())
+steps = [fqn for fqn in tensors if fqn.endswith(".step")]   # Adam's step count, one scalar per parameter tensor
+shards = sum(n for name, n in files.items() if name.endswith(".distcp"))
+print(f"{n_params:,} parameters: the accounting's weights + Adam's moments are {kept:,.0f} B (12 a parameter); "
+      f"DCP's .metadata lists {payload:,} B of tensors: those + {len(steps)} step counts of 4 B")
+print(f"the shard files hold {shards:,} B: DCP writes each of {len(meta.storage_data)} pieces as a torch.save "
+      f"record of its own, and on tensors this small the records' framing is {1 - payload / shards:.0%} of the files")
+assert payload == kept + 4 * len(steps)
 print(f"the whole job, both runs and the restart: {run.wall_s:.1f} s")
 shutil.rmtree(demo, ignore_errors=True)  # the demo's checkpoints and logs
 

@@ -149,8 +149,9 @@ print((REPO_ROOT / "course" / "slurm" / "train.sbatch").read_text().split("set -
 # %% [markdown]
 # ## How well does it scale? (exercise 6)
 # With W workers, data parallelism does W times the work per step, plus an all-reduce of the
-# gradients. A simple model of one step, with the all-reduce in the α-β model (Thakur,
-# Rabenseifner & Gropp, 2005): a ring takes 2(W−1) steps, each paying a latency α, and each link
+# gradients. A simple model of one step, with the all-reduce in the α-β model of notebook 00b
+# (Thakur, Rabenseifner & Gropp, 2005; `distlab.lab.bandwidth.allreduce_time` there, here and in
+# notebook 09): a ring takes 2(W−1) steps, each paying a latency α, and each link
 # carries 2(W−1)/W of the bytes at β seconds a byte:
 #
 # $$t_\text{step}(W) = t_\text{compute} + \underbrace{2(W-1)\,\alpha + \frac{2(W-1)}{W}\cdot\text{bytes}\cdot\beta}_{\text{ring all-reduce}}\qquad \text{efficiency}(W) = \frac{t_\text{step}(1)}{t_\text{step}(W)}$$

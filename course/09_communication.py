@@ -204,8 +204,8 @@ print(f"{ra['bytes'] / 2**20:.0f} MiB on {job.backend}: all-reduce {ra['allreduc
 # which are the same either way.
 #
 # ### Bus bandwidth against message size
-# Time per all-reduce of S bytes on n ranks in the α-β model (Thakur, Rabenseifner & Gropp,
-# 2005): a ring takes 2(n−1) steps, each paying a latency α, and each link carries 2(n−1)/n · S
+# Time per all-reduce of S bytes on n ranks in the α-β model of notebook 00b (Thakur, Rabenseifner
+# & Gropp, 2005; `distlab.lab.bandwidth.allreduce_time`, the same function there and in notebook 06): a ring takes 2(n−1) steps, each paying a latency α, and each link carries 2(n−1)/n · S
 # bytes at β seconds a byte: $t(S) = 2(n-1)\,\alpha + \frac{2(n-1)}{n}\,S\,\beta$. A latency
 # measured at n = 2 (2α) is 7 times larger at n = 8 (14α), so fit α, not "the latency". Fitted
 # by least squares of the relative errors (`distlab.lab.bandwidth.fit_latency_bandwidth`, which
@@ -223,12 +223,12 @@ allreduce_guess = predict(
     unit="ms", guess=None)
 
 # %%
-from distlab.lab.bandwidth import bus_factor, ring_steps
+from distlab.lab.bandwidth import allreduce_time, bus_factor
 
 rows, (alpha, busbw) = R[0]["bandwidth"], R[0]["fit"]
 sizes = np.array([r["bytes"] for r in rows], dtype=float)
 grid = np.logspace(np.log10(sizes[0]), np.log10(sizes[-1]), 100)
-model_s = ring_steps(2) * alpha + bus_factor(2) * grid / busbw
+model_s = allreduce_time(grid, 2, busbw, alpha)   # 2(n-1)α + 2(n-1)/n · S / busbw at n = 2
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2))
 a1.loglog(sizes, [r["time_s"] * 1e3 for r in rows], "o", label="measured (median, slower rank)")
 a1.loglog(grid, model_s * 1e3, "-",
@@ -246,7 +246,7 @@ for r in rows:
 
 # %%
 # the α-β model at n = 4 with this machine's fit: 2(n-1)α + 2(n-1)/n · S / busbw
-allreduce_guess.reveal((ring_steps(4) * alpha + bus_factor(4) * ra["bytes"] / busbw) * 1e3, what="modelled")
+allreduce_guess.reveal(allreduce_time(ra["bytes"], 4, busbw, alpha) * 1e3, what="modelled")
 
 # %% [markdown]
 # Small messages are all latency (their bus bandwidth is far below 1/β), large ones approach it:

@@ -73,6 +73,15 @@ assert torch.allclose(merged, whole, atol=1e-6)
 # rank; and the ring's time with and without its communication.
 
 # %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+memory_guess = predict(
+    "how many times less peak memory one rank of the 4-rank ring needs than attention over the whole "
+    "sequence on one process, at S = 512 (both materialise each block's scores)",
+    unit="x", fmt=".1f", guess=None)
+
+# %%
 # %load_ext distlab
 
 # %%
@@ -159,6 +168,7 @@ plt.ylabel("peak bytes")
 plt.legend()
 plt.show()
 assert all(r["ring_peak"] < r["whole_peak"] for r in rows)
+memory_guess.reveal(rows[-1]["whole_peak"] / rows[-1]["ring_peak"])
 
 # %% [markdown]
 # Both grow as `S^2` here, because each block's scores are materialised, but the ring's are

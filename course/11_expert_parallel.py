@@ -48,6 +48,15 @@ print(f"slots per expert {out.tokens_per_expert.tolist()}, dropped {out.dropped}
 # **Load balance.** A router left alone favours a few experts, and those drop tokens at capacity.
 # Train the router briefly towards a target that prefers expert 0 (a stand-in for a real task's
 # pull), with and without the auxiliary loss `E · Σ f_i P_i`, and count the slots per expert.
+# Top-1 routing of the 64 tokens, capacity factor 2: each expert takes at most
+# ceil(2 · 64 / 4) = 32 tokens, and a token routed to a full expert is dropped.
+
+# %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+from distlab.lab.predict import predict
+
+dropped_guess = predict("tokens of the 64 dropped at capacity after training the router without the aux loss",
+                        fmt=".0f", guess=None)
 
 # %%
 import matplotlib.pyplot as plt
@@ -76,6 +85,11 @@ ax.set_ylabel("tokens")
 ax.legend()
 plt.show()
 print(counts)
+
+# %%
+dropped = {name: 64 - sum(c) for name, c in counts.items()}   # top-1: every token has one slot, kept or dropped
+print("dropped at capacity:", dropped)
+dropped_guess.reveal(dropped["without aux loss"])
 
 # %% [markdown]
 # **Dispatch and combine at W=2**, GShard's way: one expert per rank; each rank writes its kept

@@ -88,3 +88,20 @@ def test_latency_bandwidth_fit_recovers_both_and_keeps_the_latency_under_large_m
     assert fit_latency_bandwidth(at4, 4)[0] == pytest.approx(5e-5)
     assert allreduce_time(0, 8, 2e9, alpha) == pytest.approx(7 * allreduce_time(0, 2, 2e9, alpha)) == 7e-4
     assert allreduce_time(1e9, 1, 2e9, alpha) == 0.0
+
+
+@pytest.mark.parametrize("prefix", ["00b_", "06_", "09_"])
+def test_the_primer_and_notebooks_06_and_09_use_the_one_alpha_beta_model(prefix):
+    """Issue 28: notebooks 06 and 09 use the primer's α-β model: all three call lab.bandwidth's allreduce_time
+    (the model tested above) in a code cell, none a formula of its own."""
+    import re
+
+    import jupytext
+
+    from tests.notebook_exec import COURSE
+
+    (source,) = COURSE.glob(f"{prefix}*.py")
+    code = "\n".join(c.source for c in jupytext.read(source).cells if c.cell_type == "code")
+    assert re.search(r"^from distlab\.lab\.bandwidth import .*\ballreduce_time\b", code, re.M), source.name
+    assert re.search(r"\ballreduce_time\(", code), f"{source.name} imports allreduce_time but never calls it"
+    assert not re.search(r"ring_steps\([^)]*\)\s*\*\s*alpha", code), f"{source.name} writes the model out itself"

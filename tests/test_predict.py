@@ -1,4 +1,4 @@
-"""Predict before you run (issue 28): the widget of ``distlab.lab.predict`` and its cells in notebooks 00-09.
+"""Predict before you run (issue 28): the widget of ``distlab.lab.predict`` and its cells in every notebook.
 
 No kernel: the widget is driven here as a browser would (typing sets the box's value, a click calls the
 button's handlers); the notebooks' cells run in ``tests/test_notebooks.py``.
@@ -14,7 +14,7 @@ import pytest
 from distlab.lab.predict import NOT_YET, predict
 from tests import notebook_exec
 
-NOTEBOOKS = sorted(notebook_exec.COURSE.glob("0[0-9]_*.py"))
+NOTEBOOKS = sorted(notebook_exec.COURSE.glob(notebook_exec.NOTEBOOK_GLOB))  # 00b and 10-12 too
 
 
 def _tree(widget):

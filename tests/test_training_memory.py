@@ -1,10 +1,14 @@
 """The course's one memory accounting (distlab.lab.training_memory) against the ZeRO paper's figures,
 and the callers that must agree with it (fsdp_memory.memory_per_gpu, activation_memory.per_rank)."""
+import re
+
+import jupytext
 import pytest
 
 from distlab.lab.activation_memory import per_rank, transformer_layer_bytes
 from distlab.lab.fsdp_memory import memory_per_gpu
 from distlab.lab.training_memory import LEVELS, bytes_per_param, training_memory
+from tests.notebook_exec import COURSE
 
 GB = 1e9
 
@@ -45,3 +49,22 @@ def test_llama_7b_weight_state_at_t4_counts_the_master_copy():
     m = per_rank("Llama-2 7B", seq=4096, tp=4)
     assert m["weight state"] / GB == pytest.approx(25.77, abs=0.01)  # 12 h^2 L / 4 params x 16 B
     assert m["total"] == pytest.approx(m["weight state"] + 32 * transformer_layer_bytes(4096, 1, 4096, 32, tp=4))
+
+
+
+# Notebook 06 counts no memory (launching and scaling); every other notebook from 00 to 08 does, through
+# this module or activation_memory.per_rank, which adds its activations to training_memory (the test above).
+ACCOUNTED = ("00_", "01_", "02_", "03_", "04_", "05_", "07_", "08_")
+CALLERS = re.compile(r"^from distlab\.lab\.(?:training_memory import .*\b(training_memory|bytes_per_param)"
+                     r"|activation_memory import .*\b(per_rank))\b", re.M)
+
+
+@pytest.mark.parametrize("prefix", ACCOUNTED)
+def test_notebooks_00_to_08_count_memory_with_this_function(prefix):
+    """Issue 28's "one memory accounting from notebook 00 to 08": each calls it in a code cell."""
+    (source,) = COURSE.glob(f"{prefix}*.py")
+    code = "\n".join(c.source for c in jupytext.read(source).cells if c.cell_type == "code")
+    imported = CALLERS.search(code)
+    assert imported, f"{source.name} does not import distlab.lab.training_memory (or activation_memory.per_rank)"
+    name = imported.group(1) or imported.group(2)
+    assert re.search(rf"\b{name}\(", code), f"{source.name} imports {name} but never calls it"

@@ -1,4 +1,4 @@
-"""The course's one memory accounting: what a GPU holds to train a model (notebooks 00, 03, 04, 08).
+"""The course's one memory accounting: what a GPU holds to train a model (notebooks 00-05, 07, 08).
 
 ZeRO (Rajbhandari et al., 2020, sec. 3) splits a GPU's memory into *model states* (parameters,
 gradients, the optimizer's state) and *residual states* (activations, buffers, fragmentation).
