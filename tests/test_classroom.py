@@ -3,8 +3,8 @@
 Six learners for exercise 7 (one 2-rank launch each, the cheapest full grading): one correct,
 the stub, a file that does not import, a missing file, a mutant that never sends the gradients back, and a hostile
 one (correct too) that leaves a daemon and a detached helper. Three of them launch, so the parallel grading
-runs launches side by side; more learners would only repeat those cases at 30 s of CPU each. Graded with --jobs 1 and --jobs 4, the two CSVs are
-identical, and nothing either run started is left.
+runs launches side by side; more learners would only repeat those cases at 30 s of CPU each. Graded with
+--jobs 1 and --jobs 4, the two CSVs are identical, and nothing either run started is left.
 """
 from __future__ import annotations
 
