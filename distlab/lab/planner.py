@@ -14,8 +14,12 @@ ZeRO-3: Rajbhandari et al. 2020), ``tp`` (Megatron's tensor parallelism, Shoeybi
   :class:`distlab.measure.comm.CollectiveRecorder` records it, priced by
   :func:`distlab.measure.comm.wire_bytes` (ring) and timed with the alpha-beta model of
   :mod:`distlab.lab.bandwidth`; tensor parallelism's collectives are
-  :func:`distlab.lab.activation_memory.tp_collectives_per_layer`;
-* the bubble: :func:`distlab.lab.pipeline.timeline.theoretical_bubble`, ``(p-1)/(m+p-1)``.
+  :func:`distlab.lab.activation_memory.tp_collectives_per_layer`; the pipeline's sends
+  (:func:`pp_sends`), the ring's (:func:`cp_sends`) and the MoE's padded all-to-alls
+  (:func:`ep_all_to_all_bytes`) are those the labs' rank programs make, checked against their runs
+  (:mod:`distlab.lab.planner_runs`);
+* the bubble: :func:`distlab.lab.pipeline.timeline.theoretical_bubble`, ``(p-1)/(m+p-1)``, idle slots of
+  the schedule (checked against the order of a real run's actions; the wall-time bubble is not modelled).
 
 The model is :mod:`distlab.transformer`'s layer (separate ``wq, wk, wv, wo`` without bias, a ``4h`` MLP
 with biases, two RMSNorms; embeddings, norm and head whole on every tensor-parallel rank, as
@@ -142,7 +146,7 @@ def memory_per_gpu(model: Model, layout: Layout, training: Training) -> dict[str
 
 
 def in_flight_micro_batches(pp: int, m: int, stage: int = 0) -> int:
-    """Micro-batches whose activations a 1F1B stage holds at once: ``min(pp - stage, m)`` (the first: ``min(pp, m)``)."""
+    """Micro-batches whose activations 1F1B's stage ``stage`` holds at once: ``min(pp - stage, m)``."""
     return min(pp - stage, m)
 
 

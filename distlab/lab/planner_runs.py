@@ -18,10 +18,12 @@ What is compared, and how exactly (``tests/test_planner.py``):
   notebook 07). So the measured timeline's order of actions on each stage (:func:`stage_orders`) is
   replayed with every forward one slot and every backward two (:func:`ideal_schedule` with ``order``),
   and that replay's idle share is compared: the bubble the schedule torch ran determines.
-* **activation memory**: the planner holds ``min(p, m)`` micro-batches' activations on a 1F1B first
-  stage (:func:`~distlab.lab.planner.in_flight_micro_batches`); stage 0's measured peak of saved bytes
-  (:class:`~distlab.lab.pipeline.costs.SavedBytes`) under 1F1B, in micro-batches, is that count, one micro-batch's bytes read from GPipe's peak over ``m``. The per-micro-batch bytes themselves are the transformer's (Korthikanti et al. 2022), not this
-  MLP's, so only the count is checked here.
+* **activation memory**: the planner holds ``min(p - s, m)`` micro-batches' activations on stage ``s`` of
+  a 1F1B pipeline (:func:`~distlab.lab.planner.in_flight_micro_batches`; the first stage's, ``min(p, m)``,
+  is its memory figure). Each stage's measured peak of saved bytes under 1F1B
+  (:class:`~distlab.lab.pipeline.costs.SavedBytes`), in micro-batches (one micro-batch's bytes: GPipe's
+  peak over ``m``), is that count. The per-micro-batch bytes themselves are the transformer's (Korthikanti
+  et al. 2022), not this MLP's, so only the count is checked here.
 """
 from __future__ import annotations
 
