@@ -161,6 +161,25 @@ assert predicted == measured and all(memory[t] == runs[0]["held"][t] for t in ("
 # is Korthikanti et al.'s GPT layer (16-bit, with dropout), not this fp32 model's: a figure to plan
 # with, not one this run can check to the byte.
 #
+# **Which of the planner's figures are checked against runs on this machine**, and how
+# (`tests/test_planner.py`, `tests/test_mesh2d.py`; `distlab.lab.planner_runs` runs the labs' own rank
+# programs in one launch of 4 ranks):
+#
+# | figure | checked against | agreement |
+# |---|---|---|
+# | FSDP's and TP's bytes held and collectives | this run (above) | exact |
+# | PP's sends, per stage | notebook 07's `torch.distributed.pipelining` 1F1B and GPipe, `p = 4`, recorded | exact |
+# | PP's bubble `(p-1)/(m+p-1)` | the order of actions that run took, replayed in slots | exact (in slots) |
+# | PP's activations in flight, `min(p - s, m)` micro-batches | stage `s`'s peak of saved bytes, 1F1B | exact |
+# | CP's sends | notebook 10's ring, forward and backward, `W = 4`, recorded | exact |
+# | EP's all-to-alls | notebook 11's padded dispatch, `W = 4`, recorded | exact |
+# | the bubble in wall time, communication time, activation bytes per layer | nothing | a model |
+#
+# The bubble is compared in slots, not seconds: on 2 cores shared by 4 ranks the wall-time bubble also
+# holds the schedule's own Python and the waits for a core (notebook 07 measures both). The activation
+# bytes of a transformer layer are Korthikanti et al.'s; the pipeline run checks only *how many*
+# micro-batches' activations a stage holds. The α-β times are as good as the fit of notebook 06.
+#
 # ## Plan a real job
 # Type in a model, a cluster and a batch. Every layout of the six degrees whose product is the GPU
 # count (and that the model divides: heads by `tp`, layers by `pp`, the sequence by `cp`, experts by

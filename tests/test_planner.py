@@ -2,16 +2,19 @@
 
 Pure functions, milliseconds: the parameter count against the real tiny transformer, ZeRO's bytes
 against ``comm_volume.zero_prediction``, tensor parallelism's against ``activation_memory``, the
-bubble formula. What the planner predicts for a real run is checked against that run in
-``tests/test_mesh2d.py``.
+bubble formula. What the planner predicts for a real run is checked against that run: FSDP x TP in
+``tests/test_mesh2d.py``; pipeline, context and expert parallelism here, in one launch of 4 ranks of the
+three labs' own rank programs (``distlab.lab.planner_runs``, marked slow).
 """
 import ipywidgets as widgets
 import pytest
 
 from distlab.lab.activation_memory import tp_comm_bytes_per_layer
 from distlab.lab.comm_volume import zero_prediction
-from distlab.lab.planner import (Cluster, Layout, Model, Training, collectives, layouts, memory_per_gpu, plan,
-                                 plan_layout, stage_params, valid)
+from distlab.lab.planner import (Cluster, Layout, Model, Training, collectives, in_flight_micro_batches, layouts,
+                                 memory_per_gpu, plan, plan_layout, pp_sends, stage_params, valid)
+from distlab.lab import planner_runs
+from distlab.lab.pipeline.timeline import bubble_fraction, ideal_schedule, stage_orders
 from distlab.lab.planner_widget import Planner
 from distlab.lab.training_memory import training_memory
 from distlab.measure.comm import wire_bytes
@@ -104,3 +107,69 @@ def test_the_widget_redraws_its_table_on_every_change():
     p.model["heads"].value = 3  # 3 heads do not split over 2 ranks: no tensor parallelism left
     assert "tp 2" not in p.table.value and "fsdp 2" in p.table.value
     assert not any(isinstance(w, widgets.Output) for w in _walk(p.widget))  # see planner_widget's docstring
+
+
+def test_a_schedules_own_order_replayed_in_slots_gives_its_bubble():
+    """The hook the measured check uses: ideal_schedule(order=stage_orders(events)) replays a timeline's order."""
+    for schedule in ("gpipe", "1f1b"):
+        events = ideal_schedule(4, 8, schedule)
+        replayed = ideal_schedule(4, 8, order=stage_orders(events))
+        assert bubble_fraction(replayed) == pytest.approx(bubble_fraction(events)) == pytest.approx(3 / 11)
+    # a middle stage sends both ways, an end stage one way
+    assert [pp_sends(4, 8, s) for s in range(4)] == [8, 16, 16, 8] and pp_sends(4, 8) == 16 and pp_sends(1, 8) == 0
+
+
+@pytest.fixture(scope="module")
+def lab_runs():
+    return planner_runs.run_planner_runs(4, timeout=120)
+
+
+def _rows(inputs, dim):
+    return [r for r in collectives(*inputs) if r["dim"] == dim]
+
+
+@pytest.mark.slow
+def test_the_planner_predicts_the_pipeline_labs_sends_bubble_and_activations(lab_runs):
+    """torch.distributed.pipelining at p = 4 (distlab.lab.pipeline.run.pipelined_step): each stage's sends as
+    CollectiveRecorder records them equal pp_sends (the planner's row is the busiest stage's), every size the
+    planner's activation; the bubble in slots of the order torch ran equals the planner's (p-1)/(m+p-1) (wall
+    time is not compared: planner_runs' docstring); stage 0's saved bytes under 1F1B are min(p, m) micro-batches'."""
+    p = len(lab_runs)
+    for schedule, m in planner_runs.PP_RUNS:
+        per_rank = [r["pp"][(schedule, m)] for r in lab_runs]
+        assert all(r["grads_match"] for r in per_rank), [r["max_grad_diff"] for r in per_rank]
+        inputs = planner_runs.pp_inputs(p, m)
+        (row,) = _rows(inputs, "pp")
+        for stage, run in enumerate(per_rank):
+            assert planner_runs.sends(run["ops"]) == {row["bytes"]: pp_sends(p, m, stage)}, (schedule, m, stage)
+        assert row["calls"] == max(pp_sends(p, m, s) for s in range(p))
+        bubble = plan_layout(*inputs, CLUSTER)["bubble"]
+        assert planner_runs.slot_bubble(per_rank, p, m) == pytest.approx(bubble), (schedule, m)
+    one = [r["pp"][("gpipe", 4)]["saved_peak_bytes"] // 4 for r in lab_runs]  # GPipe: all 4 in flight
+    for m in (4, 8):
+        held = [r["pp"][("1f1b", m)]["saved_peak_bytes"] for r in lab_runs]
+        assert held == [in_flight_micro_batches(p, m, s) * one[s] for s in range(p)], (m, held, one)
+
+
+@pytest.mark.slow
+def test_the_planner_predicts_the_rings_sends(lab_runs):
+    """Notebook 10's ring (parity_report, W = 4): the planner's cp rows, calls and bytes, equal the recorded sends."""
+    rows = _rows(planner_runs.cp_inputs(len(lab_runs)), "cp")
+    for run in lab_runs:
+        cp = run["cp"]
+        assert max(cp["out"], cp["dq"], cp["dk"], cp["dv"]) < 1e-5 and cp["other_ops"] == [], cp
+        assert sum(r["calls"] for r in rows) == sum(cp["sends"].values())
+        assert sum(r["calls"] * r["bytes"] for r in rows) == sum(cp["bytes"].values())
+        assert {r["bytes"] for r in rows} == {2 * cp["shard_bytes"], 4 * cp["shard_bytes"]}
+
+
+@pytest.mark.slow
+def test_the_planner_predicts_the_moe_labs_all_to_alls(lab_runs):
+    """Notebook 11's padded dispatch (ep_report, one expert a rank, W = 4): four all-to-alls of W x C rows."""
+    (row,) = _rows(planner_runs.ep_inputs(len(lab_runs)), "ep")
+    for run in lab_runs:
+        ep = run["ep"]
+        assert ep["y_diff"] == 0 and ep["x_grad_diff"] == 0, ep
+        measured = ep["a2a"]["all_to_all"]
+        assert (measured["calls"], measured["bytes"]) == (row["calls"], row["calls"] * row["bytes"]), (measured, row)
+        assert measured["wire_bytes"] == row["calls"] * wire_bytes("all_to_all", row["bytes"], row["group"])

@@ -14,8 +14,12 @@ ZeRO-3: Rajbhandari et al. 2020), ``tp`` (Megatron's tensor parallelism, Shoeybi
   :class:`distlab.measure.comm.CollectiveRecorder` records it, priced by
   :func:`distlab.measure.comm.wire_bytes` (ring) and timed with the alpha-beta model of
   :mod:`distlab.lab.bandwidth`; tensor parallelism's collectives are
-  :func:`distlab.lab.activation_memory.tp_collectives_per_layer`;
-* the bubble: :func:`distlab.lab.pipeline.timeline.theoretical_bubble`, ``(p-1)/(m+p-1)``.
+  :func:`distlab.lab.activation_memory.tp_collectives_per_layer`; the pipeline's sends
+  (:func:`pp_sends`), the ring's (:func:`cp_sends`) and the MoE's padded all-to-alls
+  (:func:`ep_all_to_all_bytes`) are those the labs' rank programs make, checked against their runs
+  (:mod:`distlab.lab.planner_runs`);
+* the bubble: :func:`distlab.lab.pipeline.timeline.theoretical_bubble`, ``(p-1)/(m+p-1)``, idle slots of
+  the schedule (checked against the order of a real run's actions; the wall-time bubble is not modelled).
 
 The model is :mod:`distlab.transformer`'s layer (separate ``wq, wk, wv, wo`` without bias, a ``4h`` MLP
 with biases, two RMSNorms; embeddings, norm and head whole on every tensor-parallel rank, as
@@ -45,7 +49,8 @@ BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb: one all-reduce per bucket (Li 
 @dataclass(frozen=True)
 class Model:
     """A decoder of ``layers`` layers of width ``hidden``; ``positions``: learned position rows (the
-    tiny transformer's ``max_seq``; 0 for rotary); ``experts > 1``: a mixture of experts of top-``top_k``."""
+    tiny transformer's ``max_seq``; 0 for rotary); ``experts > 1``: a mixture of experts of top-``top_k``,
+    each expert taking at most GShard's capacity of slots (``capacity_factor``)."""
     layers: int
     hidden: int
     heads: int
@@ -55,6 +60,7 @@ class Model:
     positions: int = 0
     experts: int = 1
     top_k: int = 1
+    capacity_factor: float = 1.25
 
     @classmethod
     def of(cls, cfg, seq: int) -> Model:
@@ -133,10 +139,15 @@ def memory_per_gpu(model: Model, layout: Layout, training: Training) -> dict[str
     n = sum(v for k, v in stage_params(model, layout).items() if k != "per_layer")
     layer = transformer_layer_bytes(model.seq // layout.cp, micro_batch(model, layout, training), model.hidden,
                                     model.heads, tp=layout.tp, sp=training.sp, recompute=training.recompute)
-    in_flight = min(layout.pp, training.micro_batches)
+    in_flight = in_flight_micro_batches(layout.pp, training.micro_batches)
     return training_memory(n, precision=training.precision, optimizer=training.optimizer, world=layout.fsdp,
                            level="full" if layout.fsdp > 1 else "none",
                            activations=layer * (model.layers // layout.pp) * in_flight)
+
+
+def in_flight_micro_batches(pp: int, m: int, stage: int = 0) -> int:
+    """Micro-batches whose activations 1F1B's stage ``stage`` holds at once: ``min(pp - stage, m)``."""
+    return min(pp - stage, m)
 
 
 def collectives(model: Model, layout: Layout, training: Training) -> list[dict]:
@@ -165,11 +176,42 @@ def collectives(model: Model, layout: Layout, training: Training) -> list[dict]:
         add("dp", "all_reduce", grads / buckets, group, buckets if grads else 0)
     for kind, n in tp_collectives_per_layer(lo.tp, training.sp, training.recompute).items():
         add("tp", kind.replace("-", "_"), act, lo.tp, n * layers * m)
-    add("pp", "send", act, lo.pp, m * (1 if lo.pp == 2 else 2))  # a middle stage sends both ways
-    add("cp", "send", 2 * act, lo.cp, (3 * lo.cp - 2) * layers * m)  # k, v: cp-1 forward; again, and dk, dv
+    add("pp", "send", act, lo.pp, pp_sends(lo.pp, m))
+    for nbytes, calls in cp_sends(act // lo.tp, lo.cp):  # a rank's heads' k (or v): its 1/tp of h
+        add("cp", "send", nbytes, lo.cp, calls * layers * m)
     if model.experts > 1:
-        add("ep", "all_to_all", act * model.top_k, lo.ep, 4 * layers * m)  # dispatch, combine; both ways
+        add("ep", "all_to_all", ep_all_to_all_bytes(model, micro_batch(model, lo, training) * (model.seq // lo.cp),
+                                                    pbytes), lo.ep, 4 * layers * m)
     return rows
+
+
+def pp_sends(pp: int, m: int, stage: int | None = None) -> int:
+    """Sends of one pipeline stage in a step of ``m`` micro-batches (GPipe or 1F1B alike): each micro-batch's
+    activation to the next stage, its gradient to the one before; ``stage=None``: the busiest (a middle
+    stage sends both ways). As :func:`distlab.lab.pipeline.run.pipelined_step` records them."""
+    if pp == 1:
+        return 0
+    stages = range(pp) if stage is None else (stage,)
+    return max(m * ((s > 0) + (s < pp - 1)) for s in stages)
+
+
+def cp_sends(kv_bytes: float, cp: int) -> list[tuple[float, int]]:
+    """``(bytes, calls)`` of one layer's ring attention on one rank (:mod:`distlab.lab.context_parallel.ring`),
+    ``kv_bytes`` the size of the rank's shard of ``k`` (or ``v``): forward ``cp - 1`` sends of the packed
+    ``(k, v)``; backward ``cp - 1`` of ``(k, v, dk, dv)`` and a last one of ``(dk, dv)`` home."""
+    if cp == 1:
+        return []
+    return [(2 * kv_bytes, cp), (4 * kv_bytes, cp - 1)]  # (k, v) cp - 1 times, (dk, dv) once
+
+
+def ep_all_to_all_bytes(model: Model, tokens: int, dtype_bytes: int) -> float:
+    """The size ``S`` of each of a MoE layer's four all-to-alls (dispatch and combine, forward and backward)
+    for ``tokens`` on a rank, GShard's padded way (:func:`distlab.lab.expert_parallel.padded_dispatch`):
+    ``experts x C`` rows of ``hidden``, ``C`` the capacity of :func:`distlab.lab.expert_parallel.capacity`."""
+    from distlab.lab.expert_parallel.moe import capacity
+
+    return model.experts * capacity(tokens, model.experts, model.top_k, model.capacity_factor) * model.hidden * \
+        dtype_bytes
 
 
 def comm_seconds(row: dict, cluster: Cluster) -> float:

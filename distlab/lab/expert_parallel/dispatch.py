@@ -60,46 +60,51 @@ def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
 
 
-def ep_job(*, tokens: int = 64, hidden: int = 16, ffn: int = 32, top_k: int = 1, capacity_factor: float = 1.25,
-           seed: int = 0) -> dict:
-    """Runs on every rank: the padded expert-parallel MoE on this rank's ``tokens`` against the
-    single-process MoE on every rank's tokens (``groups=W``), forward and gradients; the counts
-    exchange; and the bytes of its all-to-alls against the all-reduce of a replicated MoE's gradients."""
+def ep_report(*, tokens: int = 64, hidden: int = 16, ffn: int = 32, top_k: int = 1,
+              capacity_factor: float = 1.25, seed: int = 0) -> dict:
+    """Runs on every rank (the process group already up): the padded expert-parallel MoE on this rank's
+    ``tokens`` against the single-process MoE on every rank's tokens (``groups=W``), forward and gradients;
+    the counts exchange; and the bytes of its all-to-alls against the all-reduce of a replicated MoE's gradients."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kwargs = dict(hidden=hidden, ffn=ffn, n_experts=world, top_k=top_k, capacity_factor=capacity_factor)
+    moe, ref = seeded_moe(seed, **kwargs), seeded_moe(seed, **kwargs)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x_all, grad_all = torch.randn(world * tokens, hidden, generator=gen), torch.randn(world * tokens, hidden,
+                                                                                      generator=gen)
+    x_all.requires_grad_()
+    out_ref = ref(x_all, groups=world)
+    out_ref.y.backward(grad_all)
+    x = x_all.detach()[rank * tokens:(rank + 1) * tokens].clone().requires_grad_()
+    with CollectiveRecorder(world) as a2a:
+        out = expert_parallel_forward(moe, x, rank, world)
+        out["y"].backward(grad_all[rank * tokens:(rank + 1) * tokens])
+    send = torch.bincount(out["slots"].expert[out["slots"].keep], minlength=world)
+    with CollectiveRecorder(world) as counts:
+        recv = exchange_counts(send)
+    with CollectiveRecorder(world) as dense:   # data parallelism over a replicated MoE: every expert's grads
+        dist.all_reduce(torch.zeros(sum(p.numel() for p in ref.parameters())))
+    router_ref = ref.router.gate.weight.grad
+    router_grad = moe.router.gate.weight.grad.clone()
+    dist.all_reduce(router_grad)   # the replicated router's gradient: the sum of the ranks' parts
+    rows = slice(rank * tokens, (rank + 1) * tokens)
+    return {"rank": rank, "world": world, "capacity": out["capacity"], "padding_rows": out["padding_rows"],
+            "dropped": out["slots"].dropped, "send_counts": send.tolist(), "recv_counts": recv.tolist(),
+            "y_diff": (out["y"] - out_ref.y[rows]).abs().max().item(),
+            "x_grad_diff": (x.grad - x_all.grad[rows]).abs().max().item(),
+            "expert_grad_diff": max((g - _grads(ref.experts[rank])[n]).abs().max().item()
+                                    for n, g in _grads(moe.experts[rank]).items()),
+            "router_grad_diff": (router_grad - router_ref).abs().max().item(),
+            "a2a": a2a.totals(), "a2a_counts": a2a.counts(), "count_exchange": counts.totals(),
+            "dense_all_reduce": dense.totals(), "moe_parameters": sum(p.numel() for p in ref.parameters())}
+
+
+def ep_job(**kwargs) -> dict:
+    """Runs on every rank: :func:`ep_report` in a job of its own (initialises and shuts down)."""
     from distlab.runtime.distributed import init_distributed, shutdown
 
     init_distributed()
     try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        kwargs = dict(hidden=hidden, ffn=ffn, n_experts=world, top_k=top_k, capacity_factor=capacity_factor)
-        moe, ref = seeded_moe(seed, **kwargs), seeded_moe(seed, **kwargs)
-        gen = torch.Generator().manual_seed(seed + 1)
-        x_all, grad_all = torch.randn(world * tokens, hidden, generator=gen), torch.randn(world * tokens, hidden,
-                                                                                          generator=gen)
-        x_all.requires_grad_()
-        out_ref = ref(x_all, groups=world)
-        out_ref.y.backward(grad_all)
-        x = x_all.detach()[rank * tokens:(rank + 1) * tokens].clone().requires_grad_()
-        with CollectiveRecorder(world) as a2a:
-            out = expert_parallel_forward(moe, x, rank, world)
-            out["y"].backward(grad_all[rank * tokens:(rank + 1) * tokens])
-        send = torch.bincount(out["slots"].expert[out["slots"].keep], minlength=world)
-        with CollectiveRecorder(world) as counts:
-            recv = exchange_counts(send)
-        with CollectiveRecorder(world) as dense:   # data parallelism over a replicated MoE: every expert's grads
-            dist.all_reduce(torch.zeros(sum(p.numel() for p in ref.parameters())))
-        router_ref = ref.router.gate.weight.grad
-        router_grad = moe.router.gate.weight.grad.clone()
-        dist.all_reduce(router_grad)   # the replicated router's gradient: the sum of the ranks' parts
-        rows = slice(rank * tokens, (rank + 1) * tokens)
-        return {"rank": rank, "world": world, "capacity": out["capacity"], "padding_rows": out["padding_rows"],
-                "dropped": out["slots"].dropped, "send_counts": send.tolist(), "recv_counts": recv.tolist(),
-                "y_diff": (out["y"] - out_ref.y[rows]).abs().max().item(),
-                "x_grad_diff": (x.grad - x_all.grad[rows]).abs().max().item(),
-                "expert_grad_diff": max((g - _grads(ref.experts[rank])[n]).abs().max().item()
-                                        for n, g in _grads(moe.experts[rank]).items()),
-                "router_grad_diff": (router_grad - router_ref).abs().max().item(),
-                "a2a": a2a.totals(), "a2a_counts": a2a.counts(), "count_exchange": counts.totals(),
-                "dense_all_reduce": dense.totals(), "moe_parameters": sum(p.numel() for p in ref.parameters())}
+        return ep_report(**kwargs)
     finally:
         shutdown()
 

@@ -102,7 +102,7 @@ def _schedule(schedule: str, parts: list[nn.Module], mine: list[int], n_stages: 
 
 def pipelined_step(schedule: str = "1f1b", n_microbatches: int = 4, *, width: int = 512, batch: int = 256,
                    depth: int = 4, seed: int = 0, stages_per_rank: int = 1, microbatch_rows: int = 0,
-                   memory: bool = False, boundary: int = 0) -> dict:
+                   memory: bool = False, boundary: int = 0, record: bool = False) -> dict:
     """Runs on every rank (the process group left open): one training step of an MLP split into
     ``stages_per_rank x world_size`` stages, driven by a ``torch.distributed.pipelining`` schedule
     (:data:`SINGLE`, :data:`MULTI`), timed by :class:`TimedStage` (events labelled with the rank).
@@ -110,7 +110,8 @@ def pipelined_step(schedule: str = "1f1b", n_microbatches: int = 4, *, width: in
     ``microbatch_rows`` > 0 fixes the micro-batch instead of the batch (batch = m x rows).
     ``boundary`` > 0 narrows the layers whose outputs cross a rank boundary of the ``v = 1`` split
     to that many features (smaller messages for the same compute; the model does not depend on ``v``).
-    ``memory`` returns the peak saved-tensor bytes of this rank's first stage.
+    ``memory`` returns the peak saved-tensor bytes of this rank's first stage; ``record`` the
+    communication ops of the timed step (:class:`distlab.measure.comm.CollectiveRecorder`).
     A first, untimed step warms up (the library infers the shapes passed
     between stages on its first step). Returns this rank's event log, its
     gradients' max abs difference from the unsplit model's, the step's
@@ -146,8 +147,14 @@ def pipelined_step(schedule: str = "1f1b", n_microbatches: int = 4, *, width: in
     for meter in meters:
         meter.reset()
     dist.barrier()
+    from contextlib import nullcontext
+
+    from distlab.measure.comm import CollectiveRecorder
+
+    rec = CollectiveRecorder() if record else nullcontext()
     start, cpu = time.perf_counter(), time.thread_time()
-    step()
+    with rec:
+        step()
     wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
     events = [e for t in timed for e in t.log()]
     # The CPU time this thread got while it computed: below the busy wall time, it waited for a core.
@@ -157,6 +164,8 @@ def pipelined_step(schedule: str = "1f1b", n_microbatches: int = 4, *, width: in
     if memory and meters:
         out["saved_peak_bytes"] = meters[0].peak
         out["saved_live_bytes"] = meters[0].live
+    if record:
+        out["ops"] = [(op.kind, op.bytes) for op in rec.ops]
     if losses:
         out["loss"] = torch.stack(losses).detach().mean().item()
     return out

@@ -146,14 +146,28 @@ def theoretical_bubble(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
 
 
-def ideal_schedule(p: int, m: int, schedule: str = "gpipe", backward_cost: float = 2.0) -> list[Event]:
+def stage_orders(events: list[Event]) -> list[list[tuple[str, int]]]:
+    """Per stage, the actions ``("F", mb)`` / ``("B", mb)`` in the order a (measured) timeline ran them."""
+    return [[(e.kind, e.mb) for e in sorted((e for e in events if e.stage == s), key=lambda e: e.start)]
+            for s in sorted({e.stage for e in events})]
+
+
+def ideal_schedule(p: int, m: int, schedule: str = "gpipe", backward_cost: float = 2.0,
+                   order: list[list[tuple[str, int]]] | None = None) -> list[Event]:
     """The schedule on a perfect machine: forward 1 time unit, backward ``backward_cost``.
 
-    Each stage runs its work in the order the schedule prescribes, as soon as
-    the input (the previous stage's forward, or the next stage's backward) is ready.
+    Each stage runs its work in the order the schedule prescribes (or ``order``, e.g. a real run's
+    :func:`stage_orders`), as soon as the input (the previous stage's forward, or the next stage's
+    backward) is ready. Its :func:`bubble_fraction` is the bubble that order determines, in slots.
     """
-    if schedule not in ("gpipe", "1f1b"):
+    if order is None and schedule not in ("gpipe", "1f1b"):
         raise ValueError(f"schedule must be 'gpipe' or '1f1b', not {schedule!r}")
+    if order is None:
+        order = _orders(p, m, schedule)
+    return _replay(p, order, backward_cost)
+
+
+def _orders(p: int, m: int, schedule: str) -> list[list[tuple[str, int]]]:
     order: list[list[tuple[str, int]]] = []
     for s in range(p):
         if schedule == "gpipe":
@@ -169,6 +183,10 @@ def ideal_schedule(p: int, m: int, schedule: str = "gpipe", backward_cost: float
                 seq.append(("B", b))
                 b += 1
             order.append(seq)
+    return order
+
+
+def _replay(p: int, order: list[list[tuple[str, int]]], backward_cost: float) -> list[Event]:
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * p
     pos = [0] * p
