@@ -153,11 +153,16 @@ def test_the_planner_predicts_the_pipeline_labs_sends_bubble_and_activations(lab
 
 @pytest.mark.slow
 def test_the_planner_predicts_the_rings_sends(lab_runs):
-    """Notebook 10's ring (parity_report, W = 4): the planner's cp rows, calls and bytes, equal the recorded sends."""
+    """Notebook 10's ring (parity_report, W = 4): parity with SDPA forward and backward, and the planner's cp rows,
+    calls and bytes, equal the recorded sends."""
     rows = _rows(planner_runs.cp_inputs(len(lab_runs)), "cp")
     for run in lab_runs:
         cp = run["cp"]
-        assert max(cp["out"], cp["dq"], cp["dk"], cp["dv"]) < 1e-5 and cp["other_ops"] == [], cp
+        assert max(cp["out"], cp["dq"], cp["dk"], cp["dv"]) < 1e-5 and cp["other_ops"] == [], cp  # SDPA's
+        # W - 1 exchanges of (k, v) forward; backward W - 1 of (k, v, dk, dv) and the last of (dk, dv) home
+        world, shard = len(lab_runs), cp["shard_bytes"]
+        assert cp["sends"] == {"forward": world - 1, "backward": world}
+        assert cp["bytes"] == {"forward": (world - 1) * 2 * shard, "backward": (world - 1) * 4 * shard + 2 * shard}
         assert sum(r["calls"] for r in rows) == sum(cp["sends"].values())
         assert sum(r["calls"] * r["bytes"] for r in rows) == sum(cp["bytes"].values())
         assert {r["bytes"] for r in rows} == {2 * cp["shard_bytes"], 4 * cp["shard_bytes"]}
@@ -165,11 +170,16 @@ def test_the_planner_predicts_the_rings_sends(lab_runs):
 
 @pytest.mark.slow
 def test_the_planner_predicts_the_moe_labs_all_to_alls(lab_runs):
-    """Notebook 11's padded dispatch (ep_report, one expert a rank, W = 4): four all-to-alls of W x C rows."""
+    """Notebook 11's padded dispatch (ep_report, one expert a rank, W = 4): parity with the single-process MoE,
+    the counts exchanged, and four all-to-alls of W x C rows, the planner's."""
     (row,) = _rows(planner_runs.ep_inputs(len(lab_runs)), "ep")
     for run in lab_runs:
         ep = run["ep"]
-        assert ep["y_diff"] == 0 and ep["x_grad_diff"] == 0, ep
+        assert ep["y_diff"] == 0 and ep["x_grad_diff"] == 0, ep         # the same adds, in the same order
+        assert ep["expert_grad_diff"] < 1e-5 and ep["router_grad_diff"] < 1e-5, ep  # summed in another order
+        assert ep["a2a_counts"] == {"all-to-all": 4} and ep["count_exchange"]["all_to_all"]["calls"] == 1
         measured = ep["a2a"]["all_to_all"]
         assert (measured["calls"], measured["bytes"]) == (row["calls"], row["calls"] * row["bytes"]), (measured, row)
         assert measured["wire_bytes"] == row["calls"] * wire_bytes("all_to_all", row["bytes"], row["group"])
+    for r, run in enumerate(lab_runs):   # what each rank received is what the others said they would send
+        assert run["ep"]["recv_counts"] == [other["ep"]["send_counts"][r] for other in lab_runs]
