@@ -35,6 +35,7 @@ BACKWARD = {
                       "moving[2] += (ds.transpose(-1, -2) @ q) * scale": "moving[2] += ds.transpose(-1, -2) @ q"},
     "not home": {"send = moving if step < world - 1 else moving[2:].contiguous()":
                  "if step == world - 1:\n            return dq, moving[2], moving[3]\n        send = moving"},
+    "returns nothing": {"    return dq, moving[0], moving[1]\n": "    dq, dk, dv = dq, moving[0], moving[1]\n"},
 }
 MISTAKES = {
     # independent mistakes: the plain average, an all_gather (which costs the ring's marks only), no backward
@@ -55,6 +56,7 @@ MISTAKES = {
                         "dist.P2POp(dist.irecv, buf, (rank + 1) % world)"},
     "forwards its own shard": {"dist.P2POp(dist.isend, kv,": "dist.P2POp(dist.isend, torch.stack([k, v]),",
                                **BACKWARD["not home"]},
+    "returns nothing": {"    return out\n": "    out = out.contiguous()\n", **BACKWARD["returns nothing"]},
 }
 OUTPUT = "[W=4] each rank's output matches causal attention on the whole sequence"
 RING = "[W=4] key/value shards passed round the ring, point to point"
@@ -154,3 +156,11 @@ def test_a_collective_costs_the_ring_marks_not_parity(reports):
 def test_a_deadlock_that_escapes_the_rank_is_translated():
     gloo = "RuntimeError: [unbound_buffer.cc:129] Timed out waiting 1500ms for send operation to complete"
     assert translate(gloo, check.KNOWN_ERRORS).startswith("a send/recv deadlock in the ring")
+
+
+def test_functions_that_return_nothing_are_named(reports):
+    f = failed(reports["returns nothing"])
+    assert set(f) == {OUTPUT, DQ, DKDV}, f  # both rings ran as they should
+    assert f[OUTPUT].startswith("rank 0's ring_attention returned None and raised nothing, where its contract")
+    for name in (DQ, DKDV):
+        assert f[name].startswith("rank 0's ring_attention_backward returned None and raised nothing"), f[name]

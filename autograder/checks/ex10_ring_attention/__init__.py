@@ -39,6 +39,7 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 | the causal mask dropped in the backward | "rank 3's gradients are what a backward with no causal mask gives ..." |
 | scale missing in dq or dk | "rank 0's dq and dk are sqrt(head_dim) = sqrt(8) = 2.83x autograd's ..." |
 | NaN in the backward | "rank 0's dq, dk, dv hold NaN: a block from a later rank is wholly masked ..." |
+| a function that returns nothing | "rank 0's ring_attention returned None and raised nothing, where ..." |
 """
 from __future__ import annotations
 

@@ -41,6 +41,19 @@ def unwritten(run: Run, name: str) -> str | None:
     return None if where is None else f"{name} is not implemented yet ({where})"
 
 
+@mistake("a function that returns nothing")
+def returned_none(run: Run) -> str | None:
+    for r in run.ranks:
+        if r.get("returned_none"):
+            backward = "grads" in r
+            name, want = ("ring_attention_backward", "(dq, dk, dv)") if backward else ("ring_attention", "its rows "
+                                                                                       "of the output")
+            return (f"rank {r['rank']}'s {name} returned None and raised nothing, where its contract returns {want}: "
+                    "its return statement is missing or never reached, or it returns a variable that was never "
+                    "assigned a tensor (still its initial None)")
+    return None
+
+
 @mistake("every rank sends before it receives: a deadlock")
 def deadlock(run: Run) -> str | None:
     pending = [next((c for c in reversed(r["p2p"]) if c["t1"] is None and not c["async"]), None) for r in run.ranks]
@@ -213,8 +226,11 @@ def no_scale(run: Run) -> str | None:
 
 @mistake("NaN in the backward")
 def backward_nan(run: Run) -> str | None:
+    masked = replay_backward(run.world, lse="block", skip=False)  # the NaN a wholly masked block gives
     for r in run.ranks:
         bad = [g for g, t in (r["grads"] or {}).items() if t is not None and torch.isnan(t).any()]
+        if any((torch.isnan(r["grads"][g]) & ~torch.isnan(masked[r["rank"]][g])).any() for g in bad):
+            return None  # NaN where no masked block puts it (memory never written?): not this mistake
         if bad:
             return (f"rank {r['rank']}'s {', '.join(bad)} hold NaN: a block from a later rank is wholly masked, its "
                     "scores all -inf, and exp(-inf - logsumexp(-inf)) is NaN. Use the merged lse you are given "
@@ -223,6 +239,6 @@ def backward_nan(run: Run) -> str | None:
 
 
 PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
-OUTPUT = [*PROTOCOL, masked_nan, averaged, max_no_rescale, local_mask, no_mask]
-GRADIENTS = [*PROTOCOL, backward_nan, block_delta, block_lse, backward_no_mask, no_scale]
+OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, local_mask, no_mask]
+GRADIENTS = [*PROTOCOL, returned_none, backward_nan, block_delta, block_lse, backward_no_mask, no_scale]
 BACKWARD_RING = [*PROTOCOL, not_home]
