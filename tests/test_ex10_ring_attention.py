@@ -36,7 +36,7 @@ BACKWARD = {
     "not home": {"send = moving if step < world - 1 else moving[2:].contiguous()":
                  "if step == world - 1:\n            return dq, moving[2], moving[3]\n        send = moving"},
     "returns nothing": {"    return dq, moving[0], moving[1]\n": "    dq, dk, dv = dq, moving[0], moving[1]\n"},
-    "dk into dv": {"moving[2] += (ds.transpose(-1, -2) @ q) * scale": "moving[3] += (ds.transpose(-1, -2) @ q) * scale"},
+    "dk into dv": {"moving[2] += (ds.transpose(-1, -2) @ q)": "moving[3] += (ds.transpose(-1, -2) @ q)"},
     "dk, dv swapped": {"    return dq, moving[0], moving[1]\n": "    return dq, moving[1], moving[0]\n"},
 }
 RESCALE = "                out = torch.exp(lse - new) * out + torch.exp(block_lse - new) * block_out\n"

@@ -102,8 +102,8 @@ def every_microbatch_once(step: Run) -> Verdict:
         if len(fwd) != MICRO or rows != [want_rows]:
             return failed(diagnose([*PROTOCOL, no_microbatches, pieces_of_n_rows], step, "count") or
                           f"stage {s} ran {len(fwd)} forward(s) of {rows} rows; expected {MICRO} micro-batches of "
-                          f"{want_rows}" + _advice(step, "split the batch with chunk(n_microbatches) and call the stage "
-                                                   "once per micro-batch") + _raised(step))
+                          f"{want_rows}" + _advice(step, "split the batch with chunk(n_microbatches) and call the "
+                                                   "stage once per micro-batch") + _raised(step))
         if len(bwd) != MICRO:
             return failed(diagnose(PROTOCOL, step, "count") or f"stage {s} ran {len(bwd)} backward(s) for its "
                           f"{MICRO} forwards" + _advice(step, "backpropagate every micro-batch once") + _raised(step))

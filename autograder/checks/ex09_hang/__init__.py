@@ -18,7 +18,7 @@ still learnt from.
 | gradients never all-reduced | "no rank made an all-reduce in 6 steps ...: each rank stepped on its own gradient ..." |
 | the step skipped on every rank | "at step 1 no rank all-reduced its gradients ... although rank 0 kept 5 ..." |
 | an empty rank sends a non-zero gradient | "rank 1 kept no sample at step 1 but all-reduced tensors whose ..." |
-| the gradients never all-reduced, the count is | "no rank all-reduced a gradient in 6 steps: rank 0's 6 all-reduces ..." |
+| the gradients never all-reduced, the count is | "no rank all-reduced a gradient in 6 steps: rank 0's 6 ..." |
 | zero gradients all-reduced by a rank that kept samples | "rank 0 kept 6 samples at step 0, yet every gradient ..." |
 | the count never all-reduced: each rank divides by its own | "at step 0 every all-reduce was of a gradient ..." |
 | the weights never updated | "after 6 steps every rank's weights are still the initial ones ..." |

@@ -29,7 +29,7 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 | a fully masked shard merged: NaN | "rank 0's output is NaN in 16 of its 16 (head, position) rows: ..." |
 | partial outputs averaged instead of weighed by their log-sum-exp | "rank 3's output is (out + block_out) / 2 ..." |
 | max of the log-sum-exps without rescaling | "rank 3's output is what the merge gives with lse = max(lse, ...)" |
-| lse replaced by the merged one before out is rescaled | "rank 3's output is what the merge gives when lse is set ..." |
+| lse replaced by the merged one before out is rescaled | "rank 3's output is what the merge gives when lse ..." |
 | the merged lse never kept | "rank 3's output is what the merge gives when lse stays the first block's ..." |
 | causal mask by each shard's own indices | "rank 3's output is what a causal mask by each block's own indices ..." |
 | no causal mask | "rank 0's output is the non-causal attention (every key seen) ..." |

@@ -286,5 +286,6 @@ def backward_nan(run: Run) -> str | None:
 
 PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
 OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept, local_mask, no_mask]
-GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse, backward_no_mask, no_scale]
+GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse,
+             backward_no_mask, no_scale]
 BACKWARD_RING = [*PROTOCOL, not_home]
