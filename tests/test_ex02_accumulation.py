@@ -49,6 +49,7 @@ MUTANTS = {
     },
     # no_sync() on the window's last micro-step too: DDP never averages.
     "never_synced": {"contextlib.nullcontext() if boundary else model.no_sync()": "model.no_sync()"},
+    "no_backward": {"                loss.backward()\n": ""},
 }
 
 
@@ -153,6 +154,14 @@ def test_never_synced_is_named(reports):
     assert "model.no_sync()" in feedback_of(report, "all-reduced once")
     # The ranks did keep their own gradients inside the windows, and the schedule was right.
     assert not any(k in name for name in failed(report) for k in ("still differ", "zero_grad per window"))
+
+
+def test_no_backward_is_named_not_no_sync(reports):
+    report = reports["no_backward"]
+    said = feedback_of(report, "all-reduced once")
+    assert "at all 3 optimizer steps the gradients were zero on rank 0 (every .grad None or 0, after 12 forwards)" \
+        in said and "no_sync" not in said  # it ran the last micro-step outside no_sync: no advice about that
+    assert "no backward() reached the parameters" in feedback_of(report, "after 4 micro-batches")
 
 
 def test_skipped_short_window_step_is_named(reports):

@@ -43,6 +43,7 @@ MISTAKES = {
     "gradients never sent back": {"        dist.send(act.grad.contiguous(), dst=0)\n": ""},
     "stage 1 backward per micro-batch (deadlock)": {BACKWARD_LATER: BACKWARD_AT_ONCE},
     "whole batch's labels on stage 1": {"cross_entropy(stage(act), y_i) / m": "cross_entropy(stage(act), y) / m"},
+    "rank never looked up": {"    rank = dist.get_rank()\n": ""},
 }
 # A legal style, not a mistake: every send and receive posted through dist.batch_isend_irecv (one op a
 # batch, each waited on). It must get full marks: the spy records the batch's ops as sends and receives.
@@ -164,6 +165,15 @@ def test_a_rank_that_raises_leaves_its_peer_waiting_and_both_are_named(reports):
     f = failed(reports["whole batch's labels on stage 1"])
     assert f[COUNT].startswith("rank 1 raised ValueError") and "ex07_pipeline.py line" in f[COUNT]
     assert "so rank 0 waited in dist.send (stage 0 sending micro-batch 1's activations)" in f[COUNT]
+
+
+
+def test_a_run_cut_short_by_an_error_gets_the_error_not_advice(reports):
+    f = failed(reports["rank never looked up"])
+    assert {COUNT, LOSS} <= set(f), f
+    for said in (f[COUNT], f[LOSS]):  # the error stopped the steps: no advice to take them ("split the batch"...)
+        assert "NameError: name 'rank' is not defined at ex07_pipeline.py line" in said, said
+        assert not any(w in said for w in ("split the batch", "return the batch's", "call loss", "call output"))
 
 
 def test_a_deadlock_that_escapes_the_rank_is_translated():

@@ -27,6 +27,15 @@ MISTAKES = {
                                    "            for p in model.parameters():\n"
                                    "                dist.all_reduce(p.grad.clone())\n"
                                    "            continue\n"},
+    "zero_grad after backward": {"        model.zero_grad()\n        loss.backward()\n":
+                                 "        loss.backward()\n        model.zero_grad()\n"},
+    "no backward": {"        loss.backward()\n": ""},
+    "the count kept local": {"        dist.all_reduce(count)\n": ""},
+    "the gradients kept local": {"                dist.all_reduce(grad)\n": ""},
+    "the update rebinds the name": {"p -= lr * grad / count": "p = p - lr * grad / count"},
+    "the count reduced before it is set": {
+        "        count = keep.sum().to(torch.float32)\n        dist.all_reduce(count)\n":
+        "        dist.all_reduce(count)\n        count = keep.sum().to(torch.float32)\n"},
 }
 FINISHES = "[W=2] the job finishes: every rank makes the same collectives, in order"
 SAME = "[W=2] the same all-reduces on every rank, each step"
@@ -95,3 +104,35 @@ def test_a_stale_gradient_from_the_empty_rank_is_named(graded):
     assert set(f) == {MATCHES, EMPTY}
     for said in f.values():
         assert "rank 1 kept no sample at step 1 but all-reduced tensors whose |values| sum to" in said
+
+
+def test_gradients_cleared_after_backward_or_never_filled_are_named_with_what_ran(graded):
+    cleared = failed(graded["zero_grad after backward"])
+    assert set(cleared) == {MATCHES}
+    said = cleared[MATCHES]
+    assert "rank 0 kept 4 samples at step 0, yet every gradient it all-reduced there" in said
+    assert "(dist.all_reduce(grad))" in said and "its backward() had given gradients whose |values| sum to" in said
+    assert "cleared before the all-reduce" in said and "call loss.backward()" not in said  # it was called
+    said = failed(graded["no backward"])[MATCHES]
+    assert "no backward() reached the parameters at that step" in said and "cleared" not in said
+
+
+def test_a_count_or_gradients_left_local_are_named(graded):
+    said = failed(graded["the count kept local"])[MATCHES]
+    assert "at step 0 every all-reduce was of a gradient (4 on rank 0" in said
+    assert "rank 0 kept 4, rank 1 kept 4) where one process divides by all 8" in said
+    said = failed(graded["the gradients kept local"])[MATCHES]
+    assert "no rank all-reduced a gradient in 6 steps: rank 0's 6 all-reduces were all of [] tensors" in said
+    assert "(dist.all_reduce(count))" in said and "all-reduce the count" not in said  # it was
+
+
+def test_an_update_that_only_rebinds_the_name_is_named(graded):
+    said = failed(graded["the update rebinds the name"])[MATCHES]
+    assert "after 6 steps every rank's weights are still the initial ones" in said
+    assert "(48 all-reduces of gradients)" in said
+
+
+def test_an_error_in_train_names_the_learners_line(graded):
+    said = failed(graded["the count reduced before it is set"])[FINISHES]
+    assert said.startswith("train raised on rank 0 at ex09_hang.py line 73 in train: dist.all_reduce(count): ")
+    assert "UnboundLocalError" in said

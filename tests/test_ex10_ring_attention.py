@@ -35,7 +35,11 @@ BACKWARD = {
                       "moving[2] += (ds.transpose(-1, -2) @ q) * scale": "moving[2] += ds.transpose(-1, -2) @ q"},
     "not home": {"send = moving if step < world - 1 else moving[2:].contiguous()":
                  "if step == world - 1:\n            return dq, moving[2], moving[3]\n        send = moving"},
+    "returns nothing": {"    return dq, moving[0], moving[1]\n": "    dq, dk, dv = dq, moving[0], moving[1]\n"},
+    "dk into dv": {"moving[2] += (ds.transpose(-1, -2) @ q)": "moving[3] += (ds.transpose(-1, -2) @ q)"},
+    "dk, dv swapped": {"    return dq, moving[0], moving[1]\n": "    return dq, moving[1], moving[0]\n"},
 }
+RESCALE = "                out = torch.exp(lse - new) * out + torch.exp(block_lse - new) * block_out\n"
 MISTAKES = {
     # independent mistakes: the plain average, an all_gather (which costs the ring's marks only), no backward
     "averaged, all_gather": {"out = torch.exp(lse - new) * out + torch.exp(block_lse - new) * block_out":
@@ -55,6 +59,10 @@ MISTAKES = {
                         "dist.P2POp(dist.irecv, buf, (rank + 1) % world)"},
     "forwards its own shard": {"dist.P2POp(dist.isend, kv,": "dist.P2POp(dist.isend, torch.stack([k, v]),",
                                **BACKWARD["not home"]},
+    "returns nothing": {"    return out\n": "    out = out.contiguous()\n", **BACKWARD["returns nothing"]},
+    "lse set before the rescale": {RESCALE + "                lse = new\n": "                lse = new\n" + RESCALE,
+                                   **BACKWARD["dk into dv"]},
+    "lse never kept": {"                lse = new\n": "", **BACKWARD["dk, dv swapped"]},
 }
 OUTPUT = "[W=4] each rank's output matches causal attention on the whole sequence"
 RING = "[W=4] key/value shards passed round the ring, point to point"
@@ -87,6 +95,8 @@ def test_solution_and_independent_full_marks(reports):
     ("local mask", "a causal mask by each block's own indices"),
     ("masked shard merged", "NaN in 16 of its 16 (head, position) rows"),
     ("no mask", "is the non-causal attention"),
+    ("lse set before the rescale", "when lse is set to the new logaddexp(lse, lse_block) before out is rescaled"),
+    ("lse never kept", "when lse stays the first block's"),
 ])
 def test_a_wrong_merge_or_mask_fails_parity_only_and_is_named(reports, name, words):
     f = {k: v for k, v in failed(reports[name]).items() if "backward" not in k}
@@ -154,3 +164,19 @@ def test_a_collective_costs_the_ring_marks_not_parity(reports):
 def test_a_deadlock_that_escapes_the_rank_is_translated():
     gloo = "RuntimeError: [unbound_buffer.cc:129] Timed out waiting 1500ms for send operation to complete"
     assert translate(gloo, check.KNOWN_ERRORS).startswith("a send/recv deadlock in the ring")
+
+
+def test_functions_that_return_nothing_are_named(reports):
+    f = failed(reports["returns nothing"])
+    assert set(f) == {OUTPUT, DQ, DKDV}, f  # both rings ran as they should
+    assert f[OUTPUT].startswith("rank 0's ring_attention returned None and raised nothing, where its contract")
+    for name in (DQ, DKDV):
+        assert f[name].startswith("rank 0's ring_attention_backward returned None and raised nothing"), f[name]
+
+
+def test_a_gradient_in_the_wrong_slot_or_never_accumulated_is_named(reports):
+    f = failed(reports["lse never kept"])
+    assert DQ not in f and DKDV in f, f
+    assert "rank 0's returned dk is autograd's dv of this rank's shard" in f[DKDV], f[DKDV]
+    f = failed(reports["lse set before the rescale"])
+    assert DKDV in f and "rank 0's dk is zero in every value, where autograd's is not" in f[DKDV], f[DKDV]

@@ -21,6 +21,9 @@ MISTAKES = {
                      "    dist.all_to_all_single(out, x_slots[perm], output_split_sizes, input_split_sizes)\n"
                      "    return out"},
     "capacity not applied": {"kept = keep.nonzero().squeeze(1)": "kept = torch.arange(len(expert))"},
+    "sort returns nothing": {"    return perm, torch.bincount(": "    result = perm, torch.bincount("},
+    "counts never sent": {"    recv = torch.empty_like(send)\n": "    recv = torch.zeros_like(send)\n",
+                          "    dist.all_to_all_single(recv, send)  # rank j's element `rank` lands at recv[j]\n": ""},
 }
 SPLITS, EXCHANGED = ("[W=2] the kept slots sorted by expert, and the split sizes exact",
                      "[W=2] the split sizes exchanged, by one all-to-all of counts")
@@ -83,3 +86,17 @@ def test_capacity_not_applied_counts_the_dropped_slots(graded):
     f = failed(graded["capacity not applied"])
     assert set(f) == {SPLITS}
     assert "rank 0's perm holds 24 slots, 2 of them dropped at capacity" in f[SPLITS]
+
+
+def test_a_function_that_returns_nothing_is_named(graded):
+    f = failed(graded["sort returns nothing"])
+    assert set(f) == {SPLITS}
+    assert f[SPLITS].startswith("rank 0's sort_by_expert returned None, where its contract returns (perm, ")
+
+
+def test_counts_exchanged_by_no_collective_are_named(graded):
+    f = failed(graded["counts never sent"])
+    assert set(f) == {EXCHANGED}
+    said = f[EXCHANGED]
+    assert "rank 0's exchange_split_sizes made no collective and returned [0, 0], where the ranks send it [7, 13]" \
+        in said and "read before anything was written" not in said

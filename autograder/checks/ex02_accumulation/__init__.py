@@ -26,6 +26,7 @@ A failure names the first cause below that explains the observations:
 | optimizer.step() every micro-step | "optimizer.step() ran 12 times for 12 micro-batches ..." |
 | optimizer.step() missing or misplaced | "... ran after [4, 4] micro-batches; the windows have [4, 4, 2] ..." |
 | gradients never zeroed between windows | "at the start of window 1 the gradients still held the previous ..." |
+| no backward: the gradients stay zero | "at all 3 optimizer steps the gradients were zero on rank 0 ..." |
 | every micro-step inside no_sync | "DDP never all-reduced the gradients of window 0 (0 all-reduce rounds ..." |
 | loss not divided | "the gradient of window 0 (...) is the micro-batch gradients not divided, not the mean ..." |
 | loss divided by accumulation_steps | "... divided by accumulation_steps=4, not the mean over its N=16 samples ..." |
@@ -48,8 +49,9 @@ from ...grading import launch_files, launch_timeout
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, local_count, mean_of_means,
-                     never_synced, never_zeroed, not_divided, over_world, padding_counted, step_every_micro_step,
-                     step_misplaced, window_in_words, zero_grad_before_step, zero_grad_mid_window)
+                     never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted,
+                     step_every_micro_step, step_misplaced, window_in_words, zero_grad_before_step,
+                     zero_grad_mid_window)
 from .observed import Run, Scenario
 from .probes import SCENARIOS, rank_main, windows
 from .reference import WORLD, reference
@@ -60,8 +62,8 @@ EXERCISE = Exercise(number=2, name="accumulation", filename="ex02_accumulation.p
 
 # Most specific first: a broken schedule explains wrong gradients, not the other way round.
 SCHEDULE = [zero_grad_mid_window, zero_grad_before_step, step_every_micro_step, step_misplaced, never_zeroed]
-CAUSES = SCHEDULE + [never_synced, not_divided, mean_of_means, divided_by_k, equal_weights, over_world, local_count,
-                     padding_counted]
+CAUSES = SCHEDULE + [no_backward, never_synced, not_divided, mean_of_means, divided_by_k, equal_weights, over_world,
+                     local_count, padding_counted]
 
 
 def _first_wrong_step(s: Scenario) -> str:
@@ -132,8 +134,8 @@ def allreduce_per_window(run: Run) -> Verdict:
         return failed(f"DDP all-reduced the gradients {s.window_rounds} times per window of {K} micro-steps (counted "
                       f"with a comm hook); expected once: run the first {K - 1} micro-steps of each window (forward "
                       "and backward) inside `with model.no_sync():`")
-    return failed(diagnose([never_synced], s) or f"DDP all-reduced {s.window_rounds} times per window; expected "
-                  "once, on the last micro-batch of each window (outside no_sync)")
+    return failed(diagnose([no_backward, never_synced], s) or f"DDP all-reduced {s.window_rounds} times per window; "
+                  "expected once, on the last micro-batch of each window (outside no_sync)")
 
 
 @criterion(f"{EQUAL} ranks' gradients still differ inside a window", points=1)

@@ -78,8 +78,25 @@ def never_zeroed(s: Scenario) -> str | None:
             "gradients: call optimizer.zero_grad() after every optimizer.step()")
 
 
+def _no_gradient(s: Scenario) -> bool:
+    """Whether every optimizer step found the gradients zero (or unset): no backward reached the parameters."""
+    steps = s.obs["steps"]
+    return bool(steps) and not any(g.any() for step in steps for g in step["grads"].values())
+
+
+@mistake("no backward: the gradients stay zero")
+def no_backward(s: Scenario) -> str | None:
+    if not _no_gradient(s):
+        return None
+    return (f"at all {len(s.obs['steps'])} optimizer steps the gradients were zero on rank 0 (every .grad None or 0, "
+            f"after {sum(s.micro)} forwards): no backward() reached the parameters, so DDP had nothing to all-reduce "
+            "and SGD nothing to step with: call loss.backward() on each micro-batch's loss")
+
+
 @mistake("every micro-step inside no_sync")
 def never_synced(s: Scenario) -> str | None:
+    if _no_gradient(s):
+        return None  # no backward at all: no_backward
     if not (unsynced := [w for w, n in enumerate(s.window_rounds) if n == 0]):
         return None
     return (f"DDP never all-reduced the gradients of window {unsynced[0]} (0 all-reduce rounds in its "

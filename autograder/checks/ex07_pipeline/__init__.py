@@ -82,6 +82,12 @@ def _raised(step: Run) -> str:
     return "".join(out)
 
 
+def _advice(step: Run, text: str) -> str:
+    """``": " + text``, the step to take, only where no rank raised: a run an error cut short shows what the
+    error stopped, not a step the learner left out (the error, at its line, is shown instead)."""
+    return "" if any(r["error"] for r in step.ranks) else f": {text}"
+
+
 # The causes (causes) the criteria ask for, most specific first.
 PROTOCOL = [activation_without_grad, gradients_not_sent, deadlock, unmatched]  # explain any failure: first
 SCALE = [count_scales, loss_not_scaled]
@@ -96,11 +102,11 @@ def every_microbatch_once(step: Run) -> Verdict:
         if len(fwd) != MICRO or rows != [want_rows]:
             return failed(diagnose([*PROTOCOL, no_microbatches, pieces_of_n_rows], step, "count") or
                           f"stage {s} ran {len(fwd)} forward(s) of {rows} rows; expected {MICRO} micro-batches of "
-                          f"{want_rows}: split the batch with chunk(n_microbatches) and call the stage once per "
-                          "micro-batch" + _raised(step))
+                          f"{want_rows}" + _advice(step, "split the batch with chunk(n_microbatches) and call the "
+                                                   "stage once per micro-batch") + _raised(step))
         if len(bwd) != MICRO:
             return failed(diagnose(PROTOCOL, step, "count") or f"stage {s} ran {len(bwd)} backward(s) for its "
-                          f"{MICRO} forwards: backpropagate every micro-batch once" + _raised(step))
+                          f"{MICRO} forwards" + _advice(step, "backpropagate every micro-batch once") + _raised(step))
     return passed(f"{MICRO} forwards and {MICRO} backwards of {want_rows} rows per stage")
 
 
@@ -108,8 +114,8 @@ def every_microbatch_once(step: Run) -> Verdict:
 def loss_matches(step: Run) -> Verdict:
     loss, ref = step.ranks[1]["loss"], step.ref_loss
     if loss is None or loss.numel() != 1:
-        return failed(diagnose(PROTOCOL, step, "loss") or "rank 1 (the last stage) returned no loss: return the "
-                      "batch's mean loss there" + _raised(step))
+        return failed(diagnose(PROTOCOL, step, "loss") or "rank 1 (the last stage) returned no loss"
+                      + _advice(step, "return the batch's mean loss there") + _raised(step))
     if parity(loss.reshape(()), ref, rtol=RTOL, atol=ATOL).ok:
         return passed(f"loss {ref.item():.5g}")
     return failed(diagnose([*SCALE, last_loss, mean_of_scaled], step, "loss") or
@@ -129,8 +135,9 @@ def _grads_verdict(step: Run, stage: int) -> Verdict:
     grads, ref, part = step.ranks[stage]["grads"], step.ref_grads[stage], f"grads{stage}"
     if any(g is None for g in grads):
         return failed(diagnose(PROTOCOL, step, part) or f"stage {stage}'s parameters have no gradient after the "
-                      "step: " + ("call loss.backward() for every micro-batch's loss" if stage == 1 else
-                              "call output.backward(grad) with the gradient received from stage 1") + _raised(step))
+                      "step" + _advice(step, "call loss.backward() for every micro-batch's loss" if stage == 1 else
+                                       "call output.backward(grad) with the gradient received from stage 1")
+                      + _raised(step))
     names = [f"parameter {i} of stage {stage}" for i in range(len(ref))]
     p = parity(dict(zip(names, grads)), dict(zip(names, ref)), rtol=RTOL, atol=ATOL)
     if p.ok:

@@ -18,6 +18,10 @@ still learnt from.
 | gradients never all-reduced | "no rank made an all-reduce in 6 steps ...: each rank stepped on its own gradient ..." |
 | the step skipped on every rank | "at step 1 no rank all-reduced its gradients ... although rank 0 kept 5 ..." |
 | an empty rank sends a non-zero gradient | "rank 1 kept no sample at step 1 but all-reduced tensors whose ..." |
+| the gradients never all-reduced, the count is | "no rank all-reduced a gradient in 6 steps: rank 0's 6 ..." |
+| zero gradients all-reduced by a rank that kept samples | "rank 0 kept 6 samples at step 0, yet every gradient ..." |
+| the count never all-reduced: each rank divides by its own | "at step 0 every all-reduce was of a gradient ..." |
+| the weights never updated | "after 6 steps every rank's weights are still the initial ones ..." |
 """
 from __future__ import annotations
 
@@ -29,8 +33,8 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, no_all_reduce, parted, skipped_everywhere,
-                     skipped_on_empty, stale_gradient)
+from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, count_not_reduced, grads_not_reduced, no_all_reduce,
+                     no_update, parted, skipped_everywhere, skipped_on_empty, stale_gradient, zero_gradients)
 from .observed import Run
 from .probes import ATOL, RTOL, STEPS, rank_main
 
@@ -42,9 +46,9 @@ WORLD = 2
 
 @criterion("[W={world}] the job finishes: every rank makes the same collectives, in order", points=3)
 def finishes(run: Run) -> Verdict:
-    if errors := [(r["rank"], r["error"]) for r in run.ranks if r["error"]]:
-        rank, error = errors[0]
-        return failed(f"train raised on rank {rank}: {error}")
+    if errors := [(r["rank"], r["error"], r["where"]) for r in run.ranks if r["error"]]:
+        rank, error, where = errors[0]
+        return failed(f"train raised on rank {rank}" + (f" at {where}" if where else "") + f": {error}")
     if run.mismatch is None:
         return passed()
     return failed(diagnose([barrier_for_all_reduce, skipped_on_empty], run) or f"the job hangs: {parted(run)}")
@@ -70,10 +74,12 @@ def matches_reference(run: Run) -> Verdict:
     measured = {"max_abs_diff_vs_reference": worst.max_abs_diff}
     if all(d.ok for d in diffs):
         return passed(f"max abs difference {worst.max_abs_diff:.2g}", **measured)
-    return failed(diagnose([no_all_reduce, skipped_everywhere, stale_gradient], run)
+    return failed(diagnose([no_all_reduce, grads_not_reduced, zero_gradients, skipped_everywhere, stale_gradient,
+                            count_not_reduced, no_update], run)
                   or f"the weights differ from one process's SGD on the mean loss over every rank's kept samples "
                   f"(max abs difference {worst.max_abs_diff:.3g} in '{worst.worst}', tolerance rtol={RTOL}, "
-                  f"atol={ATOL}): divide the all-reduced gradient by the all-reduced count", **measured)
+                  f"atol={ATOL}): one process steps by lr x (the sum of every rank's kept samples' gradients) / "
+                  "(the number of kept samples on all ranks)", **measured)
 
 
 @criterion("[W={world}] a rank with nothing to keep takes part with a zero gradient", points=2,

@@ -97,3 +97,73 @@ def stale_gradient(run: Run) -> str | None:
                     "left from an earlier step, or a count of 1, changes every rank's update")
     return None
 
+
+
+def _lines(calls: list[dict]) -> str:
+    """The learner's lines of ``calls``, each once: ``ex09_hang.py:78 (dist.all_reduce(grad))``."""
+    return ", ".join(dict.fromkeys(c["at"] or "a line outside your file" for c in calls))
+
+
+@mistake("the gradients never all-reduced, the count is")
+def grads_not_reduced(run: Run) -> str | None:
+    if any(run.grad_reduces(r, s) for r in range(run.world) for s in range(STEPS)):
+        return None
+    made = run.ranks[0]["calls"]
+    if not made:
+        return None  # no all-reduce at all: no_all_reduce says so
+    shapes = sorted({str(c["shape"]) for c in made})
+    return (f"no rank all-reduced a gradient in {STEPS} steps: rank 0's {len(made)} all-reduces were all of "
+            f"{' or '.join(shapes)} tensors ({_lines(made)}), none shaped like a parameter "
+            f"({', '.join(map(str, run.param_shapes))}): each rank stepped on the gradient of its own samples "
+            "only. Every parameter's gradient is all-reduced too, on every rank, at every step")
+
+
+@mistake("zero gradients all-reduced by a rank that kept samples")
+def zero_gradients(run: Run) -> str | None:
+    for rank in range(run.world):
+        for step in range(STEPS):
+            grads = run.grad_reduces(rank, step)
+            kept = run.kept(rank, step)
+            if not kept or not grads or any(c["input_abs"] > 0 for c in grads):
+                continue
+            first = min(c["n"] for c in grads)
+            before = [b for b in run.backwards(rank, step) if b["after"] < first]
+            head = (f"rank {rank} kept {kept} samples at step {step}, yet every gradient it all-reduced there "
+                    f"({_lines(grads)}) was zero")
+            if before and sum(b["abs"] for b in before) > 0:
+                return (head + f": its backward() had given gradients whose |values| sum to "
+                        f"{sum(b['abs'] for b in before):.3g}, and they were cleared before the all-reduce "
+                        "(zero_grad(), or .grad set to None, after backward()): clear them before the backward")
+            after = [b for b in run.backwards(rank, step) if b["after"] >= first]
+            if after:
+                return (head + ": backward() ran at that step only after the gradients' all-reduces: all-reduce "
+                        "them once backward() has filled them")
+            return (head + ": no backward() reached the parameters at that step, so .grad was empty (None, sent "
+                    "as zeros): call loss.backward() before all-reducing the gradients")
+    return None
+
+
+@mistake("the count never all-reduced: each rank divides by its own")
+def count_not_reduced(run: Run) -> str | None:
+    for step in range(STEPS):
+        if not all(run.grad_reduces(r, step) for r in range(run.world)):
+            continue
+        if any(run.count_reduces(r, step) for r in range(run.world)):
+            return None
+        kept = [run.kept(r, step) for r in range(run.world)]
+        return (f"at step {step} every all-reduce was of a gradient ({len(run.grad_reduces(0, step))} on rank 0, "
+                "shaped like the parameters), none of the count: each rank divided the global sum of gradients "
+                f"by its own count ({', '.join(f'rank {r} kept {k}' for r, k in enumerate(kept))}) where one "
+                f"process divides by all {sum(kept)}: all-reduce the count as well, before dividing by it")
+    return None
+
+
+@mistake("the weights never updated")
+def no_update(run: Run) -> str | None:
+    sent = [c["input_abs"] for r in run.ranks for c in r["calls"] if c["shape"] in run.param_shapes]
+    if not run.unchanged or not any(v > 0 for v in sent):
+        return None
+    return (f"after {STEPS} steps every rank's weights are still the initial ones, although the ranks all-reduced "
+            f"non-zero gradients ({len(sent)} all-reduces of gradients): no update reached the parameters. It is "
+            "made in place, under torch.no_grad(), on the model's own parameters (p -= lr * grad / count; "
+            "p = p - ... only rebinds the name)")

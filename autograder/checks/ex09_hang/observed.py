@@ -33,6 +33,24 @@ class Run:
         """The all-reduces of ``rank`` at ``step`` of more than one number (gradients, not counts or flags)."""
         return [c for c in self.at_step(rank, step) if c["shape"]]
 
+    @functools.cached_property
+    def param_shapes(self) -> list[list[int]]:
+        return [list(p.shape) for p in model().parameters()]
+
+    def count_reduces(self, rank: int, step: int) -> list[dict]:
+        """The all-reduces of ``rank`` at ``step`` of a tensor shaped like no parameter (a count, a flag)."""
+        return [c for c in self.at_step(rank, step) if c["shape"] not in self.param_shapes]
+
+    def backwards(self, rank: int, step: int) -> list[dict]:
+        """The gradients a backward accumulated into ``rank``'s parameters at ``step`` (``probes.Backwards``)."""
+        return [b for b in self.ranks[rank]["backwards"] if b["step"] == step]
+
+    @functools.cached_property
+    def unchanged(self) -> bool:
+        """Whether every rank's weights came back as they started (no update was applied)."""
+        start = model().state_dict()
+        return all(torch.equal(r["final"][k], v) for r in self.ranks for k, v in start.items())
+
     def kept(self, rank: int, step: int) -> int:
         return int(batch(rank, step)[2].sum())
 

@@ -27,7 +27,7 @@ from distlab.measure.comm import CollectiveRecorder
 from distlab.models import cpu_state
 from distlab.runtime.distributed import default_timeout, init_distributed
 
-from ...harness import CapturedPrints, attempt, echo, load_learner, raised
+from ...harness import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
 
 STEPS, LR = KEEP_STEPS, 0.5
 EMPTY = EMPTY_STEPS
@@ -77,7 +77,7 @@ class Ledger(CollectiveRecorder):
         for peer in range(self.nprocs):
             if peer != self.rank:
                 self._agree(mine, peer)
-        return {"step": mine["step"], "at": mine["at"],
+        return {"step": mine["step"], "at": mine["at"], "n": self.made,
                 "input_abs": float(sum(t.detach().abs().sum() for t in tensors if t.is_floating_point()))}
 
     def _agree(self, mine: dict, peer: int) -> None:
@@ -102,6 +102,22 @@ class Ledger(CollectiveRecorder):
         return [{"kind": op.kind, "shape": list(op.shape), **op.tags} for op in self.ops]
 
 
+class Backwards:
+    """Every gradient a backward accumulated into the model's parameters: the step the loop was at, how many
+    collectives the rank had made by then, and the sum of |grad| (``register_post_accumulate_grad_hook``)."""
+
+    def __init__(self, net: torch.nn.Module, batches: Batches, ledger: Ledger):
+        self.seen: list[dict] = []
+        self.handles = [p.register_post_accumulate_grad_hook(
+            lambda p: self.seen.append({"step": batches.step, "after": ledger.made,
+                                        "abs": float(p.grad.detach().abs().sum())}))
+            for p in net.parameters()]
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 def rank_main(paths: list[str]) -> list[dict]:
     """Runs on every rank: each file's ``train`` in turn, under its own :class:`Ledger`."""
     init_distributed()
@@ -113,13 +129,17 @@ def _observe(path: str, tag: str) -> dict:
     net, batches = model(), Batches(rank)
     learner, error = attempt(load_learner, path)
     ledger = Ledger(tag, batches, path)
+    backwards = Backwards(net, batches, ledger)
     with CapturedPrints() as out:
         if error is None:
             with ledger:
                 trained, error = attempt(learner.train, net, batches, lr=LR)
     ledger.done()
+    backwards.remove()
     echo(out.lines)
     mismatch = json.loads(str(error)) if isinstance(error, Mismatch) else None
     return {"rank": rank, "final": cpu_state(net), "calls": ledger.calls, "counts": ledger.counts(),
-            "mismatch": mismatch, "error": None if mismatch else raised(error),
+            "mismatch": mismatch, "error": None if mismatch else raised(error, path),
+            "where": str(learner_frame(error, path) or "") if error is not None and not mismatch else "",
+            "backwards": backwards.seen,
             "traceback": None if error is None or mismatch else "".join(traceback.format_exception(error))[-2000:]}

@@ -29,6 +29,8 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 | a fully masked shard merged: NaN | "rank 0's output is NaN in 16 of its 16 (head, position) rows: ..." |
 | partial outputs averaged instead of weighed by their log-sum-exp | "rank 3's output is (out + block_out) / 2 ..." |
 | max of the log-sum-exps without rescaling | "rank 3's output is what the merge gives with lse = max(lse, ...)" |
+| lse replaced by the merged one before out is rescaled | "rank 3's output is what the merge gives when lse ..." |
+| the merged lse never kept | "rank 3's output is what the merge gives when lse stays the first block's ..." |
 | causal mask by each shard's own indices | "rank 3's output is what a causal mask by each block's own indices ..." |
 | no causal mask | "rank 0's output is the non-causal attention (every key seen) ..." |
 | gathered the whole sequence with a collective | "the ring called all_gather: a collective that gathers ..." |
@@ -38,7 +40,10 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 | lse of the block instead of the merged lse | "rank 3's gradients are what p = exp(s - logsumexp(s)) ..." |
 | the causal mask dropped in the backward | "rank 3's gradients are what a backward with no causal mask gives ..." |
 | scale missing in dq or dk | "rank 0's dq and dk are sqrt(head_dim) = sqrt(8) = 2.83x autograd's ..." |
+| a gradient returned in another one's place | "rank 0's returned dk is autograd's dv of this rank's shard ..." |
+| a gradient never accumulated: all zeros | "rank 0's dk is zero in every value, where autograd's is not ..." |
 | NaN in the backward | "rank 0's dq, dk, dv hold NaN: a block from a later rank is wholly masked ..." |
+| a function that returns nothing | "rank 0's ring_attention returned None and raised nothing, where ..." |
 """
 from __future__ import annotations
 

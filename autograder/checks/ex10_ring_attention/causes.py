@@ -41,6 +41,19 @@ def unwritten(run: Run, name: str) -> str | None:
     return None if where is None else f"{name} is not implemented yet ({where})"
 
 
+@mistake("a function that returns nothing")
+def returned_none(run: Run) -> str | None:
+    for r in run.ranks:
+        if r.get("returned_none"):
+            backward = "grads" in r
+            name, want = ("ring_attention_backward", "(dq, dk, dv)") if backward else ("ring_attention", "its rows "
+                                                                                       "of the output")
+            return (f"rank {r['rank']}'s {name} returned None and raised nothing, where its contract returns {want}: "
+                    "its return statement is missing or never reached, or it returns a variable that was never "
+                    "assigned a tensor (still its initial None)")
+    return None
+
+
 @mistake("every rank sends before it receives: a deadlock")
 def deadlock(run: Run) -> str | None:
     pending = [next((c for c in reversed(r["p2p"]) if c["t1"] is None and not c["async"]), None) for r in run.ranks]
@@ -107,6 +120,26 @@ def max_no_rescale(run: Run) -> str | None:
     return (f"rank {ranks[-1]}'s output is what the merge gives with lse = max(lse, lse_block): the weights "
             "exp(lse - max) and exp(lse_block - max) then add up to more than 1. The merged normaliser is "
             "the log of the *sum* of exps, torch.logaddexp(lse, lse_block)")
+
+
+@mistake("lse replaced by the merged one before out is rescaled")
+def lse_first(run: Run) -> str | None:
+    ranks = _is(run, replay(run.world, merge="lse first"))
+    if not ranks:
+        return None
+    return (f"rank {ranks[-1]}'s output is what the merge gives when lse is set to the new logaddexp(lse, lse_block) "
+            "before out is rescaled: exp(lse - new) is then exp(0) = 1 and the old partial output keeps its whole "
+            "weight. Rescale out with the old lse, then keep the new one")
+
+
+@mistake("the merged lse never kept")
+def lse_not_kept(run: Run) -> str | None:
+    ranks = _is(run, replay(run.world, merge="lse kept"))
+    if not ranks:
+        return None
+    return (f"rank {ranks[-1]}'s output is what the merge gives when lse stays the first block's: each later block "
+            "is weighed against that one block's normaliser instead of all the blocks merged so far (at W = 2 "
+            "there is one merge and it does not show). Keep the merged lse for the next block")
 
 
 @mistake("causal mask by each shard's own indices")
@@ -211,10 +244,39 @@ def no_scale(run: Run) -> str | None:
     return None
 
 
+@mistake("a gradient returned in another one's place")
+def swapped_grads(run: Run) -> str | None:
+    for r in run.ranks:
+        got, want = r["grads"], run.grads[r["rank"]]
+        if got is None:
+            continue
+        for g in GRADS:
+            twin = next((h for h in GRADS if h != g and _close(got[g], want[h])), None)
+            if twin and not _close(got[g], want[g]):
+                return (f"rank {r['rank']}'s returned {g} is autograd's {twin} of this rank's shard: the tuple is "
+                        "(dq, dk, dv), in that order, each the gradient of its own input")
+    return None
+
+
+@mistake("a gradient never accumulated: all zeros")
+def zero_grad_returned(run: Run) -> str | None:
+    for r in run.ranks:
+        got, want = r["grads"], run.grads[r["rank"]]
+        zero = [g for g in GRADS if got is not None and got[g] is not None and not got[g].any() and want[g].any()]
+        if zero:
+            return (f"rank {r['rank']}'s {' and '.join(zero)} {'are' if len(zero) > 1 else 'is'} zero in every value, "
+                    "where autograd's is not: nothing was added into the tensor returned as "
+                    f"{zero[0]} (an accumulation into another buffer, or into a copy of it)")
+    return None
+
+
 @mistake("NaN in the backward")
 def backward_nan(run: Run) -> str | None:
+    masked = replay_backward(run.world, lse="block", skip=False)  # the NaN a wholly masked block gives
     for r in run.ranks:
         bad = [g for g, t in (r["grads"] or {}).items() if t is not None and torch.isnan(t).any()]
+        if any((torch.isnan(r["grads"][g]) & ~torch.isnan(masked[r["rank"]][g])).any() for g in bad):
+            return None  # NaN where no masked block puts it (memory never written?): not this mistake
         if bad:
             return (f"rank {r['rank']}'s {', '.join(bad)} hold NaN: a block from a later rank is wholly masked, its "
                     "scores all -inf, and exp(-inf - logsumexp(-inf)) is NaN. Use the merged lse you are given "
@@ -223,6 +285,7 @@ def backward_nan(run: Run) -> str | None:
 
 
 PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
-OUTPUT = [*PROTOCOL, masked_nan, averaged, max_no_rescale, local_mask, no_mask]
-GRADIENTS = [*PROTOCOL, backward_nan, block_delta, block_lse, backward_no_mask, no_scale]
+OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept, local_mask, no_mask]
+GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse,
+             backward_no_mask, no_scale]
 BACKWARD_RING = [*PROTOCOL, not_home]

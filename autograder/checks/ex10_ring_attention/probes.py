@@ -94,6 +94,7 @@ def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float, backward: bo
     elif exc is not None:  # reported, so the other criteria are still judged
         obs["error"], obs["where"] = raised(exc), str(learner_frame(exc, path) or "")
     obs[key] = _grads(result) if backward else _cpu(result)
+    obs["returned_none"] = exc is None and result is None
     return obs | {"first": first, "last": last,
                   "collectives": sorted({op.kind for op in comm.ops} - {"send", "recv"})}
 

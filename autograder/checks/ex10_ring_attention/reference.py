@@ -69,7 +69,8 @@ def replay(world: int, *, merge: str = "lse", mask: str = "global") -> list[torc
     """Each rank's output of a ring that visits the shards in ring order ``r, r - 1, ...``, skips those after
     its own, masks by ``mask`` (``"global"`` positions, ``"local"``: each block's own indices, as
     ``is_causal=True`` per block does) and merges by ``merge`` (``"lse"``; ``"halves"``: ``(out + b) / 2``;
-    ``"max"``: ``lse = max(lse, lse_b)`` with no rescale of the sum)."""
+    ``"max"``: ``lse = max(lse, lse_b)`` with no rescale of the sum; ``"lse first"``: ``lse`` replaced by the
+    merged one before ``out`` is rescaled by it; ``"lse kept"``: the merged ``lse`` never kept)."""
     q, k, v = whole()
     n, outs = SEQ // world, []
     for r in range(world):
@@ -89,8 +90,10 @@ def replay(world: int, *, merge: str = "lse", mask: str = "global") -> list[torc
             elif merge == "halves":
                 out = (out + b_out) / 2
             else:
-                new = torch.logaddexp(lse, b_lse) if merge == "lse" else torch.maximum(lse, b_lse)
-                out, lse = torch.exp(lse - new) * out + torch.exp(b_lse - new) * b_out, new
+                new = torch.maximum(lse, b_lse) if merge == "max" else torch.logaddexp(lse, b_lse)
+                old = new if merge == "lse first" else lse
+                out = torch.exp(old - new) * out + torch.exp(b_lse - new) * b_out
+                lse = lse if merge == "lse kept" else new
         outs.append(out)
     return outs
 

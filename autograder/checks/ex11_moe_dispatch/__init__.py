@@ -20,6 +20,8 @@ tokens with capacity per rank (GShard's groups; Lepikhin et al., 2020; Fedus et 
 | split sizes not exchanged: output_split_sizes = input_split_sizes | "rank 0's exchange_split_sizes returned ..." |
 | permutation not inverted: rows come back in expert order | "rank 0's combine returned the 45 rows in the order ..." |
 | all-to-all not autograd-aware: no gradient through it | "rank 0's dispatch returned a tensor with no grad_fn ..." |
+| a function that returns nothing | "rank 0's sort_by_expert returned None, where its contract returns ..." |
+| split sizes exchanged by no collective | "rank 0's exchange_split_sizes made no collective and returned ..." |
 | split sizes that do not add up to the rows sent | ("Split sizes doesn't match total dim 0 size") "..." |
 """
 from __future__ import annotations
@@ -32,7 +34,8 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import KNOWN_ERRORS, dropped_sent, not_autograd, not_exchanged, not_inverted, wrong_order
+from .causes import (KNOWN_ERRORS, dropped_sent, no_exchange_collective, not_autograd, not_exchanged, not_inverted,
+                     returned_none, wrong_order)
 from .observed import Run
 from .probes import ATOL, RTOL, rank_main
 
@@ -59,7 +62,7 @@ def split_sizes(run: Run) -> Verdict:
         if "sort" in obs["substituted"]:
             r, got = obs["rank"], obs["returned"]
             want = run.slots(r)["send"]
-            return failed(diagnose([dropped_sent, wrong_order], run) or (
+            return failed(returned_none(run, "sort") or diagnose([dropped_sent, wrong_order], run) or (
                 f"rank {r}'s input_split_sizes is {got['send']}, its kept slots per expert {want}"
                 if got["send"] != want else f"rank {r}'s perm is not the {sum(want)} kept slots' indices "
                 "(int64, 1-D, each once) in expert order"))
@@ -76,7 +79,7 @@ def sizes_exchanged(run: Run) -> Verdict:
         r = obs["rank"]
         if "exchange" in obs["substituted"]:
             want = [run.slots(j)["send"][r] for j in range(run.world)]
-            return failed(diagnose([not_exchanged], run) or
+            return failed(returned_none(run, "exchange") or diagnose([not_exchanged, no_exchange_collective], run) or
                           f"rank {r}'s exchange_split_sizes returned {obs['returned']['recv']}; the ranks send it "
                           f"{want} rows (a list of Python ints)")
         calls = run.calls(r, "exchange")
@@ -97,7 +100,8 @@ def _output(run: Run) -> tuple[str | None, float]:
         if obs["y"] is None:
             got = obs["returned"].get("dispatch_shape", obs["returned"].get("combine_shape"))
             which = "dispatch" if "dispatch_shape" in obs["returned"] else "combine"
-            return f"rank {r}'s {which} returned {got}, not the shape its contract gives", 0.0
+            return (returned_none(run, which)
+                    or f"rank {r}'s {which} returned {got}, not the shape its contract gives"), 0.0
         p = parity(obs["y"], run.ref["y"][run.rows(r)], rtol=RTOL, atol=ATOL)
         if not p.ok:
             return diagnose([not_inverted], run) or (f"rank {r}'s output differs from the single-process MoE's by "

@@ -88,3 +88,36 @@ def not_autograd(run: Run) -> str | None:
                         "all_to_all_single_autograd (torch.distributed._functional_collectives) or "
                         "torch.distributed.nn.functional.all_to_all_single")
     return None
+
+
+FUNCTIONS = {"sort": ("sort_by_expert", "(perm, input_split_sizes)"),
+             "exchange": ("exchange_split_sizes", "output_split_sizes, a list of {world} ints"),
+             "dispatch": ("dispatch", "the rows this rank's expert receives, a tensor"),
+             "combine": ("combine", "one row per slot, a tensor")}
+
+
+@mistake("a function that returns nothing")
+def returned_none(run: Run, stage: str) -> str | None:
+    for obs in run.ranks:
+        if stage in obs["returned_none"]:
+            name, contract = FUNCTIONS[stage]
+            return (f"rank {obs['rank']}'s {name} returned None, where its contract returns "
+                    f"{contract.format(world=run.world)}: a function returns None when no return statement is "
+                    "reached (a value computed on its last line is not returned by itself)")
+    return None
+
+
+@mistake("split sizes exchanged by no collective")
+def no_exchange_collective(run: Run) -> str | None:
+    for obs in run.ranks:
+        r, recv = obs["rank"], obs["returned"].get("recv")
+        want = [run.slots(j)["send"][r] for j in range(run.world)]
+        if run.calls(r, "exchange") or not isinstance(recv, list) or recv == want:
+            continue
+        wild = [v for v in recv if not 0 <= v <= run.world * len(run.slots(r)["keep"])]
+        return (f"rank {r}'s exchange_split_sizes made no collective and returned {recv}, where the ranks send it "
+                f"{want} rows: those counts are known only on the ranks that send them, and reach this one by a "
+                "collective (one dist.all_to_all_single of a tensor of the counts)"
+                + (f"; {wild[0]} is no count of rows: a buffer (torch.empty) read before anything was written "
+                   "into it" if wild else ""))
+    return None

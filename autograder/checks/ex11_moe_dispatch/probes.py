@@ -113,7 +113,8 @@ def rank_main(paths: list[str]) -> list[dict]:
 def _observe(path: str, rank: int, world: int) -> dict:
     obs = {"rank": rank, "world": world, "not_implemented": None, "errors": {}, "returned": {}, "substituted": [],
            "received_grad_fn": None, "combined_grad_fn": None, "y": None, "y_slots": None, "x_grad": None,
-           "router_grad": None, "expert_grads": None, "comm": []}
+           "router_grad": None, "expert_grads": None, "comm": [],
+           "returned_none": []}
     layer, (x_all, grad_all) = moe(world), data(world)
     x = x_all[rank * T:(rank + 1) * T].clone().requires_grad_()
     _, slots = layer.route(x)
@@ -131,6 +132,8 @@ def _observe(path: str, rank: int, world: int) -> dict:
             obs["not_implemented"] = obs["not_implemented"] or str(learner_frame(exc, path) or exc)
         elif exc is not None:
             obs["errors"][name] = {"error": raised(exc), "where": str(learner_frame(exc, path) or "")}
+        elif out is None:
+            obs["returned_none"].append(name)
         return out
 
     with CapturedPrints() as printed:
