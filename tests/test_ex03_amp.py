@@ -41,7 +41,8 @@ MUTANTS = {
         "        scaler.scale(loss).backward()\n": "        loss = scaler.scale(loss)\n        loss.backward()\n",
         # accumulated_step: unscale_ moved into the loop over micro-batches (PyTorch raises at the second)
         "        window_losses.append(micro_loss.detach().float())\n"
-        "    scaler.unscale_(optimizer)  # once per window": "        window_losses.append(micro_loss.detach().float())\n"
+        "    scaler.unscale_(optimizer)  # once per window":
+        "        window_losses.append(micro_loss.detach().float())\n"
         "        scaler.unscale_(optimizer)  # once per window",
     },
     # each mutant below has one mistake in train_step and one in saved_bytes (independent parts)
