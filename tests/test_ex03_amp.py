@@ -431,3 +431,15 @@ def test_accumulation_reference_is_the_whole_batch_step():
     for name, value in ref["state"].items():
         torch.testing.assert_close(whole[name], value, rtol=check.ACC_RTOL / 10, atol=check.ACC_ATOL / 10)
     assert all(n < accumulation.NO_CLIP / 2 ** 16 for n in ref["norms"]), ref["norms"]
+
+
+def test_a_file_without_accumulated_step_loses_only_that_part():
+    """No launch: a file handed in before the part existed is told where its stub is."""
+    from types import SimpleNamespace
+
+    from autograder.checks.ex03_amp import accumulation
+
+    obs = accumulation.observe(SimpleNamespace(), torch.device("cpu"))
+    verdict = check.accumulation_parity(check.Run({"accumulation": obs}))
+    assert "defines no accumulated_step (copy its stub and docstring from exercises/ex03_amp.py)" in \
+        str(verdict), verdict

@@ -1,4 +1,4 @@
-"""Exercise 3 check: autocast training step, GradScaler order, and the method of measuring.
+"""Exercise 3 check: autocast training step, GradScaler order, the method of measuring, and fp16 accumulation.
 
 One rank (mixed precision is not about several processes) runs the learner's functions under the
 instruments of ``probes`` and returns observations; every verdict is computed here, against

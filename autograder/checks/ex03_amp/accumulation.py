@@ -105,7 +105,8 @@ def _windows(learner, device: torch.device, windows: list[int], max_norm: float,
 def observe(learner, device: torch.device) -> dict:
     """The three runs, each on its own model and scaler (one that raises does not hide the others)."""
     if not hasattr(learner, "accumulated_step"):
-        return {"error": "AttributeError: the file has no accumulated_step"}
+        return {"error": "AttributeError: the file defines no accumulated_step (copy its stub and docstring from "
+                         "exercises/ex03_amp.py)"}
     return {"parity": _windows(learner, device, list(range(WINDOWS)), NO_CLIP),
             "clipped": _windows(learner, device, [0], MAX_NORM),
             "overflow": _windows(learner, device, [1], NO_CLIP, inf_micro=INF_MICRO)}
