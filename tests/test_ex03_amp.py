@@ -49,6 +49,10 @@ MUTANTS = {
     "no_update_bytes_per_view_address": {
         "        scaler.update()             # lower the scale": "        pass             # lower the scale",
         "storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()": "storages[t.data_ptr()] = t.nbytes",
+        # accumulated_step: unscale_ and update after every micro-batch (the update lets unscale_ run again)
+        "        window_losses.append(micro_loss.detach().float())\n":
+        "        window_losses.append(micro_loss.detach().float())\n        scaler.unscale_(optimizer)\n"
+        "        scaler.update()\n",
     },
     "cast_no_zero_grad_first_view_bytes": {
         "    optimizer.zero_grad()\n": "    if amp_dtype is not None:\n        model.to(amp_dtype)\n",
@@ -258,6 +262,7 @@ def test_missing_scaler_update_named_and_other_parts_keep_their_marks(reports):
     assert feedback_of(report, "losses within").startswith("scaler.update() not called: ")
     assert set(failed(report)) == {"fp16 GradScaler order: scale, backward, unscale_, clip, step, update",
                                    "fp16 step with inf gradients is skipped", MEMORY_CRITERION,
+                                   ACC_PARITY + f" ({check.WINDOWS} windows)", ACC_ORDER, ACC_OVERFLOW,
                                    f"bf16 and fp16 losses within {check.LOSS_TOL} of float32 over {STEPS} "
                                    "steps"}, failed(report)
 
@@ -443,3 +448,22 @@ def test_a_file_without_accumulated_step_loses_only_that_part():
     verdict = check.accumulation_parity(check.Run({"accumulation": obs}))
     assert "defines no accumulated_step (copy its stub and docstring from exercises/ex03_amp.py)" in \
         str(verdict), verdict
+
+
+def test_accumulation_unscale_and_update_per_micro_batch_named(reports):
+    """It runs (each update lets the next unscale_ run): the window's calls show where it went wrong."""
+    report = reports["no_update_bytes_per_view_address"]
+    for name in (ACC_PARITY, ACC_ORDER, ACC_OVERFLOW):
+        fb = feedback_of(report, name)
+        assert fb.startswith("window 1 called ['scale', 'backward', 'unscale_', 'update', 'scale', "), fb
+        assert "unscale_ before the last micro-batch's backward (scaler.update() 5 times let it run again)" in fb
+
+
+def test_accumulation_update_per_micro_batch_cause_on_observations():
+    """No launch: the cause that names an update inside the window, on a window's calls."""
+    window = ["scale", "backward", "update", "scale", "backward", "unscale_", "step", "optimizer.step", "update"]
+    fb = check.updated_per_micro({"events": [window]})
+    assert fb.startswith("window 1 called scaler.update() 2 times"), fb
+    right = ["scale", "backward"] * check.K + ["unscale_", "step", "optimizer.step", "update"]
+    assert check.updated_per_micro({"events": [right]}) is None
+    assert check.unscaled_per_micro({"events": [right]}) is None

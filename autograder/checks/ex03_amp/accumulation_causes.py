@@ -50,7 +50,9 @@ def unscaled_per_micro(run: dict) -> str | None:
     bad = next(((w, ev) for w, ev in enumerate(run["events"]) if _first(ev, "unscale_") < _last_backward(ev)), None)
     if bad is None:
         return None
-    return (f"window {bad[0] + 1} called {bad[1]}: unscale_ before the last micro-batch's backward divides the "
+    updates = bad[1].count("update")
+    let = f" (scaler.update() {updates} times let it run again)" if updates > 1 else ""
+    return (f"window {bad[0] + 1} called {bad[1]}: unscale_ before the last micro-batch's backward{let} divides the "
             f"gradients accumulated so far, and later ones again: {PER_WINDOW}")
 
 
