@@ -364,6 +364,15 @@ assert sum(bytes_per_param("bf16").values()) == sum(bytes_per_param("fp32").valu
 # storage saved for backward, weights included (the total of the stacked bars above), as its
 # docstring says. `distlab.measure.timing.median_seconds` and `distlab.measure.memory.saved_tensor_bytes` are
 # distlab's copies of the graded functions: they earn no marks.
+#
+# Last, `accumulated_step`: notebook 02's gradient accumulation in float16, with a GradScaler.
+# This notebook shows the scaler on one batch; on k micro-batches it is yours to work out. Before
+# you write it, answer for yourself: `.grad` now collects k backwards, so which of the scaler's
+# calls belong to each micro-batch and which to the window? Unscaling divides whatever `.grad`
+# holds *at that moment*, and a GradScaler allows one `unscale_` per optimizer between two
+# `update()`s; clipping must see the window's true gradient; and if one micro-batch overflows,
+# what should happen to the other k − 1, and to the scale? The grader compares your windows with
+# the whole batch's step, and names the mistake where they differ.
 
 # %%
 from autograder.notebook import check

@@ -18,6 +18,8 @@ Write:
 1. ``train_step``: one optimizer step in float32, bfloat16 or float16 (with a scaler).
 2. ``median_seconds`` and ``saved_bytes``: honest measurements of time and memory.
 3. ``compare``: the speedup and the memory ratio of a candidate over a baseline.
+4. ``accumulated_step``: float16 with loss scaling over k micro-batches, one optimizer step per window
+   (notebook 02's accumulation meets the GradScaler: work out where each scaler call belongs).
 
 The grader checks the measuring functions on simulated workloads whose true
 cost it knows (slow first calls, outliers, asynchronous work), then reports
@@ -33,7 +35,7 @@ those (imported, aliased, or called from your functions) and gives them no marks
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -107,6 +109,33 @@ def compare(baseline: Callable[[], object], candidate: Callable[[], object], *, 
     ``baseline_bytes`` and ``candidate_bytes`` (``saved_bytes`` of one call
     each) and ``memory_ratio`` = ``candidate_bytes / baseline_bytes`` (below
     1: the candidate saves memory).
+    """
+    # YOUR CODE HERE
+    raise NotImplementedError
+
+
+def accumulated_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+                     micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
+                     scaler: torch.amp.GradScaler, max_norm: float = 1.0) -> torch.Tensor:
+    """One float16 optimizer step over a window of ``k = len(micro_batches)`` micro-batches ``(x, y)`` of
+    equal size, with loss scaling; returns the window's loss (detached, float32).
+
+    The step is ``train_step(..., amp_dtype=torch.float16, scaler=scaler)`` on the whole batch (the
+    micro-batches concatenated), up to float16 rounding, while autograd holds the activations of one
+    micro-batch at a time. Invariants (the grader checks each):
+
+    * Memory: each micro-batch's forward, under float16 autocast, is followed by its own backward
+      before the next micro-batch's forward: k backwards per window; the window starts from no gradients.
+    * Every backward is of a loss the ``scaler`` has scaled (float16's small gradients would underflow).
+    * When the optimizer steps, ``.grad`` holds the gradient of the *whole batch's mean* cross-entropy
+      (not the sum of the micro-batches' means), true (no longer multiplied by the scale), with its
+      total norm clipped to ``max_norm`` (``torch.nn.utils.clip_grad_norm_``).
+    * The scaler takes one step per window: one ``scaler.step(optimizer)`` and one ``scaler.update()``.
+      A GradScaler unscales an optimizer's gradients at most once between two updates (it raises
+      otherwise) and divides whatever ``.grad`` holds then.
+    * If any micro-batch's gradients overflow (inf/NaN), the whole window is skipped (the weights do not
+      change) and the scale is lowered once (halved), not once per micro-batch.
+    * The loss returned is the whole batch's mean cross-entropy, unscaled.
     """
     # YOUR CODE HERE
     raise NotImplementedError

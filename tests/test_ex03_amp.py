@@ -8,6 +8,8 @@ The runtime's working copies of the measuring functions (``distlab.measure.timin
 or called from a thin wrapper."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -28,31 +30,58 @@ MUTANTS = {
         "        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n":
         "        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"
         "        scaler.unscale_(optimizer)\n",
+        # accumulated_step: the same mistake in the window
+        "    scaler.unscale_(optimizer)  # once per window, after the last backward: the true mean gradient\n"
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n":
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n    scaler.unscale_(optimizer)\n",
     },
     "inverted_ratios_scaled_loss_returned": {
         '"speedup": baseline_s / candidate_s': '"speedup": candidate_s / baseline_s',
         '"memory_ratio": candidate_bytes / baseline_bytes': '"memory_ratio": baseline_bytes / candidate_bytes',
         "        scaler.scale(loss).backward()\n": "        loss = scaler.scale(loss)\n        loss.backward()\n",
+        # accumulated_step: unscale_ moved into the loop over micro-batches (PyTorch raises at the second)
+        "        window_losses.append(micro_loss.detach().float())\n"
+        "    scaler.unscale_(optimizer)  # once per window":
+        "        window_losses.append(micro_loss.detach().float())\n"
+        "        scaler.unscale_(optimizer)  # once per window",
     },
     # each mutant below has one mistake in train_step and one in saved_bytes (independent parts)
     "no_update_bytes_per_view_address": {
         "        scaler.update()             # lower the scale": "        pass             # lower the scale",
         "storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()": "storages[t.data_ptr()] = t.nbytes",
+        # accumulated_step: unscale_ and update after every micro-batch (the update lets unscale_ run again)
+        "        window_losses.append(micro_loss.detach().float())\n":
+        "        window_losses.append(micro_loss.detach().float())\n        scaler.unscale_(optimizer)\n"
+        "        scaler.update()\n",
     },
     "cast_no_zero_grad_first_view_bytes": {
         "    optimizer.zero_grad()\n": "    if amp_dtype is not None:\n        model.to(amp_dtype)\n",
         "storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()":
         "storages.setdefault(t.untyped_storage().data_ptr(), t.nbytes)",
+        # accumulated_step: train_step's tail inside the loop, one optimizer step per micro-batch
+        "    scaler.unscale_(optimizer)  # once per window, after the last backward: the true mean gradient\n"
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"
+        "    scaler.step(optimizer)  # skips the whole window if any micro-batch overflowed\n"
+        "    scaler.update()         # one update per window: the scale drops once after an overflow\n":
+        "",
+        "        window_losses.append(micro_loss.detach().float())\n":
+        "        window_losses.append(micro_loss.detach().float())\n        scaler.unscale_(optimizer)\n"
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n        scaler.step(optimizer)\n"
+        "        scaler.update()\n",
     },
     "summed_loss_unclipped": {
         "cross_entropy(model(x), y)": 'cross_entropy(model(x), y, reduction="sum")',
         "        loss.backward()\n        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n":
         "        loss.backward()\n",
+        "scaler.scale(micro_loss / k)": "scaler.scale(micro_loss)",  # accumulated_step: not divided by k
     },
     "no_autocast_no_scaler_step": {
         "enabled=amp_dtype is not None": "enabled=False",
         "        scaler.step(optimizer)      # skipped": "        optimizer.step()      # skipped",
         '"memory_ratio": candidate_bytes / baseline_bytes': '"mem_ratio": candidate_bytes / baseline_bytes',
+        # accumulated_step: the scale updated after every micro-batch (PyTorch raises at the first)
+        "        window_losses.append(micro_loss.detach().float())\n":
+        "        window_losses.append(micro_loss.detach().float())\n        scaler.update()\n",
     },
     # the runtime's copies, three ways (each mutant hands in one median_seconds and one saved_bytes way);
     # the learner's own functions stay in the file under other names
@@ -79,6 +108,11 @@ MUTANTS = {
         "def saved_bytes(": "def saved_bytes(fn):\n    from distlab.measure.memory import SavedTensors\n\n"
                             "    with SavedTensors() as counter:\n        fn()\n    return counter.total\n\n\n"
                             "def _own_saved_bytes(",
+        # accumulated_step: the micro-batches' losses summed, one backward per window (k graphs held at once)
+        "    window_losses = []\n": "    window_losses, total = [], 0\n",
+        "        scaler.scale(micro_loss / k).backward()": "        total = total + micro_loss / k",
+        "    scaler.unscale_(optimizer)  # once per window": "    scaler.scale(total).backward()\n"
+                                                          "    scaler.unscale_(optimizer)  # once per window",
     },
     # A hand-written timing loop on a clock imported by name (``from time import perf_counter``): the
     # virtual clock is what it reads too, so only its one mistake, no warm-up, fails.
@@ -228,6 +262,7 @@ def test_missing_scaler_update_named_and_other_parts_keep_their_marks(reports):
     assert feedback_of(report, "losses within").startswith("scaler.update() not called: ")
     assert set(failed(report)) == {"fp16 GradScaler order: scale, backward, unscale_, clip, step, update",
                                    "fp16 step with inf gradients is skipped", MEMORY_CRITERION,
+                                   ACC_PARITY + f" ({check.WINDOWS} windows)", ACC_ORDER, ACC_OVERFLOW,
                                    f"bf16 and fp16 losses within {check.LOSS_TOL} of float32 over {STEPS} "
                                    "steps"}, failed(report)
 
@@ -270,12 +305,12 @@ def test_real_speedup_graded_on_a_gpu_with_bf16_tensor_cores_only(capability, gr
     real = dict(speedup=3.0, baseline_s=0.003, candidate_s=0.001, memory_ratio=0.5, peak_ratio=0.5,
                 peak_method="torch.cuda.max_memory_allocated", device="GPU", model="MLP")
     run = check.Run({"capability": capability, "autocast": broken, "parity": broken, "scaler": broken,
-                     "measure": broken, "real": real, "answers": {}})
+                     "measure": broken, "accumulation": broken, "real": real, "answers": {}})
     report = check.EXERCISE.new_report()
     report.judge(check.criteria(run), run)
     report.scale_to()
     assert sum(c.points for c in report.criteria) == pytest.approx(10)
-    assert report.score == pytest.approx(10 / 11 if graded else 0, abs=0.01)  # the score is rounded to 0.01
+    assert report.score == pytest.approx(10 / 14 if graded else 0, abs=0.01)  # 13 points + 1, rounded to 0.01
     cuda = f"[cuda] real bf16 speedup at least {check.GPU_MIN_SPEEDUP}x"
     assert any(c.name == cuda for c in report.criteria) == graded
 
@@ -333,3 +368,102 @@ def test_step_count_and_unscaled_loss_named():
     fb = check.not_scaled({"events": ["backward", "unscale_", "step", "optimizer.step", "update"], "grad_norm": 0.05})
     assert "never scaler.scale(loss)" in fb
     assert check.not_scaled({"events": ["scale"], "grad_norm": 0.05}) is None
+
+
+ACC_PARITY = f"fp16 accumulation over {check.K} micro-batches matches the reference"
+ACC_ORDER = "accumulation: scale per micro-batch; unscale_, clip, step, update once per window"
+ACC_OVERFLOW = "accumulation: one overflowing micro-batch skips the window, the scale halves once"
+
+
+def test_accumulation_unscale_per_micro_batch_named_at_the_learners_line(reports):
+    fb = feedback_of(reports["inverted_ratios_scaled_loss_returned"], ACC_PARITY)
+    assert fb.startswith("unscale_ per micro-batch: scaler.unscale_(optimizer) ran after a micro-batch's backward"), fb
+    assert "RuntimeError: unscale_() has already been called on this optimizer since the last update()" in fb
+    assert re.search(r"\(line \d+: scaler\.unscale_\(optimizer\)", fb), fb  # the learner's line, not PyTorch's
+    assert "the window called ['scale', 'backward', 'unscale_', 'scale', 'backward', 'unscale_']" in fb
+
+
+def test_accumulation_update_per_micro_batch_named(reports):
+    report = reports["no_autocast_no_scaler_step"]
+    for name in (ACC_PARITY, ACC_ORDER, ACC_OVERFLOW):
+        fb = feedback_of(report, name)
+        assert fb.startswith("update per micro-batch: scaler.update() ran after a micro-batch's backward"), fb
+        assert "AssertionError: No inf checks were recorded prior to update." in fb
+
+
+def test_accumulation_clip_before_unscale_named(reports):
+    report = reports["no_warmup_no_sync_mean_clip_scaled"]
+    fb = feedback_of(report, ACC_ORDER)
+    assert fb.startswith("with max_norm=0.05 the optimizer stepped with a gradient norm of 7.63e-07, max_norm "
+                         "divided by the scale (65536): you clipped the scaled gradients"), fb
+    assert ACC_PARITY not in " ".join(failed(report))  # unclipped windows: the order of clip and unscale_ is moot
+
+
+def test_accumulation_loss_not_divided_by_k_named(reports):
+    report = reports["summed_loss_unclipped"]
+    fb = feedback_of(report, ACC_PARITY)
+    assert ", 4x the whole batch's mean gradient's" in fb and "divide each micro-batch's loss by k" in fb, fb
+    assert not any(k.startswith("accumulation:") for k in failed(report))  # clipping hides it; overflow is right
+
+
+def test_accumulation_steps_and_backwards_per_window_named(reports):
+    fb = feedback_of(reports["cast_no_zero_grad_first_view_bytes"], ACC_PARITY)
+    assert fb.startswith("window 1 called scaler.step 4 time(s) and optimizer.step 4 time(s)"), fb
+    assert "skips the window" in " ".join(failed(reports["cast_no_zero_grad_first_view_bytes"]))
+    report = reports["counter_class_saved_bytes"]
+    fb = feedback_of(report, ACC_ORDER)
+    assert fb.startswith("window 1 ran 1 backward(s) of 1 scaled loss(es) for 4 micro-batches"), fb
+    assert ACC_PARITY not in " ".join(failed(report))  # one summed backward steps the same weights
+
+
+def test_accumulation_reference_is_the_whole_batch_step():
+    """No launch: the K-micro-batch reference steps the weights the whole batch's fp16 step would, within
+    the check's tolerance (so a legal rounding passes), and the stepped norms are unclipped."""
+    from autograder.checks.ex03_amp import accumulation
+    from distlab.models import cpu_state, make_mlp
+    from autograder.checks.ex03_amp.workloads import LR, MODEL, batches
+
+    model = make_mlp(seed=3, **MODEL)
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=LR), torch.amp.GradScaler("cpu")
+    for x, y in batches(torch.device("cpu"))[:check.WINDOWS]:
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    whole, ref = cpu_state(model), accumulation.reference()
+    for name, value in ref["state"].items():
+        torch.testing.assert_close(whole[name], value, rtol=check.ACC_RTOL / 10, atol=check.ACC_ATOL / 10)
+    assert all(n < accumulation.NO_CLIP / 2 ** 16 for n in ref["norms"]), ref["norms"]
+
+
+def test_a_file_without_accumulated_step_loses_only_that_part():
+    """No launch: a file handed in before the part existed is told where its stub is."""
+    from types import SimpleNamespace
+
+    from autograder.checks.ex03_amp import accumulation
+
+    obs = accumulation.observe(SimpleNamespace(), torch.device("cpu"))
+    verdict = check.accumulation_parity(check.Run({"accumulation": obs}))
+    assert "defines no accumulated_step (copy its stub and docstring from exercises/ex03_amp.py)" in \
+        str(verdict), verdict
+
+
+def test_accumulation_unscale_and_update_per_micro_batch_named(reports):
+    """It runs (each update lets the next unscale_ run): the window's calls show where it went wrong."""
+    report = reports["no_update_bytes_per_view_address"]
+    for name in (ACC_PARITY, ACC_ORDER, ACC_OVERFLOW):
+        fb = feedback_of(report, name)
+        assert fb.startswith("window 1 called ['scale', 'backward', 'unscale_', 'update', 'scale', "), fb
+        assert "unscale_ before the last micro-batch's backward (scaler.update() 5 times let it run again)" in fb
+
+
+def test_accumulation_update_per_micro_batch_cause_on_observations():
+    """No launch: the cause that names an update inside the window, on a window's calls."""
+    window = ["scale", "backward", "update", "scale", "backward", "unscale_", "step", "optimizer.step", "update"]
+    fb = check.updated_per_micro({"events": [window]})
+    assert fb.startswith("window 1 called scaler.update() 2 times"), fb
+    right = ["scale", "backward"] * check.K + ["unscale_", "step", "optimizer.step", "update"]
+    assert check.updated_per_micro({"events": [right]}) is None
+    assert check.unscaled_per_micro({"events": [right]}) is None

@@ -1,4 +1,4 @@
-"""Exercise 3 check: autocast training step, GradScaler order, and the method of measuring.
+"""Exercise 3 check: autocast training step, GradScaler order, the method of measuring, and fp16 accumulation.
 
 One rank (mixed precision is not about several processes) runs the learner's functions under the
 instruments of ``probes`` and returns observations; every verdict is computed here, against
@@ -13,6 +13,10 @@ references computed here:
   saved tensor (or each view's own size) instead of each storage fail deterministically on any
   machine (within ``RATIO_TOL``); then on the real model, whose speedup is reported, and required
   only on a GPU with bf16 tensor cores (compute capability 8.0 or newer, ``GPU_MIN_SPEEDUP``);
+* ``accumulated_step`` (the part notebook 03 does not show, ``accumulation``): float16 over ``K``
+  micro-batches with a GradScaler, against the same window written the right way in one process (weights
+  within ``ACC_RTOL``/``ACC_ATOL``, losses within ``LOSS_TOL``), the scaler's calls per window and the
+  clipped norm, and a window whose one micro-batch overflows skipped whole, the scale halved once;
 * ``distlab.measure.timing.median_seconds`` and ``distlab.measure.memory.saved_tensor_bytes`` (and
   ``distributed_median_seconds``), which the notebooks use, are working copies of the graded
   ``median_seconds`` and ``saved_bytes`` (:mod:`autograder.answers`). A copy handed in (imported,
@@ -39,6 +43,12 @@ A failure names the first cause below that explains the observations (each has a
 | model cast to float16 | "the parameters, so their gradients, are float16 ..." (raised) |
 | gradients cleared before scaler.step | "scaler.step(optimizer) found no gradients ..." (raised) |
 | saved_bytes counts tensors, not storages | "saved_bytes counted 50,000 bytes ... each view's own bytes ..." |
+| unscale_ per micro-batch | "scaler.unscale_(optimizer) ran after a micro-batch's backward and again ..." (raised) |
+| update per micro-batch | "scaler.update() ran after a micro-batch's backward, before ..." (raised) |
+| not one backward per micro-batch | "window 1 ran 1 backward(s) of 1 scaled loss(es) for 4 micro-batches ..." |
+| steps not once per window | "window 1 called scaler.step 4 time(s) and optimizer.step 4 time(s) ..." |
+| loss not divided by k | "... a gradient norm of 0.727 in window 1, 4x the whole batch's mean gradient's ..." |
+| clipped before unscale_ (accumulation) | "... stepped with a gradient norm of 7.6e-07, max_norm ..." |
 """
 from __future__ import annotations
 
@@ -50,6 +60,10 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from .accumulation import INF_MICRO, K, WINDOWS, reference
+from .accumulation_causes import (backwards_not_k, broken as acc_broken, clipped_scaled as acc_clipped_scaled,
+                                  not_divided, steps_not_one as acc_steps_not_one, unscaled_per_micro,
+                                  updated_per_micro)
 from .causes import (KNOWN_ERRORS, broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing,
                      no_update, not_clipped, not_scaled, optimizer_stepped, scaled_loss_returned, step_skipped,
                      steps_not_one)
@@ -64,6 +78,7 @@ LOSS_TOL = 0.01          # |loss - fp32 reference loss| <= LOSS_TOL * max(1, |re
 RATIO_TOL = 0.10         # a reported ratio within 10% of the truth
 GPU_MIN_SPEEDUP = 1.5    # bf16 over fp32 on the real model, required on a GPU with bf16 tensor cores only
 RTOL, ATOL = 1e-4, 1e-5  # float32 step vs the single-process reference
+ACC_RTOL, ACC_ATOL = 1e-3, 1e-4  # fp16 windows vs the reference: other legal roundings, far from any mistake
 PER_EXTRA_FILE_S = 15.0  # one more file in a launch: every part, and the real model, measured again
 
 
@@ -210,8 +225,69 @@ def gpu_speedup(run: Run) -> Verdict:
                   "time measured with sync() after each call?")
 
 
+ORDER_CAUSES = [backwards_not_k, acc_steps_not_one, unscaled_per_micro, updated_per_micro]  # most specific first
+
+
+@criterion(f"fp16 accumulation over {K} micro-batches matches the reference ({WINDOWS} windows)", points=1.5)
+def accumulation_parity(run: Run) -> Verdict:
+    a = run.obs["accumulation"]
+    p = a.get("parity", a)
+    if why := acc_broken(p, "accumulated_step"):
+        return failed(why)
+    ref = reference()
+    same = parity(p["state"], ref["state"], rtol=ACC_RTOL, atol=ACC_ATOL)
+    gaps = [abs(got - want) / max(1.0, abs(want)) for got, want in zip(p["losses"], ref["losses"])]
+    if same.ok and max(gaps) <= LOSS_TOL:
+        return passed(f"max abs difference {same.max_abs_diff:.2g}, loss gap {max(gaps):.2g}")
+    if cause := diagnose([*ORDER_CAUSES, not_divided], p):
+        return failed(cause)
+    if not same.ok:
+        return failed(f"after {WINDOWS} windows the weights differ from the whole batch's mean gradient stepped "
+                      f"once per window (max abs difference {same.max_abs_diff:.3g} in {same.worst}; stepped "
+                      f"gradient norms {[round(n, 4) for n in p['norms']]}, the reference's "
+                      f"{[round(n, 4) for n in ref['norms']]})")
+    step = gaps.index(max(gaps))
+    return failed(f"the loss returned for window {step + 1} is {p['losses'][step]:.4g}, the whole batch's mean "
+                  f"cross-entropy is {ref['losses'][step]:.4g}: return the mean of the micro-batches' losses, unscaled")
+
+
+@criterion("accumulation: scale per micro-batch; unscale_, clip, step, update once per window", points=1)
+def accumulation_order(run: Run) -> Verdict:
+    a = run.obs["accumulation"]
+    c = a.get("clipped", a)
+    if why := acc_broken(c, "accumulated_step with max_norm"):
+        return failed(why)
+    if cause := diagnose([*ORDER_CAUSES, acc_clipped_scaled], c):
+        return failed(cause)
+    norm = c["norms"][0] if c["norms"] else float("nan")
+    if abs(norm - MAX_NORM) <= 1e-3 * MAX_NORM:
+        return passed()
+    return failed(f"the optimizer stepped with a gradient norm of {norm:.3g} where clipping the window's true "
+                  f"gradient gives max_norm={MAX_NORM}: clip with torch.nn.utils.clip_grad_norm_ after unscale_")
+
+
+@criterion("accumulation: one overflowing micro-batch skips the window, the scale halves once", points=0.5)
+def accumulation_overflow(run: Run) -> Verdict:
+    a = run.obs["accumulation"]
+    o = a.get("overflow", a)
+    if why := acc_broken(o, "accumulated_step with an inf in one micro-batch"):
+        return failed(why)
+    (before, after), = o["scales"]
+    if o["unchanged"] and after == before / 2:
+        return passed()
+    where = f"micro-batch {INF_MICRO + 1} of {K} held an inf"
+    if cause := diagnose(ORDER_CAUSES, o):
+        return failed(cause)
+    if not o["unchanged"]:
+        return failed(f"{where} and the weights changed: the whole window must be skipped, through one "
+                      "scaler.step(optimizer) after the last micro-batch")
+    return failed(f"{where} and the scale went from {before:g} to {after:g}, where one scaler.update() per "
+                  f"window halves it ({before / 2:g})")
+
+
 CRITERIA = [autocast_dtypes, float32_parity, losses_close, scaler_order, inf_step_skipped, steady_speedup,
-            warmup_speedup, async_speedup, outliers_speedup, memory_ratio]
+            warmup_speedup, async_speedup, outliers_speedup, memory_ratio, accumulation_parity,
+            accumulation_order, accumulation_overflow]
 
 
 def criteria(run: Run) -> list[Callable]:

@@ -95,4 +95,29 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "torch.autocast(device_type='cuda', dtype=torch.bfloat16) around the forward and loss, and "
         "torch.cuda.synchronize as the sync in median_seconds.",
     ),
+    "accumulation_parity": (
+        "A window of k micro-batches must take the step the whole batch would have taken: the optimizer "
+        "sees one gradient per window, the mean over all of its samples.",
+        "Backward adds into .grad, so k backwards of each micro-batch's mean loss add up k means: the sum is "
+        "k times the batch's mean gradient unless each term is weighted. The scale multiplies every term "
+        "the same way and comes off once, at the end.",
+        "Per micro-batch: the forward and loss under torch.autocast with float16, then backward on the "
+        "scaler's scale of that loss divided by k; return the mean of the unscaled micro-losses, detached.",
+    ),
+    "accumulation_order": (
+        "A GradScaler keeps a state per optimizer between two updates: what it has already unscaled, and "
+        "whether it found an inf. Ask which of its calls belong to a micro-batch and which to the window.",
+        "Unscaling divides whatever .grad holds at that moment, and may happen once before step; clipping "
+        "must see the true gradient of the whole window; the scale may change only after the window's step.",
+        "After the loop over the micro-batches, not inside it: the scaler's unscale_ on the optimizer, then "
+        "clip_grad_norm_ over the model's parameters, then the scaler's step and its update, once each.",
+    ),
+    "accumulation_overflow": (
+        "An overflow in any micro-batch poisons the window's accumulated gradient: the window is one step, "
+        "so it is skipped as one.",
+        "The scaler checks the accumulated gradients for inf/NaN when it unscales them, skips the step if it "
+        "found any, and lowers the scale when it updates: once per window, so the scale halves once.",
+        "One call of the scaler's step (given the optimizer) and one of its update per window, after the last "
+        "micro-batch's backward; neither the optimizer's own step nor the scaler's update inside the loop.",
+    ),
 }

@@ -34,6 +34,7 @@ from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ...answers import RuntimeCopies
 from ...harness import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
+from . import accumulation
 from .workloads import CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, SharedViews, batches
 
 # The real model whose bf16 speedup is reported (graded on a GPU with bf16 tensor cores), per device type.
@@ -217,7 +218,8 @@ def observe(learner, device: torch.device, real_model: dict, clocks: Clocks) -> 
            "autocast": _part(lambda: _autocast(learner, device)),
            "parity": _part(lambda: _parity(learner, device)),
            "scaler": _part(lambda: _scaler(learner, device)),
-           "measure": _part(lambda: _measure(learner, watch, clocks))}
+           "measure": _part(lambda: _measure(learner, watch, clocks)),
+           "accumulation": _part(lambda: accumulation.observe(learner, device))}
     timed_by_runtime = "median_seconds" in identified or any(
         dotted in ANSWERS.graded["median_seconds"] for dotted, _ in watch.calls)
     obs["real"] = ({"skipped": "median_seconds"} if timed_by_runtime

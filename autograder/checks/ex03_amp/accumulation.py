@@ -1,0 +1,135 @@
+"""Exercise 3's accumulation part: ``accumulated_step``, float16 with a GradScaler over K micro-batches.
+
+Shared by the rank (:func:`observe`, which runs the learner's function; ``probes`` calls it) and the
+grading process (:func:`reference`, the same window written the right way, in one process, on the CPU):
+
+* ``parity``: ``WINDOWS`` windows of ``K`` micro-batches with a ``max_norm`` no gradient reaches, so the
+  update is the mean gradient itself (a loss not divided by K steps with K times its norm);
+* ``clipped``: one window with ``MAX_NORM``, which every window's true gradient exceeds (clipping the
+  scaled gradients steps with ``MAX_NORM / scale``);
+* ``overflow``: one window whose micro-batch ``INF_MICRO`` holds an ``inf``: the weights must not change
+  and the scale must halve once.
+
+Per window a recording GradScaler logs the calls in order (``scale``, ``backward``, ``unscale_``, ``step``,
+``optimizer.step``, ``update``) and a recording optimizer the gradient norm it steps with. A window that
+raises keeps the events logged until then and the learner's line (:func:`autograder.harness.learner_frame`).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from distlab.models import cpu_state, make_mlp
+
+from ...harness import attempt, grad_norm, learner_frame, raised
+from .workloads import LR, MAX_NORM, MODEL, batches
+
+K, WINDOWS = 4, 3        # micro-batches per window (of BATCH // K samples each), windows in the parity run
+NO_CLIP = 1e9            # a max_norm no gradient reaches, scaled or not: the parity run's update is unclipped
+INF_MICRO = 2            # the micro-batch of the overflow window that holds an inf (0-based)
+
+
+def micro_batches(device: torch.device, window: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Window ``window``'s K micro-batches: the batch ``workloads.batches`` gives for that step, split."""
+    x, y = batches(device)[window]
+    return list(zip(x.chunk(K), y.chunk(K)))
+
+
+class _Recorder:
+    """The window's events and stepped norms; a GradScaler and an SGD that append to them."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.events: list[str] = []
+        self.norms: list[float] = []
+        events = self.events
+
+        class Scaler(torch.amp.GradScaler):
+            def scale(self, outputs):
+                events.append("scale")
+                return super().scale(outputs)
+
+            def unscale_(self, optimizer):
+                events.append("unscale_")
+                return super().unscale_(optimizer)
+
+            def step(self, optimizer, *args, **kwargs):
+                events.append("step")
+                return super().step(optimizer, *args, **kwargs)
+
+            def update(self, new_scale=None):
+                events.append("update")
+                return super().update(new_scale)
+
+        norms = self.norms
+
+        class SGD(torch.optim.SGD):
+            def step(self, closure=None):
+                events.append("optimizer.step")
+                norms.append(grad_norm([p for g in self.param_groups for p in g["params"]]))
+                return super().step(closure)
+
+        self.scaler, self.opt = Scaler(device.type), SGD(model.parameters(), lr=LR)
+        next(model.parameters()).register_post_accumulate_grad_hook(lambda p: events.append("backward"))
+
+
+def _windows(learner, device: torch.device, windows: list[int], max_norm: float, inf_micro: int | None = None) -> dict:
+    """Run the learner's ``accumulated_step`` on ``windows``; what each did, up to an error if one raised."""
+    model = make_mlp(seed=3, **MODEL).to(device)
+    rec = _Recorder(model, device)
+    out: dict = {"events": [], "norms": [], "losses": [], "scales": []}
+    for w in windows:
+        micro = micro_batches(device, w)
+        if inf_micro is not None:
+            bad = micro[inf_micro][0].clone()
+            bad[0, 0] = float("inf")
+            micro[inf_micro] = (bad, micro[inf_micro][1])
+        before, scale_before = cpu_state(model), rec.scaler.get_scale()
+        rec.events.clear()
+        loss, exc = attempt(learner.accumulated_step, model, rec.opt, micro, scaler=rec.scaler, max_norm=max_norm)
+        out["events"].append(list(rec.events))
+        out["scales"].append([scale_before, rec.scaler.get_scale()])
+        if exc is not None:
+            frame = learner_frame(exc, learner.__file__)
+            out["error"] = raised(exc, learner.__file__) + (f" (line {frame.lineno}: {frame.line})" if frame else "")
+            break
+        out["losses"].append(float(loss))
+        after = cpu_state(model)
+        out["unchanged"] = all(torch.equal(before[n], after[n]) for n in before)
+    out["norms"] = list(rec.norms)
+    out["state"] = cpu_state(model)
+    return out
+
+
+def observe(learner, device: torch.device) -> dict:
+    """The three runs, each on its own model and scaler (one that raises does not hide the others)."""
+    if not hasattr(learner, "accumulated_step"):
+        return {"error": "AttributeError: the file defines no accumulated_step (copy its stub and docstring from "
+                         "exercises/ex03_amp.py)"}
+    return {"parity": _windows(learner, device, list(range(WINDOWS)), NO_CLIP),
+            "clipped": _windows(learner, device, [0], MAX_NORM),
+            "overflow": _windows(learner, device, [1], NO_CLIP, inf_micro=INF_MICRO)}
+
+
+@functools.lru_cache(maxsize=1)  # the grading process compares every file it grades with it
+def reference() -> dict:
+    """The parity run done here, the right way: losses, the stepped gradient norms, the final weights."""
+    device = torch.device("cpu")
+    model = make_mlp(seed=3, **MODEL)
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=LR), torch.amp.GradScaler("cpu")
+    losses, norms = [], []
+    for w in range(WINDOWS):
+        opt.zero_grad()
+        total = 0.0
+        for xs, ys in micro_batches(device, w):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(xs), ys)
+            scaler.scale(loss / K).backward()
+            total += loss.item() / K
+        scaler.unscale_(opt)
+        norms.append(nn.utils.clip_grad_norm_(model.parameters(), NO_CLIP).item())
+        scaler.step(opt)
+        scaler.update()
+        losses.append(total)
+    return {"losses": losses, "norms": norms, "state": cpu_state(model), "scale": scaler.get_scale()}
