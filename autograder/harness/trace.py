@@ -19,20 +19,27 @@ Everything is plain data (str, int, float, lists, dicts): it travels back to the
 """
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
+import inspect
 import linecache
 import os
 import sys
 from pathlib import Path
+import textwrap
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data.distributed import DistributedSampler
 
+from distlab import checkpoint
 from distlab.measure.comm import CollectiveRecorder
 
 from .errors import note_values
@@ -40,6 +47,7 @@ from .replace import Replace
 
 MAX_EVENTS = 2000   # per file and rank: a 12-step loop makes about 100; a runaway loop is cut, and says so
 KEYS_SHOWN = 12     # of a saved dict's keys
+SMALL = 16          # a collective of at most this many elements (a metric's sums) is recorded with its values
 _MODULE_PY = torch.nn.modules.module.__file__
 _ACTIVE: list["Tracer"] = []  # the tracer of the rank_main running, if any (load_learner tells it each file)
 
@@ -67,6 +75,21 @@ def held(obj: Any) -> list[str] | str:
         inner = list(v)[:4] if isinstance(v, dict) and len(v) <= 4 else []
         keys += [f"{k}.{j}" for j in inner] or [str(k)]
     return keys[:KEYS_SHOWN]
+
+
+def summary(value: Any) -> Any:
+    """A returned value as plain data: numbers and strings as they are, a short tuple or list of them
+    element by element, a tensor by its shape and sum, a dict by :func:`held`, anything else by its type."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value if not isinstance(value, str) else value[:80]
+    if isinstance(value, torch.Tensor):
+        return f"tensor{list(value.shape)}" if value.numel() > SMALL else \
+            [float(v) for v in getattr(value, "_local_tensor", value).detach().double().flatten().tolist()]
+    if isinstance(value, (tuple, list)) and len(value) <= 4:
+        return [summary(v) for v in value]
+    if isinstance(value, dict):
+        return held(value)
+    return type(value).__name__
 
 
 def _group_size(obj) -> int | None:
@@ -103,8 +126,61 @@ class _Comm(CollectiveRecorder):
         elif tensors and tensors[0].dtype == torch.uint8:
             pass  # a pickled object (broadcast_object_list, DCP's plans): its length is that of paths, not the run's
         elif kind != "barrier" or tensors:
-            self.tracer.add("collective", kind=kind, shape=shape, group=self._group)
+            small = tensors and tensors[0].numel() <= SMALL and not tensors[0].dtype.is_complex
+            values = {"held": summary(tensors[0])} if small else {}  # what this rank contributed
+            self.tracer.add("collective", kind=kind, shape=shape, group=self._group, **values)
         return {}
+
+
+# Calls whose effect no other event shows (a process group made or left, a model wrapped, a sampler built or
+# its epoch set, gradients zeroed, a checkpoint committed or pruned), recorded as events of their own with
+# their plain arguments: (owner, attribute, the event's name).
+CALLS = [(dist, "init_process_group", "init_process_group"), (dist, "destroy_process_group", "destroy_process_group"),
+         (DDP, "__init__", "DistributedDataParallel"), (DistributedSampler, "__init__", "DistributedSampler"),
+         (DistributedSampler, "set_epoch", "set_epoch"),
+         (torch.optim.Optimizer, "zero_grad", "zero_grad"), (torch.nn.Module, "zero_grad", "zero_grad"),
+         (checkpoint, "commit", "commit"), (checkpoint, "prune", "prune")]
+PLAIN = (type(None), bool, int, float, str)
+
+
+def plain_arguments(fn: Callable, args: tuple, kwargs: dict) -> dict:
+    """The arguments of a call (defaults included, so that any way of writing it reads the same) whose
+    values are plain numbers, strings or ``None``: a sampler's ``shuffle`` and ``seed``, an epoch."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return {}
+    bound.apply_defaults()
+    return {k: v for k, v in list(bound.arguments.items())[1 if "self" in bound.arguments else 0:]
+            if isinstance(v, PLAIN) and k != "self"}
+
+
+class _Replace(Replace):
+    """The tracer's stand-ins; and each learner module it covers has its top-level functions of the traced
+    file wrapped, so that what each returns is an event (``return``), at its ``return`` line."""
+
+    def __init__(self, tracer: "Tracer", targets):
+        super().__init__(targets)
+        self.tracer = tracer
+
+    def cover(self, module) -> None:
+        super().cover(module)
+        for key, fn in list(vars(module).items()):
+            if inspect.isfunction(fn) and fn.__code__.co_filename in self.tracer._paths and \
+                    not key.startswith("_") and not getattr(fn, "_traced", False):
+                self._set(module, key, self.tracer._returns(fn))
+
+
+def return_line(fn) -> tuple[int, str]:
+    """The line of ``fn``'s one ``return`` statement (its last line where it has none or several) and its code."""
+    try:
+        lines, start = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return fn.__code__.co_firstlineno, ""
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    returns = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Return)]
+    at = returns[0] if len(returns) == 1 else len(lines)
+    return start + at - 1, lines[at - 1].strip()[:120]
 
 
 class Tracer:
@@ -118,11 +194,12 @@ class Tracer:
         self._paths: set[str] = set()
         self._steps = 0
         self._hooks: list = []
-        self._replace = Replace({(LRScheduler, "step"): self._scheduler_step,
+        self._replace = _Replace(self, {(LRScheduler, "step"): self._scheduler_step,
                                  (torch, "save"): self._save, (torch.serialization, "save"): self._save,
                                  (torch, "load"): self._load, (torch.serialization, "load"): self._load,
                                  (dcp, "save"): self._dcp("save"), (dcp, "load"): self._dcp("load"),
-                                 (torch.Tensor, "backward"): self._backward})
+                                 (torch.Tensor, "backward"): self._backward,
+                                 **{(owner, name): self._call(label) for owner, name, label in CALLS}})
         self._comm = _Comm(self)
 
     def begin(self, path: str | Path) -> None:
@@ -157,7 +234,7 @@ class Tracer:
             if trace[-1].get("event") != "truncated":
                 trace.append({"event": "truncated", "step": self._steps})
             return
-        trace.append({"event": event, "step": self._steps, **details, **(at or {})})
+        trace.append({"event": event, "step": self._steps, **(at or {}), **details})  # a return: its own line
 
     # --- the instruments -------------------------------------------------------------------------------
     def _optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -188,6 +265,29 @@ class Tracer:
             self.add("backward", shape=list(tensor.shape))
             return real(tensor, *args, **kwargs)
         return backward
+
+    def _call(self, label: str) -> Callable:
+        def make(real: Callable) -> Callable:
+            def call(*args, **kwargs):
+                if self.path is not None:
+                    self.add(label, args=plain_arguments(real, args, kwargs))
+                return real(*args, **kwargs)
+            return functools.wraps(real)(call)
+        return make
+
+    def _returns(self, fn: Callable) -> Callable:
+        """``fn`` (the learner's), recording what it returned (or that it raised nothing and returned)."""
+        line, code = return_line(fn)
+        where = {"file": Path(fn.__code__.co_filename).name, "line": line, "code": code, "function": fn.__name__}
+
+        @functools.wraps(fn)
+        def traced(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            if self.path is not None and fn.__code__.co_filename in self._paths:
+                self.add("return", anywhere=True, returned=summary(out), **where)
+            return out
+        traced._traced = True
+        return traced
 
     def _save(self, real: Callable) -> Callable:
         def save(obj, f, *args, **kwargs):
