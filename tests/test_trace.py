@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from autograder.harness.errors import describe_value, values_at
-from autograder.harness.trace import Tracer, held
+from autograder.harness.trace import Tracer, held, return_line
 from distlab.runtime.importing import import_path
 
 LEARNER = textwrap.dedent("""
@@ -136,3 +136,5 @@ def test_the_process_group_a_small_collectives_values_and_what_functions_return(
     assert events[3]["returned"] == [1.5, 1] and (events[3]["line"], events[3]["code"]) == (
         13, "return (totals[0] / totals[1]).item(), 1")
     assert not hasattr(learner.metric, "__wrapped__")  # wrapped while traced, put back on exit
+    assert return_line(learner.setup) == (7, 'dist.init_process_group("gloo", store=dist.HashStore(), rank=0, '
+                                          'world_size=1)')  # no return statement: its last line
