@@ -100,6 +100,7 @@ GROUP = textwrap.dedent("""
 
     def setup():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
 
 
     def metric(x):
@@ -129,12 +130,16 @@ def test_the_process_group_a_small_collectives_values_and_what_functions_return(
         finally:
             learner.teardown()
     events = tracer.traces[str(path)]
-    assert [e["event"] for e in events] == ["init_process_group", "return", "collective", "return",
-                                            "destroy_process_group", "return"]
-    assert events[0]["line"] == 7 and events[1]["returned"] is None and events[1]["function"] == "setup"
-    assert events[2]["held"] == [3.0, 2.0] and events[2]["line"] == 12 and events[2]["kind"] == "all_reduce"
-    assert events[3]["returned"] == [1.5, 1] and (events[3]["line"], events[3]["code"]) == (
-        13, "return (totals[0] / totals[1]).item(), 1")
+    kinds = [e["event"] for e in events]
+    assert kinds[:2] == ["init_process_group", "DistributedDataParallel"] and kinds.count("return") == 3
+    assert kinds[-5:] == ["return", "collective", "return", "destroy_process_group", "return"]
+    assert events[0]["line"] == 7 and events[0]["args"]["backend"] == "gloo"
+    ddp = [e for e in events[:-5] if e["event"] == "collective"]
+    assert ddp and all("held" not in e for e in ddp)  # DDP's own checks: no values (only the learner's calls)
+    assert events[-5]["returned"] is None and events[-5]["function"] == "setup"
+    metric = events[-4]
+    assert metric["held"] == [3.0, 2.0] and metric["line"] == 13 and metric["kind"] == "all_reduce"
+    assert events[-3]["returned"] == [1.5, 1] and (events[-3]["line"], events[-3]["code"]) == (
+        14, "return (totals[0] / totals[1]).item(), 1")
     assert not hasattr(learner.metric, "__wrapped__")  # wrapped while traced, put back on exit
-    assert return_line(learner.setup) == (7, 'dist.init_process_group("gloo", store=dist.HashStore(), rank=0, '
-                                          'world_size=1)')  # no return statement: its last line
+    assert return_line(learner.setup) == (8, "torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))")

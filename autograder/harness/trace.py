@@ -127,7 +127,9 @@ class _Comm(CollectiveRecorder):
             pass  # a pickled object (broadcast_object_list, DCP's plans): its length is that of paths, not the run's
         elif kind != "barrier" or tensors:
             small = tensors and tensors[0].numel() <= SMALL and not tensors[0].dtype.is_complex
-            values = {"held": summary(tensors[0])} if small else {}  # what this rank contributed
+            # what this rank contributed, where the learner's line called it (a metric's sums), not what a
+            # library sends for itself (DDP's shape check, DCP's pickled plans: their bytes are paths and memory)
+            values = {"held": summary(tensors[0])} if small and self.tracer.called_directly() else {}
             self.tracer.add("collective", kind=kind, shape=shape, group=self._group, **values)
         return {}
 
@@ -141,6 +143,9 @@ CALLS = [(dist, "init_process_group", "init_process_group"), (dist, "destroy_pro
          (torch.optim.Optimizer, "zero_grad", "zero_grad"), (torch.nn.Module, "zero_grad", "zero_grad"),
          (checkpoint, "commit", "commit"), (checkpoint, "prune", "prune")]
 PLAIN = (type(None), bool, int, float, str)
+# The files between a learner's call of a collective and the recorder: the API, its logger and decorators, us.
+_DISPATCHING = ("distributed_c10d.py", "c10d_logger.py", "eval_frame.py", "_compile.py", "_ops.py",
+                "_python_dispatch.py", "comm.py", "trace.py")
 
 
 def plain_arguments(fn: Callable, args: tuple, kwargs: dict) -> dict:
@@ -151,8 +156,8 @@ def plain_arguments(fn: Callable, args: tuple, kwargs: dict) -> dict:
     except (TypeError, ValueError):
         return {}
     bound.apply_defaults()
-    return {k: v for k, v in list(bound.arguments.items())[1 if "self" in bound.arguments else 0:]
-            if isinstance(v, PLAIN) and k != "self"}
+    return {k: v for k, v in bound.arguments.items()  # not a path: each run has its own directory
+            if isinstance(v, PLAIN) and k != "self" and not (isinstance(v, str) and os.sep in v)}
 
 
 class _Replace(Replace):
@@ -210,6 +215,16 @@ class Tracer:
         self.path, self._steps = str(path), 0
         self._paths = {str(path), str(Path(path).resolve())}
         self.traces[self.path] = []
+
+    def called_directly(self) -> bool:
+        """Whether the op now dispatched was called by the learner's line itself (``dist.all_reduce(t)``),
+        through nothing but ``torch.distributed``'s API module and the dispatcher."""
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename not in self._paths:
+            if not frame.f_code.co_filename.endswith(_DISPATCHING):
+                return False
+            frame = frame.f_back
+        return frame is not None
 
     def where(self) -> dict | None:
         """The innermost frame of the learner's file on the stack: its file name, line and code."""

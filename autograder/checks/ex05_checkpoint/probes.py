@@ -45,7 +45,7 @@ from distlab.measure.memory import local_tensor
 
 from ... import progress
 from ...grading import TRACES, traced, tracing
-from ...harness import CapturedPrints, Replace, echo, load_learner, trace
+from ...harness import CapturedPrints, Replace, echo, learner_frame, load_learner, trace
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
 DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the run crosses an epoch
@@ -162,7 +162,7 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
                 (outdir / f"{name}-stopped").touch()
             return
         except BaseException as exc:  # DCP raises CheckpointException, a BaseException
-            _record_error(outdir / f"{name}-errors.jsonl", exc)
+            _record_error(outdir / f"{name}-errors.jsonl", exc, learner.__file__)
             raise
         finally:
             _now["log"] = None
@@ -211,12 +211,15 @@ def _killed_in_write(kill_write: int | None) -> Replace:
     return Replace({(FileSystemWriter, "write_data"): make})
 
 
-def _record_error(errors: Path, exc: BaseException) -> None:
-    """Kept for the verdict: a restarted attempt's error is the telling one (not the crash it follows)."""
+def _record_error(errors: Path, exc: BaseException, path: str) -> None:
+    """Kept for the verdict: a restarted attempt's error is the telling one (not the crash it follows); with
+    the learner's line it came from."""
     lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
     cause = next((ln for ln in reversed(lines) if "Error" in ln), lines[0])
+    frame = learner_frame(exc, path)
     with open(errors, "a") as f:
-        f.write(json.dumps({"attempt": _restart_count(), "rank": dist.get_rank(), "error": cause[:300]}) + "\n")
+        f.write(json.dumps({"attempt": _restart_count(), "rank": dist.get_rank(), "error": cause[:300],
+                            "at": str(frame) if frame else ""}) + "\n")
 
 
 def _save_final(returned: tuple, path: Path) -> None:
