@@ -15,8 +15,8 @@ from distlab import LaunchError, pick_backend
 from ...diagnosis import KnownError, mistake
 from ...parity import parity
 from .observed import Run
-from .probes import INTERRUPTED, RESUMED_FROM, RUN, WORLD
-from .reference import reference_run
+from .probes import DATA_SIZE, INTERRUPTED, RESUMED_FROM, RUN, WORLD
+from .reference import BATCH_SIZE, contract_batch, reference_run
 
 
 KNOWN_ERRORS = [
@@ -280,12 +280,23 @@ def samples_not_contract(run: Run, xs: list[dict], a: dict, refs: list[dict]) ->
     bad = [r for r, x in enumerate(xs) if x["data"] != a["data"][r]]
     if not bad:
         return None
-    r, s = bad[0], a["step"]
-    epoch_0 = [ref for ref in refs if ref["data"][r] == xs[r]["data"]]
-    advice = (f"the samples of step {epoch_0[0]['step']}, in the first epoch: call sampler.set_epoch(epoch) at the "
-              "start of every epoch" if epoch_0 and epoch_0[0]["step"] < s else
-              "use DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True) and batches of "
-              "BATCH_SIZE consecutive indices of it")
+    r, s, got = bad[0], a["step"], xs[bad[0]]["data"]
+    epoch_0 = [ref for ref in refs if ref["data"][r] == got]
+    per_epoch = DATA_SIZE // WORLD // BATCH_SIZE
+    found, (epoch, batch) = contract_batch(r, got), divmod(s - 1, per_epoch)
+    if epoch_0 and epoch_0[0]["step"] < s:
+        advice = (f"the samples of step {epoch_0[0]['step']}, in the first epoch: call sampler.set_epoch(epoch) at "
+                  "the start of every epoch")
+    elif len(got) != BATCH_SIZE:  # the sampler may well be the contract's: the batch is not
+        advice = (f"a batch of {len(got)} samples, not BATCH_SIZE={BATCH_SIZE}: a batch is BATCH_SIZE consecutive "
+                  "indices of the sampler's order")
+    elif found:
+        advice = (f"the contract sampler's batch {found[1]} of epoch {found[0]}, where step {s} is batch {batch} of "
+                  f"epoch {epoch}: the data position (epoch, offset) moved wrongly; the next batch is offset + 1, "
+                  "and after the epoch's last batch, batch 0 of the next epoch")
+    else:
+        advice = ("use DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True) and batches of "
+                  "BATCH_SIZE consecutive indices of it")
     return (f"rank {r} read samples {xs[r]['data'][:3]}... at step {s} where the contract's gives "
             f"{a['data'][r][:3]}...: {advice}")
 
