@@ -4,7 +4,10 @@ A check names the mistakes it anticipated; a mistake nobody listed falls to a sy
 differ"). The trace is what lets the grader say more: it records the *observable* events of a run
 (every optimizer and LR-scheduler step, every ``backward()``, every collective and point-to-point op,
 every save and load with what it held, the RNG and parameter checksums at each step boundary, which module each forward
-the learner called entered), each with the learner's file, line and code, so that
+the learner called entered; the calls whose effect nothing else shows, with their plain arguments: the process
+group made and left, a model wrapped in DDP, a DistributedSampler built and its epoch set, gradients zeroed, a
+checkpoint committed or pruned; the values of small collectives the learner's line calls itself, such as a metric's
+all-reduce; and what each of the learner's functions returned), each with the learner's file, line and code, so that
 :mod:`autograder.divergence` can report the first event where the learner's run and the reference's
 part ways. This is the "trace differencing" of record-and-replay debuggers (rr; Zeller's *Why
 Programs Fail*, ch. 14, "isolating failure causes") applied to a training loop.
@@ -12,7 +15,8 @@ Programs Fail*, ch. 14, "isolating failure causes") applied to a training loop.
 The communication ops come from the one recorder, :class:`distlab.measure.comm.CollectiveRecorder`
 (a ``TorchDispatchMode``, which also sees ``send``/``recv``: the ``c10d`` operators carry their peer),
 tagged here as exercise 8's ``CommSpy`` does; the steps from PyTorch's global optimizer step and module
-forward hooks; the scheduler steps, saves and loads from :class:`~.replace.Replace` stand-ins.
+forward hooks; the scheduler steps, saves, loads and calls from :class:`~.replace.Replace` stand-ins (which also
+wrap the learner module's public functions while it is traced, for what they return).
 
 Everything is plain data (str, int, float, lists, dicts): it travels back to the grader through
 ``torch.load(weights_only=True)``. A trace is bounded (:data:`MAX_EVENTS` per file).
@@ -47,6 +51,7 @@ from .replace import Replace
 
 MAX_EVENTS = 2000   # per file and rank: a 12-step loop makes about 100; a runaway loop is cut, and says so
 KEYS_SHOWN = 12     # of a saved dict's keys
+MAX_RETURNS = 64    # return events per function of the learner's (a helper called per sample would fill a trace)
 SMALL = 16          # a collective of at most this many elements (a metric's sums) is recorded with its values
 _MODULE_PY = torch.nn.modules.module.__file__
 _ACTIVE: list["Tracer"] = []  # the tracer of the rank_main running, if any (load_learner tells it each file)
@@ -79,14 +84,22 @@ def held(obj: Any) -> list[str] | str:
 
 def summary(value: Any) -> Any:
     """A returned value as plain data: numbers and strings as they are, a short tuple or list of them
-    element by element, a tensor by its shape and sum, a dict by :func:`held`, anything else by its type."""
+    element by element, a small tensor by its values (a larger one by its shape), a dict by :func:`held`,
+    anything else by its type (and so is anything that cannot be read: a meta tensor's values)."""
+    try:
+        return _summary(value)
+    except Exception:  # noqa: BLE001 - an observation must never change what the learner's code does
+        return type(value).__name__
+
+
+def _summary(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value if not isinstance(value, str) else value[:80]
     if isinstance(value, torch.Tensor):
         return f"tensor{list(value.shape)}" if value.numel() > SMALL else \
             [float(v) for v in getattr(value, "_local_tensor", value).detach().double().flatten().tolist()]
     if isinstance(value, (tuple, list)) and len(value) <= 4:
-        return [summary(v) for v in value]
+        return [_summary(v) for v in value]
     if isinstance(value, dict):
         return held(value)
     return type(value).__name__
@@ -198,6 +211,7 @@ class Tracer:
         self.path: str | None = None
         self._paths: set[str] = set()
         self._steps = 0
+        self._returned: dict[str, int] = {}  # per function of the learner's, how many times it returned
         self._hooks: list = []
         self._replace = _Replace(self, {(LRScheduler, "step"): self._scheduler_step,
                                  (torch, "save"): self._save, (torch.serialization, "save"): self._save,
@@ -212,7 +226,7 @@ class Tracer:
         file loaded again continues its trace."""
         if self.path == str(path):
             return
-        self.path, self._steps = str(path), 0
+        self.path, self._steps, self._returned = str(path), 0, {}
         self._paths = {str(path), str(Path(path).resolve())}
         self.traces[self.path] = []
 
@@ -298,7 +312,8 @@ class Tracer:
         @functools.wraps(fn)
         def traced(*args, **kwargs):
             out = fn(*args, **kwargs)
-            if self.path is not None and fn.__code__.co_filename in self._paths:
+            seen = self._returned[fn.__name__] = self._returned.get(fn.__name__, 0) + 1
+            if self.path is not None and fn.__code__.co_filename in self._paths and seen <= MAX_RETURNS:
                 self.add("return", anywhere=True, returned=summary(out), **where)
             return out
         traced._traced = True
