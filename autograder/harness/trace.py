@@ -190,14 +190,15 @@ class _Replace(Replace):
 
 
 def return_line(fn) -> tuple[int, str]:
-    """The line of ``fn``'s one ``return`` statement (its last line where it has none or several) and its code."""
+    """The line of ``fn``'s one ``return`` statement (its last statement's where it has none or several) and
+    its code."""
     try:
         lines, start = inspect.getsourcelines(fn)
-    except (OSError, TypeError):
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
         return fn.__code__.co_firstlineno, ""
-    tree = ast.parse(textwrap.dedent("".join(lines)))
     returns = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Return)]
-    at = returns[0] if len(returns) == 1 else len(lines)
+    at = returns[0] if len(returns) == 1 else tree.body[0].body[-1].lineno
     return start + at - 1, lines[at - 1].strip()[:120]
 
 
