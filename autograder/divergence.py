@@ -7,7 +7,8 @@ the same recorder on the same inputs, and reports the first event where they dif
 held, and the learner's line: record-and-compare localisation, as in delta debugging's "isolating
 failure-inducing differences" (Zeller, *Why Programs Fail*, ch. 14) and the differential
 testing of compilers (McKeeman 1998). A named cause, where one applies, still comes first:
-:func:`annotate` adds the divergence only to failing criteria whose feedback names none.
+:func:`annotate` adds the divergence only to failing criteria whose feedback names none. Launches are paired
+with the reference's by world size (:func:`paired`): launches that run side by side finish in any order.
 """
 from __future__ import annotations
 

@@ -20,6 +20,9 @@ name is used), or the first divergence from the reference at a learner's line (a
 "your code stepped the optimizer (line 70) where the reference called backward()"). Only the first is
 strict; the others say what went wrong and where it showed, not always the edited line.
 
+A third row counts the messages, over all the mutants, that advise a step the file's trace shows was taken
+(:func:`autograder.advice.violations`: "call sampler.set_epoch(epoch)" where it was called); the goal is none.
+
 ``python -m benchmarks feedback`` (minutes: exercise 5's mutants run its fresh-job scenario only).
 ``DISTLAB_BENCH_EXERCISES=5,7`` restricts the exercises.
 """
