@@ -112,3 +112,10 @@ def test_launches_pair_by_world_size_and_calls_show_their_arguments():
     msg = first_divergence([ret], [dict(ret, returned=[0.190476, 0.190476])]).message()
     assert "your code returned (0.190476, 0.190476) from evaluate_ddp() (ex01_ddp.py:171: `return ...`): what " \
         "it returned [0.190476, 0.190476] vs the reference's [2.31337, 0.190476]" in msg
+
+
+def test_rng_states_are_compared_only_from_the_same_start():
+    later = [REF[0], REF[1], dict(REF[2], rng="cd"), REF[3]]  # a draw more after the first step: shown
+    assert first_divergence(REF, later).fields == ("rng",)
+    shifted = [dict(e, rng="ef") if e["event"] == "optimizer.step" else e for e in REF]  # another history
+    assert first_divergence(REF, shifted) is None
