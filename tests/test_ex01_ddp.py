@@ -188,7 +188,7 @@ def test_unlisted_mistakes_are_named_at_the_learners_line(graded):
     msg = fails[EVAL]
     assert "\n  first difference from the reference (" in msg and "after 56 optimizer step(s), event " in msg, msg
     assert "your code called all_reduce on a [3] tensor holding (" in msg and "(ex01_ddp.py:170: " in msg
-    assert "what it held (" in msg and ") vs the reference's (" in msg
+    assert "what it held [" in msg and "] vs the reference's [" in msg
 
 
 def test_samplers_seeded_per_rank_are_named(graded):
