@@ -23,15 +23,12 @@ Everything is plain data (str, int, float, lists, dicts): it travels back to the
 """
 from __future__ import annotations
 
-import ast
 import functools
-import hashlib
 import inspect
 import linecache
 import os
 import sys
 from pathlib import Path
-import textwrap
 from typing import Any, Callable
 
 import torch
@@ -47,62 +44,13 @@ from distlab import checkpoint
 from distlab.measure.comm import CollectiveRecorder
 
 from .errors import note_values
+from .events import SMALL, checksum, held, plain_arguments, return_line, rng_checksum, summary
 from .replace import Replace
 
 MAX_EVENTS = 2000   # per file and rank: a 12-step loop makes about 100; a runaway loop is cut, and says so
-KEYS_SHOWN = 12     # of a saved dict's keys
 MAX_RETURNS = 64    # return events per function of the learner's (a helper called per sample would fill a trace)
-SMALL = 16          # a collective of at most this many elements (a metric's sums) is recorded with its values
 _MODULE_PY = torch.nn.modules.module.__file__
 _ACTIVE: list["Tracer"] = []  # the tracer of the rank_main running, if any (load_learner tells it each file)
-
-
-def checksum(tensors) -> float:
-    """The float64 sum of ``tensors`` (a DTensor's: this rank's shard): equal runs give equal sums."""
-    with torch.no_grad():
-        return float(sum(getattr(t, "_local_tensor", t).detach().double().sum().item() for t in tensors))
-
-
-def rng_checksum() -> str:
-    """This rank's CPU RNG state (and the current CUDA device's, where there is one), hashed."""
-    state = torch.get_rng_state().numpy().tobytes()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state += torch.cuda.get_rng_state().numpy().tobytes()
-    return hashlib.sha1(state).hexdigest()[:12]
-
-
-def held(obj: Any) -> list[str] | str:
-    """What a saved or loaded object held: a dict's keys (a nested dict's as ``outer.inner``), or its type."""
-    if not isinstance(obj, dict):
-        return type(obj).__name__
-    keys = []
-    for k, v in obj.items():
-        inner = list(v)[:4] if isinstance(v, dict) and len(v) <= 4 else []
-        keys += [f"{k}.{j}" for j in inner] or [str(k)]
-    return keys[:KEYS_SHOWN]
-
-
-def summary(value: Any) -> Any:
-    """A returned value as plain data: numbers and strings as they are, a short tuple or list of them
-    element by element, a small tensor by its values (a larger one by its shape), a dict by :func:`held`,
-    anything else by its type (and so is anything that cannot be read: a meta tensor's values)."""
-    try:
-        return _summary(value)
-    except Exception:  # noqa: BLE001 - an observation must never change what the learner's code does
-        return type(value).__name__
-
-
-def _summary(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value if not isinstance(value, str) else value[:80]
-    if isinstance(value, torch.Tensor):
-        return f"tensor{list(value.shape)}" if value.numel() > SMALL else \
-            [float(v) for v in getattr(value, "_local_tensor", value).detach().double().flatten().tolist()]
-    if isinstance(value, (tuple, list)) and len(value) <= 4:
-        return [_summary(v) for v in value]
-    if isinstance(value, dict):
-        return held(value)
-    return type(value).__name__
 
 
 def _group_size(obj) -> int | None:
@@ -155,22 +103,9 @@ CALLS = [(dist, "init_process_group", "init_process_group"), (dist, "destroy_pro
          (DistributedSampler, "set_epoch", "set_epoch"),
          (torch.optim.Optimizer, "zero_grad", "zero_grad"), (torch.nn.Module, "zero_grad", "zero_grad"),
          (checkpoint, "commit", "commit"), (checkpoint, "prune", "prune")]
-PLAIN = (type(None), bool, int, float, str)
 # The files between a learner's call of a collective and the recorder: the API, its logger and decorators, us.
 _DISPATCHING = ("distributed_c10d.py", "c10d_logger.py", "eval_frame.py", "_compile.py", "_ops.py",
                 "_python_dispatch.py", "comm.py", "trace.py")
-
-
-def plain_arguments(fn: Callable, args: tuple, kwargs: dict) -> dict:
-    """The arguments of a call (defaults included, so that any way of writing it reads the same) whose
-    values are plain numbers, strings or ``None``: a sampler's ``shuffle`` and ``seed``, an epoch."""
-    try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
-    except (TypeError, ValueError):
-        return {}
-    bound.apply_defaults()
-    return {k: v for k, v in bound.arguments.items()  # not a path: each run has its own directory
-            if isinstance(v, PLAIN) and k != "self" and not (isinstance(v, str) and os.sep in v)}
 
 
 class _Replace(Replace):
@@ -187,19 +122,6 @@ class _Replace(Replace):
             if inspect.isfunction(fn) and fn.__code__.co_filename in self.tracer._paths and \
                     not key.startswith("_") and not getattr(fn, "_traced", False):
                 self._set(module, key, self.tracer._returns(fn))
-
-
-def return_line(fn) -> tuple[int, str]:
-    """The line of ``fn``'s one ``return`` statement (its last statement's where it has none or several) and
-    its code."""
-    try:
-        lines, start = inspect.getsourcelines(fn)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-    except (OSError, TypeError, SyntaxError):
-        return fn.__code__.co_firstlineno, ""
-    returns = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Return)]
-    at = returns[0] if len(returns) == 1 else tree.body[0].body[-1].lineno
-    return start + at - 1, lines[at - 1].strip()[:120]
 
 
 class Tracer:

@@ -290,7 +290,7 @@ def samples_not_contract(run: Run, xs: list[dict], a: dict, refs: list[dict]) ->
     elif len(got) != BATCH_SIZE:  # the sampler may well be the contract's: the batch is not
         advice = (f"a batch of {len(got)} samples, not BATCH_SIZE={BATCH_SIZE}: a batch is BATCH_SIZE consecutive "
                   "indices of the sampler's order")
-    elif found:
+    elif found and s > 1:  # at step 1 another seed looks the same (seed + 1's epoch 0 is seed's epoch 1)
         advice = (f"the contract sampler's batch {found[1]} of epoch {found[0]}, where step {s} is batch {batch} of "
                   f"epoch {epoch}: the data position (epoch, offset) moved wrongly; the next batch is offset + 1, "
                   "and after the epoch's last batch, batch 0 of the next epoch")
