@@ -54,7 +54,9 @@ STEPS = [
     Step("a DistributedSampler", r"\b(?:pass|use) (?:a )?DistributedSampler\(?([^)]*)\)?"
          r"|DistributedSampler[^;.]*; build it with ([^;.]*)", _event("DistributedSampler")),
     Step("optimizer.zero_grad()", r"\bcall (?:optimizer\.)?zero_grad\(", _event("zero_grad")),
-    Step("backward()", r"\bcall (?:\w+\.)?backward\(", _event("backward")),
+    Step("backward(grad) of a non-scalar output", r"\bcall \w+\.backward\(\w",  # a stage's output, not a loss
+         lambda e: e.get("event") == "backward" and e.get("shape") not in ([], None)),
+    Step("backward()", r"\bcall (?:\w+\.)?backward\(\)", _event("backward")),
     Step("prune(root, keep)", r"\bcall prune\(", _event("prune")),
     Step("commit(root, step)", r"\bcommit\(\) on rank 0", _event("commit")),
     Step("save_checkpoint", r"\bcall save_checkpoint\b", _returned_from("save_checkpoint")),

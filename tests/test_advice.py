@@ -56,3 +56,6 @@ def test_passing_criteria_and_saves_by_what_they_held():
     assert violations(report, [[[dict(saved, held=["model", "optim"])]]]) == []
     report.criteria[0].earned = report.criteria[0].points
     assert violations(report, [[[saved]]]) == []
+    stage = _report("stage 0's parameters have no gradient: call output.backward(grad) with the gradient received")
+    loss = _at("backward", 86, shape=[])  # the last stage's loss: not the step advised
+    assert violations(stage, [[[loss]]]) == [] and len(violations(stage, [[[dict(loss, shape=[16, 64])]]])) == 1
