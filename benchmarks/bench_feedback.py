@@ -20,6 +20,9 @@ name is used), or the first divergence from the reference at a learner's line (a
 "your code stepped the optimizer (line 70) where the reference called backward()"). Only the first is
 strict; the others say what went wrong and where it showed, not always the edited line.
 
+A third row counts the messages, over all the mutants, that advise a step the file's trace shows was taken
+(:func:`autograder.advice.violations`: "call sampler.set_epoch(epoch)" where it was called); the goal is none.
+
 ``python -m benchmarks feedback`` (minutes: exercise 5's mutants run its fresh-job scenario only).
 ``DISTLAB_BENCH_EXERCISES=5,7`` restricts the exercises.
 """
@@ -132,7 +135,7 @@ def names_line(feedback: str, filename: str, lines: tuple[int, ...]) -> bool:
                for n in lines)  # the harness's frames, the divergence's, and exercise 3's "(line N: code)
 
 
-def _grade(check, paths: list[Path], **kwargs) -> list:
+def _grade(check, paths: list[Path], kept: dict, **kwargs) -> list:
     """All in one call; where a check's launch cannot survive one file that raises (it raises for the batch),
     one call per file, each launch error explained as ``run_one`` does."""
     from autograder import divergence
@@ -140,13 +143,13 @@ def _grade(check, paths: list[Path], **kwargs) -> list:
     from distlab import LaunchError
 
     try:
-        return divergence.grade(check, paths, **kwargs)
+        return divergence.grade(check, paths, kept=kept, **kwargs)
     except LaunchError:
         pass
     reports = []
     for path in paths:
         try:
-            reports += divergence.grade(check, [path], **kwargs)
+            reports += divergence.grade(check, [path], kept=kept, **kwargs)
         except LaunchError as exc:
             reports.append(check.EXERCISE.new_report().did_not_run(
                 explain(exc, path, getattr(check, "KNOWN_ERRORS", ()))))
@@ -156,6 +159,7 @@ def _grade(check, paths: list[Path], **kwargs) -> list:
 def measure(number: int, keep: Path | None = None) -> dict:
     """Grade every generated mutant of exercise ``number`` in one ``grade`` call; the counts."""
     from autograder import divergence
+    from autograder.advice import violations
     from autograder.diagnosis import named
     from autograder.registry import check_modules
 
@@ -168,7 +172,9 @@ def measure(number: int, keep: Path | None = None) -> dict:
             (Path(tmp) / str(i)).mkdir()
             paths.append(Path(tmp) / str(i) / solution.name)
             paths[-1].write_text(m.source)
-        reports = _grade(check, paths, **GRADE_KWARGS.get(number, {}))
+        kept: dict = {}
+        reports = _grade(check, paths, kept, **GRADE_KWARGS.get(number, {}))
+        wrong = [v for p, r in zip(paths, reports) for v in violations(r, kept.get(str(p), []))]
     caught = [(m, r) for m, r in zip(found, reports) if not r.passed and not r.not_graded]
     by_line = [m for m, r in caught if names_line(r.feedback, solution.name, m.lines)]
     by_cause = [m for m, r in caught if not names_line(r.feedback, solution.name, m.lines) and named(r.feedback)]
@@ -177,9 +183,11 @@ def measure(number: int, keep: Path | None = None) -> dict:
     by_divergence = [m for m, r in caught if m not in by_line + by_cause + by_error
                      and "first difference" in r.feedback]
     if keep is not None:
-        keep.write_text("\n\n".join(f"## {m.edit}\n{r.feedback}" for m, r in zip(found, reports)))
+        keep.write_text("\n\n".join(f"## {m.edit}\n{r.feedback}" for m, r in zip(found, reports))
+                        + "\n\n## advice about steps taken\n" + "\n".join(wrong))
     return {"mutants": len(found), "caught": len(caught), "line": len(by_line), "cause": len(by_cause),
-            "error_line": len(by_error), "divergence": len(by_divergence)}
+            "error_line": len(by_error), "divergence": len(by_divergence), "violations": len(wrong),
+            "violation_examples": wrong[:3]}
 
 
 def rows() -> list[Row]:
@@ -198,5 +206,8 @@ def rows() -> list[Row]:
         out += [Row("feedback", f"ex{n:02d}: caught mutants whose feedback names the edited line",
                     100 * got["line"] / caught, "%", note),
                 Row("feedback", f"ex{n:02d}: ... the line, a declared cause, or an error or divergence at a line",
-                    100 * named / caught, "%", "goal of issue 25: >= 80%")]
+                    100 * named / caught, "%", "goal of issue 25: >= 80%"),
+                Row("feedback", f"ex{n:02d}: messages advising a step the trace shows was taken", got["violations"],
+                    "messages", "goal of issue 25: 0 (autograder.advice); first: "
+                    + ("; ".join(got["violation_examples"]) or "none"))]
     return out

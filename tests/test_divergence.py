@@ -95,3 +95,27 @@ def test_substitution_swaps_one_graded_function():
     assert verdict([("save", 10, True), ("train", 4, False)], 4, 10).startswith("the difference is in save:")
     assert "mostly in train" in verdict([("save", 4, False), ("train", 6, False)], 4, 10)
     assert verdict([("save", 4, False)], 4, 10) is None
+
+
+def test_launches_pair_by_world_size_and_calls_show_their_arguments():
+    from autograder.divergence import paired
+
+    two, four = [REF, REF], [REF] * 4
+    assert paired([two, four], [four, two]) == [(four, four), (two, two)]  # finished in another order
+    sampler = {"event": "DistributedSampler", "step": 0, "args": {"shuffle": True, "seed": 7, "drop_last": False},
+               "file": "ex01_ddp.py", "line": 111, "code": "sampler = DistributedSampler(...)"}
+    d = first_divergence([sampler], [dict(sampler, args=dict(sampler["args"], seed=8))])
+    assert d.fields == ("args",) and "your code called DistributedSampler(shuffle=True, seed=8, drop_last=False) " \
+        "(ex01_ddp.py:111" in d.message()
+    ret = {"event": "return", "step": 56, "function": "evaluate_ddp", "returned": [2.31337, 0.190476],
+           "file": "ex01_ddp.py", "line": 171, "code": "return ..."}
+    msg = first_divergence([ret], [dict(ret, returned=[0.190476, 0.190476])]).message()
+    assert "your code returned (0.190476, 0.190476) from evaluate_ddp() (ex01_ddp.py:171: `return ...`): what " \
+        "it returned [0.190476, 0.190476] vs the reference's [2.31337, 0.190476]" in msg
+
+
+def test_rng_states_are_compared_only_from_the_same_start():
+    later = [REF[0], REF[1], dict(REF[2], rng="cd"), REF[3]]  # a draw more after the first step: shown
+    assert first_divergence(REF, later).fields == ("rng",)
+    shifted = [dict(e, rng="ef") if e["event"] == "optimizer.step" else e for e in REF]  # another history
+    assert first_divergence(REF, shifted) is None

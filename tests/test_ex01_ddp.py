@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from autograder import divergence
 from autograder.checks import ex01_ddp
 from distlab.runtime.launch import time_scale
 from tests import independent
@@ -89,16 +90,29 @@ MUTANTS = {
     "eval_not_reduced": {"    dist.all_reduce(totals)": "    pass"},
     "eval_mean_of_means": {"    dist.all_reduce(totals)": "    totals = totals / totals[2]\n"
                                                           "    dist.all_reduce(totals)"},
+    # Mistakes in no table, as bench_feedback generates them (a line dropped, a literal changed): the first
+    # divergence from the reference's trace, or the error at the learner's line, names them.
+    "unlisted_zero_grad_and_eval_error": {
+        "            optimizer.zero_grad()\n            loss.backward()\n            optimizer.step()\n"
+        "            total +=": "            pass\n            loss.backward()\n            optimizer.step()\n"
+                               "            total +=",
+        "            real = position < len(dataset)\n": "            pass\n"},
+    "unlisted_eval_count_no_print": {
+        "    seen = 0\n": "    seen = 1\n",
+        "            print(f\"epoch {epoch}: mean loss {total.item() / len(loader):.4f} (rank 0 shard)\")":
+            "            pass"},
 }
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """The mutants and the independent solution, graded at W=2 in one launch (one report each)."""
+    """The mutants and the independent solution, graded at W=2 in one launch (one report each) with the
+    reference solution (whose trace the failures that name no cause are compared with: ``divergence``)."""
     paths = solution_and_mutants(tmp_path_factory.mktemp("ex01"), "ex01_ddp.py", MUTANTS)
     del paths["solution"]  # the CLI test grades it at both world sizes
     paths["independent"] = independent.path(1)
-    graded = dict(zip(paths, ex01_ddp.grade(list(paths.values()), world_sizes=(2,))))
+    reports = divergence.grade(ex01_ddp, list(paths.values()), with_reference=True, world_sizes=(2,))
+    graded = dict(zip(paths, reports))
     independent.record(1, graded["independent"])
     return graded
 
@@ -158,6 +172,23 @@ def test_shuffle_false_is_named_not_set_epoch(graded):
     msg = _only(graded["shuffle_false"], "new shuffle every epoch")
     assert msg.startswith("rank 0 read its shard in index order (0, 2, 4, ...) in both epochs")
     assert "shuffle=False" in msg
+    assert "set_epoch" not in msg  # it was called (nothing in the run says otherwise): no advice to call it
+
+
+def test_unlisted_mistakes_are_named_at_the_learners_line(graded):
+    fails = failed(graded["unlisted_zero_grad_and_eval_error"])
+    step = fails["[W=2] matches single-process training"]
+    assert "\n  first difference from the reference (before any optimizer step, event " in step, step
+    assert "your code called backward() on a [] tensor (ex01_ddp.py:123: `loss.backward()`) where the reference " \
+           "called zero_grad(); your code never does" in step
+    assert fails[EVAL].startswith("evaluate_ddp raised on rank 0: NameError: name 'real' is not defined")
+    assert fails[EVAL].endswith(", at ex01_ddp.py line 166 in evaluate_ddp: logits = model(x)[real]")
+    fails = failed(graded["unlisted_eval_count_no_print"])
+    assert fails["[W=2] only rank 0 logs"] == "rank 0 printed nothing: print the loss of each epoch on rank 0"
+    msg = fails[EVAL]
+    assert "\n  first difference from the reference (" in msg and "after 56 optimizer step(s), event " in msg, msg
+    assert "your code called all_reduce on a [3] tensor holding (" in msg and "(ex01_ddp.py:170: " in msg
+    assert "what it held [" in msg and "] vs the reference's [" in msg
 
 
 def test_samplers_seeded_per_rank_are_named(graded):

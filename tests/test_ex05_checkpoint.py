@@ -81,6 +81,8 @@ FRESH_ONLY = {
         "    torch.manual_seed(seed + dist.get_rank())\n": "    torch.manual_seed(seed)\n",
         "DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)":
             "DistributedSampler(dataset, shuffle=True, seed=seed + 1, drop_last=True)"},
+    # A generated mutant (bench_feedback: a literal changed): the steps numbered from 2.
+    "first step numbered 2": {"    step, position = 0, {": "    step, position = 1, {"},
     "dcp.save on rank 0 only": {"    dcp.save(state, checkpoint_id=staged)\n":
                                 "    if dist.get_rank() == 0:\n        dcp.save(state, checkpoint_id=staged)\n"},
 }
@@ -104,10 +106,15 @@ def test_missing_state_pruning_and_in_place_writes_are_named(mutants):
     assert "holds ['step_00000003', 'step_00000006', 'step_00000009', 'step_00000012']" in \
         fails["keeps only the last K checkpoints"]
     fresh = fails[FRESH]
-    assert "at step 4 rank 0 read samples" in fresh and "save the data position" in fresh
+    # Each was saved but not restored: the message says where it was saved, and advises no save.
+    assert "at step 4 rank 0 read samples" in fresh and "your checkpoint holds 'data' (dcp.save at " \
+        "ex05_checkpoint.py:91), but it was not restored: continue from the epoch and batch offset" in fresh
     assert "(the samples of step 1)" in fresh  # the epoch started over
-    assert "the learning rate it set for step 5 was" in fresh and "save scheduler.state_dict()" in fresh
-    assert "save each rank's torch.get_rng_state()" in fresh
+    assert "the learning rate it set for step 5 was" in fresh and "your checkpoint holds 'scheduler' (dcp.save at " \
+        "ex05_checkpoint.py:91), but it was not restored: scheduler.load_state_dict()" in fresh
+    assert "your checkpoint holds 'cpu' (torch.save at ex05_checkpoint.py:95), but it was not restored: " \
+        "torch.set_rng_state()" in fresh
+    assert "save the data position" not in fresh and "save scheduler" not in fresh and "save each" not in fresh
     assert "weights" not in fresh and "Adam" not in fresh and "step counter" not in fresh  # those were restored
     write = fails["an interrupted write is never loaded"]
     assert "killed while writing step 6's checkpoint" in write and "should resume from step 3" in write
@@ -152,6 +159,12 @@ def test_mistakes_both_runs_share_are_named_against_the_reference(mutants):
     assert "rank 0 read samples" in msg
     assert "use DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)" in msg
     assert "set_epoch" not in msg  # it was called
+
+
+def test_steps_numbered_from_2_are_named(mutants):
+    msg = failed(mutants["first step numbered 2"])[REFERENCE]
+    assert msg.startswith("the first step the uninterrupted run reported to on_step was step 2, not 1: start from "
+                          "step = 0"), msg
 
 
 def test_a_checkpoint_collective_on_rank_0_only_is_named(mutants):

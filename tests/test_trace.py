@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from autograder.harness.errors import describe_value, values_at
-from autograder.harness.trace import Tracer, held
+from autograder.harness.trace import Tracer, held, return_line
 from distlab.runtime.importing import import_path
 
 LEARNER = textwrap.dedent("""
@@ -48,16 +48,17 @@ def test_events_in_order_at_the_learners_lines(tmp_path):
         learner.train(tmp_path / "ck.pt")
     events = tracer.traces[str(path)]
     kinds = [e["event"] for e in events]
-    assert kinds[:5] == ["scheduler.step", "forward", "backward", "scheduler.step", "optimizer.step"]  # init, loop
+    assert kinds[:6] == ["scheduler.step", "zero_grad", "forward", "backward", "scheduler.step",
+                         "optimizer.step"]  # the scheduler's init, then the loop
     assert kinds.count("optimizer.step") == 3 and kinds[-1] == "save"
-    assert events[2]["shape"] == [] and events[2]["line"] == 12
-    sched = events[3]
+    assert events[3]["shape"] == [] and events[3]["line"] == 12 and events[1]["line"] == 11
+    sched = events[4]
     assert (sched["file"], sched["line"], sched["code"]) == ("ex99_trace.py", 13, "scheduler.step()")
     assert sched["lr"] == [0.05] and sched["step"] == 0  # stepped before the optimizer: lr halved already
-    step = events[4]
+    step = events[5]
     assert step["line"] == 14 and step["step"] == 1 and step["lr"] == [0.05]
     assert isinstance(step["params"], float) and len(step["rng"]) == 12
-    assert events[1]["module"] == "Linear" and events[1]["line"] == 12  # the learner's call, not a child
+    assert events[2]["module"] == "Linear" and events[2]["line"] == 12  # the learner's call, not a child
     assert events[-1]["held"] == ["model.weight", "model.bias", "step"] and events[-1]["line"] == 15
 
 
@@ -90,3 +91,55 @@ def test_values_at_the_learners_line(tmp_path):
     assert values == ("x: float32[2, 4], requires_grad=True, grad None; "
                       "y: float32[5, 3], requires_grad=False, grad None")
     assert describe_value(3) is None
+
+
+GROUP = textwrap.dedent("""
+    import torch
+    import torch.distributed as dist
+
+
+    def setup():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+
+
+    def metric(x):
+        totals = torch.tensor([x, 2.0])
+        dist.all_reduce(totals)
+        return (totals[0] / totals[1]).item(), 1
+
+
+    def teardown():
+        dist.destroy_process_group()
+""")
+
+
+def test_the_process_group_a_small_collectives_values_and_what_functions_return(tmp_path):
+    """No launch (one gloo rank here): the group's init and destroy, a metric's all-reduce with what this
+    rank contributed, and what each of the learner's functions returned, at its return line."""
+    from autograder.harness import watched
+
+    path = tmp_path / "ex98_group.py"
+    path.write_text(GROUP)
+    with Tracer() as tracer:
+        tracer.begin(str(path))
+        learner = watched(import_path(path, name="learner_ex98_group"))
+        learner.setup()
+        try:
+            assert learner.metric(3.0) == (1.5, 1)
+        finally:
+            learner.teardown()
+    events = tracer.traces[str(path)]
+    kinds = [e["event"] for e in events]
+    assert kinds[:2] == ["init_process_group", "DistributedDataParallel"] and kinds.count("return") == 3
+    assert kinds[-5:] == ["return", "collective", "return", "destroy_process_group", "return"]
+    assert events[0]["line"] == 7 and events[0]["args"]["backend"] == "gloo"
+    ddp = [e for e in events[:-5] if e["event"] == "collective"]
+    assert ddp and all("held" not in e for e in ddp)  # DDP's own checks: no values (only the learner's calls)
+    assert events[-5]["returned"] is None and events[-5]["function"] == "setup"
+    metric = events[-4]
+    assert metric["held"] == [3.0, 2.0] and metric["line"] == 13 and metric["kind"] == "all_reduce"
+    assert events[-3]["returned"] == [1.5, 1] and (events[-3]["line"], events[-3]["code"]) == (
+        14, "return (totals[0] / totals[1]).item(), 1")
+    assert not hasattr(learner.metric, "__wrapped__")  # wrapped while traced, put back on exit
+    assert return_line(learner.setup) == (8, "torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))")

@@ -4,7 +4,10 @@ A check names the mistakes it anticipated; a mistake nobody listed falls to a sy
 differ"). The trace is what lets the grader say more: it records the *observable* events of a run
 (every optimizer and LR-scheduler step, every ``backward()``, every collective and point-to-point op,
 every save and load with what it held, the RNG and parameter checksums at each step boundary, which module each forward
-the learner called entered), each with the learner's file, line and code, so that
+the learner called entered; the calls whose effect nothing else shows, with their plain arguments: the process
+group made and left, a model wrapped in DDP, a DistributedSampler built and its epoch set, gradients zeroed, a
+checkpoint committed or pruned; the values of small collectives the learner's line calls itself, such as a metric's
+all-reduce; and what each of the learner's functions returned), each with the learner's file, line and code, so that
 :mod:`autograder.divergence` can report the first event where the learner's run and the reference's
 part ways. This is the "trace differencing" of record-and-replay debuggers (rr; Zeller's *Why
 Programs Fail*, ch. 14, "isolating failure causes") applied to a training loop.
@@ -12,14 +15,16 @@ Programs Fail*, ch. 14, "isolating failure causes") applied to a training loop.
 The communication ops come from the one recorder, :class:`distlab.measure.comm.CollectiveRecorder`
 (a ``TorchDispatchMode``, which also sees ``send``/``recv``: the ``c10d`` operators carry their peer),
 tagged here as exercise 8's ``CommSpy`` does; the steps from PyTorch's global optimizer step and module
-forward hooks; the scheduler steps, saves and loads from :class:`~.replace.Replace` stand-ins.
+forward hooks; the scheduler steps, saves, loads and calls from :class:`~.replace.Replace` stand-ins (which also
+wrap the learner module's public functions while it is traced, for what they return).
 
 Everything is plain data (str, int, float, lists, dicts): it travels back to the grader through
 ``torch.load(weights_only=True)``. A trace is bounded (:data:`MAX_EVENTS` per file).
 """
 from __future__ import annotations
 
-import hashlib
+import functools
+import inspect
 import linecache
 import os
 import sys
@@ -30,43 +35,22 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data.distributed import DistributedSampler
 
+from distlab import checkpoint
 from distlab.measure.comm import CollectiveRecorder
 
 from .errors import note_values
+from .events import SMALL, checksum, held, plain_arguments, return_line, rng_checksum, summary
 from .replace import Replace
 
 MAX_EVENTS = 2000   # per file and rank: a 12-step loop makes about 100; a runaway loop is cut, and says so
-KEYS_SHOWN = 12     # of a saved dict's keys
+MAX_RETURNS = 64    # return events per function of the learner's (a helper called per sample would fill a trace)
 _MODULE_PY = torch.nn.modules.module.__file__
 _ACTIVE: list["Tracer"] = []  # the tracer of the rank_main running, if any (load_learner tells it each file)
-
-
-def checksum(tensors) -> float:
-    """The float64 sum of ``tensors`` (a DTensor's: this rank's shard): equal runs give equal sums."""
-    with torch.no_grad():
-        return float(sum(getattr(t, "_local_tensor", t).detach().double().sum().item() for t in tensors))
-
-
-def rng_checksum() -> str:
-    """This rank's CPU RNG state (and the current CUDA device's, where there is one), hashed."""
-    state = torch.get_rng_state().numpy().tobytes()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state += torch.cuda.get_rng_state().numpy().tobytes()
-    return hashlib.sha1(state).hexdigest()[:12]
-
-
-def held(obj: Any) -> list[str] | str:
-    """What a saved or loaded object held: a dict's keys (a nested dict's as ``outer.inner``), or its type."""
-    if not isinstance(obj, dict):
-        return type(obj).__name__
-    keys = []
-    for k, v in obj.items():
-        inner = list(v)[:4] if isinstance(v, dict) and len(v) <= 4 else []
-        keys += [f"{k}.{j}" for j in inner] or [str(k)]
-    return keys[:KEYS_SHOWN]
 
 
 def _group_size(obj) -> int | None:
@@ -103,8 +87,41 @@ class _Comm(CollectiveRecorder):
         elif tensors and tensors[0].dtype == torch.uint8:
             pass  # a pickled object (broadcast_object_list, DCP's plans): its length is that of paths, not the run's
         elif kind != "barrier" or tensors:
-            self.tracer.add("collective", kind=kind, shape=shape, group=self._group)
+            small = tensors and tensors[0].numel() <= SMALL and not tensors[0].dtype.is_complex
+            # what this rank contributed, where the learner's line called it (a metric's sums), not what a
+            # library sends for itself (DDP's shape check, DCP's pickled plans: their bytes are paths and memory)
+            values = {"held": summary(tensors[0])} if small and self.tracer.called_directly() else {}
+            self.tracer.add("collective", kind=kind, shape=shape, group=self._group, **values)
         return {}
+
+
+# Calls whose effect no other event shows (a process group made or left, a model wrapped, a sampler built or
+# its epoch set, gradients zeroed, a checkpoint committed or pruned), recorded as events of their own with
+# their plain arguments: (owner, attribute, the event's name).
+CALLS = [(dist, "init_process_group", "init_process_group"), (dist, "destroy_process_group", "destroy_process_group"),
+         (DDP, "__init__", "DistributedDataParallel"), (DistributedSampler, "__init__", "DistributedSampler"),
+         (DistributedSampler, "set_epoch", "set_epoch"),
+         (torch.optim.Optimizer, "zero_grad", "zero_grad"), (torch.nn.Module, "zero_grad", "zero_grad"),
+         (checkpoint, "commit", "commit"), (checkpoint, "prune", "prune")]
+# The files between a learner's call of a collective and the recorder: the API, its logger and decorators, us.
+_DISPATCHING = ("distributed_c10d.py", "c10d_logger.py", "eval_frame.py", "_compile.py", "_ops.py",
+                "_python_dispatch.py", "comm.py", "trace.py")
+
+
+class _Replace(Replace):
+    """The tracer's stand-ins; and each learner module it covers has its top-level functions of the traced
+    file wrapped, so that what each returns is an event (``return``), at its ``return`` line."""
+
+    def __init__(self, tracer: "Tracer", targets):
+        super().__init__(targets)
+        self.tracer = tracer
+
+    def cover(self, module) -> None:
+        super().cover(module)
+        for key, fn in list(vars(module).items()):
+            if inspect.isfunction(fn) and fn.__code__.co_filename in self.tracer._paths and \
+                    not key.startswith("_") and not getattr(fn, "_traced", False):
+                self._set(module, key, self.tracer._returns(fn))
 
 
 class Tracer:
@@ -117,12 +134,14 @@ class Tracer:
         self.path: str | None = None
         self._paths: set[str] = set()
         self._steps = 0
+        self._returned: dict[str, int] = {}  # per function of the learner's, how many times it returned
         self._hooks: list = []
-        self._replace = Replace({(LRScheduler, "step"): self._scheduler_step,
+        self._replace = _Replace(self, {(LRScheduler, "step"): self._scheduler_step,
                                  (torch, "save"): self._save, (torch.serialization, "save"): self._save,
                                  (torch, "load"): self._load, (torch.serialization, "load"): self._load,
                                  (dcp, "save"): self._dcp("save"), (dcp, "load"): self._dcp("load"),
-                                 (torch.Tensor, "backward"): self._backward})
+                                 (torch.Tensor, "backward"): self._backward,
+                                 **{(owner, name): self._call(label) for owner, name, label in CALLS}})
         self._comm = _Comm(self)
 
     def begin(self, path: str | Path) -> None:
@@ -130,9 +149,19 @@ class Tracer:
         file loaded again continues its trace."""
         if self.path == str(path):
             return
-        self.path, self._steps = str(path), 0
+        self.path, self._steps, self._returned = str(path), 0, {}
         self._paths = {str(path), str(Path(path).resolve())}
         self.traces[self.path] = []
+
+    def called_directly(self) -> bool:
+        """Whether the op now dispatched was called by the learner's line itself (``dist.all_reduce(t)``),
+        through nothing but ``torch.distributed``'s API module and the dispatcher."""
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename not in self._paths:
+            if not frame.f_code.co_filename.endswith(_DISPATCHING):
+                return False
+            frame = frame.f_back
+        return frame is not None
 
     def where(self) -> dict | None:
         """The innermost frame of the learner's file on the stack: its file name, line and code."""
@@ -157,7 +186,7 @@ class Tracer:
             if trace[-1].get("event") != "truncated":
                 trace.append({"event": "truncated", "step": self._steps})
             return
-        trace.append({"event": event, "step": self._steps, **details, **(at or {})})
+        trace.append({"event": event, "step": self._steps, **(at or {}), **details})  # a return: its own line
 
     # --- the instruments -------------------------------------------------------------------------------
     def _optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -188,6 +217,30 @@ class Tracer:
             self.add("backward", shape=list(tensor.shape))
             return real(tensor, *args, **kwargs)
         return backward
+
+    def _call(self, label: str) -> Callable:
+        def make(real: Callable) -> Callable:
+            def call(*args, **kwargs):
+                if self.path is not None:
+                    self.add(label, args=plain_arguments(real, args, kwargs))
+                return real(*args, **kwargs)
+            return functools.wraps(real)(call)
+        return make
+
+    def _returns(self, fn: Callable) -> Callable:
+        """``fn`` (the learner's), recording what it returned (or that it raised nothing and returned)."""
+        line, code = return_line(fn)
+        where = {"file": Path(fn.__code__.co_filename).name, "line": line, "code": code, "function": fn.__name__}
+
+        @functools.wraps(fn)
+        def traced(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            seen = self._returned[fn.__name__] = self._returned.get(fn.__name__, 0) + 1
+            if self.path is not None and fn.__code__.co_filename in self._paths and seen <= MAX_RETURNS:
+                self.add("return", anywhere=True, returned=summary(out), **where)
+            return out
+        traced._traced = True
+        return traced
 
     def _save(self, real: Callable) -> Callable:
         def save(obj, f, *args, **kwargs):

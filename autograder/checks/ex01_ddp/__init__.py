@@ -29,6 +29,7 @@ A failure names the first cause below that explains them:
 | gradients all-reduced by hand on top of DDP | "... 2x the reference's: the gradients were also summed by hand ..." |
 | loss multiplied by the world size | "the first step's gradient is 2x the reference's on the same global batch: ..." |
 | loss divided by the world size | "the first step's gradient is 0.5x the reference's on the same global batch: ..." |
+| nothing printed on rank 0 | "rank 0 printed nothing: print the loss of each epoch on rank 0" |
 | evaluation set read whole on every rank | "rank 0 read 21 samples of the 21-sample evaluation set, the whole ..." |
 | the sampler's padding counted | "... the mean over the 24 samples the samplers dealt out, not the data set's 21 ..." |
 | DistributedSampler built with drop_last=True | "... the metric of only 20 of the 21 samples ..." |
@@ -59,7 +60,7 @@ from ...report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, eval_close, eval_drop_last,
                      eval_mean_of_means, eval_not_reduced, eval_padding_counted, eval_whole_set, inner_forward,
                      loss_over_world, loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised,
-                     not_wrapped, seeded_apart, unshuffled)
+                     not_wrapped, seeded_apart, silent_rank0, unshuffled)
 from .observed import Run
 from .probes import ATOL, CONFIG, EVAL, MODEL, RTOL, rank_main
 
@@ -147,8 +148,8 @@ def only_rank0_logs(run: Run) -> Verdict:
         rank, lines = noisy[0]
         return failed(f"rank {rank} printed {len(lines)} lines (first: {lines[0]!r}): print only where "
                       "dist.get_rank() == 0")
-    if not run.ranks[0]["printed"]:
-        return failed("rank 0 printed nothing: print the loss of each epoch on rank 0")
+    if message := silent_rank0(run):
+        return failed(message)
     return passed()
 
 

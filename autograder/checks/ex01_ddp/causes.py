@@ -93,8 +93,7 @@ def unshuffled(run: Run) -> str | None:
     if not all(run.epoch(0, e) == in_order for e in range(CONFIG["epochs"])):
         return None
     return ("rank 0 read its shard in index order (0, {}, {}, ...) in both epochs: the DistributedSampler was "
-            "built with shuffle=False; build it with shuffle=True, seed=seed, and call sampler.set_epoch(epoch) "
-            "every epoch").format(run.world, 2 * run.world)
+            "built with shuffle=False; build it with shuffle=True, seed=seed").format(run.world, 2 * run.world)
 
 
 @mistake("sampler.set_epoch not called")
@@ -149,6 +148,13 @@ def loss_over_world(run: Run) -> str | None:
     return (f"the first step's gradient is {run.gradient_ratio:.3g}x the reference's on the same global batch: "
             f"the loss was divided by the world size ({run.world}); DDP already averages the gradients over the "
             "ranks, so use the plain mean cross-entropy")
+
+
+@mistake("nothing printed on rank 0")
+def silent_rank0(run: Run) -> str | None:
+    if run.ranks[0]["printed"]:
+        return None
+    return "rank 0 printed nothing: print the loss of each epoch on rank 0"
 
 
 # evaluate_ddp's mistakes: what rank 0 returned, against what each usual mistake would return.

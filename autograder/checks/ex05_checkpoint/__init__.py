@@ -38,6 +38,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | scheduler stepped before the optimizer | "step 1 trained with a learning rate of 0.00295, the schedule's ..." |
 | every rank's RNG not seeded with seed + rank | "rank 1's RNG state at step 1 is not torch.manual_seed(seed + 1)'s" |
 | samples not the contract's sampler | "rank 0 read samples [..]... at step 1 where the contract's gives [..]...: ..." |
+| steps not reported to on_step as numbered | "the first step the uninterrupted run reported ... was step 2 ..." |
 | checkpoints not pruned | "after 12 steps saving every 3 with keep=2 the directory holds [...]: ..." |
 | an interrupted write loaded (no staging and commit) | "rank 1 was killed while writing step 6's checkpoint ..." |
 | a checkpoint collective called on some ranks only | "dcp.save ran on rank 0 (at step 3) but not on rank 1: ..." |

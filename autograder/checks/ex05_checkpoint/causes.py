@@ -15,8 +15,8 @@ from distlab import LaunchError, pick_backend
 from ...diagnosis import KnownError, mistake
 from ...parity import parity
 from .observed import Run
-from .probes import INTERRUPTED, RESUMED_FROM, RUN, WORLD
-from .reference import reference_run
+from .probes import DATA_SIZE, INTERRUPTED, RESUMED_FROM, RUN, WORLD
+from .reference import BATCH_SIZE, contract_batch, reference_run
 
 
 KNOWN_ERRORS = [
@@ -42,7 +42,7 @@ def _close(a: float, b: float) -> bool:
 def one_sided_collective(run: Run, name: str, world: int = WORLD, **match) -> str | None:
     """The first DCP or state-dict call one rank made more often than another in a phase."""
     calls = run.records(name, world, kind="calls", **match)
-    for call in dict.fromkeys(c["call"] for rank in calls for c in rank):
+    for call in dict.fromkeys(c["call"] for rank in calls for c in rank if c["call"] != "torch.save"):
         made = [[c for c in rank if c["call"] == call] for rank in calls]
         more = max(range(world), key=lambda r: len(made[r]))
         fewer = min(range(world), key=lambda r: len(made[r]))
@@ -91,6 +91,28 @@ def _differs(x: dict, a: dict) -> list[str]:
     return out
 
 
+# How each part of the state is named among a checkpoint's keys (the contract's names, and the usual others).
+KEYS = {"optimizer": ("optim",), "scheduler": ("sched", "lr_sched"), "data": ("data", "position", "epoch", "offset"),
+        "rng": ("rng", "cpu", "cuda")}
+
+
+def saved(run: Run, part: str, r: int) -> str | None:
+    """Where rank ``r``'s uninterrupted run saved ``part`` of the state, as "'optim' (dcp.save at
+    ex05_checkpoint.py:90)"; ``None`` when no save of the learner's held it."""
+    for call in run.records("A", kind="calls")[r]:
+        held = call.get("held") if call["call"] in ("dcp.save", "dcp.async_save", "torch.save") else None
+        keys = [k for k in held if k.split(".")[0].lower().startswith(KEYS[part])] if isinstance(held, list) else []
+        if keys and "line" in call:
+            return f"'{keys[0].split('.')[0]}' ({call['call']} at {call['file']}:{call['line']})"
+    return None
+
+
+def _advice(run: Run, part: str, r: int, save: str, restore: str) -> str:
+    """``save`` (the advice to save and load ``part``), or where the checkpoint already holds it and ``restore``."""
+    where = saved(run, part, r)
+    return f": your checkpoint holds {where}, but it was not restored: {restore}" if where else save
+
+
 @mistake("model not restored")
 def model_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
     if "model" not in _differs(x, a):
@@ -111,7 +133,9 @@ def optimizer_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
     what = (f"Adam's step count was {p['adam_step']:g} where the uninterrupted run's was {q['adam_step']:g}"
             if p["adam_step"] != q["adam_step"] else
             f"Adam's moments differ (sum {p['moments']:.9g} vs {q['moments']:.9g})")
-    return what + ": save the optimizer's state from get_state_dict(model, optimizer) and load it with set_state_dict"
+    return what + _advice(run, "optimizer", r, ": save the optimizer's state from get_state_dict(model, optimizer) "
+                          "and load it with set_state_dict",
+                          "dcp.load it into get_state_dict's tensors, then set_state_dict")
 
 
 @mistake("data position not restored")
@@ -121,14 +145,16 @@ def data_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
     same = [y["step"] for y in run.ref_rec[r] if y["data"] == x["data"]]
     return (f"rank {r} read samples {x['data'][:3]}... instead of {a['data'][:3]}..."
             + (f" (the samples of step {same[0]})" if same else "")
-            + ": save the data position (sampler epoch and batch offset) and continue from it")
+            + _advice(run, "data", r, ": save the data position (sampler epoch and batch offset) and continue from it",
+                      "continue from the epoch and batch offset load_checkpoint returned"))
 
 
 @mistake("scheduler not restored")
 def scheduler_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
     if "scheduler" not in _differs(x, a):
         return None
-    advice = ": save scheduler.state_dict() and load it on resume"
+    advice = _advice(run, "scheduler", r, ": save scheduler.state_dict() and load it on resume",
+                     "scheduler.load_state_dict() it on resume")
     if x["pre"]["lr"] == a["pre"]["lr"]:  # the optimizer's state gave this step's rate back, not the schedule
         return (f"the learning rate it set for step {x['step'] + 1} was {x['lr']:.6g} instead of {a['lr']:.6g} (the "
                 "optimizer's state restored the current rate, not the schedule)" + advice)
@@ -157,8 +183,9 @@ def other_ranks_rng(run: Run, x: dict, a: dict, r: int) -> str | None:
 def rng_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
     if "rng" not in _differs(x, a) or other_ranks_rng(run, x, a, r):
         return None
-    return (f"rank {r}'s RNG state differs from the uninterrupted run's, so dropout drew other masks: save each "
-            "rank's torch.get_rng_state() and restore it")
+    return (f"rank {r}'s RNG state differs from the uninterrupted run's, so dropout drew other masks"
+            + _advice(run, "rng", r, ": save each rank's torch.get_rng_state() and restore it",
+                      "torch.set_rng_state() with it on resume"))
 
 
 COMPONENTS = [model_not_restored, optimizer_not_restored, data_not_restored, scheduler_not_restored,
@@ -198,9 +225,12 @@ def not_pruned(run: Run) -> str | None:
     if not run.checkpoints:  # nothing to prune: the advice would be about a step that never had a chance
         return (f"after {steps} steps saving every {RUN['save_every']} the checkpoint directory holds nothing: "
                 "call save_checkpoint after every save_every-th step (it stages, commits, then prunes)")
-    return (f"after {steps} steps saving every {RUN['save_every']} with keep={RUN['keep']} the directory holds "
-            f"{run.checkpoints}, expected the committed steps {want} only: call prune(root, keep) on rank 0 after "
-            "each commit")
+    head = (f"after {steps} steps saving every {RUN['save_every']} with keep={RUN['keep']} the directory holds "
+            f"{run.checkpoints}, expected the committed steps {want} only")
+    if len(run.checkpoints) <= RUN["keep"]:  # pruned, but other steps were saved: the advice is not prune's
+        return (head + f": as many as keep={RUN['keep']}, but of other steps: save after the steps whose number (the "
+                f"steps done, from 1) is a multiple of save_every")
+    return head + ": call prune(root, keep) on rank 0 after each commit"
 
 
 @mistake("an interrupted write loaded (no staging and commit)")
@@ -250,12 +280,23 @@ def samples_not_contract(run: Run, xs: list[dict], a: dict, refs: list[dict]) ->
     bad = [r for r, x in enumerate(xs) if x["data"] != a["data"][r]]
     if not bad:
         return None
-    r, s = bad[0], a["step"]
-    epoch_0 = [ref for ref in refs if ref["data"][r] == xs[r]["data"]]
-    advice = (f"the samples of step {epoch_0[0]['step']}, in the first epoch: call sampler.set_epoch(epoch) at the "
-              "start of every epoch" if epoch_0 and epoch_0[0]["step"] < s else
-              "use DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True) and batches of "
-              "BATCH_SIZE consecutive indices of it")
+    r, s, got = bad[0], a["step"], xs[bad[0]]["data"]
+    epoch_0 = [ref for ref in refs if ref["data"][r] == got]
+    per_epoch = DATA_SIZE // WORLD // BATCH_SIZE
+    found, (epoch, batch) = contract_batch(r, got), divmod(s - 1, per_epoch)
+    if epoch_0 and epoch_0[0]["step"] < s:
+        advice = (f"the samples of step {epoch_0[0]['step']}, in the first epoch: call sampler.set_epoch(epoch) at "
+                  "the start of every epoch")
+    elif len(got) != BATCH_SIZE:  # the sampler may well be the contract's: the batch is not
+        advice = (f"a batch of {len(got)} samples, not BATCH_SIZE={BATCH_SIZE}: a batch is BATCH_SIZE consecutive "
+                  "indices of the sampler's order")
+    elif found and s > 1:  # at step 1 another seed looks the same (seed + 1's epoch 0 is seed's epoch 1)
+        advice = (f"the contract sampler's batch {found[1]} of epoch {found[0]}, where step {s} is batch {batch} of "
+                  f"epoch {epoch}: the data position (epoch, offset) moved wrongly; the next batch is offset + 1, "
+                  "and after the epoch's last batch, batch 0 of the next epoch")
+    else:
+        advice = ("use DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True) and batches of "
+                  "BATCH_SIZE consecutive indices of it")
     return (f"rank {r} read samples {xs[r]['data'][:3]}... at step {s} where the contract's gives "
             f"{a['data'][r][:3]}...: {advice}")
 
@@ -280,6 +321,19 @@ def _step_symptom(xs: list[dict], a: dict) -> str:
             "cross-entropy, backward, optimizer.step(), scheduler.step()")
 
 
+@mistake("steps not reported to on_step as numbered")
+def steps_not_reported(run: Run, step: int) -> str | None:
+    """No rank called ``on_step``, or the first step it reported is not step 1."""
+    if not any(run.ref_rec):
+        return ("train finished without calling on_step(step, optimizer) once: call it after every step (after "
+                "that step's checkpoint, if any), with the number of steps done")
+    first = min(rank[0]["step"] for rank in run.ref_rec if rank)
+    if step == 1 and first != 1:
+        return (f"the first step the uninterrupted run reported to on_step was step {first}, not 1: start from "
+                "step = 0 (the steps done) and count each step after it ran, so the first is step 1")
+    return None
+
+
 def against_reference(run: Run) -> str:
     """'' if the uninterrupted run (A) is the reference's, else what differs at the first step it does."""
     refs, final = reference_run(WORLD)
@@ -287,7 +341,8 @@ def against_reference(run: Run) -> str:
     for i, a in enumerate(refs):
         xs = [rank[i] if i < len(rank) else None for rank in recs]
         if any(x is None or x["step"] != a["step"] for x in xs):
-            return f"the uninterrupted run's records stop or skip before step {a['step']}"
+            return steps_not_reported(run, a["step"]) or \
+                f"the uninterrupted run's records stop or skip before step {a['step']}"
         if any(x["pre"] is None for x in xs):
             return f"step {a['step']} made no optimizer.step() before on_step: step the optimizer once per step"
         found = {cause: m for cause in CONTRACT if (m := cause(run, xs, a, refs))}

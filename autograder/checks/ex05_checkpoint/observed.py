@@ -65,8 +65,12 @@ class Run:
         return [x["step"] for x in self.records("B", attempt=attempt)[0]]
 
     def phase_error(self, name: str, first_attempt: int = 0) -> str:
-        """What a phase raised (not a peer's "connection closed" after a kill), as ``attempt A, rank R: ...``."""
+        """What a phase raised (not a peer's "connection closed" after a kill), as ``attempt A, rank R raised
+        ...``, at the learner's line."""
         f = self.out / f"{name}-errors.jsonl"
         errors = [json.loads(ln) for ln in f.read_text().splitlines()] if f.is_file() else []
         errors = [e for e in errors if e["attempt"] >= first_attempt and "Connection" not in e["error"]]
-        return f"attempt {errors[0]['attempt']}, rank {errors[0]['rank']}: {errors[0]['error']}" if errors else ""
+        if not errors:
+            return ""
+        at = f", at {errors[0]['at']}" if errors[0].get("at") else ""
+        return f"attempt {errors[0]['attempt']}, rank {errors[0]['rank']} raised {errors[0]['error']}{at}"

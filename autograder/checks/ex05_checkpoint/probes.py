@@ -45,7 +45,7 @@ from distlab.measure.memory import local_tensor
 
 from ... import progress
 from ...grading import TRACES, traced, tracing
-from ...harness import CapturedPrints, Replace, echo, load_learner, trace
+from ...harness import CapturedPrints, Replace, echo, learner_frame, load_learner, trace
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
 DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the run crosses an epoch
@@ -61,7 +61,9 @@ COLLECTIVES = [(dcp, n, f"dcp.{n}") for n in ("save", "load", "async_save")] + [
     (dcp_saver, "save", "dcp.save"), (dcp_saver, "async_save", "dcp.async_save"), (dcp_loader, "load", "dcp.load")] + [
     (dcp_state, n, n) for n in ("get_state_dict", "set_state_dict", "get_model_state_dict", "get_optimizer_state_dict",
                                 "set_model_state_dict", "set_optimizer_state_dict")]
-_now = {"log": None, "tag": "", "step": 0, "pre": None}  # the phase running: call log, tag, last step, snapshot
+TORCH_SAVES = [(torch, "save", "torch.save"), (torch.serialization, "save", "torch.save")]  # logged, not collectives
+# the phase running: the learner's file, its call log, tag, last step, snapshot
+_now = {"path": None, "log": None, "tag": "", "step": 0, "pre": None}
 
 
 class Stopped(BaseException):
@@ -101,12 +103,23 @@ def _snapshot(optimizer, args, kwargs) -> None:
                    "lr": float(optimizer.param_groups[0]["lr"]), "rng": _rng_hash()}
 
 
+def _learner_line() -> dict:
+    """The learner's file and line on the stack now (``{}`` when the learner's code is not on it)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename != _now.get("path"):
+        frame = frame.f_back
+    return {"file": Path(frame.f_code.co_filename).name, "line": frame.f_lineno} if frame is not None else {}
+
+
 def _spy(name: str):
     def make(real):
         def spy(*args, **kwargs):
-            if _now["log"] is not None:  # logged before the call: a call that hangs or raises is on disk already
+            if _now["log"] is not None and (name != "torch.save" or _learner_line()):
+                # logged before the call: a call that hangs or raises is on disk already; a save with what it held
+                saved = args[0] if args else kwargs.get("state_dict", kwargs.get("obj"))
+                what = {"held": trace.held(saved), **_learner_line()} if "save" in name or "load" in name else {}
                 _now["log"].write(json.dumps({"call": name, "after_step": _now["step"], "attempt": _restart_count(),
-                                              "tag": _now["tag"]}) + "\n")
+                                              "tag": _now["tag"], **what}) + "\n")
                 _now["log"].flush()
             return real(*args, **kwargs)
         return spy
@@ -115,8 +128,9 @@ def _spy(name: str):
 
 def _collective_spies() -> Replace:
     """Entered before the learner's file is imported, so ``from ... import get_state_dict`` (or
-    ``state_dict_saver.save``) binds the spy too (:class:`~autograder.harness.Replace`)."""
-    return Replace({(module, name): _spy(label) for module, name, label in COLLECTIVES
+    ``state_dict_saver.save``) binds the spy too (:class:`~autograder.harness.Replace`); the learner's own
+    ``torch.save`` calls (each rank's RNG state) are logged too, with what they held (not a collective)."""
+    return Replace({(module, name): _spy(label) for module, name, label in COLLECTIVES + TORCH_SAVES
                     if getattr(module, name, None) is not None})
 
 
@@ -136,7 +150,7 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
     hook = register_optimizer_step_pre_hook(_snapshot)
     with open(outdir / f"{name}-rank{rank}.jsonl", "a") as log, \
             open(outdir / f"{name}-calls-rank{rank}.jsonl", "a") as calls, _killed_in_write(kill_write):
-        _now.update(log=calls, tag=phase["tag"], step=0, pre=None)
+        _now.update(path=learner.__file__, log=calls, tag=phase["tag"], step=0, pre=None)
         try:
             with CapturedPrints() as out:
                 returned = learner.train(phase["dir"], data, steps=phase["steps"], save_every=RUN["save_every"],
@@ -148,12 +162,16 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
                 (outdir / f"{name}-stopped").touch()
             return
         except BaseException as exc:  # DCP raises CheckpointException, a BaseException
-            _record_error(outdir / f"{name}-errors.jsonl", exc)
+            _record_error(outdir / f"{name}-errors.jsonl", exc, learner.__file__)
             raise
         finally:
             _now["log"] = None
             hook.remove()
     echo(out.lines)
+    if not (isinstance(returned, (tuple, list)) and len(returned) == 4):
+        line, code = trace.return_line(learner.train)
+        raise TypeError(f"train returned {type(returned).__name__}, not (model, optimizer, scheduler, step), at "
+                        f"{Path(learner.__file__).name} line {line}: {code}")
     _save_final(returned, outdir / f"{name}-final.pt")
 
 
@@ -193,12 +211,15 @@ def _killed_in_write(kill_write: int | None) -> Replace:
     return Replace({(FileSystemWriter, "write_data"): make})
 
 
-def _record_error(errors: Path, exc: BaseException) -> None:
-    """Kept for the verdict: a restarted attempt's error is the telling one (not the crash it follows)."""
+def _record_error(errors: Path, exc: BaseException, path: str) -> None:
+    """Kept for the verdict: a restarted attempt's error is the telling one (not the crash it follows); with
+    the learner's line it came from."""
     lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
     cause = next((ln for ln in reversed(lines) if "Error" in ln), lines[0])
+    frame = learner_frame(exc, path)
     with open(errors, "a") as f:
-        f.write(json.dumps({"attempt": _restart_count(), "rank": dist.get_rank(), "error": cause[:300]}) + "\n")
+        f.write(json.dumps({"attempt": _restart_count(), "rank": dist.get_rank(), "error": cause[:300],
+                            "at": str(frame) if frame else ""}) + "\n")
 
 
 def _save_final(returned: tuple, path: Path) -> None:

@@ -52,6 +52,28 @@ def _batches(data, world: int, seed: int, steps: int) -> list[list[list[int]]]:
     return out
 
 
+@functools.lru_cache(maxsize=2)
+def epoch_orders(world: int = WORLD, epochs: int = 4) -> dict[tuple[int, int], list[int]]:
+    """``(rank, epoch) ->`` the indices the contract's sampler deals that rank in that epoch."""
+    out = {}
+    for r in range(world):
+        sampler = DistributedSampler(range(DATA_SIZE), num_replicas=world, rank=r, shuffle=True, seed=RUN["seed"],
+                                     drop_last=True)
+        for e in range(epochs):
+            sampler.set_epoch(e)
+            out[(r, e)] = list(sampler)
+    return out
+
+
+def contract_batch(rank: int, indices: list[int], world: int = WORLD) -> tuple[int, int] | None:
+    """``(epoch, batch)``: which of the contract's batches ``indices`` is on ``rank``, if any."""
+    for (r, e), order in epoch_orders(world).items():
+        for b in range(len(order) // BATCH_SIZE):
+            if r == rank and order[b * BATCH_SIZE:(b + 1) * BATCH_SIZE] == indices:
+                return e, b
+    return None
+
+
 def _state_sums(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[float, float, float]:
     """The parameters' sum, Adam's moments' sum and its step count (as the ranks record them, in total)."""
     with torch.no_grad():
