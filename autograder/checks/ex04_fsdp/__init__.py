@@ -33,6 +33,7 @@ training is still graded:
 | ZeRO-1 shard copied from another rank's slice | "rank 0's shard is a copy of elements [10745, 21490) ..." |
 | ZeRO-1 gradients summed, not averaged | "at the first step rank 0's shard.grad is 2x the mean gradient ..." |
 | ZeRO-1 shards never all-gathered | "after 4 steps rank 0's weights in elements [10745, 21490) ... are still ..." |
+| ZeRO-1 gathered shards never written into the parameters | "after 4 steps none of rank 0's weights has changed ..." |
 | ZeRO-1 gradients all-reduced | "each step issued 1 all-reduce of 85960 B (line 124: ...) and 0 reduce-scatters ..." |
 | optimizer built before sharding | "on rank 0 the optimizer does not hold 36 of the model's 36 parameters ..." |
 | root not sharded | "the blocks are sharded, but 4 parameters (['inp.weight', ...]) are plain tensors ..." |
@@ -45,6 +46,8 @@ training is still graded:
 | state-dict collective called on some ranks only | "get_model_state_dict(...) ran on rank 0 only: ..." |
 | FSDP1 state_dict_type on an FSDP2 model | "FullyShardedDataParallel.state_dict_type (FSDP1) does not apply ..." |
 | export raised | "the export (after training) raised ...; the training was graded, the export was not" |
+| export saved on several ranks | "torch.save was called on ranks [0, 1]: every rank must call ..." |
+| export saved nothing | "nothing was saved to ...: get_model_state_dict ran 1 time(s) on rank 0, but no rank ..." |
 | full state dict on every rank | "get_model_state_dict(...) returned the full state dict ... on rank 1 too ..." |
 | fully_shard called on the ModuleList | "fully_shard needs a module with a forward ..." (raised) |
 | fully_shard applied twice to one module | "fully_shard ran twice on the same module ..." (raised) |
@@ -73,8 +76,8 @@ from distlab.measure.comm import label
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_reshard,
                      nothing_sharded, one_sided_collective, optimizer_first, padding_dropped, root_not_sharded,
-                     root_only, some_blocks, steps_not_one, z1_all_reduce, z1_error, z1_grad_summed,
-                     z1_no_all_gather, z1_optimizer_full, z1_wrong_offset)
+                     root_only, saved_everywhere, saved_nothing, some_blocks, steps_not_one, z1_all_reduce, z1_error,
+                     z1_grad_summed, z1_no_all_gather, z1_not_written, z1_optimizer_full, z1_wrong_offset)
 from .observed import PARTS, Run
 from .probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS, rank_main
 from .reference import reference
@@ -99,7 +102,7 @@ TRAINING_CAUSES = [optimizer_first, nothing_sharded, root_not_sharded, grads_not
 
 
 # Part 1, ZeRO-1 by hand: why the weights differ from the reference, most specific first.
-ZERO1_CAUSES = [z1_error, z1_optimizer_full, z1_wrong_offset, z1_grad_summed, z1_no_all_gather]
+ZERO1_CAUSES = [z1_error, z1_optimizer_full, z1_wrong_offset, z1_grad_summed, z1_no_all_gather, z1_not_written]
 
 
 @criterion("[W={world}] ZeRO-1: shard_range cuts W equal, padded, contiguous slices", points=1)
@@ -251,12 +254,8 @@ def exports_once(run: Run) -> Verdict:
         return failed(why)
     r0 = run.ranks[0]
     export, final = Path(r0["export"]), r0["final"]
-    savers = [r["rank"] for r in run.ranks if r["saves"]]
-    if savers and savers != [0]:
-        return failed(f"torch.save was called on ranks {savers}: every rank must call get_model_state_dict "
-                      "(it is a collective), but only rank 0 saves")
-    if not savers:
-        return failed(f"nothing was saved to {export}: torch.save the full state dict to export_path on rank 0")
+    if why := saved_everywhere(run) or saved_nothing(run):
+        return failed(why)
     if not export.is_file():
         return failed(f"rank 0 saved to {r0['saves']}, not to the export_path given")
     saved = torch.load(export, weights_only=True)

@@ -241,6 +241,39 @@ def z1_no_all_gather(run: Run) -> str | None:
     return None
 
 
+@mistake("ZeRO-1 gathered shards never written into the parameters")
+def z1_not_written(run: Run) -> str | None:
+    for rank in range(run.world):
+        steps, gathers = run.z1[rank]["steps"], sum(c.get("all_gather", 0) for c in run.z1_counts(rank))
+        if not steps or not gathers or len(run.z1_stale(rank)) < run.world or not run.z1[rank]["state"]:
+            continue
+        line = next((ln for kind, _, ln in steps[0] if kind == "all_gather"), "")
+        return (f"after {len(steps)} steps none of rank {rank}'s weights has changed, though its optimizer stepped "
+                f"its shard and every step all-gathered the {run.world} updated shards{f' ({line})' if line else ''}: "
+                "the gathered values never reached model.parameters(). Write them into the parameters in place "
+                "(p.copy_(...) under torch.no_grad()), the padding dropped")
+    return None
+
+
+@mistake("export saved on several ranks")
+def saved_everywhere(run: Run) -> str | None:
+    savers = [r["rank"] for r in run.ranks if r["saves"]]
+    if not savers or savers == [0]:
+        return None
+    return (f"torch.save was called on ranks {savers}: every rank must call get_model_state_dict (it is a "
+            "collective), but only rank 0 saves")
+
+
+@mistake("export saved nothing")
+def saved_nothing(run: Run) -> str | None:
+    if any(r["saves"] for r in run.ranks):
+        return None
+    calls = len(run.ranks[0]["state_dict_calls"])
+    got = (f"get_model_state_dict ran {calls} time(s) on rank 0, but " if calls else "")
+    return (f"nothing was saved to {run.ranks[0]['export']}: {got}no rank called torch.save. torch.save the full "
+            "state dict to export_path on rank 0")
+
+
 @mistake("ZeRO-1 gradients all-reduced")
 def z1_all_reduce(run: Run) -> str | None:
     ops = run.z1[0]["steps"][0] if run.z1[0]["steps"] else []
