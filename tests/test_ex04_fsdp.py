@@ -64,6 +64,13 @@ Z1_PADDING_NO_PART2 = {  # floor, not ceil; and train_fsdp not written yet
 Z1_NOT_WRITTEN_NO_PART2 = {  # the gathered shards never copied into the parameters; train_fsdp not written yet
     "            p.copy_(new.view_as(p))\n": "            pass\n",
     "    model = shard(model)\n    optimizer = make_optimizer(model, lr)\n": "    raise NotImplementedError\n"}
+Z1_NO_REDUCE_SCATTER_NO_PART2 = {  # shard.grad left as torch.empty_like made it; train_fsdp not written yet
+    "    dist.reduce_scatter_single(shard.grad, grads, op=dist.ReduceOp.AVG)  # mean": "    pass  # mean",
+    "    model = shard(model)\n    optimizer = make_optimizer(model, lr)\n": "    raise NotImplementedError\n"}
+Z1_RETURNS_NONE_NO_PART2 = {"    return shard, torch.optim.Adam([shard], lr=lr)\n":
+                            "    torch.optim.Adam([shard], lr=lr)\n",
+                            "    model = shard(model)\n    optimizer = make_optimizer(model, lr)\n":
+                                "    raise NotImplementedError\n"}
 MISTAKES = {  # three independent mistakes: sharding, optimizer, export; ZeRO-1's optimizer over the model
     **Z1_OPTIMIZER_FULL,
     "    for block in model.blocks:\n        fully_shard(block)": "    for block in []:\n        fully_shard(block)",
@@ -98,7 +105,9 @@ FSDP1_EXPORT = {
 FILES = {"mistakes": MISTAKES, "no_save_no_reshard_no_zero_grad": NO_SAVE_NO_RESHARD_NO_ZERO_GRAD,
          "rank0_state_dict_root_unsharded": RANK0_STATE_DICT_ROOT_UNSHARDED, "no_cpu_offload": NO_CPU_OFFLOAD,
          "fsdp1_export": FSDP1_EXPORT, "z1_padding_no_part2": Z1_PADDING_NO_PART2,
-         "z1_not_written_no_part2": Z1_NOT_WRITTEN_NO_PART2}
+         "z1_not_written_no_part2": Z1_NOT_WRITTEN_NO_PART2,
+         "z1_no_reduce_scatter_no_part2": Z1_NO_REDUCE_SCATTER_NO_PART2,
+         "z1_returns_none_no_part2": Z1_RETURNS_NONE_NO_PART2}
 EXPORT = "[W=2] rank 0 exports the full state dict once"
 Z1_RANGE = "[W=2] ZeRO-1: shard_range cuts W equal, padded, contiguous slices"
 Z1_PARITY = "[W=2] ZeRO-1: every rank's weights match single-process Adam"
@@ -245,6 +254,15 @@ def test_gathered_shards_never_written_back_are_named(graded):
                                        "stepped its shard and every step all-gathered the 2 updated shards (line ")
     assert "dist.all_gather_single(full, shard.detach())): the gathered values never reached model.parameters()" \
         in fails[Z1_PARITY], fails[Z1_PARITY]
+
+
+def test_no_reduce_scatter_and_an_optimizer_factory_returning_nothing_are_named(graded):
+    fails = failed(graded["z1_no_reduce_scatter_no_part2"])
+    said = "none of the 4 steps issued a reduce-scatter (rank 0's first step issued 1 all-gather), so shard.grad"
+    assert fails[Z1_COMM].startswith(said) and fails[Z1_PARITY].startswith(said), fails
+    none = failed(graded["z1_returns_none_no_part2"])[Z1_PARITY]
+    assert none.startswith("make_zero1_optimizer returned None, so the grader's `shard, optimizer = ") and \
+        "rank 0's part 1 raised TypeError: cannot unpack non-iterable NoneType object" in none, none
 
 
 def _run(world: int = 2, **observed) -> ex04_fsdp.Run:

@@ -18,6 +18,8 @@ COLUMN_WEIGHT, ROW_WEIGHT = ("linear.weight.detach().chunk(world_size, dim=0)",
                              "linear.weight.detach().chunk(world_size, dim=1)")
 ROW_FORWARD = "ReduceFromParallelRegion.apply(F.linear(x, self.weight)) + self.bias"
 ROW_INIT = "        ### BEGIN SOLUTION\n        # A column slice"
+G_BACKWARD = "    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:\n        ### BEGIN SOLUTION\n"
+F_REDUCE = "        dist.all_reduce(grad)  # op=ReduceOp.SUM, the default\n"
 MISTAKES = {
     "f and g swapped": {"F.linear(CopyToParallelRegion.apply(x)": "F.linear(ReduceFromParallelRegion.apply(x)",
                         ROW_FORWARD: "CopyToParallelRegion.apply(F.linear(x, self.weight)) + self.bias"},
@@ -32,12 +34,10 @@ MISTAKES = {
     "views, not copies": {"[rank].clone())": "[rank])"},
     "unsplit layer kept": {ROW_INIT: ROW_INIT.replace("SOLUTION\n", "SOLUTION\n        self.linear = linear\n")},
     "averaged": {"dist.all_reduce(out)": "dist.all_reduce(out, op=dist.ReduceOp.AVG)"},
-    "g's backward returns nothing": {"    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:\n        ### BEGIN SOLUTION\n"
-                                     "        return grad\n": "    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:\n"
-                                     "        ### BEGIN SOLUTION\n        pass\n"},
-    "f's backward returns nothing": {"        dist.all_reduce(grad)  # op=ReduceOp.SUM, the default\n        return grad\n":
-                                     "        dist.all_reduce(grad)  # op=ReduceOp.SUM, the default\n"},
-    "column forward returns nothing": {"        return F.linear(CopyToParallelRegion": "        F.linear(CopyToParallelRegion"},
+    "g's backward returns nothing": {G_BACKWARD + "        return grad\n": G_BACKWARD + "        pass\n"},
+    "f's backward returns nothing": {F_REDUCE + "        return grad\n": F_REDUCE},
+    "column forward returns nothing": {"        return F.linear(CopyToParallelRegion":
+                                       "        F.linear(CopyToParallelRegion"},
     # Right numbers, one collective too many: no cause to name, the count by kind says it.
     "input broadcast first": {COLUMN_FORWARD: "        with torch.no_grad():\n            dist.broadcast(x, src=0)\n"
                               + COLUMN_FORWARD},

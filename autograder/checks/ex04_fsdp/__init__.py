@@ -34,6 +34,8 @@ training is still graded:
 | ZeRO-1 gradients summed, not averaged | "at the first step rank 0's shard.grad is 2x the mean gradient ..." |
 | ZeRO-1 shards never all-gathered | "after 4 steps rank 0's weights in elements [10745, 21490) ... are still ..." |
 | ZeRO-1 gathered shards never written into the parameters | "after 4 steps none of rank 0's weights has changed ..." |
+| ZeRO-1 gradients never reduce-scattered | "none of the 4 steps issued a reduce-scatter (rank 0's first step ..." |
+| ZeRO-1 optimizer factory returned nothing | "make_zero1_optimizer returned None, so the grader's ..." |
 | ZeRO-1 gradients all-reduced | "each step issued 1 all-reduce of 85960 B (line 124: ...) and 0 reduce-scatters ..." |
 | optimizer built before sharding | "on rank 0 the optimizer does not hold 36 of the model's 36 parameters ..." |
 | root not sharded | "the blocks are sharded, but 4 parameters (['inp.weight', ...]) are plain tensors ..." |
@@ -77,7 +79,8 @@ from ...report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_reshard,
                      nothing_sharded, one_sided_collective, optimizer_first, padding_dropped, root_not_sharded,
                      root_only, saved_everywhere, saved_nothing, some_blocks, steps_not_one, z1_all_reduce, z1_error,
-                     z1_grad_summed, z1_no_all_gather, z1_not_written, z1_optimizer_full, z1_wrong_offset)
+                     z1_grad_summed, z1_no_all_gather, z1_no_reduce_scatter, z1_not_written, z1_optimizer_full,
+                     z1_wrong_offset)
 from .observed import PARTS, Run
 from .probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS, rank_main
 from .reference import reference
@@ -102,7 +105,8 @@ TRAINING_CAUSES = [optimizer_first, nothing_sharded, root_not_sharded, grads_not
 
 
 # Part 1, ZeRO-1 by hand: why the weights differ from the reference, most specific first.
-ZERO1_CAUSES = [z1_error, z1_optimizer_full, z1_wrong_offset, z1_grad_summed, z1_no_all_gather, z1_not_written]
+ZERO1_CAUSES = [z1_error, z1_optimizer_full, z1_wrong_offset, z1_grad_summed, z1_no_reduce_scatter, z1_no_all_gather,
+                z1_not_written]
 
 
 @criterion("[W={world}] ZeRO-1: shard_range cuts W equal, padded, contiguous slices", points=1)
@@ -171,7 +175,7 @@ def zero1_collectives(run: Run) -> Verdict:
         for step, counts in enumerate(run.z1_counts(r), 1):
             if counts != {"reduce_scatter": 1, "all_gather": 1}:
                 said = ", ".join(f"{n} {label(k)}" for k, n in counts.items()) or "no collective"
-                return failed(z1_all_reduce(run) or z1_no_all_gather(run) or
+                return failed(z1_all_reduce(run) or z1_no_reduce_scatter(run) or z1_no_all_gather(run) or
                               f"step {step} on rank {r} issued {said}: ZeRO-1 needs one reduce-scatter of the padded "
                               "flat gradient and one all-gather of the updated shards per step")
     return passed(f"each of {len(run.z1[0]['steps'])} steps issued one reduce-scatter and one all-gather on every "

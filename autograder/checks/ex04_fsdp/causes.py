@@ -6,6 +6,8 @@ Part 1's (ZeRO-1) come last, named ``z1_...``, with ``padding_dropped``.
 """
 from __future__ import annotations
 
+from distlab.measure.comm import label
+
 from ...diagnosis import KnownError, mistake, translate
 from .observed import Run
 from .probes import MEASURE_STEP, MODEL
@@ -241,11 +243,35 @@ def z1_no_all_gather(run: Run) -> str | None:
     return None
 
 
+@mistake("ZeRO-1 gradients never reduce-scattered")
+def z1_no_reduce_scatter(run: Run) -> str | None:
+    counts = run.z1_counts(0)
+    if not counts or any(c.get("reduce_scatter") or c.get("all_reduce") for c in counts):
+        return None
+    ratio = run.z1_grad_ratio(0)
+    if ratio is not None and abs(ratio - 1) < 1e-2:  # the mean gradient arrived some other way
+        return None
+    said = ", ".join(f"{n} {label(k)}" for k, n in counts[0].items()) or "no collective"
+    return (f"none of the {len(counts)} steps issued a reduce-scatter (rank 0's first step issued {said}), so "
+            "shard.grad never held the ranks' averaged gradient and Adam stepped the shard with whatever it held: "
+            "reduce-scatter the padded flat gradient into shard.grad (op=dist.ReduceOp.AVG) before optimizer.step()")
+
+
+@mistake("ZeRO-1 optimizer factory returned nothing")
+def z1_returned_none(run: Run) -> str | None:
+    r = next((r for r in run.ranks if r["zero1"]["error"]), None)
+    if r is None or "cannot unpack non-iterable NoneType" not in r["zero1"]["error"] or r["zero1"]["where"]:
+        return None  # a learner's line raised it: their own unpacking, shown where it is
+    return ("make_zero1_optimizer returned None, so the grader's `shard, optimizer = make_zero1_optimizer(model, lr)` "
+            "had nothing to unpack: every path through it must end in return (shard, optimizer)")
+
+
 @mistake("ZeRO-1 gathered shards never written into the parameters")
 def z1_not_written(run: Run) -> str | None:
     for rank in range(run.world):
         steps, gathers = run.z1[rank]["steps"], sum(c.get("all_gather", 0) for c in run.z1_counts(rank))
-        if not steps or not gathers or len(run.z1_stale(rank)) < run.world or not run.z1[rank]["state"]:
+        scatters = sum(c.get("reduce_scatter", 0) for c in run.z1_counts(rank))
+        if not steps or not gathers or not scatters or len(run.z1_stale(rank)) < run.world or not run.z1[rank]["state"]:
             continue
         line = next((ln for kind, _, ln in steps[0] if kind == "all_gather"), "")
         return (f"after {len(steps)} steps none of rank {rank}'s weights has changed, though its optimizer stepped "
@@ -295,5 +321,5 @@ def z1_error(run: Run) -> str | None:
     z = r["zero1"]
     if z["not_implemented"]:  # the first function still to write, in the file's order
         return f"not implemented yet ({z.get('ranges_unwritten') or z['where']})"
-    cause = padding_dropped(run) or translate(z["error"], KNOWN_ERRORS)
+    cause = padding_dropped(run) or z1_returned_none(run) or translate(z["error"], KNOWN_ERRORS)
     return f"{cause + ': ' if cause else ''}rank {r['rank']}'s part 1 raised {z['error']}"

@@ -45,8 +45,8 @@ from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, averaged, bias_fit, bias_on_every_rank, describe, forward_returned_nothing,
-                     gradient_stopped, input_not_replicated, no_backward_reduce, no_forward_reduce, not_own_shard, summary, swapped, unsplit_kept, view_kept,
-                     wrong_dimension)
+                     gradient_stopped, input_not_replicated, no_backward_reduce, no_forward_reduce, not_own_shard,
+                     summary, swapped, unsplit_kept, view_kept, wrong_dimension)
 from .observed import Run
 from .probes import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM, rank_main
 
@@ -71,7 +71,8 @@ REPORTED = {"build": ("building the layers raised", HOLDS), "forward": ("the for
             "backward": ("the backward raised", INPUT_GRAD)}
 # The causes (causes) the criteria ask for, most specific first.
 SHARDS = [wrong_dimension, not_own_shard]
-FORWARD = [*SHARDS, forward_returned_nothing, input_not_replicated, swapped, no_forward_reduce, averaged, bias_on_every_rank]
+FORWARD = [*SHARDS, forward_returned_nothing, input_not_replicated, swapped, no_forward_reduce, averaged,
+           bias_on_every_rank]
 
 
 def _blocked(run: Run, stage: str, owner: bool = False, causes=()) -> Verdict | None:
