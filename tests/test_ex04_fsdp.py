@@ -291,7 +291,9 @@ def test_causes_without_a_launch():
                                                    "NotImplementedError); the training was graded")
     for cause in (ex04_fsdp.some_blocks, ex04_fsdp.root_only, ex04_fsdp.no_reshard):
         assert cause(_run(), _run().ranks[0], "") is None  # a correct run explains nothing
-    for cause in (ex04_fsdp.steps_not_one, ex04_fsdp.nothing_sharded, ex04_fsdp.root_not_sharded,
+    assert ex04_fsdp.no_backward(_run(leftover_grad_norm=None)).startswith(
+        "step 2 ran the forward and called optimizer.step() 1 time(s), but no backward began")
+    for cause in (ex04_fsdp.no_backward, ex04_fsdp.steps_not_one, ex04_fsdp.nothing_sharded, ex04_fsdp.root_not_sharded,
                   ex04_fsdp.grads_not_zeroed, ex04_fsdp.optimizer_first, ex04_fsdp.one_sided_collective,
                   ex04_fsdp.fsdp1_api, ex04_fsdp.export_raised, ex04_fsdp.full_everywhere):
         assert cause(_run()) is None, cause

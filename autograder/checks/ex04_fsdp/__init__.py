@@ -37,6 +37,7 @@ training is still graded:
 | ZeRO-1 gradients never reduce-scattered | "none of the 4 steps issued a reduce-scatter (rank 0's first step ..." |
 | ZeRO-1 optimizer factory returned nothing | "make_zero1_optimizer returned None, so the grader's ..." |
 | ZeRO-1 gradients all-reduced | "each step issued 1 all-reduce of 85960 B (line 124: ...) and 0 reduce-scatters ..." |
+| no backward in train_step | "step 2 ran the forward and called optimizer.step() 1 time(s), but no backward ..." |
 | optimizer built before sharding | "on rank 0 the optimizer does not hold 36 of the model's 36 parameters ..." |
 | root not sharded | "the blocks are sharded, but 4 parameters (['inp.weight', ...]) are plain tensors ..." |
 | nothing sharded | "none of the 36 parameters is a DTensor: shard(model) must call fully_shard ..." |
@@ -76,11 +77,11 @@ from ...registry import Exercise
 from distlab.measure.comm import label
 
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_reshard,
-                     nothing_sharded, one_sided_collective, optimizer_first, padding_dropped, root_not_sharded,
-                     root_only, saved_everywhere, saved_nothing, some_blocks, steps_not_one, z1_all_reduce, z1_error,
-                     z1_grad_summed, z1_no_all_gather, z1_no_reduce_scatter, z1_not_written, z1_optimizer_full,
-                     z1_wrong_offset)
+from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_backward,
+                     no_reshard, nothing_sharded, one_sided_collective, optimizer_first, padding_dropped,
+                     root_not_sharded, root_only, saved_everywhere, saved_nothing, some_blocks, steps_not_one,
+                     z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather, z1_no_reduce_scatter, z1_not_written,
+                     z1_optimizer_full, z1_wrong_offset)
 from .observed import PARTS, Run
 from .probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS, rank_main
 from .reference import reference
@@ -101,7 +102,7 @@ RTOL, ATOL = 1e-3, 1e-4  # reduce-scatter sums in another order; Adam's 1/sqrt(v
 
 
 # Why the trained weights differ from the reference (causes), most specific first.
-TRAINING_CAUSES = [optimizer_first, nothing_sharded, root_not_sharded, grads_not_zeroed, steps_not_one]
+TRAINING_CAUSES = [no_backward, optimizer_first, nothing_sharded, root_not_sharded, grads_not_zeroed, steps_not_one]
 
 
 # Part 1, ZeRO-1 by hand: why the weights differ from the reference, most specific first.
@@ -188,14 +189,14 @@ def sharded_on_dim0(run: Run) -> Verdict:
     if not bad:
         return passed()
     r = bad[0]
-    return failed(diagnose([nothing_sharded, root_not_sharded], run) or
+    return failed(diagnose([no_backward, nothing_sharded, root_not_sharded], run) or
                   f"on rank {r['rank']} {r['dtensors']} of {r['n_params']} parameters are DTensors, placements "
                   f"{r['placements']}: call fully_shard on the blocks and the root")
 
 
 @criterion("[W={world}] optimizer built after sharding", points=1)
 def optimizer_after_sharding(run: Run) -> Verdict:
-    return failed(why) if (why := optimizer_first(run)) else passed()
+    return failed(why) if (why := no_backward(run) or optimizer_first(run)) else passed()
 
 
 @criterion("[W={world}] each rank holds 1/{world} of params, grads and Adam state", points=2)
@@ -210,7 +211,7 @@ def holds_its_share(run: Run) -> Verdict:
                 wrong.append(f"rank {r['rank']} {part}: expected {exp} B, measured {got} B")
     if not wrong:
         return passed(run.bytes_summary(), **measured)
-    why = diagnose([optimizer_first, nothing_sharded, root_not_sharded], run)
+    why = diagnose([no_backward, optimizer_first, nothing_sharded, root_not_sharded], run)
     return failed("; ".join(wrong[:4]) + (f": {why}" if why else " (expected = ceil(rows/W) padded rows per param "
                   "and grad, the rank's real rows for exp_avg and exp_avg_sq, 4 B for each step)"), **measured)
 

@@ -42,6 +42,17 @@ def mib(n: float) -> str:
     return f"{n / 2**20:.3f} MiB"
 
 
+@mistake("no backward in train_step")
+def no_backward(run: Run) -> str | None:
+    r = run.ranks[0]
+    if "leftover_grad_norm" not in r or r["leftover_grad_norm"] is not None or not r.get("optimizer_steps"):
+        return None
+    return (f"step {MEASURE_STEP} ran the forward and called optimizer.step() {r['optimizer_steps']} time(s), but no "
+            "backward began: no gradient was computed for Adam to step with, and FSDP never resharded the parameters "
+            "it had gathered for the backward (so the model's parameters are not the optimizer's sharded ones). Call "
+            "loss.backward() between the forward and optimizer.step()")
+
+
 @mistake("optimizer built before sharding")
 def optimizer_first(run: Run) -> str | None:
     r = next((r for r in run.ranks if r["opt_foreign"]), None)
