@@ -291,6 +291,8 @@ def test_causes_without_a_launch():
                                                    "NotImplementedError); the training was graded")
     for cause in (ex04_fsdp.some_blocks, ex04_fsdp.root_only, ex04_fsdp.no_reshard):
         assert cause(_run(), _run().ranks[0], "") is None  # a correct run explains nothing
+    assert ex04_fsdp.saved_nothing(_run(saves=[], export="/x/full_state.pt")).startswith(
+        "nothing was saved to /x/full_state.pt: neither get_model_state_dict nor torch.save ran on any rank")
     assert ex04_fsdp.no_backward(_run(leftover_grad_norm=None)).startswith(
         "step 2 ran the forward and called optimizer.step() 1 time(s), but no backward began")
     for cause in (ex04_fsdp.no_backward, ex04_fsdp.steps_not_one, ex04_fsdp.nothing_sharded, ex04_fsdp.root_not_sharded,

@@ -305,10 +305,13 @@ def saved_everywhere(run: Run) -> str | None:
 def saved_nothing(run: Run) -> str | None:
     if any(r["saves"] for r in run.ranks):
         return None
-    calls = len(run.ranks[0]["state_dict_calls"])
-    got = (f"get_model_state_dict ran {calls} time(s) on rank 0, but " if calls else "")
-    return (f"nothing was saved to {run.ranks[0]['export']}: {got}no rank called torch.save. torch.save the full "
-            "state dict to export_path on rank 0")
+    calls, where = len(run.ranks[0]["state_dict_calls"]), run.ranks[0]["export"]
+    if not calls:
+        return (f"nothing was saved to {where}: neither get_model_state_dict nor torch.save ran on any rank. "
+                "train_fsdp must call export_full_state_dict(model, export_path) on every rank after training, and "
+                "it must gather the full state dict and torch.save it on rank 0")
+    return (f"nothing was saved to {where}: get_model_state_dict ran {calls} time(s) on rank 0, but no rank called "
+            "torch.save. torch.save the full state dict to export_path on rank 0")
 
 
 @mistake("ZeRO-1 gradients all-reduced")
