@@ -78,10 +78,10 @@ from distlab.measure.comm import label
 
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_backward,
-                     no_reshard, nothing_sharded, one_sided_collective, optimizer_first, padding_dropped,
-                     root_not_sharded, root_only, saved_everywhere, saved_nothing, some_blocks, steps_not_one,
-                     z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather, z1_no_reduce_scatter, z1_not_written,
-                     z1_optimizer_full, z1_wrong_offset)
+                     no_reshard, nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded, root_only,
+                     saved_everywhere, saved_nothing, some_blocks, steps_not_one)
+from .zero1_causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather,
+                           z1_no_reduce_scatter, z1_not_written, z1_optimizer_full, z1_wrong_offset)
 from .observed import PARTS, Run
 from .probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS, rank_main
 from .reference import reference
