@@ -61,6 +61,16 @@ Z1_OFFSET = {"    start, stop = shard_range(flat.numel(), world, rank)":
 Z1_PADDING_NO_PART2 = {  # floor, not ceil; and train_fsdp not written yet
     "    size = -(-numel // world)  # ceil: the last slices are padded": "    size = numel // world",
     "    model = shard(model)\n    optimizer = make_optimizer(model, lr)\n": "    raise NotImplementedError\n"}
+Z1_NOT_WRITTEN_NO_PART2 = {  # the gathered shards never copied into the parameters; train_fsdp not written yet
+    "            p.copy_(new.view_as(p))\n": "            pass\n",
+    "    model = shard(model)\n    optimizer = make_optimizer(model, lr)\n": "    raise NotImplementedError\n"}
+Z1_NO_REDUCE_SCATTER_NO_PART2 = {  # shard.grad left as torch.empty_like made it; train_fsdp not written yet
+    "    dist.reduce_scatter_single(shard.grad, grads, op=dist.ReduceOp.AVG)  # mean": "    pass  # mean",
+    "    model = shard(model)\n    optimizer = make_optimizer(model, lr)\n": "    raise NotImplementedError\n"}
+Z1_RETURNS_NONE_NO_PART2 = {"    return shard, torch.optim.Adam([shard], lr=lr)\n":
+                            "    torch.optim.Adam([shard], lr=lr)\n",
+                            "    model = shard(model)\n    optimizer = make_optimizer(model, lr)\n":
+                                "    raise NotImplementedError\n"}
 MISTAKES = {  # three independent mistakes: sharding, optimizer, export; ZeRO-1's optimizer over the model
     **Z1_OPTIMIZER_FULL,
     "    for block in model.blocks:\n        fully_shard(block)": "    for block in []:\n        fully_shard(block)",
@@ -94,7 +104,10 @@ FSDP1_EXPORT = {
 }
 FILES = {"mistakes": MISTAKES, "no_save_no_reshard_no_zero_grad": NO_SAVE_NO_RESHARD_NO_ZERO_GRAD,
          "rank0_state_dict_root_unsharded": RANK0_STATE_DICT_ROOT_UNSHARDED, "no_cpu_offload": NO_CPU_OFFLOAD,
-         "fsdp1_export": FSDP1_EXPORT, "z1_padding_no_part2": Z1_PADDING_NO_PART2}
+         "fsdp1_export": FSDP1_EXPORT, "z1_padding_no_part2": Z1_PADDING_NO_PART2,
+         "z1_not_written_no_part2": Z1_NOT_WRITTEN_NO_PART2,
+         "z1_no_reduce_scatter_no_part2": Z1_NO_REDUCE_SCATTER_NO_PART2,
+         "z1_returns_none_no_part2": Z1_RETURNS_NONE_NO_PART2}
 EXPORT = "[W=2] rank 0 exports the full state dict once"
 Z1_RANGE = "[W=2] ZeRO-1: shard_range cuts W equal, padded, contiguous slices"
 Z1_PARITY = "[W=2] ZeRO-1: every rank's weights match single-process Adam"
@@ -172,7 +185,8 @@ def test_saving_nothing_reshard_false_and_no_zero_grad_are_named(graded):
     assert ": dist.reduce_scatter_single(shard.grad, grads)): the reduce-scatter summed the 2 ranks' gradients (its " \
         "default op is SUM)" in fails[Z1_PARITY], fails[Z1_PARITY]
     assert fails[EXPORT].startswith("nothing was saved to /")
-    assert "full_state-2.pt: torch.save the full state dict to export_path on rank 0" in fails[EXPORT]
+    assert "full_state-2.pt: get_model_state_dict ran 1 time(s) on rank 0, but no rank called torch.save. " \
+        "torch.save the full state dict to export_path on rank 0" in fails[EXPORT], fails[EXPORT]
     peak = fails["[W=2] peak memory within the per-block bound"]
     assert peak.startswith("8 of 8 blocks kept their parameters unsharded after forward (reshard_after_forward=False)"
                            ": every rank holds their full 0.") and "fully_shard(block) with the default" in peak, peak
@@ -233,6 +247,24 @@ def test_dropped_padding_is_named_and_part1_graded_without_part2(graded):
         fails[EXPORT]
 
 
+def test_gathered_shards_never_written_back_are_named(graded):
+    fails = failed(graded["z1_not_written_no_part2"])
+    assert Z1_COMM not in fails and Z1_STATE not in fails and Z1_RANGE not in fails  # the steps and collectives ran
+    assert fails[Z1_PARITY].startswith("after 4 steps none of rank 0's weights has changed, though its optimizer "
+                                       "stepped its shard and every step all-gathered the 2 updated shards (line ")
+    assert "dist.all_gather_single(full, shard.detach())): the gathered values never reached model.parameters()" \
+        in fails[Z1_PARITY], fails[Z1_PARITY]
+
+
+def test_no_reduce_scatter_and_an_optimizer_factory_returning_nothing_are_named(graded):
+    fails = failed(graded["z1_no_reduce_scatter_no_part2"])
+    said = "none of the 4 steps issued a reduce-scatter (rank 0's first step issued 1 all-gather), so shard.grad"
+    assert fails[Z1_COMM].startswith(said) and fails[Z1_PARITY].startswith(said), fails
+    none = failed(graded["z1_returns_none_no_part2"])[Z1_PARITY]
+    assert none.startswith("make_zero1_optimizer returned None, so the grader's `shard, optimizer = ") and \
+        "rank 0's part 1 raised TypeError: cannot unpack non-iterable NoneType object" in none, none
+
+
 def _run(world: int = 2, **observed) -> ex04_fsdp.Run:
     """No launch: a run whose ranks observed ``observed`` over a correct step."""
     ok = dict(world=world, dtensors=36, n_params=36, plain=[], opt_foreign=0, blocks_wrapped=8, root_wrapped=True,
@@ -259,7 +291,11 @@ def test_causes_without_a_launch():
                                                    "NotImplementedError); the training was graded")
     for cause in (ex04_fsdp.some_blocks, ex04_fsdp.root_only, ex04_fsdp.no_reshard):
         assert cause(_run(), _run().ranks[0], "") is None  # a correct run explains nothing
-    for cause in (ex04_fsdp.steps_not_one, ex04_fsdp.nothing_sharded, ex04_fsdp.root_not_sharded,
+    assert ex04_fsdp.saved_nothing(_run(saves=[], export="/x/full_state.pt")).startswith(
+        "nothing was saved to /x/full_state.pt: neither get_model_state_dict nor torch.save ran on any rank")
+    assert ex04_fsdp.no_backward(_run(leftover_grad_norm=None)).startswith(
+        "step 2 ran the forward and called optimizer.step() 1 time(s), but no backward began")
+    for cause in (ex04_fsdp.no_backward, ex04_fsdp.steps_not_one, ex04_fsdp.nothing_sharded, ex04_fsdp.root_not_sharded,
                   ex04_fsdp.grads_not_zeroed, ex04_fsdp.optimizer_first, ex04_fsdp.one_sided_collective,
                   ex04_fsdp.fsdp1_api, ex04_fsdp.export_raised, ex04_fsdp.full_everywhere):
         assert cause(_run()) is None, cause

@@ -61,8 +61,10 @@ MISTAKES = {
     # and two more: the clocks all-reduced with the default SUM, and the forward on the inner module
     "summed clocks, inner forward": {"dist.broadcast(elapsed, src=0)": "dist.all_reduce(elapsed)",
                                      "ddp(x), y)": "ddp.module(x), y)", **FIT["bandwidth"], **PREDICT["no (W-1)/W"]},
+    # and the optimizer stepped before the backward (every step finds no gradient)
     "CPU clock": {"start = time.perf_counter()": "start = time.process_time()",
                   "time.perf_counter() - start": "time.process_time() - start",
+                  "        loss.backward()\n        opt.step()\n": "        opt.step()\n        loss.backward()\n",
                   **PREDICT["a floor on the exposed time"]},
     # The ranks arrive at the timed steps at different times: no barrier before the clock starts (and a
     # barrier of its own in every real step, which the real run counts).
@@ -174,8 +176,12 @@ def test_summed_clocks_and_the_inner_forward_are_named_not_their_lookalikes(grad
 @pytest.mark.slow
 def test_cpu_time_is_named(graded):
     f = failed(graded["CPU clock"])
-    assert set(f) == {METHOD.format(1), METHOD.format(2), PREDICTED}
+    assert set(f) == {METHOD.format(1), METHOD.format(2), PREDICTED, "the real step trains with DDP", REAL}
     assert "you timed with time.process_time()" in f[METHOD.format(1)]
+    real = f["the real step trains with DDP"]  # it did step: at the wrong moment
+    assert real.startswith("opt.step() ran 7 times in 7 calls of step(), and every time the parameters held no "
+                           "gradient (.grad None or zero)") and ": it ran before loss.backward() made them" in real, \
+        real
 
 
 @pytest.mark.slow

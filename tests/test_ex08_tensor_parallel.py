@@ -18,6 +18,8 @@ COLUMN_WEIGHT, ROW_WEIGHT = ("linear.weight.detach().chunk(world_size, dim=0)",
                              "linear.weight.detach().chunk(world_size, dim=1)")
 ROW_FORWARD = "ReduceFromParallelRegion.apply(F.linear(x, self.weight)) + self.bias"
 ROW_INIT = "        ### BEGIN SOLUTION\n        # A column slice"
+G_BACKWARD = "    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:\n        ### BEGIN SOLUTION\n"
+F_REDUCE = "        dist.all_reduce(grad)  # op=ReduceOp.SUM, the default\n"
 MISTAKES = {
     "f and g swapped": {"F.linear(CopyToParallelRegion.apply(x)": "F.linear(ReduceFromParallelRegion.apply(x)",
                         ROW_FORWARD: "CopyToParallelRegion.apply(F.linear(x, self.weight)) + self.bias"},
@@ -32,6 +34,10 @@ MISTAKES = {
     "views, not copies": {"[rank].clone())": "[rank])"},
     "unsplit layer kept": {ROW_INIT: ROW_INIT.replace("SOLUTION\n", "SOLUTION\n        self.linear = linear\n")},
     "averaged": {"dist.all_reduce(out)": "dist.all_reduce(out, op=dist.ReduceOp.AVG)"},
+    "g's backward returns nothing": {G_BACKWARD + "        return grad\n": G_BACKWARD + "        pass\n"},
+    "f's backward returns nothing": {F_REDUCE + "        return grad\n": F_REDUCE},
+    "column forward returns nothing": {"        return F.linear(CopyToParallelRegion":
+                                       "        F.linear(CopyToParallelRegion"},
     # Right numbers, one collective too many: no cause to name, the count by kind says it.
     "input broadcast first": {COLUMN_FORWARD: "        with torch.no_grad():\n            dist.broadcast(x, src=0)\n"
                               + COLUMN_FORWARD},
@@ -172,6 +178,16 @@ def test_an_extra_collective_is_reported_by_kind_and_layer(w2):
                                   "all_reduce in RowParallelLinear (12x16): the block needs one all-reduce")
 
 
+def test_a_backward_or_forward_that_returns_nothing_is_named_where_the_gradient_or_value_stopped(w2):
+    g, f, column = (failed(w2[k]) for k in ("g's backward returns nothing", "f's backward returns nothing",
+                                            "column forward returns nothing"))
+    assert "got its gradient, but none of ColumnParallelLinear.weight" in g[GRADS]
+    assert "use the shard parameters" not in g[GRADS]  # they did: the gradient never reached them
+    assert "every shard got its gradient but the input x got none: CopyToParallelRegion.backward returned None " \
+           "(its all-reduce of 12x16 ran)" in f[X_GRAD]
+    assert column[OUTPUT].startswith("on rank 0 ColumnParallelLinear.forward returned None, not a tensor")
+
+
 def test_known_errors_are_translated():
     matmul = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (12x16 and 8x96)"
     assert translate(matmul, check.KNOWN_ERRORS).startswith("matmul shapes that do not match")
@@ -244,6 +260,9 @@ W4_SAYS = {
     "unsplit layer kept": "also keeps linear.weight (16x96, 6,144 B)",
     "averaged": "0.25x the unsplit block's with 4 ranks",
     "input broadcast first": "2 collectives: broadcast in ColumnParallelLinear (12x16)",
+    "g's backward returns nothing": "the gradient stopped at ReduceFromParallelRegion.backward",
+    "f's backward returns nothing": "CopyToParallelRegion.backward returned None (its all-reduce of 12x16 ran)",
+    "column forward returns nothing": "ColumnParallelLinear.forward returned None, not a tensor",
 }
 
 

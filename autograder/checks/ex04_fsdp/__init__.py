@@ -33,7 +33,11 @@ training is still graded:
 | ZeRO-1 shard copied from another rank's slice | "rank 0's shard is a copy of elements [10745, 21490) ..." |
 | ZeRO-1 gradients summed, not averaged | "at the first step rank 0's shard.grad is 2x the mean gradient ..." |
 | ZeRO-1 shards never all-gathered | "after 4 steps rank 0's weights in elements [10745, 21490) ... are still ..." |
+| ZeRO-1 gathered shards never written into the parameters | "after 4 steps none of rank 0's weights has changed ..." |
+| ZeRO-1 gradients never reduce-scattered | "none of the 4 steps issued a reduce-scatter (rank 0's first step ..." |
+| ZeRO-1 optimizer factory returned nothing | "make_zero1_optimizer returned None, so the grader's ..." |
 | ZeRO-1 gradients all-reduced | "each step issued 1 all-reduce of 85960 B (line 124: ...) and 0 reduce-scatters ..." |
+| no backward in train_step | "step 2 ran the forward and called optimizer.step() 1 time(s), but no backward ..." |
 | optimizer built before sharding | "on rank 0 the optimizer does not hold 36 of the model's 36 parameters ..." |
 | root not sharded | "the blocks are sharded, but 4 parameters (['inp.weight', ...]) are plain tensors ..." |
 | nothing sharded | "none of the 36 parameters is a DTensor: shard(model) must call fully_shard ..." |
@@ -45,6 +49,8 @@ training is still graded:
 | state-dict collective called on some ranks only | "get_model_state_dict(...) ran on rank 0 only: ..." |
 | FSDP1 state_dict_type on an FSDP2 model | "FullyShardedDataParallel.state_dict_type (FSDP1) does not apply ..." |
 | export raised | "the export (after training) raised ...; the training was graded, the export was not" |
+| export saved on several ranks | "torch.save was called on ranks [0, 1]: every rank must call ..." |
+| export saved nothing | "nothing was saved to ...: get_model_state_dict ran 1 time(s) on rank 0, but no rank ..." |
 | full state dict on every rank | "get_model_state_dict(...) returned the full state dict ... on rank 1 too ..." |
 | fully_shard called on the ModuleList | "fully_shard needs a module with a forward ..." (raised) |
 | fully_shard applied twice to one module | "fully_shard ran twice on the same module ..." (raised) |
@@ -71,10 +77,11 @@ from ...registry import Exercise
 from distlab.measure.comm import label
 
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_reshard,
-                     nothing_sharded, one_sided_collective, optimizer_first, padding_dropped, root_not_sharded,
-                     root_only, some_blocks, steps_not_one, z1_all_reduce, z1_error, z1_grad_summed,
-                     z1_no_all_gather, z1_optimizer_full, z1_wrong_offset)
+from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_backward,
+                     no_reshard, nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded, root_only,
+                     saved_everywhere, saved_nothing, some_blocks, steps_not_one)
+from .zero1_causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather,
+                           z1_no_reduce_scatter, z1_not_written, z1_optimizer_full, z1_wrong_offset)
 from .observed import PARTS, Run
 from .probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS, rank_main
 from .reference import reference
@@ -95,11 +102,12 @@ RTOL, ATOL = 1e-3, 1e-4  # reduce-scatter sums in another order; Adam's 1/sqrt(v
 
 
 # Why the trained weights differ from the reference (causes), most specific first.
-TRAINING_CAUSES = [optimizer_first, nothing_sharded, root_not_sharded, grads_not_zeroed, steps_not_one]
+TRAINING_CAUSES = [no_backward, optimizer_first, nothing_sharded, root_not_sharded, grads_not_zeroed, steps_not_one]
 
 
 # Part 1, ZeRO-1 by hand: why the weights differ from the reference, most specific first.
-ZERO1_CAUSES = [z1_error, z1_optimizer_full, z1_wrong_offset, z1_grad_summed, z1_no_all_gather]
+ZERO1_CAUSES = [z1_error, z1_optimizer_full, z1_wrong_offset, z1_grad_summed, z1_no_reduce_scatter, z1_no_all_gather,
+                z1_not_written]
 
 
 @criterion("[W={world}] ZeRO-1: shard_range cuts W equal, padded, contiguous slices", points=1)
@@ -168,7 +176,7 @@ def zero1_collectives(run: Run) -> Verdict:
         for step, counts in enumerate(run.z1_counts(r), 1):
             if counts != {"reduce_scatter": 1, "all_gather": 1}:
                 said = ", ".join(f"{n} {label(k)}" for k, n in counts.items()) or "no collective"
-                return failed(z1_all_reduce(run) or z1_no_all_gather(run) or
+                return failed(z1_all_reduce(run) or z1_no_reduce_scatter(run) or z1_no_all_gather(run) or
                               f"step {step} on rank {r} issued {said}: ZeRO-1 needs one reduce-scatter of the padded "
                               "flat gradient and one all-gather of the updated shards per step")
     return passed(f"each of {len(run.z1[0]['steps'])} steps issued one reduce-scatter and one all-gather on every "
@@ -181,14 +189,14 @@ def sharded_on_dim0(run: Run) -> Verdict:
     if not bad:
         return passed()
     r = bad[0]
-    return failed(diagnose([nothing_sharded, root_not_sharded], run) or
+    return failed(diagnose([no_backward, nothing_sharded, root_not_sharded], run) or
                   f"on rank {r['rank']} {r['dtensors']} of {r['n_params']} parameters are DTensors, placements "
                   f"{r['placements']}: call fully_shard on the blocks and the root")
 
 
 @criterion("[W={world}] optimizer built after sharding", points=1)
 def optimizer_after_sharding(run: Run) -> Verdict:
-    return failed(why) if (why := optimizer_first(run)) else passed()
+    return failed(why) if (why := no_backward(run) or optimizer_first(run)) else passed()
 
 
 @criterion("[W={world}] each rank holds 1/{world} of params, grads and Adam state", points=2)
@@ -203,7 +211,7 @@ def holds_its_share(run: Run) -> Verdict:
                 wrong.append(f"rank {r['rank']} {part}: expected {exp} B, measured {got} B")
     if not wrong:
         return passed(run.bytes_summary(), **measured)
-    why = diagnose([optimizer_first, nothing_sharded, root_not_sharded], run)
+    why = diagnose([no_backward, optimizer_first, nothing_sharded, root_not_sharded], run)
     return failed("; ".join(wrong[:4]) + (f": {why}" if why else " (expected = ceil(rows/W) padded rows per param "
                   "and grad, the rank's real rows for exp_avg and exp_avg_sq, 4 B for each step)"), **measured)
 
@@ -251,12 +259,8 @@ def exports_once(run: Run) -> Verdict:
         return failed(why)
     r0 = run.ranks[0]
     export, final = Path(r0["export"]), r0["final"]
-    savers = [r["rank"] for r in run.ranks if r["saves"]]
-    if savers and savers != [0]:
-        return failed(f"torch.save was called on ranks {savers}: every rank must call get_model_state_dict "
-                      "(it is a collective), but only rank 0 saves")
-    if not savers:
-        return failed(f"nothing was saved to {export}: torch.save the full state dict to export_path on rank 0")
+    if why := saved_everywhere(run) or saved_nothing(run):
+        return failed(why)
     if not export.is_file():
         return failed(f"rank 0 saved to {r0['saves']}, not to the export_path given")
     saved = torch.load(export, weights_only=True)

@@ -2,14 +2,13 @@
 
 Each takes the :class:`~.observed.Run` of one world size; the peak-memory ones also take
 the rank with the worst peak and the criterion's account of it, which their message quotes.
-Part 1's (ZeRO-1) come last, named ``z1_...``, with ``padding_dropped``.
+Part 1's (ZeRO-1) are in ``zero1_causes``.
 """
 from __future__ import annotations
 
 from ...diagnosis import KnownError, mistake, translate
 from .observed import Run
 from .probes import MEASURE_STEP, MODEL
-from .reference import names_in
 
 
 KNOWN_ERRORS = [
@@ -38,6 +37,17 @@ KNOWN_ERRORS = [
 def mib(n: float) -> str:
     """``n`` bytes in MiB, for messages."""
     return f"{n / 2**20:.3f} MiB"
+
+
+@mistake("no backward in train_step")
+def no_backward(run: Run) -> str | None:
+    r = run.ranks[0]
+    if "leftover_grad_norm" not in r or r["leftover_grad_norm"] is not None or not r.get("optimizer_steps"):
+        return None
+    return (f"step {MEASURE_STEP} ran the forward and called optimizer.step() {r['optimizer_steps']} time(s), but no "
+            "backward began: no gradient was computed for Adam to step with, and FSDP never resharded the parameters "
+            "it had gathered for the backward (so the model's parameters are not the optimizer's sharded ones). Call "
+            "loss.backward() between the forward and optimizer.step()")
 
 
 @mistake("optimizer built before sharding")
@@ -167,100 +177,23 @@ def full_everywhere(run: Run) -> str | None:
             "StateDictOptions(full_state_dict=True, cpu_offload=True): only rank 0 then receives it, on the CPU")
 
 
-# Part 1, ZeRO-1 by hand ---------------------------------------------------------------------------------
-
-def _slice(run: Run, s: int) -> str:
-    start, stop = run.z1_slice(s)
-    first, last = names_in(run.world, start, stop)
-    return f"[{start}, {stop}) ('{first}' to '{last}')"
-
-
-@mistake("shard_range drops the padding")
-def padding_dropped(run: Run) -> str | None:
-    numel = run.z1_ref["numel"]
-    got = run.ranks[0]["zero1"]["ranges"].get(numel)
-    if not got or any(b - a != got[0][1] - got[0][0] for a, b in got) or got[-1][1] >= numel:
+@mistake("export saved on several ranks")
+def saved_everywhere(run: Run) -> str | None:
+    savers = [r["rank"] for r in run.ranks if r["saves"]]
+    if not savers or savers == [0]:
         return None
-    left = numel - got[-1][1]
-    return (f"shard_range({numel}, {run.world}, r) gave {got}: slices of {got[0][1] - got[0][0]} elements cover "
-            f"{got[-1][1]} of the {numel} parameters, so the last {left} of them belong to no rank and are never "
-            "stepped. "
-            f"{run.world} does not divide {numel}: round the slice up to c = ceil(numel / W) = {run.z1_ref['c']} and "
-            f"pad the flat buffers with zeros to W * c = {run.world * run.z1_ref['c']}")
+    return (f"torch.save was called on ranks {savers}: every rank must call get_model_state_dict (it is a "
+            "collective), but only rank 0 saves")
 
 
-@mistake("ZeRO-1 optimizer built over the full parameters")
-def z1_optimizer_full(run: Run) -> str | None:
-    r = next((r for r in run.ranks if r["zero1"]["holdings"].get("opt_model_params")), None)
-    if r is None:
+@mistake("export saved nothing")
+def saved_nothing(run: Run) -> str | None:
+    if any(r["saves"] for r in run.ranks):
         return None
-    h, rank = r["zero1"]["holdings"], r["rank"]
-    state = r["zero1"]["state"].get("exp_avg", 0)
-    return (f"on rank {rank} the optimizer holds {h['opt_model_params']} of the model's {h['model_params']} "
-            f"parameters ({h['opt_numel']} elements) and its exp_avg has {state} elements, where ZeRO-1 keeps "
-            f"{run.z1_ref['c']} (1/{run.world}): every rank holds the whole Adam state, and the shard is never "
-            "stepped. Build torch.optim.Adam over the shard alone, in make_zero1_optimizer")
-
-
-@mistake("ZeRO-1 shard copied from another rank's slice")
-def z1_wrong_offset(run: Run) -> str | None:
-    for rank in range(run.world):
-        s = run.z1_shard_of(rank)
-        if s is not None and s != rank:
-            return (f"rank {rank}'s shard is a copy of elements {_slice(run, s)} of the flat parameters, rank {s}'s "
-                    f"slice, but the reduce-scatter hands rank {rank} the gradient of its own slice {_slice(run, rank)}"
-                    f": rank {rank} stepped rank {s}'s weights with another slice's gradient. In make_zero1_optimizer "
-                    f"copy shard_range(numel, W, rank) with this rank's own rank")
-    return None
-
-
-@mistake("ZeRO-1 gradients summed, not averaged")
-def z1_grad_summed(run: Run) -> str | None:
-    ratio = run.z1_grad_ratio(0)
-    if ratio is None or abs(ratio - run.world) > 1e-2 * run.world:
-        return None
-    line = next((ln for kind, _, ln in run.z1[0]["steps"][0] if kind == "reduce_scatter"), "") \
-        if run.z1[0]["steps"] else ""
-    return (f"at the first step rank 0's shard.grad is {ratio:.3g}x the mean gradient of its slice over the global "
-            f"batch{f' ({line})' if line else ''}: the reduce-scatter summed the {run.world} ranks' gradients (its "
-            "default op is SUM). Average them: op=dist.ReduceOp.AVG")
-
-
-@mistake("ZeRO-1 shards never all-gathered")
-def z1_no_all_gather(run: Run) -> str | None:
-    for rank in range(run.world):
-        stale = [s for s in run.z1_stale(rank) if s != rank]
-        if stale and rank not in run.z1_stale(rank):
-            gathers = sum(c.get("all_gather", 0) for c in run.z1_counts(rank))
-            how = ("no all-gather was issued" if not gathers else
-                   f"the {gathers} all-gathers' output never reached its parameters")
-            s = stale[0]
-            return (f"after {len(run.z1[rank]['steps'])} steps rank {rank}'s weights in elements {_slice(run, s)}, "
-                    f"rank {s}'s shard, are still their initial values, though its own slice changed: {how}. "
-                    f"All-gather the {run.world} updated shards and write them into every rank's parameters")
-    return None
-
-
-@mistake("ZeRO-1 gradients all-reduced")
-def z1_all_reduce(run: Run) -> str | None:
-    ops = run.z1[0]["steps"][0] if run.z1[0]["steps"] else []
-    reduces = [(b, ln) for kind, b, ln in ops if kind == "all_reduce"]
-    if not reduces:
-        return None
-    scatters = sum(kind == "reduce_scatter" for kind, _, _ in ops)
-    b, line = reduces[0]
-    return (f"each step issued {len(reduces)} all-reduce of {b} B ({line}) and {scatters} reduce-scatters: an "
-            f"all-reduce leaves the whole averaged gradient on every rank and sends twice a reduce-scatter's bytes, "
-            f"where each rank needs only its {run.z1_ref['c']}-element shard. Reduce-scatter the padded flat gradient")
-
-
-def z1_error(run: Run) -> str | None:
-    """Part 1 raised (or is not written yet): what, where, and the mistake a known error means."""
-    r = next((r for r in run.ranks if r["zero1"]["error"]), None)
-    if r is None:
-        return None
-    z = r["zero1"]
-    if z["not_implemented"]:  # the first function still to write, in the file's order
-        return f"not implemented yet ({z.get('ranges_unwritten') or z['where']})"
-    cause = padding_dropped(run) or translate(z["error"], KNOWN_ERRORS)
-    return f"{cause + ': ' if cause else ''}rank {r['rank']}'s part 1 raised {z['error']}"
+    calls, where = len(run.ranks[0]["state_dict_calls"]), run.ranks[0]["export"]
+    if not calls:
+        return (f"nothing was saved to {where}: neither get_model_state_dict nor torch.save ran on any rank. "
+                "train_fsdp must call export_full_state_dict(model, export_path) on every rank after training, and "
+                "it must gather the full state dict and torch.save it on rank 0")
+    return (f"nothing was saved to {where}: get_model_state_dict ran {calls} time(s) on rank 0, but no rank called "
+            "torch.save. torch.save the full state dict to export_path on rank 0")

@@ -76,6 +76,9 @@ figure's ratio to the truth only where the evidence is missing.
 | the latency counted once in the prediction | "... with one latency (40.0 µs) ... 2(W-1) = 14 steps ..." |
 | the prediction's bandwidth term without the ring's factor | "... moving bytes * β: ... 2(W-1)/W = 1.75 ..." |
 | the prediction's bandwidth term without (W-1)/W | "... with 2 * bytes * β: the ring's factor is 2(W-1)/W = 1.75 ..." |
+| make_ddp_step returned no step function | "make_ddp_step returned None, not a function, so the benchmark ..." |
+| the optimizer stepped with no gradient (before backward, or after zero_grad) | "opt.step() ran 7 times in 7 ..." |
+| optimizer.step() not called in the step | "in 7 calls of step() no optimizer stepped (DDP all-reduced the ..." |
 | a Python float passed to a collective | (TypeError "Expected parameter `tensor` ...") "collectives work on tensors" |
 | the process group initialised again in the benchmark | (ValueError "... initialize ... twice") "..." |
 | a CPU tensor in an NCCL collective | (RuntimeError "No backend type associated with device type cpu") "..." |
@@ -96,7 +99,8 @@ from ...report import ExerciseReport, Verdict, criterion, failed, passed
 from .alphabeta import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
 from .alphabeta_causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returned_nothing
 from .causes import (KNOWN_ERRORS, REAL_CAUSES, cpu_clock, figure_per_rank, inner_forward, no_barrier, no_ddp,
-                     no_start_barrier, one_rank_samples, summed_clocks, warmup_samples, warmup_timed)
+                     no_optimizer_step, no_start_barrier, no_step_function, one_rank_samples, stepped_without_grad,
+                     summed_clocks, warmup_samples, warmup_timed)
 from .observed import REAL, Benchmark, Run
 from .probes import SYNTH, TOL, rank_main
 
@@ -155,7 +159,8 @@ def _untrained(run: Run) -> str:
     if first.get("step_error"):
         return f"make_ddp_step raised {first['step_error']}"
     if all(torch.equal(first["initial"][k], first["final"][k]) for k in first["final"]):
-        return "the parameters did not change: the step must run forward, backward and optimizer.step()"
+        return diagnose([no_step_function, stepped_without_grad, no_optimizer_step], run) or \
+            "the parameters did not change: the step must run forward, backward and optimizer.step()"
     return diagnose([no_ddp, inner_forward], run) or ""
 
 

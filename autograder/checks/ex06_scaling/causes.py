@@ -250,3 +250,36 @@ def inner_forward(run: Run) -> str | None:
                 "the model was wrapped in DistributedDataParallel, but no forward went through the wrapper "
                 "(ddp.module(x) skips the gradient all-reduce): call ddp(x)")
     return None
+
+
+@mistake("make_ddp_step returned no step function")
+def no_step_function(run: Run) -> str | None:
+    first = run.ranks[0]
+    if first.get("step_error") or "real_steps" in first:
+        return None
+    return ("make_ddp_step returned None, not a function, so the benchmark had no step to run and the model was "
+            "never trained: end make_ddp_step with `return step`, the inner function itself (not its result)")
+
+
+@mistake("the optimizer stepped with no gradient (before backward, or after zero_grad)")
+def stepped_without_grad(run: Run) -> str | None:
+    first = run.ranks[0]
+    n, empty, rounds = first.get("opt_steps", 0), first.get("opt_steps_without_grad", 0), first.get("ddp_rounds", 0)
+    if not n or empty < n:
+        return None
+    return (f"opt.step() ran {n} times in {first.get('real_steps', 0)} calls of step(), and every time the parameters "
+            "held no gradient (.grad None or zero)" + (f", though DDP all-reduced gradients {rounds} times" if rounds
+                                                       else "") +
+            ": it ran before loss.backward() made them, or after zero_grad() cleared them. In each step: "
+            "zero_grad(), then loss.backward(), then opt.step()")
+
+
+@mistake("optimizer.step() not called in the step")
+def no_optimizer_step(run: Run) -> str | None:
+    first = run.ranks[0]
+    if "opt_steps" not in first or first["opt_steps"] or not first.get("real_steps"):
+        return None
+    rounds = first.get("ddp_rounds", 0)
+    return (f"in {first['real_steps']} calls of step() no optimizer stepped" +
+            (f" (DDP all-reduced the gradients {rounds} times, so the backward ran)" if rounds else "") +
+            ": call opt.step() after loss.backward()")

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import distlab
 from distlab.models import cpu_state, make_mlp
@@ -182,11 +183,22 @@ def _observe_real(learner, rank: int, dev: torch.device, real: dict, spy: Method
     built = ddp.wrapped - wrapped
     if step is not None:
         counted = ddp.counter = CountedStep(step)
-        with CapturedPrints(), spy.watching(counted) as events:
-            obs["real"] = float(learner.measure_throughput(counted, real["batch_size"], warmup=real["warmup"],
-                                                           iters=real["iters"]))
+        stepped = {"opt_steps": 0, "opt_steps_without_grad": 0}  # every optimizer step, and those with no gradient
+
+        def before_step(opt, args, kwargs) -> None:
+            stepped["opt_steps"] += 1
+            stepped["opt_steps_without_grad"] += all(p.grad is None or not bool(p.grad.any())
+                                                     for group in opt.param_groups for p in group["params"])
+
+        hook = register_optimizer_step_pre_hook(before_step)
+        try:
+            with CapturedPrints(), spy.watching(counted) as events:
+                obs["real"] = float(learner.measure_throughput(counted, real["batch_size"], warmup=real["warmup"],
+                                                               iters=real["iters"]))
+        finally:
+            hook.remove()
         ddp.counter = None
-        obs.update(real_method=events, real_steps=counted.calls)
+        obs.update(real_method=events, real_steps=counted.calls, **stepped)
     obs.update(final=cpu_state(model), ddp_wrapped=ddp.wrapped - wrapped, ddp_forwards=ddp.forwards,
                ddp_built_in_make=built, ddp_built_in_step=ddp.built_in_step, ddp_rounds=ddp.rounds)
     return obs

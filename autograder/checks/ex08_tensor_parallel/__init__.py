@@ -26,6 +26,8 @@ huggingface/picotron's ``tensor_parallel.py``) the check verifies:
 | a shard that is a view of the unsplit weight | "... is a view ...: its storage is 6,144 B for its own 3,072 B ..." |
 | the unsplit layer kept next to the shard | "rank 0's RowParallelLinear also keeps linear.weight (16x96, 6,144 B)" |
 | averaged instead of summed | "the output minus the bias is 0.50x the unsplit block's with 2 ranks ..." |
+| a backward that returns no gradient | "on rank 0 RowParallelLinear.bias, added after ReduceFromParallelRegion ..." |
+| a layer's forward that returns no tensor | "on rank 0 ColumnParallelLinear.forward returned None, not a tensor ..." |
 | matmul shapes that do not match: a shard or the input cut wrong | ("mat1 and mat2 shapes cannot ...") "..." |
 | a bias of the wrong size | ("The size of tensor a (48) must match the size of tensor b (96)") "..." |
 """
@@ -42,9 +44,9 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, averaged, bias_fit, bias_on_every_rank, describe, input_not_replicated,
-                     no_backward_reduce, no_forward_reduce, not_own_shard, summary, swapped, unsplit_kept, view_kept,
-                     wrong_dimension)
+from .causes import (KNOWN_ERRORS, averaged, bias_fit, bias_on_every_rank, describe, forward_returned_nothing,
+                     gradient_stopped, input_not_replicated, no_backward_reduce, no_forward_reduce, not_own_shard,
+                     summary, swapped, unsplit_kept, view_kept, wrong_dimension)
 from .observed import Run
 from .probes import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM, rank_main
 
@@ -69,7 +71,8 @@ REPORTED = {"build": ("building the layers raised", HOLDS), "forward": ("the for
             "backward": ("the backward raised", INPUT_GRAD)}
 # The causes (causes) the criteria ask for, most specific first.
 SHARDS = [wrong_dimension, not_own_shard]
-FORWARD = [*SHARDS, input_not_replicated, swapped, no_forward_reduce, averaged, bias_on_every_rank]
+FORWARD = [*SHARDS, forward_returned_nothing, input_not_replicated, swapped, no_forward_reduce, averaged,
+           bias_on_every_rank]
 
 
 def _blocked(run: Run, stage: str, owner: bool = False, causes=()) -> Verdict | None:
@@ -176,14 +179,14 @@ def forward_communication(run: Run) -> Verdict:
 
 @criterion(INPUT_GRAD, points=1)
 def input_grad_matches(run: Run) -> Verdict:
-    causes = [*SHARDS, input_not_replicated, swapped, no_backward_reduce, averaged]
+    causes = [*SHARDS, input_not_replicated, swapped, no_backward_reduce, averaged, gradient_stopped]
     if stop := _blocked(run, "backward", owner=True, causes=causes):
         return stop
     ref = run.ref["x_grad"]
     for obs in run.ranks:
         if obs["x_grad"] is None:
-            return failed(f"rank {obs['rank']}'s input got no gradient: CopyToParallelRegion.backward must return the "
-                          "all-reduced gradient")
+            return failed(gradient_stopped(run, "x_grad") or f"rank {obs['rank']}'s input got no gradient: "
+                          "CopyToParallelRegion.backward must return the all-reduced gradient")
         p = parity(obs["x_grad"], ref, rtol=RTOL, atol=ATOL)
         if not p.ok:
             return failed(diagnose(causes, run, "x_grad") or f"rank {obs['rank']}'s x.grad differs from the unsplit "
@@ -202,8 +205,9 @@ def shard_grads_match(run: Run) -> Verdict:
         missing = [p for p in PARTS if got[p] is None]
         if missing:
             layer, name = missing[0].split(".")
-            return failed(f"rank {r}'s {LAYER_CLASS[layer]}.{name} has no gradient after the backward: use the "
-                          "shard parameters themselves in forward (F.linear(..., self.weight, ...))")
+            return failed(gradient_stopped(run, "grads") or f"rank {r}'s {LAYER_CLASS[layer]}.{name} has no gradient "
+                          "after the backward: use the shard parameters themselves in forward (F.linear(..., "
+                          "self.weight, ...))")
         p = parity(got, {part: run.expected(part, r, of="grads") for part in PARTS}, rtol=RTOL, atol=ATOL)
         if not p.ok:
             return failed(diagnose([*SHARDS, input_not_replicated, swapped], run, "grads") or
@@ -228,7 +232,7 @@ def backward_communication(run: Run) -> Verdict:
     for obs in run.ranks:
         p = None if obs["x_grad"] is None else parity(obs["x_grad"], summed, rtol=RTOL, atol=ATOL)
         if not p:
-            return failed(diagnose([swapped], run, "communication") or
+            return failed(diagnose([swapped, gradient_stopped], run, "communication") or
                           f"rank {obs['rank']}'s x.grad is not what the backward's all-reduce produced"
                           + (f" (max abs difference {p.max_abs_diff:.3g})" if p else "") +
                           ": return the all-reduced gradient from CopyToParallelRegion.backward")

@@ -259,3 +259,42 @@ def averaged(run: Run, part: str) -> str | None:
             f"{'backward' if part == 'x_grad' else 'forward'} all-reduce averaged the ranks' parts (ReduceOp.AVG, or "
             "a division by the world size). Each part is one share of the result, not an estimate of it: sum them "
             "(op=ReduceOp.SUM, the default)")
+
+
+def _no_grad(t: torch.Tensor | None) -> bool:
+    return t is None or not bool(t.abs().sum())
+
+
+def _names(parts) -> str:
+    return ", ".join(f"{LAYER_CLASS[p.split('.')[0]]}.{p.split('.')[1]}" for p in parts)
+
+
+@mistake("a backward that returns no gradient")
+def gradient_stopped(run: Run, part: str) -> str | None:
+    for obs in run.ranks:
+        g, r = obs["grads"], obs["rank"]
+        if not g or obs["error"]:
+            continue
+        before = ("column.weight", "column.bias", "row.weight")
+        if not _no_grad(g["row.bias"]) and all(_no_grad(g[p]) for p in before):
+            return (f"on rank {r} RowParallelLinear.bias, added after ReduceFromParallelRegion, got its gradient, but "
+                    f"none of {_names(before)}, before it, did: the gradient stopped at "
+                    "ReduceFromParallelRegion.backward, which returned None (or zeros). g's backward is the identity: "
+                    "return the output's gradient as it came in")
+        if all(not _no_grad(g[p]) for p in PARTS) and obs["x_grad"] is None:
+            reduces = run.calls(r, "backward", "all_reduce")
+            ran = f" (its all-reduce of {_shape(reduces[0]['shape'])} ran)" if reduces else ""
+            return (f"on rank {r} every shard got its gradient but the input x got none: "
+                    f"CopyToParallelRegion.backward returned None{ran}. Return the gradient it all-reduced")
+    return None
+
+
+@mistake("a layer's forward that returns no tensor")
+def forward_returned_nothing(run: Run, part: str) -> str | None:
+    for obs in run.ranks:
+        for layer in ("column", "row"):
+            if layer in obs["shapes"] and obs["shapes"][layer] is None:
+                return (f"on rank {obs['rank']} {LAYER_CLASS[layer]}.forward returned None, not a tensor, so the "
+                        f"{'GELU after it' if layer == 'column' else 'block'} had nothing to work on: every path "
+                        "through forward must end in `return` of the layer's output")
+    return None
