@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import linecache
 import sys
 import time
@@ -213,8 +214,9 @@ def _pair(value) -> tuple[float, float] | None:
 
 def numbers_by_line(fn, path: str, kwargs: dict) -> tuple[object, list[dict]]:
     """``fn(**kwargs)``, and each number a line of it assigned to a local (or returned), in order: where a
-    wrong prediction first leaves the model's quantities, the grader names that line."""
-    code, numbers, last, where = getattr(fn, "__code__", None), [], dict(kwargs), [None]
+    wrong prediction first leaves the model's quantities, the grader names that line. The learner's own code
+    object is traced: under ``harness.trace`` their function is wrapped (``functools.wraps``, unwrapped here)."""
+    code, numbers, last, where = getattr(inspect.unwrap(fn), "__code__", None), [], dict(kwargs), [None]
 
     def local(frame, event, arg):
         if event not in ("line", "return") or len(numbers) > 50:
