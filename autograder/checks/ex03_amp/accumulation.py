@@ -24,7 +24,7 @@ from torch import nn
 from distlab.models import cpu_state, make_mlp
 
 from ...harness import attempt, grad_norm, learner_frame, raised
-from .workloads import LR, MAX_NORM, MODEL, batches
+from .workloads import LR, MAX_NORM, MODEL, RecordingScaler, RecordingSGD, batches
 
 K, WINDOWS = 4, 3        # micro-batches per window (of BATCH // K samples each), windows in the parity run
 NO_CLIP = 1e9            # a max_norm no gradient reaches, scaled or not: the parity run's update is unclipped
@@ -43,35 +43,14 @@ class _Recorder:
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.events: list[str] = []
         self.norms: list[float] = []
-        events = self.events
 
-        class Scaler(torch.amp.GradScaler):
-            def scale(self, outputs):
-                events.append("scale")
-                return super().scale(outputs)
+        def on_step(params) -> None:
+            self.events.append("optimizer.step")
+            self.norms.append(grad_norm(params))
 
-            def unscale_(self, optimizer):
-                events.append("unscale_")
-                return super().unscale_(optimizer)
-
-            def step(self, optimizer, *args, **kwargs):
-                events.append("step")
-                return super().step(optimizer, *args, **kwargs)
-
-            def update(self, new_scale=None):
-                events.append("update")
-                return super().update(new_scale)
-
-        norms = self.norms
-
-        class SGD(torch.optim.SGD):
-            def step(self, closure=None):
-                events.append("optimizer.step")
-                norms.append(grad_norm([p for g in self.param_groups for p in g["params"]]))
-                return super().step(closure)
-
-        self.scaler, self.opt = Scaler(device.type), SGD(model.parameters(), lr=LR)
-        next(model.parameters()).register_post_accumulate_grad_hook(lambda p: events.append("backward"))
+        self.scaler = RecordingScaler(device.type, self.events)
+        self.opt = RecordingSGD(model.parameters(), LR, on_step)
+        next(model.parameters()).register_post_accumulate_grad_hook(lambda p: self.events.append("backward"))
 
 
 def _windows(learner, device: torch.device, windows: list[int], max_norm: float, inf_micro: int | None = None) -> dict:

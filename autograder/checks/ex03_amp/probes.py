@@ -35,7 +35,8 @@ from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 from ...answers import RuntimeCopies
 from ...harness import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
 from . import accumulation
-from .workloads import CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, SharedViews, batches
+from .workloads import (CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, RecordingScaler, RecordingSGD,
+                        SharedViews, batches)
 
 # The real model whose bf16 speedup is reported (graded on a GPU with bf16 tensor cores), per device type.
 REAL_MODEL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
@@ -58,18 +59,6 @@ def _part(fn) -> dict:
         return observed
     last = frames(exc)[-1]
     return {"error": f"{raised(exc)} (line {last.lineno}: {last.line})"}
-
-
-class RecordingSGD(torch.optim.SGD):
-    """SGD that calls ``on_step(params)`` at every ``step()``, before stepping."""
-
-    def __init__(self, params, lr: float, on_step) -> None:
-        super().__init__(params, lr=lr)
-        self.on_step = on_step
-
-    def step(self, closure=None):
-        self.on_step([p for g in self.param_groups for p in g["params"]])
-        return super().step(closure)
 
 
 def _autocast(learner, device) -> dict:
@@ -118,23 +107,6 @@ def _scaler(learner, device) -> dict:
     events: list[str] = []
     norms: list[float] = []
 
-    class RecordingScaler(torch.amp.GradScaler):
-        def scale(self, outputs):
-            events.append("scale")
-            return super().scale(outputs)
-
-        def unscale_(self, optimizer):
-            events.append("unscale_")
-            return super().unscale_(optimizer)
-
-        def step(self, optimizer, *args, **kwargs):
-            events.append("step")
-            return super().step(optimizer, *args, **kwargs)
-
-        def update(self, new_scale=None):
-            events.append("update")
-            return super().update(new_scale)
-
     def on_step(ps):
         events.append("optimizer.step")
         norms.append(grad_norm(ps))
@@ -142,7 +114,7 @@ def _scaler(learner, device) -> dict:
     model = make_mlp(seed=3, **MODEL).to(device)
     first = next(model.parameters())
     first.register_post_accumulate_grad_hook(lambda p: events.append("backward"))
-    opt, scaler = RecordingSGD(model.parameters(), LR, on_step), RecordingScaler(device.type)
+    opt, scaler = RecordingSGD(model.parameters(), LR, on_step), RecordingScaler(device.type, events)
     (x, y), (x2, y2) = batches(device)[:2]
     learner.train_step(model, opt, x, y, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
     out = {"events": list(events), "grad_norm": norms[0] if norms else float("nan")}

@@ -37,6 +37,43 @@ _B = dict(saved_bytes=40_000)  # every workload saves something, so any memory_r
 SHARED = dict(storage=100_000, views=2, view=25_000)
 
 
+class RecordingSGD(torch.optim.SGD):
+    """SGD that calls ``on_step(params)`` at every ``step()``, before stepping."""
+
+    def __init__(self, params, lr: float, on_step) -> None:
+        super().__init__(params, lr=lr)
+        self.on_step = on_step
+
+    def step(self, closure=None):
+        self.on_step([p for g in self.param_groups for p in g["params"]])
+        return super().step(closure)
+
+
+class RecordingScaler(torch.amp.GradScaler):
+    """A GradScaler that appends the name of each of its calls (scale, unscale_, step, update) to ``events``:
+    the order the learner's step made them in, for the train_step and accumulated_step probes alike."""
+
+    def __init__(self, device: str, events: list[str]) -> None:
+        super().__init__(device)
+        self.events = events
+
+    def scale(self, outputs):
+        self.events.append("scale")
+        return super().scale(outputs)
+
+    def unscale_(self, optimizer):
+        self.events.append("unscale_")
+        return super().unscale_(optimizer)
+
+    def step(self, optimizer, *args, **kwargs):
+        self.events.append("step")
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None):
+        self.events.append("update")
+        return super().update(new_scale)
+
+
 class SharedViews(SimulatedWorkload):
     """A workload whose backward keeps one float32 storage of ``storage`` bytes alive through ``views``
     saved views of a quarter of it each, none of them the whole: ``y = w * 2`` saves nothing (a product
