@@ -90,8 +90,9 @@ def grads_not_zeroed(p: dict) -> str | None:
     if step is None:
         return None
     return (f"when the backward of step {step + 1} began, .grad still held gradients of norm "
-            f"{p['leftover'][step]:.3g} from the step before, and backward added to them: call "
-            "optimizer.zero_grad() at the start of train_step")
+            f"{p['leftover'][step]:.3g} from the step before, and backward added to them: no optimizer.zero_grad() "
+            "ran between the step before and this backward (not at all, or too late); it belongs at the start of "
+            "train_step, before the forward")
 
 
 @mistake("optimizer.step() not called once per step")
