@@ -143,3 +143,33 @@ def test_the_process_group_a_small_collectives_values_and_what_functions_return(
         14, "return (totals[0] / totals[1]).item(), 1")
     assert not hasattr(learner.metric, "__wrapped__")  # wrapped while traced, put back on exit
     assert return_line(learner.setup) == (8, "torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))")
+
+
+FUNCTIONAL = textwrap.dedent("""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+
+    def dispatch(x):
+        return all_to_all_single_autograd(x, None, None, dist.group.WORLD).wait()
+""")
+
+
+def test_a_functional_collectives_group_is_its_size(tmp_path):
+    """``_c10d_functional`` ops name their group by a string (not a boxed ProcessGroup): the event still has
+    its size, so a divergence reads "group of 1", not "group of None" (exercise 11's autograd all-to-all)."""
+    import torch.distributed as dist
+
+    path = tmp_path / "ex97_functional.py"
+    path.write_text(FUNCTIONAL)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with Tracer() as tracer:
+            tracer.begin(str(path))
+            learner = import_path(path, name="learner_ex97_functional")
+            assert torch.equal(learner.dispatch(torch.arange(4.0)), torch.arange(4.0))
+    finally:
+        dist.destroy_process_group()
+    (event,) = [e for e in tracer.traces[str(path)] if e["event"] == "collective"]
+    assert (event["kind"], event["shape"], event["group"], event["line"]) == ("all_to_all", [4], 1, 8)

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.lr_scheduler import LRScheduler
@@ -41,7 +42,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data.distributed import DistributedSampler
 
 from distlab import checkpoint
-from distlab.measure.comm import CollectiveRecorder
+from distlab.measure.comm import NAMESPACES, CollectiveRecorder
 
 from .errors import note_values
 from .events import SMALL, checksum, held, plain_arguments, return_line, rng_checksum, summary
@@ -53,11 +54,16 @@ _MODULE_PY = torch.nn.modules.module.__file__
 _ACTIVE: list["Tracer"] = []  # the tracer of the rank_main running, if any (load_learner tells it each file)
 
 
-def _group_size(obj) -> int | None:
-    """The size of the process group a ``c10d`` operator was given (a boxed ``ProcessGroup``)."""
+def _group_size(func, args: tuple, kwargs: dict | None) -> int | None:
+    """The size of the process group an operator was given: a boxed ``ProcessGroup`` (``c10d``), or the
+    ``group_name`` of a functional collective (``_c10d_functional``, e.g. ``all_to_all_single_autograd``)."""
+    boxed = next((a for a in args if isinstance(a, torch.ScriptObject)), None)
+    named = dict(zip((a.name for a in func._schema.arguments), args), **(kwargs or {})).get("group_name")
+    if boxed is None and not isinstance(named, str):
+        return None
     try:
-        return dist.ProcessGroup.unbox(obj).size()
-    except Exception:  # noqa: BLE001 - another script object: the size is unknown, not an error
+        return dist.ProcessGroup.unbox(boxed).size() if boxed is not None else _resolve_process_group(named).size()
+    except Exception:  # noqa: BLE001 - another script object or an unknown name: the size is unknown, not an error
         return dist.get_world_size() if dist.is_initialized() else None
 
 
@@ -69,9 +75,11 @@ class _Comm(CollectiveRecorder):
         self.tracer, self._peer, self._group = tracer, None, None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace not in NAMESPACES:  # an aten op: no peer, no group
+            return super().__torch_dispatch__(func, types, args, kwargs)
         ints = [a for a in args if type(a) is int]  # c10d::send(tensors, group, dstRank, tag): the peer first
         self._peer = ints[0] if ints else None
-        self._group = next((_group_size(a) for a in args if isinstance(a, torch.ScriptObject)), None)
+        self._group = _group_size(func, args, kwargs)
         if func._opname in ("send", "recv_") and self._peer is not None and self._group and \
                 not 0 <= self._peer < self._group:  # gloo's own error for it crashes the process under this mode
             raise ValueError(f"{'dst' if func._opname == 'send' else 'src'}={self._peer} names no rank: "
