@@ -82,6 +82,12 @@ MISTAKES = {
         "    dist.barrier()                    # nobody": "    barrier()                    # nobody",
         "    def step() -> None:\n": "    def step() -> None:\n        ddp = DDP(model, device_ids=None)\n",
         **FIT["2 bytes an element"]},
+    # measure_throughput's return dropped (no figure: its own cause, not the grader's TypeError), and a
+    # name make_ddp_step never defined (its error at the learner's line)
+    "no figure, a name undefined": {
+        "    return dist.get_world_size() * batch_size * iters / elapsed.item()\n":
+            "    dist.get_world_size() * batch_size * iters / elapsed.item()\n",
+        "    device = x.device\n": ""},
 }
 REAL_FEW_STEPS = dict(warmup=2, iters=5)  # the real benchmark's steps in the tests (a learner's: REAL)
 METHOD = "[W={}] throughput of the timed steps of every rank"
@@ -244,6 +250,17 @@ def test_each_fit_and_prediction_mistake_is_named_with_its_numbers(graded, name)
         assert words in f[FITTED], f[FITTED]
     for words in PREDICT_MESSAGES[name]:
         assert words in f[PREDICTED], f[PREDICTED]
+
+
+@pytest.mark.slow
+def test_no_figure_returned_and_an_error_in_make_ddp_step_are_named_at_the_learners_line(graded):
+    f = failed(graded["no figure, a name undefined"])
+    for w in (1, 2):
+        assert f[METHOD.format(w)].startswith("measure_throughput returned None on rank 0, so there is no figure"), f
+    line = next(i for i, ln in enumerate((SOLUTIONS / FILE).read_text().splitlines(), 1) if "ddp = DDP(model" in ln)
+    assert f["the real step trains with DDP"] == (  # one line above the solution's: the mutant dropped one
+        f"make_ddp_step raised NameError: name 'device' is not defined at {FILE} line {line - 1} in make_ddp_step: "
+        'ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)'), f
 
 
 @pytest.mark.slow

@@ -10,11 +10,11 @@
 They observe; they never decide. Each rank returns what they saw (plain tensors, lists, strings) and
 the verdict is computed in the grading process.
 """
-from .errors import Frame, attempt, frames, learner_frame, raised
+from .errors import Frame, attempt, frames, learner_frame, raised, raised_at
 from .loading import CapturedPrints, echo, load_learner, own_rendezvous
 from .replace import Replace, watched
 from .spies import DDPSpy, P2PSpy, SaveSpy, grad_norm, on_backward_start
 
 __all__ = ["CapturedPrints", "DDPSpy", "Frame", "P2PSpy", "Replace", "SaveSpy", "attempt", "echo", "frames",
-           "grad_norm",
-           "learner_frame", "load_learner", "on_backward_start", "own_rendezvous", "raised", "watched"]
+           "grad_norm", "learner_frame", "load_learner", "on_backward_start", "own_rendezvous", "raised", "raised_at",
+           "watched"]

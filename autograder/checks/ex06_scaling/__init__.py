@@ -55,6 +55,7 @@ figure's ratio to the truth only where the evidence is missing.
 | warm-up steps timed | "your window (0.44 s) includes the 2 slow warm-up steps: ..." |
 | warm-up steps' samples counted | "that is (2 + 8) / 8: you counted the samples of the 2 warm-up steps too" |
 | clock started without a barrier (a rank still warming up) | "rank 0 started the clock when its own warm-up ..." |
+| no figure returned | "measure_throughput returned None on rank 0, so there is no figure to judge: ..." |
 | a different figure on every rank | "rank 1 returned 1,420.3 samples/s but rank 0 returned 1,776.0: ..." |
 | the step does not use DDP | "... (they started from different weights, and no DistributedDataParallel was made)" |
 | forward called on the inner module, bypassing DDP | "... but no forward went through the wrapper ..." |
@@ -99,8 +100,8 @@ from ...report import ExerciseReport, Verdict, criterion, failed, passed
 from .alphabeta import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
 from .alphabeta_causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returned_nothing
 from .causes import (KNOWN_ERRORS, REAL_CAUSES, cpu_clock, figure_per_rank, inner_forward, no_barrier, no_ddp,
-                     no_optimizer_step, no_start_barrier, no_step_function, one_rank_samples, stepped_without_grad,
-                     summed_clocks, warmup_samples, warmup_timed)
+                     no_figure, no_optimizer_step, no_start_barrier, no_step_function, one_rank_samples,
+                     stepped_without_grad, summed_clocks, warmup_samples, warmup_timed)
 from .observed import REAL, Benchmark, Run
 from .probes import SYNTH, TOL, rank_main
 
@@ -135,6 +136,8 @@ def throughput_within_tolerance(run: Run) -> Verdict:
     bad = [(r["rank"], len(r["times"])) for r in run.ranks if len(r["times"]) != want]
     if bad:
         return failed(f"step() was called {bad[0][1]} times on rank {bad[0][0]}; expected warmup + iters = {want}")
+    if silent := no_figure(run):
+        return failed(silent)
     t, got, ratio = run.truth(), run.ranks[0]["reported"], run.ratio()
     measured = {f"W{run.world}_synthetic_reported_over_truth": round(ratio, 3)}
     if _window_ok(run) and not figure_per_rank(run):

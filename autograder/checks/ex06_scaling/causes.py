@@ -213,6 +213,15 @@ def timed_other_steps(run: Run) -> str | None:
 REAL_CAUSES = [wrapper_per_step, wrappers_made, grad_rounds, collectives_in_step, timed_other_steps]
 
 
+@mistake("no figure returned")
+def no_figure(run: Run) -> str | None:
+    silent = next((r for r in run.ranks if r["reported"] is None), None)
+    if silent is None:
+        return None
+    return (f"measure_throughput returned None on rank {silent['rank']}, so there is no figure to judge: every path "
+            "through it must end in return the samples per second (world_size * batch_size * iters / elapsed)")
+
+
 @mistake("a different figure on every rank")
 def figure_per_rank(run: Run) -> str | None:
     got, apart = run.ranks[0]["reported"], [r for r in run.ranks[1:] if r["reported"] != run.ranks[0]["reported"]]
