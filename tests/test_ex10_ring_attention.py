@@ -63,6 +63,9 @@ MISTAKES = {
     "lse set before the rescale": {RESCALE + "                lse = new\n": "                lse = new\n" + RESCALE,
                                    **BACKWARD["dk into dv"]},
     "lse never kept": {"                lse = new\n": "", **BACKWARD["dk, dv swapped"]},
+    # no ring waits on its receives (a race, whatever the values read: the grader waits on them afterwards)
+    "never waited": {"                work.wait()\n            kv = buf": "                pass\n            kv = buf",
+                     "            work.wait()\n        moving = recv": "            pass\n        moving = recv"},
 }
 OUTPUT = "[W=4] each rank's output matches causal attention on the whole sequence"
 RING = "[W=4] key/value shards passed round the ring, point to point"
@@ -180,3 +183,13 @@ def test_a_gradient_in_the_wrong_slot_or_never_accumulated_is_named(reports):
     assert "rank 0's returned dk is autograd's dv of this rank's shard" in f[DKDV], f[DKDV]
     f = failed(reports["lse set before the rescale"])
     assert DKDV in f and "rank 0's dk is zero in every value, where autograd's is not" in f[DKDV], f[DKDV]
+
+
+def test_receives_never_waited_on_are_named_at_their_line_in_every_criterion_of_the_ring(reports):
+    f = failed(reports["never waited"])
+    assert set(f) == {OUTPUT, RING, DQ, DKDV, BRING}, f
+    forward = "rank 0 never waited on 3 of its 3 receives, the first from rank 3 posted at ex10_ring_attention.py line"
+    for name in (OUTPUT, RING):
+        assert f[name].startswith(forward) and "(`works = dist.batch_isend_irecv(" in f[name], f[name]
+    for name in (DQ, DKDV, BRING):
+        assert f[name].startswith("rank 0 never waited on 4 of its 4 receives, the first from rank 3"), f[name]

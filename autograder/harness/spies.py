@@ -6,7 +6,10 @@ file is imported; the hooks observe modules and tensors the grader built.
 from __future__ import annotations
 
 import functools
+import linecache
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -115,6 +118,7 @@ class P2PSpy(Replace):
     def __init__(self):
         self.calls: list[dict] = []
         self._async_recv: list[tuple[dict, torch.Tensor]] = []
+        self._works: list[Watched] = []
         super().__init__({(dist, n): functools.partial(self._spy, n) for n in self.NAMES}
                          | {(dist, "P2POp"): self._p2p_op, (dist, "batch_isend_irecv"): self._batch})
 
@@ -128,7 +132,7 @@ class P2PSpy(Replace):
         def spy(tensor, *args, **kwargs):
             peer = kwargs.get("dst", kwargs.get("src", args[0] if args else None))
             call = {"op": name.lstrip("i"), "async": name[0] == "i", "peer": peer, "shape": list(tensor.shape),
-                    "t0": time.perf_counter(), "t1": None, "value": None}
+                    "t0": time.perf_counter(), "t1": None, "value": None, "where": _caller()}
             self.calls.append(call)
             result = real(tensor, *args, **kwargs)
             call["t1"] = time.perf_counter()
@@ -136,11 +140,31 @@ class P2PSpy(Replace):
                 call["value"] = tensor.detach().cpu().clone()
             elif name == "irecv":
                 self._async_recv.append((call, tensor))
-            return result
+            return self._watched([result], [call])[0] if call["async"] and result is not None else result
 
         return spy
 
 
+
+    def _watched(self, works: list, calls: list[dict]) -> list["Watched"]:
+        """The Works handed to the learner, each marking the ops it covers as waited when it is waited on:
+        one op each (gloo's batch, isend, irecv), or all of them (NCCL's coalesced batch returns one)."""
+        for call in calls:
+            call["waited"] = False
+        covered = [[c] for c in calls] if len(works) == len(calls) else [calls] * len(works)
+        watched = [Watched(w, c) for w, c in zip(works, covered)]
+        self._works += watched
+        return watched
+
+    def drain(self, wait: bool = True) -> list[dict]:
+        """The async ops the learner never waited on (nor saw completed), each after the grader has waited on
+        it, so that no transfer is left pending in the group for the next call (gloo would time out there).
+        ``wait=False`` after the learner's code raised: the ring is broken, and waiting would only time out."""
+        pending = [w for w in self._works if not all(c["waited"] for c in w.calls)]
+        self._works = []
+        for work in pending if wait else []:
+            work.work.wait()
+        return [c for w in pending for c in w.calls if not c["waited"]]
 
     def _unspied(self, fn):
         """The real ``isend``/``irecv`` behind ``fn`` when ``fn`` is the spy's stand-in for it."""
@@ -165,20 +189,56 @@ class P2PSpy(Replace):
     def _batch(self, real):
         def spy(ops):
             now, isend = time.perf_counter(), self.real[(dist, "isend")]
-            calls = []
+            calls, where = [], _caller()
             for op in ops:
                 send = self._unspied(op.op) is isend
                 calls.append({"op": "send" if send else "recv", "async": True, "peer": op.peer,
-                              "shape": list(op.tensor.shape), "t0": now, "t1": None, "value": None})
+                              "shape": list(op.tensor.shape), "t0": now, "t1": None, "value": None, "where": where})
                 if not send:
                     self._async_recv.append((calls[-1], op.tensor))
             self.calls.extend(calls)
             works = real(ops)
             for call in calls:
                 call["t1"] = time.perf_counter()
-            return works
+            return self._watched(works, calls)
 
         return functools.wraps(real)(spy)
+
+
+class Watched:
+    """A ``dist.Work`` of the learner's isend, irecv or batch_isend_irecv: the real one for everything, and
+    its ops marked as waited once ``wait()`` (or its future) was called, or ``is_completed()`` said so."""
+
+    def __init__(self, work, calls: list[dict]):
+        self.work, self.calls = work, calls
+
+    def _seen(self) -> None:
+        for call in self.calls:
+            call["waited"] = True
+
+    def wait(self, *args, **kwargs):
+        self._seen()
+        return self.work.wait(*args, **kwargs)
+
+    def get_future(self):
+        self._seen()
+        return self.work.get_future()
+
+    def is_completed(self) -> bool:
+        done = self.work.is_completed()
+        if done:
+            self._seen()
+        return done
+
+    def __getattr__(self, name: str):
+        return getattr(self.work, name)
+
+
+def _caller() -> str:
+    """Where the learner's code called the spied function: ``"file.py line N (`code`)"``."""
+    frame = sys._getframe(2)
+    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return f"{Path(frame.f_code.co_filename).name} line {frame.f_lineno} (`{code}`)"
 
 
 def grad_norm(params) -> float:

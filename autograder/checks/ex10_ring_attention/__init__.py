@@ -34,6 +34,7 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 | causal mask by each shard's own indices | "rank 3's output is what a causal mask by each block's own indices ..." |
 | no causal mask | "rank 0's output is the non-causal attention (every key seen) ..." |
 | gathered the whole sequence with a collective | "the ring called all_gather: a collective that gathers ..." |
+| a receive never waited on | "rank 0 never waited on 3 of its 3 receives, the first from rank 3 ..." |
 | a send/recv deadlock in the ring | (gloo's "Timed out waiting 3000ms for send") "every rank waited for ..." |
 | dk, dv left one or more hops from their owner | "every rank r returned the dk, dv of rank (r + 1) % W's shard ..." |
 | D computed per block instead of from the merged output | "rank 3's dq and dk are what D = rowsum(dout * p @ v) ..." |
@@ -55,7 +56,8 @@ from ...grading import launch_files, launch_timeout
 from ...parity import parity
 from ...registry import Exercise
 from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, not_home, unwritten
+from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, never_waited, not_home,
+                     unwritten)
 from .observed import Run
 from .probes import P2P_TIMEOUT_S, rank_main
 from .reference import GRADS, causal_reference, grad_reference
@@ -82,6 +84,8 @@ def _raised(run: Run) -> str:
 def output_matches(run: Run) -> Verdict:
     if todo := unwritten(run, "ring_attention"):
         return failed(todo)
+    if race := never_waited(run):  # whatever the output: it is a race's outcome, and a grade is the code's
+        return failed(race)
     worst = None
     for obs in run.ranks:
         ref, out = run.reference[obs["rank"]], obs["out"]
@@ -127,6 +131,8 @@ def _neighbours_ok(run: Run, r: int) -> bool:
 def ring_communication(run: Run) -> Verdict:
     if todo := unwritten(run, "ring_attention"):
         return failed(f"not checked: {todo}")
+    if race := never_waited(run):  # what it forwarded is a race's outcome too
+        return failed(race)
     if why := _ring_faults(run, PROTOCOL):
         return failed(why)
     want = (run.world - 1) * 2 * run.shard_bytes()
@@ -152,6 +158,8 @@ def _grads_match(run: Run, names: tuple[str, ...], what: str) -> Verdict:
     b = run.backward()
     if todo := unwritten(b, "ring_attention_backward"):
         return failed(todo)
+    if race := never_waited(b):
+        return failed(race)
     worst = 0.0
     for obs in b.ranks:
         ref, got = b.grads[obs["rank"]], obs["grads"]
@@ -196,6 +204,8 @@ def backward_ring(run: Run) -> Verdict:
     b = run.backward()
     if todo := unwritten(b, "ring_attention_backward"):
         return failed(f"not checked: {todo}")
+    if race := never_waited(b):
+        return failed(race)
     if why := _ring_faults(b, BACKWARD_RING):
         return failed(why)
     shard, want = b.shard_bytes(), (4 * run.world - 2) * b.shard_bytes()

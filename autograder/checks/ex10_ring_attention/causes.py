@@ -34,6 +34,21 @@ def _is(run: Run, outs: list[torch.Tensor]) -> list[int]:
     return [r for r in wrong if _close(run.ranks[r]["out"], outs[r])] if wrong else []
 
 
+@mistake("a receive never waited on")
+def never_waited(run: Run) -> str | None:
+    """A receive posted with irecv or batch_isend_irecv whose Work nobody waited on: what its buffer held when
+    the code read it is a race with the transfer (the grader waited on it afterwards, for the next ring)."""
+    for r in run.ranks:
+        unwaited = [c for c in r["p2p"] if c["op"] == "recv" and c.get("waited") is False]
+        if unwaited:
+            c, n = unwaited[0], len(unwaited)
+            return (f"rank {r['rank']} never waited on {n} of its {len(run.p2p(r['rank'], 'recv'))} receives, the "
+                    f"first from rank {c['peer']} posted at {c['where']}: with no .wait() on its Work the buffer is "
+                    "read while the shard may still be arriving, a race with the transfer. Wait on every Work that "
+                    "dist.batch_isend_irecv (or dist.irecv) returns before reading its buffer")
+    return None
+
+
 @mistake("a function still raises NotImplementedError")
 def unwritten(run: Run, name: str) -> str | None:
     """The function ``name`` (this run's: ``run`` may be ``Run.backward()``) is the stub's still."""

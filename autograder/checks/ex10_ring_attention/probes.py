@@ -87,6 +87,13 @@ def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float, backward: bo
     first = len(p2p.calls)
     with CapturedPrints() as printed, CollectiveRecorder() as comm:
         result, exc = attempt(fn, *args)
+    # What a function that returned never waited on is waited on here (the group is clean for the next ring);
+    # after an error, what it could not wait on is the error's doing, not a race of its own.
+    unwaited, stuck = attempt(p2p.drain, wait=exc is None)
+    if exc is not None:
+        for call in unwaited:
+            del call["waited"]
+    exc = exc or stuck
     last = len(p2p.calls)
     echo(printed.lines)
     if isinstance(exc, NotImplementedError):
