@@ -111,7 +111,11 @@ class P2PSpy(Replace):
     The sends and receives a ``dist.batch_isend_irecv`` posts are recorded too. ``dist.P2POp`` checks that
     its ``op`` *is* ``isend`` or ``irecv``, and under the spy ``dist.isend`` is the spy's stand-in: so
     ``P2POp`` is replaced too, by a subclass that stores the real function, and the batch's stand-in records
-    each op (its peer, shape, and what a receive got) before the real batch runs."""
+    each op (its peer, shape, and what a receive got) before the real batch runs.
+
+    Each op records the learner's line that posted it (``where``). The Works that ``isend``, ``irecv`` and the
+    batch return are handed back as :class:`Watched`, so an async op records whether the learner waited on it
+    (``waited``); :meth:`drain` waits on what they did not."""
 
     NAMES = ("send", "recv", "isend", "irecv")
 
@@ -144,11 +148,12 @@ class P2PSpy(Replace):
 
         return spy
 
-
-
     def _watched(self, works: list, calls: list[dict]) -> list["Watched"]:
         """The Works handed to the learner, each marking the ops it covers as waited when it is waited on:
-        one op each (gloo's batch, isend, irecv), or all of them (NCCL's coalesced batch returns one)."""
+        one op each (gloo's batch, isend, irecv), or all of them (NCCL's coalesced batch returns one). With no
+        Work to wait on, whether the ops were waited on is not known: they get no ``waited`` at all."""
+        if not works:
+            return works
         for call in calls:
             call["waited"] = False
         covered = [[c] for c in calls] if len(works) == len(calls) else [calls] * len(works)
