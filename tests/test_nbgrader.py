@@ -396,3 +396,37 @@ def test_the_course_folder_does_not_hide_the_nbgrader_package():
     assert REPO in [Path(p).resolve() for p in sys.path if p]  # the folder is where Python looks (conftest)
     assert (REPO / "nbgrader").is_dir() and not (REPO / "nbgrader" / "__init__.py").exists()
     assert Path(find_spec("nbgrader").origin).parent != REPO / "nbgrader"
+
+
+
+DIED = ("[AutogradeApp | ERROR] Error occurred while starting new kernel client for kernel 1: "
+        "Kernel died before replying to kernel_info")
+RAISED = "[AutogradeApp | ERROR] There was an error processing assignment"
+
+
+@pytest.mark.parametrize("outputs, runs, ok", [
+    ([(DIED, 1), ("done", 0)], 2, True),                  # died once: graded again, and it passed
+    ([(DIED, 1)] * 3, 3, False),                          # died every time: twice again, then a failure
+    ([(RAISED, 1), ("done", 0)], 1, False),               # failed otherwise: not retried
+])
+def test_a_kernel_that_died_before_any_cell_is_autograded_again_at_most_twice(monkeypatch, tmp_path, outputs, runs,
+                                                                             ok):
+    """No kernel: nbgrader's runs are stood in for. A kernel that dies before answering kernel_info (its port
+    taken by another process: jupyter_client's race) ran none of the learner's code, so its submission is
+    autograded again, twice at most; an autograde that fails otherwise is not retried."""
+    from autograder.nbgrader import course as cycle
+    from distlab.runtime import process
+
+    calls = []
+
+    def fake_run(cmd, *, on_line, **kwargs):
+        calls.append(cmd[3:])
+        line, returncode = outputs[len(calls) - 1]
+        on_line(line)
+        return process.Finished(returncode=returncode, timed_out=False, lines=[], wall_s=0.0)
+
+    monkeypatch.setattr(process, "run_contained", fake_run)
+    course = cycle.Course(tmp_path)
+    assert course.nbgrader("autograde", "ex07_pipeline") is ok
+    assert calls == [["autograde", "ex07_pipeline"]] * runs
+    assert course.failed == ([] if ok else ["autograde ex07_pipeline"])

@@ -54,6 +54,13 @@ NBGRADER_MAIN = ("import sys\nsys.modules['rfc3987_syntax'] = None\n"
                  "from nbgrader.apps.nbgraderapp import main\nmain()\n")
 
 
+# jupyter_client picks a kernel's five ports by binding port 0 and closing the socket; the kernel binds them
+# later, so a port another process took in between kills the kernel before it answers kernel_info, before any
+# cell of the learner's ran ("ZMQError: Address already in use"). Such a kernel's submission is autograded again.
+KERNEL_DIED_AT_START = "Kernel died before replying to kernel_info"
+KERNEL_START_RETRIES = 2
+
+
 class Course:
     def __init__(self, course_dir: Path = COURSE_DIR, exchange: str | None = None,
                  only: list[int] | None = None, force: bool = False, timeout_s: float | None = None,
@@ -104,15 +111,28 @@ class Course:
         from distlab.runtime.process import kill_user_processes, run_contained  # imports torch: only when needed
         from distlab.runtime.sandbox import learner_user
 
-        print("$ nbgrader " + " ".join(args), flush=True)
-        finished = run_contained([sys.executable, "-c", NBGRADER_MAIN, *args], env=self.env, cwd=self.dir,
-                                 timeout=self.timeout_s or float("inf"), on_line=print, grace_s=5.0)
-        if finished.timed_out:
-            print(f"nbgrader {args[0]} took longer than {self.timeout_s:g} s and was stopped", flush=True)
-        user = learner_user()
-        if user:
-            kill_user_processes(user)
-        ok = finished.returncode == 0 and not finished.timed_out
+        for attempt in range(1 + KERNEL_START_RETRIES):
+            print("$ nbgrader " + " ".join(args), flush=True)
+            died = []
+
+            def on_line(line: str) -> None:
+                print(line)
+                if KERNEL_DIED_AT_START in line:
+                    died.append(line)
+
+            finished = run_contained([sys.executable, "-c", NBGRADER_MAIN, *args], env=self.env, cwd=self.dir,
+                                     timeout=self.timeout_s or float("inf"), on_line=on_line, grace_s=5.0)
+            if finished.timed_out:
+                print(f"nbgrader {args[0]} took longer than {self.timeout_s:g} s and was stopped", flush=True)
+            user = learner_user()
+            if user:
+                kill_user_processes(user)
+            ok = finished.returncode == 0 and not finished.timed_out
+            if ok or not died or args[0] != "autograde" or attempt == KERNEL_START_RETRIES:
+                break
+            # nbgrader removed the failed submission's autograded copy, so a rerun grades only those again
+            print(f"nbgrader autograde: {len(died)} kernel(s) died before running a cell (a kernel's port taken "
+                  "between jupyter_client choosing it and the kernel binding it); those are graded again", flush=True)
         if not ok:
             self.failed.append(" ".join(args))
         return ok
