@@ -259,7 +259,7 @@ def test_no_figure_returned_and_an_error_in_make_ddp_step_are_named_at_the_learn
         assert f[METHOD.format(w)].startswith("measure_throughput returned None on rank 0, so there is no figure"), f
     line = next(i for i, ln in enumerate((SOLUTIONS / FILE).read_text().splitlines(), 1) if "ddp = DDP(model" in ln)
     assert f["the real step trains with DDP"] == (  # one line above the solution's: the mutant dropped one
-        f"make_ddp_step raised NameError: name 'device' is not defined at {FILE} line {line - 1} in make_ddp_step: "
+        f"make_ddp_step raised NameError: name 'device' is not defined, at {FILE} line {line - 1} in make_ddp_step: "
         'ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)'), f
 
 

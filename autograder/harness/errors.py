@@ -54,11 +54,11 @@ def raised(exc: BaseException | None, path: str | Path | None = None) -> str | N
 
 def raised_at(exc: BaseException | None, path: str | Path) -> str | None:
     """:func:`raised` with the tensors on the learner's line, then where: ``"NameError: name 'device' is not
-    defined at ex06_scaling.py line 92 in step: ..."`` (the bare message where no frame is the learner's)."""
+    defined, at ex06_scaling.py line 91 in make_ddp_step: ..."`` (without where when no frame is the learner's)."""
     if exc is None:
         return None
     frame = learner_frame(exc, path)
-    return raised(exc, path) + (f" at {frame}" if frame else "")
+    return raised(exc, path) + (f", at {frame}" if frame else "")
 
 
 VALUES_NOTE = "values at your line:"  # how a rank's traceback carries them to the grading process (a note)

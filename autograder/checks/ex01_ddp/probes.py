@@ -19,8 +19,7 @@ import distlab
 from distlab.data import RecordingDataset, digits
 from distlab.models import cpu_state, make_mlp
 
-from ...harness import (CapturedPrints, DDPSpy, Replace, SaveSpy, attempt, echo, learner_frame, load_learner,
-                       own_rendezvous, raised)
+from ...harness import CapturedPrints, DDPSpy, Replace, SaveSpy, attempt, echo, load_learner, own_rendezvous, raised_at
 
 CONFIG = dict(epochs=2, batch_size=32, lr=0.2, seed=7)
 # evaluate_ddp's data set: the first EVAL_N digits, which neither world size divides (the sampler pads 1
@@ -68,20 +67,12 @@ def _observe(path: str, ckpt_dir: Path) -> dict:
     try:  # a teardown that raises loses its own criterion only
         learner.teardown()
     except Exception as exc:  # noqa: BLE001 - any error is the learner's, reported as feedback
-        teardown_error = _error(exc, path)
+        teardown_error = raised_at(exc, path)
     return {
         "rank": rank, "initial": initial, "final": final, "accessed": data.accessed,
         "printed": out.lines, "saves": saves.paths, "still_initialized": dist.is_initialized(),
         "teardown_error": teardown_error, **evaluation, **observed,
     }
-
-
-def _error(exc: BaseException | None, path: str) -> str | None:
-    """What the learner's code raised, with its values and the learner's line it came from."""
-    if exc is None:
-        return None
-    frame = learner_frame(exc, path)
-    return raised(exc, path) + (f", at {frame}" if frame else "")
 
 
 def _evaluate(learner, path: str) -> dict:
@@ -94,7 +85,7 @@ def _evaluate(learner, path: str) -> dict:
     echo(out.lines)
     ok = isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(v, (int, float)) for v in got)
     return {"eval": tuple(float(v) for v in got) if ok else None, "eval_returned": type(got).__name__,
-            "eval_error": _error(exc, path), "eval_accessed": data.accessed}
+            "eval_error": raised_at(exc, path), "eval_accessed": data.accessed}
 
 
 class AllReduceSpy(Replace):
