@@ -398,7 +398,6 @@ def test_the_course_folder_does_not_hide_the_nbgrader_package():
     assert Path(find_spec("nbgrader").origin).parent != REPO / "nbgrader"
 
 
-
 DIED = ("[AutogradeApp | ERROR] Error occurred while starting new kernel client for kernel 1: "
         "Kernel died before replying to kernel_info")
 RAISED = "[AutogradeApp | ERROR] There was an error processing assignment"

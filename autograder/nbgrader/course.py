@@ -106,36 +106,41 @@ class Course:
         nbgrader runs contained (:func:`distlab.runtime.process.run_contained`): on timeout it, its
         kernels and whatever they started are all ended. In the grading image the kernels run as
         the learner user (``docker/as-student.sh``); afterwards every process of that user is
-        ended too, so nothing a learner's notebook started survives into the next step.
+        ended too, so nothing a learner's notebook started survives into the next step. An
+        autograde whose kernel died before running a cell (:data:`KERNEL_DIED_AT_START`) runs again.
         """
-        from distlab.runtime.process import kill_user_processes, run_contained  # imports torch: only when needed
-        from distlab.runtime.sandbox import learner_user
-
         for attempt in range(1 + KERNEL_START_RETRIES):
-            print("$ nbgrader " + " ".join(args), flush=True)
-            died = []
-
-            def on_line(line: str) -> None:
-                print(line)
-                if KERNEL_DIED_AT_START in line:
-                    died.append(line)
-
-            finished = run_contained([sys.executable, "-c", NBGRADER_MAIN, *args], env=self.env, cwd=self.dir,
-                                     timeout=self.timeout_s or float("inf"), on_line=on_line, grace_s=5.0)
-            if finished.timed_out:
-                print(f"nbgrader {args[0]} took longer than {self.timeout_s:g} s and was stopped", flush=True)
-            user = learner_user()
-            if user:
-                kill_user_processes(user)
-            ok = finished.returncode == 0 and not finished.timed_out
+            ok, died = self._run(args)
             if ok or not died or args[0] != "autograde" or attempt == KERNEL_START_RETRIES:
                 break
             # nbgrader removed the failed submission's autograded copy, so a rerun grades only those again
-            print(f"nbgrader autograde: {len(died)} kernel(s) died before running a cell (a kernel's port taken "
+            print(f"nbgrader autograde: {died} kernel(s) died before running a cell (a kernel's port taken "
                   "between jupyter_client choosing it and the kernel binding it); those are graded again", flush=True)
         if not ok:
             self.failed.append(" ".join(args))
         return ok
+
+    def _run(self, args: tuple[str, ...]) -> tuple[bool, int]:
+        """One contained run of ``nbgrader ARGS``: whether it succeeded, and how many kernels died at start."""
+        from distlab.runtime.process import kill_user_processes, run_contained  # imports torch: only when needed
+        from distlab.runtime.sandbox import learner_user
+
+        print("$ nbgrader " + " ".join(args), flush=True)
+        died = 0
+
+        def on_line(line: str) -> None:
+            nonlocal died
+            print(line)
+            died += KERNEL_DIED_AT_START in line
+
+        finished = run_contained([sys.executable, "-c", NBGRADER_MAIN, *args], env=self.env, cwd=self.dir,
+                                 timeout=self.timeout_s or float("inf"), on_line=on_line, grace_s=5.0)
+        if finished.timed_out:
+            print(f"nbgrader {args[0]} took longer than {self.timeout_s:g} s and was stopped", flush=True)
+        user = learner_user()
+        if user:
+            kill_user_processes(user)
+        return finished.returncode == 0 and not finished.timed_out, died
 
     def generate(self) -> None:
         write_source(self.dir, self.only)
