@@ -64,7 +64,7 @@ selftest: setup
 	$(BIN)/python -m autograder --selftest
 
 stubs: setup
-	$(BIN)/python -m autograder.stubs
+	$(BIN)/python -m autograder.commands.stubs
 
 # Instructors: make nbgrader STEP=generate|release|collect|autograde|feedback|export|grade|mark [ARGS="--exercise 1"]
 STEP ?= grade

@@ -6,10 +6,10 @@ optionally writes the report as JSON.
 Exit status: 0 all graded exercises pass, 1 any fails, 2 bad usage.
 
 ``python -m autograder --selftest [--exercise N ...] [--json FILE]`` checks this
-machine instead (see :mod:`autograder.selftest`): exit status 0 no surprises, 1 any.
+machine instead (see :mod:`autograder.commands.selftest`): exit status 0 no surprises, 1 any.
 
 ``python -m autograder class ROOT [--jobs N] [--exercise N ...] [--csv FILE] [--json FILE]`` grades
-a whole class, N gradings at a time (see :mod:`autograder.classroom`).
+a whole class, N gradings at a time (see :mod:`autograder.commands.classroom`).
 """
 from __future__ import annotations
 
@@ -19,17 +19,17 @@ from pathlib import Path
 
 from distlab.runtime.sandbox import SandboxError, preflight
 
-from .progress import to_stderr
-from .notebook import hint_lines
-from .registry import exercises, hints
-from .report import table, write_json
-from .runner import DEFAULT_DIR, grade
+from .grader.progress import to_stderr
+from .commands.check import hint_lines
+from .grader.registry import exercises, hints
+from .grader.report import table, write_json
+from .grader.supervise import DEFAULT_DIR, grade
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["class"]:  # python -m autograder class ROOT ...: a whole class (autograder.classroom)
-        from .classroom import main as grade_class
+    if argv[:1] == ["class"]:  # python -m autograder class ROOT ...: a whole class (autograder.commands.classroom)
+        from .commands.classroom import main as grade_class
 
         return grade_class(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__.splitlines()[2])
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if args.selftest:
-        from . import selftest  # imports torch: only here
+        from .commands import selftest  # imports torch: only here
 
         return selftest.run(args.exercise, args.json)
     try:

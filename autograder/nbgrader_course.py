@@ -1,6 +1,6 @@
 """The old name of ``python -m autograder.nbgrader STEP``, kept for instructors' scripts and habits.
 
-``python -m autograder.nbgrader_course STEP [options]`` runs the same command
+``python -m autograder.nbgrader.course STEP [options]`` runs the same command
 line (:mod:`autograder.nbgrader.course`).
 """
 import sys

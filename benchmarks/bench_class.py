@@ -1,7 +1,7 @@
 """Grading a class: submissions graded per hour at --jobs 1 and --jobs 2, beside the single gradings.
 
 A class of :data:`LEARNERS` learners, each submitting every reference solution (so every grading
-does all its work), graded by :func:`autograder.classroom.grade_class` at 1 and 2 gradings at a
+does all its work), graded by :func:`autograder.commands.classroom.grade_class` at 1 and 2 gradings at a
 time, in one run: at --jobs 1 the wall time is the sum of the single gradings. The extrapolation to a large class
 divides the CPU seconds per submission by the cores
 (gradings here are CPU-bound: on a 16-core box without GPUs, 4 gradings of 4 ranks at a time).
@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from autograder import classroom
-from autograder.registry import exercises
+from autograder.commands import classroom
+from autograder.grader.registry import exercises
 from benchmarks import Row
 from distlab import warm
 from distlab.runtime.importing import REPO_ROOT

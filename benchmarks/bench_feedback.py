@@ -21,7 +21,7 @@ name is used), or the first divergence from the reference at a learner's line (a
 strict; the others say what went wrong and where it showed, not always the edited line.
 
 A third row counts the messages, over all the mutants, that advise a step the file's trace shows was taken
-(:func:`autograder.advice.violations`: "call sampler.set_epoch(epoch)" where it was called); the goal is none.
+(:func:`autograder.grader.advice.violations`: "call sampler.set_epoch(epoch)" where it was called); the goal is none.
 
 ``python -m benchmarks feedback`` (minutes: exercise 5's mutants run its fresh-job scenario only).
 ``DISTLAB_BENCH_EXERCISES=5,7`` restricts the exercises.
@@ -137,9 +137,9 @@ def names_line(feedback: str, filename: str, lines: tuple[int, ...]) -> bool:
 
 def _grade(check, paths: list[Path], kept: dict, **kwargs) -> list:
     """All in one call; where a check's launch cannot survive one file that raises (it raises for the batch),
-    one call per file, each launch error explained as ``run_one`` does."""
-    from autograder import divergence
-    from autograder.run_one import explain
+    one call per file, each launch error explained as ``grader.main`` does."""
+    from autograder.grader import divergence
+    from autograder.grader.main import explain
     from distlab import LaunchError
 
     try:
@@ -158,10 +158,10 @@ def _grade(check, paths: list[Path], kept: dict, **kwargs) -> list:
 
 def measure(number: int, keep: Path | None = None) -> dict:
     """Grade every generated mutant of exercise ``number`` in one ``grade`` call; the counts."""
-    from autograder import divergence
-    from autograder.advice import violations
-    from autograder.diagnosis import named
-    from autograder.registry import check_modules
+    from autograder.grader import divergence
+    from autograder.grader.advice import violations
+    from autograder.grader.diagnosis import named
+    from autograder.grader.registry import check_modules
 
     check = check_modules()[number]
     solution = divergence.solution_path(check)
@@ -191,7 +191,7 @@ def measure(number: int, keep: Path | None = None) -> dict:
 
 
 def rows() -> list[Row]:
-    from autograder.registry import check_modules
+    from autograder.grader.registry import check_modules
 
     wanted = os.environ.get("DISTLAB_BENCH_EXERCISES")
     numbers = [int(n) for n in wanted.split(",")] if wanted else sorted(check_modules())
@@ -208,6 +208,6 @@ def rows() -> list[Row]:
                 Row("feedback", f"ex{n:02d}: ... the line, a declared cause, or an error or divergence at a line",
                     100 * named / caught, "%", "goal of issue 25: >= 80%"),
                 Row("feedback", f"ex{n:02d}: messages advising a step the trace shows was taken", got["violations"],
-                    "messages", "goal of issue 25: 0 (autograder.advice); first: "
+                    "messages", "goal of issue 25: 0 (autograder.grader.advice); first: "
                     + ("; ".join(got["violation_examples"]) or "none"))]
     return out

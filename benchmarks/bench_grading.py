@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 
-from autograder.registry import exercises
-from autograder.runner import grade, grade_one
+from autograder.grader.registry import exercises
+from autograder.grader.supervise import grade, grade_one
 from benchmarks import Row
 from distlab.runtime.importing import REPO_ROOT
 

@@ -20,7 +20,7 @@ import torch
 
 import distlab
 from autograder.checks.ex01_ddp import EXERCISE, MODEL, WORLD_SIZES
-from autograder.runner import grade_one
+from autograder.grader.supervise import grade_one
 from benchmarks import Row
 from distlab.runtime.importing import REPO_ROOT
 from distlab.runtime.launch import LaunchTimeout, time_scale

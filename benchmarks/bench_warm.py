@@ -18,8 +18,8 @@ import statistics
 import time
 
 import distlab
-from autograder.registry import exercises
-from autograder.runner import grade, grade_one
+from autograder.grader.registry import exercises
+from autograder.grader.supervise import grade, grade_one
 from benchmarks import Row
 from distlab import warm
 from distlab.runtime.importing import REPO_ROOT

@@ -241,6 +241,6 @@ plt.show()
 # Until you fill the stubs in, it reports "not implemented yet".
 
 # %%
-from autograder.notebook import check
+from autograder.commands.check import check
 
 report = check(1, raise_on_fail=False)

@@ -276,6 +276,6 @@ lost_guess.reveal(killed_after - resumed_from[1])
 # weights bit for bit with a run that was never interrupted.
 
 # %%
-from autograder.notebook import check
+from autograder.commands.check import check
 
 report = check(5, raise_on_fail=False)

@@ -544,6 +544,6 @@ display(widgets.interactive(
 # collectives. Run the next cell (it grades the stub until you fill it in).
 
 # %%
-from autograder.notebook import check
+from autograder.commands.check import check
 
 check(8, raise_on_fail=False)

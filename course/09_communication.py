@@ -493,6 +493,6 @@ except LaunchError as exc:
 # Or from a shell: `.venv/bin/python -m autograder --exercise 9`.
 
 # %%
-from autograder.notebook import check
+from autograder.commands.check import check
 
 check(9, raise_on_fail=False)

@@ -220,6 +220,6 @@ for r, run in enumerate(runs):
 # on the whole sequence, in the same launches.
 
 # %%
-from autograder.notebook import check
+from autograder.commands.check import check
 
 check(10, raise_on_fail=False)

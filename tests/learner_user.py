@@ -53,7 +53,7 @@ def as_learner(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 
 def _usable(python: str, repo: Path,
-            modules: str = "torch, nbgrader, distlab.runtime.launch, autograder.runner") -> bool:
+            modules: str = "torch, nbgrader, distlab.runtime.launch, autograder.grader.supervise") -> bool:
     probe = as_learner([python, "-c", f"import {modules}"], cwd="/", env={**os.environ, "PYTHONPATH": str(repo)})
     return probe.returncode == 0
 

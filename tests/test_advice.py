@@ -1,8 +1,8 @@
-"""Advice only about what was observed (autograder.advice), on made-up traces: no launch."""
+"""Advice only about what was observed (autograder.grader.advice), on made-up traces: no launch."""
 from __future__ import annotations
 
-from autograder.advice import advised, violations
-from autograder.report import ExerciseReport
+from autograder.grader.advice import advised, violations
+from autograder.grader.report import ExerciseReport
 
 
 def _at(event: str, line: int, **details) -> dict:

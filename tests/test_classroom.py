@@ -1,4 +1,4 @@
-"""A whole class graded in parallel gets the same grades as graded one at a time (autograder.classroom).
+"""A whole class graded in parallel gets the same grades as graded one at a time (autograder.commands.classroom).
 
 Six learners for exercise 7 (one 2-rank launch each, the cheapest full grading): one correct,
 the stub, a file that does not import, a missing file, a mutant that never sends the gradients back, and a hostile
@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from autograder.__main__ import main
-from autograder.registry import exercises
+from autograder.grader.registry import exercises
 from tests import hostile
 from tests.helpers import REPO, SOLUTIONS, mutant
 

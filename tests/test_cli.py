@@ -12,7 +12,7 @@ import pytest
 from autograder.__main__ import main
 from autograder.checks import ex07_pipeline
 from autograder.checks.ex01_ddp import EXERCISE
-from autograder.runner import grade_one
+from autograder.grader.supervise import grade_one
 from distlab.runtime.launch import time_scale
 from tests.helpers import REPO, mutant
 

@@ -58,7 +58,7 @@ import psutil
 import pytest
 import yaml
 
-from autograder.registry import exercises
+from autograder.grader.registry import exercises
 from tests import hostile
 from tests.helpers import REPO
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks.ex07_pipeline import EXERCISE
-from autograder.runner import grade_one
+from autograder.grader.supervise import grade_one
 from tests import hostile
 
 # Each test grades exercise 7 (one launch of 2 ranks: the cheapest full grading); what is contained

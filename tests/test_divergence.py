@@ -1,12 +1,13 @@
-"""The first divergence from the reference (autograder.divergence), on made-up traces; and substitution's parts."""
+"""The first divergence from the reference (autograder.grader.divergence), on made-up traces; and substitution's
+parts."""
 from __future__ import annotations
 
 import textwrap
 
-from autograder import diagnosis
-from autograder.divergence import annotate, first_divergence, first_of_ranks
-from autograder.report import ExerciseReport
-from autograder.substitute import graded_functions, swapped, verdict
+from autograder.grader import diagnosis
+from autograder.grader.divergence import annotate, first_divergence, first_of_ranks
+from autograder.grader.report import ExerciseReport
+from autograder.grader.substitute import graded_functions, swapped, verdict
 
 
 def _step(n, lr, params=1.0, line=20):
@@ -98,7 +99,7 @@ def test_substitution_swaps_one_graded_function():
 
 
 def test_launches_pair_by_world_size_and_calls_show_their_arguments():
-    from autograder.divergence import paired
+    from autograder.grader.divergence import paired
 
     two, four = [REF, REF], [REF] * 4
     assert paired([two, four], [four, two]) == [(four, four), (two, two)]  # finished in another order

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from autograder import divergence
+from autograder.grader import divergence
 from autograder.checks import ex01_ddp
 from distlab.runtime.launch import time_scale
 from tests import independent
@@ -229,7 +229,7 @@ def test_hand_averaging_without_a_broadcast_is_named(graded):
 
 
 def test_known_errors_are_translated():
-    from autograder.diagnosis import translate
+    from autograder.grader.diagnosis import translate
     known = ex01_ddp.KNOWN_ERRORS
     assert translate("ValueError: sampler option is mutually exclusive with shuffle", known) \
         .startswith("DataLoader given a sampler and shuffle=True: ")
@@ -257,7 +257,7 @@ def test_the_save_and_all_reduce_spies_see_every_import_style(tmp_path, imported
     import torch.distributed as dist
 
     from autograder.checks.ex01_ddp.probes import AllReduceSpy
-    from autograder.harness import SaveSpy, watched
+    from autograder.rank import SaveSpy, watched
     from distlab.runtime.importing import import_path
 
     (tmp_path / "styles.py").write_text(STYLES_MODULE)

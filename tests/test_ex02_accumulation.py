@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks import ex02_accumulation as check
-from autograder.runner import grade_one
+from autograder.grader.supervise import grade_one
 
 from tests import independent
 from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
@@ -174,7 +174,7 @@ def test_skipped_short_window_step_is_named(reports):
 
 
 def test_known_errors_are_translated():
-    from autograder.diagnosis import translate
+    from autograder.grader.diagnosis import translate
     assert translate("AttributeError: 'Sequential' object has no attribute 'no_sync'", check.KNOWN_ERRORS) \
         .startswith("no_sync called on model.module: ")
     assert "backward() ran twice" in translate("RuntimeError: Trying to backward through the graph a second time "

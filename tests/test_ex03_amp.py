@@ -319,7 +319,7 @@ def test_real_speedup_graded_on_a_gpu_with_bf16_tensor_cores_only(capability, gr
 def _raised(fn) -> str:
     try:
         fn()
-    except Exception as exc:  # what run_one / the rank side see: "Type: message"
+    except Exception as exc:  # what grader.main / the rank side see: "Type: message"
         return f"{type(exc).__name__}: {exc}"
     raise AssertionError("no error raised")
 
@@ -354,7 +354,7 @@ def _fp16_steps(mistake: str, steps: int = 2) -> None:
 ])
 def test_scaler_errors_translated(mistake, name):
     """No launch: each GradScaler misuse, run here, raises PyTorch's error, which KNOWN_ERRORS names."""
-    from autograder.diagnosis import translate
+    from autograder.grader.diagnosis import translate
 
     error = _raised(lambda: _fp16_steps(mistake))
     assert translate(error, check.KNOWN_ERRORS).startswith(f"{name}: "), error
@@ -420,7 +420,7 @@ def test_accumulation_steps_and_backwards_per_window_named(reports):
 def test_accumulation_reference_is_the_whole_batch_step():
     """No launch: the K-micro-batch reference steps the weights the whole batch's fp16 step would, within
     the check's tolerance (so a legal rounding passes), and the stepped norms are unclipped."""
-    from autograder.checks.ex03_amp import accumulation
+    from autograder.checks.ex03_amp.accumulation.probes import probes as accumulation
     from distlab.models import cpu_state, make_mlp
     from autograder.checks.ex03_amp.workloads import LR, MODEL, batches
 
@@ -443,7 +443,7 @@ def test_a_file_without_accumulated_step_loses_only_that_part():
     """No launch: a file handed in before the part existed is told where its stub is."""
     from types import SimpleNamespace
 
-    from autograder.checks.ex03_amp import accumulation
+    from autograder.checks.ex03_amp.accumulation.probes import probes as accumulation
 
     obs = accumulation.observe(SimpleNamespace(), torch.device("cpu"))
     verdict = check.accumulation_parity(check.Run({"accumulation": obs}))

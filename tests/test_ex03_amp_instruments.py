@@ -52,7 +52,7 @@ def test_every_clock_a_file_can_read_is_the_virtual_one(tmp_path, imported):
     """No launch: whichever way the learner's file names a clock (``from time import perf_counter``, an
     alias, an attribute, ``timeit``'s), it reads the case's virtual clock, and the real one outside it."""
     from autograder.checks.ex03_amp.workloads import Clocks
-    from autograder.harness import watched
+    from autograder.rank import watched
 
     (tmp_path / "clocks.py").write_text(CLOCK_STYLES)
     load = lambda: watched(import_path(tmp_path / "clocks.py", name=f"learner_clocks_{imported[0]}"))  # noqa: E731

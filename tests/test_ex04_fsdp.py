@@ -9,7 +9,7 @@ collective called on rank 0 only (the other ranks' instruments complete it: the 
 graded), without cpu_offload, or through FSDP1's state_dict_type. Independent mistakes share a mutant
 (each file has one mistake of part 1 and one or more of part 2);
 the solution and the six mutants are graded in ONE launch at world size 2 (the CLI grades 2 and 4);
-the stub in one more, through the grading subprocess's code (run_one.main, here in-process: the
+the stub in one more, through the grading subprocess's code (grader.main.main, here in-process: the
 subprocess around it is exercise 1's CLI tests'). The other causes and the errors PyTorch raises are
 tested on observations, without a launch."""
 from __future__ import annotations
@@ -18,10 +18,10 @@ import json
 
 import pytest
 
-from autograder import run_one
+from autograder.grader import main as grading_main
 from autograder.checks import ex04_fsdp
-from autograder.diagnosis import translate
-from autograder.report import ExerciseReport
+from autograder.grader.diagnosis import translate
+from autograder.grader.report import ExerciseReport
 from distlab.lab.fsdp_memory import expected_bytes, full_shapes, memory_per_gpu, shard_rows
 from distlab.resmlp import make_resmlp
 from tests import independent
@@ -149,7 +149,7 @@ def test_solution_full_marks_with_exact_bytes_and_peak_under_bound(graded):
 @pytest.mark.slow
 def test_stub_scores_zero_not_implemented(tmp_path):
     out = tmp_path / "report.json"
-    assert run_one.main(["4", str(EXERCISES / "ex04_fsdp.py"), str(out)]) == 0
+    assert grading_main.main(["4", str(EXERCISES / "ex04_fsdp.py"), str(out)]) == 0
     report = ExerciseReport.from_dict(json.loads(out.read_text()))
     assert report.score == 0 and not report.ran
     assert "not implemented yet (ex04_fsdp.py line" in report.feedback
@@ -326,7 +326,7 @@ def test_the_state_dict_spy_sees_every_import_style(tmp_path, imported):
     import torch.distributed as dist
 
     from autograder.checks.ex04_fsdp.probes import StateDictSpy
-    from autograder.harness import watched
+    from autograder.rank import watched
     from distlab.runtime.importing import import_path
 
     (tmp_path / "styles.py").write_text(

@@ -3,7 +3,7 @@
 no scheduler, no RNG, no pruning, writing in place, a step counter off by one, another rank's RNG,
 model and optimizer not restored, a checkpoint collective on rank 0 only) are named, and only
 what differs. "Not implemented yet" goes through the same code path as exercise 4's stub test
-(run_one.explain), and notebook 05's check cell grades this exercise's stub on every notebook run,
+(grader.main.explain), and notebook 05's check cell grades this exercise's stub on every notebook run,
 so no launch is spent on it here."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import re
 import pytest
 
 from autograder.checks import ex05_checkpoint
-from autograder.diagnosis import translate
+from autograder.grader.diagnosis import translate
 from distlab import checkpoint
 from tests import independent
 from tests.helpers import SOLUTIONS, failed, mutant
@@ -199,7 +199,7 @@ def test_the_checkpoint_spies_see_every_import_style(tmp_path, imported):
     import torch.distributed as dist
 
     from autograder.checks.ex05_checkpoint import probes
-    from autograder.harness import watched
+    from autograder.rank import watched
     from distlab.runtime.importing import import_path
 
     (tmp_path / "styles.py").write_text(

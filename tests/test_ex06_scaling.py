@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks import ex06_scaling as check
-from autograder.diagnosis import translate
-from autograder.runner import grade_one
+from autograder.grader.diagnosis import translate
+from autograder.grader.supervise import grade_one
 
 from tests import independent
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant

@@ -8,7 +8,7 @@ import torch
 from autograder.checks.ex06_scaling import causes
 from autograder.checks.ex06_scaling.observed import REAL, Run
 from autograder.checks.ex06_scaling.probes import SYNTH
-from autograder.diagnosis import diagnose
+from autograder.grader.diagnosis import diagnose
 from tests.test_ex06_scaling import REAL_FEW_STEPS
 
 
@@ -20,8 +20,8 @@ def test_the_method_and_ddp_spies_see_every_import_style(tmp_path, imported):
     import torch.distributed as dist
 
     from autograder.checks.ex06_scaling.probes import CountedStep, MethodSpy
-    from autograder.harness import DDPSpy
-    from autograder.harness import watched
+    from autograder.rank import DDPSpy
+    from autograder.rank import watched
     from distlab.runtime.importing import import_path
 
     path = tmp_path / "styles.py"

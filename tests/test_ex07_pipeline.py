@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks import ex07_pipeline as check
-from autograder.diagnosis import translate
+from autograder.grader.diagnosis import translate
 from tests import independent
 from tests.helpers import SOLUTIONS, failed, mutant
 
@@ -191,8 +191,8 @@ def test_the_p2p_spy_sees_every_import_style(tmp_path, monkeypatch, imported):
     import torch
     import torch.distributed as dist
 
-    from autograder.harness import P2PSpy
-    from autograder.harness import watched
+    from autograder.rank import P2PSpy
+    from autograder.rank import watched
     from distlab.runtime.importing import import_path
 
     for name in P2PSpy.NAMES:  # what the spy wraps: no process group needed

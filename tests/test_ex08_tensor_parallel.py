@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks import ex08_tensor_parallel as check
-from autograder.diagnosis import translate
+from autograder.grader.diagnosis import translate
 from tests import independent
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks import ex10_ring_attention as check
-from autograder.diagnosis import translate
+from autograder.grader.diagnosis import translate
 from tests import independent
 from tests.helpers import SOLUTIONS, failed, mutant
 

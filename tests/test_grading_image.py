@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from autograder.nbgrader.course import main as nbgrader_main
-from autograder.registry import exercises
+from autograder.grader.registry import exercises
 from tests import hostile
 from tests.helpers import REPO
 from tests.learner_user import learner_processes, learner_user, readable_install, world_readable_dir

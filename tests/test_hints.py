@@ -9,10 +9,10 @@ from types import ModuleType
 import pytest
 
 import autograder.__main__ as cli
-from autograder import notebook
+from autograder.commands import check as check_command
 from autograder.nbgrader import cell
-from autograder.registry import check_modules, exercises, hints
-from autograder.report import criterion, failed, passed
+from autograder.grader.registry import check_modules, exercises, hints
+from autograder.grader.report import criterion, failed, passed
 from distlab.runtime.importing import REPO_ROOT
 
 MIN_QUOTE = 20  # a solution line longer than this, found verbatim in a hint, is the answer given away
@@ -79,7 +79,7 @@ def _failing_report():
 @pytest.fixture
 def graded(monkeypatch):
     """``check`` and the CLI grade nothing: they get :func:`_failing_report`."""
-    monkeypatch.setattr(notebook, "grade_one", lambda *args, **kwargs: _failing_report())
+    monkeypatch.setattr(check_command, "grade_one", lambda *args, **kwargs: _failing_report())
     monkeypatch.setattr(cli, "grade", lambda *args, **kwargs: [_failing_report()])
     monkeypatch.setattr(cli, "preflight", lambda: None)
     return hints(7)
@@ -87,7 +87,7 @@ def graded(monkeypatch):
 
 @pytest.mark.parametrize("tier", [None, 1, 2, 3])
 def test_check_shows_the_asked_tier_of_each_failed_criterion_once(graded, capsys, tier):
-    notebook.check(7, raise_on_fail=False, hint=tier)
+    check_command.check(7, raise_on_fail=False, hint=tier)
     out = capsys.readouterr().out
     wrong, right = graded["stage0_grads_match"], graded["loss_matches"]
     for k in (1, 2, 3):
@@ -102,7 +102,7 @@ def test_check_shows_the_asked_tier_of_each_failed_criterion_once(graded, capsys
 
 def test_a_tier_that_does_not_exist_is_refused_before_grading(graded):
     with pytest.raises(ValueError, match="tiers are 1"):
-        notebook.check(7, hint=4)
+        check_command.check(7, hint=4)
 
 
 def test_the_cli_prints_the_tier_asked_for(graded, capsys, tmp_path):

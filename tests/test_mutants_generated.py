@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import divergence
+from autograder.grader import divergence
 from autograder.checks import ex05_checkpoint, ex07_pipeline
 from benchmarks.bench_feedback import mutants, names_line
 

@@ -38,7 +38,7 @@ import pytest
 from autograder.nbgrader.assignments import grade_id
 from autograder.nbgrader.course import main as nbgrader_main
 from autograder.nbgrader.verify import cell_text
-from autograder.registry import exercises
+from autograder.grader.registry import exercises
 from distlab.runtime.launch import time_scale
 from tests.helpers import REPO, SOLUTIONS
 
@@ -114,7 +114,7 @@ def tamper(folder: Path, learner: str) -> None:
         # uses (round() of the report's score), so the cell reports full marks for the untouched stub.
         cheat = ("import builtins, sys\n_round = builtins.round\n\n"
                  "def _full_marks(x, *a):\n"
-                 "    if sys._getframe(1).f_globals.get('__name__') == 'autograder.report':\n"
+                 "    if sys._getframe(1).f_globals.get('__name__') == 'autograder.grader.report':\n"
                  f"        return {EX.max_score}\n"
                  "    return _round(x, *a)\n\n"
                  "builtins.round = _full_marks\n")
@@ -331,7 +331,7 @@ def test_every_exercise_in_the_registry_is_an_assignment_and_the_config_follows(
     from traitlets.config.loader import PyFileConfigLoader
 
     from autograder.nbgrader.assignments import write_source
-    from autograder.stubs import generate
+    from autograder.commands.stubs import generate
 
     made = write_source(tmp_path)
     known = exercises()
@@ -375,12 +375,12 @@ def test_a_submission_that_did_not_run_gets_one_line_and_an_unfinished_one_none(
 
 def test_the_old_names_still_work(monkeypatch, capsys):
     """Released notebooks import ``autograder.nbgrader_cell``; instructors' scripts run
-    ``python -m autograder.nbgrader_course``; both are the new modules under the old names."""
+    ``python -m autograder.nbgrader.course``; both are the new modules under the old names."""
     import autograder.nbgrader_cell as released
     from autograder.nbgrader import cell
 
     assert (released.grade, released.stubs_left) == (cell.grade, cell.stubs_left)
-    for module in ("autograder.nbgrader", "autograder.nbgrader_course"):
+    for module in ("autograder.nbgrader", "autograder.nbgrader.course"):
         monkeypatch.setattr(sys, "argv", [module, "--help"])
         with pytest.raises(SystemExit) as exited:
             runpy.run_module(module, run_name="__main__")

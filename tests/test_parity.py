@@ -1,7 +1,7 @@
 """The parity helper every check uses: verdict, size and place of the largest difference."""
 import torch
 
-from autograder.parity import parity
+from autograder.grader.parity import parity
 
 
 def test_identical_dicts_pass_with_zero_difference():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks.ex07_pipeline import EXERCISE
-from autograder.runner import grade_one
+from autograder.grader.supervise import grade_one
 from distlab import LaunchError, LaunchHang, LaunchTimeout, MachineTooSlow, torchrun
 from distlab.runtime.launch import time_scale
 from tests.helpers import REPO, SOLUTIONS
@@ -107,7 +107,7 @@ def test_the_tutorials_fixed_master_port_is_named_not_a_minute_long_socket_timeo
 def test_the_tutorials_to_rank_without_gpus_is_named_at_the_learners_line(tmp_path):
     import torch
 
-    from autograder.run_one import explain
+    from autograder.grader.main import explain
     from distlab import RankFailure
 
     if torch.cuda.is_available():

@@ -1,15 +1,15 @@
 """The one shape of a check: criteria declared with their points, judged, scaled, and the
-"did not run" state (autograder/report.py, autograder/checks/README.md)."""
+"did not run" state (autograder/grader/report.py, autograder/checks/README.md)."""
 from __future__ import annotations
 
 import inspect
 
 import pytest
 
-from autograder.diagnosis import KnownError, declared_mistakes, diagnose, mistake, translate
-from autograder.grading import launch_timeout
-from autograder.registry import Exercise, check_modules
-from autograder.report import DID_NOT_RUN, ExerciseReport, criterion, failed, passed, total_points
+from autograder.grader.diagnosis import KnownError, declared_mistakes, diagnose, mistake, translate
+from autograder.grader.launches import launch_timeout
+from autograder.grader.registry import Exercise, check_modules
+from autograder.grader.report import DID_NOT_RUN, ExerciseReport, criterion, failed, passed, total_points
 
 EX = Exercise(number=99, name="toy", filename="ex99_toy.py", max_score=10, time_limit=90)
 
@@ -123,19 +123,20 @@ def test_the_registry_reads_every_exercise_without_importing_torch():
     import subprocess
     import sys
 
-    from autograder.registry import exercises
+    from autograder.grader.registry import exercises
     from tests.helpers import REPO
 
     assert exercises() == {n: m.EXERCISE for n, m in check_modules().items()}
     # The CLI and check(N) only supervise: the grading subprocess imports torch, they need not.
-    code = ("import sys, autograder.__main__, autograder.notebook; from autograder.registry import exercises; "
+    code = ("import sys, autograder.__main__, autograder.commands.check; "
+            "from autograder.grader.registry import exercises; "
             "exercises(); print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
 
 def test_the_notebook_shows_feedback_as_a_table_of_criterion_points_and_message():
-    from autograder.notebook import Feedback
+    from autograder.commands.check import Feedback
 
     report = EX.new_report()
     report.judge([ranks_agree, matches], {"agree": False}, world=2)

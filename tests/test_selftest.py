@@ -10,8 +10,8 @@ import pytest
 
 from autograder.__main__ import main
 from autograder.checks.ex07_pipeline import EXERCISE
-from autograder import selftest
-from autograder.selftest import finish, stub_workers, surprises
+from autograder.commands import selftest
+from autograder.commands.selftest import finish, stub_workers, surprises
 from distlab.runtime.launch import time_scale
 from tests.helpers import REPO
 

@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from autograder.stubs import strip_solutions, untouched
+from autograder.commands.stubs import strip_solutions, untouched
 from tests.helpers import EXERCISES, REPO, SOLUTIONS
 
 SOLUTION_FILES = sorted(p.name for p in SOLUTIONS.glob("ex*.py"))
 
 
 def test_exercises_are_current_with_the_solutions():
-    proc = subprocess.run([sys.executable, "-m", "autograder.stubs", "--check"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "autograder.commands.stubs", "--check"], cwd=REPO,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 

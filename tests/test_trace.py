@@ -1,4 +1,4 @@
-"""The trace recorder (autograder.harness.trace), in this process: each event at the learner's line."""
+"""The trace recorder (autograder.rank.trace), in this process: each event at the learner's line."""
 from __future__ import annotations
 
 import textwrap
@@ -6,8 +6,8 @@ import textwrap
 import pytest
 import torch
 
-from autograder.harness.errors import describe_value, values_at
-from autograder.harness.trace import Tracer, held, return_line
+from autograder.rank.errors import describe_value, values_at
+from autograder.rank.trace import Tracer, held, return_line
 from distlab.runtime.importing import import_path
 
 LEARNER = textwrap.dedent("""
@@ -117,7 +117,7 @@ GROUP = textwrap.dedent("""
 def test_the_process_group_a_small_collectives_values_and_what_functions_return(tmp_path):
     """No launch (one gloo rank here): the group's init and destroy, a metric's all-reduce with what this
     rank contributed, and what each of the learner's functions returned, at its return line."""
-    from autograder.harness import watched
+    from autograder.rank import watched
 
     path = tmp_path / "ex98_group.py"
     path.write_text(GROUP)

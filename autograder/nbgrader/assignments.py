@@ -1,10 +1,10 @@
 """The nbgrader assignments, one per exercise, generated from the registry and ``solutions/``.
 
-For every exercise that :mod:`autograder.registry` knows, ``source/exNN_name/``
+For every exercise that :mod:`autograder.grader.registry` knows, ``source/exNN_name/``
 in the course directory gets
 
 * ``exNN_name.py``: the learner's module, the stub that
-  :mod:`autograder.stubs` makes from ``solutions/exNN_name.py`` (each
+  :mod:`autograder.commands.stubs` makes from ``solutions/exNN_name.py`` (each
   ``### BEGIN SOLUTION`` region becomes ``raise NotImplementedError``, as
   nbgrader does in notebooks). nbgrader copies non-notebook files as they
   are, so this is what is released, and the learner submits it, edited,
@@ -31,8 +31,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from distlab.runtime.importing import REPO_ROOT
 
-from ..registry import Exercise, exercises
-from ..stubs import BEGIN, strip_solutions
+from ..grader.registry import Exercise, exercises
+from ..commands.stubs import BEGIN, strip_solutions
 from .cell import fresh_grader_source
 
 SOLUTIONS = REPO_ROOT / "solutions"

@@ -5,10 +5,10 @@ every notebook released to learners.)
 
 The cell grades the exercise module that sits beside the notebook with
 exactly the checks of ``python -m autograder --exercise N``
-(:func:`autograder.notebook.check`, hence :func:`autograder.runner.grade_one`:
+(:func:`autograder.commands.check.check`, hence :func:`autograder.grader.supervise.grade_one`:
 one subprocess with the exercise's time limit), prints the feedback, and
 returns the score. The feedback includes the first tier of the hint of each
-failed criterion (``hints.py``; :mod:`autograder.notebook`), so nbgrader's
+failed criterion (``hints.py``; :mod:`autograder.commands.check`), so nbgrader's
 released feedback has it too. The score is the cell's value, and nbgrader gives a test
 cell whose ``execute_result`` is a number that many points (partial credit,
 ``nbgrader.utils.determine_grade``), so the gradebook holds the same score as
@@ -31,8 +31,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..notebook import check
-from ..stubs import unwritten
+from ..commands.check import check
+from ..commands.stubs import unwritten
 
 
 @contextlib.contextmanager
@@ -72,7 +72,7 @@ def fresh_grader_source() -> str:
     Cells the learner added run in the same kernel before the test cells, and
     the kernel's working directory (the submission) comes first on
     ``sys.path``: a submitted ``autograder.py`` or a cell that patches
-    ``autograder.notebook.check`` would otherwise grade itself. This drops the
+    ``autograder.commands.check.check`` would otherwise grade itself. This drops the
     submission folder from ``sys.path`` and forgets every loaded
     ``autograder``/``distlab`` module, so the import that follows loads the
     instructor's grader afresh. It is plain code (not a call into this

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds allowed to each nbgrader command (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.step == "generate":
-        from ..registry import exercises
+        from ..grader.registry import exercises
 
         unknown = [n for n in args.exercise or [] if n not in exercises()]
         if unknown:

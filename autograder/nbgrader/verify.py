@@ -14,9 +14,9 @@ from pathlib import Path
 
 import nbformat
 
-from ..registry import exercises
-from ..report import DID_NOT_RUN, NOT_GRADED
-from ..runner import grade_one
+from ..grader.registry import exercises
+from ..grader.report import DID_NOT_RUN, NOT_GRADED
+from ..grader.supervise import grade_one
 from .assignments import grade_id
 
 # How a report that did not run reads in the feedback a test cell prints (ExerciseReport.feedback).

@@ -8,7 +8,7 @@
   exact on any device. Built on it:
 * :func:`saved_tensor_bytes`, the bytes saved while ``fn`` runs. It is also
   exercise 3's graded ``saved_bytes``: the grader recognises it (imported,
-  aliased or called, also through :func:`peak_memory`: :mod:`autograder.answers`)
+  aliased or called, also through :func:`peak_memory`: :mod:`autograder.rank.runtime_copies`)
   and gives it no marks;
 * :func:`saved_tensor_bytes_by_kind` splits the same count into the
   activations and the weights a layer saves (``linear`` keeps its weight for

@@ -7,7 +7,7 @@
   blocks until ``min_run_time`` seconds were measured, the median per call.
   The notebooks and benchmarks use it; it is also exercise 3's graded
   ``median_seconds``, so the grader recognises it (imported, aliased or
-  called from a learner's function: :mod:`autograder.answers`) and gives it
+  called from a learner's function: :mod:`autograder.rank.runtime_copies`) and gives it
   no marks.
 * :class:`VirtualClock` and :class:`SimulatedWorkload` make timing *methods*
   testable on any machine: a simulated workload advances a virtual clock by

@@ -52,11 +52,11 @@ from torch import nn
 from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 
-from ...diagnosis import diagnose
-from ...grading import launch_files, launch_timeout
-from ...parity import parity
-from ...registry import Exercise
-from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from ...grader.diagnosis import diagnose
+from ...grader.launches import launch_files, launch_timeout
+from ...grader.parity import parity
+from ...grader.registry import Exercise
+from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, eval_close, eval_drop_last,
                      eval_mean_of_means, eval_not_reduced, eval_padding_counted, eval_whole_set, inner_forward,
                      loss_over_world, loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised,

@@ -1,4 +1,4 @@
-"""Exercise 1's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+"""Exercise 1's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
 Each takes the :class:`~.observed.Run` of one world size; the check's criteria ask
 for them in four groups (ranks apart, shards, shuffle, step), most specific first.
@@ -9,8 +9,8 @@ import torch
 
 from distlab.data import digits
 
-from ...diagnosis import KnownError, mistake
-from ...parity import parity
+from ...grader.diagnosis import KnownError, mistake
+from ...grader.parity import parity
 from .observed import Run
 from .probes import ATOL, CONFIG, EVAL
 

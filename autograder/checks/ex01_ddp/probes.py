@@ -19,7 +19,7 @@ import distlab
 from distlab.data import RecordingDataset, digits
 from distlab.models import cpu_state, make_mlp
 
-from ...harness import CapturedPrints, DDPSpy, Replace, SaveSpy, attempt, echo, load_learner, own_rendezvous, raised_at
+from ...rank import CapturedPrints, DDPSpy, Replace, SaveSpy, attempt, echo, load_learner, own_rendezvous, raised_at
 
 CONFIG = dict(epochs=2, batch_size=32, lr=0.2, seed=7)
 # evaluate_ddp's data set: the first EVAL_N digits, which neither world size divides (the sampler pads 1

@@ -43,11 +43,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ...diagnosis import diagnose
-from ...parity import parity
-from ...grading import launch_files, launch_timeout
-from ...registry import Exercise
-from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from ...grader.diagnosis import diagnose
+from ...grader.parity import parity
+from ...grader.launches import launch_files, launch_timeout
+from ...grader.registry import Exercise
+from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, local_count, mean_of_means,
                      never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted,
                      step_every_micro_step, step_misplaced, window_in_words, zero_grad_before_step,

@@ -18,7 +18,7 @@ from distlab.data import digits
 from distlab.measure.ddp_hooks import BucketLog
 from distlab.models import cpu_state, make_mlp
 
-from ...harness import CapturedPrints, echo, load_learner
+from ...rank import CapturedPrints, echo, load_learner
 
 LR = 0.5
 MODEL = dict(hidden=32)

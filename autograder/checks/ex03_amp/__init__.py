@@ -19,7 +19,7 @@ references computed here:
   clipped norm, and a window whose one micro-batch overflows skipped whole, the scale halved once;
 * ``distlab.measure.timing.median_seconds`` and ``distlab.measure.memory.saved_tensor_bytes`` (and
   ``distributed_median_seconds``), which the notebooks use, are working copies of the graded
-  ``median_seconds`` and ``saved_bytes`` (:mod:`autograder.answers`). A copy handed in (imported,
+  ``median_seconds`` and ``saved_bytes`` (:mod:`autograder.rank.runtime_copies`). A copy handed in (imported,
   aliased, delegating, also through a name bound at import or ``distlab.measure.memory.peak_memory``, or
   called by ``compare`` instead of the learner's own) earns none of its function's criteria, and the
   real model is then not measured (its seconds would be the runtime's).
@@ -55,13 +55,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ...diagnosis import diagnose
-from ...grading import launch_files, launch_timeout
-from ...parity import parity
-from ...registry import Exercise
-from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .accumulation import INF_MICRO, K, WINDOWS, reference
-from .accumulation_causes import (backwards_not_k, broken as acc_broken, clipped_scaled as acc_clipped_scaled,
+from ...grader.diagnosis import diagnose
+from ...grader.launches import launch_files, launch_timeout
+from ...grader.parity import parity
+from ...grader.registry import Exercise
+from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
+from .accumulation.probes import INF_MICRO, K, WINDOWS, reference
+from .accumulation.causes import (backwards_not_k, broken as acc_broken, clipped_scaled as acc_clipped_scaled,
                                   not_divided, steps_not_one as acc_steps_not_one, unscaled_per_micro,
                                   updated_per_micro)
 from .causes import (KNOWN_ERRORS, broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing,

@@ -1,4 +1,4 @@
-"""Exercise 3's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+"""Exercise 3's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
 ``ex03_amp`` lists them in its docstring and asks for them, most specific first, when a criterion fails;
 each tests one part's observations (``probes`` runs the parts separately). :func:`broken` says
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ...diagnosis import KnownError, mistake, translate
+from ...grader.diagnosis import KnownError, mistake, translate
 from .workloads import BATCH, MAX_NORM, MEMORY_TRUTH, SHARED, reference_fp32
 
 KNOWN_ERRORS = [

@@ -1,7 +1,7 @@
-"""Exercise 3's hints, three tiers per criterion (``check(3, hint=k)``; :mod:`autograder.notebook`).
+"""Exercise 3's hints, three tiers per criterion (``check(3, hint=k)``; :mod:`autograder.commands.check`).
 
 1: a nudge towards the concept, 2: the mechanism, 3: the API to use. Plain data, read on its own
-(:func:`autograder.registry.hints`): no imports. Mixed precision as Micikevicius et al. (2018) define
+(:func:`autograder.grader.registry.hints`): no imports. Mixed precision as Micikevicius et al. (2018) define
 it: 16-bit matmuls, float32 master weights, loss scaling for float16.
 """
 

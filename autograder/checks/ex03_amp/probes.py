@@ -32,9 +32,9 @@ from distlab.measure.memory import peak_memory
 from distlab.models import cpu_state, make_mlp
 from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 
-from ...answers import RuntimeCopies
-from ...harness import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
-from . import accumulation
+from ...rank.runtime_copies import RuntimeCopies
+from ...rank import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
+from .accumulation import probes as accumulation
 from .workloads import (CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, RecordingScaler, RecordingSGD,
                         SharedViews, batches)
 

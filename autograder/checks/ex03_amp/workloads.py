@@ -24,7 +24,7 @@ from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 from distlab.measure.timing import SimulatedWorkload, VirtualClock
 
-from ...harness import Replace
+from ...rank import Replace
 
 STEPS, BATCH, LR, MAX_NORM = 12, 64, 0.1, 0.05  # MAX_NORM: small enough that every step clips
 MODEL = dict(hidden=64)

@@ -70,22 +70,22 @@ import torch
 
 from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT
 
-from ...diagnosis import diagnose
-from ...grading import launch_files, launch_timeout
-from ...parity import parity
-from ...registry import Exercise
+from ...grader.diagnosis import diagnose
+from ...grader.launches import launch_files, launch_timeout
+from ...grader.parity import parity
+from ...grader.registry import Exercise
 from distlab.measure.comm import label
 
-from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_backward,
                      no_reshard, nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded, root_only,
                      saved_everywhere, saved_nothing, some_blocks, steps_not_one)
-from .zero1_causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather,
+from .zero1.causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather,
                            z1_no_reduce_scatter, z1_not_written, z1_optimizer_full, z1_wrong_offset)
 from .observed import PARTS, Run
 from .probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS, rank_main
 from .reference import reference
-from .zero1 import ZERO1_MODEL
+from .zero1.probes import ZERO1_MODEL
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "MODEL", "WORLD_SIZES", "ZERO1_MODEL", "grade"]
 

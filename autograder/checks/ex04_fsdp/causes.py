@@ -1,4 +1,4 @@
-"""Exercise 4's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+"""Exercise 4's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
 Each takes the :class:`~.observed.Run` of one world size; the peak-memory ones also take
 the rank with the worst peak and the criterion's account of it, which their message quotes.
@@ -6,7 +6,7 @@ Part 1's (ZeRO-1) are in ``zero1_causes``.
 """
 from __future__ import annotations
 
-from ...diagnosis import KnownError, mistake, translate
+from ...grader.diagnosis import KnownError, mistake, translate
 from .observed import Run
 from .probes import MEASURE_STEP, MODEL
 

@@ -38,9 +38,9 @@ from distlab.lab.fsdp_memory import activation_bytes, expected_bytes, full_shape
 from distlab.measure.memory import PeakMemory
 from distlab.resmlp import make_resmlp
 
-from ...harness import (CapturedPrints, Replace, SaveSpy, echo, frames, grad_norm, learner_frame, load_learner,
+from ...rank import (CapturedPrints, Replace, SaveSpy, echo, frames, grad_norm, learner_frame, load_learner,
                         on_backward_start, raised)
-from .zero1 import observe_zero1
+from .zero1.probes import observe_zero1
 
 MODEL = dict(in_features=64, hidden=90, out_features=10, depth=8)
 STEPS, MICRO_BATCH, LR, SEED = 4, 8, 1e-2, 11

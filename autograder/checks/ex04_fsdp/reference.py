@@ -17,7 +17,7 @@ from torch.nn.utils import parameters_to_vector
 from distlab.resmlp import make_resmlp
 
 from .probes import LR, MODEL, SEED, data, global_batches
-from .zero1 import ZERO1_MODEL
+from .zero1.probes import ZERO1_MODEL
 
 
 def _train(model: nn.Module, world: int, each_step=None) -> None:

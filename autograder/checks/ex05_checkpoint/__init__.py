@@ -23,8 +23,8 @@ and only what differs is named. The uninterrupted run itself is compared, step b
 and in the same way, with a single-process reference of the contract (``reference``:
 one process plays both ranks), so a mistake both runs share (the scheduler stepped before
 the optimizer) fails too; a resumed run equal to the uninterrupted one then equals the reference.
-The uninterrupted runs' launch is traced (``harness.trace``): a failure that none of the causes below
-explains gets the first divergence from the reference solution's trace (``autograder.divergence``).
+The uninterrupted runs' launch is traced (``rank.trace``): a failure that none of the causes below
+explains gets the first divergence from the reference solution's trace (``autograder.grader.divergence``).
 
 | mistake | message |
 |---|---|
@@ -53,10 +53,10 @@ from typing import Sequence
 
 from distlab import LaunchError, RankFailure
 
-from ...grading import launch_timeout
-from ...parity import parity
-from ...registry import Exercise
-from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from ...grader.launches import launch_timeout
+from ...grader.parity import parity
+from ...grader.registry import Exercise
+from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded, not_pruned,
                      one_sided_collective, restart_error)
 from .observed import Run
@@ -175,8 +175,8 @@ def criteria(scenarios: Sequence[str] = SCENARIOS) -> list:
 
 
 def _failure(run: Run, path: Path, err: LaunchError | None) -> str:
-    """Why the uninterrupted run failed: a one-sided collective, else the error as run_one explains it."""
-    from ...run_one import explain
+    """Why the uninterrupted run failed: a one-sided collective, else the error as grader.main explains it."""
+    from ...grader.main import explain
     cause = one_sided_collective(run, "A") or one_sided_collective(run, "C", tag="first")
     if err is None:
         return cause or "the uninterrupted run returned no final state"

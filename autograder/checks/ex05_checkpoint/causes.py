@@ -1,4 +1,4 @@
-"""Exercise 5's likely mistakes, tested against what the ranks recorded (see autograder/diagnosis.py).
+"""Exercise 5's likely mistakes, tested against what the ranks recorded (see autograder/grader/diagnosis.py).
 
 Each takes the :class:`~.observed.Run` of one file. :func:`diagnose_resume`
 compares a resumed run with the uninterrupted one step by step and, at the first step where anything
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from distlab import LaunchError, pick_backend
 
-from ...diagnosis import KnownError, mistake
-from ...parity import parity
+from ...grader.diagnosis import KnownError, mistake
+from ...grader.parity import parity
 from .observed import Run
 from .probes import DATA_SIZE, INTERRUPTED, RESUMED_FROM, RUN, WORLD
 from .reference import BATCH_SIZE, contract_batch, reference_run

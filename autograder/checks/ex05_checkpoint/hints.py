@@ -1,7 +1,7 @@
-"""Exercise 5's hints, three tiers per criterion (``check(5, hint=k)``; :mod:`autograder.notebook`).
+"""Exercise 5's hints, three tiers per criterion (``check(5, hint=k)``; :mod:`autograder.commands.check`).
 
 1: a nudge towards the concept, 2: the mechanism, 3: the API to use. Plain data, read on its own
-(:func:`autograder.registry.hints`): no imports. The checkpoint is PyTorch's Distributed Checkpoint
+(:func:`autograder.grader.registry.hints`): no imports. The checkpoint is PyTorch's Distributed Checkpoint
 (DCP, ``torch.distributed.checkpoint``) with staging and an atomic commit, as torchtitan's checkpointer does.
 """
 

@@ -43,9 +43,9 @@ from distlab.runtime.launch import target_string
 from distlab.data import RecordingDataset, synthetic_classification
 from distlab.measure.memory import local_tensor
 
-from ... import progress
-from ...grading import TRACES, traced, tracing
-from ...harness import CapturedPrints, Replace, echo, learner_frame, load_learner, trace
+from ...grader import progress
+from ...grader.launches import TRACES, traced, tracing
+from ...rank import CapturedPrints, Replace, echo, learner_frame, load_learner, trace
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
 DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the run crosses an epoch
@@ -128,7 +128,7 @@ def _spy(name: str):
 
 def _collective_spies() -> Replace:
     """Entered before the learner's file is imported, so ``from ... import get_state_dict`` (or
-    ``state_dict_saver.save``) binds the spy too (:class:`~autograder.harness.Replace`); the learner's own
+    ``state_dict_saver.save``) binds the spy too (:class:`~autograder.rank.Replace`); the learner's own
     ``torch.save`` calls (each rank's RNG state) are logged too, with what they held (not a collective)."""
     return Replace({(module, name): _spy(label) for module, name, label in COLLECTIVES + TORCH_SAVES
                     if getattr(module, name, None) is not None})
@@ -255,7 +255,7 @@ def _launch(paths: Sequence[str], outdirs: Sequence[str], phases: list[list[dict
     """One launch of each file's phases; a killed job is expected, so its error is returned, not raised."""
     t, error = time.perf_counter(), None
     files = f" for {len(paths)} files" if len(paths) > 1 else ""
-    # The uninterrupted runs are traced (harness.trace), for the first divergence from the reference's.
+    # The uninterrupted runs are traced (rank.trace), for the first divergence from the reference's.
     target, args = (traced, (target_string(rank_main),)) if label == "reference" and tracing() \
         else (rank_main, ())
     with progress.step(f"[W={world}] {label} launch, torchrun{files}"):

@@ -93,12 +93,12 @@ import torch
 
 from distlab.measure.timing import cpu_cores
 
-from ...diagnosis import diagnose
-from ...grading import launch_files, launch_timeout
-from ...registry import Exercise
-from ...report import ExerciseReport, Verdict, criterion, failed, passed
-from .alphabeta import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
-from .alphabeta_causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returned_nothing
+from ...grader.diagnosis import diagnose
+from ...grader.launches import launch_files, launch_timeout
+from ...grader.registry import Exercise
+from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
+from .alphabeta.reference import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
+from .alphabeta.causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returned_nothing
 from .causes import (KNOWN_ERRORS, REAL_CAUSES, cpu_clock, figure_per_rank, inner_forward, no_barrier, no_ddp,
                      no_figure, no_optimizer_step, no_start_barrier, no_step_function, one_rank_samples,
                      stepped_without_grad, summed_clocks, warmup_samples, warmup_timed)

@@ -1,4 +1,4 @@
-"""Exercise 6's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+"""Exercise 6's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
 The method's causes and the real step's each take the :class:`~.observed.Run`
 of one world size. The method's test the clock reads and collectives rank 0 made in
@@ -10,8 +10,8 @@ those between the clock reads; the efficiency's takes the throughputs and what
 """
 from __future__ import annotations
 
-from ...diagnosis import KnownError, mistake
-from ...parity import parity
+from ...grader.diagnosis import KnownError, mistake
+from ...grader.parity import parity
 from .observed import Run
 from .probes import SYNTH, TOL
 

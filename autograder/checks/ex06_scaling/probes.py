@@ -3,8 +3,8 @@ the learner's benchmark run on the real model, and its α-β fit and prediction 
 
 Everything here observes; the verdicts, and the truth from the recorded step times, are computed in
 ``ex06_scaling``. The instruments that replace library functions (the clocks and collectives of
-:class:`MethodSpy`, DDP's constructor, forward and comm-hook registration in :class:`~autograder.harness.DDPSpy`) are
-entered before the learner's file is imported (:class:`~autograder.harness.Replace`), so ``from time
+:class:`MethodSpy`, DDP's constructor, forward and comm-hook registration in :class:`~autograder.rank.DDPSpy`) are
+entered before the learner's file is imported (:class:`~autograder.rank.Replace`), so ``from time
 import perf_counter`` or ``from torch.distributed import barrier`` are seen as ``time.perf_counter()``
 and ``dist.barrier()`` are; they record only while a run is watched.
 """
@@ -27,8 +27,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 import distlab
 from distlab.models import cpu_state, make_mlp
 
-from ...harness import CapturedPrints, DDPSpy, Replace, attempt, echo, load_learner, raised_at
-from .alphabeta import CASES, DATASETS
+from ...rank import CapturedPrints, DDPSpy, Replace, attempt, echo, load_learner, raised_at
+from .alphabeta.reference import CASES, DATASETS
 
 SYNTH = dict(batch_size=32, warmup=2, iters=8)
 # Rank r's timed steps take STEP_S * (1 + SLOWER_PER_RANK * r); the warm-up steps WARMUP_STEP_S, except
@@ -223,7 +223,7 @@ def _pair(value) -> tuple[float, float] | None:
 def numbers_by_line(fn, path: str, kwargs: dict) -> tuple[object, list[dict]]:
     """``fn(**kwargs)``, and each number a line of it assigned to a local (or returned), in order: where a
     wrong prediction first leaves the model's quantities, the grader names that line. The learner's own code
-    object is traced: under ``harness.trace`` their function is wrapped (``functools.wraps``, unwrapped here)."""
+    object is traced: under ``rank.trace`` their function is wrapped (``functools.wraps``, unwrapped here)."""
     code, numbers, last, where = getattr(inspect.unwrap(fn), "__code__", None), [], dict(kwargs), [None]
 
     def local(frame, event, arg):

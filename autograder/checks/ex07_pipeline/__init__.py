@@ -42,11 +42,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ...diagnosis import diagnose, translate
-from ...grading import launch_files, launch_timeout
-from ...parity import parity
-from ...registry import Exercise
-from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from ...grader.diagnosis import diagnose, translate
+from ...grader.launches import launch_files, launch_timeout
+from ...grader.parity import parity
+from ...grader.registry import Exercise
+from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, count_scales, deadlock,
                      gradients_not_sent, ignores_received, last_loss, loss_not_scaled, mean_of_scaled, no_microbatches,
                      pieces_of_n_rows, sent_after_loop, unmatched)

@@ -1,4 +1,4 @@
-"""Exercise 7's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+"""Exercise 7's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
 Each takes the :class:`~.observed.Run` of one file and the part being judged
 (``"count"``, ``"loss"``, ``"grads0"``, ``"grads1"`` or ``"overlap"``): the send and recv protocol's
@@ -11,7 +11,7 @@ import re
 
 import torch
 
-from ...diagnosis import KnownError, mistake
+from ...grader.diagnosis import KnownError, mistake
 from .observed import Run
 from .probes import BATCH, MICRO
 

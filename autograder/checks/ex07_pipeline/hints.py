@@ -1,7 +1,7 @@
-"""Exercise 7's hints, three tiers per criterion (``check(7, hint=k)``; :mod:`autograder.notebook`).
+"""Exercise 7's hints, three tiers per criterion (``check(7, hint=k)``; :mod:`autograder.commands.check`).
 
 1: a nudge towards the concept, 2: the mechanism, 3: the API to use. Plain data, read on its own
-(:func:`autograder.registry.hints`): no imports. The schedule is GPipe's (Huang et al., 2019): all
+(:func:`autograder.grader.registry.hints`): no imports. The schedule is GPipe's (Huang et al., 2019): all
 micro-batches forward, then all backward.
 """
 

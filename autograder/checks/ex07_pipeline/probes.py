@@ -2,7 +2,7 @@
 grader built, and record every forward, backward, send and recv it makes.
 
 Everything here observes; the verdicts are computed in ``ex07_pipeline``. Each file runs in a
-process group of its own (``harness.own_rendezvous``), so a file whose sends and recvs do not
+process group of its own (``rank.own_rendezvous``), so a file whose sends and recvs do not
 match cannot hang the files after it:
 
 * a rank that returns (or raises) leaves its group, and a peer still waiting in ``dist.recv`` or
@@ -26,8 +26,8 @@ from distlab.models import make_mlp
 from distlab.lab.pipeline.timeline import Delay, TimedStage
 from distlab.runtime.process import time_scale
 
-from ...harness import CapturedPrints, P2PSpy, echo, learner_frame, load_learner, own_rendezvous, raised
-from ...harness.errors import values_at
+from ...rank import CapturedPrints, P2PSpy, echo, learner_frame, load_learner, own_rendezvous, raised
+from ...rank.errors import values_at
 
 BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 64, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
 DELAYS = (0.03, 0.015)                           # seconds of "compute" per forward, stage 0 and stage 1

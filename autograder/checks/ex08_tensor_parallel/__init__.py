@@ -39,11 +39,11 @@ from typing import Sequence
 
 import torch
 
-from ...diagnosis import diagnose, translate
-from ...grading import launch_files, launch_timeout
-from ...parity import parity
-from ...registry import Exercise
-from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from ...grader.diagnosis import diagnose, translate
+from ...grader.launches import launch_files, launch_timeout
+from ...grader.parity import parity
+from ...grader.registry import Exercise
+from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, averaged, bias_fit, bias_on_every_rank, describe, forward_returned_nothing,
                      gradient_stopped, input_not_replicated, no_backward_reduce, no_forward_reduce, not_own_shard,
                      summary, swapped, unsplit_kept, view_kept, wrong_dimension)

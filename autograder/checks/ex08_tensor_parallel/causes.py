@@ -1,4 +1,4 @@
-"""Exercise 8's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+"""Exercise 8's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
 Each takes the :class:`~.observed.Run` of one file at one world size and
 the part being judged (``"shards"``, ``"forward"``, ``"bias"``, ``"communication"``, ``"x_grad"``,
@@ -12,8 +12,8 @@ import re
 
 import torch
 
-from ...diagnosis import KnownError, mistake
-from ...parity import parity
+from ...grader.diagnosis import KnownError, mistake
+from ...grader.parity import parity
 from .observed import Run
 from .probes import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
 

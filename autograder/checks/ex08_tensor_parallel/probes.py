@@ -30,7 +30,7 @@ from torch import nn
 import distlab
 from distlab.measure.comm import CollectiveRecorder
 
-from ...harness import CapturedPrints, echo, learner_frame, load_learner, raised
+from ...rank import CapturedPrints, echo, learner_frame, load_learner, raised
 
 D, H, B = 16, 96, 12   # block Linear(D, H) -> GELU -> Linear(H, D) on B rows; H/W (48, 24) is neither D nor B
 SEED = 8

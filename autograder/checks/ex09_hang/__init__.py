@@ -28,11 +28,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ...diagnosis import diagnose
-from ...grading import launch_files, launch_timeout
-from ...parity import parity
-from ...registry import Exercise
-from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from ...grader.diagnosis import diagnose
+from ...grader.launches import launch_files, launch_timeout
+from ...grader.parity import parity
+from ...grader.registry import Exercise
+from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, count_not_reduced, grads_not_reduced, no_all_reduce,
                      no_update, parted, skipped_everywhere, skipped_on_empty, stale_gradient, zero_gradients)
 from .observed import Run

@@ -1,8 +1,8 @@
 """The named mistakes of exercise 9: each tests one file's observations and returns its message, or
-``None`` when it does not explain them (``autograder/diagnosis.py``)."""
+``None`` when it does not explain them (``autograder/grader/diagnosis.py``)."""
 from __future__ import annotations
 
-from ...diagnosis import mistake
+from ...grader.diagnosis import mistake
 from .observed import Run
 from .probes import STEPS
 

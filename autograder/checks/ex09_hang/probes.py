@@ -27,7 +27,7 @@ from distlab.measure.comm import CollectiveRecorder
 from distlab.models import cpu_state
 from distlab.runtime.distributed import default_timeout, init_distributed
 
-from ...harness import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
+from ...rank import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
 
 STEPS, LR = KEEP_STEPS, 0.5
 EMPTY = EMPTY_STEPS

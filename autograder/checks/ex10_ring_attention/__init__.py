@@ -51,11 +51,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ...diagnosis import diagnose, translate
-from ...grading import launch_files, launch_timeout
-from ...parity import parity
-from ...registry import Exercise
-from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from ...grader.diagnosis import diagnose, translate
+from ...grader.launches import launch_files, launch_timeout
+from ...grader.parity import parity
+from ...grader.registry import Exercise
+from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, never_waited, not_home,
                      unwritten)
 from .observed import Run

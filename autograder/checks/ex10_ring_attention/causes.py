@@ -1,4 +1,4 @@
-"""Exercise 10's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+"""Exercise 10's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
 The ring's protocol (a deadlock, the wrong neighbour, forwarding the wrong shard) explains any failure, in
 the forward and in the backward (``Run.backward()``, the same view of the second ring); a wrong merge,
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...diagnosis import KnownError, mistake
+from ...grader.diagnosis import KnownError, mistake
 from .observed import Run
 from .reference import GRADS, HEAD_DIM, noncausal, replay, replay_backward
 

@@ -3,7 +3,7 @@ shard of the grader's ``q, k, v``, then its ``ring_attention_backward`` on the s
 ``out``, ``lse`` and ``dout`` (so a wrong forward costs the backward nothing), and record every send and
 receive of each (also those posted through ``dist.batch_isend_irecv``) and every collective.
 
-Each file runs in a process group of its own (``harness.own_rendezvous``): a ring whose sends and
+Each file runs in a process group of its own (``rank.own_rendezvous``): a ring whose sends and
 receives do not match (every rank in a blocking ``send``, a receive from the wrong neighbour) times out
 after ``p2p_timeout_s`` (gloo), the error is caught here and returned with the rest, and the next ring
 starts clean. The backward runs in the forward's group where the forward left it clean on every rank,
@@ -24,7 +24,7 @@ import distlab
 from distlab.measure.comm import CollectiveRecorder
 from distlab.runtime.process import time_scale
 
-from ...harness import CapturedPrints, P2PSpy, attempt, echo, learner_frame, load_learner, own_rendezvous, raised
+from ...rank import CapturedPrints, P2PSpy, attempt, echo, learner_frame, load_learner, own_rendezvous, raised
 from .reference import GRADS, backward_inputs, shard, whole
 
 P2P_TIMEOUT_S = 3.0  # x DISTLAB_TIME_SCALE: a healthy ring waits milliseconds for its neighbour

@@ -29,11 +29,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ...diagnosis import diagnose, translate
-from ...grading import launch_files, launch_timeout
-from ...parity import parity
-from ...registry import Exercise
-from ...report import ExerciseReport, Verdict, criterion, failed, passed
+from ...grader.diagnosis import diagnose, translate
+from ...grader.launches import launch_files, launch_timeout
+from ...grader.parity import parity
+from ...grader.registry import Exercise
+from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, dropped_sent, no_exchange_collective, not_autograd, not_exchanged, not_inverted,
                      returned_none, wrong_order)
 from .observed import Run

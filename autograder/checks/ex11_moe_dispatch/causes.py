@@ -1,4 +1,4 @@
-"""Exercise 11's likely mistakes, tested against what the ranks observed (see autograder/diagnosis.py).
+"""Exercise 11's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
 Each takes the :class:`~.observed.Run` of one file at one world size and returns its message with the
 numbers of the run, or ``None`` when it does not explain what was seen.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ...diagnosis import KnownError, mistake
+from ...grader.diagnosis import KnownError, mistake
 from .observed import Run
 
 KNOWN_ERRORS = [

@@ -1,4 +1,4 @@
-"""Exercise 11's hints, three tiers per criterion (``check(11, hint=k)``; :mod:`autograder.notebook`).
+"""Exercise 11's hints, three tiers per criterion (``check(11, hint=k)``; :mod:`autograder.commands.check`).
 
 1: a nudge towards the concept, 2: the mechanism, 3: the API to use. Plain data, read on its own: no
 imports. The dispatch is GShard's (Lepikhin et al., 2020) without its padding: uneven splits.

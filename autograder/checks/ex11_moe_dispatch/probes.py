@@ -22,7 +22,7 @@ import distlab
 from distlab.lab.expert_parallel import seeded_moe
 from distlab.measure.comm import CollectiveRecorder
 
-from ...harness import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
+from ...rank import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
 
 T, HIDDEN, FFN, TOP_K, CAPACITY_FACTOR, SEED = 24, 8, 16, 1, 1.25, 14
 STAGES = ("sort", "exchange", "dispatch", "combine", "backward")

@@ -15,7 +15,7 @@ from distlab import torchrun
 from distlab.runtime.launch import target_string
 
 from . import progress
-from .harness.trace import traced_main as traced
+from ..rank.trace import traced_main as traced
 from .registry import Exercise
 
 # What a grading subprocess spends outside its launches: starting Python and torch, the
@@ -52,19 +52,19 @@ def launch_files(rank_main: Callable, paths: Sequence[str | Path], *, world: int
 
 
 def tracing() -> bool:
-    """Whether launches run their ranks under ``harness.trace`` (``DISTLAB_TRACE=0``: not)."""
+    """Whether launches run their ranks under ``rank.trace`` (``DISTLAB_TRACE=0``: not)."""
     import os
 
     return os.environ.get("DISTLAB_TRACE", "1") != "0"
 
 
-# Every launch's trace of each file graded (``harness.trace``), per path: one entry per launch, each the
+# Every launch's trace of each file graded (``rank.trace``), per path: one entry per launch, each the
 # ranks' traces in rank order. ``divergence`` compares them with the reference's, and takes them.
 TRACES: dict[str, list[list[list[dict]]]] = {}
 
 
 def keep_traces(paths: Sequence[str | Path], got: dict) -> object:
-    """What ``harness.trace.traced_main`` returned on one rank (ranks in order): its traces go in
+    """What ``rank.trace.traced_main`` returned on one rank (ranks in order): its traces go in
     :data:`TRACES` (rank 0 opens this launch's entry), its results are returned."""
     if not (isinstance(got, dict) and "traces" in got):
         return got

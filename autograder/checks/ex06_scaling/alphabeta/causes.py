@@ -1,4 +1,4 @@
-"""Exercise 6's likely mistakes in the α-β part (see autograder/diagnosis.py): each names the variant of the
+"""Exercise 6's likely mistakes in the α-β part (see autograder/grader/diagnosis.py): each names the variant of the
 ring model (``alphabeta``) that makes the learner's figures from the same inputs.
 
 The fit's (``FIT_CAUSES``) take the learner's ``(alpha, beta)`` and the set of times it was given, and fit
@@ -8,8 +8,8 @@ first.
 """
 from __future__ import annotations
 
-from ...diagnosis import mistake
-from .alphabeta import (CASES, ELEMENT_BYTES, FIT_VARIANTS, NOISE, PREDICT_RTOL, PREDICT_VARIANTS, allreduce_s,
+from ....grader.diagnosis import mistake
+from .reference import (CASES, ELEMENT_BYTES, FIT_VARIANTS, NOISE, PREDICT_RTOL, PREDICT_VARIANTS, allreduce_s,
                         close, fit, predict, quantities)
 
 

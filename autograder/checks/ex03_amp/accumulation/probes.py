@@ -12,7 +12,7 @@ grading process (:func:`reference`, the same window written the right way, in on
 
 Per window a recording GradScaler logs the calls in order (``scale``, ``backward``, ``unscale_``, ``step``,
 ``optimizer.step``, ``update``) and a recording optimizer the gradient norm it steps with. A window that
-raises keeps the events logged until then and the learner's line (:func:`autograder.harness.learner_frame`).
+raises keeps the events logged until then and the learner's line (:func:`autograder.rank.learner_frame`).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from torch import nn
 
 from distlab.models import cpu_state, make_mlp
 
-from ...harness import attempt, grad_norm, learner_frame, raised
-from .workloads import LR, MAX_NORM, MODEL, RecordingScaler, RecordingSGD, batches
+from ....rank import attempt, grad_norm, learner_frame, raised
+from ..workloads import LR, MAX_NORM, MODEL, RecordingScaler, RecordingSGD, batches
 
 K, WINDOWS = 4, 3        # micro-batches per window (of BATCH // K samples each), windows in the parity run
 NO_CLIP = 1e9            # a max_norm no gradient reaches, scaled or not: the parity run's update is unclipped

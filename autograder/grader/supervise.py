@@ -21,7 +21,7 @@ from distlab.runtime.sandbox import SCRATCH_VAR, STUDENT_USER_VAR, SandboxError,
 from .progress import Callback, relay
 from .registry import Exercise, exercises
 from .report import ExerciseReport
-from .stubs import untouched
+from ..commands.stubs import untouched
 
 DEFAULT_DIR = REPO_ROOT / "exercises"
 
@@ -30,13 +30,13 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
               on_progress: Callback = None, learner: str | None = None) -> ExerciseReport:
     """Grade ``ex`` from the file in ``directory`` in a subprocess limited to ``time_limit`` s.
 
-    The grading subprocess (``autograder.run_one``) runs as this process's user and never imports
+    The grading subprocess (``autograder.grader.main``) runs as this process's user and never imports
     the learner's file; only the torchrun ranks it launches do, as the learner user in the grading
     image (:mod:`distlab.runtime.sandbox`). Its report goes to a private folder that nothing of the
     learner's ever learns the name of, and that the learner user cannot enter; the ranks get a
     separate scratch folder as their ``TMPDIR``. ``on_progress`` receives a line as each launch
-    or scenario starts and ends (:mod:`autograder.progress`). ``learner``: in the sandbox, the user
-    this grading's ranks run as (default ``DISTLAB_STUDENT_USER``; :mod:`autograder.classroom` gives
+    or scenario starts and ends (:mod:`autograder.grader.progress`). ``learner``: in the sandbox, the user
+    this grading's ranks run as (default ``DISTLAB_STUDENT_USER``; :mod:`autograder.commands.classroom` gives
     each concurrent grading its own).
     """
     time_limit = (time_limit or ex.time_limit) * time_scale()
@@ -59,7 +59,7 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
         progress = Path(private) / "progress"  # the launches count their ranks' advances here
         env = {**os.environ, "TMPDIR": scratch, SCRATCH_VAR: scratch, PROGRESS_VAR: str(progress),
                "PYTHONPATH": with_repo_on_path(os.environ), **({STUDENT_USER_VAR: learner} if learner else {})}
-        cmd = [sys.executable, "-m", "autograder.run_one", str(ex.number), str(path.resolve()), str(out)]
+        cmd = [sys.executable, "-m", "autograder.grader.main", str(ex.number), str(path.resolve()), str(out)]
         limit = ProgressLimit(str(progress), time_limit, recent_s=5 * time_scale())
         finished = run_contained(cmd, timeout=time_limit, env=env, cwd=REPO_ROOT, on_line=relay(on_progress),
                                  should_stop=limit)

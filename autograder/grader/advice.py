@@ -5,7 +5,7 @@ A failing criterion's feedback often ends with a step to take ("call sampler.set
 epoch", "wrap it in DistributedDataParallel", "save scheduler.state_dict()"). Where the learner did take
 that step, at the wrong moment or on another object, such advice sends them to fix what is not broken
 (issue 25's "wrong advice" class). This module reads the steps a message advises, each by a pattern of
-its imperative (:data:`STEPS`), and looks for them in the learner's trace (:mod:`.harness.trace`: the
+its imperative (:data:`STEPS`), and looks for them in the learner's trace (:mod:`autograder.rank.trace`: the
 events of the run, each at the learner's line). :func:`violations` lists every message that advises a
 step the trace shows was taken; ``benchmarks.bench_feedback`` counts them per exercise (the goal: none).
 

@@ -8,7 +8,7 @@ the learner called entered; the calls whose effect nothing else shows, with thei
 group made and left, a model wrapped in DDP, a DistributedSampler built and its epoch set, gradients zeroed, a
 checkpoint committed or pruned; the values of small collectives the learner's line calls itself, such as a metric's
 all-reduce; and what each of the learner's functions returned), each with the learner's file, line and code, so that
-:mod:`autograder.divergence` can report the first event where the learner's run and the reference's
+:mod:`autograder.grader.divergence` can report the first event where the learner's run and the reference's
 part ways. This is the "trace differencing" of record-and-replay debuggers (rr; Zeller's *Why
 Programs Fail*, ch. 14, "isolating failure causes") applied to a training loop.
 
@@ -314,6 +314,6 @@ def traced_main(target: str, *args, **kwargs) -> dict:
         try:
             results = resolve(target)(*args, **kwargs)
         except Exception as exc:
-            note_values(exc, tracer.path)  # the tensors on the learner's line, shown by run_one.explain
+            note_values(exc, tracer.path)  # the tensors on the learner's line, shown by grader.main.explain
             raise
     return {"results": results, "traces": tracer.traces, "rank": int(os.environ.get("RANK", "0"))}

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from . import checks
+from .. import checks
 from .report import ExerciseReport
 
 

@@ -10,7 +10,7 @@ at a time"), and the one-factor-at-a-time isolation of delta debugging (Zeller a
 The variants are written to a temporary directory (the reference's code never enters the learner's
 own file) and graded in one call of the check's ``grade`` (one launch for all of them). Note that a
 variant holds the reference's function: a learner's code that reads its own file could print it, so
-the grader runs this only where the learner cannot read the job's log (``run_one``, opt-in).
+the grader runs this only where the learner cannot read the job's log (``grader.main``, opt-in).
 """
 from __future__ import annotations
 

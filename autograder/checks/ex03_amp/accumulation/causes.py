@@ -7,10 +7,10 @@ PyTorch raises for them, ahead of the check's own ``KNOWN_ERRORS`` (the same "un
 """
 from __future__ import annotations
 
-from ...diagnosis import KnownError, mistake, translate
-from .accumulation import K, reference
-from .causes import KNOWN_ERRORS
-from .workloads import MAX_NORM
+from ....grader.diagnosis import KnownError, mistake, translate
+from .probes import K, reference
+from ..causes import KNOWN_ERRORS
+from ..workloads import MAX_NORM
 
 PER_WINDOW = "scale and backward once per micro-batch, then unscale_, clip, step and update once per window"
 ACCUMULATION_ERRORS = [

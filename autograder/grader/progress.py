@@ -1,7 +1,7 @@
 """Progress of a grading, from the grading subprocess to whoever waits for it.
 
 Grading one exercise takes 10-60 s, most of it in torchrun launches. The grading subprocess
-(``run_one``) announces each launch or scenario as it starts and ends, one line on its stdout
+(``grader.main``) announces each launch or scenario as it starts and ends, one line on its stdout
 with :data:`PREFIX`; the runner passes those lines (and only those: the ranks' own output never
 reaches that stdout) to an ``on_progress`` callback, which the notebook's ``check(N)`` prints in
 the running cell and the CLI prints on stderr.

@@ -1,4 +1,4 @@
-"""Make the learner's stubs from the reference solutions: ``python -m autograder.stubs [--check]``.
+"""Make the learner's stubs from the reference solutions: ``python -m autograder.commands.stubs [--check]``.
 
 Every ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region in
 ``solutions/*.py`` becomes ``raise NotImplementedError`` in ``exercises/``,

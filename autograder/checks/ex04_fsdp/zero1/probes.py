@@ -26,7 +26,7 @@ from torch.nn.utils import parameters_to_vector
 from distlab.measure.comm import CollectiveRecorder
 from distlab.resmlp import make_resmlp
 
-from ...harness import learner_frame, raised
+from ....rank import learner_frame, raised
 
 # A model whose parameter count neither 2 nor 4 divides: 21489 parameters, padded by 1 at W=2 and by 3 at W=4.
 ZERO1_MODEL = dict(in_features=64, hidden=47, out_features=10, depth=2)

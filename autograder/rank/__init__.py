@@ -5,7 +5,7 @@
 * :mod:`.spies`: the spies made of it (``torch.save``, DDP, collectives, point-to-point) and the hooks;
 * :mod:`.errors`: what the learner's code raised and where (:func:`attempt`, :func:`learner_frame`);
 * :mod:`.trace`: every rank_main's events, at the learner's lines (``grading.launch_files`` runs it), for
-  ``autograder.divergence``'s first difference from the reference (:mod:`.events`: what its events hold).
+  ``autograder.grader.divergence``'s first difference from the reference (:mod:`.events`: what its events hold).
 
 They observe; they never decide. Each rank returns what they saw (plain tensors, lists, strings) and
 the verdict is computed in the grading process.

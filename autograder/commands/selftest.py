@@ -3,7 +3,7 @@
 The one command an instructor runs on a new GPU box, or in the grading image,
 before grading a class. It grades every reference solution (``solutions/``,
 full marks expected) and every stub (``exercises/``, 0 expected) exactly as a
-learner's file is graded (:func:`autograder.runner.grade_one`: one subprocess
+learner's file is graded (:func:`autograder.grader.supervise.grade_one`: one subprocess
 per exercise under its time limit), launches a tiny probe at W=1, 2 and 4 that
 all-reduces on each rank's device (under NCCL that is the GPU check), and
 reports the versions, the sandbox and the time of each grading against its
@@ -25,8 +25,8 @@ from distlab.runtime.launch import TIME_SCALE_VAR, LaunchError, time_scale
 from distlab.runtime.process import calibrate
 from distlab.runtime.sandbox import status as sandbox_status
 
-from .registry import Exercise, exercises
-from .runner import REPO_ROOT, grade_one
+from ..grader.registry import Exercise, exercises
+from ..grader.supervise import REPO_ROOT, grade_one
 
 SOLUTIONS_DIR = REPO_ROOT / "solutions"
 STUBS_DIR = REPO_ROOT / "exercises"

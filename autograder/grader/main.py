@@ -1,4 +1,4 @@
-"""Grade one exercise and write its report as JSON: ``python -m autograder.run_one N FILE OUT``.
+"""Grade one exercise and write its report as JSON: ``python -m autograder.grader.main N FILE OUT``.
 
 The CLI runs this in a subprocess per exercise, with a time limit, so one
 exercise that hangs or crashes the interpreter costs only its own marks.
@@ -18,7 +18,7 @@ from distlab.runtime.sandbox import SandboxError
 
 from . import divergence
 from .diagnosis import KnownError, translate
-from .harness.errors import learner_frame, values_noted
+from ..rank.errors import learner_frame, values_noted
 from .registry import check_modules
 
 

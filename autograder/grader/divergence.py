@@ -1,8 +1,8 @@
 """The first divergence from the reference: feedback for a mistake no check anticipated.
 
-A check names the causes it anticipated (:func:`autograder.diagnosis.mistake`); a mistake outside its
+A check names the causes it anticipated (:func:`autograder.grader.diagnosis.mistake`); a mistake outside its
 list used to fall to the symptom ("weights differ"). Here the grader compares the learner's trace
-(:mod:`autograder.harness.trace`, recorded in the ranks) with the reference solution's, recorded by
+(:mod:`autograder.rank.trace`, recorded in the ranks) with the reference solution's, recorded by
 the same recorder on the same inputs, and reports the first event where they differ, what each side
 held, and the learner's line: record-and-compare localisation, as in delta debugging's "isolating
 failure-inducing differences" (Zeller, *Why Programs Fail*, ch. 14) and the differential
@@ -27,7 +27,7 @@ FIELD_WORDS = {"lr": "learning rate", "params": "the parameters' sum after the s
                "shape": "shape", "peer": "peer", "module": "module", "kind": "kind", "group": "group size",
                "epoch": "epoch", "rng": "RNG state", "held": "what it held", "returned": "what it returned",
                "args": "its arguments"}
-# The events of calls recorded by name (harness.trace.CALLS), as the learner wrote them.
+# The events of calls recorded by name (rank.trace.CALLS), as the learner wrote them.
 CALLED = {"init_process_group": "dist.init_process_group", "destroy_process_group": "dist.destroy_process_group",
           "DistributedDataParallel": "DistributedDataParallel", "DistributedSampler": "DistributedSampler",
           "zero_grad": "zero_grad", "set_epoch": "sampler.set_epoch", "commit": "commit", "prune": "prune"}
@@ -220,7 +220,7 @@ def solution_path(check):
 def reference_traces(check, **kwargs) -> list:
     """The reference solution's traces, graded by ``check`` as the learner's file was (once per process);
     ``[]`` where it cannot be read (the grading image keeps ``solutions/`` from the learner's user)."""
-    from .grading import TRACES
+    from .launches import TRACES
 
     key = (check.__name__, repr(sorted(kwargs.items())))  # as grade() keys it
     if key not in _REFERENCE:
@@ -242,7 +242,7 @@ def grade(check, paths: Sequence, *, localise: bool = False, with_reference: boo
     (:mod:`.substitute`: one more grading of as many variants as the exercise has graded functions).
     ``with_reference``: grade the reference in the same call (one launch less where a failure is likely).
     ``kept``: a dict that receives each path's traces (``advice.violations`` reads them)."""
-    from .grading import TRACES
+    from .launches import TRACES
     from .substitute import localise as swap
 
     key, solution = (check.__name__, repr(sorted(kwargs.items()))), solution_path(check)

@@ -4,7 +4,7 @@ grading process say it.
 A rank catches an error in one part of the learner's code (:func:`attempt`) so that the parts that
 could still be judged keep their marks, and reports it as :func:`raised` writes it, at the
 :func:`learner_frame` it came from. The grading process reads the same frames back from a rank's
-traceback text (``run_one.explain``), so both say ``"ex01_ddp.py line 42 in train_ddp: <code>"``.
+traceback text (``grader.main.explain``), so both say ``"ex01_ddp.py line 42 in train_ddp: <code>"``.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ A cause must *test* the observation, never guess: advice that names a step the l
 
 Errors the learner's code raises for a known mistake ("unscale_() is being called after step()")
 are translated the same way, by :class:`KnownError` patterns a check lists in ``KNOWN_ERRORS``
-(``run_one.explain`` consults them, and :data:`COMMON_ERRORS`, before showing the raw error).
+(``grader.main.explain`` consults them, and :data:`COMMON_ERRORS`, before showing the raw error).
 
 Every check package's docstring carries a table "mistake -> message" listing its mistakes
 (``tests/test_report.py`` holds the tables to the declared names).
@@ -106,7 +106,7 @@ COMMON_ERRORS = (
                "not the others, so they waited for a partner that never came: every rank must make the "
                "same collective calls in the same order (do not put them under `if rank == 0:`)"),
     KnownError("a graded function renamed or missing",
-               r"AttributeError: module 'learner_ex\d+_\w+' has no attribute '\w+'",  # harness.load_learner's name
+               r"AttributeError: module 'learner_ex\d+_\w+' has no attribute '\w+'",  # rank.load_learner's name
                "the grader imports your file and calls the functions of the stub by their names: keep "
                "every function the stub defines, with its name and arguments (the name it looked for is "
                "in the error below)"),

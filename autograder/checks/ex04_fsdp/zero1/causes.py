@@ -1,15 +1,15 @@
 """Exercise 4's likely mistakes in part 1, ZeRO-1 by hand (``z1_...``, and ``padding_dropped``), tested against what
-the ranks observed (see autograder/diagnosis.py); part 2's (FSDP) are in ``causes``. Each takes the
+the ranks observed (see autograder/grader/diagnosis.py); part 2's (FSDP) are in ``causes``. Each takes the
 :class:`~.observed.Run` of one world size.
 """
 from __future__ import annotations
 
 from distlab.measure.comm import label
 
-from ...diagnosis import mistake, translate
-from .causes import KNOWN_ERRORS
-from .observed import Run
-from .reference import names_in
+from ....grader.diagnosis import mistake, translate
+from ..causes import KNOWN_ERRORS
+from ..observed import Run
+from ..reference import names_in
 
 
 def _slice(run: Run, s: int) -> str:

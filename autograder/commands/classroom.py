@@ -6,7 +6,7 @@ Across machines, each task of a Slurm job array grades one ``--slice K/N`` of th
 
 ROOT holds one folder per learner, named by the learner's id, each with any of the ``exNN_*.py``
 files. Every learner's every exercise is graded exactly as ``python -m autograder DIR`` grades it
-(:func:`autograder.runner.grade_one`: its own grading subprocess, its own launches, each contained),
+(:func:`autograder.grader.supervise.grade_one`: its own grading subprocess, its own launches, each contained),
 ``N`` gradings at a time, so no two learners' code ever share a process. The grades do not depend
 on ``N``: a grading that runs out of time while still advancing is *not graded*, never scored
 (slow is not wrong), so contention between gradings cannot turn time into marks.
@@ -35,9 +35,9 @@ from pathlib import Path
 
 from distlab.runtime.sandbox import STUDENT_USER_VAR, SandboxError, learner_user, preflight
 
-from .registry import Exercise, exercises
-from .report import ExerciseReport
-from .runner import grade_one
+from ..grader.registry import Exercise, exercises
+from ..grader.report import ExerciseReport
+from ..grader.supervise import grade_one
 
 USERS_VAR = "DISTLAB_STUDENT_USERS"
 RANKS_PER_JOB = 4  # the largest world a check launches (exercises 1, 2, 8 grade at W=4)

@@ -1,4 +1,4 @@
-"""The grader from a notebook cell: ``from autograder.notebook import check; check(1)``.
+"""The grader from a notebook cell: ``from autograder.commands.check import check; check(1)``.
 
 Runs exactly what ``make grade`` (``python -m autograder --exercise N``) runs: the same
 subprocess, checks and score. While it runs, the cell shows one line as each launch or scenario
@@ -7,7 +7,7 @@ plain text elsewhere. Raises :class:`ExerciseFailed` when the exercise is not fu
 nbgrader test cell calling it scores 0. Everything the ranks print stays in the grading
 subprocess, so nothing reaches the cell's stderr (nbgrader fails a test cell on any stderr output).
 
-Hints come in three tiers per criterion (the package's ``hints.py``, :func:`autograder.registry.hints`):
+Hints come in three tiers per criterion (the package's ``hints.py``, :func:`autograder.grader.registry.hints`):
 ``check(N, hint=1)`` adds, under each failed criterion's feedback, a nudge towards the concept; ``hint=2``
 the mechanism; ``hint=3`` the API to use. Tiers, not one full hint: the learner asks for as much help as
 they need, after a failure has told them what went wrong (the feedback names the cause; the hint helps
@@ -19,9 +19,9 @@ import html
 import time
 from pathlib import Path
 
-from .registry import Hints, exercises, hints
-from .report import ExerciseReport
-from .runner import DEFAULT_DIR, grade_one
+from ..grader.registry import Hints, exercises, hints
+from ..grader.report import ExerciseReport
+from ..grader.supervise import DEFAULT_DIR, grade_one
 
 
 class ExerciseFailed(AssertionError):

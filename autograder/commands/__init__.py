@@ -1,0 +1,1 @@
+"""The commands: grade, class, selftest, stubs, nbgrader and check(N)."""
