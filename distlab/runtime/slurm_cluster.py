@@ -1,4 +1,5 @@
-"""A real two-node Slurm cluster on one host, on loopback only, for tests/test_slurm_cluster.py.
+"""A real two-node Slurm cluster on one host, on loopback only: for trying course/slurm/ by hand, for the
+Slurm tier (tests/test_slurm_cluster.py) and for ``make bench``'s class row.
 
 Debian's slurm-wlm and munge (``.ci/run`` installs them). One ``munged`` with a
 key and socket of its own, one ``slurmctld`` and one ``slurmd -N NAME`` per node,
@@ -18,9 +19,9 @@ drops a GPU without a device file), answers ``--gpus-per-node=4``: Slurm sets
 client binds to that loopback address (``CommunicationParameters=NoCtldInAddrAny,
 NoInAddrAny``), not to all interfaces.
 
-By hand (root, from the repository): ``.venv/bin/python -m tests.slurm_cluster CMD...`` runs CMD
+By hand (root, from the repository): ``.venv/bin/python -m distlab.runtime.slurm_cluster CMD...`` runs CMD
 against a fresh cluster, with the interpreter's folder first on PATH, then stops it, e.g.
-``.venv/bin/python -m tests.slurm_cluster sbatch --wait --chdir=/tmp course/slurm/train.sbatch
+``.venv/bin/python -m distlab.runtime.slurm_cluster sbatch --wait --chdir=/tmp course/slurm/train.sbatch
 "$PWD/tests/targets/slurm_train.py" /tmp``.
 """
 from __future__ import annotations
@@ -328,11 +329,11 @@ PartitionName=debug Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE St
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m tests.slurm_cluster CMD [ARGS...]  (CMD runs with SLURM_CONF set)", file=sys.stderr)
+        print("usage: python -m distlab.runtime.slurm_cluster CMD [ARGS...]  (CMD runs with SLURM_CONF set)", file=sys.stderr)
         return 2
     why = missing()
     if why:
-        print(f"tests.slurm_cluster: {why}", file=sys.stderr)
+        print(f"distlab.runtime.slurm_cluster: {why}", file=sys.stderr)
         return 3
     with SlurmCluster() as cluster, contextlib.suppress(KeyboardInterrupt):
         print(f"cluster up: nodes {', '.join(cluster.names)}; SLURM_CONF={cluster.env()['SLURM_CONF']}", flush=True)
