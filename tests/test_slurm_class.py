@@ -1,4 +1,5 @@
-"""course/slurm/grade_class.sbatch as a real Slurm job array, on the two-node cluster of distlab/runtime/slurm_cluster.py.
+"""course/slurm/grade_class.sbatch as a real Slurm job array, on the two-node cluster of
+distlab/runtime/slurm_cluster.py.
 
 Four learners of exercise 7 (two correct, the stub, nothing), two array tasks: each grades its slice
 (``--slice K/2``) with real launches, and the last to finish merges the slices. Pass: both tasks

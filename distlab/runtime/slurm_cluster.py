@@ -329,7 +329,8 @@ PartitionName=debug Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE St
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m distlab.runtime.slurm_cluster CMD [ARGS...]  (CMD runs with SLURM_CONF set)", file=sys.stderr)
+        print("usage: python -m distlab.runtime.slurm_cluster CMD [ARGS...]  (CMD runs with SLURM_CONF set)",
+              file=sys.stderr)
         return 2
     why = missing()
     if why:
