@@ -57,19 +57,19 @@ bench: setup
 # make grade DIR=path/to/submission
 DIR ?= exercises
 grade: setup
-	$(BIN)/python -m autograder $(DIR)
+	$(BIN)/python -m autograder grade $(DIR)
 
 # Every solution must get full marks and every stub 0 here; exit status 1 names each surprise.
 selftest: setup
-	$(BIN)/python -m autograder --selftest
+	$(BIN)/python -m autograder selftest
 
 stubs: setup
-	$(BIN)/python -m autograder.commands.stubs
+	$(BIN)/python -m autograder stubs
 
 # Instructors: make nbgrader STEP=generate|release|collect|autograde|feedback|export|grade|mark [ARGS="--exercise 1"]
 STEP ?= grade
 nbgrader: setup
-	$(BIN)/python -m autograder.nbgrader $(STEP) $(ARGS)
+	$(BIN)/python -m autograder nbgrader $(STEP) $(ARGS)
 
 # Both images from docker/*.Dockerfile (docker/make-images.sh says how; IMAGES=learner for one).
 # make images BASE=local : for a machine that cannot pull base images (docker/make-base.sh)

@@ -17,7 +17,7 @@ from pathlib import Path
 from autograder.commands import classroom
 from autograder.grader.registry import exercises
 from benchmarks import Row
-from distlab import warm
+from distlab.runtime import warm
 from distlab.runtime.importing import REPO_ROOT
 
 LEARNERS = 2

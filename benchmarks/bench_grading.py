@@ -38,7 +38,7 @@ def _timed(fn):
 def _children_cpu_s() -> float:
     """CPU seconds (user + system) of every finished process this one started, and theirs, and of the
     jobs the warm launch server forked for them (it outlives them, so RUSAGE_CHILDREN misses those)."""
-    from distlab import warm
+    from distlab.runtime import warm
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime + warm.server_cpu_s()

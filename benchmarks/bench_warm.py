@@ -21,7 +21,7 @@ import distlab
 from autograder.grader.registry import exercises
 from autograder.grader.supervise import grade, grade_one
 from benchmarks import Row
-from distlab import warm
+from distlab.runtime import warm
 from distlab.runtime.importing import REPO_ROOT
 
 REPEATS = 3

@@ -237,10 +237,10 @@ plt.show()
 #   loss and accuracy one process computes over the 21, each rank reading only its shard.
 #
 # Run the cell below after each change (`check(1)`), or from a shell in the repository's root:
-# `make grade` grades every exercise, `.venv/bin/python -m autograder --exercise 1` this one.
+# `make grade` grades every exercise, `.venv/bin/python -m autograder grade --exercise 1` this one.
 # Until you fill the stubs in, it reports "not implemented yet".
 
 # %%
-from autograder.commands.check import check
+from autograder import check
 
 report = check(1, raise_on_fail=False)

@@ -375,6 +375,6 @@ assert sum(bytes_per_param("bf16").values()) == sum(bytes_per_param("fp32").valu
 # the whole batch's step, and names the mistake where they differ.
 
 # %%
-from autograder.commands.check import check
+from autograder import check
 
 report = check(3, raise_on_fail=False)

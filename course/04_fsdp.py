@@ -259,6 +259,6 @@ shard_guess.reveal(sum(fsdp_runs[0]["per block"]["measured"].values()) / unshard
 # fill it in).
 
 # %%
-from autograder.commands.check import check
+from autograder import check
 
 report = check(4, raise_on_fail=False)

@@ -276,6 +276,6 @@ lost_guess.reveal(killed_after - resumed_from[1])
 # weights bit for bit with a run that was never interrupted.
 
 # %%
-from autograder.commands.check import check
+from autograder import check
 
 report = check(5, raise_on_fail=False)

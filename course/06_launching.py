@@ -257,6 +257,6 @@ efficiency_guess.reveal(measured)
 # the efficiency at 8, and writes `scaling.json` and `scaling.png` (measured and predicted).
 
 # %%
-from autograder.commands.check import check
+from autograder import check
 
 report = check(6, raise_on_fail=False)

@@ -544,6 +544,6 @@ display(widgets.interactive(
 # collectives. Run the next cell (it grades the stub until you fill it in).
 
 # %%
-from autograder.commands.check import check
+from autograder import check
 
 check(8, raise_on_fail=False)

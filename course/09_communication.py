@@ -490,9 +490,9 @@ except LaunchError as exc:
 # * keep the meaning: a rank with nothing to keep takes part, with a zero gradient and a count of
 #   0, and the other ranks still learn from theirs (skipping the step everywhere drops them).
 #
-# Or from a shell: `.venv/bin/python -m autograder --exercise 9`.
+# Or from a shell: `.venv/bin/python -m autograder grade --exercise 9`.
 
 # %%
-from autograder.commands.check import check
+from autograder import check
 
 check(9, raise_on_fail=False)

@@ -220,6 +220,6 @@ for r, run in enumerate(runs):
 # on the whole sequence, in the same launches.
 
 # %%
-from autograder.commands.check import check
+from autograder import check
 
 check(10, raise_on_fail=False)

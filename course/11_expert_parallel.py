@@ -129,6 +129,6 @@ print(f"a replicated MoE (data parallel) all-reduces {r['moe_parameters']:,} gra
 # MoE layer and compares output and gradients with the single-process MoE.
 
 # %%
-from autograder.commands.check import check
+from autograder import check
 
 check(11, raise_on_fail=False)

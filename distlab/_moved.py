@@ -4,15 +4,23 @@ Notebooks and assignments already in learners' hands import ``distlab.fsdp_memor
 ``distlab.launch``, ``distlab.pipeline_bench``...; a finder on ``sys.meta_path`` answers each old
 name with the module that now holds it (the same module object, so state and patches are shared).
 A name that was split answers with a module that reads each attribute from the new ones, in order.
-New code imports the new names; ``tests/test_layout.py`` holds this table to the tree.
+Each old name says once, as a :class:`DeprecationWarning` at the line that imported it, which module
+to import instead; ``python -m OLD`` runs ``python -m NEW`` and says so on stderr. The old names are
+to be removed in the release after next (the README's "Released names" says when).
+:mod:`autograder._moved` answers the autograder's old names with the same finder.
+
+New code imports the new names; ``tests/test_layout.py`` holds every table to the tree and fails on
+any tracked file that imports an old name.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import sys
 import types
+import warnings
 
 _R, _M, _L = "distlab.runtime.", "distlab.measure.", "distlab.lab."
 MOVED: dict[str, tuple[str, ...]] = {
@@ -48,21 +56,63 @@ class _Union(types.ModuleType):
         return sorted({a for p in self._parts for a in dir(p)})
 
 
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+_IMPORT_MACHINERY = ("<frozen importlib", os.path.dirname(importlib.__file__), __file__)
+
+
+def _importer_stacklevel() -> int:
+    """The ``stacklevel``, from :meth:`Finder.exec_module`, of the frame that imported the old name.
+
+    ``warnings`` skips the import system's ``_bootstrap`` frames by itself; the others between here and
+    the import statement (``importlib.import_module``, this file) are counted.
+    """
+    frame, level = sys._getframe(2), 1  # exec_module's caller; exec_module itself is level 1
+    while frame is not None and frame.f_code.co_filename.startswith(_IMPORT_MACHINERY):
+        name = frame.f_code.co_filename
+        level += not ("importlib" in name and "_bootstrap" in name)
+        frame = frame.f_back
+    return level + 1
+
+
+class Finder(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
+    """Answers the old names of ``table`` (old name -> the new modules, in order).
+
+    Thread-safe: the only state is filled under the import system's per-module lock (the new modules'
+    specs, one entry per old name, written once and never changed).
+    """
+
+    def __init__(self, table: dict[str, tuple[str, ...]], scripts: dict[str, str] | None = None):
+        self.table = table
+        self.scripts = scripts or {}  # old name -> what ``python -m OLD`` runs instead of ``python -m NEW``
+        self._specs: dict[str, object] = {}
+
     def find_spec(self, fullname, path=None, target=None):
-        return importlib.util.spec_from_loader(fullname, self) if fullname in MOVED else None
+        return importlib.util.spec_from_loader(fullname, self) if fullname in self.table else None
 
     def create_module(self, spec):
-        parts = [importlib.import_module(name) for name in MOVED[spec.name]]
-        self._spec = parts[0].__spec__  # the import system sets __spec__ to the alias's: restored below
+        parts = [importlib.import_module(name) for name in self.table[spec.name]]
+        self._specs[spec.name] = parts[0].__spec__  # the import system sets __spec__ to the alias's: restored below
         return parts[0] if len(parts) == 1 else _Union(spec.name, parts)
 
     def exec_module(self, module):
+        old = module.__spec__.name
         if not isinstance(module, _Union):
-            module.__spec__ = self._spec
+            module.__spec__ = self._specs[old]
+        warnings.warn(f"{old} is {' and '.join(self.table[old])} now: import that (the old name goes in a "
+                      "later release)", DeprecationWarning, stacklevel=_importer_stacklevel())
+
+    def get_source(self, fullname):  # ``python -m OLD``: runpy runs this shim as __main__
+        if fullname in self.scripts:
+            return self.scripts[fullname]
+        new = self.table[fullname][0]
+        return (f"import runpy, sys\nprint({f'{fullname} is {new} now: python -m {new}'!r}, file=sys.stderr)\n"
+                f"runpy.run_module({new!r}, run_name='__main__', alter_sys=True)\n")
+
+    def is_package(self, fullname):
+        return False
 
 
-def install() -> None:
-    """Answer the old names from now on (idempotent)."""
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.append(_Finder())
+def install(table: dict[str, tuple[str, ...]] = MOVED, scripts: dict[str, str] | None = None) -> None:
+    """Answer ``table``'s old names from now on (idempotent per table); ``scripts``: what ``python -m OLD``
+    runs, where that is not ``python -m NEW``."""
+    if not any(isinstance(f, Finder) and f.table is table for f in sys.meta_path):
+        sys.meta_path.append(Finder(table, scripts))

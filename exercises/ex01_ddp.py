@@ -17,7 +17,7 @@ together do exactly what ``train_single`` would do with a global batch of
 6. ``teardown``: leave the process group.
 
 Check your work from the repository's root with ``make grade`` (every
-exercise) or ``.venv/bin/python -m autograder --exercise 1`` (this one),
+exercise) or ``.venv/bin/python -m autograder grade --exercise 1`` (this one),
 or with ``check(1)`` in the notebook ``course/01_ddp``. Every function raises
 ``NotImplementedError`` until you fill it in.
 """

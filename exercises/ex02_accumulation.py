@@ -19,7 +19,7 @@ Write ``train_accumulated`` so that:
    ``model.no_sync()``, so DDP all-reduces once per optimizer step.
 
 Check your work from the repository's root with ``make grade`` (every
-exercise) or ``.venv/bin/python -m autograder --exercise 2`` (this one),
+exercise) or ``.venv/bin/python -m autograder grade --exercise 2`` (this one),
 or with ``check(2)`` in the notebook ``course/02_gradient_accumulation``.
 The function raises ``NotImplementedError`` until you fill it in.
 """

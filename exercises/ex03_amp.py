@@ -25,7 +25,7 @@ The grader checks the measuring functions on simulated workloads whose true
 cost it knows (slow first calls, outliers, asynchronous work), then reports
 what your functions measure on the real model. Check your work from the
 repository's root with ``make grade`` (every exercise) or
-``.venv/bin/python -m autograder --exercise 3`` (this one), or with
+``.venv/bin/python -m autograder grade --exercise 3`` (this one), or with
 ``check(3)`` in the notebook ``course/03_mixed_precision``.
 Every function raises ``NotImplementedError`` until you fill it in.
 

@@ -19,7 +19,7 @@ as FlashAttention's backward is (Dao 2023, "FlashAttention-2", algorithm 2; the 
 the gradients of each key/value shard travel round with it and go home at the end.
 
 Check your work from the repository's root with ``make grade`` (every exercise) or
-``.venv/bin/python -m autograder --exercise 10`` (this one), or with ``check(10)`` in the notebook
+``.venv/bin/python -m autograder grade --exercise 10`` (this one), or with ``check(10)`` in the notebook
 ``course/10_context_parallel``. The functions raise ``NotImplementedError`` until you fill them in;
 each is graded on its own (the backward is given the exact ``out`` and ``lse``), so one can be done first.
 """

@@ -17,7 +17,7 @@ splits are uneven, and they must be known on both sides before the tokens move:
 ``moe_forward`` (given, not graded; the grader assembles the layer the same way) puts them together
 with the course's router and capacity (``distlab.lab.expert_parallel``). The process group is set up
 and every rank is a rank of expert parallelism. Check your work with ``make grade`` or
-``.venv/bin/python -m autograder --exercise 11``, or with ``check(11)`` in ``course/11_expert_parallel``.
+``.venv/bin/python -m autograder grade --exercise 11``, or with ``check(11)`` in ``course/11_expert_parallel``.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ The grader runs ``train`` under torchrun, kills a rank with SIGKILL at steps
 it chooses (once in the middle of a checkpoint write), and resumes with
 torchrun's ``--max-restarts`` and with a fresh job. Check your work from the
 repository's root with ``make grade`` (every exercise) or
-``.venv/bin/python -m autograder --exercise 5`` (this one), or with
+``.venv/bin/python -m autograder grade --exercise 5`` (this one), or with
 ``check(5)`` in the notebook ``course/05_checkpointing``.
 """
 from __future__ import annotations

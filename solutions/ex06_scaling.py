@@ -26,7 +26,7 @@ benchmark on the real model and shows you the figures; it fits all-reduce
 times it made from known ``alpha`` and ``beta`` (with a little noise) with
 your ``fit_alpha_beta``, and compares your predictions with the model's.
 Check your work from the repository's root with ``make grade`` (every
-exercise) or ``.venv/bin/python -m autograder --exercise 6`` (this one), or
+exercise) or ``.venv/bin/python -m autograder grade --exercise 6`` (this one), or
 with ``check(6)`` in the notebook ``course/06_launching``.
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ Write ``gpipe_step`` for a 2-stage pipeline:
 
 The process group is already set up; ``stage`` is this rank's part of the
 model. Check your work from the repository's root with ``make grade``
-(every exercise) or ``.venv/bin/python -m autograder --exercise 7`` (this
+(every exercise) or ``.venv/bin/python -m autograder grade --exercise 7`` (this
 one), or with ``check(7)`` in the notebook ``course/07_pipeline``.
 The function raises ``NotImplementedError`` until you fill it in.
 """

@@ -13,7 +13,7 @@ calls it, in the same order, with the same shapes, so every rank must make every
 collectives, whatever its data. Keep the job's meaning: a rank with nothing to keep still takes
 part, with a zero gradient and a count of 0; the other ranks' samples are still learnt from.
 
-Check your work with ``.venv/bin/python -m autograder --exercise 9`` or ``check(9)`` at the end of
+Check your work with ``.venv/bin/python -m autograder grade --exercise 9`` or ``check(9)`` at the end of
 the notebook ``course/09_communication``. Every function raises ``NotImplementedError`` until you
 fill it in.
 """

@@ -32,7 +32,7 @@ def session_processes() -> list:
 
     import psutil
 
-    from distlab import warm
+    from distlab.runtime import warm
 
     marker = os.environ["DISTLAB_TEST_SESSION"]
     ours = {os.getpid(), *warm.server_pids()}

@@ -24,25 +24,53 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def test_a_directory_that_does_not_exist_is_a_usage_error(tmp_path, capsys):
-    assert main([str(tmp_path / "nowhere")]) == 2
+    assert main(["grade", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err.strip() == f"autograder: error: {tmp_path / 'nowhere'} is not a directory"
 
 
 def test_an_unknown_exercise_is_a_usage_error(capsys):
-    assert main(["--exercise", "99"]) == 2
+    assert main(["grade", "--exercise", "99"]) == 2
     assert capsys.readouterr().err.startswith("autograder: error: no exercise 99 (known: 1")
 
 
 def test_an_empty_directory_is_a_usage_error(tmp_path, capsys):
-    assert main([str(tmp_path)]) == 2 and "no exercise files in" in capsys.readouterr().err
+    assert main(["grade", str(tmp_path)]) == 2 and "no exercise files in" in capsys.readouterr().err
 
 
 def test_list_names_every_exercise(capsys):
-    assert main(["--list"]) == 0 and "ex01_ddp.py" in capsys.readouterr().out
+    assert main(["list"]) == 0 and "ex01_ddp.py" in capsys.readouterr().out
+
+
+def test_help_lists_every_command_and_the_exit_statuses(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("grade", "list", "class", "merge", "selftest", "stubs", "nbgrader"):
+        assert re.search(rf"^    {command} ", out, re.M), f"{command} missing from --help:\n{out}"
+    assert "exit status:" in out and "from autograder import check" in out
+
+
+@pytest.mark.parametrize("old, new", [
+    (["--list"], ["list"]),
+    (["--exercise", "99"], ["grade", "--exercise", "99"]),
+    (["--selftest", "exercises"], ["selftest", "exercises"]),
+    (["class", "merge", "out.csv"], ["merge", "out.csv"]),
+])
+def test_the_spellings_of_earlier_releases_still_work_and_say_what_replaced_them(old, new, capsys):
+    assert main(old) == main(new)
+    first, second = capsys.readouterr().err.split("autograder: note: ", 1)[1].split("\n", 1)
+    assert first == f"`python -m autograder {' '.join(old)}` is spelled `python -m autograder {' '.join(new)}` now"
+    assert "autograder: note:" not in second  # once, and not for today's spelling
+
+
+def test_an_old_module_name_runs_todays_command_and_says_so():
+    proc = subprocess.run([sys.executable, "-m", "autograder.stubs", "--check"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60 * time_scale())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == "python -m autograder.stubs is python -m autograder stubs now"
 
 
 def test_a_missing_file_scores_zero_and_says_so(tmp_path):
-    proc = cli(str(tmp_path), "--exercise", "1", "--json", str(tmp_path / "r.json"))
+    proc = cli("grade", str(tmp_path), "--exercise", "1", "--json", str(tmp_path / "r.json"))
     assert proc.returncode == 1
     report = json.loads((tmp_path / "r.json").read_text())["exercises"][0]
     assert report["score"] == 0

@@ -18,7 +18,7 @@ from tests.helpers import EXERCISES, REPO, SOLUTIONS, failed, solution_and_mutan
 @pytest.mark.slow
 def test_cli_gives_the_solution_full_marks_at_world_sizes_2_and_4(tmp_path):
     out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "autograder", str(SOLUTIONS), "--exercise", "1",
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(SOLUTIONS), "--exercise", "1",
                            "--json", str(out)], cwd=REPO, capture_output=True, text=True,
                           timeout=200 * time_scale())  # a hang guard, scaled like the grader's own limit
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -32,7 +32,7 @@ def test_cli_gives_the_solution_full_marks_at_world_sizes_2_and_4(tmp_path):
 
 @pytest.mark.slow
 def test_cli_gives_the_stub_zero_with_not_implemented(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "autograder", str(EXERCISES), "--exercise", "1"],
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(EXERCISES), "--exercise", "1"],
                           cwd=REPO, capture_output=True, text=True, timeout=120 * time_scale())
     assert proc.returncode == 1
     assert "0/10" in proc.stdout and "not implemented yet (ex01_ddp.py line" in proc.stdout

@@ -8,8 +8,9 @@ from types import ModuleType
 
 import pytest
 
-import autograder.__main__ as cli
+from autograder.__main__ import main
 from autograder.commands import check as check_command
+from autograder.commands import grade as grade_command
 from autograder.nbgrader import cell
 from autograder.grader.registry import check_modules, exercises, hints
 from autograder.grader.report import criterion, failed, passed
@@ -80,8 +81,8 @@ def _failing_report():
 def graded(monkeypatch):
     """``check`` and the CLI grade nothing: they get :func:`_failing_report`."""
     monkeypatch.setattr(check_command, "grade_one", lambda *args, **kwargs: _failing_report())
-    monkeypatch.setattr(cli, "grade", lambda *args, **kwargs: [_failing_report()])
-    monkeypatch.setattr(cli, "preflight", lambda: None)
+    monkeypatch.setattr(grade_command, "grade", lambda *args, **kwargs: [_failing_report()])
+    monkeypatch.setattr(grade_command, "preflight", lambda: None)
     return hints(7)
 
 
@@ -106,7 +107,7 @@ def test_a_tier_that_does_not_exist_is_refused_before_grading(graded):
 
 
 def test_the_cli_prints_the_tier_asked_for(graded, capsys, tmp_path):
-    assert cli.main([str(tmp_path), "--exercise", "7", "--hint", "2"]) == 1
+    assert main(["grade", str(tmp_path), "--exercise", "7", "--hint", "2"]) == 1
     out = capsys.readouterr().out
     assert graded["stage0_grads_match"][1] in out and "--exercise 7 --hint 3 gives" in out
 

@@ -12,7 +12,8 @@ import tempfile
 import psutil
 import pytest
 
-from distlab import RankFailure, warm
+from distlab import RankFailure
+from distlab.runtime import warm
 from distlab.runtime.multinode import multinode_torchrun
 
 from .helpers import REPO

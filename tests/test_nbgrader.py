@@ -331,7 +331,7 @@ def test_every_exercise_in_the_registry_is_an_assignment_and_the_config_follows(
     from traitlets.config.loader import PyFileConfigLoader
 
     from autograder.nbgrader.assignments import write_source
-    from autograder.commands.stubs import generate
+    from autograder.grader.stubs import generate
 
     made = write_source(tmp_path)
     known = exercises()

@@ -108,7 +108,7 @@ def test_graded_ranks_run_as_the_learner_and_the_report_is_out_of_their_reach(in
         (shared / "sub").mkdir()
         (shared / "sub" / "ex07_pipeline.py").write_text(text.replace("\nimport torch\n", "\nimport torch\n" + spy, 1))
         os.chmod(shared / "sub", 0o755)
-        done = subprocess.run([python, "-m", "autograder", str(shared / "sub"), "-e", "7", "--json",
+        done = subprocess.run([python, "-m", "autograder", "grade", str(shared / "sub"), "-e", "7", "--json",
                                str(tmp_path / "r.json")], cwd=repo, capture_output=True, text=True, timeout=240,
                               env={**os.environ, "DISTLAB_STUDENT_USER": LEARNER, "PYTHONPATH": str(repo)})
         assert done.returncode == 1, done.stderr

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from autograder.commands.stubs import strip_solutions, untouched
+from autograder.grader.stubs import strip_solutions, untouched
 from tests.helpers import EXERCISES, REPO, SOLUTIONS
 
 SOLUTION_FILES = sorted(p.name for p in SOLUTIONS.glob("ex*.py"))
@@ -78,7 +78,7 @@ def test_only_an_unchanged_stub_skips_the_launch(tmp_path):
 
 
 def test_the_cli_grades_every_untouched_stub_at_once():
-    proc = subprocess.run([sys.executable, "-m", "autograder", str(EXERCISES)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(EXERCISES)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stdout.count("FAIL runs: not implemented yet (") == len(SOLUTION_FILES), proc.stdout

@@ -17,7 +17,8 @@ import sys
 import psutil
 import pytest
 
-from distlab import LaunchError, torchrun, warm
+from distlab import LaunchError, torchrun
+from distlab.runtime import warm
 from tests.helpers import REPO
 from tests.targets import ranks
 

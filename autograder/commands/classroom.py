@@ -1,11 +1,11 @@
 """Grade a whole class: ``python -m autograder class ROOT [--jobs N] [--exercise N ...] [--csv F] [--json F]``.
 
 Across machines, each task of a Slurm job array grades one ``--slice K/N`` of the learners and
-``python -m autograder class merge OUT.csv SLICE.csv ...`` joins their CSVs
+``python -m autograder merge OUT.csv SLICE.csv ...`` joins their CSVs
 (``course/slurm/grade_class.sbatch``).
 
 ROOT holds one folder per learner, named by the learner's id, each with any of the ``exNN_*.py``
-files. Every learner's every exercise is graded exactly as ``python -m autograder DIR`` grades it
+files. Every learner's every exercise is graded exactly as ``python -m autograder grade DIR`` grades it
 (:func:`autograder.grader.supervise.grade_one`: its own grading subprocess, its own launches, each contained),
 ``N`` gradings at a time, so no two learners' code ever share a process. The grades do not depend
 on ``N``: a grading that runs out of time while still advancing is *not graded*, never scored
@@ -153,27 +153,37 @@ def write_csv(results: dict[str, list[ExerciseReport]], path: str | Path) -> Non
                              f"{sum(r.score for r in reports if not r.not_graded):g}"])
 
 
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["merge"]:  # python -m autograder class merge OUT.csv SLICE.csv ...
-        if len(argv) < 3:
-            print("usage: python -m autograder class merge OUT.csv SLICE.csv [SLICE.csv ...]", file=sys.stderr)
-            return 2
-        try:
-            print(f"merged {merge(argv[1], argv[2:])} learners into {argv[1]}")
-        except (OSError, ValueError, IndexError) as exc:
-            print(f"autograder: error: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    parser = argparse.ArgumentParser(prog="python -m autograder class", description=__doc__.splitlines()[0])
-    parser.add_argument("root", help="one folder per learner (named by the learner's id) of exNN_*.py files")
-    parser.add_argument("--jobs", "-j", type=int, help=f"gradings at a time (default: what this machine holds, "
-                                                        f"{default_jobs()} here)")
-    parser.add_argument("--exercise", "-e", type=int, action="append", metavar="N", help="only exercise N")
-    parser.add_argument("--csv", metavar="FILE", help="the grades, a row per learner (default ROOT/grades.csv)")
-    parser.add_argument("--json", metavar="FILE", help="every report as JSON")
-    parser.add_argument("--slice", type=parse_slice, default=(0, 1), metavar="K/N",
-                        help="grade only every N-th learner from the K-th (a Slurm array task's share)")
-    args = parser.parse_args(argv)
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    """``class`` and ``merge``, as subcommands of ``python -m autograder``."""
+    p = commands.add_parser("class", help="grade a whole class: one folder per learner",
+                            description="Grade a whole class, one folder per learner, N gradings at a time: "
+                                        "a CSV row per learner, and every report as JSON with --json.")
+    p.add_argument("root", help="one folder per learner (named by the learner's id) of exNN_*.py files")
+    p.add_argument("--jobs", "-j", type=int, help=f"gradings at a time (default: what this machine holds, "
+                                                   f"{default_jobs()} here)")
+    p.add_argument("--exercise", "-e", type=int, action="append", metavar="N", help="only exercise N")
+    p.add_argument("--csv", metavar="FILE", help="the grades, a row per learner (default ROOT/grades.csv)")
+    p.add_argument("--json", metavar="FILE", help="every report as JSON")
+    p.add_argument("--slice", type=parse_slice, default=(0, 1), metavar="K/N",
+                   help="grade only every N-th learner from the K-th (a Slurm array task's share)")
+    p.set_defaults(run=run)
+    p = commands.add_parser("merge", help="join the CSVs of a class graded in slices (class --slice K/N)",
+                            description="Join the CSVs that the slices of a class wrote into one.")
+    p.add_argument("out", metavar="OUT.csv")
+    p.add_argument("parts", nargs="+", metavar="SLICE.csv")
+    p.set_defaults(run=run_merge)
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    try:
+        print(f"merged {merge(args.out, args.parts)} learners into {args.out}")
+    except (OSError, ValueError, IndexError) as exc:
+        print(f"autograder: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
     root = Path(args.root)
     if not root.is_dir() or not learners(root, args.slice):
         print(f"autograder: error: {root} holds no learner folders", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""``python -m autograder --selftest``: does this machine grade correctly?
+"""``python -m autograder selftest``: does this machine grade correctly?
 
 The one command an instructor runs on a new GPU box, or in the grading image,
 before grading a class. It grades every reference solution (``solutions/``,
@@ -11,6 +11,7 @@ limit. Anything unexpected is a *surprise*: one line each, and exit status 1.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -20,9 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import distlab
-from distlab import warm
-from distlab.runtime.launch import TIME_SCALE_VAR, LaunchError, time_scale
-from distlab.runtime.process import calibrate
+from distlab.runtime import warm
+from distlab.runtime.process import TIME_SCALE_VAR, calibrate, time_scale
 from distlab.runtime.sandbox import status as sandbox_status
 
 from ..grader.registry import Exercise, exercises
@@ -68,7 +68,7 @@ def run_probe(world: int, timeout: float = PROBE_TIMEOUT_S) -> dict:
         ranks = distlab.torchrun(probe, nprocs=world, timeout=timeout).results
     except Exception as exc:  # noqa: BLE001 - whatever stops the probe (launch, sandbox set-up) is the finding
         first = (str(exc).splitlines() or [""])[0]
-        out["error"] = first if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {first}".rstrip(": ")
+        out["error"] = first if isinstance(exc, distlab.LaunchError) else f"{type(exc).__name__}: {first}".rstrip(": ")
         return out
     finally:
         out["seconds"] = round(time.monotonic() - start, 2)
@@ -251,3 +251,14 @@ def run(only: list[int] | None = None, json_path: str | None = None) -> int:
     doc["calibration"] = calibrate_budgets(doc["solutions"])
     doc["seconds"] = round(time.monotonic() - start, 1)
     return finish(doc, json_path)
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    """``selftest``, as a subcommand of ``python -m autograder``."""
+    p = commands.add_parser("selftest", help="check this machine: every solution full marks, every stub 0",
+                            description="Grade every reference solution (full marks expected) and every stub (0 "
+                                        "expected) as a learner's file is graded, and launch a probe at 1, 2 "
+                                        "and 4 ranks: each surprise is one line, and the exit status 1.")
+    p.add_argument("--exercise", "-e", type=int, action="append", metavar="N", help="only exercise N (repeatable)")
+    p.add_argument("--json", metavar="FILE", help="also write the self-test's findings as JSON")
+    p.set_defaults(run=lambda args: run(args.exercise, args.json))

@@ -1,93 +1,28 @@
-"""Make the learner's stubs from the reference solutions: ``python -m autograder.commands.stubs [--check]``.
+"""``python -m autograder stubs [--check]``: write ``exercises/`` from ``solutions/`` (:mod:`autograder.grader.stubs`).
 
-Every ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region in
-``solutions/*.py`` becomes ``raise NotImplementedError`` in ``exercises/``,
-the way nbgrader treats solution regions in notebooks, so the stubs keep the
-solutions' names, signatures and docstrings and cannot drift from them.
-``--check`` exits 1 if ``exercises/`` is not what the solutions generate.
+``--check`` writes nothing and exits 1 if ``exercises/`` is not what the solutions generate.
 """
 from __future__ import annotations
 
-import ast
-import sys
-from pathlib import Path
+import argparse
 
 from distlab.runtime.importing import REPO_ROOT
 
-BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+from ..grader.stubs import generate
 
 
-def strip_solutions(source: str, name: str = "<source>") -> str:
-    out: list[str] = []
-    inside = False
-    for number, line in enumerate(source.splitlines(keepends=True), 1):
-        stripped = line.strip()
-        if stripped == BEGIN:
-            if inside:
-                raise ValueError(f"{name}:{number}: nested {BEGIN}")
-            inside = True
-            indent = line[: len(line) - len(line.lstrip())]
-            out.append(f"{indent}# YOUR CODE HERE\n{indent}raise NotImplementedError\n")
-        elif stripped == END:
-            if not inside:
-                raise ValueError(f"{name}:{number}: {END} without {BEGIN}")
-            inside = False
-        elif not inside:
-            out.append(line)
-    if inside:
-        raise ValueError(f"{name}: {BEGIN} is never closed")
-    return "".join(out)
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    """``stubs``, as a subcommand of ``python -m autograder``."""
+    p = commands.add_parser("stubs", help="write exercises/ from solutions/ (--check: only compare)",
+                            description="Write exercises/ from solutions/: every solution region becomes "
+                                        "raise NotImplementedError.")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if exercises/ is not current")
+    p.set_defaults(run=run)
 
 
-def generate(src: Path = REPO_ROOT / "solutions", dst: Path = REPO_ROOT / "exercises") -> dict[Path, str]:
-    """``{stub path: stub text}`` for every solution file."""
-    return {dst / p.name: strip_solutions(p.read_text(), str(p)) for p in sorted(src.glob("ex*.py"))}
-
-
-def raises_not_implemented(node: ast.AST) -> bool:
-    """Whether ``node`` is a ``raise NotImplementedError`` statement: what a stub's functions still do."""
-    return isinstance(node, ast.Raise) and "NotImplementedError" in ast.unparse(node)
-
-
-def unwritten(body: list[ast.stmt], prefix: str = ""):
-    """``("name", raise)`` for each ``raise NotImplementedError`` in a module's functions, and
-    ``("Class.method", raise)`` in its classes' methods (exercise 8's graded pieces are classes)."""
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield from ((prefix + node.name, r) for r in ast.walk(node) if raises_not_implemented(r))
-        elif isinstance(node, ast.ClassDef):
-            yield from unwritten(node.body, f"{prefix}{node.name}.")
-
-
-def untouched(path: Path, solution: Path, max_bytes: int = 1 << 20) -> str | None:
-    """If the file at ``path`` is still the stub made from ``solution`` (the same code; comments and
-    blank lines aside), the one line of feedback that says so; otherwise ``None``.
-
-    The grader then need not start a job to learn that every function raises
-    ``NotImplementedError`` (seconds of start-up per rank). It parses the file and never runs it; a file
-    it cannot read or parse, or a large one, is graded by running it, as any other.
-    """
-    try:
-        if path.stat().st_size > max_bytes:
-            return None
-        mine = ast.parse(path.read_text(), filename=str(path))
-        stub = ast.parse(strip_solutions(solution.read_text(), str(solution)), filename=str(solution))
-    except (OSError, ValueError, SyntaxError, RecursionError, MemoryError):
-        return None
-    if ast.dump(mine) != ast.dump(stub):
-        return None
-    left = list(unwritten(mine.body))
-    if not left:
-        return None
-    where, raise_ = left[0]
-    names = ", ".join(dict.fromkeys(name.split(".")[0] for name, _ in left))
-    return (f"not implemented yet ({path.name} line {raise_.lineno} in {where}: {ast.unparse(raise_)}); "
-            f"still to write: {names}")
-
-
-def main(argv: list[str]) -> int:
+def run(args: argparse.Namespace) -> int:
     stubs = generate()
-    if "--check" in argv:
+    if args.check:
         stale = [p for p, text in stubs.items() if not p.is_file() or p.read_text() != text]
         for p in stale:
             print(f"{p.relative_to(REPO_ROOT)} is not generated from solutions/: run make stubs")
@@ -97,6 +32,3 @@ def main(argv: list[str]) -> int:
         print(f"wrote {p.relative_to(REPO_ROOT)}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from distlab import warm
+from distlab.runtime import warm
 from distlab.runtime.importing import REPO_ROOT, with_repo_on_path
 from distlab.runtime.process import PROGRESS_VAR, TIME_SCALE_VAR, ProgressLimit, run_contained, time_scale
 from distlab.runtime.sandbox import SCRATCH_VAR, STUDENT_USER_VAR, SandboxError, preflight
@@ -21,7 +21,7 @@ from distlab.runtime.sandbox import SCRATCH_VAR, STUDENT_USER_VAR, SandboxError,
 from .progress import Callback, relay
 from .registry import Exercise, exercises
 from .report import ExerciseReport
-from ..commands.stubs import untouched
+from ..grader.stubs import untouched
 
 DEFAULT_DIR = REPO_ROOT / "exercises"
 

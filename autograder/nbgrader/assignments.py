@@ -4,7 +4,7 @@ For every exercise that :mod:`autograder.grader.registry` knows, ``source/exNN_n
 in the course directory gets
 
 * ``exNN_name.py``: the learner's module, the stub that
-  :mod:`autograder.commands.stubs` makes from ``solutions/exNN_name.py`` (each
+  :mod:`autograder.grader.stubs` makes from ``solutions/exNN_name.py`` (each
   ``### BEGIN SOLUTION`` region becomes ``raise NotImplementedError``, as
   nbgrader does in notebooks). nbgrader copies non-notebook files as they
   are, so this is what is released, and the learner submits it, edited,
@@ -32,7 +32,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from distlab.runtime.importing import REPO_ROOT
 
 from ..grader.registry import Exercise, exercises
-from ..commands.stubs import BEGIN, strip_solutions
+from ..grader.stubs import BEGIN, strip_solutions
 from .cell import fresh_grader_source
 
 SOLUTIONS = REPO_ROOT / "solutions"
@@ -85,7 +85,7 @@ def contracts(solution_source: str) -> list[tuple[str, str]]:
 def check_cell_source(ex: Exercise, hidden: bool = True) -> str:
     """The test cell: the instructor's version, with the hidden region unless ``hidden=False``."""
     head = (f"# Grades {ex.filename} (beside this notebook) with the checks of\n"
-            f"# `python -m autograder --exercise {ex.number}`; the cell's value is your score out of "
+            f"# `python -m autograder grade --exercise {ex.number}`; the cell's value is your score out of "
             f"{ex.max_score:g}.\n")
     guard = f"### BEGIN HIDDEN TESTS\n{fresh_grader_source()}### END HIDDEN TESTS\n" if hidden else ""
     return head + guard + f"from autograder.nbgrader_cell import grade\ngrade({ex.number})"
@@ -107,7 +107,7 @@ def build_notebook(ex: Exercise, solution_source: str) -> nbformat.NotebookNode:
             f"## How to work\n\nWrite your code in **`{ex.filename}`**, the module beside this notebook "
             "(open it from the file browser), not in this notebook. The grader imports that module inside "
             "every rank that `torchrun` starts. Submit the notebook and the module together.\n\n"
-            f"Check as often as you like from a terminal with `python -m autograder . --exercise {ex.number}` "
+            f"Check as often as you like from a terminal with `python -m autograder grade . --exercise {ex.number}` "
             f"or by running the last cell here; both run the same checks, so the score you see is the score "
             f"you get ({ex.max_score:g} points).\n\n## What to write\n\n{functions}"),
         new_code_cell(todo_cell_source(ex)),

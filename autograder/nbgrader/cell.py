@@ -4,7 +4,7 @@
 every notebook released to learners.)
 
 The cell grades the exercise module that sits beside the notebook with
-exactly the checks of ``python -m autograder --exercise N``
+exactly the checks of ``python -m autograder grade --exercise N``
 (:func:`autograder.commands.check.check`, hence :func:`autograder.grader.supervise.grade_one`:
 one subprocess with the exercise's time limit), prints the feedback, and
 returns the score. The feedback includes the first tier of the hint of each
@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from ..commands.check import check
-from ..commands.stubs import unwritten
+from ..grader.stubs import unwritten
 
 
 @contextlib.contextmanager

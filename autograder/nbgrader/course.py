@@ -216,9 +216,8 @@ def _moved_data_note(course_dir: Path) -> None:
               f"or pass --course-dir {OLD_COURSE_DIR}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograder.nbgrader",
-                                     description="The nbgrader cycle of the distlab course.")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The cycle's options (``python -m autograder nbgrader`` and ``python -m autograder.nbgrader``)."""
     parser.add_argument("step", choices=STEPS)
     parser.add_argument("--course-dir", default=str(COURSE_DIR), help="course root (default: %(default)s)")
     parser.add_argument("--exchange", help="exchange directory (default: $DISTLAB_EXCHANGE)")
@@ -230,16 +229,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="autograde this many learners at once (one writer to the gradebook; default 1)")
     parser.add_argument("--timeout", type=float, default=6 * 3600,
                         help="seconds allowed to each nbgrader command (default: %(default)s)")
-    args = parser.parse_args(argv)
+    parser.set_defaults(run=run, error=parser.error)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograder.nbgrader",
+                                     description="The nbgrader cycle of the distlab course.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """One step of the cycle; a bad option is reported by the parser that read it (``args.error``)."""
     if args.step == "generate":
         from ..grader.registry import exercises
 
         unknown = [n for n in args.exercise or [] if n not in exercises()]
         if unknown:
-            parser.error(f"no exercise {unknown[0]} (known: {', '.join(map(str, exercises()))})")
+            args.error(f"no exercise {unknown[0]} (known: {', '.join(map(str, exercises()))})")
     _moved_data_note(Path(args.course_dir))
     if args.jobs < 1:
-        parser.error("--jobs must be 1 or more")
+        args.error("--jobs must be 1 or more")
     course = Course(Path(args.course_dir), args.exchange, args.exercise, args.force, args.timeout,
                     args.student, args.jobs)
     getattr(course, args.step)()

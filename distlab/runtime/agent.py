@@ -23,7 +23,7 @@ import sys
 import tempfile
 import uuid
 
-from distlab import reaper
+from distlab.runtime import reaper
 
 
 def _fresh_stdio() -> None:

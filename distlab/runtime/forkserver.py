@@ -41,7 +41,7 @@ import socket
 import struct
 import sys
 
-from distlab import reaper
+from distlab.runtime import reaper
 
 # What a rank imports before the learner's first line: torch, DDP (which imports torch._dynamo),
 # c10d and torchrun's engine, and the distlab modules every job runs.
@@ -125,7 +125,7 @@ def job_root(conn: socket.socket, out_fd: int, request: dict) -> int:
         conn.close()
         code = 1
         try:
-            from distlab import agent as torchrun_agent
+            from distlab.runtime import agent as torchrun_agent
 
             code = torchrun_agent.run(request)
         finally:

@@ -104,7 +104,7 @@ def main(spec_path: str) -> int:
         if p not in sys.path:
             sys.path.insert(0, p)
     if spec.get("heartbeat", True):
-        from distlab import heartbeat
+        from distlab.runtime import heartbeat
 
         heartbeat.start(outdir, rank)  # before the target is imported: the launcher tells slow from stuck
     try:
@@ -189,7 +189,7 @@ def entry(spec_path: str) -> int:
     (:func:`_fresh_signal_handlers`). A rank that failed exits with its code here; one
     that succeeded runs its exit handlers and returns, so torchrun collects its return value.
     """
-    from distlab import reaper
+    from distlab.runtime import reaper
 
     reaper.prctl(reaper.PR_SET_PDEATHSIG, 9)
     _fresh_signal_handlers()
