@@ -19,6 +19,8 @@ run time, and a ``TYPE_CHECKING`` one is a cycle for the type checker and for th
 from __future__ import annotations
 
 import ast
+import fnmatch
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("distlab", "autograder")
+PACKAGES = ("distlab", "autograder", "benchmarks")
 CYCLE_KINDS = ("module", "type_checking")
 
 
@@ -286,3 +288,198 @@ def test_a_type_checking_import_back_closes_a_cycle_and_layers_see_function_impo
     assert [[(e.source, e.target, e.kind) for e in c] for c in cycles(modules, edges)] == [
         [("top.high.lab", "top.high.view", "type_checking"), ("top.high.view", "top.high.lab", "module")]]
     assert _violations(edges, "top.low", ("top.high",)) == [Import("top.low.run", "top.high.lab", 2, "function")]
+
+
+# The autograder's seam: the learner's code runs only inside the ranks; the verdict is the grading process's.
+RANK_SIDE = ("autograder.rank", "autograder.rank.*", "autograder.checks.*.probes")
+GRADER_SIDE = ("autograder.grader", "autograder.grader.*", "autograder.commands", "autograder.commands.*",
+               "*.causes")
+
+
+def reached(edges: list[Import], source: str, modules: dict[str, Path]) -> dict[str, list[Import]]:
+    """Every module of the tree that ``source`` loads, directly or through others: the shortest chain to each."""
+    out: dict[str, list[Import]] = {}
+    for e in edges:
+        if e.target in modules:
+            out.setdefault(e.source, []).append(e)
+    chains, frontier = {source: []}, [source]
+    while frontier:
+        following = []
+        for v in frontier:
+            for e in out.get(v, []):
+                if e.target not in chains:
+                    chains[e.target] = chains[v] + [e]
+                    following.append(e.target)
+        frontier = following
+    del chains[source]
+    return chains
+
+
+def seam_violations(modules: dict[str, Path], edges: list[Import], root: Path = REPO) -> list[str]:
+    """Each rank-side module that loads a grading-process module (a chain of imports of any kind)."""
+    found = []
+    for name in sorted(m for m in modules if any(fnmatch.fnmatchcase(m, p) for p in RANK_SIDE)):
+        for target, chain in sorted(reached(edges, name, modules).items()):
+            if any(fnmatch.fnmatchcase(target, p) for p in GRADER_SIDE):
+                found.append(f"{name} loads {target}: " + ", ".join(
+                    f"{e.where(modules, root)} ({e.kind})" for e in chain))
+    return found
+
+
+def test_the_rank_side_never_loads_the_grading_process(graph):
+    """``autograder.rank`` and every check's ``probes`` run in the ranks, beside the learner's code: nothing they
+    load (directly or through another module) is the grader's, a command or a check's causes."""
+    modules, edges = graph
+    rank_side = [m for m in modules if any(fnmatch.fnmatchcase(m, p) for p in RANK_SIDE)]
+    assert len(rank_side) >= 20 and "autograder.checks.ex04_fsdp.zero1.probes" in rank_side  # not vacuous
+    bad = seam_violations(modules, edges)
+    assert not bad, "the rank side loads the grading process's code:\n  " + "\n  ".join(bad)
+
+
+@pytest.mark.parametrize("source, forbidden", [
+    ("autograder.grader", ("autograder.commands",)),
+    ("autograder.rank", ("autograder.grader", "autograder.commands", "autograder.checks")),
+    ("benchmarks", ("tests",)),
+], ids=["grader-imports-no-command", "rank-imports-neither-grader-commands-nor-checks", "benchmarks-import-no-test"])
+def test_the_autograder_and_the_benchmarks_import_downward_only(graph, source, forbidden):
+    modules, edges = graph
+    bad = _violations(edges, source, forbidden)
+    assert not bad, f"{source} must not import {' or '.join(forbidden)}:\n" + "\n".join(
+        f"  {e.where(modules, REPO)}: {e.source} imports {e.target} ({e.kind})" for e in bad)
+
+
+def tracked_python(root: Path = REPO) -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "-z", "*.py"], cwd=root, capture_output=True, check=True).stdout
+    return [root / name for name in listed.decode().split("\0") if name]
+
+
+def old_name_imports(files: list[Path], moved: dict[str, tuple[str, ...]], root: Path) -> list[str]:
+    """``path:line: old -> new`` for every import of an old name in ``files``: ``import old``, ``from old import
+    x``, ``from pkg import m`` where ``pkg.m`` is old, and their relative spellings."""
+    found = set()
+    for path in files:
+        package = ".".join(path.relative_to(root).parent.parts)
+        try:
+            tree = ast.parse(path.read_text(), str(path))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], node.module or ""] if node.level
+                                else [node.module or ""]).strip(".")
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            found |= {f"{path.relative_to(root)}:{node.lineno}: {n} -> {', '.join(moved[n])}" for n in names
+                      if n in moved}
+    return sorted(found)
+
+
+def _all_moved() -> dict[str, tuple[str, ...]]:
+    from autograder._moved import MOVED as autograder_moved  # the standard library only, as distlab's
+
+    return {**_moved_table(), **autograder_moved}
+
+
+def test_no_tracked_file_imports_a_released_name():
+    """Old names are for code outside the repository; every file of it imports today's modules."""
+    bad = old_name_imports(tracked_python(), _all_moved(), REPO)
+    assert not bad, "imports of old module names (import the new one):\n  " + "\n  ".join(bad)
+
+
+def test_the_autograders_old_names_point_at_modules_that_exist_and_are_no_files():
+    from autograder._moved import MOVED as autograder_moved
+
+    missing = {old: [t for t in new if _module_file(t) is None] for old, new in autograder_moved.items()}
+    assert not {k: v for k, v in missing.items() if v}, f"autograder/_moved.py points at missing modules: {missing}"
+    left = sorted(old for old in autograder_moved if _module_file(old))
+    assert not left, f"old autograder module names still in the tree: {left}"
+
+
+def test_each_seam_and_name_rule_catches_a_made_up_tree(tmp_path):
+    _tree(tmp_path, {
+        "autograder/__init__.py": "",
+        "autograder/rank/__init__.py": "",
+        "autograder/rank/spies.py": "def f():\n    from ..grader import report\n",  # rank -> grader, in a function
+        "autograder/grader/__init__.py": "",
+        "autograder/grader/report.py": "from ..commands import check\n",  # grader -> commands
+        "autograder/commands/__init__.py": "",
+        "autograder/commands/check.py": "",
+        "autograder/checks/__init__.py": "",
+        "autograder/checks/ex01/__init__.py": "",
+        "autograder/checks/ex01/observed.py": "from .causes import why\n",
+        "autograder/checks/ex01/causes.py": "why = 1\n",
+        "autograder/checks/ex01/probes.py": "from .observed import Run\n",  # probes -> observed -> causes
+        "autograder/checks/ex01/part/__init__.py": "",
+        "autograder/checks/ex01/part/probes.py": "from ...ex01 import observed\n",  # a sub-package's probes too
+        "benchmarks/__init__.py": "",
+        "benchmarks/bench_x.py": "def run():\n    from tests import cluster\n",
+        "tests/cluster.py": "",
+        "tools/use.py": "import distlab.launch\nfrom distlab import hang\nfrom .x import y\n",
+        "distlab/lab/new.py": "from .. import hang\n",  # relative: distlab.hang
+    })
+    modules, edges = import_graph(tmp_path, {}, packages=("autograder", "benchmarks"))
+    bad = seam_violations(modules, edges, tmp_path)
+    assert [b.split(":")[0] for b in bad] == [
+        "autograder.checks.ex01.part.probes loads autograder.checks.ex01.causes",
+        "autograder.checks.ex01.probes loads autograder.checks.ex01.causes",
+        "autograder.rank.spies loads autograder.commands.check",
+        "autograder.rank.spies loads autograder.grader.report"]
+    assert "autograder/checks/ex01/probes.py:1 (module), autograder/checks/ex01/observed.py:1 (module)" in bad[1]
+    assert _violations(edges, "autograder.grader", ("autograder.commands",)) == [
+        Import("autograder.grader.report", "autograder.commands.check", 1, "module")]
+    assert _violations(edges, "benchmarks", ("tests",)) == [Import("benchmarks.bench_x", "tests", 2, "function")]
+    moved = {"distlab.launch": ("distlab.runtime.launch",), "distlab.hang": ("distlab.lab.hang",)}
+    assert old_name_imports([tmp_path / "tools" / "use.py", tmp_path / "distlab" / "lab" / "new.py"], moved,
+                            tmp_path) == ["distlab/lab/new.py:1: distlab.hang -> distlab.lab.hang",
+                                          "tools/use.py:1: distlab.launch -> distlab.runtime.launch",
+                                          "tools/use.py:2: distlab.hang -> distlab.lab.hang"]
+
+
+OLD_NAMES_IN_THREADS = """
+import sys, threading, warnings
+from distlab._moved import install
+NEW = ["json", "csv", "string", "textwrap", "fractions", "decimal", "difflib", "heapq", "bisect", "shlex",
+       "statistics", "colorsys", "calendar", "zipfile", "tarfile", "gzip", "bz2", "lzma", "pprint", "html"]
+table = {f"old_{n}": (n,) for n in NEW}
+install(table)
+barrier = threading.Barrier(len(table))
+got = {}
+
+def load(name):
+    barrier.wait()  # every thread imports its old name at the same moment
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got[name] = __import__(name)
+
+threads = [threading.Thread(target=load, args=(n,)) for n in table]
+for t in threads: t.start()
+for t in threads: t.join()
+wrong = [n for n in table if got[n] is not sys.modules[table[n][0]] or got[n].__spec__.name != table[n][0]]
+print(len(got), wrong)
+"""
+
+
+def test_old_names_answer_the_new_modules_from_any_thread():
+    """The finder keeps no per-import state on itself: old names imported from many threads at once each get
+    their own new module, with its own spec (what reloading and pickling read). Made-up names for modules of
+    the standard library: torch's own import is not thread-safe."""
+    proc = subprocess.run([sys.executable, "-c", OLD_NAMES_IN_THREADS], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["20", "[]"], proc.stdout
+
+
+def test_an_old_name_warns_once_at_the_line_that_imported_it(tmp_path):
+    (tmp_path / "old.py").write_text("import distlab.hang\nfrom autograder.runner import grade_one\n")
+    proc = subprocess.run([sys.executable, "-W", "default", str(tmp_path / "old.py")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    warned = [line for line in proc.stderr.splitlines() if "DeprecationWarning" in line]
+    assert warned == [
+        f"{tmp_path / 'old.py'}:1: DeprecationWarning: distlab.hang is distlab.lab.hang now: import that "
+        "(the old name goes in a later release)",
+        f"{tmp_path / 'old.py'}:2: DeprecationWarning: autograder.runner is autograder.grader.supervise now: "
+        "import that (the old name goes in a later release)"], proc.stderr

@@ -65,8 +65,8 @@ from .accumulation.causes import (backwards_not_k, broken as acc_broken, clipped
                                   not_divided, steps_not_one as acc_steps_not_one, unscaled_per_micro,
                                   updated_per_micro)
 from .causes import (KNOWN_ERRORS, broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing,
-                     no_update, not_clipped, not_scaled, optimizer_stepped, scaled_loss_returned, step_skipped,
-                     steps_not_one)
+                     no_update, not_clipped, not_scaled, optimizer_stepped, real_missing, scaled_loss_returned,
+                     step_skipped, steps_not_one)
 from .observed import Run
 from .probes import REAL_MODEL, rank_main
 from .workloads import CASE_TITLES, CASES_TRUTH, MAX_NORM, MEMORY_TRUTH, STEPS, reference_fp32
@@ -217,10 +217,10 @@ def memory_ratio(run: Run) -> Verdict:
 @criterion(f"[cuda] real bf16 speedup at least {GPU_MIN_SPEEDUP}x", points=1)
 def gpu_speedup(run: Run) -> Verdict:
     r, copied = run.obs["real"], run.copied["median_seconds"]
-    got = 0.0 if r.get("skipped") or r.get("error") or run.real_missing else r["speedup"]
+    got = 0.0 if r.get("skipped") or r.get("error") or real_missing(run) else r["speedup"]
     if got >= GPU_MIN_SPEEDUP and not copied:
         return passed()
-    return failed(copied or run.real_missing or f"your compare() measured {got:.2f}x on the GPU; bf16 tensor cores "
+    return failed(copied or real_missing(run) or f"your compare() measured {got:.2f}x on the GPU; bf16 tensor cores "
                   f"should give {GPU_MIN_SPEEDUP}x or more on this wide model: is the step under autocast, and is "
                   "time measured with sync() after each call?")
 
@@ -300,7 +300,7 @@ def real_model_notes(run: Run) -> tuple[list[str], dict]:
     r = run.obs["real"]
     if r.get("skipped"):
         return [f"real-model measurement skipped: {run.copied[r['skipped']]}"], {}
-    if why := run.real_missing or broken(r, "compare"):
+    if why := real_missing(run) or broken(r, "compare"):
         return [f"real-model measurement not available: {why}"], {}
     notes = [f"On this machine ({r['device']}, {r['model']}), your compare() measured bf16 autocast "
              f"{r['speedup']:.2f}x the speed of float32 ({r['baseline_s'] * 1e3:.2f} ms vs "

@@ -49,6 +49,13 @@ def missing(part: dict, keys: tuple[str, ...]) -> str:
             "return baseline_s, candidate_s, speedup, baseline_bytes, candidate_bytes and memory_ratio")
 
 
+def real_missing(run) -> str:
+    """Feedback when the real model's compare() left out keys of the contract ("" if none, or if it did not run)."""
+    r = run.obs["real"]
+    return "" if r.get("error") or r.get("skipped") else missing(r, ("speedup", "baseline_s", "candidate_s",
+                                                                  "memory_ratio"))
+
+
 @mistake("saved_bytes counts tensors, not storages")
 def counted_tensors(steady: dict) -> str | None:
     """The steady candidate keeps one storage alive through views of a quarter of it each (SharedViews)."""

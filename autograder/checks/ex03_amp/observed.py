@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from .causes import missing
 from .probes import ANSWERS
 
 BF16_TENSOR_CORES = (8, 0)  # Ampere and newer: bf16 matmuls on tensor cores
@@ -37,9 +36,3 @@ class Run:
     def gpu_speedup_graded(self) -> bool:  # never on a CPU: () < BF16_TENSOR_CORES
         return self.capability >= BF16_TENSOR_CORES
 
-    @property
-    def real_missing(self) -> str:
-        """Feedback when the real model's compare() left out keys of the contract ("" if none, or if it did not run)."""
-        r = self.obs["real"]
-        return "" if r.get("error") or r.get("skipped") else missing(r, ("speedup", "baseline_s", "candidate_s",
-                                                                      "memory_ratio"))

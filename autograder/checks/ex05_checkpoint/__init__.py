@@ -1,6 +1,6 @@
 """Exercise 5 check: stop or kill a job, resume, and demand the very same weights.
 
-Scenarios, in three torchrun launches (the rank side is in ``probes``):
+Scenarios, in three torchrun launches (``scenarios``; the rank side is in ``probes``):
 
 1. ``reference``: an uninterrupted run in directory A (its records and final
    state are the yardstick), then, in the same processes, a run in directory C
@@ -60,7 +60,8 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded, not_pruned,
                      one_sided_collective, restart_error)
 from .observed import Run
-from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL, WORLD, run_scenarios
+from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL, WORLD
+from .scenarios import run_scenarios
 
 __all__ = ["EXERCISE", "KNOWN_ERRORS", "SCENARIOS", "criteria", "grade"]
 

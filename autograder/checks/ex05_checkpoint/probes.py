@@ -15,8 +15,7 @@ step count and moments, the learning rate, a hash of the RNG state). It also
 logs each call of a DCP or state-dict function, a collective every rank must
 make. A killed process returns nothing, but its files survive.
 
-The scenarios themselves, as the phases of each launch, are at the end (``run_scenarios``, called
-from the grading process).
+The scenarios themselves, as the phases of each launch, are the grading process's (``scenarios``).
 """
 from __future__ import annotations
 
@@ -25,9 +24,7 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -38,13 +35,10 @@ import torch.distributed.checkpoint.state_dict_saver as dcp_saver
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from distlab import LaunchError, init_distributed, torchrun
-from distlab.runtime.launch import target_string
+from distlab import init_distributed
 from distlab.data import RecordingDataset, synthetic_classification
 from distlab.measure.memory import local_tensor
 
-from ...grader import progress
-from ...grader.launches import TRACES, traced, tracing
 from ...rank import CapturedPrints, Replace, echo, learner_frame, load_learner, trace
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
@@ -248,81 +242,3 @@ def rank_main(paths: list[str], outdirs: list[str], phases: list[list[dict]]) ->
                 _run_phase(learner, phase, Path(outdir))
             trace.dump(path, Path(outdir) / f"trace-rank{dist.get_rank()}.pt")  # if traced: its events so far
     return [{"rank": dist.get_rank()} for _ in paths]
-
-
-def _launch(paths: Sequence[str], outdirs: Sequence[str], phases: list[list[dict]], world: int, timeout: float,
-            max_restarts: int = 0, label: str = "") -> tuple[LaunchError | None, float]:
-    """One launch of each file's phases; a killed job is expected, so its error is returned, not raised."""
-    t, error = time.perf_counter(), None
-    files = f" for {len(paths)} files" if len(paths) > 1 else ""
-    # The uninterrupted runs are traced (rank.trace), for the first divergence from the reference's.
-    target, args = (traced, (target_string(rank_main),)) if label == "reference" and tracing() \
-        else (rank_main, ())
-    with progress.step(f"[W={world}] {label} launch, torchrun{files}"):
-        try:
-            torchrun(target, world, args=(*args, list(paths), list(outdirs), phases), timeout=timeout,
-                     max_restarts=max_restarts)
-        except LaunchError as exc:
-            error = exc
-    if target is traced:  # each file that finished left its ranks' traces (a later file may have killed the job)
-        for path, outdir in zip(paths, outdirs):
-            files = [Path(outdir) / f"trace-rank{r}.pt" for r in range(world)]
-            if all(f.exists() for f in files):
-                TRACES.setdefault(str(path), []).append([torch.load(f, weights_only=True) for f in files])
-                for f in files:
-                    f.unlink()
-    return error, round(time.perf_counter() - t, 2)
-
-
-def _batch(files: Sequence[int], paths, outdirs, phases: Callable[[int], list[dict]], world: int, launch: str,
-           timeout: Callable[[str, int], float], out: list[dict]) -> None:
-    """Launch ``files`` together (none kills a rank); when the launch dies in one file's phases, launch the
-    files after it again. The error goes in that file's ``out[i][launch]``."""
-    todo = list(files)
-    while todo:
-        err, wall_s = _launch([paths[i] for i in todo], [outdirs[i] for i in todo], [phases(i) for i in todo],
-                              world, timeout(launch, len(todo)), label=launch)
-        ended = [all((Path(outdirs[i]) / (f"{p['name']}-stopped" if "stop_step" in p else f"{p['name']}-final.pt"))
-                     .exists() for p in phases(i)) for i in todo]
-        for i in todo:
-            out[i][f"{launch}_launch_s"] = wall_s
-        if err is None or all(ended):
-            return
-        stuck = ended.index(False)
-        out[todo[stuck]][launch], todo = err, todo[stuck + 1:]
-
-
-def run_scenarios(paths: Sequence[str], outdirs: Sequence[str], wanted: Sequence[tuple[str, ...]],
-                  reshard_world: int, timeout: Callable[[str, int], float]) -> list[dict]:
-    """The launches, in order: the reference (and the job stopped for the fresh scenario), the resumes (the
-    fresh jobs, then the restarts: one launch per file, the fresh jobs of the others ride in the first),
-    the reshard. Returns, per file, the error of each launch that died in its phases and the seconds."""
-    n, out = len(paths), [{} for _ in paths]
-
-    def phase(i: int, d: str, **kw) -> dict:
-        return dict(name=d, dir=str(Path(outdirs[i]) / d), steps=RUN["steps"], **kw)
-
-    _batch(range(n), paths, outdirs, lambda i: [phase(i, "A", tag="ref")] + (
-        [phase(i, "C", tag="first", stop_step=FRESH_STOP)] if "fresh" in wanted[i] else []),
-        WORLD, "reference", timeout, out)
-    live = [i for i in range(n) if (Path(outdirs[i]) / "A-final.pt").exists()]
-    fresh = [i for i in live if "fresh" in wanted[i] and (Path(outdirs[i]) / "C-stopped").exists()]
-    restart = [i for i in live if "restart" in wanted[i]]
-    guests = [i for i in fresh if i not in restart]
-
-    def resume(i: int) -> list[dict]:
-        return [phase(i, "C", tag="resume", once=True)] if i in fresh else []
-
-    for k, j in enumerate(restart):
-        files = (guests if k == 0 else []) + [j]
-        b = phase(j, "B", tag="restart", kill_write={"0": WRITE_KILL}, kill_step={"1": SECOND_KILL})
-        phases = [resume(i) + ([b] if i == j else []) for i in files]
-        out[j]["resume"], out[j]["resume_launch_s"] = _launch(
-            [paths[i] for i in files], [outdirs[i] for i in files], phases, WORLD, timeout("resume", len(files)),
-            max_restarts=2, label="restart")
-    if guests and not restart:
-        _batch(guests, paths, outdirs, resume, WORLD, "resume", timeout, out)
-    reshard = [i for i in live if "reshard" in wanted[i]]
-    _batch(reshard, paths, outdirs, lambda i: [dict(phase(i, "R", tag="reshard"), dir=str(Path(outdirs[i]) / "A"))],
-           reshard_world, "reshard", timeout, out)
-    return out
