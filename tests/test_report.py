@@ -67,10 +67,15 @@ def test_did_not_run_is_one_criterion_at_zero_and_survives_json():
 
 
 def test_launch_timeout_stays_inside_the_exercise_limit_for_one_file():
-    assert launch_timeout(EX) < EX.time_limit
-    assert sum(launch_timeout(EX, launches=3) for _ in range(3)) < EX.time_limit
-    assert launch_timeout(EX, files=3) > launch_timeout(EX)  # mutants graded in the same launch get more
-    assert launch_timeout(EX, share=0.25) + launch_timeout(EX, share=0.75) == pytest.approx(launch_timeout(EX))
+    def nominal(**kw) -> float:
+        return launch_timeout(EX, **kw).nominal_s
+
+    assert nominal() < EX.time_limit
+    assert sum(nominal(launches=3) for _ in range(3)) < EX.time_limit
+    assert nominal(files=3) > nominal()  # mutants graded in the same launch get more
+    assert nominal(share=0.25) + nominal(share=0.75) == pytest.approx(nominal())
+    budget = launch_timeout(EX)  # at this process's scale, read once and kept
+    assert budget.scale == launch_timeout(EX, files=2).scale and budget.limit_s == budget.nominal_s * budget.scale
 
 
 @pytest.mark.parametrize("number", list(check_modules()))

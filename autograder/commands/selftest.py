@@ -22,7 +22,7 @@ from pathlib import Path
 
 import distlab
 from distlab.runtime import warm
-from distlab.runtime.process import TIME_SCALE_VAR, calibrate, time_scale
+from distlab.runtime.process import TIME_SCALE_VAR, Budget, calibrate, time_scale
 from distlab.runtime.sandbox import status as sandbox_status
 
 from ..grader.registry import Exercise, exercises
@@ -109,7 +109,7 @@ def timed_grade(ex: Exercise, directory: Path, kind: str) -> dict:
     print(f"selftest: {kind} {ex.number} {ex.name}: {report.score:g}/{report.max_score:g} in {seconds:g} s",
           file=sys.stderr, flush=True)
     return {"exercise": ex.number, "name": ex.name, "score": report.score, "max_score": report.max_score,
-            "seconds": seconds, "limit_s": round(ex.time_limit * time_scale(), 2),
+            "seconds": seconds, "limit_s": round(Budget.read(ex.time_limit).limit_s, 2),
             "feedback": report.feedback}
 
 

@@ -8,11 +8,13 @@ for each path, the list of every rank's observation of it.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Callable, Sequence
 
 from distlab import torchrun
 from distlab.runtime.launch import target_string
+from distlab.runtime.process import Budget, time_scale
 
 from . import progress
 from ..rank.trace import traced_main as traced
@@ -25,19 +27,27 @@ RESERVE_S = 20.0
 PER_EXTRA_FILE_S = 10.0  # what one more file costs a launch that already started (no start-up)
 
 
+@functools.cache
+def process_scale() -> float:
+    """This grading process's time scale, read once: the supervisor hands it down (``Budget.env``)."""
+    return time_scale()
+
+
 def launch_timeout(exercise: Exercise, *, files: int = 1, launches: int = 1, share: float | None = None,
-                   reserve_s: float = RESERVE_S, per_extra_file_s: float = PER_EXTRA_FILE_S) -> float:
-    """The timeout of one of ``launches`` launches, run one after another, that grade ``files`` files.
+                   reserve_s: float = RESERVE_S, per_extra_file_s: float = PER_EXTRA_FILE_S) -> Budget:
+    """The budget of one of ``launches`` launches, run one after another, that grade ``files`` files.
 
     For one file the launches share what is left of ``exercise.time_limit`` after ``reserve_s``,
     equally, or this launch gets ``share`` of it (a fraction; the shares of the launches add up to 1);
-    every more file in the same launch (the test suite's mutants) adds ``per_extra_file_s``.
+    every more file in the same launch (the test suite's mutants) adds ``per_extra_file_s``. Nominal
+    seconds, at this process's scale (:func:`process_scale`): ``torchrun`` takes the budget as it is.
     """
     fraction = 1 / launches if share is None else share
-    return (exercise.time_limit - reserve_s) * fraction + per_extra_file_s * (files - 1)
+    return Budget(exercise.time_limit, process_scale()).share(fraction, reserve_s=reserve_s,
+                                                               plus_s=per_extra_file_s * (files - 1))
 
 
-def launch_files(rank_main: Callable, paths: Sequence[str | Path], *, world: int, timeout: float,
+def launch_files(rank_main: Callable, paths: Sequence[str | Path], *, world: int, timeout: Budget,
                  args: tuple = ()) -> tuple[list[list], float]:
     """One launch of ``rank_main([paths], *args)`` on ``world`` ranks.
 

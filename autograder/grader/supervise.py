@@ -15,7 +15,7 @@ from pathlib import Path
 
 from distlab.runtime import warm
 from distlab.runtime.importing import REPO_ROOT, with_repo_on_path
-from distlab.runtime.process import PROGRESS_VAR, TIME_SCALE_VAR, ProgressLimit, run_contained, time_scale
+from distlab.runtime.process import PROGRESS_VAR, TIME_SCALE_VAR, Budget, ProgressLimit, run_contained
 from distlab.runtime.sandbox import SCRATCH_VAR, STUDENT_USER_VAR, SandboxError, preflight
 
 from .progress import Callback, relay
@@ -28,7 +28,9 @@ DEFAULT_DIR = REPO_ROOT / "exercises"
 
 def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
               on_progress: Callback = None, learner: str | None = None) -> ExerciseReport:
-    """Grade ``ex`` from the file in ``directory`` in a subprocess limited to ``time_limit`` s.
+    """Grade ``ex`` from the file in ``directory`` in a subprocess limited to ``time_limit`` nominal seconds
+    (default the exercise's), at this machine's scale: the one :class:`~distlab.runtime.process.Budget` of
+    the grading, whose scale the subprocess and its launches are handed rather than read again.
 
     The grading subprocess (``autograder.grader.main``) runs as this process's user and never imports
     the learner's file; only the torchrun ranks it launches do, as the learner user in the grading
@@ -39,7 +41,8 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
     this grading's ranks run as (default ``DISTLAB_STUDENT_USER``; :mod:`autograder.commands.classroom` gives
     each concurrent grading its own).
     """
-    time_limit = (time_limit or ex.time_limit) * time_scale()
+    budget = Budget.read(time_limit or ex.time_limit)
+    limit_s = budget.limit_s
     report = ex.new_report()
     path = Path(directory) / ex.filename
     if not path.is_file():
@@ -58,19 +61,20 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
         warm.available()  # the grading subprocesses launch through this process's warm server
         progress = Path(private) / "progress"  # the launches count their ranks' advances here
         env = {**os.environ, "TMPDIR": scratch, SCRATCH_VAR: scratch, PROGRESS_VAR: str(progress),
-               "PYTHONPATH": with_repo_on_path(os.environ), **({STUDENT_USER_VAR: learner} if learner else {})}
+               "PYTHONPATH": with_repo_on_path(os.environ), **({STUDENT_USER_VAR: learner} if learner else {}),
+               **budget.env()}
         cmd = [sys.executable, "-m", "autograder.grader.main", str(ex.number), str(path.resolve()), str(out)]
-        limit = ProgressLimit(str(progress), time_limit, recent_s=5 * time_scale())
-        finished = run_contained(cmd, timeout=time_limit, env=env, cwd=REPO_ROOT, on_line=relay(on_progress),
+        limit = ProgressLimit(str(progress), limit_s, recent_s=budget.scaled(5))
+        finished = run_contained(cmd, timeout=limit_s, env=env, cwd=REPO_ROOT, on_line=relay(on_progress),
                                  should_stop=limit)
         if finished.timed_out and limit.advancing:  # slow is not wrong: the code is not scored
             return report.machine_too_slow(
                 f"this machine was too slow for this grading: it was still advancing "
-                f"{finished.wall_s - time_limit:.0f} s past its {time_limit:g} s limit "
+                f"{finished.wall_s - limit_s:.0f} s past its {limit_s:g} s limit "
                 f"(grade again with {TIME_SCALE_VAR}=2)")
         if finished.timed_out:
             return report.did_not_run(
-                f"grading took longer than its {time_limit:g} s limit and was stopped: an endless loop "
+                f"grading took longer than its {limit_s:g} s limit and was stopped: an endless loop "
                 f"in your code? (If this machine is just slow or busy, {TIME_SCALE_VAR}=2 allows twice as long.)")
         try:
             return ExerciseReport.from_dict(json.loads(out.read_text()))

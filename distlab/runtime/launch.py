@@ -34,8 +34,8 @@ import torch
 
 from distlab.runtime.distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
 from distlab.runtime.importing import REPO_ROOT, with_repo_on_path
-from distlab.runtime.process import (PROGRESS_VAR, TIME_SCALE_VAR, Finished, note_progress,  # noqa: F401 (re-exported)
-                      past_limit, run_contained, time_scale)
+from distlab.runtime.process import (PROGRESS_VAR, TIME_SCALE_VAR, Budget, Finished,  # noqa: F401 (re-exported)
+                                     note_progress, past_limit, run_contained, time_scale)
 from distlab.runtime import heartbeat
 from distlab.runtime import warm
 from distlab.runtime.sandbox import learner_sandbox
@@ -161,7 +161,7 @@ def torchrun(
     *,
     args: tuple = (),
     kwargs: dict | None = None,
-    timeout: float = 120.0,
+    timeout: float | Budget = 120.0,
     backend: str | None = None,
     max_restarts: int = 0,
     stream: bool | Callable[[str], None] = False,
@@ -176,13 +176,16 @@ def torchrun(
     ``"path/file.py:function"`` or a script ``"path/file.py"`` (run as
     ``__main__`` with ``argv``; its result is its global ``result``, if any).
     ``stream=True`` prints rank-prefixed lines live (a callable receives them
-    instead). ``timeout`` is multiplied by ``DISTLAB_TIME_SCALE``, and so is
-    ``hang_after_s``: how long no rank may advance while one waits in a
-    collective before the job is ended as a hang (shorter only for a job known
-    to block, such as a test's).
+    instead). ``timeout``: nominal seconds, multiplied here by this machine's
+    scale (:func:`time_scale`), or a :class:`Budget` a caller already read (the
+    grader's: its scale is used, not read again). The same scale multiplies
+    ``hang_after_s`` (how long no rank may advance while one waits in a
+    collective before the job is ended as a hang: shorter only for a job known
+    to block, such as a test's) and is handed to the ranks.
     """
     target_s = target_string(target)
-    timeout *= time_scale()
+    budget = timeout if isinstance(timeout, Budget) else Budget.read(timeout)
+    timeout, scale = budget.limit_s, budget.scale
     backend = backend or pick_backend(nprocs)
     callback = _print_line if stream is True else (stream or None)
     with tempfile.TemporaryDirectory(prefix="distlab-") as tmp:
@@ -190,12 +193,12 @@ def torchrun(
         spec = write_spec(outdir, target_s, args=args, kwargs=kwargs, argv=argv)
         torchrun_argv = ["--standalone", f"--nproc-per-node={nprocs}", f"--max-restarts={max_restarts}",
                          "--monitor-interval=0.1"]
-        scale = time_scale()
         supervision = Supervision(heartbeat.Watch(outdir, nprocs), timeout, hang_after_s=hang_after_s * scale,
                                   recent_s=5 * scale)
         # Collectives time out (and gloo names the peer that never came) before the job does.
         finished = run_torchrun(torchrun_argv, spec, timeout=timeout, cwd=cwd, on_line=callback,
-                                env=job_env(outdir, backend, 0.75 * timeout, env), should_stop=supervision,
+                                env=job_env(outdir, backend, 0.75 * timeout, {**(env or {}), **budget.env()}),
+                                should_stop=supervision,
                                 **learner_sandbox(outdir))
         run = collect(outdir, nprocs, backend, finished, timeout, supervision)
         note_progress(supervision.progress_file)  # a launch that finished is progress too

@@ -89,6 +89,38 @@ def time_scale() -> float:
         return 1.0
 
 
+@dataclass(frozen=True)
+class Budget:
+    """A time limit that carries its unit: ``nominal_s`` seconds as written for a 2-core laptop, times this
+    machine's ``scale`` (:func:`time_scale`, read once where the limit is first read, then handed down with
+    the budget, and to child processes as ``DISTLAB_TIME_SCALE``); :attr:`limit_s` is what the clock allows.
+    """
+
+    nominal_s: float
+    scale: float
+
+    @classmethod
+    def read(cls, nominal_s: float) -> Budget:
+        """``nominal_s`` at this machine's scale: the one place a process reads the scale for a limit."""
+        return cls(nominal_s, time_scale())
+
+    @property
+    def limit_s(self) -> float:
+        return self.nominal_s * self.scale
+
+    def scaled(self, nominal_s: float) -> float:
+        """Another duration at this budget's scale (a grace period, a hang's patience), in clock seconds."""
+        return nominal_s * self.scale
+
+    def share(self, fraction: float, *, reserve_s: float = 0.0, plus_s: float = 0.0) -> Budget:
+        """``fraction`` of what is left after ``reserve_s``, plus ``plus_s`` (nominal seconds), at the same scale."""
+        return Budget((self.nominal_s - reserve_s) * fraction + plus_s, self.scale)
+
+    def env(self) -> dict[str, str]:
+        """What hands the scale down to a child process, so that it reads the same one."""
+        return {TIME_SCALE_VAR: repr(self.scale)}
+
+
 def calibrate(scale: float, why: str) -> Path:
     """Record ``scale`` as this machine's time scale (the self-test does, from the references' own
     cost here): later gradings without ``DISTLAB_TIME_SCALE`` use it."""
