@@ -156,11 +156,11 @@ def _grade(check, paths: list[Path], kept: dict, **kwargs) -> list:
     return reports
 
 
-def measure(number: int, keep: Path | None = None) -> dict:
-    """Grade every generated mutant of exercise ``number`` in one ``grade`` call; the counts."""
+def graded(number: int) -> tuple[Path, list[Mutant], list, dict]:
+    """Every generated mutant of exercise ``number``, graded in one ``grade`` call: the solution's path, the
+    mutants, their reports and their traces (``kept``, by path as graded)."""
     from autograder.grader import divergence
     from autograder.grader.advice import violations
-    from autograder.grader.diagnosis import named
     from autograder.grader.registry import check_modules
 
     check = check_modules()[number]
@@ -174,20 +174,37 @@ def measure(number: int, keep: Path | None = None) -> dict:
             paths[-1].write_text(m.source)
         kept: dict = {}
         reports = _grade(check, paths, kept, **GRADE_KWARGS.get(number, {}))
-        wrong = [v for p, r in zip(paths, reports) for v in violations(r, kept.get(str(p), []))]
+        wrong = {i: violations(r, kept.get(str(p), [])) for i, (p, r) in enumerate(zip(paths, reports))}
+    return solution, found, reports, wrong
+
+
+def how_named(m: Mutant, report, filename: str) -> str | None:
+    """How a caught mutant's feedback names it: ``line`` (the edited line), ``cause`` (a declared cause),
+    ``error_line`` (the error the edit raised, at a line of the learner's), ``divergence`` (the first divergence
+    from the reference), or ``None``."""
+    from autograder.grader.diagnosis import named
+
+    if names_line(report.feedback, filename, m.lines):
+        return "line"
+    if named(report.feedback):
+        return "cause"
+    if re.search(rf"raised .*({re.escape(filename)}:|\bline )\d+", report.feedback, flags=re.S):
+        return "error_line"
+    return "divergence" if "first difference" in report.feedback else None
+
+
+def measure(number: int, keep: Path | None = None) -> dict:
+    """Grade every generated mutant of exercise ``number`` in one ``grade`` call; the counts."""
+    solution, found, reports, advice = graded(number)
+    wrong = [v for vs in advice.values() for v in vs]
     caught = [(m, r) for m, r in zip(found, reports) if not r.passed and not r.not_graded]
-    by_line = [m for m, r in caught if names_line(r.feedback, solution.name, m.lines)]
-    by_cause = [m for m, r in caught if not names_line(r.feedback, solution.name, m.lines) and named(r.feedback)]
-    by_error = [m for m, r in caught if m not in by_line and m not in by_cause
-                and re.search(rf"raised .*({re.escape(solution.name)}:|\bline )\d+", r.feedback, flags=re.S)]
-    by_divergence = [m for m, r in caught if m not in by_line + by_cause + by_error
-                     and "first difference" in r.feedback]
+    kinds = [how_named(m, r, solution.name) for m, r in caught]
     if keep is not None:
         keep.write_text("\n\n".join(f"## {m.edit}\n{r.feedback}" for m, r in zip(found, reports))
                         + "\n\n## advice about steps taken\n" + "\n".join(wrong))
-    return {"mutants": len(found), "caught": len(caught), "line": len(by_line), "cause": len(by_cause),
-            "error_line": len(by_error), "divergence": len(by_divergence), "violations": len(wrong),
-            "violation_examples": wrong[:3]}
+    return {"mutants": len(found), "caught": len(caught), **{k: kinds.count(k) for k in
+                                                              ("line", "cause", "error_line", "divergence")},
+            "violations": len(wrong), "violation_examples": wrong[:3]}
 
 
 def rows() -> list[Row]:

@@ -30,6 +30,7 @@ Every check package's docstring carries a table "mistake -> message" listing its
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass
 from types import ModuleType
@@ -41,6 +42,15 @@ Cause = Callable[..., Optional[str]]
 # Every message a declared cause returned in this process: feedback that contains one names its cause, and
 # ``divergence.annotate`` adds the first divergence from the reference only to feedback that names none.
 NAMED: set[str] = set()
+NAMED_BY: dict[str, str] = {}  # each such message -> the mistake that returned it
+# ``make bench`` only (benchmarks/bench_causes.py): the mistakes whose tests answer None, "*" for every one,
+# to measure what the general layer (trace, first divergence, errors at the learner's line) names without them.
+DISABLED_VAR = "DISTLAB_DISABLED_CAUSES"
+
+
+def disabled(name: str) -> bool:
+    off = os.environ.get(DISABLED_VAR, "")
+    return bool(off) and (off == "*" or name in off.split("|"))
 
 
 def mistake(name: str) -> Callable[[Cause], Cause]:
@@ -53,13 +63,21 @@ def mistake(name: str) -> Callable[[Cause], Cause]:
     def declare(fn: Cause) -> Cause:
         @functools.wraps(fn)
         def cause(*subject: Any, **kwargs: Any) -> str | None:
+            if disabled(name):
+                return None
             message = fn(*subject, **kwargs)
             if message:
                 NAMED.add(str(message))
+                NAMED_BY[str(message)] = name
             return message
         cause.mistake = name
         return cause
     return declare
+
+
+def causes_named(feedback: str) -> set[str]:
+    """The declared mistakes whose messages ``feedback`` contains."""
+    return {name for message, name in NAMED_BY.items() if message in feedback}
 
 
 def named(feedback: str) -> bool:
