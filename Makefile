@@ -4,6 +4,7 @@
 # make lint  : set up (once) and run ruff, the pinned version, on the repository (make test does too)
 # make bench : set up (once) and print the benchmark table
 # make selftest : set up (once) and check this machine grades correctly (instructors, before grading a class)
+# make grade [EX=N] [HINT=K] : grade exercises/ (or DIR=...), exercise N only, with tier K of the hints
 # make images : build distlab-learner and distlab-grader (docker, or podman; BASE=local: bases from Debian's packages)
 PYTHON ?= python3
 VENV   := .venv
@@ -54,10 +55,11 @@ lint: setup
 bench: setup
 	$(BIN)/python -m benchmarks
 
-# make grade DIR=path/to/submission
+# make grade [DIR=path/to/submission] [EX="1 2"] [HINT=1|2|3]: python -m autograder grade's exit status is
+# 0 when every graded exercise passes and 1 when one fails; make then says "Error 1" and exits 2.
 DIR ?= exercises
 grade: setup
-	$(BIN)/python -m autograder grade $(DIR)
+	$(BIN)/python -m autograder grade $(DIR) $(foreach n,$(EX),--exercise $(n)) $(if $(HINT),--hint $(HINT))
 
 # Every solution must get full marks and every stub 0 here; exit status 1 names each surprise.
 selftest: setup

@@ -123,3 +123,13 @@ def test_a_hang_is_stopped_at_the_time_limit_and_leaves_nothing(tmp_path, monkey
     assert report.score == 0 and f"grading took longer than its {8 * time_scale():g} s limit" in report.feedback
     assert leftover_processes() == []
     assert list(tmp.iterdir()) == [], "the killed grading left its temporary files behind"
+
+
+def test_make_grade_passes_the_exercise_and_the_hint_tier_on():
+    """``make grade EX="1 3" HINT=2`` is ``python -m autograder grade exercises --exercise 1 --exercise 3 --hint 2``
+    (read from ``make -n``: nothing runs)."""
+    proc = subprocess.run(["make", "-n", "grade", "EX=1 3", "HINT=2"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1].split() == [".venv/bin/python", "-m", "autograder", "grade", "exercises",
+                                                    "--exercise", "1", "--exercise", "3", "--hint", "2"]

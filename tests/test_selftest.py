@@ -119,3 +119,23 @@ def test_budgets_come_from_the_references_own_cost_here(tmp_path, monkeypatch):
     assert process.time_scale() == 2.0  # later gradings on this machine
     selftest.calibrate_budgets([{"exercise": 1, "seconds": 5.0, "limit_s": 90.0}])
     assert process.time_scale() == 1.0
+
+
+def test_the_selftest_grades_fresh_stubs_and_says_once_when_exercises_were_edited(tmp_path, capsys):
+    """An instructor's checkout where exercise 1 was solved must not read as a broken grader (issue 42):
+    the stubs graded are made afresh, and the edited folder is named with how to restore it."""
+    edited = tmp_path / "exercises"
+    fresh = tmp_path / "fresh"
+    edited.mkdir(), fresh.mkdir()
+    for p, text in selftest.generate(selftest.SOLUTIONS_DIR, edited).items():
+        p.write_text(text)
+    assert selftest.fresh_stubs(fresh, edited) == ""  # the released stubs: nothing to say
+    (edited / "ex01_ddp.py").write_text((selftest.SOLUTIONS_DIR / "ex01_ddp.py").read_text())  # solved
+    (edited / "ex09_hang.py").unlink()
+    note = selftest.fresh_stubs(fresh, edited)
+    assert note == (f"{edited} is not the released stubs (ex01_ddp.py, ex09_hang.py differ): the self-test graded "
+                    "fresh stubs from solutions/; `make stubs` (or `git checkout exercises/`) restores them, losing "
+                    "the edits")
+    assert (fresh / "ex01_ddp.py").read_text() == (REPO / "exercises" / "ex01_ddp.py").read_text()
+    assert finish(_doc(exercises_note=note)) == 0  # a note, not a surprise
+    assert note in capsys.readouterr().out

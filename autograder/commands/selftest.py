@@ -2,8 +2,9 @@
 
 The one command an instructor runs on a new GPU box, or in the grading image,
 before grading a class. It grades every reference solution (``solutions/``,
-full marks expected) and every stub (``exercises/``, 0 expected) exactly as a
-learner's file is graded (:func:`autograder.grader.supervise.grade_one`: one subprocess
+full marks expected) and every stub (made afresh from them, 0 expected: never the
+work in ``exercises/``) exactly as a learner's file is graded
+(:func:`autograder.grader.supervise.grade_one`: one subprocess
 per exercise under its time limit), launches a tiny probe at W=1, 2 and 4 that
 all-reduces on each rank's device (under NCCL that is the GPU check), and
 reports the versions, the sandbox and the time of each grading against its
@@ -16,6 +17,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +28,7 @@ from distlab.runtime.process import TIME_SCALE_VAR, Budget, calibrate, time_scal
 from distlab.runtime.sandbox import status as sandbox_status
 
 from ..grader.registry import Exercise, exercises
+from ..grader.stubs import generate
 from ..grader.supervise import REPO_ROOT, grade_one
 
 SOLUTIONS_DIR = REPO_ROOT / "solutions"
@@ -129,13 +132,27 @@ def stub_workers(count: int, sandboxed: bool) -> int:
     return max(1, min(count, cores // 4))
 
 
-def grade_all(known: list[Exercise], workers: int) -> tuple[list[dict], list[dict]]:
+def grade_all(known: list[Exercise], workers: int, stubs_dir: Path) -> tuple[list[dict], list[dict]]:
     """Solutions one at a time (their timings and any throughput checks must not share the
-    machine), then the stubs ``workers`` at a time; each grading is its own subprocess."""
+    machine), then the stubs in ``stubs_dir`` ``workers`` at a time; each grading is its own subprocess."""
     solutions = [timed_grade(ex, SOLUTIONS_DIR, "solution") for ex in known]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        stubs = list(pool.map(lambda ex: timed_grade(ex, STUBS_DIR, "stub"), known))
+        stubs = list(pool.map(lambda ex: timed_grade(ex, stubs_dir, "stub"), known))
     return solutions, stubs
+
+
+def fresh_stubs(folder: Path, exercises_dir: Path = STUBS_DIR) -> str:
+    """Write the stubs ``solutions/`` makes into ``folder`` (the self-test grades those, never a learner's
+    work in ``exercises/``); one line if ``exercises_dir`` holds something else, else ``""``."""
+    stubs = generate(SOLUTIONS_DIR, folder)
+    for path, text in stubs.items():
+        path.write_text(text)
+    edited = [p.name for p, text in stubs.items()
+              if not (exercises_dir / p.name).is_file() or (exercises_dir / p.name).read_text() != text]
+    if not edited:
+        return ""
+    return (f"{exercises_dir} is not the released stubs ({', '.join(edited)} differ): the self-test graded fresh "
+            "stubs from solutions/; `make stubs` (or `git checkout exercises/`) restores them, losing the edits")
 
 
 BUDGET_SHARE = 0.4  # a reference grading should take at most this share of its limit on the grading machine
@@ -220,7 +237,8 @@ def render(doc: dict) -> str:
         rows.append((f"{s['exercise']} {s['name']}", f"{s['score']:g}/{s['max_score']:g}", _timing(s),
                      f"{t['score']:g}/{t['max_score']:g}" if t else "-", _timing(t)))
     lines += _rows_table(rows)
-    lines += ["", f"stubs graded {doc['stub_workers']} at a time; self-test took {doc['seconds']:.0f} s"]
+    lines += ["", f"stubs (made afresh from solutions/) graded {doc['stub_workers']} at a time; self-test took "
+                  f"{doc['seconds']:.0f} s"] + ([doc["exercises_note"]] if doc.get("exercises_note") else [])
     cal = doc.get("calibration") or {}
     if cal.get("source") == "measured":
         lines.append(f"time scale for gradings on this machine: {cal['time_scale']:g}, from the references' own "
@@ -247,7 +265,9 @@ def run(only: list[int] | None = None, json_path: str | None = None) -> int:
     doc = {"environment": environment(), "sandbox": sandbox_status(), "launch": warm.path_in_use()}
     doc["probes"] = run_probes()
     doc["stub_workers"] = stub_workers(len(known), doc["sandbox"]["sandboxed"])
-    doc["solutions"], doc["stubs"] = grade_all(known, doc["stub_workers"])
+    with tempfile.TemporaryDirectory(prefix="selftest-stubs-") as fresh:
+        doc["exercises_note"] = fresh_stubs(Path(fresh))
+        doc["solutions"], doc["stubs"] = grade_all(known, doc["stub_workers"], Path(fresh))
     doc["calibration"] = calibrate_budgets(doc["solutions"])
     doc["seconds"] = round(time.monotonic() - start, 1)
     return finish(doc, json_path)
