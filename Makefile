@@ -30,9 +30,17 @@ notebooks: setup
 
 # JupyterLab serves the repository root, so exercises/ is in the file browser next to course/,
 # and opens on course/ (the learner image does the same: docker/learner-entrypoint.sh).
+# make lab [PORT=8888] [IP=127.0.0.1] [LAB_ARGS_EXTRA="--no-browser ..."]: on this machine only, unless IP
+# says otherwise (IP=0.0.0.0 on a remote machine, behind its firewall); as root (a container, a cloud VM)
+# JupyterLab needs --allow-root, which is passed, and said.
 # tests/test_browser.py starts JupyterLab with these arguments (from `make -n lab`).
-LAB_ARGS := --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/course
+PORT ?= 8888
+IP ?= 127.0.0.1
+AS_ROOT := $(filter 0,$(shell id -u))
+LAB_ARGS := --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/course --ServerApp.ip=$(IP) \
+	--ServerApp.port=$(PORT) $(if $(AS_ROOT),--allow-root) $(LAB_ARGS_EXTRA)
 lab: notebooks
+	@$(if $(AS_ROOT),echo "make lab: running as root: JupyterLab gets --allow-root")
 	$(BIN)/jupyter lab $(LAB_ARGS)
 
 # Two workers: a launch is CPU-bound only part of its time (start-up, rendezvous, containers and

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -133,3 +134,16 @@ def test_make_grade_passes_the_exercise_and_the_hint_tier_on():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1].split() == [".venv/bin/python", "-m", "autograder", "grade", "exercises",
                                                     "--exercise", "1", "--exercise", "3", "--hint", "2"]
+
+
+def test_make_lab_binds_to_this_machine_takes_a_port_and_extra_arguments_and_starts_as_root():
+    """``make lab`` as root (a container, a cloud VM) passes JupyterLab's --allow-root and says so (issue 42);
+    it binds to 127.0.0.1 unless IP says otherwise, on PORT, with LAB_ARGS_EXTRA (read from ``make -n``)."""
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "lab", "PORT=9123", "LAB_ARGS_EXTRA=--no-browser"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lab = next(line.split() for line in proc.stdout.splitlines() if line.split()[1:2] == ["lab"])
+    assert {"--ServerApp.ip=127.0.0.1", "--ServerApp.port=9123"} <= set(lab) and lab[-1] == "--no-browser"
+    root = os.getuid() == 0
+    assert ("--allow-root" in lab) == root
+    assert ('echo "make lab: running as root: JupyterLab gets --allow-root"' in proc.stdout) == root
