@@ -81,6 +81,7 @@ def _failing_report():
 def graded(monkeypatch):
     """``check`` and the CLI grade nothing: they get :func:`_failing_report`."""
     monkeypatch.setattr(check_command, "grade_one", lambda *args, **kwargs: _failing_report())
+    monkeypatch.setattr(check_command, "_LAST", {})  # no grading of another test's to show again
     monkeypatch.setattr(grade_command, "grade", lambda *args, **kwargs: [_failing_report()])
     monkeypatch.setattr(grade_command, "preflight", lambda: None)
     return hints(7)
@@ -117,3 +118,33 @@ def test_nbgraders_feedback_has_the_first_tier(graded, capsys, tmp_path):
     assert cell.grade(7, tmp_path) == 2.0
     out = capsys.readouterr().out
     assert graded["stage0_grads_match"][0] in out and graded["stage0_grads_match"][1] not in out
+
+
+def test_each_hint_stands_under_its_criterion_in_the_text_and_the_table(graded):
+    shown = check_command.Feedback(_failing_report(), graded, 2)
+    lines = repr(shown).splitlines()
+    first = lines.index("FAIL stage 0 gradients match the unsplit model: differ")
+    assert lines[first + 1] == f"  hint 2/3 (the mechanism) for 'stage 0 gradients match the unsplit model': " \
+                               f"{graded['stage0_grads_match'][1]}"
+    assert sum(line.startswith("  hint ") for line in lines) == 1  # once per criterion, not once per world size
+    assert lines[-1].startswith("next: check(7, hint=3) gives")
+    page = shown._repr_html_()
+    row = page.split("<tr")[3]  # header, the passed criterion, then the failed one: its hint in its message cell
+    assert "stage 0 gradients" in row and "hint 2/3" in row
+
+
+def test_a_hint_right_after_a_grading_of_the_unchanged_file_grades_nothing_again(monkeypatch, tmp_path, capsys):
+    """``check(7, hint=2)`` after ``check(7)`` shows that grading with the hint (issue 42): in no time, and
+    the same report; an edited file is graded again."""
+    calls = []
+    monkeypatch.setattr(check_command, "grade_one", lambda *a, **k: calls.append(a) or _failing_report())
+    monkeypatch.setattr(check_command, "_LAST", {})
+    (tmp_path / "ex07_pipeline.py").write_text("# my pipeline\n")
+    first = check_command.check(7, tmp_path, raise_on_fail=False)
+    again = check_command.check(7, tmp_path, raise_on_fail=False, hint=2)
+    assert len(calls) == 1 and again is first
+    assert "is unchanged since its last grading here: that grading, with hint 2" in capsys.readouterr().out
+    check_command.check(7, tmp_path, raise_on_fail=False)  # no hint asked: graded again
+    (tmp_path / "ex07_pipeline.py").write_text("# my pipeline, edited\n")
+    check_command.check(7, tmp_path, raise_on_fail=False, hint=3)
+    assert len(calls) == 3

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from distlab.runtime.sandbox import SandboxError, preflight
 
-from ..grader.hints import hint_lines
+from ..grader.hints import feedback_with_hints
 from ..grader.progress import to_stderr
 from ..grader.registry import exercises, hints
 from ..grader.report import table, write_json
@@ -64,10 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if not reports:
         names = ", ".join(ex.filename for ex in known.values())
         return usage_error(f"no exercise files in {directory} (looked for {names})")
-    print(table(reports))
-    for r in reports:
-        for line in hint_lines(r, hints(r.exercise), args.hint, ask="--exercise {exercise} --hint {tier}"):
-            print(line)
+    ask = "--exercise {exercise} --hint {tier}"
+    print(table(reports, lambda r: feedback_with_hints(r, hints(r.exercise), args.hint, ask=ask)))
     if args.json:
         write_json(reports, args.json)
     return 0 if all(r.passed for r in reports) else 1

@@ -15,23 +15,44 @@ def check_tier(tier: int | None) -> None:
         raise ValueError(f"hint={tier!r}: the tiers are 1 ({TIERS[0]}), 2 ({TIERS[1]}) and 3 ({TIERS[2]})")
 
 
-def hint_lines(report: ExerciseReport, known: Hints, tier: int | None, *,
-               ask: str = "check({exercise}, hint={tier})") -> list[str]:
-    """The hint lines for ``report``'s failed criteria: tier ``tier`` (1-3) of each, once per criterion
-    function (a criterion judged at two world sizes fails twice), and how to ask for the next tier.
-    A criterion "not checked: needs ... first" gets none: the hint of the one it needs is the one to read.
+def _failed(report: ExerciseReport, known: Hints) -> dict[str, int]:
+    """criterion key -> the index of its first failed criterion (a criterion judged at two world sizes fails
+    twice; a criterion "not checked: needs ... first" gets no hint: the hint of the one it needs is the one)."""
+    failed: dict[str, int] = {}
+    for i, c in enumerate(report.criteria):
+        if c.earned < c.points and c.key in known and not c.feedback.startswith("not checked"):
+            failed.setdefault(c.key, i)
+    return failed
 
-    ``tier=None``: one line saying how to ask for the first tier, if a failed criterion has hints.
-    ``ask`` is how the caller's user asks for a tier (the CLI's is ``--exercise N --hint K``).
-    """
+
+def under_criteria(report: ExerciseReport, known: Hints, tier: int | None) -> dict[int, str]:
+    """criterion index -> the hint line to show under it: tier ``tier`` of each failed criterion, once."""
     check_tier(tier)
-    failed = {c.key: c.name for c in report.criteria
-              if c.earned < c.points and c.key in known and not c.feedback.startswith("not checked")}
-    if not failed:
-        return []
     if tier is None:
-        return [f"hints: {ask.format(exercise=report.exercise, tier=1)} gives {TIERS[0]} for each failed criterion"]
-    lines = [f"hint {tier}/3 ({TIERS[tier - 1]}) for '{name}': {known[key][tier - 1]}" for key, name in failed.items()]
-    lines.append(f"next: {ask.format(exercise=report.exercise, tier=tier + 1)} gives {TIERS[tier]}" if tier < 3
-                 else "that was the last tier: the docstring of the function you write holds the contract")
-    return lines
+        return {}
+    return {i: f"hint {tier}/3 ({TIERS[tier - 1]}) for '{report.criteria[i].name}': {known[key][tier - 1]}"
+            for key, i in _failed(report, known).items()}
+
+
+def closing_line(report: ExerciseReport, known: Hints, tier: int | None, *,
+                 ask: str = "check({exercise}, hint={tier})") -> str:
+    """How to ask for the next tier (``tier=None``: for the first), if a failed criterion has hints; else "".
+    ``ask`` is how the caller's user asks for a tier (the CLI's is ``--exercise N --hint K``)."""
+    check_tier(tier)
+    if not _failed(report, known):
+        return ""
+    if tier is None:
+        return f"hints: {ask.format(exercise=report.exercise, tier=1)} gives {TIERS[0]} for each failed criterion"
+    return (f"next: {ask.format(exercise=report.exercise, tier=tier + 1)} gives {TIERS[tier]}" if tier < 3
+            else "that was the last tier: the docstring of the function you write holds the contract")
+
+
+def feedback_with_hints(report: ExerciseReport, known: Hints, tier: int | None, *,
+                        ask: str = "check({exercise}, hint={tier})") -> str:
+    """``report.feedback`` with tier ``tier`` of each failed criterion's hint under it, and the closing line."""
+    under = under_criteria(report, known, tier)
+    lines = []
+    for i, c in enumerate(report.criteria):
+        lines += [c.line] + ([f"  {under[i]}"] if i in under else [])
+    closing = closing_line(report, known, tier, ask=ask)
+    return "\n".join(lines + report.notes + ([closing] if closing else []))

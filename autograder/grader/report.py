@@ -77,6 +77,12 @@ class Criterion:
     feedback: str = ""
     key: str = ""  # the criterion function's name: what hints.py's HINTS are keyed by (empty: not a declared one)
 
+    @property
+    def line(self) -> str:
+        """The criterion's line of the feedback: ``ok name: note`` or ``FAIL name: cause``."""
+        return f"{'ok ' if self.earned >= self.points else 'FAIL'} {self.name}" + (
+            f": {self.feedback}" if self.feedback else "")
+
 
 @dataclass
 class ExerciseReport:
@@ -101,9 +107,7 @@ class ExerciseReport:
 
     @property
     def feedback(self) -> str:
-        lines = [f"{'ok ' if c.earned >= c.points else 'FAIL'} {c.name}"
-                 + (f": {c.feedback}" if c.feedback else "") for c in self.criteria]
-        return "\n".join(lines + self.notes)
+        return "\n".join([c.line for c in self.criteria] + self.notes)
 
     def check(self, name: str, points: float, ok: bool, feedback: str = "", *, pass_note: str = "",
               key: str = "") -> bool:
@@ -169,8 +173,8 @@ class ExerciseReport:
                    d.get("measurements", {}), d.get("notes", []), bool(d.get("ran", True)), d.get("not_graded", ""))
 
 
-def table(reports: list[ExerciseReport]) -> str:
-    """A readable summary table followed by each exercise's feedback."""
+def table(reports: list[ExerciseReport], feedback: Callable[[ExerciseReport], str] | None = None) -> str:
+    """A readable summary table followed by each exercise's feedback (``feedback(report)``: with hints)."""
     rows = [("exercise", "score", "result")]
     rows += [(f"{r.exercise} {r.name}", "-" if r.not_graded else f"{r.score:g}/{r.max_score:g}",
               "NOT GRADED" if r.not_graded else "pass" if r.passed else "FAIL") for r in reports]
@@ -178,7 +182,8 @@ def table(reports: list[ExerciseReport]) -> str:
     out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
     out.insert(1, "  ".join("-" * w for w in widths))
     for r in reports:
-        out += ["", f"== exercise {r.exercise} ({r.name}): {r.score:g}/{r.max_score:g}", r.feedback]
+        out += ["", f"== exercise {r.exercise} ({r.name}): {r.score:g}/{r.max_score:g}",
+                feedback(r) if feedback else r.feedback]
     return "\n".join(out)
 
 
