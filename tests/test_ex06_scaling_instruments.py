@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autograder.checks.ex06_scaling import causes
-from autograder.checks.ex06_scaling.observed import REAL, Run
+from autograder.checks.ex06_scaling.observations import REAL, Run
 from autograder.checks.ex06_scaling.probes import SYNTH
 from autograder.grader.diagnosis import diagnose
 from tests.test_ex06_scaling import REAL_FEW_STEPS

@@ -59,7 +59,7 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded, not_pruned,
                      one_sided_collective, restart_error)
-from .observed import Run
+from .observations import Run
 from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL, WORLD
 from .scenarios import run_scenarios
 

@@ -1,6 +1,6 @@
 """Exercise 5's likely mistakes, tested against what the ranks recorded (see autograder/grader/diagnosis.py).
 
-Each takes the :class:`~.observed.Run` of one file. :func:`diagnose_resume`
+Each takes the :class:`~.observations.Run` of one file. :func:`diagnose_resume`
 compares a resumed run with the uninterrupted one step by step and, at the first step where anything
 differs, names a shifted step counter or what that step started from (``COMPONENTS``: the weights,
 Adam's state, the data position, the learning rate, the RNG state); :func:`against_reference` compares
@@ -14,7 +14,7 @@ from distlab import LaunchError, pick_backend
 
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
-from .observed import Run
+from .observations import Run
 from .probes import DATA_SIZE, INTERRUPTED, RESUMED_FROM, RUN, WORLD
 from .reference import BATCH_SIZE, contract_batch, reference_run
 

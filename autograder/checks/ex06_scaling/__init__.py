@@ -102,7 +102,7 @@ from .alphabeta.causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returne
 from .causes import (KNOWN_ERRORS, REAL_CAUSES, cpu_clock, figure_per_rank, inner_forward, no_barrier, no_ddp,
                      no_figure, no_optimizer_step, no_start_barrier, no_step_function, one_rank_samples,
                      stepped_without_grad, summed_clocks, warmup_samples, warmup_timed)
-from .observed import REAL, Benchmark, Run
+from .observations import REAL, Benchmark, Run
 from .probes import SYNTH, TOL, rank_main
 
 READ_SLACK = 0.002  # the window against the clock reads' brackets: float rounding only

@@ -1,6 +1,6 @@
 """Exercise 6's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
-The method's causes and the real step's each take the :class:`~.observed.Run`
+The method's causes and the real step's each take the :class:`~.observations.Run`
 of one world size. The method's test the clock reads and collectives rank 0 made in
 ``measure_throughput`` first, and the figure's ratio to the truth only where those are missing; the
 real run's (``REAL_CAUSES``) what was counted there, which no figure can hide: the DDP wrappers
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
-from .observed import Run
+from .observations import Run
 from .probes import SYNTH, TOL
 
 
