@@ -2,11 +2,13 @@
 collectives and a DDP named in any import style are seen, and each count of the real run names its cause."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from autograder.checks.ex06_scaling import causes
-from autograder.checks.ex06_scaling.observed import REAL, Run
+from autograder.checks.ex06_scaling.observations import REAL, MethodEvent, RankObservation, Run
 from autograder.checks.ex06_scaling.probes import SYNTH
 from autograder.grader.diagnosis import diagnose
 from tests.test_ex06_scaling import REAL_FEW_STEPS
@@ -44,10 +46,10 @@ def test_the_method_and_ddp_spies_see_every_import_style(tmp_path, imported):
                 learner.every_style(step)
     finally:
         dist.destroy_process_group()
-    assert [(e["name"], e["steps"]) for e in events] == [
+    assert [(e.name, e.steps) for e in events] == [
         ("perf_counter", 0), ("barrier", 0), ("monotonic", 1), ("perf_counter", 1), ("perf_counter", 1),
         ("all_reduce", 1)]
-    assert events[-1]["op"] == "MAX"
+    assert events[-1].op == "MAX"
     assert (ddp.wrapped, ddp.built_in_step, ddp.forwards, ddp.rounds) == (1, 0, 1, 1)
 
 
@@ -55,10 +57,11 @@ def _counted(world: int = 2, **real) -> Run:
     """A run whose synthetic method was right, with ``real``'s counts of the real run (no launch)."""
     k, n = SYNTH["warmup"], SYNTH["iters"]
     steps = REAL_FEW_STEPS["warmup"] + REAL_FEW_STEPS["iters"]
-    reads = [{"kind": "clock", "name": "perf_counter", "steps": s, "in_step": False} for s in (k, k + n)]
-    rank0 = {"times": torch.zeros(k + n, 2), "method": reads, "real_steps": steps, "ddp_built_in_make": 1,
-             "ddp_built_in_step": 0, "ddp_rounds": steps,
-             "real_method": [{**e, "steps": s} for e, s in zip(reads, (2, steps))], **real}
+    reads = [MethodEvent(kind="clock", name="perf_counter", steps=s, in_step=False) for s in (k, k + n)]
+    rank0 = RankObservation(**{"rank": 0, "backend": "gloo", "reported": None, "returned": 0.0,
+                               "times": torch.zeros(k + n, 2), "method": reads, "real_steps": steps,
+                               "ddp_built_in_make": 1, "ddp_built_in_step": 0, "ddp_rounds": steps,
+                               "real_method": [replace(e, steps=s) for e, s in zip(reads, (2, steps))], **real})
     return Run([rank0] * world, {**REAL, **REAL_FEW_STEPS})
 
 
@@ -73,7 +76,7 @@ def test_the_real_runs_counts_name_their_causes_without_a_launch():
                                                                 "times in 7 steps: every backward must sync them")
     assert causes.grad_rounds(_counted(ddp_rounds=None)) is None  # a C++ comm hook: not counted
     # The real run timed otherwise than the synthetic one (a file that recognises the grader's step).
-    from_zero = [{"kind": "clock", "name": "perf_counter", "steps": s, "in_step": False} for s in (0, 7)]
+    from_zero = [MethodEvent(kind="clock", name="perf_counter", steps=s, in_step=False) for s in (0, 7)]
     assert causes.timed_other_steps(_counted(real_method=from_zero)) == (
         "on the real model your clock started after 0 steps, so the window timed 7 steps where the 5 after the 2 "
         "warm-up steps count")
@@ -82,7 +85,7 @@ def test_the_real_runs_counts_name_their_causes_without_a_launch():
     assert causes.timed_other_steps(_counted(real_method=[])) is None  # a clock the spies cannot see
     # Timed on the real model as on the synthetic step: the method's criterion named it, not this one.
     same = _counted(real_method=from_zero)
-    same.ranks[0]["method"] = [{**e, "steps": s} for e, s in zip(from_zero, (0, 10))]
+    same.ranks[0].method = [replace(e, steps=s) for e, s in zip(from_zero, (0, 10))]
     assert causes.timed_other_steps(same) is None
 
 
@@ -94,10 +97,11 @@ def _timeline(read_at: dict[int, tuple[float, float]], reported_window: float) -
     for rank, (warm, step) in enumerate([(0.1, 0.03), (0.15, 0.045)]):
         ends = [warm * (i + 1) for i in range(k)] + [0.3 + 0.01 + step * (i + 1) for i in range(n)]
         starts = [0.0, warm] + [0.31 + step * i for i in range(n)]
-        reads = [{"kind": "clock", "name": "perf_counter", "steps": s, "in_step": False, "before": t, "after": t}
+        reads = [MethodEvent(kind="clock", name="perf_counter", steps=s, in_step=False, before=t, after=t)
                  for s, t in zip((k, k + n), read_at.get(rank, ()))]
-        ranks.append({"rank": rank, "times": torch.tensor(list(zip(starts, ends)), dtype=torch.float64),
-                      "reported": 2 * b * n / reported_window, "returned": 2.0, "method": reads})
+        ranks.append(RankObservation(rank=rank, backend="gloo", times=torch.tensor(list(zip(starts, ends)),
+                                                                                 dtype=torch.float64),
+                                     reported=2 * b * n / reported_window, returned=2.0, method=reads))
     return Run(ranks)
 
 

@@ -59,8 +59,8 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded, not_pruned,
                      one_sided_collective, restart_error)
-from .observed import Run
-from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL, WORLD
+from .observations import WORLD, FinalState, Run
+from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL
 from .scenarios import run_scenarios
 
 __all__ = ["EXERCISE", "KNOWN_ERRORS", "SCENARIOS", "criteria", "grade"]
@@ -78,12 +78,12 @@ def _timeout(launch: str, files: int = 1) -> float:
     return launch_timeout(EXERCISE, files=files, share=SHARES[launch] / sum(SHARES.values()))
 
 
-def _same_state(ref: dict, got: dict | None, world: int = WORLD) -> tuple[bool, str]:
+def _same_state(ref: FinalState, got: FinalState | None, world: int = WORLD) -> tuple[bool, str]:
     if got is None:
         return False, "the run did not finish"
     bitwise = exact(world)
-    pairs = [(f"model '{k}'", v, got["model"].get(k)) for k, v in ref["model"].items()]
-    pairs += [(f"optimizer '{k}'.{j}", v, got["optim"].get(k, {}).get(j)) for k, s in ref["optim"].items()
+    pairs = [(f"model '{k}'", v, got.model.get(k)) for k, v in ref.model.items()]
+    pairs += [(f"optimizer '{k}'.{j}", v, got.optim.get(k, {}).get(j)) for k, s in ref.optim.items()
               for j, v in s.items()]
     for name, a, b in pairs:
         if b is None or a.shape != b.shape:
@@ -156,9 +156,9 @@ def reshards(run: Run) -> Verdict:
     ok, why = _same_state(run.ref, got, run.reshard_world)
     if err is not None:
         ok, why = False, f"the job failed: {one_sided_collective(run, 'R', run.reshard_world) or err}"
-    elif got is not None and (got["step"], got["lr"]) != (run.ref["step"], run.ref["lr"]):
-        ok, why = False, (f"it came back at step {got['step']} with lr {got['lr']:.6g}, expected step "
-                          f"{run.ref['step']} and lr {run.ref['lr']:.6g}")
+    elif got is not None and (got.step, got.lr) != (run.ref.step, run.ref.lr):
+        ok, why = False, (f"it came back at step {got.step} with lr {got.lr:.6g}, expected step "
+                          f"{run.ref.step} and lr {run.ref.lr:.6g}")
     if ok:
         return passed("model and Adam state identical after resharding")
     return failed(f"loading the last checkpoint of the {WORLD}-rank run with {run.reshard_world} ranks: {why}. "

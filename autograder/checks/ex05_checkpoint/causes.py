@@ -1,6 +1,6 @@
 """Exercise 5's likely mistakes, tested against what the ranks recorded (see autograder/grader/diagnosis.py).
 
-Each takes the :class:`~.observed.Run` of one file. :func:`diagnose_resume`
+Each takes the :class:`~.observations.Run` of one file (its records: :mod:`.observations`). :func:`diagnose_resume`
 compares a resumed run with the uninterrupted one step by step and, at the first step where anything
 differs, names a shifted step counter or what that step started from (``COMPONENTS``: the weights,
 Adam's state, the data position, the learning rate, the RNG state); :func:`against_reference` compares
@@ -14,9 +14,9 @@ from distlab import LaunchError, pick_backend
 
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
-from .observed import Run
-from .probes import DATA_SIZE, INTERRUPTED, RESUMED_FROM, RUN, WORLD
-from .reference import BATCH_SIZE, contract_batch, reference_run
+from .observations import WORLD, Run, StepRecord
+from .probes import DATA_SIZE, INTERRUPTED, RESUMED_FROM, RUN
+from .reference import BATCH_SIZE, ReferenceStep, contract_batch, reference_run
 
 
 KNOWN_ERRORS = [
@@ -41,13 +41,13 @@ def _close(a: float, b: float) -> bool:
 @mistake("a checkpoint collective called on some ranks only")
 def one_sided_collective(run: Run, name: str, world: int = WORLD, **match) -> str | None:
     """The first DCP or state-dict call one rank made more often than another in a phase."""
-    calls = run.records(name, world, kind="calls", **match)
-    for call in dict.fromkeys(c["call"] for rank in calls for c in rank if c["call"] != "torch.save"):
-        made = [[c for c in rank if c["call"] == call] for rank in calls]
+    calls = run.calls(name, world, **match)
+    for call in dict.fromkeys(c.call for rank in calls for c in rank if c.call != "torch.save"):
+        made = [[c for c in rank if c.call == call] for rank in calls]
         more = max(range(world), key=lambda r: len(made[r]))
         fewer = min(range(world), key=lambda r: len(made[r]))
         if len(made[more]) != len(made[fewer]):
-            done = made[more][len(made[fewer])]["after_step"]
+            done = made[more][len(made[fewer])].after_step
             when = f"at step {done + 1}" if done else "before the first step"
             return (f"{call} ran on rank {more} ({when}) but not on rank {fewer}: it is a "
                     "collective, so every rank calls it (each writes or reads its own shards); do not put it under "
@@ -66,8 +66,8 @@ def restart_error(run: Run) -> str | LaunchError | None:
 
 
 @mistake("step counter off after resuming")
-def step_shift(run: Run, xs: list[dict], first: bool) -> str | None:
-    s = xs[0]["step"]
+def step_shift(run: Run, xs: list[StepRecord], first: bool) -> str | None:
+    s = xs[0].step
     for k in (1, -1, 2, -2):
         refs = [run.ref_at(r, s + k) for r in range(len(xs))]
         if all(a is not None and not _differs(x, a) for x, a in zip(xs, refs)):
@@ -79,15 +79,15 @@ def step_shift(run: Run, xs: list[dict], first: bool) -> str | None:
     return None
 
 
-def _differs(x: dict, a: dict) -> list[str]:
+def _differs(x: StepRecord, a: StepRecord) -> list[str]:
     """What a step started from that differs between a record ``x`` and the uninterrupted run's ``a``."""
-    p, q = x.get("pre"), a.get("pre")
-    out = [] if x["data"] == a["data"] else ["data"]
+    p, q = x.pre, a.pre
+    out = [] if x.data == a.data else ["data"]
     if p and q:
-        adam = p["adam_step"] != q["adam_step"] or not _close(p["moments"], q["moments"])
-        out += [k for k, bad in (("model", not _close(p["fp"], q["fp"])), ("optimizer", adam),
-                                 ("scheduler", p["lr"] != q["lr"] or x["lr"] != a["lr"]),
-                                 ("rng", p["rng"] != q["rng"])) if bad]
+        adam = p.adam_step != q.adam_step or not _close(p.moments, q.moments)
+        out += [k for k, bad in (("model", not _close(p.fp, q.fp)), ("optimizer", adam),
+                                 ("scheduler", p.lr != q.lr or x.lr != a.lr),
+                                 ("rng", p.rng != q.rng)) if bad]
     return out
 
 
@@ -99,11 +99,11 @@ KEYS = {"optimizer": ("optim",), "scheduler": ("sched", "lr_sched"), "data": ("d
 def saved(run: Run, part: str, r: int) -> str | None:
     """Where rank ``r``'s uninterrupted run saved ``part`` of the state, as "'optim' (dcp.save at
     ex05_checkpoint.py:90)"; ``None`` when no save of the learner's held it."""
-    for call in run.records("A", kind="calls")[r]:
-        held = call.get("held") if call["call"] in ("dcp.save", "dcp.async_save", "torch.save") else None
+    for call in run.calls("A")[r]:
+        held = call.held if call.call in ("dcp.save", "dcp.async_save", "torch.save") else None
         keys = [k for k in held if k.split(".")[0].lower().startswith(KEYS[part])] if isinstance(held, list) else []
-        if keys and "line" in call:
-            return f"'{keys[0].split('.')[0]}' ({call['call']} at {call['file']}:{call['line']})"
+        if keys and call.line is not None:
+            return f"'{keys[0].split('.')[0]}' ({call.call} at {call.file}:{call.line})"
     return None
 
 
@@ -114,73 +114,73 @@ def _advice(run: Run, part: str, r: int, save: str, restore: str) -> str:
 
 
 @mistake("model not restored")
-def model_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+def model_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
     if "model" not in _differs(x, a):
         return None
-    fresh = run.ref_rec[r][0]["pre"] if run.ref_rec[r] else None
+    fresh = run.ref_rec[r][0].pre if run.ref_rec[r] else None
     how = ("the freshly built model's: train the model the checkpoint was loaded into" if fresh and
-           _close(x["pre"]["fp"], fresh["fp"]) else "restore the model")
-    return (f"rank {r} resumed with other weights than the uninterrupted run had before step {x['step']} (sum of "
-            f"its shards {x['pre']['fp']:.9g} vs {a['pre']['fp']:.9g}): {how} (dcp.load into get_state_dict's "
+           _close(x.pre.fp, fresh.fp) else "restore the model")
+    return (f"rank {r} resumed with other weights than the uninterrupted run had before step {x.step} (sum of "
+            f"its shards {x.pre.fp:.9g} vs {a.pre.fp:.9g}): {how} (dcp.load into get_state_dict's "
             "tensors, then set_state_dict)")
 
 
 @mistake("optimizer state not restored")
-def optimizer_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+def optimizer_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
     if "optimizer" not in _differs(x, a):
         return None
-    p, q = x["pre"], a["pre"]
-    what = (f"Adam's step count was {p['adam_step']:g} where the uninterrupted run's was {q['adam_step']:g}"
-            if p["adam_step"] != q["adam_step"] else
-            f"Adam's moments differ (sum {p['moments']:.9g} vs {q['moments']:.9g})")
+    p, q = x.pre, a.pre
+    what = (f"Adam's step count was {p.adam_step:g} where the uninterrupted run's was {q.adam_step:g}"
+            if p.adam_step != q.adam_step else
+            f"Adam's moments differ (sum {p.moments:.9g} vs {q.moments:.9g})")
     return what + _advice(run, "optimizer", r, ": save the optimizer's state from get_state_dict(model, optimizer) "
                           "and load it with set_state_dict",
                           "dcp.load it into get_state_dict's tensors, then set_state_dict")
 
 
 @mistake("data position not restored")
-def data_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
-    if x["data"] == a["data"]:
+def data_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
+    if x.data == a.data:
         return None
-    same = [y["step"] for y in run.ref_rec[r] if y["data"] == x["data"]]
-    return (f"rank {r} read samples {x['data'][:3]}... instead of {a['data'][:3]}..."
+    same = [y.step for y in run.ref_rec[r] if y.data == x.data]
+    return (f"rank {r} read samples {x.data[:3]}... instead of {a.data[:3]}..."
             + (f" (the samples of step {same[0]})" if same else "")
             + _advice(run, "data", r, ": save the data position (sampler epoch and batch offset) and continue from it",
                       "continue from the epoch and batch offset load_checkpoint returned"))
 
 
 @mistake("scheduler not restored")
-def scheduler_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+def scheduler_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
     if "scheduler" not in _differs(x, a):
         return None
     advice = _advice(run, "scheduler", r, ": save scheduler.state_dict() and load it on resume",
                      "scheduler.load_state_dict() it on resume")
-    if x["pre"]["lr"] == a["pre"]["lr"]:  # the optimizer's state gave this step's rate back, not the schedule
-        return (f"the learning rate it set for step {x['step'] + 1} was {x['lr']:.6g} instead of {a['lr']:.6g} (the "
+    if x.pre.lr == a.pre.lr:  # the optimizer's state gave this step's rate back, not the schedule
+        return (f"the learning rate it set for step {x.step + 1} was {x.lr:.6g} instead of {a.lr:.6g} (the "
                 "optimizer's state restored the current rate, not the schedule)" + advice)
-    same = [y["step"] for y in run.ref_rec[r] if y["pre"] and y["pre"]["lr"] == x["pre"]["lr"]]
-    if same and same[0] == x["step"] - 1 > 1:  # restored, but as it was one step earlier: saved before it stepped
-        return (f"the learning rate was {x['pre']['lr']:.6g} instead of {a['pre']['lr']:.6g}, the uninterrupted run's "
+    same = [y.step for y in run.ref_rec[r] if y.pre and y.pre.lr == x.pre.lr]
+    if same and same[0] == x.step - 1 > 1:  # restored, but as it was one step earlier: saved before it stepped
+        return (f"the learning rate was {x.pre.lr:.6g} instead of {a.pre.lr:.6g}, the uninterrupted run's "
                 f"at step {same[0]}: the scheduler state you restored is one step behind, so it was saved before "
                 "that step's scheduler.step(): step the optimizer and the scheduler, then save")
-    return (f"the learning rate was {x['pre']['lr']:.6g} instead of {a['pre']['lr']:.6g}"
+    return (f"the learning rate was {x.pre.lr:.6g} instead of {a.pre.lr:.6g}"
             + (f" (the uninterrupted run's at step {same[0]}: the schedule started over)" if same else "") + advice)
 
 
 @mistake("another rank's RNG state restored")
-def other_ranks_rng(run: Run, x: dict, a: dict, r: int) -> str | None:
+def other_ranks_rng(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
     if "rng" not in _differs(x, a):
         return None
     for q in range(len(run.ref_rec)):
-        b = run.ref_at(q, x["step"])
-        if q != r and b and b["pre"] and b["pre"]["rng"] == x["pre"]["rng"]:
+        b = run.ref_at(q, x.step)
+        if q != r and b and b.pre and b.pre.rng == x.pre.rng:
             return (f"rank {r}'s RNG state is rank {q}'s, so dropout drew rank {q}'s masks: each rank restores its "
                     "own rng-rank{R}.pt (the RNG state differs per rank)")
     return None
 
 
 @mistake("RNG state not restored")
-def rng_not_restored(run: Run, x: dict, a: dict, r: int) -> str | None:
+def rng_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
     if "rng" not in _differs(x, a) or other_ranks_rng(run, x, a, r):
         return None
     return (f"rank {r}'s RNG state differs from the uninterrupted run's, so dropout drew other masks"
@@ -192,26 +192,26 @@ COMPONENTS = [model_not_restored, optimizer_not_restored, data_not_restored, sch
               other_ranks_rng, rng_not_restored]
 
 
-def diagnose_resume(run: Run, got: list[list[dict]]) -> str:
+def diagnose_resume(run: Run, got: list[list[StepRecord]]) -> str:
     """Name what differs from the uninterrupted run at the first step of ``got`` (the resumed records,
     per rank) where anything does: the step number, or what the step started from, each with numbers."""
     for i in range(min(map(len, got), default=0)):
         xs = [g[i] for g in got]
-        refs = [run.ref_at(r, x["step"]) for r, x in enumerate(xs)]
-        if all(a is not None and not _differs(x, a) and _close(x["fp"], a["fp"]) for x, a in zip(xs, refs)):
+        refs = [run.ref_at(r, x.step) for r, x in enumerate(xs)]
+        if all(a is not None and not _differs(x, a) and _close(x.fp, a.fp) for x, a in zip(xs, refs)):
             continue
         if shift := step_shift(run, xs, i == 0):
             return shift
         missing = [r for r, a in enumerate(refs) if a is None]
         if missing:
-            return f"rank {missing[0]} reported step {xs[0]['step']}, which the uninterrupted run never reached"
+            return f"rank {missing[0]} reported step {xs[0].step}, which the uninterrupted run never reached"
         parts = [next((m for r, (x, a) in enumerate(zip(xs, refs)) if (m := cause(run, x, a, r))), None)
                  for cause in COMPONENTS]
         if any(parts):
-            return f"at step {xs[0]['step']} " + "; ".join(p for p in parts if p)
-        r = next(r for r, (x, a) in enumerate(zip(xs, refs)) if not _close(x["fp"], a["fp"]))
-        return (f"after step {xs[r]['step']} rank {r}'s parameters differ (sum of its shards {xs[r]['fp']:.9g} vs "
-                f"{refs[r]['fp']:.9g}) although the step started from the same weights, Adam state, learning rate, "
+            return f"at step {xs[0].step} " + "; ".join(p for p in parts if p)
+        r = next(r for r, (x, a) in enumerate(zip(xs, refs)) if not _close(x.fp, a.fp))
+        return (f"after step {xs[r].step} rank {r}'s parameters differ (sum of its shards {xs[r].fp:.9g} vs "
+                f"{refs[r].fp:.9g}) although the step started from the same weights, Adam state, learning rate, "
                 "samples and RNG state as the uninterrupted run's")
     return ""
 
@@ -252,40 +252,40 @@ def _near(a: float, b: float) -> bool:
 
 
 @mistake("scheduler stepped before the optimizer")
-def scheduler_first(run: Run, xs: list[dict], a: dict, refs: list[dict]) -> str | None:
-    lr, want = xs[0]["pre"]["lr"], a["pre"]["lr"]
-    if lr == want or a["step"] >= len(refs) or abs(lr - refs[a["step"]]["pre"]["lr"]) > 1e-12 * want:
+def scheduler_first(run: Run, xs: list[StepRecord], a: ReferenceStep, refs: list[ReferenceStep]) -> str | None:
+    lr, want = xs[0].pre.lr, a.pre.lr
+    if lr == want or a.step >= len(refs) or abs(lr - refs[a.step].pre.lr) > 1e-12 * want:
         return None
-    return (f"step {a['step']} trained with a learning rate of {lr:.6g}, the schedule's value for step "
-            f"{a['step'] + 1}, where the reference's is {want:.6g}: scheduler.step() ran before optimizer.step(), "
+    return (f"step {a.step} trained with a learning rate of {lr:.6g}, the schedule's value for step "
+            f"{a.step + 1}, where the reference's is {want:.6g}: scheduler.step() ran before optimizer.step(), "
             "so every step used the next step's rate. Call optimizer.step(), then scheduler.step()")
 
 
 @mistake("every rank's RNG not seeded with seed + rank")
-def rng_not_per_rank(run: Run, xs: list[dict], a: dict, refs: list[dict]) -> str | None:
+def rng_not_per_rank(run: Run, xs: list[StepRecord], a: ReferenceStep, refs: list[ReferenceStep]) -> str | None:
     if not exact(WORLD):  # under NCCL dropout draws from CUDA's generator, which the reference does not play
         return None
-    bad = [r for r, x in enumerate(xs) if x["pre"]["rng"] != a["pre"]["rng"][r]]
+    bad = [r for r, x in enumerate(xs) if x.pre.rng != a.pre.rng[r]]
     if not bad:
         return None
-    alike = len({x["pre"]["rng"] for x in xs}) == 1
-    return (f"rank {bad[0]}'s RNG state at step {a['step']} is not torch.manual_seed(seed + {bad[0]})'s"
+    alike = len({x.pre.rng for x in xs}) == 1
+    return (f"rank {bad[0]}'s RNG state at step {a.step} is not torch.manual_seed(seed + {bad[0]})'s"
             + (" (every rank's is the same: each was seeded alike)" if alike else "")
             + ", so dropout drew other masks than the reference's: seed each rank with "
             "torch.manual_seed(seed + rank), after build() and before load_checkpoint()")
 
 
 @mistake("samples not the contract's sampler")
-def samples_not_contract(run: Run, xs: list[dict], a: dict, refs: list[dict]) -> str | None:
-    bad = [r for r, x in enumerate(xs) if x["data"] != a["data"][r]]
+def samples_not_contract(run: Run, xs: list[StepRecord], a: ReferenceStep, refs: list[ReferenceStep]) -> str | None:
+    bad = [r for r, x in enumerate(xs) if x.data != a.data[r]]
     if not bad:
         return None
-    r, s, got = bad[0], a["step"], xs[bad[0]]["data"]
-    epoch_0 = [ref for ref in refs if ref["data"][r] == got]
+    r, s, got = bad[0], a.step, xs[bad[0]].data
+    epoch_0 = [ref for ref in refs if ref.data[r] == got]
     per_epoch = DATA_SIZE // WORLD // BATCH_SIZE
     found, (epoch, batch) = contract_batch(r, got), divmod(s - 1, per_epoch)
-    if epoch_0 and epoch_0[0]["step"] < s:
-        advice = (f"the samples of step {epoch_0[0]['step']}, in the first epoch: call sampler.set_epoch(epoch) at "
+    if epoch_0 and epoch_0[0].step < s:
+        advice = (f"the samples of step {epoch_0[0].step}, in the first epoch: call sampler.set_epoch(epoch) at "
                   "the start of every epoch")
     elif len(got) != BATCH_SIZE:  # the sampler may well be the contract's: the batch is not
         advice = (f"a batch of {len(got)} samples, not BATCH_SIZE={BATCH_SIZE}: a batch is BATCH_SIZE consecutive "
@@ -297,27 +297,27 @@ def samples_not_contract(run: Run, xs: list[dict], a: dict, refs: list[dict]) ->
     else:
         advice = ("use DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True) and batches of "
                   "BATCH_SIZE consecutive indices of it")
-    return (f"rank {r} read samples {xs[r]['data'][:3]}... at step {s} where the contract's gives "
-            f"{a['data'][r][:3]}...: {advice}")
+    return (f"rank {r} read samples {xs[r].data[:3]}... at step {s} where the contract's gives "
+            f"{a.data[r][:3]}...: {advice}")
 
 
 CONTRACT = [scheduler_first, samples_not_contract, rng_not_per_rank]
 
 
-def _step_symptom(xs: list[dict], a: dict) -> str:
-    p, q, s = sum(x["pre"]["fp"] for x in xs), a["pre"], a["step"]
-    if xs[0]["pre"]["adam_step"] != q["adam_step"]:
-        return (f"before step {s} Adam had stepped {xs[0]['pre']['adam_step']:g} times where the reference had "
-                f"{q['adam_step']:g}: one optimizer.step() per step")
-    if xs[0]["pre"]["lr"] != q["lr"] or xs[0]["lr"] != a["lr"]:
-        return (f"step {s} trained with a learning rate of {xs[0]['pre']['lr']:.6g} and set {xs[0]['lr']:.6g} for "
-                f"the next, where build()'s CosineAnnealingLR gives {q['lr']:.6g} and {a['lr']:.6g}")
-    if not _near(p, q["fp"]):
-        return (f"step {s} started from other weights than the reference's (sum {p:.9g} vs {q['fp']:.9g})"
+def _step_symptom(xs: list[StepRecord], a: ReferenceStep) -> str:
+    p, q, s = sum(x.pre.fp for x in xs), a.pre, a.step
+    if xs[0].pre.adam_step != q.adam_step:
+        return (f"before step {s} Adam had stepped {xs[0].pre.adam_step:g} times where the reference had "
+                f"{q.adam_step:g}: one optimizer.step() per step")
+    if xs[0].pre.lr != q.lr or xs[0].lr != a.lr:
+        return (f"step {s} trained with a learning rate of {xs[0].pre.lr:.6g} and set {xs[0].lr:.6g} for "
+                f"the next, where build()'s CosineAnnealingLR gives {q.lr:.6g} and {a.lr:.6g}")
+    if not _near(p, q.fp):
+        return (f"step {s} started from other weights than the reference's (sum {p:.9g} vs {q.fp:.9g})"
                 + (": train the model build(steps, seed) made" if s == 1 else ""))
-    got = sum(x["fp"] for x in xs)
+    got = sum(x.fp for x in xs)
     return (f"step {s} started from the reference's weights, samples, learning rate, Adam state and RNG state, "
-            f"but ended with other weights (sum {got:.9g} vs {a['fp']:.9g}): each step is zero_grad, the mean "
+            f"but ended with other weights (sum {got:.9g} vs {a.fp:.9g}): each step is zero_grad, the mean "
             "cross-entropy, backward, optimizer.step(), scheduler.step()")
 
 
@@ -327,7 +327,7 @@ def steps_not_reported(run: Run, step: int) -> str | None:
     if not any(run.ref_rec):
         return ("train finished without calling on_step(step, optimizer) once: call it after every step (after "
                 "that step's checkpoint, if any), with the number of steps done")
-    first = min(rank[0]["step"] for rank in run.ref_rec if rank)
+    first = min(rank[0].step for rank in run.ref_rec if rank)
     if step == 1 and first != 1:
         return (f"the first step the uninterrupted run reported to on_step was step {first}, not 1: start from "
                 "step = 0 (the steps done) and count each step after it ran, so the first is step 1")
@@ -340,11 +340,11 @@ def against_reference(run: Run) -> str:
     recs = run.ref_rec
     for i, a in enumerate(refs):
         xs = [rank[i] if i < len(rank) else None for rank in recs]
-        if any(x is None or x["step"] != a["step"] for x in xs):
-            return steps_not_reported(run, a["step"]) or \
-                f"the uninterrupted run's records stop or skip before step {a['step']}"
-        if any(x["pre"] is None for x in xs):
-            return f"step {a['step']} made no optimizer.step() before on_step: step the optimizer once per step"
+        if any(x is None or x.step != a.step for x in xs):
+            return steps_not_reported(run, a.step) or \
+                f"the uninterrupted run's records stop or skip before step {a.step}"
+        if any(x.pre is None for x in xs):
+            return f"step {a.step} made no optimizer.step() before on_step: step the optimizer once per step"
         found = {cause: m for cause in CONTRACT if (m := cause(run, xs, a, refs))}
         if samples_not_contract in found and "every rank's is the same" not in found.get(rng_not_per_rank, "x"):
             # more samples, more dropout draws: unless the ranks were seeded alike, the samples explain the RNG
@@ -353,12 +353,12 @@ def against_reference(run: Run) -> str:
         parts = list(found.values())
         if parts:
             return "; ".join(parts)
-        p, q = xs[0]["pre"], a["pre"]
-        fp_ok = not exact(WORLD) or (_near(sum(x["pre"]["fp"] for x in xs), q["fp"])
-                                     and _near(sum(x["fp"] for x in xs), a["fp"]))
-        if p["adam_step"] != q["adam_step"] or p["lr"] != q["lr"] or xs[0]["lr"] != a["lr"] or not fp_ok:
+        p, q = xs[0].pre, a.pre
+        fp_ok = not exact(WORLD) or (_near(sum(x.pre.fp for x in xs), q.fp)
+                                     and _near(sum(x.fp for x in xs), a.fp))
+        if p.adam_step != q.adam_step or p.lr != q.lr or xs[0].lr != a.lr or not fp_ok:
             return _step_symptom(xs, a)
-    same = parity(run.ref["model"], final) if exact(WORLD) else None
+    same = parity(run.ref.model, final) if exact(WORLD) else None
     if same is not None and not same.ok:
         return (f"after the last step the weights differ from the reference's (max abs difference "
                 f"{same.max_abs_diff:.3g} in {same.worst})")

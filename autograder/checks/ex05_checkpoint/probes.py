@@ -40,10 +40,10 @@ from distlab.data import RecordingDataset, synthetic_classification
 from distlab.measure.memory import local_tensor
 
 from ...rank import CapturedPrints, Replace, echo, learner_frame, load_learner, trace
+from .observations import CallRecord, ErrorRecord, FinalState, PreStep, RankObservation, StepRecord
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
 DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the run crosses an epoch
-WORLD = 2
 SCENARIOS = ("fresh", "restart", "reshard")
 FRESH_STOP = 5                 # fresh-job scenario: stopped after step 5, resumes from step 3
 WRITE_KILL = 2                 # restart scenario, attempt 0: killed inside the 2nd checkpoint write (step 6)
@@ -93,16 +93,16 @@ def _snapshot(optimizer, args, kwargs) -> None:
     first = optimizer.state.get(optimizer.param_groups[0]["params"][0], {})
     moments = sum(local_tensor(v).double().sum().item() for s in optimizer.state.values() for k, v in s.items()
                   if k in ("exp_avg", "exp_avg_sq"))
-    _now["pre"] = {"fp": _fingerprint(optimizer), "adam_step": float(first.get("step", 0)), "moments": moments,
-                   "lr": float(optimizer.param_groups[0]["lr"]), "rng": _rng_hash()}
+    _now["pre"] = PreStep(fp=_fingerprint(optimizer), adam_step=float(first.get("step", 0)), moments=moments,
+                          lr=float(optimizer.param_groups[0]["lr"]), rng=_rng_hash())
 
 
-def _learner_line() -> dict:
-    """The learner's file and line on the stack now (``{}`` when the learner's code is not on it)."""
+def _learner_line() -> tuple[str, int] | None:
+    """The learner's file and line on the stack now (``None`` when the learner's code is not on it)."""
     frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename != _now.get("path"):
         frame = frame.f_back
-    return {"file": Path(frame.f_code.co_filename).name, "line": frame.f_lineno} if frame is not None else {}
+    return (Path(frame.f_code.co_filename).name, frame.f_lineno) if frame is not None else None
 
 
 def _spy(name: str):
@@ -110,10 +110,11 @@ def _spy(name: str):
         def spy(*args, **kwargs):
             if _now["log"] is not None and (name != "torch.save" or _learner_line()):
                 # logged before the call: a call that hangs or raises is on disk already; a save with what it held
-                saved = args[0] if args else kwargs.get("state_dict", kwargs.get("obj"))
-                what = {"held": trace.held(saved), **_learner_line()} if "save" in name or "load" in name else {}
-                _now["log"].write(json.dumps({"call": name, "after_step": _now["step"], "attempt": _restart_count(),
-                                              "tag": _now["tag"], **what}) + "\n")
+                call = CallRecord(call=name, after_step=_now["step"], attempt=_restart_count(), tag=_now["tag"])
+                if "save" in name or "load" in name:
+                    call.held = trace.held(args[0] if args else kwargs.get("state_dict", kwargs.get("obj")))
+                    call.file, call.line = _learner_line() or (None, None)
+                _now["log"].write(json.dumps(call.to_wire()) + "\n")
                 _now["log"].flush()
             return real(*args, **kwargs)
         return spy
@@ -128,9 +129,10 @@ def _collective_spies() -> Replace:
                     if getattr(module, name, None) is not None})
 
 
-def _full_state(model, optimizer) -> dict:
+def _full_state(model, optimizer) -> tuple[dict, dict]:
+    """The model's full state dict, and the optimizer's state by parameter name (``FinalState``'s)."""
     msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {"model": msd, "optim": osd.get("state", {}) if isinstance(osd, dict) else {}}
+    return msd, osd.get("state", {}) if isinstance(osd, dict) else {}
 
 
 def _run_phase(learner, phase: dict, outdir: Path) -> None:
@@ -174,10 +176,10 @@ def _step_recorder(data: RecordingDataset, log, phase: dict, kill_step: int | No
     read = {"n": 0}
 
     def on_step(step, optimizer):
-        rec = {"attempt": _restart_count(), "tag": phase["tag"], "step": int(step), "data": data.accessed[read["n"]:],
-               "fp": _fingerprint(optimizer), "lr": optimizer.param_groups[0]["lr"], "pre": _now["pre"]}
+        rec = StepRecord(attempt=_restart_count(), tag=phase["tag"], step=int(step), data=data.accessed[read["n"]:],
+                         fp=_fingerprint(optimizer), lr=optimizer.param_groups[0]["lr"], pre=_now["pre"])
         read["n"], _now["step"] = len(data.accessed), int(step)
-        log.write(json.dumps(rec) + "\n")
+        log.write(json.dumps(rec.to_wire()) + "\n")
         log.flush()  # a killed process writes nothing more: what it recorded must be on disk already
         if kill_step is not None and step == kill_step:
             _die()
@@ -212,18 +214,18 @@ def _record_error(errors: Path, exc: BaseException, path: str) -> None:
     cause = next((ln for ln in reversed(lines) if "Error" in ln), lines[0])
     frame = learner_frame(exc, path)
     with open(errors, "a") as f:
-        f.write(json.dumps({"attempt": _restart_count(), "rank": dist.get_rank(), "error": cause[:300],
-                            "at": str(frame) if frame else ""}) + "\n")
+        f.write(json.dumps(ErrorRecord(attempt=_restart_count(), rank=dist.get_rank(), error=cause[:300],
+                                       at=str(frame) if frame else "").to_wire()) + "\n")
 
 
 def _save_final(returned: tuple, path: Path) -> None:
     """Rank 0 saves the trained model's and optimizer's full state, the step, LR and scheduler epoch."""
     model, optimizer, scheduler, step = returned
-    state = _full_state(model, optimizer)  # a collective: every rank calls it
+    msd, osd = _full_state(model, optimizer)  # a collective: every rank calls it
     if dist.get_rank() == 0:
-        state.update(step=int(step), lr=float(optimizer.param_groups[0]["lr"]),
-                     scheduler_epoch=int(scheduler.last_epoch))
-        torch.save(state, path)
+        state = FinalState(model=msd, optim=osd, step=int(step), lr=float(optimizer.param_groups[0]["lr"]),
+                           scheduler_epoch=int(scheduler.last_epoch))
+        torch.save(state.to_wire(), path)
     dist.barrier()
 
 
@@ -241,4 +243,4 @@ def rank_main(paths: list[str], outdirs: list[str], phases: list[list[dict]]) ->
             for phase in file_phases:
                 _run_phase(learner, phase, Path(outdir))
             trace.dump(path, Path(outdir) / f"trace-rank{dist.get_rank()}.pt")  # if traced: its events so far
-    return [{"rank": dist.get_rank()} for _ in paths]
+    return [RankObservation(rank=dist.get_rank()).to_wire() for _ in paths]

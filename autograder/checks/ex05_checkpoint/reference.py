@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -25,10 +26,33 @@ from torch.utils.data import DistributedSampler
 from distlab.data import synthetic_classification
 from distlab.resmlp import make_resmlp
 
-from .probes import DATA_SIZE, RUN, WORLD
+from .observations import WORLD
+from .probes import DATA_SIZE, RUN
 
 # The stub's given constants and build(): BATCH_SIZE, LR, MODEL (exercises/ex05_checkpoint.py).
 BATCH_SIZE, LR, MODEL = 16, 3e-3, dict(hidden=48, depth=2, dropout=0.1)
+
+
+@dataclass(frozen=True)
+class ReferencePre:
+    """What a step of the reference started from: :class:`~.observations.PreStep`'s, for all ranks at once."""
+
+    fp: float         # the float64 sum of the parameters (every rank's shards together)
+    moments: float    # the float64 sum of Adam's exp_avg and exp_avg_sq
+    adam_step: float  # Adam's step count
+    lr: float         # the learning rate the step trains with
+    rng: list[str]    # each rank's RNG hash, in rank order
+
+
+@dataclass(frozen=True)
+class ReferenceStep:
+    """One step of the reference: :class:`~.observations.StepRecord`'s fields, for all ranks at once."""
+
+    step: int
+    data: list[list[int]]  # per rank, the sample indices it reads at this step
+    fp: float              # the float64 sum of the parameters after the step
+    lr: float              # the learning rate after the step
+    pre: ReferencePre      # what the step started from
 
 
 def rng_hash(state: torch.Tensor) -> str:
@@ -84,7 +108,7 @@ def _state_sums(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[flo
 
 
 @functools.lru_cache(maxsize=2)
-def reference_run(world: int = WORLD) -> tuple[list[dict], dict]:
+def reference_run(world: int = WORLD) -> tuple[list[ReferenceStep], dict]:
     """The uninterrupted run at ``world`` ranks, in one process: its records, one per step, and the final
     model state (``{name: tensor}``, as the ranks' full state dict has it). Do not modify them."""
     data = synthetic_classification(DATA_SIZE, 64, 10, seed=3)
@@ -112,10 +136,10 @@ def reference_run(world: int = WORLD) -> tuple[list[dict], dict]:
             for p, acc in zip(params, total):
                 p.grad = acc / world
             fp, moments, adam_step = _state_sums(model, optimizer)
-            pre = {"fp": fp, "moments": moments, "adam_step": adam_step, "lr": float(optimizer.param_groups[0]["lr"]),
-                   "rng": [rng_hash(state) for state in rngs]}
+            pre = ReferencePre(fp=fp, moments=moments, adam_step=adam_step, lr=float(optimizer.param_groups[0]["lr"]),
+                               rng=[rng_hash(state) for state in rngs])
             optimizer.step()
             scheduler.step()
-            records.append({"step": s, "data": indices, "fp": _state_sums(model, optimizer)[0],
-                            "lr": float(optimizer.param_groups[0]["lr"]), "pre": pre})
+            records.append(ReferenceStep(step=s, data=indices, fp=_state_sums(model, optimizer)[0],
+                                         lr=float(optimizer.param_groups[0]["lr"]), pre=pre))
     return records, {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -14,7 +14,8 @@ from distlab.runtime.launch import target_string
 
 from ...grader import progress
 from ...grader.launches import TRACES, traced, tracing
-from .probes import FRESH_STOP, RUN, SECOND_KILL, WORLD, WRITE_KILL, rank_main
+from .observations import WORLD
+from .probes import FRESH_STOP, RUN, SECOND_KILL, WRITE_KILL, rank_main
 
 
 def _launch(paths: Sequence[str], outdirs: Sequence[str], phases: list[list[dict]], world: int, timeout: float,

@@ -98,12 +98,13 @@ from ...grader.launches import launch_files, launch_timeout
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .alphabeta.reference import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
+from .alphabeta.observations import Fit, Prediction
 from .alphabeta.causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returned_nothing
 from .causes import (KNOWN_ERRORS, REAL_CAUSES, cpu_clock, figure_per_rank, inner_forward, no_barrier, no_ddp,
                      no_figure, no_optimizer_step, no_start_barrier, no_step_function, one_rank_samples,
                      stepped_without_grad, summed_clocks, warmup_samples, warmup_timed)
-from .observed import REAL, Benchmark, Run
-from .probes import SYNTH, TOL, rank_main
+from .observations import REAL, SYNTH, Benchmark, RankObservation, Run
+from .probes import TOL, rank_main
 
 READ_SLACK = 0.002  # the window against the clock reads' brackets: float rounding only
 
@@ -133,22 +134,22 @@ def _window_ok(run: Run) -> bool:
 @criterion("[W={world}] throughput of the timed steps of every rank", points=2)
 def throughput_within_tolerance(run: Run) -> Verdict:
     want = SYNTH["warmup"] + SYNTH["iters"]
-    bad = [(r["rank"], len(r["times"])) for r in run.ranks if len(r["times"]) != want]
+    bad = [(r.rank, len(r.times)) for r in run.ranks if len(r.times) != want]
     if bad:
         return failed(f"step() was called {bad[0][1]} times on rank {bad[0][0]}; expected warmup + iters = {want}")
     if silent := no_figure(run):
         return failed(silent)
-    t, got, ratio = run.truth(), run.ranks[0]["reported"], run.ratio()
+    t, got, ratio = run.truth(), run.ranks[0].reported, run.ratio()
     measured = {f"W{run.world}_synthetic_reported_over_truth": round(ratio, 3)}
     if _window_ok(run) and not figure_per_rank(run):
-        return passed(f"your window {run.window():.3f} s, the timed steps {t['window']:.3f} s, the same figure on "
+        return passed(f"your window {run.window():.3f} s, the timed steps {t.window:.3f} s, the same figure on "
                       "every rank", **measured)
     why = "" if _window_ok(run) else diagnose(METHOD_CAUSES, run)
     if not why and not _window_ok(run):
         why = ("your window is shorter than the time the ranks spent on the timed steps" if ratio > 1 else
                "your window is longer than the timed steps: time only the iters steps, after the warm-up")
-    cause = (f"you reported {got:,.0f} samples/s at {run.world} rank(s); the ranks trained {t['samples']} samples "
-             f"in {t['window']:.3f} s, {t['truth']:,.0f} samples/s (ratio {ratio:.2f})" + (f": {why}" if why else ""))
+    cause = (f"you reported {got:,.0f} samples/s at {run.world} rank(s); the ranks trained {t.samples} samples "
+             f"in {t.window:.3f} s, {t.truth:,.0f} samples/s (ratio {ratio:.2f})" + (f": {why}" if why else ""))
     apart = figure_per_rank(run)
     return failed(f"{apart}; {cause}" if apart else cause, **measured)
 
@@ -159,9 +160,9 @@ METHOD_CRITERIA = [throughput_within_tolerance]  # judged at every world size
 def _untrained(run: Run) -> str:
     """'' if the real step trained the model identically on every rank, else what went wrong."""
     first = run.ranks[0]
-    if first.get("step_error"):
-        return f"make_ddp_step raised {first['step_error']}"
-    if all(torch.equal(first["initial"][k], first["final"][k]) for k in first["final"]):
+    if first.step_error:
+        return f"make_ddp_step raised {first.step_error}"
+    if all(torch.equal(first.initial[k], first.final[k]) for k in first.final):
         return diagnose([no_step_function, stepped_without_grad, no_optimizer_step], run) or \
             "the parameters did not change: the step must run forward, backward and optimizer.step()"
     return diagnose([no_ddp, inner_forward], run) or ""
@@ -176,31 +177,31 @@ def trains_with_ddp(bench: Benchmark) -> Verdict:
 @criterion("the real run: one DDP wrapper, one all-reduce per step, the steps after the warm-up timed", points=2,
            requires=[trains_with_ddp])
 def real_run_counted(bench: Benchmark) -> Verdict:
-    runs = [run for run in bench.runs if "real_steps" in run.ranks[0]]
+    runs = [run for run in bench.runs if run.ranks[0].real_steps is not None]
     for run in runs:
         if why := diagnose(REAL_CAUSES, run):
             return failed(why)
-    steps = {run.ranks[0]["real_steps"] for run in runs}
+    steps = {run.ranks[0].real_steps for run in runs}
     return passed(f"{'/'.join(map(str, sorted(steps)))} steps, one wrapper and one gradient all-reduce per step "
                   f"at {', '.join(str(run.world) for run in runs)} worker(s)")
 
 
-def _missing(values: list[dict], want: int, what: str) -> str:
+def _missing(values: list[Fit] | list[Prediction], want: int, what: str) -> str:
     """'' if the learner's function answered all ``want`` cases, else why not (its error, at its line)."""
     if len(values) != want:
         return f"{what} was not run (the first launch did not get that far)"
-    error = next((v["error"] for v in values if v["error"]), None)
+    error = next((v.error for v in values if v.error), None)
     return f"{what} raised {error}" if error else (returned_nothing(what, values) or "")
 
 
 @criterion("α and β fitted to all-reduce times at several world sizes", points=2)
 def alpha_beta_fitted(bench: Benchmark) -> Verdict:
-    fits = bench.model["fits"]
+    fits = bench.model.fits
     if problem := _missing(fits, len(DATASETS), "fit_alpha_beta"):
         return failed(problem)
     errors = []
     for data, got in zip(DATASETS, fits):
-        (a, b), worlds = got["value"], sorted({r["world"] for r in data["rows"]})
+        (a, b), worlds = got.value, sorted({r["world"] for r in data["rows"]})
         errors.append(max(abs(a / data["alpha"] - 1), abs(b / data["beta"] - 1)))
         if errors[-1] > FIT_TOL:
             why = diagnose(FIT_CAUSES, (a, b), data) or (
@@ -216,17 +217,17 @@ def alpha_beta_fitted(bench: Benchmark) -> Verdict:
 
 @criterion("efficiency predicted at unmeasured W, the all-reduce overlapping the backward", points=2)
 def efficiency_predicted(bench: Benchmark) -> Verdict:
-    predictions = bench.model["predictions"]
+    predictions = bench.model.predictions
     if problem := _missing(predictions, len(CASES), "predict_efficiency"):
         return failed(problem)
-    got = [v["value"] for v in predictions]
+    got = [v.value for v in predictions]
     wrong = [i for i, (g, c) in enumerate(zip(got, CASES)) if not close(g, predict(c), PREDICT_RTOL)]
     if not wrong:
         return passed(f"{len(CASES)} cases, W = {', '.join(str(c['world']) for c in CASES)}")
     if why := diagnose(PREDICT_CAUSES, got):
         return failed(why)
     c = CASES[wrong[0]]
-    where = first_unknown(predictions[wrong[0]].get("numbers", []), c) or (
+    where = first_unknown(predictions[wrong[0]].numbers, c) or (
         "the step is compute + max(0, all-reduce - backward), the efficiency t_step(1) / t_step(W)")
     return failed(f"at W={c['world']} (compute_s={c['compute_s']:g}, backward_s={c['backward_s']:g}, "
                   f"grad_bytes={c['grad_bytes']:g}, alpha={c['alpha']:g}, beta={c['beta']:g}) you predicted "
@@ -238,7 +239,7 @@ CRITERIA = [trains_with_ddp, real_run_counted, alpha_beta_fitted, efficiency_pre
 
 def _notes(report: ExerciseReport, bench: Benchmark) -> None:
     """The real figures, as notes: reported, never graded (speed depends on the machine)."""
-    thr, backend, cores = bench.figures, bench.runs[-1].ranks[0]["backend"], cpu_cores()
+    thr, backend, cores = bench.figures, bench.runs[-1].ranks[0].backend, cpu_cores()
     report.measurements["real_samples_per_s"] = {str(k): round(v, 1) for k, v in thr.items()}
     report.notes.append("Your benchmark on the real model (reported, not graded: speed depends on the machine):")
     for w in sorted(thr):
@@ -282,7 +283,7 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
     cfg = {**REAL, **(real or {})}
     for world, runs, wall_s in _launches(paths, world_sizes, cfg):
         for report, bench, ranks in zip(reports, benches, runs):
-            bench.runs.append(Run(ranks, cfg))
+            bench.runs.append(Run([RankObservation.from_wire(r) for r in ranks], cfg))
             report.judge(METHOD_CRITERIA, bench.runs[-1], world=world)
             report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     for report, bench in zip(reports, benches):

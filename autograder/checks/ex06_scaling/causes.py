@@ -1,6 +1,6 @@
 """Exercise 6's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
-The method's causes and the real step's each take the :class:`~.observed.Run`
+The method's causes and the real step's each take the :class:`~.observations.Run`
 of one world size. The method's test the clock reads and collectives rank 0 made in
 ``measure_throughput`` first, and the figure's ratio to the truth only where those are missing; the
 real run's (``REAL_CAUSES``) what was counted there, which no figure can hide: the DDP wrappers
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
-from .observed import Run
-from .probes import SYNTH, TOL
+from .observations import SYNTH, MethodEvent, RankObservation, Run
+from .probes import TOL
 
 
 KNOWN_ERRORS = [
@@ -39,22 +39,22 @@ def _window(run: Run) -> float:
 
 @mistake("CPU time measured instead of wall-clock time")
 def cpu_clock(run: Run) -> str | None:
-    cpu = sorted({e["name"] for e in run.events("clock")} & {"process_time", "process_time_ns", "thread_time",
+    cpu = sorted({e.name for e in run.events("clock")} & {"process_time", "process_time_ns", "thread_time",
                                                               "thread_time_ns"})
     if cpu and run.ratio() > 1 + TOL:
         return (f"you timed with time.{cpu[0]}(), which counts this process's CPU time ({_window(run):.3f} s), not "
-                f"the {run.truth()['window']:.3f} s of wall-clock time the steps took (waiting for a GPU, the "
+                f"the {run.truth().window:.3f} s of wall-clock time the steps took (waiting for a GPU, the "
                 "network or the other ranks uses no CPU): use time.perf_counter()")
     return None
 
 
 @mistake("the ranks' elapsed times summed (all_reduce's default SUM)")
 def summed_clocks(run: Run) -> str | None:
-    summed = [e for e in run.events("collective") if e["name"] == "all_reduce" and e.get("op") == "SUM"]
+    summed = [e for e in run.events("collective") if e.name == "all_reduce" and e.op == "SUM"]
     # The SUM all-reduce was seen: the ratio only has to be about 1/W (load makes a summed clock noisy).
     if run.world > 1 and summed and _near(run.own_ratio() * run.world, 1, rel=0.25):
         return (f"you all-reduced the elapsed time with SUM (all_reduce's default), adding the {run.world} ranks' "
-                f"clocks: a window of {_window(run):.3f} s for steps that took {run.truth()['window']:.3f} s. "
+                f"clocks: a window of {_window(run):.3f} s for steps that took {run.truth().window:.3f} s. "
                 "Pass op=dist.ReduceOp.MAX (the slowest rank's time), or broadcast rank 0's")
     return None
 
@@ -62,7 +62,7 @@ def summed_clocks(run: Run) -> str | None:
 @mistake("counted one rank's samples")
 def one_rank_samples(run: Run) -> str | None:
     if run.world > 1 and _near(run.own_ratio() * run.world, 1):
-        return (f"you counted one rank's samples: the {run.world} ranks trained {run.truth()['samples']} "
+        return (f"you counted one rank's samples: the {run.world} ranks trained {run.truth().samples} "
                 "(world_size * batch_size * iters): multiply by the world size (every rank trains its own batch)")
     return None
 
@@ -70,8 +70,8 @@ def one_rank_samples(run: Run) -> str | None:
 @mistake("warm-up steps timed")
 def warmup_timed(run: Run) -> str | None:
     t, reads, k = run.truth(), run.events("clock"), SYNTH["warmup"]
-    started = reads[0]["steps"] if reads else None
-    looks_so = _near(run.ranks[0]["reported"], t["samples"] / t["with_warmup"], TOL)
+    started = reads[0].steps if reads else None
+    looks_so = _near(run.ranks[0].reported, t.samples / t.with_warmup, TOL)
     if run.ratio() < 1 - TOL and (started is not None and started < k or started is None and looks_so):
         slow = k - (started or 0)
         return (f"your window ({_window(run):.3f} s) includes the {slow} slow warm-up steps"
@@ -92,16 +92,16 @@ def warmup_samples(run: Run) -> str | None:
 @mistake("clock stopped without a barrier (rank 0's own time)")
 def no_barrier(run: Run) -> str | None:
     t, events = run.truth(), run.events()
-    reads = [i for i, e in enumerate(events) if e["kind"] == "clock"]
+    reads = [i for i, e in enumerate(events) if e.kind == "clock"]
     total = SYNTH["warmup"] + SYNTH["iters"]
     if run.world == 1 or run.ratio() <= 1 + TOL:
         return None
     if reads:  # evidence: nothing synchronised the ranks between rank 0's last step and its last clock read
-        if any(e["kind"] == "collective" and e["steps"] == total for e in events[:reads[-1]]):
+        if any(e.kind == "collective" and e.steps == total for e in events[:reads[-1]]):
             return None
-    elif not _near(run.ranks[0]["reported"], t["samples"] / t["rank0_alone"], TOL):
+    elif not _near(run.ranks[0].reported, t.samples / t.rank0_alone, TOL):
         return None
-    return (f"that is rank 0's own time ({t['rank0_alone']:.3f} s) while the slowest rank took {t['window']:.3f} s"
+    return (f"that is rank 0's own time ({t.rank0_alone:.3f} s) while the slowest rank took {t.window:.3f} s"
             + (": rank 0 read the clock after its last step with no barrier in between" if reads else "")
             + ": call dist.barrier() (and torch.cuda.synchronize() on a GPU) before starting and before stopping "
             "the clock, so the window covers every rank's steps")
@@ -112,34 +112,34 @@ def no_start_barrier(run: Run) -> str | None:
     k, events = SYNTH["warmup"], run.events()
     if run.world == 1 or run.ratio() >= 1 - TOL:
         return None
-    starts = [r["times"][k, 0].item() for r in run.ranks]  # when each rank began its first timed step
+    starts = [r.times[k, 0].item() for r in run.ranks]  # when each rank began its first timed step
     late = max(range(run.world), key=starts.__getitem__)
     gap = starts[late] - starts[0]
     if gap <= 0:
         return None
-    reads = [i for i, e in enumerate(events) if e["kind"] == "clock" and e["steps"] == k]
+    reads = [i for i, e in enumerate(events) if e.kind == "clock" and e.steps == k]
     if reads:  # evidence: nothing synchronised the ranks between rank 0's warm-up and its clock's start
-        if any(e["kind"] == "collective" and e["steps"] == k for e in events[:reads[0]]):
+        if any(e.kind == "collective" and e.steps == k for e in events[:reads[0]]):
             return None
-    elif not _near(run.ranks[0]["reported"], run.truth()["samples"] / (run.truth()["window"] + gap), TOL):
+    elif not _near(run.ranks[0].reported, run.truth().samples / (run.truth().window + gap), TOL):
         return None
     return (f"rank 0 started the clock when its own warm-up ended, {gap:.3f} s before rank {late} finished "
             f"its warm-up: your window ({_window(run):.3f} s) includes that wait, while the timed steps took "
-            f"{run.truth()['window']:.3f} s. Call dist.barrier() after the warm-up (after "
+            f"{run.truth().window:.3f} s. Call dist.barrier() after the warm-up (after "
             "torch.cuda.synchronize() on a GPU), then start the clock")
 
 
-def _real(run: Run) -> dict:
+def _real(run: Run) -> RankObservation:
     return run.ranks[0]
 
 
 @mistake("the DDP wrapper rebuilt in every step")
 def wrapper_per_step(run: Run) -> str | None:
     r = _real(run)
-    if not r.get("ddp_built_in_step"):
+    if not r.ddp_built_in_step:
         return None
-    return (f"at {run.world} worker(s) step() built a new DistributedDataParallel in {r['ddp_built_in_step']} of "
-            f"its {r['real_steps']} calls: each construction broadcasts rank 0's weights and checks every "
+    return (f"at {run.world} worker(s) step() built a new DistributedDataParallel in {r.ddp_built_in_step} of "
+            f"its {r.real_steps} calls: each construction broadcasts rank 0's weights and checks every "
             "parameter's shape across the ranks (collectives, and a new bucket layout), which the timed window "
             "then counts as DDP's cost. Build the wrapper and the optimizer once, in make_ddp_step, and let "
             "step() run only the forward, backward and optimizer.step()")
@@ -147,7 +147,7 @@ def wrapper_per_step(run: Run) -> str | None:
 
 @mistake("not one DDP wrapper built by make_ddp_step")
 def wrappers_made(run: Run) -> str | None:
-    n = _real(run).get("ddp_built_in_make", 1)
+    n = _real(run).ddp_built_in_make
     if n == 1:
         return None
     return (f"at {run.world} worker(s) make_ddp_step built {n} DistributedDataParallel wrappers: wrap the model "
@@ -157,7 +157,7 @@ def wrappers_made(run: Run) -> str | None:
 @mistake("gradients not all-reduced once per step")
 def grad_rounds(run: Run) -> str | None:
     r = _real(run)
-    rounds, steps = r.get("ddp_rounds"), r.get("real_steps", 0)
+    rounds, steps = r.ddp_rounds, r.real_steps or 0
     if rounds is None or not steps or rounds == steps:
         return None
     if rounds < steps:
@@ -170,32 +170,32 @@ def grad_rounds(run: Run) -> str | None:
 @mistake("a collective of your own in every step")
 def collectives_in_step(run: Run) -> str | None:
     r = _real(run)
-    inside = [e["name"] for e in r.get("real_method", []) if e["kind"] == "collective" and e.get("in_step")]
+    inside = [e.name for e in r.real_method if e.kind == "collective" and e.in_step]
     if not inside:
         return None
     names = ", ".join(f"dist.{n}" for n in dict.fromkeys(inside))
-    return (f"at {run.world} worker(s) step() itself called {names} ({len(inside)} calls in {r['real_steps']} "
+    return (f"at {run.world} worker(s) step() itself called {names} ({len(inside)} calls in {r.real_steps} "
             "steps), on top of DDP's gradient all-reduce: the timed window then measures those collectives "
             "too. DDP already averages the gradients; synchronise or log outside the timed steps")
 
 
-def _timed(events: list[dict], k: int, n: int) -> tuple[int | None, bool]:
+def _timed(events: list[MethodEvent], k: int, n: int) -> tuple[int | None, bool]:
     """From the clock reads outside a step: the steps done when the clock started (the last read after at
     most ``k``), and whether it was read after the last of the ``k + n`` steps."""
-    reads = [e["steps"] for e in events if e["kind"] == "clock" and not e.get("in_step")]
+    reads = [e.steps for e in events if e.kind == "clock" and not e.in_step]
     return max((s for s in reads if s <= k), default=None), k + n in reads
 
 
 @mistake("the real run timed other steps than the iters after the warm-up")
 def timed_other_steps(run: Run) -> str | None:
     r, k, n = _real(run), run.real["warmup"], run.real["iters"]
-    if len(r["times"]) != SYNTH["warmup"] + SYNTH["iters"]:
+    if len(r.times) != SYNTH["warmup"] + SYNTH["iters"]:
         return None  # the synthetic step's count is wrong too: its criterion named it
-    if r.get("real_steps", k + n) != k + n:
-        return (f"at {run.world} worker(s) measure_throughput called the real step {r['real_steps']} times; "
+    if r.real_steps not in (None, k + n):
+        return (f"at {run.world} worker(s) measure_throughput called the real step {r.real_steps} times; "
                 f"expected warmup + iters = {k + n} (warmup={k}, iters={n})")
-    events = r.get("real_method", [])
-    if not any(e["kind"] == "clock" for e in events):
+    events = r.real_method
+    if not any(e.kind == "clock" for e in events):
         return None  # a clock the spies do not see (CUDA events): the synthetic step judged the method
     start, stopped = _timed(events, k, n)
     synth_start, synth_stopped = _timed(run.events(), SYNTH["warmup"], SYNTH["iters"])
@@ -215,18 +215,18 @@ REAL_CAUSES = [wrapper_per_step, wrappers_made, grad_rounds, collectives_in_step
 
 @mistake("no figure returned")
 def no_figure(run: Run) -> str | None:
-    silent = next((r for r in run.ranks if r["reported"] is None), None)
+    silent = next((r for r in run.ranks if r.reported is None), None)
     if silent is None:
         return None
-    return (f"measure_throughput returned None on rank {silent['rank']}, so there is no figure to judge: every path "
+    return (f"measure_throughput returned None on rank {silent.rank}, so there is no figure to judge: every path "
             "through it must end in return the samples per second (world_size * batch_size * iters / elapsed)")
 
 
 @mistake("a different figure on every rank")
 def figure_per_rank(run: Run) -> str | None:
-    got, apart = run.ranks[0]["reported"], [r for r in run.ranks[1:] if r["reported"] != run.ranks[0]["reported"]]
+    got, apart = run.ranks[0].reported, [r for r in run.ranks[1:] if r.reported != run.ranks[0].reported]
     if apart:
-        return (f"rank {apart[0]['rank']} returned {apart[0]['reported']:,.1f} samples/s but rank 0 returned "
+        return (f"rank {apart[0].rank} returned {apart[0].reported:,.1f} samples/s but rank 0 returned "
                 f"{got:,.1f}: return the same figure on every rank (broadcast rank 0's elapsed time, or all-reduce "
                 "it with MAX, before dividing)")
     return None
@@ -235,16 +235,16 @@ def figure_per_rank(run: Run) -> str | None:
 def _apart(run: Run) -> tuple[int, float] | None:
     """The first rank whose parameters differ from rank 0's after the real benchmark, and by how much."""
     for r in run.ranks[1:]:
-        diff = parity(r["final"], run.ranks[0]["final"], rtol=0, atol=0).max_abs_diff
+        diff = parity(r.final, run.ranks[0].final, rtol=0, atol=0).max_abs_diff
         if diff > 0:
-            return r["rank"], diff
+            return r.rank, diff
     return None
 
 
 @mistake("the step does not use DDP")
 def no_ddp(run: Run) -> str | None:
     apart = _apart(run)
-    if apart and not run.ranks[0].get("ddp_wrapped"):
+    if apart and not run.ranks[0].ddp_wrapped:
         return (f"at {run.world} workers rank {apart[0]}'s parameters differ from rank 0's by up to {apart[1]:.3g} "
                 "(they started from different weights, and no DistributedDataParallel was made): wrap the model in "
                 "DistributedDataParallel, which broadcasts rank 0's weights and averages every step's gradients")
@@ -254,7 +254,7 @@ def no_ddp(run: Run) -> str | None:
 @mistake("forward called on the inner module, bypassing DDP")
 def inner_forward(run: Run) -> str | None:
     apart, first = _apart(run), run.ranks[0]
-    if apart and first.get("ddp_wrapped") and not first.get("ddp_forwards"):
+    if apart and first.ddp_wrapped and not first.ddp_forwards:
         return (f"at {run.world} workers rank {apart[0]}'s parameters differ from rank 0's by up to {apart[1]:.3g}: "
                 "the model was wrapped in DistributedDataParallel, but no forward went through the wrapper "
                 "(ddp.module(x) skips the gradient all-reduce): call ddp(x)")
@@ -264,7 +264,7 @@ def inner_forward(run: Run) -> str | None:
 @mistake("make_ddp_step returned no step function")
 def no_step_function(run: Run) -> str | None:
     first = run.ranks[0]
-    if first.get("step_error") or "real_steps" in first:
+    if first.step_error or first.real_steps is not None:
         return None
     return ("make_ddp_step returned None, not a function, so the benchmark had no step to run and the model was "
             "never trained: end make_ddp_step with `return step`, the inner function itself (not its result)")
@@ -273,10 +273,10 @@ def no_step_function(run: Run) -> str | None:
 @mistake("the optimizer stepped with no gradient (before backward, or after zero_grad)")
 def stepped_without_grad(run: Run) -> str | None:
     first = run.ranks[0]
-    n, empty, rounds = first.get("opt_steps", 0), first.get("opt_steps_without_grad", 0), first.get("ddp_rounds", 0)
+    n, empty, rounds = first.opt_steps or 0, first.opt_steps_without_grad, first.ddp_rounds or 0
     if not n or empty < n:
         return None
-    return (f"opt.step() ran {n} times in {first.get('real_steps', 0)} calls of step(), and every time the parameters "
+    return (f"opt.step() ran {n} times in {first.real_steps or 0} calls of step(), and every time the parameters "
             "held no gradient (.grad None or zero)" + (f", though DDP all-reduced gradients {rounds} times" if rounds
                                                        else "") +
             ": it ran before loss.backward() made them, or after zero_grad() cleared them. In each step: "
@@ -286,9 +286,9 @@ def stepped_without_grad(run: Run) -> str | None:
 @mistake("optimizer.step() not called in the step")
 def no_optimizer_step(run: Run) -> str | None:
     first = run.ranks[0]
-    if "opt_steps" not in first or first["opt_steps"] or not first.get("real_steps"):
+    if first.opt_steps is None or first.opt_steps or not first.real_steps:
         return None
-    rounds = first.get("ddp_rounds", 0)
-    return (f"in {first['real_steps']} calls of step() no optimizer stepped" +
+    rounds = first.ddp_rounds or 0
+    return (f"in {first.real_steps} calls of step() no optimizer stepped" +
             (f" (DDP all-reduced the gradients {rounds} times, so the backward ran)" if rounds else "") +
             ": call opt.step() after loss.backward()")

@@ -28,9 +28,10 @@ import distlab
 from distlab.models import cpu_state, make_mlp
 
 from ...rank import CapturedPrints, DDPSpy, Replace, attempt, echo, load_learner, raised_at
+from .alphabeta.observations import Fit, ModelObservation, Number, Prediction
 from .alphabeta.reference import CASES, DATASETS
+from .observations import SYNTH, MethodEvent, RankObservation
 
-SYNTH = dict(batch_size=32, warmup=2, iters=8)
 # Rank r's timed steps take STEP_S * (1 + SLOWER_PER_RANK * r); the warm-up steps WARMUP_STEP_S, except
 # rank LATE_RANK's, LATE_WARMUP_S: that rank arrives at the timed steps last (a missing barrier before
 # the clock starts shows), and rank 0 is neither the last to start nor the last to finish.
@@ -120,16 +121,16 @@ class MethodSpy(Replace):
                 counter = self.counter
                 if counter is None or str(Path(sys._getframe(1).f_code.co_filename).resolve()) != self.path:
                     return real(*args, **kwargs)
-                event = {"kind": kind, "name": name, "steps": counter.calls, "in_step": counter.active}
+                event = MethodEvent(kind=kind, name=name, steps=counter.calls, in_step=counter.active)
                 if name == "all_reduce":
                     op = kwargs.get("op", args[1] if len(args) > 1 else dist.ReduceOp.SUM)
-                    event["op"] = str(getattr(op, "name", op)).split(".")[-1]
+                    event.op = str(getattr(op, "name", op)).split(".")[-1]
                 self.events.append(event)
-                event["before"] = _clock()  # the learner's reading lies between these two of the grader's
+                event.before = _clock()  # the learner's reading lies between these two of the grader's
                 try:
                     return real(*args, **kwargs)
                 finally:
-                    event["after"] = _clock()
+                    event.after = _clock()
             return spy
         return make
 
@@ -144,15 +145,15 @@ def rank_main(paths: list[str], real: dict, model_part: bool) -> list[dict]:
         with MethodSpy(path) as spy, DDPSpy() as ddp:  # before the import: names it binds are spied on too
             learner = load_learner(path)
             obs = _observe_method(learner, rank, spy)
-            obs.update(_observe_real(learner, rank, dev, real, spy, ddp))
+            _observe_real(learner, obs, dev, real, spy, ddp)
         if model_part and rank == 0:
-            obs["model"] = _observe_model(learner, path)
-        observed.append(obs)
+            obs.model = _observe_model(learner, path)
+        observed.append(obs.to_wire())
     distlab.shutdown()
     return observed
 
 
-def _observe_method(learner, rank: int, spy: MethodSpy) -> dict:
+def _observe_method(learner, rank: int, spy: MethodSpy) -> RankObservation:
     step = SyntheticStep(rank, SYNTH["warmup"])
     dist.barrier()
     with CapturedPrints() as out, spy.watching(step) as events:
@@ -160,51 +161,50 @@ def _observe_method(learner, rank: int, spy: MethodSpy) -> dict:
                                               iters=SYNTH["iters"])
         returned = _clock()  # no correct window ends later than this (on this rank)
     echo(out.lines)
-    return {"rank": rank, "backend": dist.get_backend(), "reported": _figure(reported), "returned": returned,
-            "times": torch.tensor(step.times, dtype=torch.float64), "method": events}
+    return RankObservation(rank=rank, backend=dist.get_backend(), reported=_figure(reported), returned=returned,
+                           times=torch.tensor(step.times, dtype=torch.float64), method=events)
 
 
-def _observe_real(learner, rank: int, dev: torch.device, real: dict, spy: MethodSpy, ddp: DDPSpy) -> dict:
-    """The learner's step and benchmark on the real model; a step that raises costs only its own marks.
+def _observe_real(learner, obs: RankObservation, dev: torch.device, real: dict, spy: MethodSpy, ddp: DDPSpy) -> None:
+    """The learner's step and benchmark on the real model, in ``obs``; a step that raises costs only its own marks.
 
     Besides the figure: the DDP wrappers built (in ``make_ddp_step``, and during steps), DDP's gradient
     all-reduce rounds, the step() calls, and the learner's clock reads and collectives, each with the
     steps done at that moment (``real_method``): what the synthetic step cannot show, or a learner fake.
     """
     # A different start on every rank, so a step without DDP ends with ranks apart.
+    rank = obs.rank
     model = make_mlp(seed=1000 + rank, hidden=real["hidden"]).to(dev)
-    obs = {"initial": cpu_state(model)}
+    obs.initial = cpu_state(model)
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(real["batch_size"], 64, generator=gen).to(dev)
     y = torch.randint(0, 10, (real["batch_size"],), generator=gen).to(dev)
     dist.barrier()
     wrapped, ddp.rounds, ddp.built_in_step = ddp.wrapped, 0, 0
     step, exc = attempt(learner.make_ddp_step, model, x, y, lr=real["lr"])  # raised: costs only its own marks
-    obs["step_error"] = raised_at(exc, learner.__file__)
+    obs.step_error = raised_at(exc, learner.__file__)
     built = ddp.wrapped - wrapped
     if step is not None:
         counted = ddp.counter = CountedStep(step)
-        stepped = {"opt_steps": 0, "opt_steps_without_grad": 0}  # every optimizer step, and those with no gradient
+        obs.opt_steps = obs.opt_steps_without_grad = 0  # every optimizer step, and those with no gradient
 
         def before_step(opt, args, kwargs) -> None:
-            stepped["opt_steps"] += 1
-            stepped["opt_steps_without_grad"] += all(p.grad is None or not bool(p.grad.any())
-                                                     for group in opt.param_groups for p in group["params"])
+            obs.opt_steps += 1
+            obs.opt_steps_without_grad += all(p.grad is None or not bool(p.grad.any())
+                                              for group in opt.param_groups for p in group["params"])
 
         hook = register_optimizer_step_pre_hook(before_step)
         try:
             with CapturedPrints(), spy.watching(counted) as events:
                 figure = _figure(learner.measure_throughput(counted, real["batch_size"], warmup=real["warmup"],
                                                             iters=real["iters"]))
-            if figure is not None:  # None: the synthetic run's criterion says so
-                obs["real"] = figure
+            obs.real = figure  # None: the synthetic run's criterion says so
         finally:
             hook.remove()
         ddp.counter = None
-        obs.update(real_method=events, real_steps=counted.calls, **stepped)
-    obs.update(final=cpu_state(model), ddp_wrapped=ddp.wrapped - wrapped, ddp_forwards=ddp.forwards,
-               ddp_built_in_make=built, ddp_built_in_step=ddp.built_in_step, ddp_rounds=ddp.rounds)
-    return obs
+        obs.real_method, obs.real_steps = events, counted.calls
+    obs.final, obs.ddp_wrapped, obs.ddp_forwards = cpu_state(model), ddp.wrapped - wrapped, ddp.forwards
+    obs.ddp_built_in_make, obs.ddp_built_in_step, obs.ddp_rounds = built, ddp.built_in_step, ddp.rounds
 
 
 def _figure(value) -> float | None:
@@ -220,7 +220,7 @@ def _pair(value) -> tuple[float, float] | None:
     return float(alpha), float(beta)
 
 
-def numbers_by_line(fn, path: str, kwargs: dict) -> tuple[object, list[dict]]:
+def numbers_by_line(fn, path: str, kwargs: dict) -> tuple[object, list[Number]]:
     """``fn(**kwargs)``, and each number a line of it assigned to a local (or returned), in order: where a
     wrong prediction first leaves the model's quantities, the grader names that line. The learner's own code
     object is traced: under ``rank.trace`` their function is wrapped (``functools.wraps``, unwrapped here)."""
@@ -235,8 +235,8 @@ def numbers_by_line(fn, path: str, kwargs: dict) -> tuple[object, list[dict]]:
         for name, value in made.items():
             line = where[0] if name != "return" else frame.f_lineno
             if line is not None:
-                numbers.append({"file": Path(path).name, "line": line, "name": name, "value": float(value),
-                                "code": linecache.getline(frame.f_code.co_filename, line).strip()})
+                numbers.append(Number(file=Path(path).name, line=line, name=name, value=float(value),
+                                      code=linecache.getline(frame.f_code.co_filename, line).strip()))
         last.update(made)
         where[0] = frame.f_lineno
         return local
@@ -249,25 +249,21 @@ def numbers_by_line(fn, path: str, kwargs: dict) -> tuple[object, list[dict]]:
         sys.settrace(previous)
 
 
-def _observe_model(learner, path: str) -> dict:
+def _observe_model(learner, path: str) -> ModelObservation:
     """The learner's ``(alpha, beta)`` for each synthetic set of all-reduce times (``DATASETS``), and its
     efficiency for each of ``CASES`` with the numbers each of its lines made; an error where it raised,
     at the learner's line."""
-    def run(fn) -> dict:
-        got, exc = attempt(fn)
-        if exc is None:
-            return {"value": got, "error": None}
-        return {"value": None, "error": raised_at(exc, path)}
+    def fitted(data: dict) -> Fit:
+        got, exc = attempt(lambda: _pair(learner.fit_alpha_beta(copy.deepcopy(data["rows"]))))
+        return Fit(value=got, error=raised_at(exc, path))
 
-    def predicted(case: dict) -> dict:
-        def call() -> tuple[float | None, list[dict]]:
+    def predicted(case: dict) -> Prediction:
+        def call() -> tuple[float | None, list[Number]]:
             value, numbers = numbers_by_line(learner.predict_efficiency, path, dict(case))
             return (None if value is None else float(value)), numbers
-        got = run(call)
-        value, numbers = got["value"] or (None, [])
-        return {"value": value, "error": got["error"], "numbers": numbers}
+        got, exc = attempt(call)
+        value, numbers = got or (None, [])
+        return Prediction(value=value, error=raised_at(exc, path), numbers=numbers)
 
     with CapturedPrints():
-        fits = [run(lambda d=d: _pair(learner.fit_alpha_beta(copy.deepcopy(d["rows"])))) for d in DATASETS]
-        predictions = [predicted(c) for c in CASES]
-    return {"fits": fits, "predictions": predictions}
+        return ModelObservation(fits=[fitted(d) for d in DATASETS], predictions=[predicted(c) for c in CASES])

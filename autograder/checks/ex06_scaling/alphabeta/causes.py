@@ -9,6 +9,7 @@ first.
 from __future__ import annotations
 
 from ....grader.diagnosis import mistake
+from .observations import Fit, Number, Prediction
 from .reference import (CASES, ELEMENT_BYTES, FIT_VARIANTS, NOISE, PREDICT_RTOL, PREDICT_VARIANTS, allreduce_s,
                         close, fit, predict, quantities)
 
@@ -34,22 +35,22 @@ def fit_elements(got: tuple[float, float], data: dict) -> str | None:
 
 
 @mistake("nothing returned")
-def returned_nothing(function: str, values: list[dict]) -> str | None:
-    if not any(v["value"] is None and not v["error"] for v in values):
+def returned_nothing(function: str, values: list[Fit] | list[Prediction]) -> str | None:
+    if not any(v.value is None and not v.error for v in values):
         return None
     what = "(alpha, beta)" if function == "fit_alpha_beta" else "the efficiency, a float"
     return f"{function} returned None: every path through it must end in return {what}"
 
 
-def first_unknown(numbers: list[dict], case: dict) -> str | None:
+def first_unknown(numbers: list[Number], case: dict) -> str | None:
     """The learner's first line that made a number none of the model's quantities for ``case`` are."""
     known = quantities(case)
     for made in numbers:
-        if not any(close(made["value"], v, 1e-9) or made["value"] == v for v in known.values()):
+        if not any(close(made.value, v, 1e-9) or made.value == v for v in known.values()):
             figures = ", ".join(f"{k} {known[k]:.6g}" for k in ("all-reduce", "exposed all-reduce", "step",
                                                                  "efficiency"))
-            return (f"{made['file']} line {made['line']} ({made['code']}) made {made['name']} = "
-                    f"{made['value']:.6g}, none of the model's numbers at W={case['world']} ({figures} s and "
+            return (f"{made.file} line {made.line} ({made.code}) made {made.name} = "
+                    f"{made.value:.6g}, none of the model's numbers at W={case['world']} ({figures} s and "
                     "the terms they add up from)")
     return None
 
