@@ -92,6 +92,7 @@ from typing import Iterator, Sequence
 import torch
 
 from distlab.measure.timing import cpu_cores
+from distlab.runtime.process import Budget
 
 from ...grader.diagnosis import diagnose
 from ...grader.launches import launch_files, launch_timeout
@@ -251,8 +252,8 @@ def _notes(report: ExerciseReport, bench: Benchmark) -> None:
                             "on the cores, so the efficiency there measures contention, not DDP.")
 
 
-def launch_timeouts(world_sizes: Sequence[int], files: int = 1) -> dict[int, float]:
-    """Seconds allowed per launch: one file's launches share the exercise's budget by weight 2 + W
+def launch_timeouts(world_sizes: Sequence[int], files: int = 1) -> dict[int, Budget]:
+    """The budget of each launch: one file's launches share the exercise's budget by weight 2 + W
     (start-up grows with the ranks), so that a hang is a ``LaunchTimeout`` naming the ranks, inside
     ``time_limit``; each more file adds ``launch_timeout``'s per-file seconds to every launch."""
     weight = {w: 2 + w for w in world_sizes}
