@@ -47,7 +47,7 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, averaged, bias_fit, bias_on_every_rank, describe, forward_returned_nothing,
                      gradient_stopped, input_not_replicated, no_backward_reduce, no_forward_reduce, not_own_shard,
                      summary, swapped, unsplit_kept, view_kept, wrong_dimension)
-from .observed import Run
+from .observations import Run
 from .probes import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]

@@ -1,6 +1,6 @@
 """Exercise 8's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
-Each takes the :class:`~.observed.Run` of one file at one world size and
+Each takes the :class:`~.observations.Run` of one file at one world size and
 the part being judged (``"shards"``, ``"forward"``, ``"bias"``, ``"communication"``, ``"x_grad"``,
 ``"grads"``, or the stage that raised: ``"build"``, ``"backward"``). The check's
 criteria ask for them, most specific first. The helpers at the top (where a shard came from, how
@@ -14,7 +14,7 @@ import torch
 
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
-from .observed import Run
+from .observations import Run
 from .probes import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
 
 

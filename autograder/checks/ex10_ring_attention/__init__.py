@@ -58,7 +58,7 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, never_waited, not_home,
                      unwritten)
-from .observed import Run
+from .observations import Run
 from .probes import P2P_TIMEOUT_S, rank_main
 from .reference import GRADS, causal_reference, grad_reference
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...grader.diagnosis import KnownError, mistake
-from .observed import Run
+from .observations import Run
 from .reference import GRADS, HEAD_DIM, noncausal, replay, replay_backward
 
 KNOWN_ERRORS = [KnownError(

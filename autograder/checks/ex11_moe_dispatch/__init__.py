@@ -36,7 +36,7 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, dropped_sent, no_exchange_collective, not_autograd, not_exchanged, not_inverted,
                      returned_none, wrong_order)
-from .observed import Run
+from .observations import Run
 from .probes import ATOL, RTOL, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]

@@ -1,6 +1,6 @@
 """Exercise 11's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
-Each takes the :class:`~.observed.Run` of one file at one world size and returns its message with the
+Each takes the :class:`~.observations.Run` of one file at one world size and returns its message with the
 numbers of the run, or ``None`` when it does not explain what was seen.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...grader.diagnosis import KnownError, mistake
-from .observed import Run
+from .observations import Run
 
 KNOWN_ERRORS = [
     KnownError("split sizes that do not add up to the rows sent",
