@@ -44,11 +44,12 @@ from ...grader.launches import launch_files, launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, averaged, bias_fit, bias_on_every_rank, describe, forward_returned_nothing,
+from .causes import (KNOWN_ERRORS, averaged, bias_on_every_rank, describe, forward_returned_nothing,
                      gradient_stopped, input_not_replicated, no_backward_reduce, no_forward_reduce, not_own_shard,
                      summary, swapped, unsplit_kept, view_kept, wrong_dimension)
-from .observed import Run
-from .probes import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM, rank_main
+from .observations import Run
+from .probes import rank_main
+from .reference import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]
 
@@ -59,8 +60,8 @@ WORLD_SIZES = (2, 4)
 
 def _raised(obs: dict, explain: bool = True) -> str:
     """What a rank raised, where, and (``explain``: when no cause was found) the known mistake it shows."""
-    known = explain and translate(obs["error"], KNOWN_ERRORS)
-    return (f"rank {obs['rank']} raised {obs['error']}" + (f" at {obs['where']}" if obs["where"] else "")
+    known = explain and translate(obs.error, KNOWN_ERRORS)
+    return (f"rank {obs.rank} raised {obs.error}" + (f" at {obs.where}" if obs.where else "")
             + (f": {known}" if known else ""))
 
 
@@ -81,8 +82,8 @@ def _blocked(run: Run, stage: str, owner: bool = False, causes=()) -> Verdict | 
     bad = run.failure(stage)
     if bad is None:
         return None
-    what, where = REPORTED[bad["stage"]]
-    if owner and bad["stage"] == stage:
+    what, where = REPORTED[bad.stage]
+    if owner and bad.stage == stage:
         why = diagnose(causes, run, stage)
         return failed(f"{why} (then {_raised(bad, explain=False)})" if why else _raised(bad))
     return failed(f"not checked: {what} (see '{where.format(world=run.world)}')")
@@ -92,16 +93,16 @@ def _wrong_parameter(run: Run) -> str | None:
     """The first shard, on any rank, that is not an nn.Parameter holding its slice of the unsplit layer."""
     for obs in run.ranks:
         for part in PARTS:
-            (layer, name), r = part.split("."), obs["rank"]
-            p, want = obs["layers"][layer]["params"][name], run.expected(part, r)
-            if p is None or not p["parameter"]:
+            (layer, name), r = part.split("."), obs.rank
+            p, want = obs.param(part), run.expected(part, r)
+            if p is None or not p.parameter:
                 what = "a plain tensor" if p else "no such attribute"
                 return (f"rank {r}'s {LAYER_CLASS[layer]} has no nn.Parameter `{name}` ({what}): keep its shard as "
                         f"self.{name} = nn.Parameter(...), so that it is trained and gets a gradient")
-            if p["value"].shape != want.shape or not torch.equal(p["value"], want):  # exact: a copy of a slice
+            if p.value.shape != want.shape or not torch.equal(p.value, want):  # exact: a copy of a slice
                 return diagnose(SHARDS, run, "shards") or (
-                    f"rank {r}'s {LAYER_CLASS[layer]}.{name} ({'x'.join(map(str, p['shape']))}) is not "
-                    f"{describe(run.ref['weights'][part], SHARD_DIM[part], r, run.world)}")
+                    f"rank {r}'s {LAYER_CLASS[layer]}.{name} ({'x'.join(map(str, p.shape))}) is not "
+                    f"{describe(run.ref.weights[part], SHARD_DIM[part], r, run.world)}")
     return None
 
 
@@ -112,12 +113,12 @@ def holds_its_shard(run: Run) -> Verdict:
     if why := _wrong_parameter(run) or diagnose([view_kept, unsplit_kept], run, "shards"):
         return failed(why)
     want = sum(run.expected(p, 0).numel() * run.expected(p, 0).element_size() for p in PARTS)
-    unsplit = sum(t.numel() * t.element_size() for t in run.ref["weights"].values())
+    unsplit = sum(t.numel() * t.element_size() for t in run.ref.weights.values())
     for obs in run.ranks:
-        held = [t for layer in obs["layers"].values() for t in layer["tensors"]]
-        if sum(t["storage_bytes"] for t in held) != want:
-            return failed(f"rank {obs['rank']}'s layers hold {sum(t['storage_bytes'] for t in held):,} B of tensors "
-                          f"({', '.join(t['name'] for t in held)}); its shard is {want:,} B: keep only the shards")
+        held = [t for layer in obs.layers.values() for t in layer.tensors]
+        if sum(t.storage_bytes for t in held) != want:
+            return failed(f"rank {obs.rank}'s layers hold {sum(t.storage_bytes for t in held):,} B of tensors "
+                          f"({', '.join(t.name for t in held)}); its shard is {want:,} B: keep only the shards")
     return passed(f"each rank holds {want:,} B of the unsplit block's {unsplit:,} B: 1/{run.world} of each weight "
                   f"and of the first bias, and the whole {D}-element second bias",
                   **{f"W{run.world}_bytes_per_rank": want, "unsplit_bytes": unsplit})
@@ -127,17 +128,17 @@ def holds_its_shard(run: Run) -> Verdict:
 def output_matches(run: Run) -> Verdict:
     if stop := _blocked(run, "forward", owner=True, causes=FORWARD):
         return stop
-    ref = run.ref["out"]
+    ref = run.ref.out
     for obs in run.ranks:
-        p = parity(obs["out"], ref, rtol=RTOL, atol=ATOL)
+        p = parity(obs.out, ref, rtol=RTOL, atol=ATOL)
         if not p.ok:
-            shape, r = tuple(obs["out"].shape), obs["rank"]
+            shape, r = tuple(obs.out.shape), obs.rank
             return failed(diagnose(FORWARD, run, "forward") or (
                 f"rank {r}'s output is {shape}, the unsplit block's {tuple(ref.shape)}" if shape != ref.shape else
                 f"rank {r}'s output differs from the unsplit block's by up to {p.max_abs_diff:.3g} (tolerance "
                 f"rtol={RTOL}, atol={ATOL})"))
-    diff = max(parity(obs["out"], ref).max_abs_diff for obs in run.ranks)
-    spread = max((obs["out"] - run.ranks[0]["out"]).abs().max().item() for obs in run.ranks)
+    diff = max(parity(obs.out, ref).max_abs_diff for obs in run.ranks)
+    spread = max((obs.out - run.ranks[0].out).abs().max().item() for obs in run.ranks)
     return passed(f"max abs difference {diff:.2g}; " + ("the same output on every rank" if spread == 0 else
                   f"the ranks' outputs differ by up to {spread:.2g}"),
                   **{f"W{run.world}_output_max_abs_diff": diff, f"W{run.world}_output_rank_spread": spread})
@@ -147,16 +148,16 @@ def output_matches(run: Run) -> Verdict:
 def bias_once(run: Run) -> Verdict:
     if stop := _blocked(run, "forward"):
         return stop
-    fit = bias_fit(run)
+    fit = run.bias_fit()
     if fit is None:
         return failed(diagnose([swapped, no_forward_reduce], run, "bias") or "RowParallelLinear made no all-reduce in "
                       "its forward, so where its bias goes could not be seen: add it once, after "
                       "ReduceFromParallelRegion")
-    if not fit["fits"]:
+    if not fit.fits:
         return failed(diagnose([input_not_replicated, averaged], run, "bias") or "not checked: the output differs from "
                       "the unsplit block's by more than a multiple of the bias, so the bias's share cannot be measured "
                       f"(see '{OUTPUT.format(world=run.world)}')")
-    before, total = fit["before"], fit["total"]
+    before, total = fit.before, fit.total
     if max(abs(k) for k in before) < 1e-3 and abs(total - 1) < 1e-3:  # float32 leaves ~1e-7; a misplaced bias >= 1/W
         return passed("no rank's partial sum holds the bias; the output holds it once")
     return failed(diagnose([bias_on_every_rank], run, "bias") or
@@ -169,10 +170,10 @@ def forward_communication(run: Run) -> Verdict:
     if stop := _blocked(run, "forward"):
         return stop
     for obs in run.ranks:
-        calls = run.calls(obs["rank"], "forward")
-        if [(c["kind"], c["layer"]) for c in calls] != [("all_reduce", "row")]:
+        calls = run.calls(obs.rank, "forward")
+        if [(c.kind, c.layer) for c in calls] != [("all_reduce", "row")]:
             return failed(diagnose([swapped, no_forward_reduce], run, "communication") or
-                          f"rank {obs['rank']}'s forward made {summary(calls)}: the block needs one all-reduce, g's, "
+                          f"rank {obs.rank}'s forward made {summary(calls)}: the block needs one all-reduce, g's, "
                           "of RowParallelLinear's partial sums, and no other collective")
     return passed(f"one all-reduce of {B}x{D} per rank")
 
@@ -182,16 +183,16 @@ def input_grad_matches(run: Run) -> Verdict:
     causes = [*SHARDS, input_not_replicated, swapped, no_backward_reduce, averaged, gradient_stopped]
     if stop := _blocked(run, "backward", owner=True, causes=causes):
         return stop
-    ref = run.ref["x_grad"]
+    ref = run.ref.x_grad
     for obs in run.ranks:
-        if obs["x_grad"] is None:
-            return failed(gradient_stopped(run, "x_grad") or f"rank {obs['rank']}'s input got no gradient: "
+        if obs.x_grad is None:
+            return failed(gradient_stopped(run, "x_grad") or f"rank {obs.rank}'s input got no gradient: "
                           "CopyToParallelRegion.backward must return the all-reduced gradient")
-        p = parity(obs["x_grad"], ref, rtol=RTOL, atol=ATOL)
+        p = parity(obs.x_grad, ref, rtol=RTOL, atol=ATOL)
         if not p.ok:
-            return failed(diagnose(causes, run, "x_grad") or f"rank {obs['rank']}'s x.grad differs from the unsplit "
+            return failed(diagnose(causes, run, "x_grad") or f"rank {obs.rank}'s x.grad differs from the unsplit "
                           f"block's by up to {p.max_abs_diff:.3g} (tolerance rtol={RTOL}, atol={ATOL})")
-    diff = max(parity(obs["x_grad"], ref).max_abs_diff for obs in run.ranks)
+    diff = max(parity(obs.x_grad, ref).max_abs_diff for obs in run.ranks)
     return passed(f"max abs difference {diff:.2g}", **{f"W{run.world}_x_grad_max_abs_diff": diff})
 
 
@@ -201,7 +202,7 @@ def shard_grads_match(run: Run) -> Verdict:
         return stop
     worst = 0.0
     for obs in run.ranks:
-        r, got = obs["rank"], obs["grads"]
+        r, got = obs.rank, obs.grads
         missing = [p for p in PARTS if got[p] is None]
         if missing:
             layer, name = missing[0].split(".")
@@ -222,18 +223,18 @@ def backward_communication(run: Run) -> Verdict:
     if stop := _blocked(run, "backward"):
         return stop
     for obs in run.ranks:
-        calls = run.calls(obs["rank"], "backward")
-        if [(c["kind"], c["shape"]) for c in calls] != [("all_reduce", [B, D])]:
+        calls = run.calls(obs.rank, "backward")
+        if [(c.kind, c.shape) for c in calls] != [("all_reduce", [B, D])]:
             return failed(diagnose([swapped, no_backward_reduce], run, "communication") or
-                          f"rank {obs['rank']}'s backward made {summary(calls)}: the block needs one all-reduce, f's, "
+                          f"rank {obs.rank}'s backward made {summary(calls)}: the block needs one all-reduce, f's, "
                           f"of the {B}x{D} input's gradient, and no other collective")
     # What the all-reduce produced must be what reached x.grad: the sum of what the ranks put in.
-    summed = sum(run.calls(r, "backward")[0]["input"] for r in range(run.world))
+    summed = sum(run.calls(r, "backward")[0].input for r in range(run.world))
     for obs in run.ranks:
-        p = None if obs["x_grad"] is None else parity(obs["x_grad"], summed, rtol=RTOL, atol=ATOL)
+        p = None if obs.x_grad is None else parity(obs.x_grad, summed, rtol=RTOL, atol=ATOL)
         if not p:
             return failed(diagnose([swapped, gradient_stopped], run, "communication") or
-                          f"rank {obs['rank']}'s x.grad is not what the backward's all-reduce produced"
+                          f"rank {obs.rank}'s x.grad is not what the backward's all-reduce produced"
                           + (f" (max abs difference {p.max_abs_diff:.3g})" if p else "") +
                           ": return the all-reduced gradient from CopyToParallelRegion.backward")
     return passed(f"one all-reduce of {B}x{D} per rank, into x.grad")
@@ -245,7 +246,7 @@ CRITERIA = [holds_its_shard, output_matches, bias_once, forward_communication, i
 
 def _judge(report: ExerciseReport, run: Run, wall_s: float) -> None:
     """One file at one world size: the criteria, or "did not run" when some of it is not written yet."""
-    if stub := next((obs["not_implemented"] for obs in run.ranks if obs["not_implemented"]), None):
+    if stub := next((obs.not_implemented for obs in run.ranks if obs.not_implemented), None):
         report.notes.clear()
         report.did_not_run(f"not implemented yet ({stub})")
         return
@@ -267,5 +268,5 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
             runs, wall_s = jobs[world].result()  # a failed launch raises here, as a sequential one would
             for report, ranks in zip(reports, runs):
                 if report.ran:
-                    _judge(report, Run(ranks), wall_s)
+                    _judge(report, Run.from_wire(ranks), wall_s)
     return [r.scale_to() for r in reports]

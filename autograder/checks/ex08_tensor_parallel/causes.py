@@ -1,10 +1,11 @@
 """Exercise 8's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
-Each takes the :class:`~.observed.Run` of one file at one world size and
+Each takes the :class:`~.observations.Run` of one file at one world size and
 the part being judged (``"shards"``, ``"forward"``, ``"bias"``, ``"communication"``, ``"x_grad"``,
 ``"grads"``, or the stage that raised: ``"build"``, ``"backward"``). The check's
-criteria ask for them, most specific first. The helpers at the top (where a shard came from, how
-many biases a tensor holds) are the measurements they share with the criteria.
+criteria ask for them, most specific first. The helpers at the top (where a shard came from, what the
+collectives were) are the measurements they share with the criteria; how many biases a tensor holds is
+the run's own (:meth:`~.observations.Run.bias_fit`).
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import torch
 
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
-from .observed import Run
-from .probes import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
+from .observations import Collective, Run
+from .reference import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
 
 
 KNOWN_ERRORS = [
@@ -29,7 +30,6 @@ KNOWN_ERRORS = [
                "a bias does not fit the layer's output: ColumnParallelLinear keeps the bias elements of its own "
                "output features, RowParallelLinear the whole bias, added after the all-reduce"),
 ]
-FIT_TOL = 1e-4  # what float32 rounding leaves of a tensor once its bias multiple is removed (values ~1)
 
 
 def _shape(t) -> str:
@@ -58,41 +58,13 @@ def describe(full: torch.Tensor, dim: int | None, index: int, world: int) -> str
     return f"{cut} {index * n}:{(index + 1) * n} of the unsplit {_shape(full)} {what}"
 
 
-def summary(calls: list[dict]) -> str:
+def summary(calls: list[Collective]) -> str:
     """``"2 collectives: all_reduce in ColumnParallelLinear (12x16), all_gather (12x48)"``."""
     if not calls:
         return "no collective"
-    each = [f"{c['kind']}" + (f" in {LAYER_CLASS[c['layer']]}" if c["layer"] else "") + f" ({_shape(c['shape'])})"
+    each = [f"{c.kind}" + (f" in {LAYER_CLASS[c.layer]}" if c.layer else "") + f" ({_shape(c.shape)})"
             for c in calls]
     return f"{len(calls)} collective{'s' if len(calls) > 1 else ''}: {', '.join(each)}"
-
-
-def _multiple(d: torch.Tensor, bias: torch.Tensor) -> tuple[float, float]:
-    """``d`` as ``k`` x ``bias`` on every row: ``k`` (least squares) and what is left (max abs)."""
-    b = bias.double().expand_as(d)
-    k = float((d.double() * b).sum() / (b * b).sum())
-    return k, float((d.double() - k * b).abs().max())
-
-
-def bias_fit(run: Run) -> dict | None:
-    """How many biases each rank put into the row layer's all-reduce (``before``, one per rank) and how many the
-    output holds (``total``); ``fits`` is False when a tensor differs by more than bias multiples. ``None``
-    when RowParallelLinear made no all-reduce in its forward."""
-    bias, ref = run.ref["weights"]["row.bias"], run.ref["out"].double()
-    before, totals, fits = [], [], True
-    for obs in run.ranks:
-        reduces = [c for c in run.calls(obs["rank"], "forward", "all_reduce") if c["layer"] == "row"]
-        if not reduces:
-            return None
-        got, want = reduces[-1]["input"], run.partial(obs["rank"])
-        if got.shape != want.shape or obs["out"] is None or obs["out"].shape != ref.shape:
-            return {"fits": False}
-        k, left = _multiple(got.double() - want, bias)
-        total, left_out = _multiple(obs["out"].double() - (ref - bias.double()), bias)
-        fits &= max(left, left_out) <= FIT_TOL * (1 + float(ref.abs().max()))
-        before.append(k)
-        totals.append(total)
-    return {"fits": fits, "before": before, "total": sum(totals) / len(totals)}
 
 
 def _ratio(got: torch.Tensor | None, ref: torch.Tensor) -> float | None:
@@ -108,15 +80,15 @@ def _ratio(got: torch.Tensor | None, ref: torch.Tensor) -> float | None:
 @mistake("f and g swapped: the all-reduce in the wrong operator")
 def swapped(run: Run, part: str) -> str | None:
     forward = run.calls(0, "forward", "all_reduce")
-    in_column = [c for c in forward if c["layer"] == "column"]
-    if not in_column or any(c["layer"] == "row" for c in forward):
+    in_column = [c for c in forward if c.layer == "column"]
+    if not in_column or any(c.layer == "row" for c in forward):
         return None
-    first = [next(iter(run.calls(r, "forward", "all_reduce")), {}).get("input") for r in range(run.world)]
+    first = [next((c.input for c in run.calls(r, "forward", "all_reduce")), None) for r in range(run.world)]
     same = all(t is not None and torch.equal(t, first[0]) for t in first)
-    said = (f"the forward's all-reduce ran in ColumnParallelLinear, on its {_shape(in_column[0]['shape'])} input"
+    said = (f"the forward's all-reduce ran in ColumnParallelLinear, on its {_shape(in_column[0].shape)} input"
             + (f" (the same x on every rank, so the layer computed with {run.world}·x)" if same else "")
             + ", and RowParallelLinear's partial sums were never added up")
-    backward = [next(iter(run.calls(r, "backward", "all_reduce")), {}).get("input") for r in range(run.world)]
+    backward = [next((c.input for c in run.calls(r, "backward", "all_reduce")), None) for r in range(run.world)]
     if all(t is not None and torch.equal(t, backward[0]) for t in backward):
         said += "; the backward's all-reduce summed the output's gradient, the same on every rank"
     return (said + ": f and g are swapped. f = CopyToParallelRegion (identity forward, all-reduce backward) takes "
@@ -126,10 +98,10 @@ def swapped(run: Run, part: str) -> str | None:
 
 @mistake("no all-reduce in the forward (g's forward is the identity)")
 def no_forward_reduce(run: Run, part: str) -> str | None:
-    outs, ref = [obs["out"] for obs in run.ranks], run.ref["out"]
+    outs, ref = [obs.out for obs in run.ranks], run.ref.out
     if any(run.calls(r, "forward") for r in range(run.world)) or any(o is None or o.shape != ref.shape for o in outs):
         return None
-    bias = run.ref["weights"]["row.bias"]
+    bias = run.ref.weights["row.bias"]
     summed = parity(sum(o - bias for o in outs) + bias, ref, rtol=RTOL, atol=ATOL)
     if not summed.ok:
         return None
@@ -142,7 +114,7 @@ def no_forward_reduce(run: Run, part: str) -> str | None:
 
 @mistake("no all-reduce in the backward (f's backward is the identity)")
 def no_backward_reduce(run: Run, part: str) -> str | None:
-    grads, ref = [obs["x_grad"] for obs in run.ranks], run.ref["x_grad"]
+    grads, ref = [obs.x_grad for obs in run.ranks], run.ref.x_grad
     if any(run.calls(r, "backward") for r in range(run.world)) or any(g is None or g.shape != ref.shape for g in grads):
         return None
     summed = parity(sum(grads), ref, rtol=RTOL, atol=ATOL)
@@ -156,13 +128,13 @@ def no_backward_reduce(run: Run, part: str) -> str | None:
 
 @mistake("the bias added on every rank, before the all-reduce")
 def bias_on_every_rank(run: Run, part: str) -> str | None:
-    fit = bias_fit(run)
-    if not fit or not fit["fits"] or any(abs(k - 1) > 1e-2 for k in fit["before"]):
+    fit = run.bias_fit()
+    if not fit or not fit.fits or any(abs(k - 1) > 1e-2 for k in fit.before):
         return None
-    off = (run.ranks[0]["out"] - run.ref["out"]).abs().max().item()
+    off = (run.ranks[0].out - run.ref.out).abs().max().item()
     return (f"each of the {run.world} ranks added the row bias before the all-reduce (its partial sum holds "
-            f"{sum(fit['before']) / run.world:.2f}x the bias), so the all-reduce summed it {run.world} times: the "
-            f"output is the unsplit block's plus {fit['total'] - 1:.0f}x the bias (max abs difference {off:.3g}). "
+            f"{sum(fit.before) / run.world:.2f}x the bias), so the all-reduce summed it {run.world} times: the "
+            f"output is the unsplit block's plus {fit.total - 1:.0f}x the bias (max abs difference {off:.3g}). "
             "Add self.bias once, after ReduceFromParallelRegion")
 
 
@@ -171,15 +143,15 @@ def wrong_dimension(run: Run, part: str) -> str | None:
     for obs in run.ranks:
         for part_ in ("column.weight", "row.weight"):
             layer = part_.split(".")[0]
-            p, full = (obs["layers"] or {}).get(layer, {}).get("params", {}).get("weight"), run.ref["weights"][part_]
-            where = locate(p["value"], full, run.world) if p else None
+            p, full = obs.param(part_), run.ref.weights[part_]
+            where = locate(p.value, full, run.world) if p else None
             right = SHARD_DIM[part_]
             if where and where[0] is not None and where[0] != right:
                 kept, should = ("input", "output") if right == 0 else ("output", "input")
-                return (f"rank {obs['rank']}'s {LAYER_CLASS[layer]}.weight is {_shape(p['shape'])}: "
+                return (f"rank {obs.rank}'s {LAYER_CLASS[layer]}.weight is {_shape(p.shape)}: "
                         f"{describe(full, *where, run.world)}, that is {kept} features. A {layer}-parallel layer "
-                        f"splits the {should} features, so rank {obs['rank']} keeps "
-                        f"{describe(full, right, obs['rank'], run.world)}"
+                        f"splits the {should} features, so rank {obs.rank} keeps "
+                        f"{describe(full, right, obs.rank, run.world)}"
                         + (" and the matching elements of the bias" if right == 0 else " and the whole bias"))
     return None
 
@@ -189,12 +161,12 @@ def not_own_shard(run: Run, part: str) -> str | None:
     for obs in run.ranks:
         for part_ in (p for p in PARTS if SHARD_DIM[p] is not None):
             layer, name = part_.split(".")
-            p, full = (obs["layers"] or {}).get(layer, {}).get("params", {}).get(name), run.ref["weights"][part_]
-            where = locate(p["value"], full, run.world) if p else None
-            if where and where[0] == SHARD_DIM[part_] and where[1] != obs["rank"]:
+            p, full = obs.param(part_), run.ref.weights[part_]
+            where = locate(p.value, full, run.world) if p else None
+            if where and where[0] == SHARD_DIM[part_] and where[1] != obs.rank:
                 n = full.shape[where[0]] // run.world
                 cut = "elements" if full.dim() == 1 else ("rows", "columns")[where[0]]
-                return (f"rank {obs['rank']}'s {LAYER_CLASS[layer]}.{name} holds {describe(full, *where, run.world)}, "
+                return (f"rank {obs.rank}'s {LAYER_CLASS[layer]}.{name} holds {describe(full, *where, run.world)}, "
                         f"rank {where[1]}'s shard: rank r keeps {cut} r·{n}:(r+1)·{n} (chunk(world_size)[rank]), so "
                         f"that the {run.world} ranks together hold each of the {full.shape[where[0]]} once")
     return None
@@ -203,14 +175,14 @@ def not_own_shard(run: Run, part: str) -> str | None:
 @mistake("the input not replicated: split across the ranks")
 def input_not_replicated(run: Run, part: str) -> str | None:
     for obs in run.ranks:
-        rows = (obs["shapes"].get("column") or [B])[0]
+        rows = (obs.shapes.get("column") or [B])[0]
         if rows != B:
-            return (f"ColumnParallelLinear returned {rows} rows for the {B}-row input on rank {obs['rank']}: each rank "
+            return (f"ColumnParallelLinear returned {rows} rows for the {B}-row input on rank {obs.rank}: each rank "
                     f"took its part of the batch, but tensor parallelism splits the weights, not the batch: every "
                     "rank applies its shard to the whole input x (f hands it over unchanged)")
-        m = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", obs["error"] or "")
+        m = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", obs.error or "")
         if m and int(m[2]) < D and int(m[3]) == D:
-            return (f"ColumnParallelLinear's matmul got a {m[1]}x{m[2]} input on rank {obs['rank']}, {m[2]} of x's {D} "
+            return (f"ColumnParallelLinear's matmul got a {m[1]}x{m[2]} input on rank {obs.rank}, {m[2]} of x's {D} "
                     f"features: every rank needs the whole input, since its weight shard has all {D} input features "
                     "(f hands x over unchanged)")
     return None
@@ -219,17 +191,17 @@ def input_not_replicated(run: Run, part: str) -> str | None:
 def _held(run: Run):
     """``(rank's observations, layer, tensor)`` for every distinct storage each rank's layers keep."""
     for obs in run.ranks:
-        for layer, held in obs["layers"].items():
-            for t in held["tensors"]:
+        for layer, held in obs.layers.items():
+            for t in held.tensors:
                 yield obs, layer, t
 
 
 @mistake("a shard that is a view of the unsplit weight")
 def view_kept(run: Run, part: str) -> str | None:
     for obs, layer, t in _held(run):
-        if t["name"] in ("weight", "bias") and (t["unsplit"] or t["storage_bytes"] > t["bytes"]):
-            return (f"rank {obs['rank']}'s {LAYER_CLASS[layer]}.{t['name']} is a view into the unsplit layer's "
-                    f"tensor: its storage is {t['storage_bytes']:,} B for its own {t['bytes']:,} B, so every "
+        if t.name in ("weight", "bias") and (t.unsplit or t.storage_bytes > t.bytes):
+            return (f"rank {obs.rank}'s {LAYER_CLASS[layer]}.{t.name} is a view into the unsplit layer's "
+                    f"tensor: its storage is {t.storage_bytes:,} B for its own {t.bytes:,} B, so every "
                     "rank keeps the whole tensor alive: copy the slice, nn.Parameter(piece.clone())")
     return None
 
@@ -237,9 +209,9 @@ def view_kept(run: Run, part: str) -> str | None:
 @mistake("the unsplit layer kept next to the shard")
 def unsplit_kept(run: Run, part: str) -> str | None:
     for obs, layer, t in _held(run):
-        if t["name"] not in ("weight", "bias") and t["unsplit"]:
-            return (f"rank {obs['rank']}'s {LAYER_CLASS[layer]} also keeps {t['name']} ({_shape(t['shape'])}, "
-                    f"{t['storage_bytes']:,} B), the unsplit layer's: keep only the shard's copies, and no "
+        if t.name not in ("weight", "bias") and t.unsplit:
+            return (f"rank {obs.rank}'s {LAYER_CLASS[layer]} also keeps {t.name} ({_shape(t.shape)}, "
+                    f"{t.storage_bytes:,} B), the unsplit layer's: keep only the shard's copies, and no "
                     "reference to the nn.Linear they were cut from (it keeps all of its weights alive)")
     return None
 
@@ -247,11 +219,11 @@ def unsplit_kept(run: Run, part: str) -> str | None:
 @mistake("averaged instead of summed")
 def averaged(run: Run, part: str) -> str | None:
     if part == "x_grad":
-        ratio, what = _ratio(run.ranks[0]["x_grad"], run.ref["x_grad"]), "the input's gradient"
+        ratio, what = _ratio(run.ranks[0].x_grad, run.ref.x_grad), "the input's gradient"
     else:
-        bias = run.ref["weights"]["row.bias"]
-        out = run.ranks[0]["out"]
-        ratio = _ratio(None if out is None else out - bias, run.ref["out"] - bias)
+        bias = run.ref.weights["row.bias"]
+        out = run.ranks[0].out
+        ratio = _ratio(None if out is None else out - bias, run.ref.out - bias)
         what = "the output minus the bias"
     if ratio is None or abs(ratio * run.world - 1) > 1e-3:
         return None
@@ -272,8 +244,8 @@ def _names(parts) -> str:
 @mistake("a backward that returns no gradient")
 def gradient_stopped(run: Run, part: str) -> str | None:
     for obs in run.ranks:
-        g, r = obs["grads"], obs["rank"]
-        if not g or obs["error"]:
+        g, r = obs.grads, obs.rank
+        if not g or obs.error:
             continue
         before = ("column.weight", "column.bias", "row.weight")
         if not _no_grad(g["row.bias"]) and all(_no_grad(g[p]) for p in before):
@@ -281,9 +253,9 @@ def gradient_stopped(run: Run, part: str) -> str | None:
                     f"none of {_names(before)}, before it, did: the gradient stopped at "
                     "ReduceFromParallelRegion.backward, which returned None (or zeros). g's backward is the identity: "
                     "return the output's gradient as it came in")
-        if all(not _no_grad(g[p]) for p in PARTS) and obs["x_grad"] is None:
+        if all(not _no_grad(g[p]) for p in PARTS) and obs.x_grad is None:
             reduces = run.calls(r, "backward", "all_reduce")
-            ran = f" (its all-reduce of {_shape(reduces[0]['shape'])} ran)" if reduces else ""
+            ran = f" (its all-reduce of {_shape(reduces[0].shape)} ran)" if reduces else ""
             return (f"on rank {r} every shard got its gradient but the input x got none: "
                     f"CopyToParallelRegion.backward returned None{ran}. Return the gradient it all-reduced")
     return None
@@ -293,8 +265,8 @@ def gradient_stopped(run: Run, part: str) -> str | None:
 def forward_returned_nothing(run: Run, part: str) -> str | None:
     for obs in run.ranks:
         for layer in ("column", "row"):
-            if layer in obs["shapes"] and obs["shapes"][layer] is None:
-                return (f"on rank {obs['rank']} {LAYER_CLASS[layer]}.forward returned None, not a tensor, so the "
+            if layer in obs.shapes and obs.shapes[layer] is None:
+                return (f"on rank {obs.rank} {LAYER_CLASS[layer]}.forward returned None, not a tensor, so the "
                         f"{'GELU after it' if layer == 'column' else 'block'} had nothing to work on: every path "
                         "through forward must end in `return` of the layer's output")
     return None

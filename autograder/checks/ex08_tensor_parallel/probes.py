@@ -2,9 +2,9 @@
 unsplit block, run one forward and one backward through them, and record what happened.
 
 Everything here observes; the verdicts are computed in ``ex08_tensor_parallel``. Every rank builds
-the same unsplit block and input (fixed seeds), builds ``ColumnParallelLinear`` and
+the same unsplit block and input (fixed seeds, ``reference``), builds ``ColumnParallelLinear`` and
 ``RowParallelLinear`` from it with the learner's classes, assembles them with the block's GELU as
-``parallelize_mlp`` does, and returns:
+``parallelize_mlp`` does, and returns a :class:`~.observations.StepObservation` (as plain data):
 
 * what each layer holds: its ``weight`` and ``bias`` (values, whether they are parameters) and every
   tensor reachable from it (parameters, buffers, tensor attributes, submodules'), with the bytes of
@@ -21,8 +21,6 @@ under gloo with torch 2.13: the mode stays active in the backward).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -31,51 +29,8 @@ import distlab
 from distlab.measure.comm import CollectiveRecorder
 
 from ...rank import CapturedPrints, echo, learner_frame, load_learner, raised
-
-D, H, B = 16, 96, 12   # block Linear(D, H) -> GELU -> Linear(H, D) on B rows; H/W (48, 24) is neither D nor B
-SEED = 8
-PARTS = ("column.weight", "column.bias", "row.weight", "row.bias")
-SHARD_DIM = {"column.weight": 0, "column.bias": 0, "row.weight": 1, "row.bias": None}  # None: every rank keeps it
-LAYER_CLASS = {"column": "ColumnParallelLinear", "row": "RowParallelLinear"}
-STAGES = ("build", "forward", "backward")
-# The grader's tolerance against the unsplit block (ex08_tensor_parallel and causes both use it):
-# assert_close, not equality, because the all-reduce adds W partial sums over H/W hidden features each,
-# another order than the unsplit layer's one sum over H (float32; measured 1.2e-7 apart at W=2, 1.4e-7 at W=4).
-RTOL, ATOL = 1e-5, 1e-6
-
-
-def block() -> nn.Sequential:
-    """The unsplit MLP block, the same in every process."""
-    with torch.random.fork_rng():
-        torch.manual_seed(SEED)
-        return nn.Sequential(nn.Linear(D, H), nn.GELU(), nn.Linear(H, D))
-
-
-def data() -> tuple[torch.Tensor, torch.Tensor]:
-    """The block's input ``x`` (``B x D``) and the gradient the grader backpropagates from its output."""
-    gen = torch.Generator().manual_seed(SEED + 1)
-    return torch.randn(B, D, generator=gen), torch.randn(B, D, generator=gen)
-
-
-@functools.lru_cache(maxsize=1)
-def unsplit_step() -> dict:
-    """What the unsplit block computes in one process (the grading process compares with it): its
-    weights, output, gradients, and the GELU's output (the hidden features the row layer is given)."""
-    net = block()
-    x, grad_out = data()
-    x.requires_grad_()
-    hidden = net[1](net[0](x))
-    out = net[2](hidden)
-    out.backward(grad_out)
-    params = {part: getattr(net[0 if part.startswith("column") else 2], part.split(".")[1]) for part in PARTS}
-    return {"out": out.detach(), "x_grad": x.grad, "hidden": hidden.detach(),
-            "weights": {k: p.detach() for k, p in params.items()}, "grads": {k: p.grad for k, p in params.items()}}
-
-
-def shard(full: torch.Tensor, part: str, rank: int, world: int) -> torch.Tensor:
-    """Rank ``rank``'s shard of ``full`` (a weight, a bias, or their gradient) for ``part``."""
-    dim = SHARD_DIM[part]
-    return full if dim is None else full.chunk(world, dim=dim)[rank]
+from .observations import Collective, Held, Holdings, Param, StepObservation
+from .reference import PARTS, block, data
 
 
 class CommSpy(CollectiveRecorder):
@@ -88,7 +43,7 @@ class CommSpy(CollectiveRecorder):
         super().__init__()
         self.phase = "forward"
         self.layer: str | None = None   # the learner's layer whose forward is running
-        self.shapes: dict[str, list] = {}
+        self.shapes: dict[str, list[int] | None] = {}
 
     def watch(self, module: nn.Module, layer: str) -> None:
         """Tag the collectives issued during ``module``'s forward with ``layer``; note its output's shape."""
@@ -107,9 +62,14 @@ class CommSpy(CollectiveRecorder):
         return {"phase": self.phase, "layer": self.layer, "input": copy}
 
     @property
-    def calls(self) -> list[dict]:
+    def collectives(self) -> list[Collective]:
         """Every op, in order: its kind (the ``torch.distributed`` call's name), first tensor's shape, tags."""
-        return [{"kind": op.kind, "shape": list(op.shape), **op.tags} for op in self.ops]
+        return [Collective(kind=op.kind, shape=list(op.shape), **op.tags) for op in self.ops]
+
+    @property
+    def calls(self) -> list[dict]:
+        """:attr:`collectives` as plain data, as a rank sends them."""
+        return [c.to_wire() for c in self.collectives]
 
 
 def _storage(t: torch.Tensor) -> tuple[str, int]:
@@ -125,24 +85,23 @@ def _tensors(layer: nn.Module):
                 yield f"{prefix}.{name}" if prefix else name, t
 
 
-def holdings(layer: nn.Module, unsplit: nn.Linear) -> dict:
+def holdings(layer: nn.Module, unsplit: nn.Linear) -> Holdings:
     """What ``layer`` keeps: its ``weight`` and ``bias``, and every distinct storage it holds on to."""
     theirs = {_storage(p) for p in unsplit.parameters()}
-    params = {}
+    params: dict[str, Param | None] = {}
     for name in ("weight", "bias"):
         t = getattr(layer, name, None)
-        params[name] = None if not isinstance(t, torch.Tensor) else {
-            "parameter": any(p is t for p in layer.parameters()), "shape": list(t.shape),
-            "value": t.detach().cpu().clone()}
-    seen: dict = {}
+        params[name] = None if not isinstance(t, torch.Tensor) else Param(
+            parameter=any(p is t for p in layer.parameters()), shape=list(t.shape), value=t.detach().cpu().clone())
+    seen: dict[tuple[str, int], Held] = {}
     for name, t in _tensors(layer):
-        seen.setdefault(_storage(t), {"name": name, "shape": list(t.shape), "bytes": t.numel() * t.element_size(),
-                                      "storage_bytes": t.untyped_storage().nbytes(),
-                                      "unsplit": _storage(t) in theirs})
-    return {"params": params, "tensors": list(seen.values())}
+        if _storage(t) not in seen:
+            seen[_storage(t)] = Held(name=name, shape=list(t.shape), bytes=t.numel() * t.element_size(),
+                                     storage_bytes=t.untyped_storage().nbytes(), unsplit=_storage(t) in theirs)
+    return Holdings(params=params, tensors=list(seen.values()))
 
 
-def _grads(layers: dict[str, nn.Module]) -> dict:
+def _grads(layers: dict[str, nn.Module]) -> dict[str, torch.Tensor | None]:
     out = {}
     for part in PARTS:
         layer, name = part.split(".")
@@ -163,14 +122,13 @@ def rank_main(paths: list[str]) -> list[dict]:
     dev = distlab.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        return [_observe(path, dev, rank, world) for path in paths]
+        return [_observe(path, dev, rank, world).to_wire() for path in paths]
     finally:
         distlab.shutdown()
 
 
-def _observe(path: str, dev: torch.device, rank: int, world: int) -> dict:
-    obs = {"rank": rank, "world": world, "not_implemented": None, "stage": "build", "error": None, "where": None,
-           "layers": None, "out": None, "x_grad": None, "grads": None, "comm": [], "shapes": {}}
+def _observe(path: str, dev: torch.device, rank: int, world: int) -> StepObservation:
+    obs = StepObservation(rank=rank, world=world)
     unsplit = block().to(dev)
     x, grad_out = (t.to(dev) for t in data())
     x.requires_grad_()
@@ -180,24 +138,24 @@ def _observe(path: str, dev: torch.device, rank: int, world: int) -> dict:
         try:
             layers = {"column": learner.ColumnParallelLinear(unsplit[0], rank, world),
                       "row": learner.RowParallelLinear(unsplit[2], rank, world)}
-            obs["layers"] = {k: holdings(m, unsplit[0 if k == "column" else 2]) for k, m in layers.items()}
+            obs.layers = {k: holdings(m, unsplit[0 if k == "column" else 2]) for k, m in layers.items()}
             tp = nn.Sequential(layers["column"], unsplit[1], layers["row"])
             for name, module in layers.items():
                 spy.watch(module, name)
             with spy:
-                obs["stage"] = spy.phase = "forward"
+                obs.stage = spy.phase = "forward"
                 out = tp(x)
-                obs["out"] = out.detach().cpu().clone()
-                obs["stage"] = spy.phase = "backward"
+                obs.out = out.detach().cpu().clone()
+                obs.stage = spy.phase = "backward"
                 out.backward(grad_out)
-            obs["stage"] = None
-            obs["x_grad"] = None if x.grad is None else x.grad.detach().cpu().clone()
+            obs.stage = None
+            obs.x_grad = None if x.grad is None else x.grad.detach().cpu().clone()
         except NotImplementedError as exc:
-            obs["not_implemented"] = str(learner_frame(exc, path) or f"{type(exc).__name__}: {exc}")
+            obs.not_implemented = str(learner_frame(exc, path) or f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - reported, so that what did run is still judged
-            obs["error"], obs["where"] = raised(exc), str(learner_frame(exc, path) or "")
+            obs.error, obs.where = raised(exc), str(learner_frame(exc, path) or "")
     echo(printed.lines)
     if len(layers) == 2:
-        obs["grads"] = _grads(layers)
-    obs["comm"], obs["shapes"] = spy.calls, spy.shapes
+        obs.grads = _grads(layers)
+    obs.comm, obs.shapes = spy.collectives, spy.shapes
     return obs

@@ -58,7 +58,7 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, never_waited, not_home,
                      unwritten)
-from .observed import Run
+from .observations import Run
 from .probes import P2P_TIMEOUT_S, rank_main
 from .reference import GRADS, causal_reference, grad_reference
 
@@ -74,8 +74,8 @@ def _raised(run: Run) -> str:
     """What the ranks raised that no cause explains, with the learner's line and the known translation."""
     out = []
     for r in run.errors():
-        known = translate(r["error"], KNOWN_ERRORS)
-        out.append(f" (rank {r['rank']} raised {r['error']}" + (f" at {r['where']}" if r["where"] else "")
+        known = translate(r.error, KNOWN_ERRORS)
+        out.append(f" (rank {r.rank} raised {r.error}" + (f" at {r.where}" if r.where else "")
                    + (f": {known}" if known else "") + ")")
     return "".join(out)
 
@@ -88,14 +88,14 @@ def output_matches(run: Run) -> Verdict:
         return failed(race)
     worst = None
     for obs in run.ranks:
-        ref, out = run.reference[obs["rank"]], obs["out"]
+        ref, out = run.reference[obs.rank], obs.out
         if out is None or tuple(out.shape) != tuple(ref.shape):
             got = "nothing" if out is None else f"shape {tuple(out.shape)}"
-            return failed(diagnose(OUTPUT, run) or f"rank {obs['rank']} returned {got}; expected this rank's "
+            return failed(diagnose(OUTPUT, run) or f"rank {obs.rank} returned {got}; expected this rank's "
                           f"{tuple(ref.shape)} rows of the output" + _raised(run))
         p = parity(out, ref, rtol=RTOL, atol=ATOL)
         if not p.ok:
-            return failed(diagnose(OUTPUT, run) or f"rank {obs['rank']}'s output differs from its rows of the "
+            return failed(diagnose(OUTPUT, run) or f"rank {obs.rank}'s output differs from its rows of the "
                           f"whole sequence's causal attention (max abs difference {p.max_abs_diff:.3g}, rtol={RTOL}, "
                           f"atol={ATOL}): check the merge and the mask against a single-process replay"
                           + _raised(run))
@@ -121,8 +121,8 @@ def _forwarded(run: Run, r: int, causes) -> str | None:
 
 
 def _neighbours_ok(run: Run, r: int) -> bool:
-    sent = {c["peer"] for c in run.p2p(r, "send")}
-    got = {c["peer"] for c in run.p2p(r, "recv")}
+    sent = {c.peer for c in run.p2p(r, "send")}
+    got = {c.peer for c in run.p2p(r, "recv")}
     nxt, prev = (r + 1) % run.world, (r - 1) % run.world
     return (sent, got) in (({nxt}, {prev}), ({prev}, {nxt}))
 
@@ -139,7 +139,7 @@ def ring_communication(run: Run) -> Verdict:
     for r in range(run.world):
         sent, got = run.bytes_moved(r, "send"), run.bytes_moved(r, "recv")
         if not _neighbours_ok(run, r):
-            peers = sorted({c["peer"] for c in run.p2p(r, "send")}), sorted({c["peer"] for c in run.p2p(r, "recv")})
+            peers = sorted({c.peer for c in run.p2p(r, "send")}), sorted({c.peer for c in run.p2p(r, "recv")})
             return failed(diagnose(PROTOCOL, run) or f"rank {r} sent to ranks {peers[0]} and received from ranks "
                           f"{peers[1]}: in a ring it sends to (rank + 1) % W = {(r + 1) % run.world} and receives "
                           f"from (rank - 1) % W = {(r - 1) % run.world}")
@@ -162,18 +162,18 @@ def _grads_match(run: Run, names: tuple[str, ...], what: str) -> Verdict:
         return failed(race)
     worst = 0.0
     for obs in b.ranks:
-        ref, got = b.grads[obs["rank"]], obs["grads"]
+        ref, got = b.grads[obs.rank], obs.grads
         bad = [g for g in names if got is None or got[g] is None or tuple(got[g].shape) != tuple(ref[g].shape)]
         if bad:
             shapes = "nothing" if got is None else ", ".join(
                 f"{g} {'nothing' if got[g] is None else tuple(got[g].shape)}" for g in GRADS)
-            return failed(diagnose(GRADIENTS, b) or f"rank {obs['rank']}'s backward returned {shapes}; expected "
+            return failed(diagnose(GRADIENTS, b) or f"rank {obs.rank}'s backward returned {shapes}; expected "
                           f"(dq, dk, dv), each {tuple(ref['dq'].shape)}" + _raised(b))
         for g in names:
             p = parity(got[g], ref[g], rtol=RTOL, atol=ATOL)
             if not p.ok:
                 return failed(diagnose(GRADIENTS if g == "dq" else [*GRADIENTS, not_home], b)
-                              or f"rank {obs['rank']}'s {g} differs from autograd's {what} (max abs difference "
+                              or f"rank {obs.rank}'s {g} differs from autograd's {what} (max abs difference "
                               f"{p.max_abs_diff:.3g}, rtol={RTOL}, atol={ATOL}): replay your backward on one process "
                               "against torch.autograd through F.scaled_dot_product_attention" + _raised(b))
             worst = max(worst, p.max_abs_diff)
@@ -213,8 +213,8 @@ def backward_ring(run: Run) -> Verdict:
         sent, got = b.bytes_moved(r, "send"), b.bytes_moved(r, "recv")
         if not _neighbours_ok(b, r):
             return failed(diagnose(BACKWARD_RING, b) or f"rank {r}'s backward sent to ranks "
-                          f"{sorted({c['peer'] for c in b.p2p(r, 'send')})} and received from ranks "
-                          f"{sorted({c['peer'] for c in b.p2p(r, 'recv')})}: the backward's ring is the forward's, "
+                          f"{sorted({c.peer for c in b.p2p(r, 'send')})} and received from ranks "
+                          f"{sorted({c.peer for c in b.p2p(r, 'recv')})}: the backward's ring is the forward's, "
                           "one neighbour to send to and the other to receive from")
         if sent != want or got != want:
             return failed(diagnose([not_home], b) or f"rank {r}'s backward sent {sent:,} B ({sent / shard:g} "
@@ -238,6 +238,6 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
     for world in world_sizes:
         runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeout, args=(p2p_timeout_s,))
         for report, ranks in zip(reports, runs):
-            report.judge(CRITERIA, Run(ranks, causal_reference(world), grad_reference(world)), world=world)
+            report.judge(CRITERIA, Run.from_wire(ranks, causal_reference(world), grad_reference(world)), world=world)
             report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...grader.diagnosis import KnownError, mistake
-from .observed import Run
+from .observations import BackwardRing, Run
 from .reference import GRADS, HEAD_DIM, noncausal, replay, replay_backward
 
 KNOWN_ERRORS = [KnownError(
@@ -25,13 +25,13 @@ def _close(a: torch.Tensor | None, b: torch.Tensor) -> bool:
 
 
 def _wrong_ranks(run: Run) -> list[int]:
-    return [r["rank"] for r in run.ranks if not _close(r["out"], run.reference[r["rank"]])]
+    return [r.rank for r in run.ranks if not _close(r.out, run.reference[r.rank])]
 
 
 def _is(run: Run, outs: list[torch.Tensor]) -> list[int]:
     """The ranks whose output is wrong and equals ``outs``' (the replayed mistake's)."""
     wrong = _wrong_ranks(run)
-    return [r for r in wrong if _close(run.ranks[r]["out"], outs[r])] if wrong else []
+    return [r for r in wrong if _close(run.ranks[r].out, outs[r])] if wrong else []
 
 
 @mistake("a receive never waited on")
@@ -39,11 +39,11 @@ def never_waited(run: Run) -> str | None:
     """A receive posted with irecv or batch_isend_irecv whose Work nobody waited on: what its buffer held when
     the code read it is a race with the transfer (the grader waited on it afterwards, for the next ring)."""
     for r in run.ranks:
-        unwaited = [c for c in r["p2p"] if c["op"] == "recv" and c.get("waited") is False]
+        unwaited = [c for c in r.p2p if c.op == "recv" and c.waited is False]
         if unwaited:
             c, n = unwaited[0], len(unwaited)
-            return (f"rank {r['rank']} never waited on {n} of its {len(run.p2p(r['rank'], 'recv'))} receives, the "
-                    f"first from rank {c['peer']} posted at {c['where']}: with no .wait() on its Work the buffer is "
+            return (f"rank {r.rank} never waited on {n} of its {len(run.p2p(r.rank, 'recv'))} receives, the "
+                    f"first from rank {c.peer} posted at {c.where}: with no .wait() on its Work the buffer is "
                     "read while the shard may still be arriving, a race with the transfer. Wait on every Work that "
                     "dist.batch_isend_irecv (or dist.irecv) returns before reading its buffer")
     return None
@@ -59,11 +59,11 @@ def unwritten(run: Run, name: str) -> str | None:
 @mistake("a function that returns nothing")
 def returned_none(run: Run) -> str | None:
     for r in run.ranks:
-        if r.get("returned_none"):
-            backward = "grads" in r
+        if r.returned_none:
+            backward = isinstance(r, BackwardRing)
             name, want = ("ring_attention_backward", "(dq, dk, dv)") if backward else ("ring_attention", "its rows "
                                                                                        "of the output")
-            return (f"rank {r['rank']}'s {name} returned None and raised nothing, where its contract returns {want}: "
+            return (f"rank {r.rank}'s {name} returned None and raised nothing, where its contract returns {want}: "
                     "its return statement is missing or never reached, or it returns a variable that was never "
                     "assigned a tensor (still its initial None)")
     return None
@@ -71,11 +71,11 @@ def returned_none(run: Run) -> str | None:
 
 @mistake("every rank sends before it receives: a deadlock")
 def deadlock(run: Run) -> str | None:
-    pending = [next((c for c in reversed(r["p2p"]) if c["t1"] is None and not c["async"]), None) for r in run.ranks]
-    if not all(p is not None and p["op"] == "send" for p in pending):
+    pending = [next((c for c in reversed(r.p2p) if c.t1 is None and not c.is_async), None) for r in run.ranks]
+    if not all(p is not None and p.op == "send" for p in pending):
         return None
     return (f"all {run.world} ranks were waiting in a blocking dist.send at once (rank 0 sending to rank "
-            f"{pending[0]['peer']}), and a send returns only when its peer posts the matching recv, which every "
+            f"{pending[0].peer}), and a send returns only when its peer posts the matching recv, which every "
             "peer would do only after its own send: post the send and the recv together, with "
             "dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)]), then wait on both")
 
@@ -85,8 +85,8 @@ def wrong_neighbour(run: Run) -> str | None:
     if run.world < 3:
         return None
     for r in range(run.world):
-        sent = {c["peer"] for c in run.p2p(r, "send")}
-        got = {c["peer"] for c in run.p2p(r, "recv")}
+        sent = {c.peer for c in run.p2p(r, "send")}
+        got = {c.peer for c in run.p2p(r, "recv")}
         if sent and got and sent & got:
             peer = sorted(sent & got)[0]
             return (f"rank {r} sent to rank {peer} and also waited for a shard from rank {peer}, but rank {peer} "
@@ -107,10 +107,10 @@ def forwards_own(run: Run) -> str | None:
 
 @mistake("a fully masked shard merged: NaN")
 def masked_nan(run: Run) -> str | None:
-    bad = [r["rank"] for r in run.ranks if r["out"] is not None and torch.isnan(r["out"]).any()]
+    bad = [r.rank for r in run.ranks if r.out is not None and torch.isnan(r.out).any()]
     if not bad:
         return None
-    out = run.ranks[bad[0]]["out"]
+    out = run.ranks[bad[0]].out
     rows = int(torch.isnan(out).any(-1).sum())
     return (f"rank {bad[0]}'s output is NaN in {rows} of its {out[..., 0].numel()} (head, position) rows: a shard "
             f"from a rank after {bad[0]} holds only later positions, so every score of the block is masked, its "
@@ -179,7 +179,7 @@ def no_mask(run: Run) -> str | None:
 
 @mistake("gathered the whole sequence with a collective")
 def gathered(run: Run) -> str | None:
-    kinds = sorted({k for r in run.ranks for k in r["collectives"]})
+    kinds = sorted({k for r in run.ranks for k in r.collectives})
     if not kinds:
         return None
     return (f"the ring called {', '.join(kinds)}: a collective that gathers the keys and values holds the whole "
@@ -195,16 +195,16 @@ def _grads_close(got: dict | None, want: dict, names=GRADS) -> bool:
 
 def _grads_are(run: Run, replayed: list[dict], names=GRADS) -> list[int]:
     """The ranks whose gradients ``names`` are wrong and equal the replayed mistake's."""
-    return [r["rank"] for r in run.ranks if not _grads_close(r["grads"], run.grads[r["rank"]], names)
-            and _grads_close(r["grads"], replayed[r["rank"]], names)]
+    return [r.rank for r in run.ranks if not _grads_close(r.grads, run.grads[r.rank], names)
+            and _grads_close(r.grads, replayed[r.rank], names)]
 
 
 @mistake("dk, dv left one or more hops from their owner")
 def not_home(run: Run) -> str | None:
-    if any(r["grads"] is None for r in run.ranks):
+    if any(r.grads is None for r in run.ranks):
         return None
     for shift in range(1, run.world):
-        if all(_grads_close(r["grads"], run.grads[(r["rank"] + shift) % run.world], ("dk", "dv"))
+        if all(_grads_close(r.grads, run.grads[(r.rank + shift) % run.world], ("dk", "dv"))
                for r in run.ranks):
             away = "one hop" if shift in (1, run.world - 1) else f"{shift} hops"
             return (f"every rank r returned the dk, dv of rank (r + {shift}) % W's shard (rank 0 those of rank "
@@ -249,11 +249,11 @@ def backward_no_mask(run: Run) -> str | None:
 def no_scale(run: Run) -> str | None:
     root = HEAD_DIM ** 0.5
     for r in run.ranks:
-        got, want = r["grads"], run.grads[r["rank"]]
+        got, want = r.grads, run.grads[r.rank]
         off = [g for g in ("dq", "dk") if got is not None and not _close(got[g], want[g])
                and _close(got[g], want[g] * root)]
         if off:
-            return (f"rank {r['rank']}'s {' and '.join(off)} {'are' if len(off) > 1 else 'is'} sqrt(head_dim) = "
+            return (f"rank {r.rank}'s {' and '.join(off)} {'are' if len(off) > 1 else 'is'} sqrt(head_dim) = "
                     f"sqrt({HEAD_DIM}) = {root:.3g}x autograd's: the scores are s = scale * q k^T with scale = "
                     "1 / sqrt(head_dim), so ds reaches dq as scale * ds @ k and dk as scale * ds^T @ q")
     return None
@@ -262,13 +262,13 @@ def no_scale(run: Run) -> str | None:
 @mistake("a gradient returned in another one's place")
 def swapped_grads(run: Run) -> str | None:
     for r in run.ranks:
-        got, want = r["grads"], run.grads[r["rank"]]
+        got, want = r.grads, run.grads[r.rank]
         if got is None:
             continue
         for g in GRADS:
             twin = next((h for h in GRADS if h != g and _close(got[g], want[h])), None)
             if twin and not _close(got[g], want[g]):
-                return (f"rank {r['rank']}'s returned {g} is autograd's {twin} of this rank's shard: the tuple is "
+                return (f"rank {r.rank}'s returned {g} is autograd's {twin} of this rank's shard: the tuple is "
                         "(dq, dk, dv), in that order, each the gradient of its own input")
     return None
 
@@ -276,10 +276,10 @@ def swapped_grads(run: Run) -> str | None:
 @mistake("a gradient never accumulated: all zeros")
 def zero_grad_returned(run: Run) -> str | None:
     for r in run.ranks:
-        got, want = r["grads"], run.grads[r["rank"]]
+        got, want = r.grads, run.grads[r.rank]
         zero = [g for g in GRADS if got is not None and got[g] is not None and not got[g].any() and want[g].any()]
         if zero:
-            return (f"rank {r['rank']}'s {' and '.join(zero)} {'are' if len(zero) > 1 else 'is'} zero in every value, "
+            return (f"rank {r.rank}'s {' and '.join(zero)} {'are' if len(zero) > 1 else 'is'} zero in every value, "
                     "where autograd's is not: nothing was added into the tensor returned as "
                     f"{zero[0]} (an accumulation into another buffer, or into a copy of it)")
     return None
@@ -289,11 +289,11 @@ def zero_grad_returned(run: Run) -> str | None:
 def backward_nan(run: Run) -> str | None:
     masked = replay_backward(run.world, lse="block", skip=False)  # the NaN a wholly masked block gives
     for r in run.ranks:
-        bad = [g for g, t in (r["grads"] or {}).items() if t is not None and torch.isnan(t).any()]
-        if any((torch.isnan(r["grads"][g]) & ~torch.isnan(masked[r["rank"]][g])).any() for g in bad):
+        bad = [g for g, t in (r.grads or {}).items() if t is not None and torch.isnan(t).any()]
+        if any((torch.isnan(r.grads[g]) & ~torch.isnan(masked[r.rank][g])).any() for g in bad):
             return None  # NaN where no masked block puts it (memory never written?): not this mistake
         if bad:
-            return (f"rank {r['rank']}'s {', '.join(bad)} hold NaN: a block from a later rank is wholly masked, its "
+            return (f"rank {r.rank}'s {', '.join(bad)} hold NaN: a block from a later rank is wholly masked, its "
                     "scores all -inf, and exp(-inf - logsumexp(-inf)) is NaN. Use the merged lse you are given "
                     "(finite: every query sees at least itself) and skip the shards after your own")
     return None

@@ -25,6 +25,7 @@ from distlab.measure.comm import CollectiveRecorder
 from distlab.runtime.process import time_scale
 
 from ...rank import CapturedPrints, P2PSpy, attempt, echo, learner_frame, load_learner, own_rendezvous, raised
+from .observations import BackwardRing, ForwardRing, P2PCall
 from .reference import GRADS, backward_inputs, shard, whole
 
 P2P_TIMEOUT_S = 3.0  # x DISTLAB_TIME_SCALE: a healthy ring waits milliseconds for its neighbour
@@ -32,43 +33,48 @@ P2P_TIMEOUT_S = 3.0  # x DISTLAB_TIME_SCALE: a healthy ring waits milliseconds f
 
 def rank_main(paths: list[str], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[dict]:
     """Runs on every rank: each learner file's two rings in turn, each file in its own process group. A file
-    whose two functions both raise ``NotImplementedError`` raises it (nothing was graded)."""
+    whose two functions both raise ``NotImplementedError`` raises it (nothing was graded). Returns one
+    :class:`~.observations.ForwardRing` per file, as plain data."""
     observed = []
     for i, path in enumerate(paths):
         with P2PSpy() as p2p:  # before the import: the functions it binds are spied on too
             learner = load_learner(path)
             with own_rendezvous(f"file{i}"):
-                forward = _observe(learner, path, p2p, p2p_timeout_s, backward=False)
-                if same_group := _matched_everywhere(forward, p2p.calls[forward["first"]:forward["last"]]):
-                    backward = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
+                forward, f_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=False)
+                if same_group := _matched_everywhere(forward, [P2PCall.from_spy(c) for c in f_calls]):
+                    backward, b_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
             if not same_group:
                 with own_rendezvous(f"file{i}/backward"):
-                    backward = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
-        for phase in (forward, backward):  # what each receive held, known once the spy is left
-            phase["p2p"] = p2p.calls[phase.pop("first"):phase.pop("last")]
-        if forward["not_implemented"] and backward["not_implemented"]:
-            raise NotImplementedError(forward["not_implemented"])
-        observed.append({**forward, "backward": backward})
+                    backward, b_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
+        # what each receive held is known once the spy is left
+        forward.p2p, backward.p2p = ([P2PCall.from_spy(c) for c in calls] for calls in (f_calls, b_calls))
+        if forward.not_implemented and backward.not_implemented:
+            raise NotImplementedError(forward.not_implemented)
+        forward.backward = backward
+        observed.append(forward.to_wire())
     return observed
 
 
-def _matched_everywhere(forward: dict, calls: list[dict]) -> bool:
+def _matched_everywhere(forward: ForwardRing, calls: list[P2PCall]) -> bool:
     """Whether, on every rank, the forward raised nothing and each of its sends had its receive on the peer:
     the group can then carry the backward (a second group's set-up and teardown cost about half a second a
     file). Agreed through the file's store, which outlives a timed-out gloo pair, so every rank decides alike."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
                           timeout=timedelta(seconds=60))
-    mine = {"ok": not forward["error"] and dist.is_initialized(), "sent": Counter(), "recv": Counter()}
+    mine = {"ok": not forward.error and dist.is_initialized(), "sent": Counter(), "recv": Counter()}
     for c in calls:
-        mine["sent" if c["op"] == "send" else "recv"][str(c["peer"])] += 1
+        mine["sent" if c.op == "send" else "recv"][str(c.peer)] += 1
     store.set(f"distlab/ex10/forward/{rank}", json.dumps(mine))
     every = [json.loads(store.get(f"distlab/ex10/forward/{r}")) for r in range(world)]
     return all(e["ok"] for e in every) and all(
         every[a]["sent"].get(str(b), 0) == every[b]["recv"].get(str(a), 0) for a in range(world) for b in range(world))
 
 
-def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float, backward: bool) -> dict:
+def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float,
+             backward: bool) -> tuple[ForwardRing | BackwardRing, list[dict]]:
+    """One ring of one function on this rank, and the spy's records of its sends and receives (the list
+    the spy fills: a receive's value is known once the spy is left)."""
     short = timedelta(seconds=p2p_timeout_s * time_scale()) if distlab.backend() == "gloo" else None
     dev = distlab.init_distributed(timeout=short)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -78,11 +84,10 @@ def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float, backward: bo
                                                                        ("q", "k", "v", "out", "lse", "dout")]
     else:
         fn, args = getattr(learner, "ring_attention", None), [shard(t, rank, world).to(dev) for t in whole()]
-    key = "grads" if backward else "out"
-    obs = {"rank": rank, "world": world, "error": None, "where": None, "not_implemented": None, key: None}
+    obs = (BackwardRing if backward else ForwardRing)(rank=rank, world=world)
     if fn is None:  # an older copy of the exercise: graded as the stub would be
-        obs["not_implemented"] = f"{Path(path).name} has no function of that name"
-        return obs | {"first": len(p2p.calls), "last": len(p2p.calls), "collectives": []}
+        obs.not_implemented = f"{Path(path).name} has no function of that name"
+        return obs, []
     dist.barrier()
     first = len(p2p.calls)
     with CapturedPrints() as printed, CollectiveRecorder() as comm:
@@ -94,16 +99,19 @@ def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float, backward: bo
         for call in unwaited:
             del call["waited"]
     exc = exc or stuck
-    last = len(p2p.calls)
+    calls = p2p.calls[first:]
     echo(printed.lines)
     if isinstance(exc, NotImplementedError):
-        obs["not_implemented"] = str(learner_frame(exc, path) or "NotImplementedError")
+        obs.not_implemented = str(learner_frame(exc, path) or "NotImplementedError")
     elif exc is not None:  # reported, so the other criteria are still judged
-        obs["error"], obs["where"] = raised(exc), str(learner_frame(exc, path) or "")
-    obs[key] = _grads(result) if backward else _cpu(result)
-    obs["returned_none"] = exc is None and result is None
-    return obs | {"first": first, "last": last,
-                  "collectives": sorted({op.kind for op in comm.ops} - {"send", "recv"})}
+        obs.error, obs.where = raised(exc), str(learner_frame(exc, path) or "")
+    if backward:
+        obs.grads = _grads(result)
+    else:
+        obs.out = _cpu(result)
+    obs.returned_none = exc is None and result is None
+    obs.collectives = sorted({op.kind for op in comm.ops} - {"send", "recv"})
+    return obs, calls
 
 
 def _cpu(t) -> torch.Tensor | None:

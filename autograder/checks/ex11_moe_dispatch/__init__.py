@@ -36,8 +36,9 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, dropped_sent, no_exchange_collective, not_autograd, not_exchanged, not_inverted,
                      returned_none, wrong_order)
-from .observed import Run
-from .probes import ATOL, RTOL, rank_main
+from .observations import Run
+from .probes import rank_main
+from .reference import ATOL, RTOL
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
 
@@ -49,9 +50,9 @@ def _raised(run: Run, stage: str) -> str | None:
     if bad is None:
         return None
     rank, err = bad
-    known = translate(err["error"], KNOWN_ERRORS)
-    return (f"rank {rank}'s {stage if stage == 'backward' else stage + '()'} raised {err['error']}"
-            + (f" at {err['where']}" if err["where"] else "") + (f": {known}" if known else ""))
+    known = translate(err.error, KNOWN_ERRORS)
+    return (f"rank {rank}'s {stage if stage == 'backward' else stage + '()'} raised {err.error}"
+            + (f" at {err.where}" if err.where else "") + (f": {known}" if known else ""))
 
 
 @criterion("[W={world}] the kept slots sorted by expert, and the split sizes exact", points=2)
@@ -59,15 +60,15 @@ def split_sizes(run: Run) -> Verdict:
     if why := _raised(run, "sort"):
         return failed(why)
     for obs in run.ranks:
-        if "sort" in obs["substituted"]:
-            r, got = obs["rank"], obs["returned"]
-            want = run.slots(r)["send"]
+        if "sort" in obs.substituted:
+            r, got = obs.rank, obs.returned
+            want = run.slots(r).send
             return failed(returned_none(run, "sort") or diagnose([dropped_sent, wrong_order], run) or (
-                f"rank {r}'s input_split_sizes is {got['send']}, its kept slots per expert {want}"
-                if got["send"] != want else f"rank {r}'s perm is not the {sum(want)} kept slots' indices "
+                f"rank {r}'s input_split_sizes is {got.send}, its kept slots per expert {want}"
+                if got.send != want else f"rank {r}'s perm is not the {sum(want)} kept slots' indices "
                 "(int64, 1-D, each once) in expert order"))
-    counts = [run.slots(r)["send"] for r in range(run.world)]
-    dropped = sum(int((~run.slots(r)["keep"]).sum()) for r in range(run.world))
+    counts = [run.slots(r).send for r in range(run.world)]
+    dropped = sum(int((~run.slots(r).keep).sum()) for r in range(run.world))
     return passed(f"split sizes {counts}; {dropped} slots dropped at capacity", dropped_slots=dropped)
 
 
@@ -76,16 +77,16 @@ def sizes_exchanged(run: Run) -> Verdict:
     if why := _raised(run, "exchange"):
         return failed(why)
     for obs in run.ranks:
-        r = obs["rank"]
-        if "exchange" in obs["substituted"]:
-            want = [run.slots(j)["send"][r] for j in range(run.world)]
+        r = obs.rank
+        if "exchange" in obs.substituted:
+            want = [run.slots(j).send[r] for j in range(run.world)]
             return failed(returned_none(run, "exchange") or diagnose([not_exchanged, no_exchange_collective], run) or
-                          f"rank {r}'s exchange_split_sizes returned {obs['returned']['recv']}; the ranks send it "
+                          f"rank {r}'s exchange_split_sizes returned {obs.returned.recv}; the ranks send it "
                           f"{want} rows (a list of Python ints)")
         calls = run.calls(r, "exchange")
-        if [(c["kind"], c["shape"]) for c in calls] != [("all_to_all", [run.world])]:
+        if [(c.kind, c.shape) for c in calls] != [("all_to_all", [run.world])]:
             return failed(f"rank {r}'s exchange_split_sizes made {len(calls)} collective(s) "
-                          f"({', '.join(c['kind'] for c in calls) or 'none'}): the counts take one all_to_all_single "
+                          f"({', '.join(c.kind for c in calls) or 'none'}): the counts take one all_to_all_single "
                           f"of {run.world} integers")
     return passed("one all-to-all of the counts on every rank")
 
@@ -96,13 +97,14 @@ def _output(run: Run) -> tuple[str | None, float]:
             return why, 0.0
     worst = 0.0
     for obs in run.ranks:
-        r = obs["rank"]
-        if obs["y"] is None:
-            got = obs["returned"].get("dispatch_shape", obs["returned"].get("combine_shape"))
-            which = "dispatch" if "dispatch_shape" in obs["returned"] else "combine"
+        r = obs.rank
+        if obs.y is None:
+            shown = obs.returned.dispatch_shape is not None
+            got = obs.returned.dispatch_shape if shown else obs.returned.combine_shape
+            which = "dispatch" if shown else "combine"
             return (returned_none(run, which)
                     or f"rank {r}'s {which} returned {got}, not the shape its contract gives"), 0.0
-        p = parity(obs["y"], run.ref["y"][run.rows(r)], rtol=RTOL, atol=ATOL)
+        p = parity(obs.y, run.ref.y[run.rows(r)], rtol=RTOL, atol=ATOL)
         if not p.ok:
             return diagnose([not_inverted], run) or (f"rank {r}'s output differs from the single-process MoE's by "
                                                      f"up to {p.max_abs_diff:.3g}"), 0.0
@@ -123,12 +125,12 @@ def grads_match(run: Run) -> Verdict:
     if why := diagnose([not_autograd], run):
         return failed(why)
     worst, ref = 0.0, run.ref
-    routers = [o["router_grad"] for o in run.ranks]
-    checks = [(f"rank {o['rank']}'s x.grad", o["x_grad"], ref["x_grad"][run.rows(o["rank"])]) for o in run.ranks]
-    checks += [(f"rank {o['rank']}'s expert {n}.grad", g, ref["expert_grads"][o["rank"]][n])
-               for o in run.ranks for n, g in o["expert_grads"].items()]
+    routers = [o.router_grad for o in run.ranks]
+    checks = [(f"rank {o.rank}'s x.grad", o.x_grad, ref.x_grad[run.rows(o.rank)]) for o in run.ranks]
+    checks += [(f"rank {o.rank}'s expert {n}.grad", g, ref.expert_grads[o.rank][n])
+               for o in run.ranks for n, g in o.expert_grads.items()]
     checks.append(("the router's gradient summed over the ranks", None if None in routers else sum(routers),
-                   ref["router_grad"]))
+                   ref.router_grad))
     for what, got, want in checks:
         if got is None:
             return failed(f"{what} is missing after the backward")
@@ -145,14 +147,14 @@ def all_to_alls(run: Run) -> Verdict:
         return failed(f"not checked: {why}")
     want = {"dispatch": 1, "combine": 1, "backward": 2}
     for obs in run.ranks:
-        r = obs["rank"]
+        r = obs.rank
         for stage, n in want.items():
             calls = run.calls(r, stage)
-            if [c["kind"] for c in calls] != ["all_to_all"] * n:
+            if [c.kind for c in calls] != ["all_to_all"] * n:
                 return failed((diagnose([not_autograd], run) if stage == "backward" else None) or
-                              f"rank {r}'s {stage} made {', '.join(c['kind'] for c in calls) or 'no collective'}; "
+                              f"rank {r}'s {stage} made {', '.join(c.kind for c in calls) or 'no collective'}; "
                               f"it takes {n} all-to-all{'s' if n > 1 else ''}")
-    rows = [sum(run.slots(r)["send"]) for r in range(run.world)]
+    rows = [sum(run.slots(r).send) for r in range(run.world)]
     return passed(f"4 all-to-alls per rank, of {rows} rows (no padding)")
 
 
@@ -164,8 +166,8 @@ def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:
     reports = [EXERCISE.new_report() for _ in paths]
     runs, wall_s = launch_files(rank_main, paths, world=world, timeout=launch_timeout(EXERCISE, files=len(paths)))
     for report, ranks in zip(reports, runs):
-        run = Run(ranks)
-        if stub := next((o["not_implemented"] for o in ranks if o["not_implemented"]), None):
+        run = Run.from_wire(ranks)
+        if stub := next((o.not_implemented for o in run.ranks if o.not_implemented), None):
             report.did_not_run(f"not implemented yet ({stub})")
             continue
         report.judge(CRITERIA, run, world=world)

@@ -1,6 +1,6 @@
 """Exercise 11's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
-Each takes the :class:`~.observed.Run` of one file at one world size and returns its message with the
+Each takes the :class:`~.observations.Run` of one file at one world size and returns its message with the
 numbers of the run, or ``None`` when it does not explain what was seen.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...grader.diagnosis import KnownError, mistake
-from .observed import Run
+from .observations import Run
 
 KNOWN_ERRORS = [
     KnownError("split sizes that do not add up to the rows sent",
@@ -19,14 +19,14 @@ KNOWN_ERRORS = [
 
 
 def _kept(run: Run, rank: int) -> torch.Tensor:
-    return run.slots(rank)["keep"].nonzero().squeeze(1)
+    return run.slots(rank).keep.nonzero().squeeze(1)
 
 
 @mistake("capacity drop not applied: dropped slots sent")
 def dropped_sent(run: Run) -> str | None:
     for obs in run.ranks:
-        perm, r = obs["returned"].get("perm"), obs["rank"]
-        dropped = (~run.slots(r)["keep"]).nonzero().squeeze(1)
+        perm, r = obs.returned.perm, obs.rank
+        dropped = (~run.slots(r).keep).nonzero().squeeze(1)
         if isinstance(perm, torch.Tensor) and len(dropped) and set(dropped.tolist()) & set(perm.tolist()):
             n = len(set(dropped.tolist()) & set(perm.tolist()))
             return (f"rank {r}'s perm holds {len(perm)} slots, {n} of them dropped at capacity (keep is False for "
@@ -38,10 +38,10 @@ def dropped_sent(run: Run) -> str | None:
 @mistake("tokens sorted by the wrong key")
 def wrong_order(run: Run) -> str | None:
     for obs in run.ranks:
-        perm, r = obs["returned"].get("perm"), obs["rank"]
+        perm, r = obs.returned.perm, obs.rank
         kept = _kept(run, r)
         if isinstance(perm, torch.Tensor) and sorted(perm.tolist()) == kept.tolist():
-            experts = run.slots(r)["expert"][perm]
+            experts = run.slots(r).expert[perm]
             if len(experts) > 1 and not bool((experts.diff() >= 0).all()):
                 k = int((experts.diff() < 0).nonzero()[0]) + 1
                 return (f"rank {r}'s perm is not in expert order: its slot {k} goes to expert {int(experts[k])} "
@@ -54,8 +54,8 @@ def wrong_order(run: Run) -> str | None:
 @mistake("split sizes not exchanged: output_split_sizes = input_split_sizes")
 def not_exchanged(run: Run) -> str | None:
     for obs in run.ranks:
-        r, recv, send = obs["rank"], obs["returned"].get("recv"), run.slots(obs["rank"])["send"]
-        want = [run.slots(j)["send"][r] for j in range(run.world)]
+        r, recv, send = obs.rank, obs.returned.recv, run.slots(obs.rank).send
+        want = [run.slots(j).send[r] for j in range(run.world)]
         if recv == send and recv != want:
             return (f"rank {r}'s exchange_split_sizes returned {recv}, its own input_split_sizes: it will receive "
                     f"{want} rows from ranks 0..{run.world - 1}, which only they know; all-to-all the counts "
@@ -66,11 +66,11 @@ def not_exchanged(run: Run) -> str | None:
 @mistake("permutation not inverted: rows come back in expert order")
 def not_inverted(run: Run) -> str | None:
     for obs in run.ranks:
-        r, got = obs["rank"], obs["y_slots"]
+        r, got = obs.rank, obs.y_slots
         if got is None:
             continue
-        kept, want = _kept(run, r), run.slots(r)["y_slots"]
-        perm = kept[torch.argsort(run.slots(r)["expert"][kept], stable=True)]
+        kept, want = _kept(run, r), run.slots(r).y_slots
+        perm = kept[torch.argsort(run.slots(r).expert[kept], stable=True)]
         if not torch.allclose(got, want, atol=1e-5) and torch.allclose(got[:len(perm)], want[perm], atol=1e-5):
             return (f"rank {r}'s combine returned the {len(perm)} rows in the order they were sent (by expert): "
                     "row k belongs to slot perm[k]; put it there (out[perm] = rows, or index_copy(0, perm, rows))")
@@ -80,9 +80,9 @@ def not_inverted(run: Run) -> str | None:
 @mistake("all-to-all not autograd-aware: no gradient through it")
 def not_autograd(run: Run) -> str | None:
     for obs in run.ranks:
-        for stage, key in (("dispatch", "received_grad_fn"), ("combine", "combined_grad_fn")):
-            if obs[key] is False:
-                return (f"rank {obs['rank']}'s {stage} returned a tensor with no grad_fn: dist.all_to_all_single "
+        for stage, grad_fn in (("dispatch", obs.received_grad_fn), ("combine", obs.combined_grad_fn)):
+            if grad_fn is False:
+                return (f"rank {obs.rank}'s {stage} returned a tensor with no grad_fn: dist.all_to_all_single "
                         "writes into a buffer autograd cannot see through, so no gradient reaches the expert "
                         f"{'or x' if stage == 'dispatch' else 'from the output'}; use the autograd-aware "
                         "all_to_all_single_autograd (torch.distributed._functional_collectives) or "
@@ -99,9 +99,9 @@ FUNCTIONS = {"sort": ("sort_by_expert", "(perm, input_split_sizes)"),
 @mistake("a function that returns nothing")
 def returned_none(run: Run, stage: str) -> str | None:
     for obs in run.ranks:
-        if stage in obs["returned_none"]:
+        if stage in obs.returned_none:
             name, contract = FUNCTIONS[stage]
-            return (f"rank {obs['rank']}'s {name} returned None, where its contract returns "
+            return (f"rank {obs.rank}'s {name} returned None, where its contract returns "
                     f"{contract.format(world=run.world)}: a function returns None when no return statement is "
                     "reached (a value computed on its last line is not returned by itself)")
     return None
@@ -110,11 +110,11 @@ def returned_none(run: Run, stage: str) -> str | None:
 @mistake("split sizes exchanged by no collective")
 def no_exchange_collective(run: Run) -> str | None:
     for obs in run.ranks:
-        r, recv = obs["rank"], obs["returned"].get("recv")
-        want = [run.slots(j)["send"][r] for j in range(run.world)]
+        r, recv = obs.rank, obs.returned.recv
+        want = [run.slots(j).send[r] for j in range(run.world)]
         if run.calls(r, "exchange") or not isinstance(recv, list) or recv == want:
             continue
-        wild = [v for v in recv if not 0 <= v <= run.world * len(run.slots(r)["keep"])]
+        wild = [v for v in recv if not 0 <= v <= run.world * len(run.slots(r).keep)]
         return (f"rank {r}'s exchange_split_sizes made no collective and returned {recv}, where the ranks send it "
                 f"{want} rows: those counts are known only on the ranks that send them, and reach this one by a "
                 "collective (one dist.all_to_all_single of a tensor of the counts)"

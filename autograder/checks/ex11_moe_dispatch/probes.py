@@ -13,53 +13,15 @@ tagged with the stage (the learner function) and the phase (forward or backward)
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.distributed as dist
 
 import distlab
-from distlab.lab.expert_parallel import seeded_moe
 from distlab.measure.comm import CollectiveRecorder
 
 from ...rank import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
-
-T, HIDDEN, FFN, TOP_K, CAPACITY_FACTOR, SEED = 24, 8, 16, 1, 1.25, 14
-STAGES = ("sort", "exchange", "dispatch", "combine", "backward")
-# assert_close against the single-process MoE: the router's gradient is summed over the ranks here,
-# over all tokens at once there (float32: measured 3.6e-7 apart at W=2).
-RTOL, ATOL = 1e-5, 1e-6
-
-
-def moe(world: int):
-    return seeded_moe(SEED, hidden=HIDDEN, ffn=FFN, n_experts=world, top_k=TOP_K, capacity_factor=CAPACITY_FACTOR)
-
-
-def data(world: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(SEED + 1)
-    return torch.randn(world * T, HIDDEN, generator=gen), torch.randn(world * T, HIDDEN, generator=gen)
-
-
-@functools.lru_cache(maxsize=4)
-def reference(world: int) -> dict:
-    """The single-process MoE on every rank's tokens, capacity per rank (``groups=W``): its output and
-    gradients, and for each rank its slots and each kept slot's expert output (ungated)."""
-    layer, (x, grad) = moe(world), data(world)
-    x.requires_grad_()
-    out = layer(x, groups=world)
-    out.y.backward(grad)
-    ranks = []
-    for r in range(world):
-        xr = x.detach()[r * T:(r + 1) * T]
-        _, slots = layer.route(xr)
-        with torch.no_grad():
-            per_slot = torch.stack([layer.experts[e](xr[t]) for t, e in zip(slots.token.tolist(),
-                                                                            slots.expert.tolist())])
-        per_slot[~slots.keep] = 0
-        ranks.append({"expert": slots.expert, "keep": slots.keep, "token": slots.token, "y_slots": per_slot,
-                      "send": torch.bincount(slots.expert[slots.keep], minlength=world).tolist()})
-    return {"y": out.y.detach(), "x_grad": x.grad, "router_grad": layer.router.gate.weight.grad,
-            "expert_grads": [{n: p.grad for n, p in e.named_parameters()} for e in layer.experts], "ranks": ranks}
+from .observations import Collective, MoEStep, StageError
+from .reference import HIDDEN, T, data, moe, reference
 
 
 def valid_perm(perm, expert: torch.Tensor, keep: torch.Tensor) -> bool:
@@ -82,8 +44,8 @@ class CommSpy(CollectiveRecorder):
         return {"stage": self.stage, "phase": self.phase}
 
     @property
-    def calls(self) -> list[dict]:
-        return [{"kind": op.kind, "shape": list(op.shape), **op.tags} for op in self.ops]
+    def calls(self) -> list[Collective]:
+        return [Collective(kind=op.kind, shape=list(op.shape), **op.tags) for op in self.ops]
 
 
 def _ints(value) -> list | None:
@@ -105,22 +67,19 @@ def rank_main(paths: list[str]) -> list[dict]:
     distlab.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        return [_observe(path, rank, world) for path in paths]
+        return [_observe(path, rank, world).to_wire() for path in paths]
     finally:
         distlab.shutdown()
 
 
-def _observe(path: str, rank: int, world: int) -> dict:
-    obs = {"rank": rank, "world": world, "not_implemented": None, "errors": {}, "returned": {}, "substituted": [],
-           "received_grad_fn": None, "combined_grad_fn": None, "y": None, "y_slots": None, "x_grad": None,
-           "router_grad": None, "expert_grads": None, "comm": [],
-           "returned_none": []}
+def _observe(path: str, rank: int, world: int) -> MoEStep:
+    obs = MoEStep(rank=rank, world=world)
     layer, (x_all, grad_all) = moe(world), data(world)
     x = x_all[rank * T:(rank + 1) * T].clone().requires_grad_()
     _, slots = layer.route(x)
     truth = reference(world)
-    send_true = truth["ranks"][rank]["send"]
-    recv_true = [truth["ranks"][j]["send"][rank] for j in range(world)]
+    send_true = truth.ranks[rank].send
+    recv_true = [truth.ranks[j].send[rank] for j in range(world)]
     learner, spy = load_learner(path), CommSpy()
 
     def stage(name, fn, *args):
@@ -129,52 +88,57 @@ def _observe(path: str, rank: int, world: int) -> dict:
             out, exc = attempt(fn, *args)
         spy.stage = None
         if isinstance(exc, NotImplementedError):
-            obs["not_implemented"] = obs["not_implemented"] or str(learner_frame(exc, path) or exc)
+            obs.not_implemented = obs.not_implemented or str(learner_frame(exc, path) or exc)
         elif exc is not None:
-            obs["errors"][name] = {"error": raised(exc), "where": str(learner_frame(exc, path) or "")}
+            obs.errors[name] = StageError(error=raised(exc), where=str(learner_frame(exc, path) or ""))
         elif out is None:
-            obs["returned_none"].append(name)
+            obs.returned_none.append(name)
         return out
 
     with CapturedPrints() as printed:
         got = stage("sort", learner.sort_by_expert, slots.expert, slots.keep, world)
         perm, send = got if isinstance(got, tuple) and len(got) == 2 else (None, None)
-        obs["returned"]["perm"] = perm.detach().cpu().clone() if isinstance(perm, torch.Tensor) else repr(perm)[:80]
-        obs["returned"]["send"] = _ints(send) if _ints(send) is not None else repr(send)[:80]
+        obs.returned.perm = perm.detach().cpu().clone() if isinstance(perm, torch.Tensor) else repr(perm)[:80]
+        obs.returned.send = _ints(send) if _ints(send) is not None else repr(send)[:80]
         if not valid_perm(perm, slots.expert, slots.keep) or _ints(send) != send_true:
-            obs["substituted"].append("sort")
+            obs.substituted.append("sort")
             kept = slots.keep.nonzero().squeeze(1)
             perm, send = kept[torch.argsort(slots.expert[kept], stable=True)], send_true
         recv = stage("exchange", learner.exchange_split_sizes, list(send))
-        obs["returned"]["recv"] = _ints(recv) if _ints(recv) is not None else repr(recv)[:80]
+        obs.returned.recv = _ints(recv) if _ints(recv) is not None else repr(recv)[:80]
         if _ints(recv) != recv_true:
-            obs["substituted"].append("exchange")
+            obs.substituted.append("exchange")
             recv = recv_true
         received = stage("dispatch", learner.dispatch, x[slots.token], perm, list(send), list(recv))
         if _everywhere(isinstance(received, torch.Tensor) and tuple(received.shape) == (sum(recv), HIDDEN)):
-            obs["received_grad_fn"] = received.grad_fn is not None
+            obs.received_grad_fn = received.grad_fn is not None
             y_slots = stage("combine", learner.combine, layer.experts[rank](received), perm, len(slots.token),
                             list(send), list(recv))
-            shaped = isinstance(y_slots, torch.Tensor) and tuple(y_slots.shape) == (len(slots.token), HIDDEN)
-            if _everywhere(shaped):
-                obs["combined_grad_fn"] = y_slots.grad_fn is not None
-                obs["y_slots"] = y_slots.detach().cpu().clone()
-                y = torch.zeros_like(x).index_add(0, slots.token, slots.gate[:, None] * y_slots)
-                obs["y"] = y.detach().cpu().clone()
-                spy.stage, spy.phase = "backward", "backward"
-                with spy:
-                    _, exc = attempt(y.backward, grad_all[rank * T:(rank + 1) * T])
-                if exc is not None:
-                    obs["errors"]["backward"] = {"error": raised(exc), "where": str(learner_frame(exc, path) or "")}
-            else:
-                obs["returned"]["combine_shape"] = list(getattr(y_slots, "shape", [])) or repr(y_slots)[:80]
+            _combined(obs, y_slots, slots, layer, x, grad_all[rank * T:(rank + 1) * T], spy, path)
         else:
-            obs["returned"]["dispatch_shape"] = list(getattr(received, "shape", [])) or repr(received)[:80]
+            obs.returned.dispatch_shape = list(getattr(received, "shape", [])) or repr(received)[:80]
     echo(printed.lines)
-    obs["x_grad"] = None if x.grad is None else x.grad.detach().clone()
+    obs.x_grad = None if x.grad is None else x.grad.detach().clone()
     router = layer.router.gate.weight.grad
-    obs["router_grad"] = None if router is None else router.detach().clone()
-    obs["expert_grads"] = {n: (None if p.grad is None else p.grad.detach().clone())
-                           for n, p in layer.experts[rank].named_parameters()}
-    obs["comm"] = spy.calls
+    obs.router_grad = None if router is None else router.detach().clone()
+    obs.expert_grads = {n: (None if p.grad is None else p.grad.detach().clone())
+                        for n, p in layer.experts[rank].named_parameters()}
+    obs.comm = spy.calls
     return obs
+
+
+def _combined(obs: MoEStep, y_slots, slots, layer, x: torch.Tensor, grad: torch.Tensor, spy: CommSpy,
+              path: str) -> None:
+    """What combine returned, and (where it has its shape on every rank) the layer's output and backward."""
+    if not _everywhere(isinstance(y_slots, torch.Tensor) and tuple(y_slots.shape) == (len(slots.token), HIDDEN)):
+        obs.returned.combine_shape = list(getattr(y_slots, "shape", [])) or repr(y_slots)[:80]
+        return
+    obs.combined_grad_fn = y_slots.grad_fn is not None
+    obs.y_slots = y_slots.detach().cpu().clone()
+    y = torch.zeros_like(x).index_add(0, slots.token, slots.gate[:, None] * y_slots)
+    obs.y = y.detach().cpu().clone()
+    spy.stage, spy.phase = "backward", "backward"
+    with spy:
+        _, exc = attempt(y.backward, grad)
+    if exc is not None:
+        obs.errors["backward"] = StageError(error=raised(exc), where=str(learner_frame(exc, path) or ""))

@@ -1,0 +1,102 @@
+"""Exercise 11's observations: the typed contract between the ranks (``probes``) and the grader.
+
+Each rank returns one :class:`MoEStep` per file: what each learner function returned
+(:class:`Returned`), which results the grader substituted, what raised (a :class:`StageError` per stage),
+the output, the gradients, and every all-to-all (a :class:`Collective`) with its stage. The grader reads
+them in a :class:`Run`, next to the single-process MoE's figures (``reference``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ...rank.observation import Observation
+from .reference import Reference, Slots, T, reference
+
+STAGES = ("sort", "exchange", "dispatch", "combine", "backward")  # the learner's functions, then the backward
+
+
+@dataclass
+class StageError(Observation):
+    """What one stage raised (not NotImplementedError)."""
+
+    error: str                # as ``rank.raised`` puts it: "RuntimeError: ..."
+    where: str                # the learner's line that raised ("" if none of theirs)
+
+
+@dataclass
+class Collective(Observation):
+    """One collective the rank issued, as the dispatcher ran it."""
+
+    kind: str                 # the torch.distributed call's name ("all_to_all", "all_reduce", ...)
+    shape: list[int]          # its first tensor's shape
+    stage: str | None         # the stage running (STAGES); None: between them
+    phase: str                # "forward" or "backward"
+
+
+@dataclass
+class Returned(Observation):
+    """What the learner's functions returned, as the checks read it (None: that function did not run)."""
+
+    perm: torch.Tensor | str | None = None  # sort_by_expert's perm (a copy), or the repr of what came instead
+    send: list[int] | str | None = None     # its input_split_sizes (Python ints), or the repr of what came
+    recv: list[int] | str | None = None     # exchange_split_sizes' output_split_sizes, or the repr of what came
+    # set when dispatch returned no tensor of the shape the split sizes give: its shape (or its repr)
+    dispatch_shape: list[int] | str | None = None
+    combine_shape: list[int] | str | None = None   # the same for combine
+
+
+@dataclass
+class MoEStep(Observation):
+    """One rank's MoE step through one learner file, one function at a time."""
+
+    rank: int
+    world: int
+    not_implemented: str | None = None  # where the learner's code first raised NotImplementedError
+    errors: dict[str, StageError] = field(default_factory=dict)   # by stage (STAGES)
+    returned: Returned = field(default_factory=Returned)
+    substituted: list[str] = field(default_factory=list)  # the stages whose wrong result the grader replaced
+    returned_none: list[str] = field(default_factory=list)  # the stages whose function returned None
+    received_grad_fn: bool | None = None  # whether dispatch's rows have a grad_fn (None: no such rows)
+    combined_grad_fn: bool | None = None  # whether combine's rows have a grad_fn (None: no such rows)
+    y_slots: torch.Tensor | None = None   # combine's rows, one per slot
+    y: torch.Tensor | None = None         # the layer's output on this rank's T tokens
+    x_grad: torch.Tensor | None = None    # the input's gradient
+    router_grad: torch.Tensor | None = None  # the router's gate weight's gradient (this rank's tokens' share)
+    expert_grads: dict[str, torch.Tensor | None] | None = None  # by parameter name: the rank's expert's
+    comm: list[Collective] = field(default_factory=list)  # every collective, in order
+
+
+@dataclass
+class Run:
+    """One file's step at one world size: every rank's observation (rank order)."""
+
+    ranks: list[MoEStep]
+
+    @classmethod
+    def from_wire(cls, ranks: list[dict]) -> Run:
+        """The run of one file from what its ranks sent (``launch_files``: one wire record per rank)."""
+        return cls([MoEStep.from_wire(r) for r in ranks])
+
+    @property
+    def world(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def ref(self) -> Reference:
+        return reference(self.world)
+
+    def rows(self, rank: int) -> slice:
+        return slice(rank * T, (rank + 1) * T)
+
+    def slots(self, rank: int) -> Slots:
+        """Rank ``rank``'s slots in the reference: expert, keep, token, ungated expert output, counts."""
+        return self.ref.ranks[rank]
+
+    def calls(self, rank: int, stage: str | None = None, phase: str | None = None) -> list[Collective]:
+        return [c for c in self.ranks[rank].comm
+                if stage in (None, c.stage) and phase in (None, c.phase)]
+
+    def error(self, stage: str) -> tuple[int, StageError] | None:
+        """The first rank whose ``stage`` raised, and its error."""
+        return next(((o.rank, o.errors[stage]) for o in self.ranks if stage in o.errors), None)
