@@ -61,7 +61,7 @@ from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, eval_c
                      eval_mean_of_means, eval_not_reduced, eval_padding_counted, eval_whole_set, inner_forward,
                      loss_over_world, loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised,
                      not_wrapped, seeded_apart, silent_rank0, unshuffled)
-from .observed import Run
+from .observations import Run
 from .probes import ATOL, CONFIG, EVAL, MODEL, RTOL, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]

@@ -1,6 +1,6 @@
 """Exercise 1's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
-Each takes the :class:`~.observed.Run` of one world size; the check's criteria ask
+Each takes the :class:`~.observations.Run` of one world size; the check's criteria ask
 for them in four groups (ranks apart, shards, shuffle, step), most specific first.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from distlab.data import digits
 
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
-from .observed import Run
+from .observations import Run
 from .probes import ATOL, CONFIG, EVAL
 
 

@@ -52,7 +52,7 @@ from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wro
                      never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted,
                      step_every_micro_step, step_misplaced, window_in_words, zero_grad_before_step,
                      zero_grad_mid_window)
-from .observed import Run, Scenario
+from .observations import Run, Scenario
 from .probes import SCENARIOS, rank_main, windows
 from .reference import WORLD, reference
 

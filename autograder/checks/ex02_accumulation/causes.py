@@ -1,13 +1,13 @@
 """Exercise 2's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
 ``ex02_accumulation`` lists them in its docstring and asks for them, most specific first, when a criterion
-fails; each tests one scenario's observations (:class:`~.observed.Scenario`).
+fails; each tests one scenario's observations (:class:`~.observations.Scenario`).
 """
 from __future__ import annotations
 
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
-from .observed import Scenario
+from .observations import Scenario
 from .probes import ATOL, RTOL, TOKEN_LENGTHS, windows
 
 

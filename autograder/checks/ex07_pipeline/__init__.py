@@ -50,7 +50,7 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, count_scales, deadlock,
                      gradients_not_sent, ignores_received, last_loss, loss_not_scaled, mean_of_scaled, no_microbatches,
                      pieces_of_n_rows, sent_after_loop, unmatched)
-from .observed import Run
+from .observations import Run
 from .probes import BATCH, BOUNDARY, MICRO, P2P_TIMEOUT_S, batch, model, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]

@@ -1,6 +1,6 @@
 """Exercise 7's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
-Each takes the :class:`~.observed.Run` of one file and the part being judged
+Each takes the :class:`~.observations.Run` of one file and the part being judged
 (``"count"``, ``"loss"``, ``"grads0"``, ``"grads1"`` or ``"overlap"``): the send and recv protocol's
 causes explain any failure, the others only their part's. The check's criteria ask for them,
 the protocol's first.
@@ -12,7 +12,7 @@ import re
 import torch
 
 from ...grader.diagnosis import KnownError, mistake
-from .observed import Run
+from .observations import Run
 from .probes import BATCH, MICRO
 
 

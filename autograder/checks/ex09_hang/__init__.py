@@ -35,7 +35,7 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, count_not_reduced, grads_not_reduced, no_all_reduce,
                      no_update, parted, skipped_everywhere, skipped_on_empty, stale_gradient, zero_gradients)
-from .observed import Run
+from .observations import Run
 from .probes import ATOL, RTOL, STEPS, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD", "grade"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...grader.diagnosis import mistake
-from .observed import Run
+from .observations import Run
 from .probes import STEPS
 
 KNOWN_ERRORS: list = []
