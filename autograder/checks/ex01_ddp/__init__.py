@@ -61,7 +61,7 @@ from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, eval_c
                      eval_mean_of_means, eval_not_reduced, eval_padding_counted, eval_whole_set, inner_forward,
                      loss_over_world, loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised,
                      not_wrapped, seeded_apart, silent_rank0, unshuffled)
-from .observed import Run
+from .observations import RankObservation, Run
 from .probes import ATOL, CONFIG, EVAL, MODEL, RTOL, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]
@@ -80,8 +80,8 @@ EVALUATION = [eval_whole_set, eval_padding_counted, eval_drop_last, eval_not_red
 @criterion("[W={world}] same parameters on every rank", points=2)
 def same_parameters(run: Run) -> Verdict:
     # Exact: DDP leaves every rank with the same bits (same broadcast start, same all-reduced grads).
-    final = run.ranks[0]["final"]
-    gaps = [(parity(r["final"], final, rtol=0, atol=0), r["rank"]) for r in run.ranks[1:]]
+    final = run.ranks[0].final
+    gaps = [(parity(r.final, final, rtol=0, atol=0), r.rank) for r in run.ranks[1:]]
     worst, other = max(gaps, key=lambda g: g[0].max_abs_diff)
     if all(g.ok for g, _ in gaps):
         return passed()
@@ -92,8 +92,8 @@ def same_parameters(run: Run) -> Verdict:
 @criterion("[W={world}] each rank reads its own shard", points=2)
 def own_shard(run: Run) -> Verdict:
     n, local, epochs = len(digits()), run.samples_per_rank, CONFIG["epochs"]
-    read = len(run.ranks[0]["accessed"]) / epochs
-    if any(len(r["accessed"]) != epochs * local for r in run.ranks):
+    read = len(run.ranks[0].accessed) / epochs
+    if any(len(r.accessed) != epochs * local for r in run.ranks):
         return failed(diagnose(SHARDS, run) or f"each rank should read {local} samples per epoch ({n} / "
                       f"{run.world} ranks) but rank 0 read {read:g}")
     for e in range(epochs):
@@ -129,7 +129,7 @@ def _reference(initial: dict, global_batches: list[list[int]]) -> dict:
 @criterion("[W={world}] matches single-process training", points=2, requires=[own_shard, same_parameters])
 def matches_reference(run: Run) -> Verdict:
     r0, bs = run.ranks[0], CONFIG["batch_size"]
-    match = parity(r0["final"], _reference(r0["initial"], run.global_batches()), rtol=RTOL, atol=ATOL)
+    match = parity(r0.final, _reference(r0.initial, run.global_batches()), rtol=RTOL, atol=ATOL)
     diff = match.max_abs_diff
     measured = {f"W{run.world}_max_abs_diff_vs_reference": diff}
     if match.ok:
@@ -137,13 +137,13 @@ def matches_reference(run: Run) -> Verdict:
     steps = len(run.global_batches())
     return failed(diagnose(STEP, run) or f"weights differ from one process trained on the same global batches of "
                   f"{run.world}x{bs} (max abs difference {diff:.3g} in '{match.worst}', tolerance rtol={RTOL}, "
-                  f"atol={ATOL}; rank 0's optimizer stepped {r0['steps']} times, {steps} expected): use SGD with "
+                  f"atol={ATOL}; rank 0's optimizer stepped {r0.steps} times, {steps} expected): use SGD with "
                   f"lr={CONFIG['lr']} on the mean cross-entropy, one step per batch", **measured)
 
 
 @criterion("[W={world}] only rank 0 logs", points=1)
 def only_rank0_logs(run: Run) -> Verdict:
-    noisy = [(r["rank"], r["printed"]) for r in run.ranks[1:] if r["printed"]]
+    noisy = [(r.rank, r.printed) for r in run.ranks[1:] if r.printed]
     if noisy:
         rank, lines = noisy[0]
         return failed(f"rank {rank} printed {len(lines)} lines (first: {lines[0]!r}): print only where "
@@ -156,28 +156,28 @@ def only_rank0_logs(run: Run) -> Verdict:
 @criterion("[W={world}] rank 0 saves the model once", points=1)
 def rank0_saves_once(run: Run) -> Verdict:
     r0 = run.ranks[0]
-    savers = [r["rank"] for r in run.ranks if r["saves"]]
+    savers = [r.rank for r in run.ranks if r.saves]
     if not savers:
         return failed("nothing was saved with torch.save: save model.module.state_dict() to checkpoint_path "
                       "on rank 0")
     if savers != [0]:
         return failed(f"torch.save was called on ranks {savers}: save on rank 0 only")
-    if len(r0["saves"]) != 1 or not run.checkpoint.is_file():
-        return failed(f"no checkpoint at the checkpoint_path given (rank 0 saved to {r0['saves']})")
+    if len(r0.saves) != 1 or not run.checkpoint.is_file():
+        return failed(f"no checkpoint at the checkpoint_path given (rank 0 saved to {r0.saves})")
     state = torch.load(run.checkpoint, weights_only=True)
-    if set(state) != set(r0["final"]):
+    if set(state) != set(r0.final):
         return failed("the saved file's keys do not match the model's (a 'module.' prefix? save "
                       "model.module.state_dict())")
-    if not (same := parity(state, r0["final"], rtol=0, atol=0)):
+    if not (same := parity(state, r0.final, rtol=0, atol=0)):
         return failed(f"the saved weights differ from the trained ones (in '{same.worst}')")
     return passed()
 
 
 @criterion("[W={world}] teardown destroys the process group", points=1)
 def teardown_destroys(run: Run) -> Verdict:
-    if raised := [(r["rank"], r["teardown_error"]) for r in run.ranks if r["teardown_error"]]:
+    if raised := [(r.rank, r.teardown_error) for r in run.ranks if r.teardown_error]:
         return failed(f"teardown() raised on rank {raised[0][0]}: {raised[0][1]}")
-    left_open = [r["rank"] for r in run.ranks if r["still_initialized"]]
+    left_open = [r.rank for r in run.ranks if r.still_initialized]
     if not left_open:
         return passed()
     return failed(f"after teardown() the process group was still initialised on ranks {left_open}: call "
@@ -187,20 +187,20 @@ def teardown_destroys(run: Run) -> Verdict:
 @criterion(f"[W={{world}}] evaluate_ddp counts each of {EVAL['n']} samples once despite the sampler's padding",
            points=2)
 def evaluates_once(run: Run) -> Verdict:
-    if errors := [(r["rank"], r["eval_error"]) for r in run.ranks if r["eval_error"]]:
+    if errors := [(r.rank, r.eval_error) for r in run.ranks if r.eval_error]:
         return failed(f"evaluate_ddp raised on rank {errors[0][0]}: {errors[0][1]}")
-    if bad := [r for r in run.ranks if r["eval"] is None]:
-        return failed(f"evaluate_ddp returned {bad[0]['eval_returned']} on rank {bad[0]['rank']}, not a pair of "
+    if bad := [r for r in run.ranks if r.eval is None]:
+        return failed(f"evaluate_ddp returned {bad[0].eval_returned} on rank {bad[0].rank}, not a pair of "
                       "floats (loss, accuracy)")
     n, limit = EVAL["n"], -(-EVAL["n"] // run.world)
     ref = run.eval_candidates["reference"]
-    measured = {f"W{run.world}_eval_loss": run.ranks[0]["eval"][0], f"W{run.world}_eval_reference_loss": ref[0]}
-    if greedy := [r for r in run.ranks if len(r["eval_accessed"]) > limit]:
-        return failed(diagnose([eval_whole_set], run) or f"rank {greedy[0]['rank']} read "
-                      f"{len(greedy[0]['eval_accessed'])} samples, more than its shard of {limit}", **measured)
-    if all(eval_close(r["eval"], ref) for r in run.ranks):
+    measured = {f"W{run.world}_eval_loss": run.ranks[0].eval[0], f"W{run.world}_eval_reference_loss": ref[0]}
+    if greedy := [r for r in run.ranks if len(r.eval_accessed) > limit]:
+        return failed(diagnose([eval_whole_set], run) or f"rank {greedy[0].rank} read "
+                      f"{len(greedy[0].eval_accessed)} samples, more than its shard of {limit}", **measured)
+    if all(eval_close(r.eval, ref) for r in run.ranks):
         return passed(f"loss {ref[0]:.4f}, accuracy {ref[1]:.3f}, as one process", **measured)
-    loss, acc = run.ranks[0]["eval"]
+    loss, acc = run.ranks[0].eval
     return failed(diagnose(EVALUATION, run) or f"rank 0 returned loss {loss:.5f}, accuracy {acc:.4f}; one process "
                   f"over the {n} samples has {ref[0]:.5f}, {ref[1]:.4f}", **measured)
 
@@ -227,6 +227,7 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
         for world in world_sizes:
             runs, wall_s = jobs[world].result()  # a failed launch raises here, as a sequential one would
             for report, ranks, folder in zip(reports, runs, folders[world]):
-                report.judge(CRITERIA, Run(ranks, world, folder / "model.pt"), world=world)
+                run = Run([RankObservation.from_wire(r) for r in ranks], world, folder / "model.pt")
+                report.judge(CRITERIA, run, world=world)
                 report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

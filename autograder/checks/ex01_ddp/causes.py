@@ -1,6 +1,6 @@
 """Exercise 1's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
-Each takes the :class:`~.observed.Run` of one world size; the check's criteria ask
+Each takes the :class:`~.observations.Run` of one world size; the check's criteria ask
 for them in four groups (ranks apart, shards, shuffle, step), most specific first.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from distlab.data import digits
 
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
-from .observed import Run
+from .observations import Run
 from .probes import ATOL, CONFIG, EVAL
 
 
@@ -33,10 +33,10 @@ KNOWN_ERRORS = [
 @mistake("forward called on model.module")
 def inner_forward(run: Run) -> str | None:
     r0 = run.ranks[0]
-    inner = sum(not via_ddp for via_ddp, _, _ in r0["forwards"])
-    if not (r0["ddp_built"] and inner):
+    inner = sum(not f.through_ddp for f in r0.forwards)
+    if not (r0.ddp_built and inner):
         return None
-    count = f"all {inner}" if inner == len(r0["forwards"]) else f"{inner} of {len(r0['forwards'])}"
+    count = f"all {inner}" if inner == len(r0.forwards) else f"{inner} of {len(r0.forwards)}"
     return (f"{count} forward passes called model.module(x), bypassing DDP's gradient all-reduce: the model was "
             "wrapped, but only a forward through the wrapper (ddp_model(x)) makes its backward average the gradients")
 
@@ -44,15 +44,15 @@ def inner_forward(run: Run) -> str | None:
 @mistake("ranks not synchronised at the start")
 def not_synchronised(run: Run) -> str | None:
     r0 = run.ranks[0]
-    for r in run.ranks[1:] if r0["at_first_forward"] is not None else []:
-        start = parity(r["at_first_forward"], r0["at_first_forward"], rtol=0, atol=0)
-        moved = {n: (r["final"][n] - r["at_first_forward"][n]) - (r0["final"][n] - r0["at_first_forward"][n])
-                 for n in r0["final"]}
+    for r in run.ranks[1:] if r0.at_first_forward is not None else []:
+        start = parity(r.at_first_forward, r0.at_first_forward, rtol=0, atol=0)
+        moved = {n: (r.final[n] - r.at_first_forward[n]) - (r0.final[n] - r0.at_first_forward[n])
+                 for n in r0.final}
         if not start and parity(moved, {n: torch.zeros_like(t) for n, t in moved.items()}, rtol=0, atol=ATOL):
-            how = ("DDP was built with init_sync=False, which skips that broadcast" if False in r0["ddp_built"]
+            how = ("DDP was built with init_sync=False, which skips that broadcast" if False in r0.ddp_built
                    else "nothing broadcast rank 0's weights: wrap the model in DistributedDataParallel, which does "
                    "when it is built (or dist.broadcast every parameter from rank 0 first)")
-            return (f"the ranks made the same updates but started from different weights (rank {r['rank']} and rank "
+            return (f"the ranks made the same updates but started from different weights (rank {r.rank} and rank "
                     f"0 differed by {start.max_abs_diff:.3g} in '{start.worst}' at the first forward): {how}")
     return None
 
@@ -60,7 +60,7 @@ def not_synchronised(run: Run) -> str | None:
 @mistake("model not wrapped in DDP")
 def not_wrapped(run: Run) -> str | None:
     r0 = run.ranks[0]
-    if r0["ddp_built"] or r0["grad_all_reduces"]:
+    if r0.ddp_built or r0.grad_all_reduces:
         return None
     return ("the model was never wrapped in DistributedDataParallel: each rank trained alone on its own data, from "
             "its own initial weights; wrap it, so it broadcasts rank 0's weights and averages the gradients")
@@ -68,7 +68,7 @@ def not_wrapped(run: Run) -> str | None:
 
 @mistake("no DistributedSampler")
 def no_sampler(run: Run) -> str | None:
-    n, per_epoch = len(digits()), len(run.ranks[0]["accessed"]) / CONFIG["epochs"]
+    n, per_epoch = len(digits()), len(run.ranks[0].accessed) / CONFIG["epochs"]
     if per_epoch != n:
         return None
     return (f"every rank read all {n} samples in each epoch (rank 0 read {per_epoch:g} per epoch, not its "
@@ -106,26 +106,27 @@ def no_set_epoch(run: Run) -> str | None:
 
 @mistake("batch_size treated as global")
 def batch_not_per_rank(run: Run) -> str | None:
-    bs, forwards = CONFIG["batch_size"], run.ranks[0]["forwards"]
-    if not forwards or forwards[0][1] == bs:
+    bs, forwards = CONFIG["batch_size"], run.ranks[0].forwards
+    if not forwards or forwards[0].rows == bs:
         return None
-    return (f"each rank read {forwards[0][1]} samples per step, not batch_size={bs}: batch_size is per rank (the "
+    return (f"each rank read {forwards[0].rows} samples per step, not batch_size={bs}: batch_size is per rank (the "
             f"global batch is {run.world}x{bs}); give it to the DataLoader unchanged")
 
 
 @mistake("learning rate changed")
 def lr_changed(run: Run) -> str | None:
-    step, lr = run.ranks[0]["first_step"], CONFIG["lr"]
-    if not step or abs(step["lr"] - lr) < 1e-9:
+    step, lr = run.ranks[0].first_step, CONFIG["lr"]
+    if not step or abs(step.lr - lr) < 1e-9:
         return None
-    return (f"the optimizer's learning rate was {step['lr']:g}, {step['lr'] / lr:.3g}x the lr={lr} given: use it "
+    return (f"the optimizer's learning rate was {step.lr:g}, {step.lr / lr:.3g}x the lr={lr} given: use it "
             "as given; DDP averages the gradients, so each step is already the step of the global batch")
 
 
 @mistake("gradients all-reduced by hand on top of DDP")
 def double_all_reduce(run: Run) -> str | None:
-    calls = (run.ranks[0]["first_step"] or {}).get("grad_all_reduces", 0)
-    if not (calls and run.ranks[0]["ddp_built"] and run.ratio_is(run.world)):
+    step = run.ranks[0].first_step
+    calls = step.grad_all_reduces if step else 0
+    if not (calls and run.ranks[0].ddp_built and run.ratio_is(run.world)):
         return None
     return (f"the first step's gradient is {run.gradient_ratio:.3g}x the reference's: the gradients were also "
             f"summed by hand ({calls} dist.all_reduce calls on .grad before the first step) on top of DDP, which "
@@ -152,7 +153,7 @@ def loss_over_world(run: Run) -> str | None:
 
 @mistake("nothing printed on rank 0")
 def silent_rank0(run: Run) -> str | None:
-    if run.ranks[0]["printed"]:
+    if run.ranks[0].printed:
         return None
     return "rank 0 printed nothing: print the loss of each epoch on rank 0"
 
@@ -164,13 +165,13 @@ def eval_close(got, want) -> bool:
 
 
 def _returned(run: Run, r: int = 0) -> str:
-    loss, acc = run.ranks[r]["eval"]
+    loss, acc = run.ranks[r].eval
     return f"rank {r} returned loss {loss:.5f}, accuracy {acc:.4f}"
 
 
 @mistake("evaluation set read whole on every rank")
 def eval_whole_set(run: Run) -> str | None:
-    read = len(run.ranks[0]["eval_accessed"])
+    read = len(run.ranks[0].eval_accessed)
     if read < EVAL["n"]:
         return None
     return (f"rank 0 read {read} samples of the {EVAL['n']}-sample evaluation set, the whole of it: give each rank "
@@ -179,7 +180,7 @@ def eval_whole_set(run: Run) -> str | None:
 
 @mistake("the sampler's padding counted")
 def eval_padding_counted(run: Run) -> str | None:
-    if not eval_close(run.ranks[0]["eval"], run.eval_candidates["padding counted"]):
+    if not eval_close(run.ranks[0].eval, run.eval_candidates["padding counted"]):
         return None
     dealt = sum(map(len, run.shards()))
     repeats = sorted(i for r, s in enumerate(run.shards()) for j, i in enumerate(s) if j * run.world + r >= EVAL["n"])
@@ -190,7 +191,7 @@ def eval_padding_counted(run: Run) -> str | None:
 
 @mistake("DistributedSampler built with drop_last=True")
 def eval_drop_last(run: Run) -> str | None:
-    if not eval_close(run.ranks[0]["eval"], run.eval_candidates["drop_last=True"]):
+    if not eval_close(run.ranks[0].eval, run.eval_candidates["drop_last=True"]):
         return None
     kept = sum(map(len, run.shards(drop_last=True)))
     return (f"{_returned(run)}: the metric of only {kept} of the {EVAL['n']} samples, as drop_last=True deals them: "
@@ -199,7 +200,7 @@ def eval_drop_last(run: Run) -> str | None:
 
 @mistake("metric not all-reduced")
 def eval_not_reduced(run: Run) -> str | None:
-    got = [r["eval"] for r in run.ranks]
+    got = [r.eval for r in run.ranks]
     if all(eval_close(g, got[0]) for g in got[1:]):
         return None
     own = [r for r in range(run.world) if any(eval_close(got[r], run.eval_candidates[f"rank {r}'s shard{w}"])
@@ -211,7 +212,7 @@ def eval_not_reduced(run: Run) -> str | None:
 
 @mistake("the ranks' means averaged")
 def eval_mean_of_means(run: Run) -> str | None:
-    if not eval_close(run.ranks[0]["eval"], run.eval_candidates["mean of the ranks' means"]):
+    if not eval_close(run.ranks[0].eval, run.eval_candidates["mean of the ranks' means"]):
         return None
     sizes = [len(s) for s in run.shards()]
     real = [sum(j * run.world + r < EVAL["n"] for j in range(n)) for r, n in enumerate(sizes)]

@@ -20,26 +20,23 @@ from distlab.data import RecordingDataset, digits
 from distlab.models import cpu_state, make_mlp
 
 from ...rank import CapturedPrints, DDPSpy, Replace, SaveSpy, attempt, echo, load_learner, own_rendezvous, raised_at
+from .observations import CONFIG, EVAL, MODEL, FirstStep, Forward, RankObservation
 
-CONFIG = dict(epochs=2, batch_size=32, lr=0.2, seed=7)
-# evaluate_ddp's data set: the first EVAL_N digits, which neither world size divides (the sampler pads 1
-# sample at W=2 and 3 at W=4), in batches that end with the padding; the same model on every rank.
-EVAL = dict(n=21, batch_size=4, seed=3)
-MODEL = dict(hidden=64)
 # The grader's tolerance against one process (ex01_ddp and causes both use it).
 RTOL, ATOL = 1e-4, 1e-5  # all-reduce sums in another order than one big batch's mean
 
 
 def rank_main(paths: list[str], ckpt_dir: str) -> list[dict]:
-    """Runs on every rank: each file in turn trains with the learner's code; returns what was observed."""
+    """Runs on every rank: each file in turn trains with the learner's code; returns what was observed
+    (one :class:`RankObservation` per file, as plain data)."""
     out = []
     for i, path in enumerate(paths):
         with own_rendezvous(f"file{i}"):  # the learner's setup() makes the process group, once per file
-            out.append(_observe(path, Path(ckpt_dir) / str(i)))
+            out.append(_observe(path, Path(ckpt_dir) / str(i)).to_wire())
     return out
 
 
-def _observe(path: str, ckpt_dir: Path) -> dict:
+def _observe(path: str, ckpt_dir: Path) -> RankObservation:
     # The spies go in before the import, so ``from torch import save`` (or all_reduce) binds them too.
     with SaveSpy() as saves, AllReduceSpy() as reduces, DDPSpy(rounds=False) as wrappers:
         learner = load_learner(path)
@@ -55,37 +52,35 @@ def _observe(path: str, ckpt_dir: Path) -> dict:
         with CapturedPrints() as out, probe:
             trained = learner.train_ddp(model, data, checkpoint_path=str(ckpt_dir / "model.pt"), **CONFIG)
     echo(out.lines)
-    final, observed = cpu_state(trained if trained is not None else model), probe.observed()
+    seen = RankObservation(rank=rank, initial=initial, final=cpu_state(trained if trained is not None else model),
+                           accessed=data.accessed, printed=out.lines, saves=saves.paths)
+    probe.fill(seen)
     wrappers.wrapping.clear()  # the modules it held on to: freed below, with the learner's DDP
     # The learner's DDP holds the process group. Freed by the garbage collector at some later moment
     # (a different one on each rank), the group's gloo context would close while its peers still run
     # the next file, and wait out its timeout for them: free it here, before teardown, on every rank.
     del trained, model, probe
     gc.collect()
-    evaluation = _evaluate(learner, path)
-    teardown_error = ""
+    _evaluate(learner, path, seen)
     try:  # a teardown that raises loses its own criterion only
         learner.teardown()
     except Exception as exc:  # noqa: BLE001 - any error is the learner's, reported as feedback
-        teardown_error = raised_at(exc, path)
-    return {
-        "rank": rank, "initial": initial, "final": final, "accessed": data.accessed,
-        "printed": out.lines, "saves": saves.paths, "still_initialized": dist.is_initialized(),
-        "teardown_error": teardown_error, **evaluation, **observed,
-    }
+        seen.teardown_error = raised_at(exc, path)
+    seen.still_initialized = dist.is_initialized()
+    return seen
 
 
-def _evaluate(learner, path: str) -> dict:
+def _evaluate(learner, path: str, seen: RankObservation) -> None:
     """``evaluate_ddp`` on the first ``EVAL["n"]`` digits with a model that is the same on every rank: what it
-    returned (or raised) and which samples this rank read."""
+    returned (or raised) and which samples this rank read, into ``seen``."""
     data = RecordingDataset(Subset(digits(), range(EVAL["n"])))
     model = make_mlp(seed=EVAL["seed"], **MODEL).to(distlab.device())
     with CapturedPrints() as out:
         got, exc = attempt(learner.evaluate_ddp, model, data, batch_size=EVAL["batch_size"])
     echo(out.lines)
     ok = isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(v, (int, float)) for v in got)
-    return {"eval": tuple(float(v) for v in got) if ok else None, "eval_returned": type(got).__name__,
-            "eval_error": raised_at(exc, path), "eval_accessed": data.accessed}
+    seen.eval = (float(got[0]), float(got[1])) if ok else None
+    seen.eval_returned, seen.eval_error, seen.eval_accessed = type(got).__name__, raised_at(exc, path), data.accessed
 
 
 class AllReduceSpy(Replace):
@@ -117,9 +112,9 @@ class Probe(contextlib.AbstractContextManager):
     def __init__(self, model: torch.nn.Module, data: RecordingDataset, reduces: AllReduceSpy, wrappers: DDPSpy):
         self.model, self.data, self.reduces, self.wrappers = model, data, reduces, wrappers
         self.ddp_depth = 0
-        self.forwards: list[tuple[bool, int, int]] = []  # (through DDP?, batch size, samples read so far)
+        self.forwards: list[Forward] = []
         self.at_first_forward: dict | None = None
-        self.first_step: dict | None = None
+        self.first_step: FirstStep | None = None
         self.steps = 0
         reduces.grads = list(model.parameters())
 
@@ -130,7 +125,7 @@ class Probe(contextlib.AbstractContextManager):
             if self.at_first_forward is None:
                 self.at_first_forward = cpu_state(self.model)
             n = len(args[0]) if args and hasattr(args[0], "__len__") else 0
-            self.forwards.append((self.ddp_depth > 0, n, len(self.data.accessed)))
+            self.forwards.append(Forward(through_ddp=self.ddp_depth > 0, rows=n, read=len(self.data.accessed)))
 
     def _post(self, module, args, output):
         if isinstance(module, DDP) and module.module is self.model:
@@ -142,12 +137,12 @@ class Probe(contextlib.AbstractContextManager):
             return
         self.steps += 1
         if self.first_step is None:
-            self.first_step = {
-                "grads": {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().to("cpu", copy=True)
-                          for n, p in self.model.named_parameters()},
-                "lr": float(optimizer.param_groups[0].get("lr", float("nan"))),
-                "optimizer": type(optimizer).__name__, "grad_all_reduces": self.reduces.calls,
-            }
+            self.first_step = FirstStep(
+                grads={n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().to("cpu", copy=True)
+                       for n, p in self.model.named_parameters()},
+                lr=float(optimizer.param_groups[0].get("lr", float("nan"))),
+                optimizer=type(optimizer).__name__, grad_all_reduces=self.reduces.calls,
+            )
 
     @property
     def ddp_built(self) -> list[bool]:
@@ -164,6 +159,7 @@ class Probe(contextlib.AbstractContextManager):
             handle.remove()
         return False
 
-    def observed(self) -> dict:
-        return {"forwards": self.forwards, "ddp_built": self.ddp_built, "at_first_forward": self.at_first_forward,
-                "first_step": self.first_step, "steps": self.steps, "grad_all_reduces": self.reduces.calls}
+    def fill(self, seen: RankObservation) -> None:
+        """What was observed while ``train_ddp`` ran, into ``seen`` (before the wrappers are let go)."""
+        seen.forwards, seen.ddp_built, seen.at_first_forward = self.forwards, self.ddp_built, self.at_first_forward
+        seen.first_step, seen.steps, seen.grad_all_reduces = self.first_step, self.steps, self.reduces.calls

@@ -52,9 +52,10 @@ from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wro
                      never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted,
                      step_every_micro_step, step_misplaced, window_in_words, zero_grad_before_step,
                      zero_grad_mid_window)
-from .observed import Run, Scenario
-from .probes import SCENARIOS, rank_main, windows
+from .observations import RankObservation, Run, Scenario
+from .probes import rank_main
 from .reference import WORLD, reference
+from .scenarios import SCENARIOS, windows
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
 
@@ -79,12 +80,12 @@ def _first_wrong_step(s: Scenario) -> str:
 
 def _parameters_match(s: Scenario) -> Verdict:
     """Rank 0's final parameters against the big-batch run's (the criterion of every scenario)."""
-    ok, diff = close(s.obs["final"], reference(s.name))
+    ok, diff = close(s.obs.final, reference(s.name))
     why = diagnose(CAUSES, s) or _first_wrong_step(s)  # the most specific reason ("" if none found)
     measured = {f"{s.name}_max_abs_diff_vs_reference": diff}
     if ok and not why:
         return passed(f"max abs difference {diff:.2g}", **measured)
-    rank_diff = parity(s.ranks[1]["final"], s.obs["final"]).max_abs_diff
+    rank_diff = parity(s.ranks[1].final, s.obs.final).max_abs_diff
     return failed(why or (f"rank 0's parameters differ from the big-batch run (max abs difference {diff:.3g}, "
                             f"rank 1 differs from rank 0 by {rank_diff:.3g})"), **measured)
 
@@ -100,7 +101,7 @@ _, TOKENS_K = SCENARIOS["tokens"]
 @criterion(f"{EQUAL} gradient after {K} micro-batches equals one {K}x larger batch", points=2)
 def first_window_gradient(run: Run) -> Verdict:
     s = run.scenarios["equal"]
-    first_ok = bool(s.obs["steps"]) and close(s.obs["steps"][0]["grads"], s.references[0]["big"])[0]
+    first_ok = bool(s.obs.steps) and close(s.obs.steps[0].grads, s.references[0]["big"])[0]
     if first_ok and s.micro[0] == K:
         return passed()
     first_window = [c for c in CAUSES if c is not never_zeroed]  # stale gradients start in window 1
@@ -118,9 +119,9 @@ def equal_parameters(run: Run) -> Verdict:
 def step_per_window(run: Run) -> Verdict:
     # Passes only on what was seen: a step after every K micro-steps, and .grad zero at every later window's start.
     s = run.scenarios["equal"]
-    cleared = s.obs["start_cleared"]
+    cleared = s.obs.start_cleared
     if s.micro == s.expected_micro and cleared == [True] * (s.n_windows - 1) and not diagnose(SCHEDULE, s):
-        return passed(f"zero_grad() ran {len(s.obs['zero_grads'])} times in {s.n_windows} windows")
+        return passed(f"zero_grad() ran {len(s.obs.zero_grads)} times in {s.n_windows} windows")
     return failed(diagnose(SCHEDULE, s) or f"optimizer.step() ran after {s.micro} micro-batches; expected "
                   f"{s.expected_micro}, with the gradients zeroed at the start of every window")
 
@@ -141,7 +142,7 @@ def allreduce_per_window(run: Run) -> Verdict:
 @criterion(f"{EQUAL} ranks' gradients still differ inside a window", points=1)
 def differ_inside_window(run: Run) -> Verdict:
     # The negative check: identical gradients mid-window mean DDP already averaged them (no no_sync).
-    mid0, mid1 = (r["mid_grads"] for r in run.scenarios["equal"].ranks)
+    mid0, mid1 = (r.mid_grads for r in run.scenarios["equal"].ranks)
     if mid0 is None or mid1 is None:
         return failed(diagnose(SCHEDULE, run.scenarios["equal"]) or "no micro-step ever followed another within a "
                       "window: accumulate over several micro-batches")
@@ -183,6 +184,6 @@ def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
     reports = [EXERCISE.new_report() for _ in paths]
     runs, wall_s = launch_files(rank_main, paths, world=WORLD, timeout=launch_timeout(EXERCISE, files=len(paths)))
     for report, ranks in zip(reports, runs):
-        report.judge(CRITERIA, Run(ranks))
+        report.judge(CRITERIA, Run([RankObservation.from_wire(r) for r in ranks]))
         report.measurements["launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

@@ -1,14 +1,15 @@
 """Exercise 2's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
 ``ex02_accumulation`` lists them in its docstring and asks for them, most specific first, when a criterion
-fails; each tests one scenario's observations (:class:`~.observed.Scenario`).
+fails; each tests one scenario's observations (:class:`~.observations.Scenario`).
 """
 from __future__ import annotations
 
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
-from .observed import Scenario
-from .probes import ATOL, RTOL, TOKEN_LENGTHS, windows
+from .observations import Scenario
+from .probes import ATOL, RTOL
+from .scenarios import TOKEN_LENGTHS, windows
 
 
 KNOWN_ERRORS = [
@@ -31,8 +32,8 @@ def close(a: dict, b: dict) -> tuple[bool, float]:
 
 def _zero_grads(s: Scenario, mid: bool) -> list[tuple[int, int]]:
     """zero_grad() calls as (window, micro-steps done): inside a window (``mid``) or after its last backward."""
-    return [(w, f) for w, f in s.obs["zero_grads"]
-            if 0 < f and w < s.n_windows and (f < s.expected_micro[w]) == mid]
+    return [(z.steps, z.micro) for z in s.obs.zero_grads
+            if 0 < z.micro and z.steps < s.n_windows and (z.micro < s.expected_micro[z.steps]) == mid]
 
 
 @mistake("zero_grad inside a window")
@@ -45,11 +46,11 @@ def zero_grad_mid_window(s: Scenario) -> str | None:
 
 @mistake("zero_grad between the last backward and step")
 def zero_grad_before_step(s: Scenario) -> str | None:
-    zeroed = [step for step in s.obs["steps"] if not any(g.any() for g in step["grads"].values())]
+    zeroed = [step for step in s.obs.steps if not any(g.any() for g in step.grads.values())]
     if not (zeroed and _zero_grads(s, mid=False)):
         return None
     return (f"optimizer.zero_grad() ran after the window's last backward but before optimizer.step(), so "
-            f"{len(zeroed)} of {len(s.obs['steps'])} steps saw all-zero gradients and moved nothing: call "
+            f"{len(zeroed)} of {len(s.obs.steps)} steps saw all-zero gradients and moved nothing: call "
             "optimizer.step() first, then optimizer.zero_grad()")
 
 
@@ -71,24 +72,24 @@ def step_misplaced(s: Scenario) -> str | None:
 
 @mistake("gradients never zeroed between windows")
 def never_zeroed(s: Scenario) -> str | None:
-    if not (stale := [w + 1 for w, ok in enumerate(s.obs["start_cleared"]) if not ok]):
+    if not (stale := [w + 1 for w, ok in enumerate(s.obs.start_cleared) if not ok]):
         return None
     return (f"at the start of window {stale[0]} the gradients still held the previous window's (zero_grad() ran "
-            f"{len(s.obs['zero_grads'])} times in {s.n_windows} windows), so it stepped with both windows' "
+            f"{len(s.obs.zero_grads)} times in {s.n_windows} windows), so it stepped with both windows' "
             "gradients: call optimizer.zero_grad() after every optimizer.step()")
 
 
 def _no_gradient(s: Scenario) -> bool:
     """Whether every optimizer step found the gradients zero (or unset): no backward reached the parameters."""
-    steps = s.obs["steps"]
-    return bool(steps) and not any(g.any() for step in steps for g in step["grads"].values())
+    steps = s.obs.steps
+    return bool(steps) and not any(g.any() for step in steps for g in step.grads.values())
 
 
 @mistake("no backward: the gradients stay zero")
 def no_backward(s: Scenario) -> str | None:
     if not _no_gradient(s):
         return None
-    return (f"at all {len(s.obs['steps'])} optimizer steps the gradients were zero on rank 0 (every .grad None or 0, "
+    return (f"at all {len(s.obs.steps)} optimizer steps the gradients were zero on rank 0 (every .grad None or 0, "
             f"after {sum(s.micro)} forwards): no backward() reached the parameters, so DDP had nothing to all-reduce "
             "and SGD nothing to step with: call loss.backward() on each micro-batch's loss")
 
@@ -107,8 +108,8 @@ def never_synced(s: Scenario) -> str | None:
 
 def first_wrong(s: Scenario) -> tuple[int, float] | None:
     """The first optimizer step whose gradient is not its window's big-batch gradient, and by how much."""
-    for w, (step, ref) in enumerate(zip(s.obs["steps"], s.references)):
-        ok, diff = close(step["grads"], ref["big"])
+    for w, (step, ref) in enumerate(zip(s.obs.steps, s.references)):
+        ok, diff = close(step.grads, ref["big"])
         if not ok:
             return w, diff
     return None
@@ -128,8 +129,8 @@ def _normalisation(s: Scenario, wrong: str, advice: str) -> str | None:
     """The message if every step's gradient is the micro-batch gradients ``wrong`` (at that step's weights)."""
     label = [next((key for key in ref if key.startswith(wrong)), None) for ref in s.references]
     first = first_wrong(s)
-    if not first or None in label or not all(close(step["grads"], ref[label[w]])[0]
-                                             for w, (step, ref) in enumerate(zip(s.obs["steps"], s.references))):
+    if not first or None in label or not all(close(step.grads, ref[label[w]])[0]
+                                             for w, (step, ref) in enumerate(zip(s.obs.steps, s.references))):
         return None
     w, diff = first
     win = windows(len(s.sizes), s.k)[w]

@@ -14,7 +14,7 @@ from torch import nn
 
 from distlab.models import cpu_state, make_mlp
 
-from .probes import IGNORE_INDEX, LR, MODEL, SCENARIOS, micro_batches, token_batches, windows
+from .scenarios import IGNORE_INDEX, LR, MODEL, SCENARIOS, micro_batches, token_batches, windows
 
 WORLD = 2  # the ranks of every launch: a global micro-batch is theirs concatenated
 

@@ -50,7 +50,7 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, count_scales, deadlock,
                      gradients_not_sent, ignores_received, last_loss, loss_not_scaled, mean_of_scaled, no_microbatches,
                      pieces_of_n_rows, sent_after_loop, unmatched)
-from .observed import Run
+from .observations import RankObservation, Run
 from .probes import BATCH, BOUNDARY, MICRO, P2P_TIMEOUT_S, batch, model, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
@@ -75,9 +75,9 @@ def _raised(step: Run) -> str:
     """What the ranks raised that no cause explains, with the learner's line and the known translation."""
     out = []
     for r in step.ranks:
-        if r["error"]:
-            known = translate(r["error"], KNOWN_ERRORS)
-            out.append(f" (rank {r['rank']} raised {r['error']}" + (f" at {r['where']}" if r["where"] else "")
+        if r.error:
+            known = translate(r.error, KNOWN_ERRORS)
+            out.append(f" (rank {r.rank} raised {r.error}" + (f" at {r.where}" if r.where else "")
                        + (f": {known}" if known else "") + ")")
     return "".join(out)
 
@@ -85,7 +85,7 @@ def _raised(step: Run) -> str:
 def _advice(step: Run, text: str) -> str:
     """``": " + text``, the step to take, only where no rank raised: a run an error cut short shows what the
     error stopped, not a step the learner left out (the error, at its line, is shown instead)."""
-    return "" if any(r["error"] for r in step.ranks) else f": {text}"
+    return "" if any(r.error for r in step.ranks) else f": {text}"
 
 
 # The causes (causes) the criteria ask for, most specific first.
@@ -98,7 +98,7 @@ def every_microbatch_once(step: Run) -> Verdict:
     want_rows = BATCH // MICRO
     for s in (0, 1):
         fwd, bwd = step.events(s, "F"), step.events(s, "B")
-        rows = sorted({e["rows"] for e in fwd})
+        rows = sorted({e.rows for e in fwd})
         if len(fwd) != MICRO or rows != [want_rows]:
             return failed(diagnose([*PROTOCOL, no_microbatches, pieces_of_n_rows], step, "count") or
                           f"stage {s} ran {len(fwd)} forward(s) of {rows} rows; expected {MICRO} micro-batches of "
@@ -112,7 +112,7 @@ def every_microbatch_once(step: Run) -> Verdict:
 
 @criterion("loss matches the unsplit model", points=2)
 def loss_matches(step: Run) -> Verdict:
-    loss, ref = step.ranks[1]["loss"], step.ref_loss
+    loss, ref = step.ranks[1].loss, step.ref_loss
     if loss is None or loss.numel() != 1:
         return failed(diagnose(PROTOCOL, step, "loss") or "rank 1 (the last stage) returned no loss"
                       + _advice(step, "return the batch's mean loss there") + _raised(step))
@@ -125,14 +125,14 @@ def loss_matches(step: Run) -> Verdict:
 
 def _used_what_it_received(step: Run) -> bool:
     """Whether the gradient that reached each of stage 0's outputs is the tensor it received from stage 1."""
-    got = [c["value"] for c in step.ranks[0]["p2p"] if c["op"] == "recv" and c["value"] is not None]
-    used = [step.ranks[0]["out_grads"].get(i) for i in range(len(got))]
+    got = [c.value for c in step.ranks[0].p2p if c.op == "recv" and c.value is not None]
+    used = [step.ranks[0].out_grads.get(i) for i in range(len(got))]
     return bool(got) and all(u is not None and u.shape == g.shape and torch.equal(u, g) for u, g in zip(used, got))
 
 
 def _grads_verdict(step: Run, stage: int) -> Verdict:
     """Stage ``stage``'s gradients against the unsplit model's, and the cause when they differ."""
-    grads, ref, part = step.ranks[stage]["grads"], step.ref_grads[stage], f"grads{stage}"
+    grads, ref, part = step.ranks[stage].grads, step.ref_grads[stage], f"grads{stage}"
     if any(g is None for g in grads):
         return failed(diagnose(PROTOCOL, step, part) or f"stage {stage}'s parameters have no gradient after the "
                       "step" + _advice(step, "call loss.backward() for every micro-batch's loss" if stage == 1 else
@@ -170,7 +170,7 @@ def stages_overlap(step: Run) -> Verdict:
     f0, f1 = step.events(0, "F"), step.events(1, "F")
     if len(f0) != MICRO or len(f1) != MICRO:  # judged on the forwards alone: a backward mistake costs its own marks
         return failed(f"not checked: needs {MICRO} forwards on each stage first (ran {len(f0)} and {len(f1)})")
-    last0, first1 = max(e["end"] for e in f0), min(e["start"] for e in f1)
+    last0, first1 = max(e.end for e in f0), min(e.start for e in f1)
     measured = {"stage1_start_minus_stage0_forwards_end_ms": round((first1 - last0) * 1e3, 1)}
     if first1 < last0:
         return passed(f"stage 1 started {1e3 * (last0 - first1):.0f} ms before stage 0's last forward ended",
@@ -195,6 +195,6 @@ def grade(paths: Sequence[Path], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[E
                                 args=(p2p_timeout_s,))
     ref_loss, ref_grads, ref_micro = _reference()
     for report, ranks in zip(reports, runs):
-        report.judge(CRITERIA, Run(ranks, ref_loss, ref_grads, ref_micro))
+        report.judge(CRITERIA, Run([RankObservation.from_wire(r) for r in ranks], ref_loss, ref_grads, ref_micro))
         report.measurements["launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

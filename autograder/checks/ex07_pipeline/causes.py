@@ -1,6 +1,6 @@
 """Exercise 7's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
-Each takes the :class:`~.observed.Run` of one file and the part being judged
+Each takes the :class:`~.observations.Run` of one file and the part being judged
 (``"count"``, ``"loss"``, ``"grads0"``, ``"grads1"`` or ``"overlap"``): the send and recv protocol's
 causes explain any failure, the others only their part's. The check's criteria ask for them,
 the protocol's first.
@@ -12,7 +12,7 @@ import re
 import torch
 
 from ...grader.diagnosis import KnownError, mistake
-from .observed import Run
+from .observations import P2PCall, Run
 from .probes import BATCH, MICRO
 
 
@@ -32,20 +32,20 @@ def _what(part: str) -> str:
     return "the loss is" if part == "loss" else f"stage {part[-1]}'s gradients are"
 
 
-def _waiting(rank: int, call: dict, step: Run) -> str:
+def _waiting(rank: int, call: P2PCall, step: Run) -> str:
     """``"stage 0 sending micro-batch 1's activations"`` for a send or recv the rank was waiting in."""
-    k = len(step.p2p(rank, call["op"], done=False)) - 1
-    thing = "activations" if (rank == 0) == (call["op"] == "send") else "gradient"
-    verb = "sending" if call["op"] == "send" else "waiting for"
+    k = len(step.p2p(rank, call.op, done=False)) - 1
+    thing = "activations" if (rank == 0) == (call.op == "send") else "gradient"
+    verb = "sending" if call.op == "send" else "waiting for"
     return f"stage {rank} {verb} micro-batch {k}'s {thing}"
 
 
 @mistake("activations received without requires_grad_()")
 def activation_without_grad(step: Run, part: str) -> str | None:
-    needs = step.ranks[1]["inputs_require_grad"]
+    needs = step.ranks[1].inputs_require_grad
     if not needs or any(needs):
         return None
-    err = step.ranks[1]["error"]
+    err = step.ranks[1].error
     return (f"stage 1's {len(needs)} received activations did not require grad, so no gradient was computed for "
             f"them: act.grad stayed None{f' (rank 1 then raised {err})' if err else ''} and stage 0 got no gradient "
             "back. Call act.requires_grad_() after dist.recv, before stage(act)")
@@ -54,11 +54,11 @@ def activation_without_grad(step: Run, part: str) -> str | None:
 @mistake("gradients not sent back to stage 0")
 def gradients_not_sent(step: Run, part: str) -> str | None:
     sent, backwards = len(step.p2p(1, "send", done=False)), len(step.events(0, "B"))
-    if sent >= MICRO or backwards >= MICRO or step.ranks[1]["error"] or len(step.events(1, "B")) < MICRO:
+    if sent >= MICRO or backwards >= MICRO or step.ranks[1].error or len(step.events(1, "B")) < MICRO:
         return None
     wait = step.pending(0)
     waited = f"waited in dist.recv for the {'first' if not sent else 'next'} one until rank 1 had finished, and " \
-        if wait and wait["op"] == "recv" else ""
+        if wait and wait.op == "recv" else ""
     return (f"stage 1 sent {sent} of {MICRO} gradients back to rank 0, so stage 0 {waited}ran {backwards} "
             f"backward(s): after each micro-batch's loss.backward(), send act.grad to rank 0 (dist.send)")
 
@@ -66,10 +66,10 @@ def gradients_not_sent(step: Run, part: str) -> str | None:
 @mistake("both stages send (or receive) at once: a deadlock")
 def deadlock(step: Run, part: str) -> str | None:
     p0, p1 = step.pending(0), step.pending(1)
-    if not (p0 and p1 and p0["op"] == p1["op"]):
+    if not (p0 and p1 and p0.op == p1.op):
         return None
-    op, other = p0["op"], "recv" if p0["op"] == "send" else "send"
-    waited = re.search(r"Timed out waiting (\d+)ms", " ".join(r["error"] or "" for r in step.ranks))
+    op, other = p0.op, "recv" if p0.op == "send" else "send"
+    waited = re.search(r"Timed out waiting (\d+)ms", " ".join(r.error or "" for r in step.ranks))
     until = f" until the {int(waited.group(1)) / 1000:g} s timeout" if waited else ""
     return (f"both stages were waiting in dist.{op} at once ({_waiting(0, p0, step)}, {_waiting(1, p1, step)}){until}, "
             f"and a {op} completes only when the other rank posts the matching {other}: stage 1 must receive every "
@@ -82,10 +82,10 @@ def unmatched(step: Run, part: str) -> str | None:
     for r in (0, 1):
         call, peer = step.pending(r), step.ranks[1 - r]
         if call and step.pending(1 - r) is None:
-            other = "recv" if call["op"] == "send" else "send"
-            waited = f"rank {r} waited in dist.{call['op']} ({_waiting(r, call, step)}) for a matching {other}"
-            if peer["error"]:
-                return (f"rank {1 - r} raised {peer['error']}" + (f" at {peer['where']}" if peer["where"] else "")
+            other = "recv" if call.op == "send" else "send"
+            waited = f"rank {r} waited in dist.{call.op} ({_waiting(r, call, step)}) for a matching {other}"
+            if peer.error:
+                return (f"rank {1 - r} raised {peer.error}" + (f" at {peer.where}" if peer.where else "")
                         + f", so {waited} that never came")
             return (f"{waited} that rank {1 - r} never made (it returned from gpipe_step): every send needs a "
                     "recv on the other stage, in the same order")
@@ -95,7 +95,7 @@ def unmatched(step: Run, part: str) -> str | None:
 @mistake("no micro-batches: the whole batch in one forward")
 def no_microbatches(step: Run, part: str) -> str | None:
     f0 = step.events(0, "F")
-    if len(f0) == 1 and f0[0]["rows"] == BATCH:
+    if len(f0) == 1 and f0[0].rows == BATCH:
         return (f"stage 0 ran one forward of all {BATCH} rows: cut the batch into n_microbatches = {MICRO} "
                 f"pieces with x.chunk({MICRO}) and run the stage once per piece")
     return None
@@ -104,7 +104,7 @@ def no_microbatches(step: Run, part: str) -> str | None:
 @mistake("split(n) instead of chunk(n): pieces of n rows")
 def pieces_of_n_rows(step: Run, part: str) -> str | None:
     f0 = step.events(0, "F")
-    if len(f0) == BATCH // MICRO != MICRO and {e["rows"] for e in f0} == {MICRO}:
+    if len(f0) == BATCH // MICRO != MICRO and {e.rows for e in f0} == {MICRO}:
         return (f"stage 0 ran {len(f0)} forwards of {MICRO} rows: x.split({MICRO}) cuts pieces of {MICRO} rows, "
                 f"x.chunk({MICRO}) cuts {MICRO} pieces of {BATCH // MICRO}")
     return None
@@ -154,7 +154,7 @@ def mean_of_scaled(step: Run, part: str) -> str | None:
 
 @mistake("stage 1 backpropagates in another order than stage 0")
 def backward_order(step: Run, part: str) -> str | None:
-    o0, o1 = ([e["mb"] for e in step.events(s, "B")] for s in (0, 1))
+    o0, o1 = ([e.mb for e in step.events(s, "B")] for s in (0, 1))
     if part != "grads0" or len(o0) != MICRO or len(o1) != MICRO or o0 == o1:
         return None
     return (f"stage 1 backpropagated the micro-batches in the order {o1} and sent their gradients in that order, "
@@ -165,10 +165,10 @@ def backward_order(step: Run, part: str) -> str | None:
 
 @mistake("stage 0 backpropagates something other than the received gradient")
 def ignores_received(step: Run, part: str) -> str | None:
-    received = [c["value"] for c in step.p2p(0, "recv") if c["value"] is not None]
+    received = [c.value for c in step.p2p(0, "recv") if c.value is not None]
     if part != "grads0" or not received:
         return None
-    for mb, g in sorted(step.ranks[0]["out_grads"].items()):
+    for mb, g in sorted(step.ranks[0].out_grads.items()):
         if not any(g.shape == r.shape and torch.equal(g, r) for r in received):
             what = "all ones (what out.sum().backward() gives)" if torch.all(g == 1) else \
                 "none of the gradients received from stage 1"
@@ -180,7 +180,7 @@ def ignores_received(step: Run, part: str) -> str | None:
 @mistake("activations sent after the forward loop")
 def sent_after_loop(step: Run, part: str) -> str | None:
     sends, f0 = step.p2p(0, "send", done=False), step.events(0, "F")
-    if sends and f0 and min(c["t0"] for c in sends) >= max(e["end"] for e in f0):
+    if sends and f0 and min(c.t0 for c in sends) >= max(e.end for e in f0):
         return (f"stage 0 sent its first activations only after all {len(f0)} of its forwards, so stage 1 could "
                 "not start before stage 0 had finished: send each micro-batch's output right after computing it, "
                 "inside the forward loop")

@@ -28,6 +28,7 @@ from distlab.runtime.process import time_scale
 
 from ...rank import CapturedPrints, P2PSpy, echo, learner_frame, load_learner, own_rendezvous, raised
 from ...rank.errors import values_at
+from .observations import P2PCall, RankObservation, StageEvent
 
 BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 64, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
 DELAYS = (0.03, 0.015)                           # seconds of "compute" per forward, stage 0 and stage 1
@@ -67,11 +68,11 @@ def rank_main(paths: list[str], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[di
     observed = []
     for i, path in enumerate(paths):
         with own_rendezvous(f"file{i}"):
-            observed.append(_observe(path, p2p_timeout_s))
+            observed.append(_observe(path, p2p_timeout_s).to_wire())
     return observed
 
 
-def _observe(path: str, p2p_timeout_s: float) -> dict:
+def _observe(path: str, p2p_timeout_s: float) -> RankObservation:
     # The grader owns the process group: the learner's code only sends and receives. Under gloo its
     # timeout is the p2p timeout (NCCL's watchdog would abort the job instead: it keeps the default).
     short = timedelta(seconds=p2p_timeout_s * time_scale()) if distlab.backend() == "gloo" else None
@@ -97,9 +98,10 @@ def _observe(path: str, p2p_timeout_s: float) -> dict:
                 if values := values_at(exc, path):  # the tensors on that line: shapes, requires_grad, .grad
                     where += f" (with {values})"
     echo(out.lines)
-    return {
-        "rank": rank, "events": stage.log(), "error": error, "where": where, "p2p": p2p.calls,
-        "inputs_require_grad": probe.inputs_require_grad, "out_grads": probe.out_grads,
-        "grads": [None if p.grad is None else p.grad.detach().cpu().clone() for p in layers.parameters()],
-        "loss": torch.as_tensor(loss).detach().cpu().float() if isinstance(loss, (torch.Tensor, float)) else None,
-    }
+    return RankObservation(
+        rank=rank, events=[StageEvent(**e) for e in stage.log()], error=error, where=where,
+        p2p=[P2PCall.from_spy(c) for c in p2p.calls], inputs_require_grad=probe.inputs_require_grad,
+        out_grads=probe.out_grads,
+        grads=[None if p.grad is None else p.grad.detach().cpu().clone() for p in layers.parameters()],
+        loss=torch.as_tensor(loss).detach().cpu().float() if isinstance(loss, (torch.Tensor, float)) else None,
+    )

@@ -35,7 +35,7 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, count_not_reduced, grads_not_reduced, no_all_reduce,
                      no_update, parted, skipped_everywhere, skipped_on_empty, stale_gradient, zero_gradients)
-from .observed import Run
+from .observations import RankObservation, Run
 from .probes import ATOL, RTOL, STEPS, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD", "grade"]
@@ -46,7 +46,7 @@ WORLD = 2
 
 @criterion("[W={world}] the job finishes: every rank makes the same collectives, in order", points=3)
 def finishes(run: Run) -> Verdict:
-    if errors := [(r["rank"], r["error"], r["where"]) for r in run.ranks if r["error"]]:
+    if errors := [(r.rank, r.error, r.where) for r in run.ranks if r.error]:
         rank, error, where = errors[0]
         return failed(f"train raised on rank {rank}" + (f" at {where}" if where else "") + f": {error}")
     if run.mismatch is None:
@@ -56,7 +56,7 @@ def finishes(run: Run) -> Verdict:
 
 @criterion("[W={world}] the same all-reduces on every rank, each step", points=2, requires=[finishes])
 def same_collectives(run: Run) -> Verdict:
-    counts = [r["counts"] for r in run.ranks]
+    counts = [r.counts for r in run.ranks]
     if not counts[0].get("all-reduce"):
         return failed(diagnose([no_all_reduce], run) or f"rank 0 made no all-reduce ({counts[0]})")
     if any(c != counts[0] for c in counts):
@@ -69,7 +69,7 @@ def same_collectives(run: Run) -> Verdict:
 
 @criterion("[W={world}] matches one process on the global batches", points=3, requires=[finishes])
 def matches_reference(run: Run) -> Verdict:
-    diffs = [parity(r["final"], run.reference, rtol=RTOL, atol=ATOL) for r in run.ranks]
+    diffs = [parity(r.final, run.reference, rtol=RTOL, atol=ATOL) for r in run.ranks]
     worst = max(diffs, key=lambda d: d.max_abs_diff)
     measured = {"max_abs_diff_vs_reference": worst.max_abs_diff}
     if all(d.ok for d in diffs):
@@ -92,7 +92,7 @@ def empty_rank_takes_part(run: Run) -> Verdict:
             return failed(diagnose([no_all_reduce, skipped_everywhere], run)
                           or f"rank {rank} kept no sample at step {step} and made {mine} all-reduces there, the "
                           f"others {theirs}: it takes part in every all-reduce of the step")
-        if any(c["input_abs"] > 0 for c in run.at_step(rank, step)):
+        if any(c.input_abs > 0 for c in run.at_step(rank, step)):
             return failed(diagnose([skipped_everywhere, stale_gradient], run)
                           or f"rank {rank} sent non-zero values at step {step}")
     return passed()
@@ -106,6 +106,6 @@ def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
     reports = [EXERCISE.new_report() for _ in paths]
     runs, wall_s = launch_files(rank_main, paths, world=WORLD, timeout=launch_timeout(EXERCISE, files=len(paths)))
     for report, ranks in zip(reports, runs):
-        report.judge(CRITERIA, Run(ranks), world=WORLD)
+        report.judge(CRITERIA, Run([RankObservation.from_wire(r) for r in ranks]), world=WORLD)
         report.measurements["launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

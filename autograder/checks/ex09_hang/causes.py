@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from ...grader.diagnosis import mistake
-from .observed import Run
+from .observations import Collective, Fingerprint, Run
 from .probes import STEPS
 
 KNOWN_ERRORS: list = []
 
 
-def _where(op: dict) -> str:
-    return f"{op['kind']} (step {op['step']}) at {op['at'] or 'a line outside your file'}"
+def _where(op: Fingerprint) -> str:
+    return f"{op.kind} (step {op.step}) at {op.at or 'a line outside your file'}"
 
 
 def parted(run: Run) -> str | None:
@@ -18,14 +18,14 @@ def parted(run: Run) -> str | None:
     m = run.mismatch
     if m is None:
         return None
-    mine, peer = m["mine"], m["peer"]
-    if "theirs" in m:
-        return (f"rank {m['rank']}'s collective {mine['n']} is {_where(mine)}, rank {peer}'s is "
-                f"{_where(m['theirs'])}")
-    if m["peer_done"] is None:
-        return f"rank {m['rank']} waits in {_where(mine)}; rank {peer} never reached its collective {mine['n']}"
-    return (f"rank {m['rank']} waits in {_where(mine)}, its collective {mine['n']}; rank {peer} returned from "
-            f"train after {m['peer_done']} collectives")
+    mine, peer = m.mine, m.peer
+    if m.theirs is not None:
+        return (f"rank {m.rank}'s collective {mine.n} is {_where(mine)}, rank {peer}'s is "
+                f"{_where(m.theirs)}")
+    if m.peer_done is None:
+        return f"rank {m.rank} waits in {_where(mine)}; rank {peer} never reached its collective {mine.n}"
+    return (f"rank {m.rank} waits in {_where(mine)}, its collective {mine.n}; rank {peer} returned from "
+            f"train after {m.peer_done} collectives")
 
 
 @mistake("collectives skipped on a rank with nothing to keep")
@@ -34,7 +34,7 @@ def skipped_on_empty(run: Run) -> str | None:
     if m is None:
         return None
     steps = [(r, s) for r, s in run.empty_steps() if not run.at_step(r, s) and _went_past(run, r, s)]
-    kinds = {m["mine"]["kind"], m.get("theirs", {}).get("kind", m["mine"]["kind"])}
+    kinds = {m.mine.kind, (m.theirs or m.mine).kind}
     if not steps or kinds != {"all_reduce"}:
         return None
     rank, step = steps[0]
@@ -47,15 +47,15 @@ def skipped_on_empty(run: Run) -> str | None:
 def _went_past(run: Run, rank: int, step: int) -> bool:
     """Whether ``rank`` went on beyond ``step``: it returned from train, or parted from its peer later."""
     r = run.ranks[rank]
-    if r["mismatch"] is None:
-        return r["error"] is None
-    return r["mismatch"]["mine"]["step"] is not None and r["mismatch"]["mine"]["step"] > step
+    if r.mismatch is None:
+        return r.error is None
+    return r.mismatch.mine.step is not None and r.mismatch.mine.step > step
 
 
 @mistake("a barrier where the peers all-reduce")
 def barrier_for_all_reduce(run: Run) -> str | None:
     m = run.mismatch
-    if m is None or "theirs" not in m or "barrier" not in {m["mine"]["kind"], m["theirs"]["kind"]}:
+    if m is None or m.theirs is None or "barrier" not in {m.mine.kind, m.theirs.kind}:
         return None
     return (f"the job hangs: {parted(run)}. A barrier does not match an all-reduce (with DETAIL PyTorch "
             "reports 'Detected mismatch between collectives'; without it gloo waits or pairs them wrongly): a rank "
@@ -64,10 +64,10 @@ def barrier_for_all_reduce(run: Run) -> str | None:
 
 @mistake("gradients never all-reduced")
 def no_all_reduce(run: Run) -> str | None:
-    counts = [r["counts"].get("all-reduce", 0) for r in run.ranks]
+    counts = [r.counts.get("all-reduce", 0) for r in run.ranks]
     if any(counts):
         return None
-    return (f"no rank made an all-reduce in {STEPS} steps ({run.ranks[0]['counts'] or 'no collective at all'} on "
+    return (f"no rank made an all-reduce in {STEPS} steps ({run.ranks[0].counts or 'no collective at all'} on "
             "rank 0): each rank stepped on its own gradient divided by its own count, so the ranks trained apart "
             "and nothing hangs only because nothing is shared. Keep the all-reduces of the count and of every "
             "gradient, on every rank, at every step")
@@ -90,7 +90,7 @@ def skipped_everywhere(run: Run) -> str | None:
 @mistake("an empty rank sends a non-zero gradient")
 def stale_gradient(run: Run) -> str | None:
     for rank, step in run.empty_steps():
-        sent = [c["input_abs"] for c in run.at_step(rank, step)]
+        sent = [c.input_abs for c in run.at_step(rank, step)]
         if sent and any(v > 0 for v in sent):
             return (f"rank {rank} kept no sample at step {step} but all-reduced tensors whose |values| sum to "
                     f"{sum(sent):.3g}: its share of the sum is zero (a count of 0 and zero gradients); a gradient "
@@ -99,19 +99,19 @@ def stale_gradient(run: Run) -> str | None:
 
 
 
-def _lines(calls: list[dict]) -> str:
+def _lines(calls: list[Collective]) -> str:
     """The learner's lines of ``calls``, each once: ``ex09_hang.py:78 (dist.all_reduce(grad))``."""
-    return ", ".join(dict.fromkeys(c["at"] or "a line outside your file" for c in calls))
+    return ", ".join(dict.fromkeys(c.at or "a line outside your file" for c in calls))
 
 
 @mistake("the gradients never all-reduced, the count is")
 def grads_not_reduced(run: Run) -> str | None:
     if any(run.grad_reduces(r, s) for r in range(run.world) for s in range(STEPS)):
         return None
-    made = run.ranks[0]["calls"]
+    made = run.ranks[0].calls
     if not made:
         return None  # no all-reduce at all: no_all_reduce says so
-    shapes = sorted({str(c["shape"]) for c in made})
+    shapes = sorted({str(c.shape) for c in made})
     return (f"no rank all-reduced a gradient in {STEPS} steps: rank 0's {len(made)} all-reduces were all of "
             f"{' or '.join(shapes)} tensors ({_lines(made)}), none shaped like a parameter "
             f"({', '.join(map(str, run.param_shapes))}): each rank stepped on the gradient of its own samples "
@@ -124,17 +124,17 @@ def zero_gradients(run: Run) -> str | None:
         for step in range(STEPS):
             grads = run.grad_reduces(rank, step)
             kept = run.kept(rank, step)
-            if not kept or not grads or any(c["input_abs"] > 0 for c in grads):
+            if not kept or not grads or any(c.input_abs > 0 for c in grads):
                 continue
-            first = min(c["n"] for c in grads)
-            before = [b for b in run.backwards(rank, step) if b["after"] < first]
+            first = min(c.n for c in grads)
+            before = [b for b in run.backwards(rank, step) if b.after < first]
             head = (f"rank {rank} kept {kept} samples at step {step}, yet every gradient it all-reduced there "
                     f"({_lines(grads)}) was zero")
-            if before and sum(b["abs"] for b in before) > 0:
+            if before and sum(b.grad_abs for b in before) > 0:
                 return (head + f": its backward() had given gradients whose |values| sum to "
-                        f"{sum(b['abs'] for b in before):.3g}, and they were cleared before the all-reduce "
+                        f"{sum(b.grad_abs for b in before):.3g}, and they were cleared before the all-reduce "
                         "(zero_grad(), or .grad set to None, after backward()): clear them before the backward")
-            after = [b for b in run.backwards(rank, step) if b["after"] >= first]
+            after = [b for b in run.backwards(rank, step) if b.after >= first]
             if after:
                 return (head + ": backward() ran at that step only after the gradients' all-reduces: all-reduce "
                         "them once backward() has filled them")
@@ -160,7 +160,7 @@ def count_not_reduced(run: Run) -> str | None:
 
 @mistake("the weights never updated")
 def no_update(run: Run) -> str | None:
-    sent = [c["input_abs"] for r in run.ranks for c in r["calls"] if c["shape"] in run.param_shapes]
+    sent = [c.input_abs for r in run.ranks for c in r.calls if c.shape in run.param_shapes]
     if not run.unchanged or not any(v > 0 for v in sent):
         return None
     return (f"after {STEPS} steps every rank's weights are still the initial ones, although the ranks all-reduced "

@@ -22,17 +22,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from distlab.lab.hang import EMPTY_STEPS, KEEP_STEPS, masked_batch, small_classifier
 from distlab.measure.comm import CollectiveRecorder
 from distlab.models import cpu_state
 from distlab.runtime.distributed import default_timeout, init_distributed
 
 from ...rank import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
+from .observations import LR, STEPS, Backward, Collective, Fingerprint, Parting, RankObservation, batch, model
 
-STEPS, LR = KEEP_STEPS, 0.5
-EMPTY = EMPTY_STEPS
 RTOL, ATOL = 1e-5, 1e-6        # all-reduced sums in another order than one process's
-model, batch = small_classifier, masked_batch
 
 
 class Batches:
@@ -51,7 +48,12 @@ class Batches:
 
 
 class Mismatch(RuntimeError):
-    """Raised on every rank when their collectives differ: where a real job would hang."""
+    """Raised on every rank when their collectives differ: where a real job would hang (``parting`` says
+    where; the message is it as JSON)."""
+
+    def __init__(self, parting: Parting):
+        super().__init__(json.dumps(parting.to_wire()))
+        self.parting = parting
 
 
 class Ledger(CollectiveRecorder):
@@ -70,36 +72,37 @@ class Ledger(CollectiveRecorder):
         return f"{Path(mine[-1].filename).name}:{mine[-1].lineno} ({(mine[-1].line or '').strip()})" if mine else None
 
     def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
+        """The grader's tags of the op (the :class:`Collective` fields beyond its kind and shape)."""
         self.made += 1
-        mine = {"n": self.made, "step": self.batches.step, "kind": kind, "shapes": [list(t.shape) for t in tensors],
-                "at": self._at()}
-        self.store.set(f"{self.key}/op/{self.rank}/{self.made}", json.dumps(mine))
+        mine = Fingerprint(n=self.made, step=self.batches.step, kind=kind, shapes=[list(t.shape) for t in tensors],
+                           at=self._at())
+        self.store.set(f"{self.key}/op/{self.rank}/{self.made}", json.dumps(mine.to_wire()))
         for peer in range(self.nprocs):
             if peer != self.rank:
                 self._agree(mine, peer)
-        return {"step": mine["step"], "at": mine["at"], "n": self.made,
+        return {"step": mine.step, "at": mine.at, "n": self.made,
                 "input_abs": float(sum(t.detach().abs().sum() for t in tensors if t.is_floating_point()))}
 
-    def _agree(self, mine: dict, peer: int) -> None:
+    def _agree(self, mine: Fingerprint, peer: int) -> None:
         deadline = time.monotonic() + default_timeout().total_seconds()
-        op_key, done_key = f"{self.key}/op/{peer}/{mine['n']}", f"{self.key}/done/{peer}"
+        op_key, done_key = f"{self.key}/op/{peer}/{mine.n}", f"{self.key}/done/{peer}"
         while not self.store.check([op_key]):
             if self.store.check([done_key]):
                 made = int(self.store.get(done_key))
-                raise Mismatch(json.dumps({"rank": self.rank, "mine": mine, "peer": peer, "peer_done": made}))
+                raise Mismatch(Parting(rank=self.rank, mine=mine, peer=peer, peer_done=made))
             if time.monotonic() > deadline:
-                raise Mismatch(json.dumps({"rank": self.rank, "mine": mine, "peer": peer, "peer_done": None}))
+                raise Mismatch(Parting(rank=self.rank, mine=mine, peer=peer, peer_done=None))
             time.sleep(0.002)
-        theirs = json.loads(self.store.get(op_key))
-        if [theirs[k] for k in ("step", "kind", "shapes")] != [mine[k] for k in ("step", "kind", "shapes")]:
-            raise Mismatch(json.dumps({"rank": self.rank, "mine": mine, "peer": peer, "theirs": theirs}))
+        theirs = Fingerprint.from_wire(json.loads(self.store.get(op_key)))
+        if (theirs.step, theirs.kind, theirs.shapes) != (mine.step, mine.kind, mine.shapes):
+            raise Mismatch(Parting(rank=self.rank, mine=mine, peer=peer, theirs=theirs))
 
     def done(self) -> None:
         self.store.set(f"{self.key}/done/{self.rank}", str(self.made))
 
     @property
-    def calls(self) -> list[dict]:
-        return [{"kind": op.kind, "shape": list(op.shape), **op.tags} for op in self.ops]
+    def calls(self) -> list[Collective]:
+        return [Collective(kind=op.kind, shape=list(op.shape), **op.tags) for op in self.ops]
 
 
 class Backwards:
@@ -107,10 +110,10 @@ class Backwards:
     collectives the rank had made by then, and the sum of |grad| (``register_post_accumulate_grad_hook``)."""
 
     def __init__(self, net: torch.nn.Module, batches: Batches, ledger: Ledger):
-        self.seen: list[dict] = []
+        self.seen: list[Backward] = []
         self.handles = [p.register_post_accumulate_grad_hook(
-            lambda p: self.seen.append({"step": batches.step, "after": ledger.made,
-                                        "abs": float(p.grad.detach().abs().sum())}))
+            lambda p: self.seen.append(Backward(step=batches.step, after=ledger.made,
+                                                grad_abs=float(p.grad.detach().abs().sum()))))
             for p in net.parameters()]
 
     def remove(self) -> None:
@@ -121,10 +124,10 @@ class Backwards:
 def rank_main(paths: list[str]) -> list[dict]:
     """Runs on every rank: each file's ``train`` in turn, under its own :class:`Ledger`."""
     init_distributed()
-    return [_observe(path, f"ex09/file{i}") for i, path in enumerate(paths)]
+    return [_observe(path, f"ex09/file{i}").to_wire() for i, path in enumerate(paths)]
 
 
-def _observe(path: str, tag: str) -> dict:
+def _observe(path: str, tag: str) -> RankObservation:
     rank = dist.get_rank()
     net, batches = model(), Batches(rank)
     learner, error = attempt(load_learner, path)
@@ -137,9 +140,10 @@ def _observe(path: str, tag: str) -> dict:
     ledger.done()
     backwards.remove()
     echo(out.lines)
-    mismatch = json.loads(str(error)) if isinstance(error, Mismatch) else None
-    return {"rank": rank, "final": cpu_state(net), "calls": ledger.calls, "counts": ledger.counts(),
-            "mismatch": mismatch, "error": None if mismatch else raised(error, path),
-            "where": str(learner_frame(error, path) or "") if error is not None and not mismatch else "",
-            "backwards": backwards.seen,
-            "traceback": None if error is None or mismatch else "".join(traceback.format_exception(error))[-2000:]}
+    mismatch = error.parting if isinstance(error, Mismatch) else None
+    return RankObservation(
+        rank=rank, final=cpu_state(net), calls=ledger.calls, counts=ledger.counts(), mismatch=mismatch,
+        error=None if mismatch else raised(error, path),
+        where=str(learner_frame(error, path) or "") if error is not None and not mismatch else "",
+        backwards=backwards.seen,
+        traceback=None if error is None or mismatch else "".join(traceback.format_exception(error))[-2000:])

@@ -1,9 +1,11 @@
-"""Exercise 1's observations: one file's run at one world size, and what follows from it (the global
-batches the ranks formed, the first step's gradient against one process's on the same batch)."""
+"""Exercise 1's observations: the typed record each rank returns for one file (:class:`RankObservation`,
+with its forwards and its first optimizer step), the configuration both sides share, and one file's run at
+one world size with what follows from it (the global batches the ranks formed, the first step's gradient
+against one process's on the same batch)."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -13,14 +15,64 @@ from torch.utils.data.distributed import DistributedSampler
 from distlab.data import digits
 from distlab.models import make_mlp
 
-from .probes import CONFIG, EVAL, MODEL
+from ...rank.observation import Observation
+
+CONFIG = dict(epochs=2, batch_size=32, lr=0.2, seed=7)
+# evaluate_ddp's data set: the first EVAL_N digits, which neither world size divides (the sampler pads 1
+# sample at W=2 and 3 at W=4), in batches that end with the padding; the same model on every rank.
+EVAL = dict(n=21, batch_size=4, seed=3)
+MODEL = dict(hidden=64)
+
+
+@dataclass
+class Forward(Observation):
+    """One forward of the model handed to ``train_ddp``."""
+
+    through_ddp: bool  # entered through the DistributedDataParallel wrapper (False: model.module(x) directly)
+    rows: int          # its batch size (the rows of its input)
+    read: int          # the samples the rank had read from the data set when it ran
+
+
+@dataclass
+class FirstStep(Observation):
+    """The first optimizer step over the model's parameters, as it began."""
+
+    grads: dict[str, torch.Tensor]  # parameter name -> the .grad it stepped with (zeros where None), on the CPU
+    lr: float                       # the optimizer's first param group's lr (nan if it has none)
+    optimizer: str                  # the optimizer's class name
+    grad_all_reduces: int           # dist.all_reduce calls made by hand on a parameter's .grad before it
+
+
+@dataclass
+class RankObservation(Observation):
+    """What one rank observed of one file: ``train_ddp`` from this rank's own initial weights, then
+    ``evaluate_ddp`` and ``teardown``."""
+
+    rank: int
+    initial: dict[str, torch.Tensor]  # the weights the rank built before train_ddp (a seed of its own)
+    final: dict[str, torch.Tensor] = field(default_factory=dict)  # the weights train_ddp left (or returned)
+    accessed: list[int] = field(default_factory=list)  # the training samples' indices, in the order read
+    printed: list[str] = field(default_factory=list)   # the lines train_ddp printed on this rank
+    saves: list[str] = field(default_factory=list)     # the path of every torch.save train_ddp made
+    forwards: list[Forward] = field(default_factory=list)  # every forward of the model, in order
+    ddp_built: list[bool] = field(default_factory=list)   # each DDP built around the model: its init_sync
+    at_first_forward: dict[str, torch.Tensor] | None = None  # the weights when the first forward began
+    first_step: FirstStep | None = None  # None: the optimizer never stepped over the model's parameters
+    steps: int = 0              # optimizer steps over the model's parameters
+    grad_all_reduces: int = 0   # dist.all_reduce calls by hand on a parameter's .grad, over the whole run
+    eval: tuple[float, float] | None = None  # what evaluate_ddp returned, (loss, accuracy); None: not a pair
+    eval_returned: str = ""     # the type name of what evaluate_ddp returned
+    eval_error: str | None = None  # what evaluate_ddp raised, at the learner's line (None: nothing)
+    eval_accessed: list[int] = field(default_factory=list)  # the evaluation samples this rank read
+    still_initialized: bool = False  # dist.is_initialized() after teardown()
+    teardown_error: str = ""   # what teardown() raised, at the learner's line ("": nothing)
 
 
 @dataclass
 class Run:
     """One file's run at one world size: every rank's observation, and where rank 0 was told to save."""
 
-    ranks: list[dict]
+    ranks: list[RankObservation]
     world: int
     checkpoint: Path
 
@@ -30,7 +82,7 @@ class Run:
 
     def epoch(self, rank: int, e: int) -> list[int]:
         local = self.samples_per_rank
-        return self.ranks[rank]["accessed"][e * local:(e + 1) * local]
+        return self.ranks[rank].accessed[e * local:(e + 1) * local]
 
     def global_batches(self) -> list[list[int]]:
         """Every optimizer step's global batch as the contract has it: the ranks' local batches of
@@ -41,23 +93,23 @@ class Run:
 
     def first_batch(self, rank: int) -> list[int]:
         """The samples ``rank`` had read when its first forward ran: its first batch, as it really was."""
-        forwards = self.ranks[rank]["forwards"]
-        return self.ranks[rank]["accessed"][:forwards[0][2]] if forwards else []
+        forwards = self.ranks[rank].forwards
+        return self.ranks[rank].accessed[:forwards[0].read] if forwards else []
 
     @functools.cached_property
     def gradient_ratio(self) -> float | None:
         """Rank 0's first-step gradient over one process's on the same global batch, at the same weights
         (``None`` when the two do not point the same way: then no scale factor explains the difference)."""
         r0 = self.ranks[0]
-        if not r0["first_step"] or r0["at_first_forward"] is None:
+        if not r0.first_step or r0.at_first_forward is None:
             return None
         model = make_mlp(seed=0, **MODEL)
-        model.load_state_dict(r0["at_first_forward"])
+        model.load_state_dict(r0.at_first_forward)
         x_all, y_all = digits().tensors
         idx = sum((self.first_batch(r) for r in range(self.world)), [])
         nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
         ref = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
-        got = torch.cat([r0["first_step"]["grads"][n].flatten() for n, _ in model.named_parameters()]).double()
+        got = torch.cat([r0.first_step.grads[n].flatten() for n, _ in model.named_parameters()]).double()
         ratio = float(got @ ref / (ref @ ref))
         return ratio if torch.allclose(got, ratio * ref, rtol=1e-3, atol=1e-6) else None
 

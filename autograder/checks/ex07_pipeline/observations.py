@@ -1,0 +1,95 @@
+"""Exercise 7's observations: the typed record each rank returns for one file (:class:`RankObservation`:
+rank = stage; its forwards and backwards with their times, every send and recv, the returned loss, the
+gradients), and one file's GPipe step on both ranks with the unsplit model's figures.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ...rank.observation import Observation
+
+
+@dataclass
+class StageEvent(Observation):
+    """One forward or backward the grader's ``TimedStage`` ran (``distlab.lab.pipeline.timeline.Event``)."""
+
+    stage: int    # the stage that ran it (= the rank)
+    kind: str     # "F" (forward) or "B" (backward)
+    mb: int       # the micro-batch: the stage's forwards numbered in order, from 0
+    start: float  # when it started, time.perf_counter() seconds
+    end: float    # when it ended, same clock
+    rows: int = 0  # the forward's batch size (0 for a backward)
+
+
+@dataclass
+class P2PCall(Observation):
+    """One send or recv the learner's code made (``rank.P2PSpy``: send, recv, isend, irecv, batch_isend_irecv)."""
+
+    op: str                # "send" or "recv"
+    asynchronous: bool     # isend, irecv or a batch_isend_irecv op (the spy's "async")
+    peer: int | None       # the rank sent to or received from
+    shape: list[int]       # the tensor's shape
+    t0: float              # when it was called, time.perf_counter() seconds
+    t1: float | None       # when it returned (None: it never did, it raised)
+    value: torch.Tensor | None  # a recv's: a copy of what it received (None for a send)
+    where: str             # the learner's line that made it: "file.py line N (`code`)"
+    waited: bool | None = None  # an async op's: whether its Work was waited on (None: no Work to wait on)
+
+    @classmethod
+    def from_spy(cls, call: dict) -> P2PCall:
+        """The spy's record of the call (a dict with an ``"async"`` key, a keyword here)."""
+        fields = {k: v for k, v in call.items() if k != "async"}
+        return cls(asynchronous=call["async"], **fields)
+
+
+@dataclass
+class RankObservation(Observation):
+    """What one rank (= stage) observed of one file's ``gpipe_step``."""
+
+    rank: int
+    events: list[StageEvent] = field(default_factory=list)  # the stage's forwards and backwards, as logged
+    error: str | None = None  # what gpipe_step raised ("Type: message"; None: nothing)
+    where: str | None = None  # the learner's line it raised at, with the tensors on it ("": outside the file)
+    p2p: list[P2PCall] = field(default_factory=list)  # every send and recv, in the order they were called
+    inputs_require_grad: list[bool] = field(default_factory=list)  # each forward's: did its input require grad?
+    out_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # forward -> the gradient that reached its output
+    grads: list[torch.Tensor | None] = field(default_factory=list)  # the stage's parameters' .grad, in order
+    loss: torch.Tensor | None = None  # what gpipe_step returned, as a float tensor (None: not a tensor or float)
+
+
+@dataclass
+class Run:
+    """One file's GPipe step: both ranks' observations (rank = stage), and the unsplit model's figures."""
+
+    ranks: list[RankObservation]
+    ref_loss: torch.Tensor
+    ref_grads: list[list[torch.Tensor]]
+    ref_micro: list[float]
+
+    def events(self, stage: int, kind: str) -> list[StageEvent]:
+        """The stage's logged forwards (``"F"``) or backwards (``"B"``), in the order they started."""
+        return sorted((e for e in self.ranks[stage].events if e.kind == kind), key=lambda e: e.start)
+
+    def p2p(self, rank: int, op: str, done: bool = True) -> list[P2PCall]:
+        """The rank's sends or recvs to or from the other rank (only those that returned, if ``done``)."""
+        return [c for c in self.ranks[rank].p2p if c.op == op and c.peer == 1 - rank
+                and (c.t1 is not None or not done)]
+
+    def pending(self, rank: int) -> P2PCall | None:
+        """The send or recv the rank was waiting in when its step failed."""
+        calls = self.ranks[rank].p2p
+        return calls[-1] if calls and calls[-1].t1 is None and not calls[-1].asynchronous else None
+
+    def ratio(self, part: str) -> float | None:
+        """The returned loss, or a stage's gradients, over the unsplit model's (a least-squares scale)."""
+        if part == "loss":
+            loss = self.ranks[1].loss
+            return loss.item() / self.ref_loss.item() if loss is not None and loss.numel() == 1 else None
+        stage = int(part[-1])
+        grads, ref = self.ranks[stage].grads, self.ref_grads[stage]
+        if any(g is None for g in grads):
+            return None
+        dot = sum((g * r).sum().item() for g, r in zip(grads, ref))
+        return dot / max(sum((r * r).sum().item() for r in ref), 1e-30)
