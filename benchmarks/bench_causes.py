@@ -59,9 +59,9 @@ def costs(number: int) -> dict:
     """Per declared cause of exercise ``number``: how many mutants it named, and how many of those the general
     layer alone leaves unnamed (or uncaught)."""
     from autograder.grader.diagnosis import declared_mistakes
-    from autograder.grader.registry import check_modules
+    from autograder.grader.registry import check_module
 
-    check = check_modules()[number]
+    check = check_module(number)
     known = {k.mistake for k in getattr(check, "KNOWN_ERRORS", ())}
     causes = [c for c in declared_mistakes(check) if c not in known]
     found, on, fired = _run(number, None)
@@ -74,10 +74,10 @@ def costs(number: int) -> dict:
 
 
 def rows() -> list[Row]:
-    from autograder.grader.registry import check_modules
+    from autograder.grader.registry import exercises
 
     wanted = os.environ.get("DISTLAB_BENCH_EXERCISES")
-    numbers = [int(n) for n in wanted.split(",")] if wanted else sorted(check_modules())
+    numbers = [int(n) for n in wanted.split(",")] if wanted else sorted(exercises())
     out = []
     for n in numbers:
         got = costs(n)

@@ -161,9 +161,9 @@ def graded(number: int) -> tuple[Path, list[Mutant], list, dict]:
     mutants, their reports and their traces (``kept``, by path as graded)."""
     from autograder.grader import divergence
     from autograder.grader.advice import violations
-    from autograder.grader.registry import check_modules
+    from autograder.grader.registry import check_module
 
-    check = check_modules()[number]
+    check = check_module(number)
     solution = divergence.solution_path(check)
     found = mutants(solution)
     with tempfile.TemporaryDirectory(prefix=f"ex{number:02d}-mutants-") as tmp:
@@ -208,10 +208,10 @@ def measure(number: int, keep: Path | None = None) -> dict:
 
 
 def rows() -> list[Row]:
-    from autograder.grader.registry import check_modules
+    from autograder.grader.registry import exercises
 
     wanted = os.environ.get("DISTLAB_BENCH_EXERCISES")
-    numbers = [int(n) for n in wanted.split(",")] if wanted else sorted(check_modules())
+    numbers = [int(n) for n in wanted.split(",")] if wanted else sorted(exercises())
     out = []
     for n in numbers:
         got = measure(n)

@@ -19,7 +19,7 @@ from distlab.runtime.sandbox import SandboxError
 from . import divergence
 from .diagnosis import KnownError, translate
 from ..rank.errors import learner_frame, values_noted
-from .registry import check_modules
+from .registry import check_module
 
 
 def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> str:
@@ -58,7 +58,7 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
 def main(argv: list[str]) -> int:
     number, path, out = int(argv[0]), Path(argv[1]), Path(argv[2])
     note_progress(os.environ.get(PROGRESS_VAR))  # started: the runner's limit counts from here as progress
-    module = check_modules()[number]
+    module = check_module(number)
     ex = module.EXERCISE
     try:
         # with the first divergence where no cause is named, and which function (DISTLAB_LOCALISE=1)

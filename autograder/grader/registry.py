@@ -7,8 +7,9 @@ nothing else needs to be edited.
 :func:`exercises` reads each package's ``EXERCISE = Exercise(...)`` from its ``__init__.py``, without
 importing it: the processes that only list or supervise gradings (the CLI, a notebook's
 ``check(N)``, nbgrader's steps) then never import torch, which costs seconds each.
-:func:`check_modules` imports them, for the grading subprocess. :func:`hints` reads a package's
-``hints.py`` the same way, by itself (it imports nothing of its package).
+:func:`check_module` imports one, for the grading process (:func:`check_modules` all of them, for
+tests). :func:`hints` reads a package's ``hints.py`` the same way, by itself (it imports nothing of its
+package).
 """
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ class Exercise:
 def _check_names() -> list[str]:
     return sorted(info.name for info in pkgutil.iter_modules(checks.__path__)
                   if info.ispkg and info.name.startswith("ex"))
+
+
+def check_module(number: int) -> ModuleType:
+    """Exercise ``number``'s check package, imported alone: a grading process loads no other exercise's code
+    (a package that does not import costs only its own exercise)."""
+    folder = next(path for n, _, path in _packages() if n == number)
+    return importlib.import_module(f"{checks.__name__}.{folder.name}")
 
 
 def check_modules() -> dict[int, ModuleType]:
