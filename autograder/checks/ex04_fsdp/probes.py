@@ -19,10 +19,10 @@ a :class:`~distlab.resmlp.ResidualMLP` on every rank; around it:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -99,7 +99,7 @@ def _train_observed(obs: FsdpRank, learner, export: Path, device: torch.device, 
             if obs.completed < STEPS:
                 raise  # training itself failed: nothing to grade
             obs.after_training_error = _error(exc, path)
-        obs.partnered = [StateDictCall(**call) for call in calls.settle(model, held.get("optimizer"))]
+        obs.partnered = calls.settle(model, held.get("optimizer"))
     echo(out.lines)
     trained = returned[0] if isinstance(returned, tuple) else model
     final = get_model_state_dict(trained, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -128,7 +128,9 @@ def _observe_step(learner, device: torch.device, obs: FsdpRank) -> dict:
                 loss, peak = _step_peak(real_step, model, optimizer, (x, y), device)
             bound = peak_bound(sum(before.values()), model, activation_bytes(MICRO_BATCH, **MODEL))
             obs.step = MeasuredStep(before=before, after=measured_bytes(model, optimizer), peak=peak,
-                                    bound=PeakBound(**bound), **probe.seen, **_layout(model, optimizer))
+                                    bound=PeakBound(**bound), blocks_unsharded_after_forward=probe.unsharded,
+                                    leftover_grad_norm=probe.leftover, optimizer_steps=probe.optimizer_steps,
+                                    **_layout(model, optimizer))
         obs.completed += 1
         return loss
 
@@ -143,7 +145,9 @@ class _StepProbe:
     def __init__(self, model: nn.Module, optimizer) -> None:
         self.model, self.optimizer, self.handles = model, optimizer, []
         self.params = list(model.parameters())  # outside forward: the sharded parameters
-        self.seen = {"blocks_unsharded_after_forward": [], "leftover_grad_norm": None, "optimizer_steps": 0}
+        self.unsharded: list[int] = []  # the blocks whose parameters were not all DTensors after their forward
+        self.leftover: float | None = None  # the gradient norm in .grad as the first backward began
+        self.optimizer_steps = 0
 
     def __enter__(self) -> "_StepProbe":
         for i, block in enumerate(self.model.blocks):
@@ -156,15 +160,15 @@ class _StepProbe:
     def _after_block(self, i: int):
         def hook(mod, args, out) -> None:
             if any(type(p).__name__ != "DTensor" for p in mod.parameters()):
-                self.seen["blocks_unsharded_after_forward"].append(i)
+                self.unsharded.append(i)
         return hook
 
     def _at_backward(self) -> None:
-        if self.seen["leftover_grad_norm"] is None:  # the first backward of the step
-            self.seen["leftover_grad_norm"] = grad_norm(self.params)
+        if self.leftover is None:  # the first backward of the step
+            self.leftover = grad_norm(self.params)
 
     def _on_step(self, optimizer, args, kwargs) -> None:
-        self.seen["optimizer_steps"] += 1
+        self.optimizer_steps += 1
 
     def __exit__(self, *exc) -> bool:
         for handle in self.handles:
@@ -195,7 +199,8 @@ def _layout(model: nn.Module, optimizer) -> dict:
 
 
 class StateDictSpy(Replace):
-    """Records this rank's calls of the state-dict collectives, in ``calls`` and in the process group's
+    """Records this rank's calls of the state-dict collectives, in ``calls`` (plain dicts, a
+    :class:`StateDictCall`'s fields) and in the process group's
     store (so the other ranks see a call they never made), and makes the calls another rank waits in.
     Entered before the learner's file is imported (:class:`Replace`): ``from ... import
     get_model_state_dict`` is seen too."""
@@ -209,8 +214,8 @@ class StateDictSpy(Replace):
     def _spy(self, name: str, real):
         def spy(*args, **kwargs):
             options = kwargs.get("options")
-            record = {"fn": name, "options": {k: v for k, v in asdict(options).items() if isinstance(v, bool)}
-                      if options is not None else {}}
+            flags = dataclasses.asdict(options) if options is not None else {}
+            record = {"fn": name, "options": {k: v for k, v in flags.items() if isinstance(v, bool)}}
             self.calls.append(record)
             self.store.set(f"{self.tag}/call/{self.rank}/{len(self.calls)}", json.dumps(record))
             self.store.add(f"{self.tag}/entered/{self.rank}", 1)
@@ -221,11 +226,11 @@ class StateDictSpy(Replace):
             return result
         return spy
 
-    def settle(self, model: nn.Module, optimizer) -> list[dict]:
+    def settle(self, model: nn.Module, optimizer) -> list[StateDictCall]:
         """After ``train_fsdp``: until every rank has returned, make each state-dict call that a rank still in
         ``train_fsdp`` entered and this one never made (it waits for this rank); return the calls made."""
         self.store.set(f"{self.tag}/done/{self.rank}", "1")
-        made: list[dict] = []
+        made: list[StateDictCall] = []
         deadline = time.monotonic() + default_timeout().total_seconds()  # then a collective's timeout names it
         while True:
             waiting = [r for r in range(self.world) if not self.store.check([f"{self.tag}/done/{r}"])]
@@ -234,15 +239,16 @@ class StateDictSpy(Replace):
             entered = {r: self.store.add(f"{self.tag}/entered/{r}", 0) for r in waiting}
             r, n = max(entered.items(), key=lambda kv: kv[1])
             if n > len(self.calls) + len(made):  # rank r waits in its call number n, which this rank never made
-                record = json.loads(self.store.get(f"{self.tag}/call/{r}/{len(self.calls) + len(made) + 1}"))
+                record = StateDictCall.from_wire(json.loads(
+                    self.store.get(f"{self.tag}/call/{r}/{len(self.calls) + len(made) + 1}")))
                 self._make(record, model, optimizer)
-                made.append({**record, "for_rank": r})
+                made.append(dataclasses.replace(record, for_rank=r))
             else:
                 time.sleep(0.02)
 
-    def _make(self, record: dict, model: nn.Module, optimizer) -> None:
-        options = StateDictOptions(**record["options"])
-        if record["fn"] == "get_model_state_dict":
-            self.real_fn["get_model_state_dict"](model, options=options)
+    def _make(self, record: StateDictCall, model: nn.Module, optimizer) -> None:
+        options = StateDictOptions(**record.options)
+        if record.fn == "get_model_state_dict":
+            self.real_fn[record.fn](model, options=options)
         else:
-            self.real_fn[record["fn"]](model, optimizer, options=options)
+            self.real_fn[record.fn](model, optimizer, options=options)
