@@ -37,7 +37,7 @@ from ...rank.observation import Observation
 from ...rank import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
 from .accumulation import probes as accumulation
 from .accumulation.observations import Accumulation
-from .answers import ANSWERS
+from .answers import ANSWERS  # the runtime's copies, resolved now: before any learner file is loaded
 from .observations import (AmpObservation, Answers, Autocast, Compared, Measure, Parity, PrecisionRun, RealModel,
                            Scaler)
 from .workloads import (CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, RecordingScaler, RecordingSGD,
@@ -47,8 +47,6 @@ from .workloads import (CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks
 REAL_MODEL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
               "cuda": dict(in_features=1024, hidden=4096, depth=4, batch=4096)}
 P = TypeVar("P", bound=Observation)
-# ANSWERS (``answers``): the runtime's working copies of the graded measuring functions, resolved when
-# this module is imported, before any learner file is loaded.
 
 
 def _error(exc: Exception) -> str:
@@ -66,19 +64,19 @@ def _part(fn, record: type[P]) -> P:
 
 def _autocast(learner, device) -> Autocast:
     model = make_mlp(seed=3, **MODEL).to(device)
-    outs = []
+    seen = Autocast()
     for m in model.modules():
         if isinstance(m, nn.Linear):
-            m.register_forward_hook(lambda mod, args, out: outs.append(str(out.dtype)))
-    seen = {}
+            m.register_forward_hook(lambda mod, args, out: seen.linear_out.append(str(out.dtype)))
 
     def on_step(ps):
-        seen.update(params=[str(p.dtype) for p in ps], grads=[str(p.grad.dtype) for p in ps if p.grad is not None])
+        seen.param_dtypes = [str(p.dtype) for p in ps]
+        seen.grad_dtypes = [str(p.grad.dtype) for p in ps if p.grad is not None]
 
     x, y = batches(device)[0]
     learner.train_step(model, RecordingSGD(model.parameters(), LR, on_step), x, y, amp_dtype=torch.bfloat16,
                        max_norm=MAX_NORM)
-    return Autocast(linear_out=outs, param_dtypes=seen.get("params", []), grad_dtypes=seen.get("grads", []))
+    return seen
 
 
 def _run(learner, device, dtype) -> PrecisionRun:
