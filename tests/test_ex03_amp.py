@@ -14,6 +14,9 @@ import pytest
 import torch
 
 from autograder.checks import ex03_amp as check
+from autograder.checks.ex03_amp.accumulation.observations import Accumulation, Windows
+from autograder.checks.ex03_amp.observations import (AmpObservation, Answers, Autocast, Measure, Parity, PrecisionRun,
+                                                     RealModel, Scaler)
 from autograder.checks.ex03_amp.workloads import STEPS
 
 from tests import independent
@@ -299,14 +302,21 @@ def test_scaled_loss_returned_named(reports):
     assert fb.startswith("the fp16 loss train_step returned is 65536x the reference's, the GradScaler's scale"), fb
 
 
+def _observation(capability: list[int] | None = None, **parts) -> AmpObservation:
+    """No launch: one file's observation whose every part raised NotImplementedError, but ``parts``."""
+    broken = "NotImplementedError:  (line 1: raise NotImplementedError)"
+    every = dict(autocast=Autocast(error=broken), parity=Parity(error=broken), scaler=Scaler(error=broken),
+                 measure=Measure(error=broken), accumulation=Accumulation(error=broken), real=RealModel(error=broken),
+                 answers=Answers())
+    return AmpObservation(capability=capability, **{**every, **parts})
+
+
 @pytest.mark.parametrize("capability,graded", [([9, 0], True), ([7, 5], False), (None, False)])
 def test_real_speedup_graded_on_a_gpu_with_bf16_tensor_cores_only(capability, graded):
     """No launch: on compute capability 8.0+ the [cuda] criterion is judged too, and the marks still add up to 10."""
-    broken = {"error": "NotImplementedError:  (line 1: raise NotImplementedError)"}
-    real = dict(speedup=3.0, baseline_s=0.003, candidate_s=0.001, memory_ratio=0.5, peak_ratio=0.5,
-                peak_method="torch.cuda.max_memory_allocated", device="GPU", model="MLP")
-    run = check.Run({"capability": capability, "autocast": broken, "parity": broken, "scaler": broken,
-                     "measure": broken, "accumulation": broken, "real": real, "answers": {}})
+    real = RealModel(returned=dict(speedup=3.0, baseline_s=0.003, candidate_s=0.001, memory_ratio=0.5),
+                     peak_ratio=0.5, peak_method="torch.cuda.max_memory_allocated", device="GPU", model="MLP")
+    run = check.Run(_observation(capability, real=real))
     report = check.EXERCISE.new_report()
     report.judge(check.criteria(run), run)
     report.scale_to()
@@ -362,13 +372,13 @@ def test_scaler_errors_translated(mistake, name):
 
 def test_step_count_and_unscaled_loss_named():
     """No launch: the causes of the float32 run and of the GradScaler order, on observations."""
-    assert check.steps_not_one({"steps": [1, 2, 2]}) == (
+    assert check.steps_not_one(PrecisionRun(steps=[1, 2, 2])) == (
         "train_step called optimizer.step() 2 times in step 2 (per step: [1, 2, 2]): step once per train_step, "
         "after clipping")
-    assert check.steps_not_one({"steps": [1, 1]}) is None
-    fb = check.not_scaled({"events": ["backward", "unscale_", "step", "optimizer.step", "update"], "grad_norm": 0.05})
+    assert check.steps_not_one(PrecisionRun(steps=[1, 1])) is None
+    fb = check.not_scaled(Scaler(events=["backward", "unscale_", "step", "optimizer.step", "update"], grad_norm=0.05))
     assert "never scaler.scale(loss)" in fb
-    assert check.not_scaled({"events": ["scale"], "grad_norm": 0.05}) is None
+    assert check.not_scaled(Scaler(events=["scale"], grad_norm=0.05)) is None
 
 
 ACC_PARITY = f"fp16 accumulation over {check.K} micro-batches matches the reference"
@@ -420,7 +430,7 @@ def test_accumulation_steps_and_backwards_per_window_named(reports):
 def test_accumulation_reference_is_the_whole_batch_step():
     """No launch: the K-micro-batch reference steps the weights the whole batch's fp16 step would, within
     the check's tolerance (so a legal rounding passes), and the stepped norms are unclipped."""
-    from autograder.checks.ex03_amp.accumulation.probes import probes as accumulation
+    from autograder.checks.ex03_amp.accumulation import probes as accumulation
     from distlab.models import cpu_state, make_mlp
     from autograder.checks.ex03_amp.workloads import LR, MODEL, batches
 
@@ -443,10 +453,10 @@ def test_a_file_without_accumulated_step_loses_only_that_part():
     """No launch: a file handed in before the part existed is told where its stub is."""
     from types import SimpleNamespace
 
-    from autograder.checks.ex03_amp.accumulation.probes import probes as accumulation
+    from autograder.checks.ex03_amp.accumulation import probes as accumulation
 
     obs = accumulation.observe(SimpleNamespace(), torch.device("cpu"))
-    verdict = check.accumulation_parity(check.Run({"accumulation": obs}))
+    verdict = check.accumulation_parity(check.Run(_observation(accumulation=obs)))
     assert "defines no accumulated_step (copy its stub and docstring from exercises/ex03_amp.py)" in \
         str(verdict), verdict
 
@@ -463,8 +473,8 @@ def test_accumulation_unscale_and_update_per_micro_batch_named(reports):
 def test_accumulation_update_per_micro_batch_cause_on_observations():
     """No launch: the cause that names an update inside the window, on a window's calls."""
     window = ["scale", "backward", "update", "scale", "backward", "unscale_", "step", "optimizer.step", "update"]
-    fb = check.updated_per_micro({"events": [window]})
+    fb = check.updated_per_micro(Windows(events=[window]))
     assert fb.startswith("window 1 called scaler.update() 2 times"), fb
     right = ["scale", "backward"] * check.K + ["unscale_", "step", "optimizer.step", "update"]
-    assert check.updated_per_micro({"events": [right]}) is None
-    assert check.unscaled_per_micro({"events": [right]}) is None
+    assert check.updated_per_micro(Windows(events=[right])) is None
+    assert check.unscaled_per_micro(Windows(events=[right])) is None

@@ -14,12 +14,15 @@ subprocess around it is exercise 1's CLI tests'). The other causes and the error
 tested on observations, without a launch."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from autograder.grader import main as grading_main
 from autograder.checks import ex04_fsdp
+from autograder.checks.ex04_fsdp.observations import FsdpRank, MeasuredStep, PeakBound, TrainingError
+from autograder.checks.ex04_fsdp.zero1.observations import Zero1
 from autograder.grader.diagnosis import translate
 from autograder.grader.report import ExerciseReport
 from distlab.lab.fsdp_memory import expected_bytes, full_shapes, memory_per_gpu, shard_rows
@@ -265,16 +268,27 @@ def test_no_reduce_scatter_and_an_optimizer_factory_returning_nothing_are_named(
         "rank 0's part 1 raised TypeError: cannot unpack non-iterable NoneType object" in none, none
 
 
+def _step(**observed) -> MeasuredStep:
+    """No launch: the measured step of a correct step, but ``observed``."""
+    ok = dict(before={}, after={}, peak=0, bound=PeakBound(state=0, unit=0, activations=0, bound=1), placements=[],
+              dtensors=36, n_params=36, plain=[], opt_foreign=0, blocks_wrapped=8, root_wrapped=True,
+              blocks_unsharded_after_forward=[], leftover_grad_norm=0.0, optimizer_steps=1)
+    return MeasuredStep(**{**ok, **observed})
+
+
 def _run(world: int = 2, **observed) -> ex04_fsdp.Run:
     """No launch: a run whose ranks observed ``observed`` over a correct step."""
-    ok = dict(world=world, dtensors=36, n_params=36, plain=[], opt_foreign=0, blocks_wrapped=8, root_wrapped=True,
-              blocks_unsharded_after_forward=[], leftover_grad_norm=0.0, optimizer_steps=1, partnered=[],
-              state_dict_calls=[], after_training_error={})
-    return ex04_fsdp.Run([{**ok, "rank": r, **observed} for r in range(world)])
+    measured = {f.name for f in dataclasses.fields(MeasuredStep)}
+    step = _step(**{k: v for k, v in observed.items() if k in measured})
+    error = observed.pop("after_training_error", None)
+    ok = dict(world=world, steps=4, zero1=Zero1(), partnered=[], state_dict_calls=[],
+              after_training_error=TrainingError(**error) if error else None)
+    return ex04_fsdp.Run([FsdpRank(**{**ok, "rank": r, **{k: v for k, v in observed.items() if k not in measured}},
+                                   step=step) for r in range(world)])
 
 
 def test_causes_without_a_launch():
-    assert ex04_fsdp.some_blocks(_run(), {"blocks_wrapped": 4, "root_wrapped": True}, "peak 3 MiB").startswith(
+    assert ex04_fsdp.some_blocks(_run(), _step(blocks_wrapped=4, root_wrapped=True), "peak 3 MiB").startswith(
         "only 4 of 8 blocks are fully_shard units, so the root unshards the others together: peak 3 MiB")
     assert ex04_fsdp.steps_not_one(_run(optimizer_steps=2)) == \
         "train_step called optimizer.step() 2 times in step 2: step once, after backward"
@@ -290,7 +304,7 @@ def test_causes_without_a_launch():
     assert ex04_fsdp.export_raised(unfinished) == ("not implemented yet (the export, after training: line 90: raise "
                                                    "NotImplementedError); the training was graded")
     for cause in (ex04_fsdp.some_blocks, ex04_fsdp.root_only, ex04_fsdp.no_reshard):
-        assert cause(_run(), _run().ranks[0], "") is None  # a correct run explains nothing
+        assert cause(_run(), _run().ranks[0].step, "") is None  # a correct run explains nothing
     assert ex04_fsdp.saved_nothing(_run(saves=[], export="/x/full_state.pt")).startswith(
         "nothing was saved to /x/full_state.pt: neither get_model_state_dict nor torch.save ran on any rank")
     assert ex04_fsdp.no_backward(_run(leftover_grad_norm=None)).startswith(

@@ -67,7 +67,8 @@ from .accumulation.causes import (backwards_not_k, broken as acc_broken, clipped
 from .causes import (KNOWN_ERRORS, broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing,
                      no_update, not_clipped, not_scaled, optimizer_stepped, real_missing, scaled_loss_returned,
                      step_skipped, steps_not_one)
-from .observed import Run
+from .accumulation.observations import Windows
+from .observations import AmpObservation, Run
 from .probes import REAL_MODEL, rank_main
 from .workloads import CASE_TITLES, CASES_TRUTH, MAX_NORM, MEMORY_TRUTH, STEPS, reference_fp32
 
@@ -98,10 +99,10 @@ STEP_CAUSES = [grads_not_zeroed, steps_not_one, not_clipped]  # tested on the fl
 
 @criterion("bf16 autocast: linear outputs bf16, master weights float32", points=1.5)
 def autocast_dtypes(run: Run) -> Verdict:
-    a = run.obs["autocast"]
-    if why := broken(a, "train_step"):
+    a = run.obs.autocast
+    if why := broken(a.error, "train_step"):
         return failed(why)
-    outs, params, grads = a["linear_out"], a["param_dtypes"], a["grad_dtypes"]
+    outs, params, grads = a.linear_out, a.param_dtypes, a.grad_dtypes
     if any(d != "torch.float32" for d in params + grads):
         return failed(f"at optimizer.step() parameters were {sorted(set(params))} and gradients "
                       f"{sorted(set(grads))}: keep the model in float32 (do not call model.to(torch.bfloat16)); "
@@ -115,9 +116,9 @@ def autocast_dtypes(run: Run) -> Verdict:
 @criterion("float32 step matches a single-process reference", points=0.5)
 def float32_parity(run: Run) -> Verdict:
     p = run.kind("fp32")
-    if why := broken(p, "train_step"):
+    if why := broken(p.error, "train_step"):
         return failed(why)
-    same = parity(p["state"], reference_fp32()[1], rtol=RTOL, atol=ATOL)
+    same = parity(p.state, reference_fp32()[1], rtol=RTOL, atol=ATOL)
     if same.ok:
         return passed(f"max abs difference {same.max_abs_diff:.2g}")
     return failed(diagnose(STEP_CAUSES, p) or
@@ -129,52 +130,52 @@ def float32_parity(run: Run) -> Verdict:
 @criterion(f"bf16 and fp16 losses within {LOSS_TOL} of float32 over {STEPS} steps", points=1)
 def losses_close(run: Run) -> Verdict:
     for kind in ("bf16", "fp16"):
-        if why := broken(run.kind(kind), f"the {kind} train_step"):
+        if why := broken(run.kind(kind).error, f"the {kind} train_step"):
             return failed(why)
     ref_losses = reference_fp32()[0]
     worst = []  # per kind: (largest relative gap, kind, the step where it is)
     for kind in ("bf16", "fp16"):
-        gaps = [abs(loss - ref) / max(1.0, abs(ref)) for loss, ref in zip(run.kind(kind)["losses"], ref_losses)]
+        gaps = [abs(loss - ref) / max(1.0, abs(ref)) for loss, ref in zip(run.kind(kind).losses, ref_losses)]
         worst.append((max(gaps), kind, gaps.index(max(gaps))))
     gap, kind, step = max(worst)
     measured = dict(bf16_max_loss_gap=worst[0][0], fp16_max_loss_gap=worst[1][0])
     if gap <= LOSS_TOL:
         return passed(f"largest gap {gap:.2g} ({kind})", **measured)
     fp32 = run.kind("fp32")
-    cause = diagnose([loss_summed, scaled_loss_returned], kind, run.kind(kind)["losses"]) or (
-        "error" not in fp32 and diagnose(STEP_CAUSES, fp32))
+    cause = diagnose([loss_summed, scaled_loss_returned], kind, run.kind(kind).losses) or (
+        not fp32.error and diagnose(STEP_CAUSES, fp32))
     return failed(cause or f"the {kind} loss at step {step + 1} is {gap:.3g} away from the float32 reference's "
                   f"(tolerance {LOSS_TOL}), though the float32 step has none of the usual mistakes", **measured)
 
 
 @criterion("fp16 GradScaler order: scale, backward, unscale_, clip, step, update", points=1.5)
 def scaler_order(run: Run) -> Verdict:
-    s = run.obs["scaler"]
-    if why := broken(s, "train_step with a scaler"):
+    s = run.obs.scaler
+    if why := broken(s.error, "train_step with a scaler"):
         return failed(why)
     expected = ["scale", "backward", "unscale_", "step", "optimizer.step", "update"]
-    if s["events"] == expected and abs(s["grad_norm"] - MAX_NORM) <= 1e-3 * MAX_NORM:
+    if s.events == expected and abs(s.grad_norm - MAX_NORM) <= 1e-3 * MAX_NORM:
         return passed()
-    losses = run.kind("fp16").get("losses", [])
+    losses = run.kind("fp16").losses
     return failed(diagnose([not_scaled, optimizer_stepped, no_update], s) or step_skipped(s, losses) or
                   clipped_scaled(s) or (
-        f"one fp16 step called {s['events']}; expected {expected}: scaler.scale(loss).backward(), "
-        "scaler.unscale_(optimizer), clip, scaler.step(optimizer), scaler.update()" if s["events"] != expected else
-        f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true gradients "
+        f"one fp16 step called {s.events}; expected {expected}: scaler.scale(loss).backward(), "
+        "scaler.unscale_(optimizer), clip, scaler.step(optimizer), scaler.update()" if s.events != expected else
+        f"the optimizer stepped with a gradient norm of {s.grad_norm:.3g}, but clipping the true gradients "
         f"gives max_norm={MAX_NORM}: clip with torch.nn.utils.clip_grad_norm_ after scaler.unscale_"))
 
 
 @criterion("fp16 step with inf gradients is skipped", points=1)
 def inf_step_skipped(run: Run) -> Verdict:
-    s = run.obs["scaler"]
-    if why := broken(s, "train_step with a scaler") or broken({"error": s["inf_error"]}, "the step after it"):
+    s = run.obs.scaler
+    if why := broken(s.error, "train_step with a scaler") or broken(s.inf_error, "the step after it"):
         return failed(why)
-    if not s["inf_params_unchanged"]:
+    if not s.inf_params_unchanged:
         return failed("a batch containing inf changed the weights: step through scaler.step(optimizer), which "
                       "skips non-finite steps")
-    if s["scale_after_inf"] < s["scale_before_inf"]:
+    if s.scale_after_inf < s.scale_before_inf:
         return passed()
-    return failed(f"the scale stayed {s['scale_after_inf']:g} after an inf step: call scaler.update() every step")
+    return failed(f"the scale stayed {s.scale_after_inf:g} after an inf step: call scaler.update() every step")
 
 
 def _speedup_criterion(case: str) -> Callable:
@@ -183,13 +184,13 @@ def _speedup_criterion(case: str) -> Callable:
     def speedup(run: Run) -> Verdict:
         if run.copied["median_seconds"]:  # the runtime's copy earns none of its criteria
             return failed(run.copied["median_seconds"])
-        m = run.obs["measure"]
-        if why := broken(m, "compare / median_seconds"):
+        m = run.obs.measure
+        if why := broken(m.error, "compare / median_seconds"):
             return failed(why)
-        if gone := missing(m[case], ("speedup",)):
+        if gone := missing(m.cases[case].keys(), ("speedup",)):
             return failed(gone)
         truth, why = CASES_TRUTH[case]
-        ok, fb = _ratio_fb("speedup", m[case]["speedup"], truth, why)
+        ok, fb = _ratio_fb("speedup", m.cases[case].speedup, truth, why)
         return passed(fb) if ok else failed(fb)
     speedup.__name__ = speedup.__qualname__ = f"{case}_speedup"
     return speedup
@@ -204,20 +205,21 @@ steady_speedup, warmup_speedup, async_speedup, outliers_speedup = map(_speedup_c
 def memory_ratio(run: Run) -> Verdict:
     if run.copied["saved_bytes"]:
         return failed(run.copied["saved_bytes"])
-    m = run.obs["measure"]
-    if why := broken(m, "saved_bytes / compare"):
+    m = run.obs.measure
+    if why := broken(m.error, "saved_bytes / compare"):
         return failed(why)
-    if gone := missing(m["steady"], ("memory_ratio",)):
+    steady = m.cases["steady"]
+    if gone := missing(steady.keys(), ("memory_ratio",)):
         return failed(gone)
-    ok, fb = _ratio_fb("memory_ratio", m["steady"]["memory_ratio"], MEMORY_TRUTH,
+    ok, fb = _ratio_fb("memory_ratio", steady.memory_ratio, MEMORY_TRUTH,
                        "count each storage packed by torch.autograd.graph.saved_tensors_hooks once")
-    return passed(fb) if ok else failed(counted_tensors(m["steady"]) or fb)
+    return passed(fb) if ok else failed(counted_tensors(steady) or fb)
 
 
 @criterion(f"[cuda] real bf16 speedup at least {GPU_MIN_SPEEDUP}x", points=1)
 def gpu_speedup(run: Run) -> Verdict:
-    r, copied = run.obs["real"], run.copied["median_seconds"]
-    got = 0.0 if r.get("skipped") or r.get("error") or real_missing(run) else r["speedup"]
+    r, copied = run.obs.real, run.copied["median_seconds"]
+    got = 0.0 if r.skipped or r.error or real_missing(run) else r.returned["speedup"]
     if got >= GPU_MIN_SPEEDUP and not copied:
         return passed()
     return failed(copied or real_missing(run) or f"your compare() measured {got:.2f}x on the GPU; bf16 tensor cores "
@@ -230,13 +232,13 @@ ORDER_CAUSES = [backwards_not_k, acc_steps_not_one, unscaled_per_micro, updated_
 
 @criterion(f"fp16 accumulation over {K} micro-batches matches the reference ({WINDOWS} windows)", points=1.5)
 def accumulation_parity(run: Run) -> Verdict:
-    a = run.obs["accumulation"]
-    p = a.get("parity", a)
+    a = run.obs.accumulation
+    p = a.parity or Windows(error=a.error)
     if why := acc_broken(p, "accumulated_step"):
         return failed(why)
     ref = reference()
-    same = parity(p["state"], ref["state"], rtol=ACC_RTOL, atol=ACC_ATOL)
-    gaps = [abs(got - want) / max(1.0, abs(want)) for got, want in zip(p["losses"], ref["losses"])]
+    same = parity(p.state, ref["state"], rtol=ACC_RTOL, atol=ACC_ATOL)
+    gaps = [abs(got - want) / max(1.0, abs(want)) for got, want in zip(p.losses, ref["losses"])]
     if same.ok and max(gaps) <= LOSS_TOL:
         return passed(f"max abs difference {same.max_abs_diff:.2g}, loss gap {max(gaps):.2g}")
     if cause := diagnose([*ORDER_CAUSES, not_divided], p):
@@ -244,22 +246,22 @@ def accumulation_parity(run: Run) -> Verdict:
     if not same.ok:
         return failed(f"after {WINDOWS} windows the weights differ from the whole batch's mean gradient stepped "
                       f"once per window (max abs difference {same.max_abs_diff:.3g} in {same.worst}; stepped "
-                      f"gradient norms {[round(n, 4) for n in p['norms']]}, the reference's "
+                      f"gradient norms {[round(n, 4) for n in p.norms]}, the reference's "
                       f"{[round(n, 4) for n in ref['norms']]})")
     step = gaps.index(max(gaps))
-    return failed(f"the loss returned for window {step + 1} is {p['losses'][step]:.4g}, the whole batch's mean "
+    return failed(f"the loss returned for window {step + 1} is {p.losses[step]:.4g}, the whole batch's mean "
                   f"cross-entropy is {ref['losses'][step]:.4g}: return the mean of the micro-batches' losses, unscaled")
 
 
 @criterion("accumulation: scale per micro-batch; unscale_, clip, step, update once per window", points=1)
 def accumulation_order(run: Run) -> Verdict:
-    a = run.obs["accumulation"]
-    c = a.get("clipped", a)
+    a = run.obs.accumulation
+    c = a.clipped or Windows(error=a.error)
     if why := acc_broken(c, "accumulated_step with max_norm"):
         return failed(why)
     if cause := diagnose([*ORDER_CAUSES, acc_clipped_scaled], c):
         return failed(cause)
-    norm = c["norms"][0] if c["norms"] else float("nan")
+    norm = c.norms[0] if c.norms else float("nan")
     if abs(norm - MAX_NORM) <= 1e-3 * MAX_NORM:
         return passed()
     return failed(f"the optimizer stepped with a gradient norm of {norm:.3g} where clipping the window's true "
@@ -268,17 +270,17 @@ def accumulation_order(run: Run) -> Verdict:
 
 @criterion("accumulation: one overflowing micro-batch skips the window, the scale halves once", points=0.5)
 def accumulation_overflow(run: Run) -> Verdict:
-    a = run.obs["accumulation"]
-    o = a.get("overflow", a)
+    a = run.obs.accumulation
+    o = a.overflow or Windows(error=a.error)
     if why := acc_broken(o, "accumulated_step with an inf in one micro-batch"):
         return failed(why)
-    (before, after), = o["scales"]
-    if o["unchanged"] and after == before / 2:
+    (before, after), = o.scales
+    if o.unchanged and after == before / 2:
         return passed()
     where = f"micro-batch {INF_MICRO + 1} of {K} held an inf"
     if cause := diagnose(ORDER_CAUSES, o):
         return failed(cause)
-    if not o["unchanged"]:
+    if not o.unchanged:
         return failed(f"{where} and the weights changed: the whole window must be skipped, through one "
                       "scaler.step(optimizer) after the last micro-batch")
     return failed(f"{where} and the scale went from {before:g} to {after:g}, where one scaler.update() per "
@@ -297,15 +299,16 @@ def criteria(run: Run) -> list[Callable]:
 
 def real_model_notes(run: Run) -> tuple[list[str], dict]:
     """What the learner's compare() measured on the real model: notes for the report, and its numbers."""
-    r = run.obs["real"]
-    if r.get("skipped"):
-        return [f"real-model measurement skipped: {run.copied[r['skipped']]}"], {}
-    if why := real_missing(run) or broken(r, "compare"):
+    r = run.obs.real
+    if r.skipped:
+        return [f"real-model measurement skipped: {run.copied[r.skipped]}"], {}
+    if why := real_missing(run) or broken(r.error, "compare"):
         return [f"real-model measurement not available: {why}"], {}
-    notes = [f"On this machine ({r['device']}, {r['model']}), your compare() measured bf16 autocast "
-             f"{r['speedup']:.2f}x the speed of float32 ({r['baseline_s'] * 1e3:.2f} ms vs "
-             f"{r['candidate_s'] * 1e3:.2f} ms per step) and {r['memory_ratio']:.2f}x its saved-activation "
-             f"bytes. The grader's own memory measurement: {r['peak_ratio']:.2f}x, by {r['peak_method']}."]
+    got = r.returned  # compare's dict: the contract's keys, real_missing made sure
+    notes = [f"On this machine ({r.device}, {r.model}), your compare() measured bf16 autocast "
+             f"{got['speedup']:.2f}x the speed of float32 ({got['baseline_s'] * 1e3:.2f} ms vs "
+             f"{got['candidate_s'] * 1e3:.2f} ms per step) and {got['memory_ratio']:.2f}x its saved-activation "
+             f"bytes. The grader's own memory measurement: {r.peak_ratio:.2f}x, by {r.peak_method}."]
     if not run.capability:
         notes.append("On a CPU the speedup is reported, not graded: bf16 matmuls are only fast where "
                      "the CPU has bf16 matrix instructions (AMX); a shared machine adds noise.")
@@ -313,7 +316,7 @@ def real_model_notes(run: Run) -> tuple[list[str], dict]:
         notes.append(f"This GPU has compute capability {'.'.join(map(str, run.capability))}, without bf16 "
                      f"tensor cores (8.0+): the speedup is reported, not graded (at least "
                      f"{GPU_MIN_SPEEDUP}x is required on 8.0 and newer).")
-    return notes, {f"real_{k}": v for k, v in r.items() if isinstance(v, (int, float))}
+    return notes, {f"real_{k}": v for k, v in r.numbers().items()}
 
 
 def grade(paths: Sequence[Path], real_models: dict[str, dict] = REAL_MODEL) -> list[ExerciseReport]:
@@ -326,8 +329,8 @@ def grade(paths: Sequence[Path], real_models: dict[str, dict] = REAL_MODEL) -> l
     reports = [EXERCISE.new_report() for _ in paths]
     timeout = launch_timeout(EXERCISE, files=len(paths), per_extra_file_s=PER_EXTRA_FILE_S)
     runs, wall_s = launch_files(rank_main, paths, world=1, timeout=timeout, args=(real_models,))
-    for report, (obs,) in zip(reports, runs):
-        run = Run(obs)
+    for report, (wire,) in zip(reports, runs):
+        run = Run(AmpObservation.from_wire(wire))
         report.judge(criteria(run), run)
         notes, measured = real_model_notes(run)
         report.notes += notes

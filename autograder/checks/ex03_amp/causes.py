@@ -3,12 +3,14 @@
 ``ex03_amp`` lists them in its docstring and asks for them, most specific first, when a criterion fails;
 each tests one part's observations (``probes`` runs the parts separately). :func:`broken` says
 why a part raised (translating the errors of ``KNOWN_ERRORS``), :func:`missing` what its result lacked.
+Each takes the part's record (``observations``).
 """
 from __future__ import annotations
 
 import math
 
 from ...grader.diagnosis import KnownError, mistake, translate
+from .observations import Compared, PrecisionRun, Run, Scaler
 from .workloads import BATCH, MAX_NORM, MEMORY_TRUTH, SHARED, reference_fp32
 
 KNOWN_ERRORS = [
@@ -28,9 +30,8 @@ KNOWN_ERRORS = [
 ]
 
 
-def broken(part: dict, what: str) -> str:
-    """Why the part of the exercise observed in ``part`` did not run, from the error it raised ("" if it ran)."""
-    error = part.get("error", "")
+def broken(error: str, what: str) -> str:
+    """Why a part of the exercise did not run, from the ``error`` its record holds ("" if it ran)."""
     if not error:
         return ""
     if error.startswith("NotImplementedError"):
@@ -40,27 +41,27 @@ def broken(part: dict, what: str) -> str:
     return f"{what} raised {error}"
 
 
-def missing(part: dict, keys: tuple[str, ...]) -> str:
-    """Feedback when compare() returned a dict without some of the contract's keys ("" if none missing)."""
-    gone = [k for k in keys if k not in part]
+def missing(had: list[str], keys: tuple[str, ...]) -> str:
+    """Feedback when compare() returned a dict without some of the contract's keys ("" if none missing), from
+    the keys its observation ``had``."""
+    gone = [k for k in keys if k not in had]
     if not gone:
         return ""
-    return (f"compare() returned a dict without {', '.join(repr(k) for k in gone)} (it had {sorted(part)}): "
+    return (f"compare() returned a dict without {', '.join(repr(k) for k in gone)} (it had {sorted(had)}): "
             "return baseline_s, candidate_s, speedup, baseline_bytes, candidate_bytes and memory_ratio")
 
 
-def real_missing(run) -> str:
+def real_missing(run: Run) -> str:
     """Feedback when the real model's compare() left out keys of the contract ("" if none, or if it did not run)."""
-    r = run.obs["real"]
-    return "" if r.get("error") or r.get("skipped") else missing(r, ("speedup", "baseline_s", "candidate_s",
-                                                                  "memory_ratio"))
+    r = run.obs.real
+    return "" if r.error or r.skipped else missing(r.keys(), ("speedup", "baseline_s", "candidate_s", "memory_ratio"))
 
 
 @mistake("saved_bytes counts tensors, not storages")
-def counted_tensors(steady: dict) -> str | None:
+def counted_tensors(steady: Compared) -> str | None:
     """The steady candidate keeps one storage alive through views of a quarter of it each (SharedViews)."""
     storage, views, view = SHARED["storage"], SHARED["views"], SHARED["view"]
-    got = steady.get("candidate_bytes")
+    got = steady.candidate_bytes
     ways = {views * storage: f"the storage's {storage:,} bytes once per saved tensor ({views} x {storage:,})",
             views * view: f"each view's own bytes ({views} x {view:,})",
             view: f"one view's {view:,} bytes for the storage"}
@@ -69,7 +70,7 @@ def counted_tensors(steady: dict) -> str | None:
         return None
     return (f"saved_bytes counted {got:,.0f} bytes for a workload whose backward saves {views} views, a quarter "
             f"each, of one {storage:,}-byte storage, that is {how}; the whole storage stays allocated while any "
-            f"view of it is saved, so the memory ratio is {MEMORY_TRUTH:g}, not {steady['memory_ratio']:.3g}: "
+            f"view of it is saved, so the memory ratio is {MEMORY_TRUTH:g}, not {steady.memory_ratio:.3g}: "
             "count each storage once, keyed by t.untyped_storage().data_ptr(), as t.untyped_storage().nbytes()")
 
 
@@ -92,28 +93,28 @@ def scaled_loss_returned(kind: str, losses: list[float]) -> str | None:
 
 
 @mistake("optimizer.zero_grad() not called")
-def grads_not_zeroed(p: dict) -> str | None:
-    step = next((i for i, n in enumerate(p.get("leftover", [])) if n > 0), None)
+def grads_not_zeroed(p: PrecisionRun) -> str | None:
+    step = next((i for i, n in enumerate(p.leftover) if n > 0), None)
     if step is None:
         return None
     return (f"when the backward of step {step + 1} began, .grad still held gradients of norm "
-            f"{p['leftover'][step]:.3g} from the step before, and backward added to them: no optimizer.zero_grad() "
+            f"{p.leftover[step]:.3g} from the step before, and backward added to them: no optimizer.zero_grad() "
             "ran between the step before and this backward (not at all, or too late); it belongs at the start of "
             "train_step, before the forward")
 
 
 @mistake("optimizer.step() not called once per step")
-def steps_not_one(p: dict) -> str | None:
-    bad = next(((i, n) for i, n in enumerate(p.get("steps", [])) if n != 1), None)
+def steps_not_one(p: PrecisionRun) -> str | None:
+    bad = next(((i, n) for i, n in enumerate(p.steps) if n != 1), None)
     if bad is None:
         return None
-    return (f"train_step called optimizer.step() {bad[1]} times in step {bad[0] + 1} (per step: {p['steps']}): "
+    return (f"train_step called optimizer.step() {bad[1]} times in step {bad[0] + 1} (per step: {p.steps}): "
             "step once per train_step, after clipping")
 
 
 @mistake("gradients not clipped to max_norm")
-def not_clipped(p: dict) -> str | None:
-    off = next(((i, n) for i, n in enumerate(p.get("step_norms", [])) if abs(n / MAX_NORM - 1) > 1e-3), None)
+def not_clipped(p: PrecisionRun) -> str | None:
+    off = next(((i, n) for i, n in enumerate(p.step_norms) if abs(n / MAX_NORM - 1) > 1e-3), None)
     if off is None or off[1] == 0:  # no gradient at all: not a clipping mistake (no backward ran, say)
         return None
     return (f"the optimizer stepped with a gradient norm of {off[1]:.3g} at step {off[0] + 1}, where clipping to "
@@ -122,44 +123,44 @@ def not_clipped(p: dict) -> str | None:
 
 
 @mistake("scaler.update() not called")
-def no_update(s: dict) -> str | None:
-    if "update" in s["events"]:
+def no_update(s: Scaler) -> str | None:
+    if "update" in s.events:
         return None
-    return (f"one fp16 step called {s['events']} and never scaler.update(): the scale never adapts (it must drop "
+    return (f"one fp16 step called {s.events} and never scaler.update(): the scale never adapts (it must drop "
             "after a step with inf gradients) and the next step's unscale_ raises: call scaler.update() after "
             "scaler.step(optimizer), every step")
 
 
 @mistake("optimizer.step() instead of scaler.step()")
-def optimizer_stepped(s: dict) -> str | None:
-    if "step" in s["events"] or "optimizer.step" not in s["events"]:
+def optimizer_stepped(s: Scaler) -> str | None:
+    if "step" in s.events or "optimizer.step" not in s.events:
         return None
-    return (f"one fp16 step called {s['events']}: 'optimizer.step' but not scaler.step(optimizer), which skips "
+    return (f"one fp16 step called {s.events}: 'optimizer.step' but not scaler.step(optimizer), which skips "
             "steps with inf/NaN gradients (and unscales them if unscale_ was not called): call "
             "scaler.step(optimizer) instead of optimizer.step()")
 
 
 @mistake("loss not scaled")
-def not_scaled(s: dict) -> str | None:
-    if "scale" in s["events"]:
+def not_scaled(s: Scaler) -> str | None:
+    if "scale" in s.events:
         return None
-    return (f"one fp16 step called {s['events']}, never scaler.scale(loss): small float16 gradients underflow "
+    return (f"one fp16 step called {s.events}, never scaler.scale(loss): small float16 gradients underflow "
             "to zero unless the loss is scaled; call scaler.scale(loss).backward()")
 
 
 @mistake("first fp16 step skipped")
-def step_skipped(s: dict, fp16_losses: list[float]) -> str | None:
-    if "step" not in s["events"] or "optimizer.step" in s["events"]:
+def step_skipped(s: Scaler, fp16_losses: list[float]) -> str | None:
+    if "step" not in s.events or "optimizer.step" in s.events:
         return None
     why = loss_summed("fp16", fp16_losses) if fp16_losses else None
-    return (f"one fp16 step called {s['events']}: scaler.step skipped optimizer.step because the scaled gradients "
+    return (f"one fp16 step called {s.events}: scaler.step skipped optimizer.step because the scaled gradients "
             "overflowed float16, which this model's do not at the default scale" + (f"; {why}" if why else ""))
 
 
 @mistake("clipped before unscale_")
-def clipped_scaled(s: dict) -> str | None:
-    if not s["grad_norm"] < MAX_NORM / 100:  # nan: no optimizer.step
+def clipped_scaled(s: Scaler) -> str | None:
+    if not s.grad_norm < MAX_NORM / 100:  # nan: no optimizer.step
         return None
-    return (f"the optimizer stepped with a gradient norm of {s['grad_norm']:.3g}, but clipping the true gradients "
+    return (f"the optimizer stepped with a gradient norm of {s.grad_norm:.3g}, but clipping the true gradients "
             f"gives max_norm={MAX_NORM}: you clipped the scaled gradients; call scaler.unscale_(optimizer) "
             "before clip_grad_norm_")

@@ -23,6 +23,7 @@ measuring functions still gets the marks for the step:
 from __future__ import annotations
 
 import functools
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -32,77 +33,79 @@ from distlab.measure.memory import peak_memory
 from distlab.models import cpu_state, make_mlp
 from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 
-from ...rank.runtime_copies import RuntimeCopies
+from ...rank.observation import Observation
 from ...rank import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
 from .accumulation import probes as accumulation
+from .accumulation.observations import Accumulation
+from .answers import ANSWERS  # the runtime's copies, resolved now: before any learner file is loaded
+from .observations import (AmpObservation, Answers, Autocast, Compared, Measure, Parity, PrecisionRun, RealModel,
+                           Scaler)
 from .workloads import (CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, RecordingScaler, RecordingSGD,
                         SharedViews, batches)
 
 # The real model whose bf16 speedup is reported (graded on a GPU with bf16 tensor cores), per device type.
 REAL_MODEL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
               "cuda": dict(in_features=1024, hidden=4096, depth=4, batch=4096)}
-# The runtime's working copies of the graded measuring functions (the notebooks use them): resolved
-# here, when the rank imports this module, before any learner file is loaded.
-ANSWERS = RuntimeCopies({
-    "median_seconds": ("distlab.measure.timing.median_seconds", "distlab.measure.timing.distributed_median_seconds"),
-    # the counter class too: a learner's saved_bytes built on it runs its _pack (issue 22 added it)
-    "saved_bytes": ("distlab.measure.memory.saved_tensor_bytes", "distlab.measure.memory.saved_tensor_bytes_by_kind",
-                    "distlab.measure.memory.SavedTensors._pack"),
-})
+P = TypeVar("P", bound=Observation)
 
 
-def _part(fn) -> dict:
-    """What one part observed, or its error and the line that raised it (the verdict explains it; one broken
+def _error(exc: Exception) -> str:
+    """The error, and the line that raised it."""
+    last = frames(exc)[-1]
+    return f"{raised(exc)} (line {last.lineno}: {last.line})"
+
+
+def _part(fn, record: type[P]) -> P:
+    """What one part observed, or its ``record`` with only the error set (the verdict explains it; one broken
     part must not hide the others)."""
     observed, exc = attempt(fn)
-    if exc is None:
-        return observed
-    last = frames(exc)[-1]
-    return {"error": f"{raised(exc)} (line {last.lineno}: {last.line})"}
+    return observed if exc is None else record(error=_error(exc))
 
 
-def _autocast(learner, device) -> dict:
+def _autocast(learner, device) -> Autocast:
     model = make_mlp(seed=3, **MODEL).to(device)
-    outs = []
+    seen = Autocast()
     for m in model.modules():
         if isinstance(m, nn.Linear):
-            m.register_forward_hook(lambda mod, args, out: outs.append(str(out.dtype)))
-    seen = {}
+            m.register_forward_hook(lambda mod, args, out: seen.linear_out.append(str(out.dtype)))
 
     def on_step(ps):
-        seen.update(params=[str(p.dtype) for p in ps], grads=[str(p.grad.dtype) for p in ps if p.grad is not None])
+        seen.param_dtypes = [str(p.dtype) for p in ps]
+        seen.grad_dtypes = [str(p.grad.dtype) for p in ps if p.grad is not None]
 
     x, y = batches(device)[0]
     learner.train_step(model, RecordingSGD(model.parameters(), LR, on_step), x, y, amp_dtype=torch.bfloat16,
                        max_norm=MAX_NORM)
-    return {"linear_out": outs, "param_dtypes": seen.get("params", []), "grad_dtypes": seen.get("grads", [])}
+    return seen
 
 
-def _run(learner, device, dtype) -> dict:
+def _run(learner, device, dtype) -> PrecisionRun:
     """``STEPS`` steps of one kind: the losses, and per step the gradient norm left in ``.grad`` when its
     backward began, the number of ``optimizer.step()`` calls and the gradient norm of each."""
     model = make_mlp(seed=3, **MODEL).to(device)
     params = list(model.parameters())
-    seen: dict = {"leftover": [], "step_norms": [], "steps": []}
+    seen = PrecisionRun()
 
-    on_backward_start(model, lambda: seen["leftover"].append(grad_norm(params)))
-    opt = RecordingSGD(params, LR, lambda ps: seen["step_norms"].append(grad_norm(ps)))
+    on_backward_start(model, lambda: seen.leftover.append(grad_norm(params)))
+    opt = RecordingSGD(params, LR, lambda ps: seen.step_norms.append(grad_norm(ps)))
     scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
-    losses = []
     for x, y in batches(device):
-        calls = len(seen["step_norms"])
-        losses.append(float(learner.train_step(model, opt, x, y, amp_dtype=dtype, scaler=scaler, max_norm=MAX_NORM)))
-        seen["steps"].append(len(seen["step_norms"]) - calls)
-    return {"losses": losses, **seen, **({"state": cpu_state(model)} if dtype is None else {})}
+        calls = len(seen.step_norms)
+        seen.losses.append(float(learner.train_step(model, opt, x, y, amp_dtype=dtype, scaler=scaler,
+                                                    max_norm=MAX_NORM)))
+        seen.steps.append(len(seen.step_norms) - calls)
+    if dtype is None:
+        seen.state = cpu_state(model)
+    return seen
 
 
-def _parity(learner, device) -> dict:
+def _parity(learner, device) -> Parity:
     """The float32, bf16 and fp16 runs, each on its own: one that raises does not hide the others."""
-    return {kind: _part(lambda dtype=dtype: _run(learner, device, dtype))
-            for kind, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16))}
+    return Parity(runs={kind: _part(lambda dtype=dtype: _run(learner, device, dtype), PrecisionRun)
+                        for kind, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16))})
 
 
-def _scaler(learner, device) -> dict:
+def _scaler(learner, device) -> Scaler:
     """One fp16 step's call order and stepped gradient norm, then (on its own) a step with an inf in its batch."""
     events: list[str] = []
     norms: list[float] = []
@@ -117,20 +120,17 @@ def _scaler(learner, device) -> dict:
     opt, scaler = RecordingSGD(model.parameters(), LR, on_step), RecordingScaler(device.type, events)
     (x, y), (x2, y2) = batches(device)[:2]
     learner.train_step(model, opt, x, y, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
-    out = {"events": list(events), "grad_norm": norms[0] if norms else float("nan")}
+    out = Scaler(events=list(events), grad_norm=norms[0] if norms else float("nan"))
     bad = x2.clone()
     bad[0, 0] = float("inf")
-    before, scale_before = cpu_state(model), scaler.get_scale()
-
-    def inf_step() -> dict:
-        learner.train_step(model, opt, bad, y2, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
-        return {}
-
-    inf_error = _part(inf_step).get("error", "")  # a missing scaler.update() makes this step raise
+    before, out.scale_before_inf = cpu_state(model), scaler.get_scale()
+    _, exc = attempt(learner.train_step, model, opt, bad, y2, amp_dtype=torch.float16, scaler=scaler,
+                     max_norm=MAX_NORM)
+    out.inf_error = "" if exc is None else _error(exc)  # a missing scaler.update() makes this step raise
     after = cpu_state(model)
-    return {**out, "inf_error": inf_error, "scale_before_inf": scale_before,
-            "scale_after_inf": scaler.get_scale(),
-            "inf_params_unchanged": all(torch.equal(before[k], after[k]) for k in before)}
+    out.scale_after_inf = scaler.get_scale()
+    out.inf_params_unchanged = all(torch.equal(before[k], after[k]) for k in before)
+    return out
 
 
 def _number(value) -> float | None:
@@ -140,21 +140,20 @@ def _number(value) -> float | None:
         return None
 
 
-def _measure(learner, watch, clocks: Clocks) -> dict:
-    out = {}
+def _measure(learner, watch, clocks: Clocks) -> Measure:
+    out = Measure()
     for case, (base_kw, cand_kw) in CASES.items():
         clock = VirtualClock()
         base, cand = (SharedViews(clock, **kw) if "storage" in kw else SimulatedWorkload(clock, **kw)
                       for kw in (base_kw, cand_kw))
         with clocks.reading(clock), watch:
             res = learner.compare(base, cand, sync=clock.sync, warmup=WARMUP, min_run_time=MIN_RUN_TIME)
-        out[case] = {k: float(res[k]) for k in ("speedup", "memory_ratio") if k in res}
-        out[case].update({k: v for k in ("baseline_bytes", "candidate_bytes")
-                          if k in res and (v := _number(res[k])) is not None})
+        out.cases[case] = Compared(**{k: float(res[k]) for k in ("speedup", "memory_ratio") if k in res},
+                                   **{k: _number(res[k]) for k in ("baseline_bytes", "candidate_bytes") if k in res})
     return out
 
 
-def _real(learner, device, watch, cfg: dict) -> dict:
+def _real(learner, device, watch, cfg: dict) -> RealModel:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(cfg["batch"], cfg["in_features"], generator=g).to(device)
     y = torch.randint(0, 10, (cfg["batch"],), generator=g).to(device)
@@ -168,40 +167,42 @@ def _real(learner, device, watch, cfg: dict) -> dict:
                               min_run_time=MIN_RUN_TIME)
     (b32, method), (b16, _) = peak_memory(steps["fp32"], device), peak_memory(steps["bf16"], device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
-    return {**{k: float(v) for k, v in res.items()}, "peak_ratio": b16 / max(b32, 1), "peak_method": method,
-            "device": name, "model": f"MLP {cfg['in_features']}-{cfg['hidden']}x{cfg['depth']}, batch {cfg['batch']}"}
+    sizes = f"MLP {cfg['in_features']}-{cfg['hidden']}x{cfg['depth']}, batch {cfg['batch']}"
+    return RealModel(returned={k: float(v) for k, v in res.items()}, peak_ratio=b16 / max(b32, 1), peak_method=method,
+                     device=name, model=sizes)
 
 
-def observe(learner, device: torch.device, real_model: dict, clocks: Clocks) -> dict:
+def observe(learner, device: torch.device, real_model: dict, clocks: Clocks) -> AmpObservation:
     """Every part of the exercise, each under its own instruments.
 
     ``answers``: which graded functions *are* the runtime's copies (before any call), and which
     copies ran during the learner's ``compare`` calls (the watch is entered around those only).
 
     The real model is only measured with the learner's own ``median_seconds`` (its seconds would be
-    the runtime's otherwise, and they take the longest to measure): ``{"skipped": "median_seconds"}``.
+    the runtime's otherwise, and they take the longest to measure): ``RealModel(skipped="median_seconds")``.
     ``real_model``: the real model's sizes (``REAL_MODEL``'s for this device, or the tests' smaller ones).
     ``clocks``: replaced since before the learner's file was imported (:class:`Clocks`).
     """
     capability = list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     identified = ANSWERS.identify(learner)
     watch = ANSWERS.watch(learner)
-    obs = {"capability": capability,
-           "autocast": _part(lambda: _autocast(learner, device)),
-           "parity": _part(lambda: _parity(learner, device)),
-           "scaler": _part(lambda: _scaler(learner, device)),
-           "measure": _part(lambda: _measure(learner, watch, clocks)),
-           "accumulation": _part(lambda: accumulation.observe(learner, device))}
-    timed_by_runtime = "median_seconds" in identified or any(
+    autocast = _part(lambda: _autocast(learner, device), Autocast)
+    parity = _part(lambda: _parity(learner, device), Parity)
+    scaler = _part(lambda: _scaler(learner, device), Scaler)
+    measure = _part(lambda: _measure(learner, watch, clocks), Measure)
+    accumulated = _part(lambda: accumulation.observe(learner, device), Accumulation)
+    timed_by_runtime = "median_seconds" in identified or any(  # the measure part's calls: real comes after it
         dotted in ANSWERS.graded["median_seconds"] for dotted, _ in watch.calls)
-    obs["real"] = ({"skipped": "median_seconds"} if timed_by_runtime
-                   else _part(lambda: _real(learner, device, watch, real_model)))
-    obs["answers"] = {"is": identified, "calls": watch.calls}
-    return obs
+    real = (RealModel(skipped="median_seconds") if timed_by_runtime
+            else _part(lambda: _real(learner, device, watch, real_model), RealModel))
+    return AmpObservation(capability=capability, autocast=autocast, parity=parity, scaler=scaler, measure=measure,
+                          accumulation=accumulated, real=real,
+                          answers=Answers(identified=identified, calls=[(d, chain) for d, chain in watch.calls]))
 
 
 def rank_main(paths: list[str], real_models: dict[str, dict] = REAL_MODEL) -> list[dict]:
-    """Runs on the one rank: observe each learner file (tests grade several per launch).
+    """Runs on the one rank: observe each learner file (tests grade several per launch); each observation
+    as plain data (``AmpObservation.to_wire``), for the launcher's ``torch.load(weights_only=True)``.
 
     ``real_models``: the real model's sizes per device type (``REAL_MODEL``; tests: a smaller CPU one).
     """
@@ -214,5 +215,5 @@ def rank_main(paths: list[str], real_models: dict[str, dict] = REAL_MODEL) -> li
             with CapturedPrints() as printed:
                 obs = observe(learner, device, real_models["cuda" if device.type == "cuda" else "cpu"], clocks)
         echo(printed.lines)
-        out.append(obs)
+        out.append(obs.to_wire())
     return out

@@ -82,8 +82,9 @@ from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, gr
                      saved_everywhere, saved_nothing, some_blocks, steps_not_one)
 from .zero1.causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather,
                            z1_no_reduce_scatter, z1_not_written, z1_optimizer_full, z1_wrong_offset)
-from .observed import PARTS, Run
-from .probes import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS, rank_main
+from .observations import PARTS, Run
+from .probes import rank_main
+from .workloads import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS
 from .reference import reference
 from .zero1.probes import ZERO1_MODEL
 
@@ -113,9 +114,9 @@ ZERO1_CAUSES = [z1_error, z1_optimizer_full, z1_wrong_offset, z1_grad_summed, z1
 @criterion("[W={world}] ZeRO-1: shard_range cuts W equal, padded, contiguous slices", points=1)
 def zero1_shard_range(run: Run) -> Verdict:
     z0 = run.z1[0]
-    if z0["ranges_error"]:
-        return failed(f"shard_range raised {z0['ranges_error']}")
-    for numel, got in z0["ranges"].items():
+    if z0.ranges_error:
+        return failed(f"shard_range raised {z0.ranges_error}")
+    for numel, got in z0.ranges.items():
         c = -(-numel // run.world)
         if got != [[r * c, (r + 1) * c] for r in range(run.world)]:
             return failed(padding_dropped(run) or f"shard_range({numel}, {run.world}, r) for r = 0..{run.world - 1} "
@@ -154,10 +155,10 @@ def zero1_state_sharded(run: Run) -> Verdict:
     if why := _z1_raised(run):
         return failed(why)
     numel, c = run.z1_ref["numel"], run.z1_ref["c"]
-    measured = {f"W{run.world}_zero1_rank{r['rank']}_exp_avg_numel": r["zero1"]["state"].get("exp_avg", 0)
+    measured = {f"W{run.world}_zero1_rank{r.rank}_exp_avg_numel": r.zero1.state.get("exp_avg", 0)
                 for r in run.ranks}
     for r in run.ranks:
-        state, rank = r["zero1"]["state"], r["rank"]
+        state, rank = r.zero1.state, r.rank
         own = min(c, max(0, numel - rank * c))  # its real elements; the padded shard holds c
         bad = {k: v for k, v in state.items() if v not in (c, own)}
         if not state or bad or set(state) != {"exp_avg", "exp_avg_sq"}:
@@ -179,19 +180,19 @@ def zero1_collectives(run: Run) -> Verdict:
                 return failed(z1_all_reduce(run) or z1_no_reduce_scatter(run) or z1_no_all_gather(run) or
                               f"step {step} on rank {r} issued {said}: ZeRO-1 needs one reduce-scatter of the padded "
                               "flat gradient and one all-gather of the updated shards per step")
-    return passed(f"each of {len(run.z1[0]['steps'])} steps issued one reduce-scatter and one all-gather on every "
+    return passed(f"each of {len(run.z1[0].steps)} steps issued one reduce-scatter and one all-gather on every "
                   "rank, no all-reduce")
 
 
 @criterion("[W={world}] parameters are DTensors sharded on dim 0", points=1)
 def sharded_on_dim0(run: Run) -> Verdict:
-    bad = [r for r in run.ranks if r["dtensors"] != r["n_params"] or r["placements"] != ["(Shard(dim=0),)"]]
+    bad = [r for r in run.ranks if r.step.dtensors != r.step.n_params or r.step.placements != ["(Shard(dim=0),)"]]
     if not bad:
         return passed()
     r = bad[0]
     return failed(diagnose([no_backward, nothing_sharded, root_not_sharded], run) or
-                  f"on rank {r['rank']} {r['dtensors']} of {r['n_params']} parameters are DTensors, placements "
-                  f"{r['placements']}: call fully_shard on the blocks and the root")
+                  f"on rank {r.rank} {r.step.dtensors} of {r.step.n_params} parameters are DTensors, placements "
+                  f"{r.step.placements}: call fully_shard on the blocks and the root")
 
 
 @criterion("[W={world}] optimizer built after sharding", points=1)
@@ -205,10 +206,10 @@ def holds_its_share(run: Run) -> Verdict:
     measured, wrong = {}, []
     for r in run.ranks:
         for part in PARTS:
-            exp, got = r["expected"][part], r["after"][part]
-            measured[f"W{run.world}_rank{r['rank']}_{part}_bytes"] = got
+            exp, got = r.expected[part], r.step.after[part]
+            measured[f"W{run.world}_rank{r.rank}_{part}_bytes"] = got
             if got != exp:
-                wrong.append(f"rank {r['rank']} {part}: expected {exp} B, measured {got} B")
+                wrong.append(f"rank {r.rank} {part}: expected {exp} B, measured {got} B")
     if not wrong:
         return passed(run.bytes_summary(), **measured)
     why = diagnose([no_backward, optimizer_first, nothing_sharded, root_not_sharded], run)
@@ -220,26 +221,26 @@ def holds_its_share(run: Run) -> Verdict:
 def peak_within_bound(run: Run) -> Verdict:
     measured = {}
     for r in run.ranks:
-        measured[f"W{run.world}_rank{r['rank']}_peak_bytes"] = r["peak"]
-        measured[f"W{run.world}_rank{r['rank']}_peak_bound_bytes"] = r["bound"]["bound"]
-    worst = max(run.ranks, key=lambda r: r["peak"] / r["bound"]["bound"])
-    b = worst["bound"]
-    how = "torch.cuda.max_memory_allocated" if worst["device"] == "cuda" else "live tensor storage"
-    explain = (f"peak {mib(worst['peak'])} ({how}) on rank {worst['rank']} vs bound {mib(b['bound'])} = "
-               f"sharded state {mib(b['state'])} + {UNITS_IN_FLIGHT} x largest unit {mib(b['unit'])} + "
-               f"activations {mib(b['activations'])}")
-    if worst["peak"] <= b["bound"]:  # the worst ratio is within its bound, so every rank's is
+        measured[f"W{run.world}_rank{r.rank}_peak_bytes"] = r.step.peak
+        measured[f"W{run.world}_rank{r.rank}_peak_bound_bytes"] = r.step.bound.bound
+    worst = max(run.ranks, key=lambda r: r.step.peak / r.step.bound.bound)
+    b = worst.step.bound
+    how = "torch.cuda.max_memory_allocated" if worst.device == "cuda" else "live tensor storage"
+    explain = (f"peak {mib(worst.step.peak)} ({how}) on rank {worst.rank} vs bound {mib(b.bound)} = "
+               f"sharded state {mib(b.state)} + {UNITS_IN_FLIGHT} x largest unit {mib(b.unit)} + "
+               f"activations {mib(b.activations)}")
+    if worst.step.peak <= b.bound:  # the worst ratio is within its bound, so every rank's is
         return passed(explain, **measured)
-    return failed(nothing_sharded(run) or diagnose([root_only, some_blocks], run, worst, explain) or
+    return failed(nothing_sharded(run) or diagnose([root_only, some_blocks], run, worst.step, explain) or
                   root_not_sharded(run, explain) or
-                  no_reshard(run, worst, explain) or
+                  no_reshard(run, worst.step, explain) or
                   f"{explain}, though every block is its own fully_shard unit and reshards after forward",
                   **measured)
 
 
 @criterion("[W={world}] matches single-process training", points=2)
 def matches_reference(run: Run) -> Verdict:
-    par = parity(run.ranks[0]["final"], reference(run.world), rtol=RTOL, atol=ATOL)
+    par = parity(run.ranks[0].final, reference(run.world), rtol=RTOL, atol=ATOL)
     measured = {f"W{run.world}_max_abs_diff_vs_reference": par.max_abs_diff}
     if par.ok:
         return passed(f"max abs difference {par.max_abs_diff:.2g}", **measured)
@@ -258,11 +259,11 @@ def exports_once(run: Run) -> Verdict:
     if why := diagnose([one_sided_collective, fsdp1_api, export_raised], run):
         return failed(why)
     r0 = run.ranks[0]
-    export, final = Path(r0["export"]), r0["final"]
+    export, final = Path(r0.export), r0.final
     if why := saved_everywhere(run) or saved_nothing(run):
         return failed(why)
     if not export.is_file():
-        return failed(f"rank 0 saved to {r0['saves']}, not to the export_path given")
+        return failed(f"rank 0 saved to {r0.saves}, not to the export_path given")
     saved = torch.load(export, weights_only=True)
     if set(saved) != set(reference(run.world)) or any(type(v) is not torch.Tensor for v in saved.values()):
         return failed(f"the saved dict has keys {sorted(saved)[:3]}... of types "
@@ -282,12 +283,14 @@ def _judge(report: ExerciseReport, run: Run, wall_s: float) -> None:
     """One file at one world size: the criteria, or "did not run" when neither part ran."""
     tag = f"[W={run.world}]"
     if not run.stepped:
-        why = (f"not implemented yet ({run.ranks[0]['not_implemented']})" if "not_implemented" in run.ranks[0]
+        r0 = run.ranks[0]
+        unwritten = r0.not_implemented is not None
+        why = (f"not implemented yet ({r0.not_implemented})" if unwritten
                else f"train_fsdp returned without calling train_step {MEASURE_STEP} times (it called it "
-               f"{run.ranks[0]['steps']} times for {STEPS} micro-batches)")
-        if run.z1[0]["not_implemented"]:  # neither part written: the first function still to write is named
+               f"{r0.steps} times for {STEPS} micro-batches)")
+        if run.z1[0].not_implemented:  # neither part written: the first function still to write is named
             report.notes.clear()  # what an earlier world size measured is not shown beside "did not run"
-            report.did_not_run(f"{tag} {z1_error(run) if 'not_implemented' in run.ranks[0] else why}")
+            report.did_not_run(f"{tag} {z1_error(run) if unwritten else why}")
             return
         report.judge(ZERO1_CRITERIA, run, world=run.world)  # part 1 is graded; part 2 scores 0
         for fn in CRITERIA[len(ZERO1_CRITERIA):]:
@@ -318,5 +321,5 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
             runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeout, args=(str(outdir),))
             for report, ranks in zip(reports, runs):
                 if report.ran:
-                    _judge(report, Run(ranks), wall_s)
+                    _judge(report, Run.from_wire(ranks), wall_s)
     return [r.scale_to() for r in reports]

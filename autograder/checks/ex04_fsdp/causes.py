@@ -1,14 +1,14 @@
 """Exercise 4's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
 
-Each takes the :class:`~.observed.Run` of one world size; the peak-memory ones also take
-the rank with the worst peak and the criterion's account of it, which their message quotes.
+Each takes the :class:`~.observations.Run` of one world size; the peak-memory ones also take
+the measured step of the rank with the worst peak and the criterion's account of it, which their message quotes.
 Part 1's (ZeRO-1) are in ``zero1_causes``.
 """
 from __future__ import annotations
 
 from ...grader.diagnosis import KnownError, mistake, translate
-from .observed import Run
-from .probes import MEASURE_STEP, MODEL
+from .observations import MeasuredStep, Run, StateDictCall
+from .workloads import MEASURE_STEP, MODEL
 
 
 KNOWN_ERRORS = [
@@ -41,10 +41,10 @@ def mib(n: float) -> str:
 
 @mistake("no backward in train_step")
 def no_backward(run: Run) -> str | None:
-    r = run.ranks[0]
-    if "leftover_grad_norm" not in r or r["leftover_grad_norm"] is not None or not r.get("optimizer_steps"):
+    s = run.ranks[0].step
+    if s is None or s.leftover_grad_norm is not None or not s.optimizer_steps:
         return None
-    return (f"step {MEASURE_STEP} ran the forward and called optimizer.step() {r['optimizer_steps']} time(s), but no "
+    return (f"step {MEASURE_STEP} ran the forward and called optimizer.step() {s.optimizer_steps} time(s), but no "
             "backward began: no gradient was computed for Adam to step with, and FSDP never resharded the parameters "
             "it had gathered for the backward (so the model's parameters are not the optimizer's sharded ones). Call "
             "loss.backward() between the forward and optimizer.step()")
@@ -52,46 +52,46 @@ def no_backward(run: Run) -> str | None:
 
 @mistake("optimizer built before sharding")
 def optimizer_first(run: Run) -> str | None:
-    r = next((r for r in run.ranks if r["opt_foreign"]), None)
+    r = next((r for r in run.ranks if r.step.opt_foreign), None)
     if r is None:
         return None
-    return (f"on rank {r['rank']} the optimizer does not hold {r['opt_foreign']} of the model's {r['n_params']} "
+    return (f"on rank {r.rank} the optimizer does not hold {r.step.opt_foreign} of the model's {r.step.n_params} "
             "parameters: it was built before fully_shard replaced them with DTensors, so it updates stale tensors. "
             "Build the optimizer after shard(model)")
 
 
 @mistake("nothing sharded")
 def nothing_sharded(run: Run) -> str | None:
-    r = run.ranks[0]
-    if r["dtensors"]:
+    s = run.ranks[0].step
+    if s.dtensors:
         return None
-    return (f"none of the {r['n_params']} parameters is a DTensor: shard(model) must call fully_shard on every "
+    return (f"none of the {s.n_params} parameters is a DTensor: shard(model) must call fully_shard on every "
             "block and then on the root, before the optimizer is built")
 
 
 @mistake("root not sharded")
 def root_not_sharded(run: Run, explain: str = "") -> str | None:
-    r = run.ranks[0]
-    if r["root_wrapped"] or not r["blocks_wrapped"]:
+    s = run.ranks[0].step
+    if s.root_wrapped or not s.blocks_wrapped:
         return None
-    return (f"the blocks are sharded, but {len(r['plain'])} parameters ({r['plain']}) are plain tensors: the root's "
+    return (f"the blocks are sharded, but {len(s.plain)} parameters ({s.plain}) are plain tensors: the root's "
             "own layers are not sharded (every rank holds them whole, their gradients are never averaged across "
             "ranks, and each block, its own FSDP root, keeps its parameters unsharded from forward to backward)"
             f"{': ' + explain if explain else ''}. Call fully_shard(model) on the root after the blocks")
 
 
 @mistake("only the root wrapped")
-def root_only(run: Run, worst: dict, explain: str) -> str | None:
-    if worst["blocks_wrapped"] or not worst["root_wrapped"]:
+def root_only(run: Run, worst: MeasuredStep, explain: str) -> str | None:
+    if worst.blocks_wrapped or not worst.root_wrapped:
         return None
     return (f"only the root is wrapped (0 of {MODEL['depth']} blocks are fully_shard units), so forward and backward "
             f"unshard the whole model at once: {explain}. Call fully_shard on each block before the root")
 
 
 @mistake("blocks keep parameters unsharded after forward")
-def no_reshard(run: Run, worst: dict, explain: str) -> str | None:
-    kept = worst.get("blocks_unsharded_after_forward", [])
-    if not kept or not worst["root_wrapped"]:  # a block that is its own FSDP root never reshards after forward
+def no_reshard(run: Run, worst: MeasuredStep, explain: str) -> str | None:
+    kept = worst.blocks_unsharded_after_forward
+    if not kept or not worst.root_wrapped:  # a block that is its own FSDP root never reshards after forward
         return None
     return (f"{len(kept)} of {MODEL['depth']} blocks kept their parameters unsharded after forward "
             f"(reshard_after_forward=False): every rank holds their full {mib(run.block_bytes(kept))} from "
@@ -100,43 +100,42 @@ def no_reshard(run: Run, worst: dict, explain: str) -> str | None:
 
 
 @mistake("some blocks not wrapped")
-def some_blocks(run: Run, worst: dict, explain: str) -> str | None:
-    if worst["blocks_wrapped"] in (0, MODEL["depth"]) or not worst["root_wrapped"]:
+def some_blocks(run: Run, worst: MeasuredStep, explain: str) -> str | None:
+    if worst.blocks_wrapped in (0, MODEL["depth"]) or not worst.root_wrapped:
         return None
-    return (f"only {worst['blocks_wrapped']} of {MODEL['depth']} blocks are fully_shard units, so the root unshards "
+    return (f"only {worst.blocks_wrapped} of {MODEL['depth']} blocks are fully_shard units, so the root unshards "
             f"the others together: {explain}. Call fully_shard on every block in model.blocks, then the root")
 
 
 @mistake("optimizer.zero_grad() not called")
 def grads_not_zeroed(run: Run) -> str | None:
-    r = max(run.ranks, key=lambda r: r.get("leftover_grad_norm") or 0.0)
-    if not r.get("leftover_grad_norm"):
+    r = max(run.ranks, key=lambda r: r.step.leftover_grad_norm or 0.0)
+    if not r.step.leftover_grad_norm:
         return None
     return (f"when the backward of step {MEASURE_STEP} began, .grad still held gradients of norm "
-            f"{r['leftover_grad_norm']:.3g} (rank {r['rank']}'s shard) from the step before, and FSDP added the new "
+            f"{r.step.leftover_grad_norm:.3g} (rank {r.rank}'s shard) from the step before, and FSDP added the new "
             "ones to them: call optimizer.zero_grad() at the start of train_step")
 
 
 @mistake("optimizer.step() not called once per step")
 def steps_not_one(run: Run) -> str | None:
-    n = run.ranks[0].get("optimizer_steps", 1)
+    n = run.ranks[0].step.optimizer_steps
     if n == 1:
         return None
     return f"train_step called optimizer.step() {n} times in step {MEASURE_STEP}: step once, after backward"
 
 
-def _called(record: dict) -> str:
-    options = ", ".join(f"{k}={v}" for k, v in record["options"].items()
-                        if k in ("full_state_dict", "cpu_offload") and v)
-    return f"{record['fn']}({options})" if options else f"{record['fn']}(...)"
+def _called(record: StateDictCall) -> str:
+    options = ", ".join(f"{k}={v}" for k, v in record.options.items() if k in ("full_state_dict", "cpu_offload") and v)
+    return f"{record.fn}({options})" if options else f"{record.fn}(...)"
 
 
 @mistake("state-dict collective called on some ranks only")
 def one_sided_collective(run: Run) -> str | None:
-    made = [(r["rank"], call) for r in run.ranks for call in r["partnered"]]
+    made = [(r.rank, call) for r in run.ranks for call in r.partnered]
     if not made:
         return None
-    callers = sorted({call["for_rank"] for _, call in made})
+    callers = sorted({call.for_rank for _, call in made})
     absent = sorted({rank for rank, _ in made})
     only = f"rank {callers[0]} only" if len(callers) == 1 else f"ranks {callers} only"
     return (f"{_called(made[0][1])} ran on {only}: rank(s) {absent} never called it, so the callers waited for them "
@@ -146,40 +145,40 @@ def one_sided_collective(run: Run) -> str | None:
 
 @mistake("FSDP1 state_dict_type on an FSDP2 model")
 def fsdp1_api(run: Run) -> str | None:
-    err = run.ranks[0]["after_training_error"]
-    if not err.get("fsdp1"):
+    err = run.ranks[0].after_training_error
+    if err is None or not err.fsdp1:
         return None
     return (f"FullyShardedDataParallel.state_dict_type (FSDP1) does not apply to fully_shard (FSDP2) modules: the "
-            f"export raised {err['error']} ({err['where']}). Use get_model_state_dict(model, "
+            f"export raised {err.error} ({err.where}). Use get_model_state_dict(model, "
             "options=StateDictOptions(full_state_dict=True, cpu_offload=True))")
 
 
 @mistake("export raised")
 def export_raised(run: Run) -> str | None:
-    r = next((r for r in run.ranks if r["after_training_error"]), None)
+    r = next((r for r in run.ranks if r.after_training_error is not None), None)
     if r is None:
         return None
-    err = r["after_training_error"]
-    if err["error"].startswith("NotImplementedError"):
-        return f"not implemented yet (the export, after training: {err['where']}); the training was graded"
-    cause = translate(err["error"], KNOWN_ERRORS) or f"the export (after training) raised on rank {r['rank']}"
-    return f"{cause}: {err['error']} ({err['where']}); the training was graded, the export was not"
+    err = r.after_training_error
+    if err.error.startswith("NotImplementedError"):
+        return f"not implemented yet (the export, after training: {err.where}); the training was graded"
+    cause = translate(err.error, KNOWN_ERRORS) or f"the export (after training) raised on rank {r.rank}"
+    return f"{cause}: {err.error} ({err.where}); the training was graded, the export was not"
 
 
 @mistake("full state dict on every rank")
 def full_everywhere(run: Run) -> str | None:
-    calls = [(r["rank"], c) for r in run.ranks if r["rank"] for c in r["state_dict_calls"] if c.get("tensors")]
+    calls = [(r.rank, c) for r in run.ranks if r.rank for c in r.state_dict_calls if c.tensors]
     if not calls:
         return None
     rank, c = calls[0]
-    return (f"{_called(c)} returned the full state dict ({c['tensors']} tensors, {mib(c['bytes'])}) on rank {rank} "
+    return (f"{_called(c)} returned the full state dict ({c.tensors} tensors, {mib(c.bytes)}) on rank {rank} "
             "too: every rank gathered a whole copy of the model, which FSDP exists to avoid. Pass "
             "StateDictOptions(full_state_dict=True, cpu_offload=True): only rank 0 then receives it, on the CPU")
 
 
 @mistake("export saved on several ranks")
 def saved_everywhere(run: Run) -> str | None:
-    savers = [r["rank"] for r in run.ranks if r["saves"]]
+    savers = [r.rank for r in run.ranks if r.saves]
     if not savers or savers == [0]:
         return None
     return (f"torch.save was called on ranks {savers}: every rank must call get_model_state_dict (it is a "
@@ -188,9 +187,9 @@ def saved_everywhere(run: Run) -> str | None:
 
 @mistake("export saved nothing")
 def saved_nothing(run: Run) -> str | None:
-    if any(r["saves"] for r in run.ranks):
+    if any(r.saves for r in run.ranks):
         return None
-    calls, where = len(run.ranks[0]["state_dict_calls"]), run.ranks[0]["export"]
+    calls, where = len(run.ranks[0].state_dict_calls), run.ranks[0].export
     if not calls:
         return (f"nothing was saved to {where}: neither get_model_state_dict nor torch.save ran on any rank. "
                 "train_fsdp must call export_full_state_dict(model, export_path) on every rank after training, and "

@@ -19,10 +19,10 @@ a :class:`~distlab.resmlp.ResidualMLP` on every rank; around it:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -33,50 +33,31 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from distlab import init_distributed
 from distlab.runtime.distributed import default_timeout
-from distlab.data import synthetic_classification
 from distlab.lab.fsdp_memory import activation_bytes, expected_bytes, full_shapes, measured_bytes, peak_bound
 from distlab.measure.memory import PeakMemory
 from distlab.resmlp import make_resmlp
 
 from ...rank import (CapturedPrints, Replace, SaveSpy, echo, frames, grad_norm, learner_frame, load_learner,
                         on_backward_start, raised)
+from .observations import FsdpRank, MeasuredStep, PeakBound, StateDictCall, TrainingError
+from .workloads import LR, MEASURE_STEP, MICRO_BATCH, MODEL, SEED, STEPS, rank_batches
 from .zero1.probes import observe_zero1
 
-MODEL = dict(in_features=64, hidden=90, out_features=10, depth=8)
-STEPS, MICRO_BATCH, LR, SEED = 4, 8, 1e-2, 11
-MEASURE_STEP = 2  # the second step: Adam's state exists before it, so the step sees the steady state
 STATE_DICT_CALLS = ("get_model_state_dict", "get_state_dict", "get_optimizer_state_dict")
 
 
-def data():
-    return synthetic_classification(256, MODEL["in_features"], MODEL["out_features"], seed=SEED)  # no sklearn
-
-
-def global_batches(world: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(SEED)
-    perm = torch.randperm(len(data()), generator=g)
-    size = MICRO_BATCH * world
-    return [perm[s * size:(s + 1) * size] for s in range(STEPS)]
-
-
-def rank_batches(world: int, rank: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's micro-batch (its slice) of each global batch, on ``device``."""
-    x_all, y_all = data().tensors
-    mine = slice(rank * MICRO_BATCH, (rank + 1) * MICRO_BATCH)
-    return [(x_all[idx[mine]].to(device), y_all[idx[mine]].to(device)) for idx in global_batches(world)]
-
-
 def rank_main(paths: list[str], outdir: str) -> list[dict]:
-    """Runs on every rank: each file in turn trains with the learner's code; one observation per file.
+    """Runs on every rank: each file in turn trains with the learner's code; one observation per file, as
+    plain data (``FsdpRank.to_wire``), for the launcher's ``torch.load(weights_only=True)``.
 
     The grader makes the process group (the learner's file does not), so every file uses the same one.
     """
     device = init_distributed()
-    return [_observe(p, Path(outdir) / f"full_state-{i}.pt", device, tag=f"distlab/ex04/{i}")
+    return [_observe(p, Path(outdir) / f"full_state-{i}.pt", device, tag=f"distlab/ex04/{i}").to_wire()
             for i, p in enumerate(paths)]
 
 
-def _observe(path: str, export: Path, device: torch.device, tag: str) -> dict:
+def _observe(path: str, export: Path, device: torch.device, tag: str) -> FsdpRank:
     """One file on this rank: the learner trains; the wrapped ``train_step`` observes one step."""
     # Both before the import, so that ``from torch import save`` (and the state-dict calls) bind the spies.
     with SaveSpy() as saves, StateDictSpy(tag) as calls:
@@ -85,72 +66,76 @@ def _observe(path: str, export: Path, device: torch.device, tag: str) -> dict:
         with CapturedPrints() as out:
             zero1 = observe_zero1(learner, path, batches, seed=SEED, lr=LR, device=device)
         echo(out.lines)
-        return {**_train_observed(learner, export, device, saves, calls, path), "zero1": zero1}
+        obs = FsdpRank(rank=dist.get_rank(), world=dist.get_world_size(), steps=0, zero1=zero1)
+        _train_observed(obs, learner, export, device, saves, calls, path)
+        return obs
 
 
-def _error(exc: BaseException, path: str) -> dict:
+def _error(exc: BaseException, path: str) -> TrainingError:
     """The error, where in the learner's file it was raised, and whether it came from FSDP1's module."""
     where = learner_frame(exc, path) or frames(exc)[-1]
-    return {"error": raised(exc), "where": f"line {where.lineno}: {where.line}",
-            "fsdp1": any("fully_sharded_data_parallel.py" in f.filename for f in frames(exc))}
+    return TrainingError(error=raised(exc), where=f"line {where.lineno}: {where.line}",
+                         fsdp1=any("fully_sharded_data_parallel.py" in f.filename for f in frames(exc)))
 
 
-def _train_observed(learner, export: Path, device: torch.device, saves: SaveSpy, calls: StateDictSpy,
-                    path: str) -> dict:
-    rank, world = dist.get_rank(), dist.get_world_size()
+def _train_observed(obs: FsdpRank, learner, export: Path, device: torch.device, saves: SaveSpy,
+                    calls: StateDictSpy, path: str) -> None:
+    """Part 2 on this rank, observed into ``obs`` (up to ``not_implemented`` where train_fsdp is not written)."""
     model = make_resmlp(seed=SEED, **MODEL).to(device)  # the same start on every rank
     shapes = full_shapes(model)
-    batches = rank_batches(world, rank, device)
-    seen, held = _observe_step(learner, device)
-    returned, after = None, {}
+    batches = rank_batches(obs.world, obs.rank, device)
+    held = _observe_step(learner, device, obs)
+    returned = None
     with CapturedPrints() as out:
         try:
             returned = learner.train_fsdp(model, batches, lr=LR, export_path=str(export))
         except NotImplementedError as exc:
-            if seen["completed"] < STEPS:  # part 2 not written yet (every rank alike): part 1 is graded
+            if obs.completed < STEPS:  # part 2 not written yet (every rank alike): part 1 is graded
                 echo(out.lines)
-                return {"rank": rank, "world": world, "steps": seen["steps"], "not_implemented":
-                        str(learner_frame(exc, path) or raised(exc))}
-            after = _error(exc, path)
+                obs.not_implemented = str(learner_frame(exc, path) or raised(exc))
+                return
+            obs.after_training_error = _error(exc, path)
         except Exception as exc:  # noqa: BLE001 - the export's error is judged; the training is still graded
-            if seen["completed"] < STEPS:
+            if obs.completed < STEPS:
                 raise  # training itself failed: nothing to grade
-            after = _error(exc, path)
-        partnered = calls.settle(model, held.get("optimizer"))
+            obs.after_training_error = _error(exc, path)
+        obs.partnered = calls.settle(model, held.get("optimizer"))
     echo(out.lines)
     trained = returned[0] if isinstance(returned, tuple) else model
     final = get_model_state_dict(trained, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     dist.barrier()
-    return {"rank": rank, "world": world, "shapes": {k: list(v) for k, v in shapes.items()},
-            "final": final if rank == 0 else {}, "saves": saves.paths, "printed": out.lines,
-            "expected": expected_bytes(shapes, world, rank), "device": device.type, "export": str(export),
-            "after_training_error": after, "state_dict_calls": calls.calls, "partnered": partnered, **seen}
+    obs.shapes, obs.final = {k: list(v) for k, v in shapes.items()}, final if obs.rank == 0 else {}
+    obs.saves, obs.printed, obs.expected = saves.paths, out.lines, expected_bytes(shapes, obs.world, obs.rank)
+    obs.device, obs.export = device.type, str(export)
+    obs.state_dict_calls = [StateDictCall(**call) for call in calls.calls]
 
 
-def _observe_step(learner, device: torch.device) -> tuple[dict, dict]:
-    """Wrap the learner's ``train_step`` so that step ``MEASURE_STEP`` is measured; returns what it will
-    see (plain data) and what it holds (the optimizer, for a state-dict call made for another rank)."""
-    seen: dict = {"steps": 0, "completed": 0}
+def _observe_step(learner, device: torch.device, obs: FsdpRank) -> dict:
+    """Wrap the learner's ``train_step`` so that its calls are counted into ``obs`` and step ``MEASURE_STEP``
+    is measured (``obs.step``); returns what it holds (the optimizer, for a state-dict call made for another
+    rank)."""
     held: dict = {}
     real_step = learner.train_step
 
     def observed_step(model, optimizer, x, y):
-        seen["steps"] += 1
+        obs.steps += 1
         held["optimizer"] = optimizer
-        if seen["steps"] != MEASURE_STEP:
+        if obs.steps != MEASURE_STEP:
             loss = real_step(model, optimizer, x, y)
         else:
             before = measured_bytes(model, optimizer)
             with _StepProbe(model, optimizer) as probe:
                 loss, peak = _step_peak(real_step, model, optimizer, (x, y), device)
-            seen.update(before=before, after=measured_bytes(model, optimizer), peak=peak, **probe.seen,
-                        **_layout(model, optimizer),
-                        bound=peak_bound(sum(before.values()), model, activation_bytes(MICRO_BATCH, **MODEL)))
-        seen["completed"] += 1
+            bound = peak_bound(sum(before.values()), model, activation_bytes(MICRO_BATCH, **MODEL))
+            obs.step = MeasuredStep(before=before, after=measured_bytes(model, optimizer), peak=peak,
+                                    bound=PeakBound(**bound), blocks_unsharded_after_forward=probe.unsharded,
+                                    leftover_grad_norm=probe.leftover, optimizer_steps=probe.optimizer_steps,
+                                    **_layout(model, optimizer))
+        obs.completed += 1
         return loss
 
     learner.train_step = observed_step  # train_fsdp looks it up in its module when it calls it
-    return seen, held
+    return held
 
 
 class _StepProbe:
@@ -160,7 +145,9 @@ class _StepProbe:
     def __init__(self, model: nn.Module, optimizer) -> None:
         self.model, self.optimizer, self.handles = model, optimizer, []
         self.params = list(model.parameters())  # outside forward: the sharded parameters
-        self.seen = {"blocks_unsharded_after_forward": [], "leftover_grad_norm": None, "optimizer_steps": 0}
+        self.unsharded: list[int] = []  # the blocks whose parameters were not all DTensors after their forward
+        self.leftover: float | None = None  # the gradient norm in .grad as the first backward began
+        self.optimizer_steps = 0
 
     def __enter__(self) -> "_StepProbe":
         for i, block in enumerate(self.model.blocks):
@@ -173,15 +160,15 @@ class _StepProbe:
     def _after_block(self, i: int):
         def hook(mod, args, out) -> None:
             if any(type(p).__name__ != "DTensor" for p in mod.parameters()):
-                self.seen["blocks_unsharded_after_forward"].append(i)
+                self.unsharded.append(i)
         return hook
 
     def _at_backward(self) -> None:
-        if self.seen["leftover_grad_norm"] is None:  # the first backward of the step
-            self.seen["leftover_grad_norm"] = grad_norm(self.params)
+        if self.leftover is None:  # the first backward of the step
+            self.leftover = grad_norm(self.params)
 
     def _on_step(self, optimizer, args, kwargs) -> None:
-        self.seen["optimizer_steps"] += 1
+        self.optimizer_steps += 1
 
     def __exit__(self, *exc) -> bool:
         for handle in self.handles:
@@ -212,7 +199,8 @@ def _layout(model: nn.Module, optimizer) -> dict:
 
 
 class StateDictSpy(Replace):
-    """Records this rank's calls of the state-dict collectives, in ``calls`` and in the process group's
+    """Records this rank's calls of the state-dict collectives, in ``calls`` (plain dicts, a
+    :class:`StateDictCall`'s fields) and in the process group's
     store (so the other ranks see a call they never made), and makes the calls another rank waits in.
     Entered before the learner's file is imported (:class:`Replace`): ``from ... import
     get_model_state_dict`` is seen too."""
@@ -226,8 +214,8 @@ class StateDictSpy(Replace):
     def _spy(self, name: str, real):
         def spy(*args, **kwargs):
             options = kwargs.get("options")
-            record = {"fn": name, "options": {k: v for k, v in asdict(options).items() if isinstance(v, bool)}
-                      if options is not None else {}}
+            flags = dataclasses.asdict(options) if options is not None else {}
+            record = {"fn": name, "options": {k: v for k, v in flags.items() if isinstance(v, bool)}}
             self.calls.append(record)
             self.store.set(f"{self.tag}/call/{self.rank}/{len(self.calls)}", json.dumps(record))
             self.store.add(f"{self.tag}/entered/{self.rank}", 1)
@@ -238,11 +226,11 @@ class StateDictSpy(Replace):
             return result
         return spy
 
-    def settle(self, model: nn.Module, optimizer) -> list[dict]:
+    def settle(self, model: nn.Module, optimizer) -> list[StateDictCall]:
         """After ``train_fsdp``: until every rank has returned, make each state-dict call that a rank still in
         ``train_fsdp`` entered and this one never made (it waits for this rank); return the calls made."""
         self.store.set(f"{self.tag}/done/{self.rank}", "1")
-        made: list[dict] = []
+        made: list[StateDictCall] = []
         deadline = time.monotonic() + default_timeout().total_seconds()  # then a collective's timeout names it
         while True:
             waiting = [r for r in range(self.world) if not self.store.check([f"{self.tag}/done/{r}"])]
@@ -251,15 +239,16 @@ class StateDictSpy(Replace):
             entered = {r: self.store.add(f"{self.tag}/entered/{r}", 0) for r in waiting}
             r, n = max(entered.items(), key=lambda kv: kv[1])
             if n > len(self.calls) + len(made):  # rank r waits in its call number n, which this rank never made
-                record = json.loads(self.store.get(f"{self.tag}/call/{r}/{len(self.calls) + len(made) + 1}"))
+                record = StateDictCall.from_wire(json.loads(
+                    self.store.get(f"{self.tag}/call/{r}/{len(self.calls) + len(made) + 1}")))
                 self._make(record, model, optimizer)
-                made.append({**record, "for_rank": r})
+                made.append(dataclasses.replace(record, for_rank=r))
             else:
                 time.sleep(0.02)
 
-    def _make(self, record: dict, model: nn.Module, optimizer) -> None:
-        options = StateDictOptions(**record["options"])
-        if record["fn"] == "get_model_state_dict":
-            self.real_fn["get_model_state_dict"](model, options=options)
+    def _make(self, record: StateDictCall, model: nn.Module, optimizer) -> None:
+        options = StateDictOptions(**record.options)
+        if record.fn == "get_model_state_dict":
+            self.real_fn[record.fn](model, options=options)
         else:
-            self.real_fn[record["fn"]](model, optimizer, options=options)
+            self.real_fn[record.fn](model, optimizer, options=options)

@@ -1,7 +1,7 @@
 """Exercise 4's single-process references: Adam on the whole global batch of every step, one process.
 
-Both parts train on the same global batches (``probes.global_batches``) with the same learning rate:
-part 2 (FSDP) the model of ``probes.MODEL``, part 1 (ZeRO-1) the smaller one of ``zero1.ZERO1_MODEL``,
+Both parts train on the same global batches (``workloads.global_batches``) with the same learning rate:
+part 2 (FSDP) the model of ``workloads.MODEL``, part 1 (ZeRO-1) the smaller one of ``zero1.ZERO1_MODEL``,
 whose parameter count neither world size divides. For part 1 the reference is kept as ZeRO-1 sees
 it: the flat parameters (``parameters_to_vector``, ``model.parameters()`` order), so that a rank's
 shard, the gradient it averaged and its final weights are compared slice by slice.
@@ -16,7 +16,7 @@ from torch.nn.utils import parameters_to_vector
 
 from distlab.resmlp import make_resmlp
 
-from .probes import LR, MODEL, SEED, data, global_batches
+from .workloads import LR, MODEL, SEED, data, global_batches
 from .zero1.probes import ZERO1_MODEL
 
 

@@ -8,6 +8,7 @@ PyTorch raises for them, ahead of the check's own ``KNOWN_ERRORS`` (the same "un
 from __future__ import annotations
 
 from ....grader.diagnosis import KnownError, mistake, translate
+from .observations import Windows
 from .probes import K, reference
 from ..causes import KNOWN_ERRORS
 from ..workloads import MAX_NORM
@@ -24,14 +25,14 @@ ACCUMULATION_ERRORS = [
 ]
 
 
-def broken(run: dict, what: str) -> str:
+def broken(run: Windows, what: str) -> str:
     """Why one run of ``accumulated_step`` did not finish, with the events logged until it raised ("")."""
-    error = run.get("error", "")
+    error = run.error
     if not error:
         return ""
     if error.startswith("NotImplementedError"):
         return f"not implemented yet ({what})"
-    events = f"; the window called {run['events'][-1]}" if run.get("events") else ""
+    events = f"; the window called {run.events[-1]}" if run.events else ""
     cause = translate(error, [*ACCUMULATION_ERRORS, *KNOWN_ERRORS])
     return f"{cause} ({what} raised {error}{events})" if cause else f"{what} raised {error}{events}"
 
@@ -45,9 +46,9 @@ def _last_backward(events: list[str]) -> int:
 
 
 @mistake("unscale_ per micro-batch")
-def unscaled_per_micro(run: dict) -> str | None:
+def unscaled_per_micro(run: Windows) -> str | None:
     """It ran (an update each time let it): the events show an unscale_ before the last backward."""
-    bad = next(((w, ev) for w, ev in enumerate(run["events"]) if _first(ev, "unscale_") < _last_backward(ev)), None)
+    bad = next(((w, ev) for w, ev in enumerate(run.events) if _first(ev, "unscale_") < _last_backward(ev)), None)
     if bad is None:
         return None
     updates = bad[1].count("update")
@@ -57,8 +58,8 @@ def unscaled_per_micro(run: dict) -> str | None:
 
 
 @mistake("update per micro-batch")
-def updated_per_micro(run: dict) -> str | None:
-    bad = next(((w, ev) for w, ev in enumerate(run["events"]) if ev.count("update") > 1
+def updated_per_micro(run: Windows) -> str | None:
+    bad = next(((w, ev) for w, ev in enumerate(run.events) if ev.count("update") > 1
                 or _first(ev, "update") < _last_backward(ev)), None)
     if bad is None:
         return None
@@ -67,8 +68,8 @@ def updated_per_micro(run: dict) -> str | None:
 
 
 @mistake("not one backward per micro-batch")
-def backwards_not_k(run: dict) -> str | None:
-    bad = next(((w, ev) for w, ev in enumerate(run["events"])
+def backwards_not_k(run: Windows) -> str | None:
+    bad = next(((w, ev) for w, ev in enumerate(run.events)
                 if ev.count("backward") != K or ev.count("scale") != K), None)
     if bad is None:
         return None
@@ -78,8 +79,8 @@ def backwards_not_k(run: dict) -> str | None:
 
 
 @mistake("steps not once per window")
-def steps_not_one(run: dict) -> str | None:
-    bad = next(((w, ev) for w, ev in enumerate(run["events"])
+def steps_not_one(run: Windows) -> str | None:
+    bad = next(((w, ev) for w, ev in enumerate(run.events)
                 if ev.count("step") != 1 or ev.count("optimizer.step") > 1), None)
     if bad is None:
         return None
@@ -89,22 +90,22 @@ def steps_not_one(run: dict) -> str | None:
 
 
 @mistake("loss not divided by k")
-def not_divided(run: dict) -> str | None:
+def not_divided(run: Windows) -> str | None:
     ref = reference()["norms"]
-    if not run["norms"]:
+    if not run.norms:
         return None
-    ratio = run["norms"][0] / ref[0]
+    ratio = run.norms[0] / ref[0]
     if abs(ratio / K - 1) > 0.02:
         return None
-    return (f"the optimizer stepped with a gradient norm of {run['norms'][0]:.3g} in window 1, {ratio:.3g}x the "
+    return (f"the optimizer stepped with a gradient norm of {run.norms[0]:.3g} in window 1, {ratio:.3g}x the "
             f"whole batch's mean gradient's ({ref[0]:.3g}), the number of micro-batches ({K}): the gradients "
             f"summed the micro-batches' mean losses; divide each micro-batch's loss by k before its backward")
 
 
 @mistake("clipped before unscale_ (accumulation)")
-def clipped_scaled(run: dict) -> str | None:
-    if not run["norms"] or not run["norms"][0] < MAX_NORM / 100:
+def clipped_scaled(run: Windows) -> str | None:
+    if not run.norms or not run.norms[0] < MAX_NORM / 100:
         return None
-    return (f"with max_norm={MAX_NORM} the optimizer stepped with a gradient norm of {run['norms'][0]:.3g}, "
-            f"max_norm divided by the scale ({run['scales'][0][0]:g}): you clipped the scaled gradients; "
+    return (f"with max_norm={MAX_NORM} the optimizer stepped with a gradient norm of {run.norms[0]:.3g}, "
+            f"max_norm divided by the scale ({run.scales[0][0]:g}): you clipped the scaled gradients; "
             "call scaler.unscale_(optimizer) once, after the last backward and before clip_grad_norm_")

@@ -25,6 +25,7 @@ from distlab.models import cpu_state, make_mlp
 
 from ....rank import attempt, grad_norm, learner_frame, raised
 from ..workloads import LR, MAX_NORM, MODEL, RecordingScaler, RecordingSGD, batches
+from .observations import Accumulation, Windows
 
 K, WINDOWS = 4, 3        # micro-batches per window (of BATCH // K samples each), windows in the parity run
 NO_CLIP = 1e9            # a max_norm no gradient reaches, scaled or not: the parity run's update is unclipped
@@ -53,11 +54,12 @@ class _Recorder:
         next(model.parameters()).register_post_accumulate_grad_hook(lambda p: self.events.append("backward"))
 
 
-def _windows(learner, device: torch.device, windows: list[int], max_norm: float, inf_micro: int | None = None) -> dict:
+def _windows(learner, device: torch.device, windows: list[int], max_norm: float,
+             inf_micro: int | None = None) -> Windows:
     """Run the learner's ``accumulated_step`` on ``windows``; what each did, up to an error if one raised."""
     model = make_mlp(seed=3, **MODEL).to(device)
     rec = _Recorder(model, device)
-    out: dict = {"events": [], "norms": [], "losses": [], "scales": []}
+    out = Windows()
     for w in windows:
         micro = micro_batches(device, w)
         if inf_micro is not None:
@@ -67,28 +69,28 @@ def _windows(learner, device: torch.device, windows: list[int], max_norm: float,
         before, scale_before = cpu_state(model), rec.scaler.get_scale()
         rec.events.clear()
         loss, exc = attempt(learner.accumulated_step, model, rec.opt, micro, scaler=rec.scaler, max_norm=max_norm)
-        out["events"].append(list(rec.events))
-        out["scales"].append([scale_before, rec.scaler.get_scale()])
+        out.events.append(list(rec.events))
+        out.scales.append((scale_before, rec.scaler.get_scale()))
         if exc is not None:
             frame = learner_frame(exc, learner.__file__)
-            out["error"] = raised(exc, learner.__file__) + (f" (line {frame.lineno}: {frame.line})" if frame else "")
+            out.error = raised(exc, learner.__file__) + (f" (line {frame.lineno}: {frame.line})" if frame else "")
             break
-        out["losses"].append(float(loss))
+        out.losses.append(float(loss))
         after = cpu_state(model)
-        out["unchanged"] = all(torch.equal(before[n], after[n]) for n in before)
-    out["norms"] = list(rec.norms)
-    out["state"] = cpu_state(model)
+        out.unchanged = all(torch.equal(before[n], after[n]) for n in before)
+    out.norms = list(rec.norms)
+    out.state = cpu_state(model)
     return out
 
 
-def observe(learner, device: torch.device) -> dict:
+def observe(learner, device: torch.device) -> Accumulation:
     """The three runs, each on its own model and scaler (one that raises does not hide the others)."""
     if not hasattr(learner, "accumulated_step"):
-        return {"error": "AttributeError: the file defines no accumulated_step (copy its stub and docstring from "
-                         "exercises/ex03_amp.py)"}
-    return {"parity": _windows(learner, device, list(range(WINDOWS)), NO_CLIP),
-            "clipped": _windows(learner, device, [0], MAX_NORM),
-            "overflow": _windows(learner, device, [1], NO_CLIP, inf_micro=INF_MICRO)}
+        return Accumulation(error="AttributeError: the file defines no accumulated_step (copy its stub and "
+                                  "docstring from exercises/ex03_amp.py)")
+    return Accumulation(parity=_windows(learner, device, list(range(WINDOWS)), NO_CLIP),
+                        clipped=_windows(learner, device, [0], MAX_NORM),
+                        overflow=_windows(learner, device, [1], NO_CLIP, inf_micro=INF_MICRO))
 
 
 @functools.lru_cache(maxsize=1)  # the grading process compares every file it grades with it

@@ -1,6 +1,6 @@
 """Exercise 4's likely mistakes in part 1, ZeRO-1 by hand (``z1_...``, and ``padding_dropped``), tested against what
 the ranks observed (see autograder/grader/diagnosis.py); part 2's (FSDP) are in ``causes``. Each takes the
-:class:`~.observed.Run` of one world size.
+:class:`~..observations.Run` of one world size.
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from distlab.measure.comm import label
 
 from ....grader.diagnosis import mistake, translate
 from ..causes import KNOWN_ERRORS
-from ..observed import Run
+from ..observations import Run
 from ..reference import names_in
 
 
@@ -21,7 +21,7 @@ def _slice(run: Run, s: int) -> str:
 @mistake("shard_range drops the padding")
 def padding_dropped(run: Run) -> str | None:
     numel = run.z1_ref["numel"]
-    got = run.ranks[0]["zero1"]["ranges"].get(numel)
+    got = run.z1[0].ranges.get(numel)
     if not got or any(b - a != got[0][1] - got[0][0] for a, b in got) or got[-1][1] >= numel:
         return None
     left = numel - got[-1][1]
@@ -34,13 +34,13 @@ def padding_dropped(run: Run) -> str | None:
 
 @mistake("ZeRO-1 optimizer built over the full parameters")
 def z1_optimizer_full(run: Run) -> str | None:
-    r = next((r for r in run.ranks if r["zero1"]["holdings"].get("opt_model_params")), None)
+    r = next((r for r in run.ranks if r.zero1.holdings and r.zero1.holdings.opt_model_params), None)
     if r is None:
         return None
-    h, rank = r["zero1"]["holdings"], r["rank"]
-    state = r["zero1"]["state"].get("exp_avg", 0)
-    return (f"on rank {rank} the optimizer holds {h['opt_model_params']} of the model's {h['model_params']} "
-            f"parameters ({h['opt_numel']} elements) and its exp_avg has {state} elements, where ZeRO-1 keeps "
+    h, rank = r.zero1.holdings, r.rank
+    state = r.zero1.state.get("exp_avg", 0)
+    return (f"on rank {rank} the optimizer holds {h.opt_model_params} of the model's {h.model_params} "
+            f"parameters ({h.opt_numel} elements) and its exp_avg has {state} elements, where ZeRO-1 keeps "
             f"{run.z1_ref['c']} (1/{run.world}): every rank holds the whole Adam state, and the shard is never "
             "stepped. Build torch.optim.Adam over the shard alone, in make_zero1_optimizer")
 
@@ -62,8 +62,8 @@ def z1_grad_summed(run: Run) -> str | None:
     ratio = run.z1_grad_ratio(0)
     if ratio is None or abs(ratio - run.world) > 1e-2 * run.world:
         return None
-    line = next((ln for kind, _, ln in run.z1[0]["steps"][0] if kind == "reduce_scatter"), "") \
-        if run.z1[0]["steps"] else ""
+    line = next((op.line for op in run.z1[0].steps[0] if op.kind == "reduce_scatter"), "") \
+        if run.z1[0].steps else ""
     return (f"at the first step rank 0's shard.grad is {ratio:.3g}x the mean gradient of its slice over the global "
             f"batch{f' ({line})' if line else ''}: the reduce-scatter summed the {run.world} ranks' gradients (its "
             "default op is SUM). Average them: op=dist.ReduceOp.AVG")
@@ -78,7 +78,7 @@ def z1_no_all_gather(run: Run) -> str | None:
             how = ("no all-gather was issued" if not gathers else
                    f"the {gathers} all-gathers' output never reached its parameters")
             s = stale[0]
-            return (f"after {len(run.z1[rank]['steps'])} steps rank {rank}'s weights in elements {_slice(run, s)}, "
+            return (f"after {len(run.z1[rank].steps)} steps rank {rank}'s weights in elements {_slice(run, s)}, "
                     f"rank {s}'s shard, are still their initial values, though its own slice changed: {how}. "
                     f"All-gather the {run.world} updated shards and write them into every rank's parameters")
     return None
@@ -100,8 +100,8 @@ def z1_no_reduce_scatter(run: Run) -> str | None:
 
 @mistake("ZeRO-1 optimizer factory returned nothing")
 def z1_returned_none(run: Run) -> str | None:
-    r = next((r for r in run.ranks if r["zero1"]["error"]), None)
-    if r is None or "cannot unpack non-iterable NoneType" not in r["zero1"]["error"] or r["zero1"]["where"]:
+    r = next((r for r in run.ranks if r.zero1.error), None)
+    if r is None or "cannot unpack non-iterable NoneType" not in r.zero1.error or r.zero1.where:
         return None  # a learner's line raised it: their own unpacking, shown where it is
     return ("make_zero1_optimizer returned None, so the grader's `shard, optimizer = make_zero1_optimizer(model, lr)` "
             "had nothing to unpack: every path through it must end in return (shard, optimizer)")
@@ -110,11 +110,11 @@ def z1_returned_none(run: Run) -> str | None:
 @mistake("ZeRO-1 gathered shards never written into the parameters")
 def z1_not_written(run: Run) -> str | None:
     for rank in range(run.world):
-        steps, gathers = run.z1[rank]["steps"], sum(c.get("all_gather", 0) for c in run.z1_counts(rank))
+        steps, gathers = run.z1[rank].steps, sum(c.get("all_gather", 0) for c in run.z1_counts(rank))
         scatters = sum(c.get("reduce_scatter", 0) for c in run.z1_counts(rank))
-        if not steps or not gathers or not scatters or len(run.z1_stale(rank)) < run.world or not run.z1[rank]["state"]:
+        if not steps or not gathers or not scatters or len(run.z1_stale(rank)) < run.world or not run.z1[rank].state:
             continue
-        line = next((ln for kind, _, ln in steps[0] if kind == "all_gather"), "")
+        line = next((op.line for op in steps[0] if op.kind == "all_gather"), "")
         return (f"after {len(steps)} steps none of rank {rank}'s weights has changed, though its optimizer stepped "
                 f"its shard and every step all-gathered the {run.world} updated shards{f' ({line})' if line else ''}: "
                 "the gathered values never reached model.parameters(). Write them into the parameters in place "
@@ -124,11 +124,11 @@ def z1_not_written(run: Run) -> str | None:
 
 @mistake("ZeRO-1 gradients all-reduced")
 def z1_all_reduce(run: Run) -> str | None:
-    ops = run.z1[0]["steps"][0] if run.z1[0]["steps"] else []
-    reduces = [(b, ln) for kind, b, ln in ops if kind == "all_reduce"]
+    ops = run.z1[0].steps[0] if run.z1[0].steps else []
+    reduces = [(op.bytes, op.line) for op in ops if op.kind == "all_reduce"]
     if not reduces:
         return None
-    scatters = sum(kind == "reduce_scatter" for kind, _, _ in ops)
+    scatters = sum(op.kind == "reduce_scatter" for op in ops)
     b, line = reduces[0]
     return (f"each step issued {len(reduces)} all-reduce of {b} B ({line}) and {scatters} reduce-scatters: an "
             f"all-reduce leaves the whole averaged gradient on every rank and sends twice a reduce-scatter's bytes, "
@@ -137,11 +137,11 @@ def z1_all_reduce(run: Run) -> str | None:
 
 def z1_error(run: Run) -> str | None:
     """Part 1 raised (or is not written yet): what, where, and the mistake a known error means."""
-    r = next((r for r in run.ranks if r["zero1"]["error"]), None)
+    r = next((r for r in run.ranks if r.zero1.error), None)
     if r is None:
         return None
-    z = r["zero1"]
-    if z["not_implemented"]:  # the first function still to write, in the file's order
-        return f"not implemented yet ({z.get('ranges_unwritten') or z['where']})"
-    cause = padding_dropped(run) or z1_returned_none(run) or translate(z["error"], KNOWN_ERRORS)
-    return f"{cause + ': ' if cause else ''}rank {r['rank']}'s part 1 raised {z['error']}"
+    z = r.zero1
+    if z.not_implemented:  # the first function still to write, in the file's order
+        return f"not implemented yet ({z.ranges_unwritten or z.where})"
+    cause = padding_dropped(run) or z1_returned_none(run) or translate(z.error, KNOWN_ERRORS)
+    return f"{cause + ': ' if cause else ''}rank {r.rank}'s part 1 raised {z.error}"

@@ -27,6 +27,7 @@ from distlab.measure.comm import CollectiveRecorder
 from distlab.resmlp import make_resmlp
 
 from ....rank import learner_frame, raised
+from .observations import Collective, Holdings, Zero1
 
 # A model whose parameter count neither 2 nor 4 divides: 21489 parameters, padded by 1 at W=2 and by 3 at W=4.
 ZERO1_MODEL = dict(in_features=64, hidden=47, out_features=10, depth=2)
@@ -38,23 +39,22 @@ def zero1_numel() -> int:
 
 
 def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Tensor]], *, seed: int,
-                  lr: float, device: torch.device) -> dict:
+                  lr: float, device: torch.device) -> Zero1:
     """Part 1 on this rank: ``shard_range``'s answers, then ZeRO-1 training on ``batches`` (this rank's)."""
     world = dist.get_world_size()
-    obs: dict = {"ranges": {}, "ranges_error": None, "error": None, "where": "", "not_implemented": False,
-                 "steps": [], "holdings": {}, "first_grad": None, "final": None, "state": {}}
+    obs = Zero1()
     try:
-        obs["ranges"] = {n: [[int(v) for v in learner.shard_range(n, world, r)] for r in range(world)]
-                         for n in (zero1_numel(), *SHARD_RANGE_SIZES)}
+        obs.ranges = {n: [[int(v) for v in learner.shard_range(n, world, r)] for r in range(world)]
+                      for n in (zero1_numel(), *SHARD_RANGE_SIZES)}
     except Exception as exc:  # noqa: BLE001 - the learner's error is feedback
-        obs["ranges_error"] = _where(exc, path)
-        obs["ranges_unwritten"] = str(learner_frame(exc, path) or "") if isinstance(exc, NotImplementedError) else ""
+        obs.ranges_error = _where(exc, path)
+        obs.ranges_unwritten = str(learner_frame(exc, path) or "") if isinstance(exc, NotImplementedError) else ""
     model = make_resmlp(seed=seed, **ZERO1_MODEL).to(device)  # the same start on every rank
     params = list(model.parameters())
     optimizer = None
     try:
         shard, optimizer = learner.make_zero1_optimizer(model, lr)
-        obs["holdings"] = _holdings(params, shard, optimizer)
+        obs.holdings = _holdings(params, shard, optimizer)
         first: dict = {}
 
         def at_step(opt, args, kwargs) -> None:
@@ -66,13 +66,13 @@ def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Te
             nn.functional.cross_entropy(model(x), y).backward()
             with LineRecorder(world, path) as rec:
                 learner.zero1_step(model, shard, optimizer)
-            obs["steps"].append([[op.kind, op.bytes, op.tags["line"]] for op in rec.ops])
-        obs["first_grad"] = first.get("grad")
+            obs.steps.append([Collective(op.kind, op.bytes, op.tags["line"]) for op in rec.ops])
+        obs.first_grad = first.get("grad")
     except Exception as exc:  # noqa: BLE001 - part 1's error costs part 1's marks only
-        obs.update(error=_where(exc, path), not_implemented=isinstance(exc, NotImplementedError))
-        obs["where"] = str(learner_frame(exc, path) or "")
-    obs["final"] = parameters_to_vector(p.detach() for p in params).cpu()
-    obs["state"] = _state_numel(optimizer)
+        obs.error, obs.not_implemented = _where(exc, path), isinstance(exc, NotImplementedError)
+        obs.where = str(learner_frame(exc, path) or "")
+    obs.final = parameters_to_vector(p.detach() for p in params).cpu()
+    obs.state = _state_numel(optimizer)
     return obs
 
 
@@ -94,17 +94,18 @@ def _where(exc: BaseException, path: str) -> str:
     return raised(exc) + (f" (at {where})" if where else "")
 
 
-def _holdings(params: list[torch.Tensor], shard, optimizer) -> dict:
+def _holdings(params: list[torch.Tensor], shard, optimizer) -> Holdings:
     """What ``make_zero1_optimizer`` returned: the shard's size, dtype and values, the optimizer's tensors."""
     held = [p for group in getattr(optimizer, "param_groups", []) for p in group["params"]]
     ids = {id(p) for p in params}
-    out = {"opt_numel": sum(p.numel() for p in held), "opt_tensors": len(held),
-           "opt_model_params": sum(id(p) in ids for p in held), "model_params": len(params),
-           "shard_in_opt": any(p is shard for p in held), "shard": None}
+    out = Holdings(opt_numel=sum(p.numel() for p in held), opt_tensors=len(held),
+                   opt_model_params=sum(id(p) in ids for p in held), model_params=len(params),
+                   shard_in_opt=any(p is shard for p in held))
     if isinstance(shard, torch.Tensor):
-        out.update(shard=shard.detach().reshape(-1).cpu().clone(), shard_dtype=str(shard.dtype).removeprefix("torch."),
-                   shard_is_leaf=shard.is_leaf, shard_aliases_model=any(
-                       shard.untyped_storage().data_ptr() == p.untyped_storage().data_ptr() for p in params))
+        out.shard = shard.detach().reshape(-1).cpu().clone()
+        out.shard_dtype, out.shard_is_leaf = str(shard.dtype).removeprefix("torch."), shard.is_leaf
+        out.shard_aliases_model = any(shard.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+                                      for p in params)
     return out
 
 

@@ -1,0 +1,163 @@
+"""Exercise 3's typed rank -> grader contract: one file's parts (the float32, bf16 and fp16 runs, the
+scaler's order, the measuring functions on the simulated and the real workloads, and ``accumulated_step``,
+``accumulation.observations``), run on one rank; and :class:`Run`, the grading process's view of them.
+
+Each part is observed on its own: one that raised is its record with ``error`` set ("Type: message (line
+N: code)") and the rest of it left at its defaults. Imported by the probes (rank side) and the grading
+process alike: nothing here imports either.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from ...rank.observation import Observation
+from .accumulation.observations import Accumulation
+from .answers import ANSWERS
+
+BF16_TENSOR_CORES = (8, 0)  # Ampere and newer: bf16 matmuls on tensor cores
+
+
+@dataclass
+class Autocast(Observation):
+    """One bf16 ``train_step`` under hooks: the dtypes inside autocast and at ``optimizer.step()``."""
+
+    linear_out: list[str] = field(default_factory=list)    # each nn.Linear output's dtype ("torch.bfloat16")
+    param_dtypes: list[str] = field(default_factory=list)  # the parameters' dtypes at optimizer.step()
+    grad_dtypes: list[str] = field(default_factory=list)   # their gradients' dtypes there (parameters with one)
+    error: str = ""                                        # what train_step raised ("" if it ran)
+
+
+@dataclass
+class PrecisionRun(Observation):
+    """``STEPS`` ``train_step`` calls of one kind (float32, bf16 or fp16), on its own model."""
+
+    losses: list[float] = field(default_factory=list)      # the loss train_step returned, per step
+    leftover: list[float] = field(default_factory=list)    # per backward, the gradient norm in .grad as it began
+    step_norms: list[float] = field(default_factory=list)  # per optimizer.step(), the gradient norm it stepped with
+    steps: list[int] = field(default_factory=list)         # per train_step, its optimizer.step() calls
+    state: dict[str, torch.Tensor] | None = None           # float32 only: the final weights, by parameter name
+    error: str = ""                                        # what a step raised ("" if all ran)
+
+
+@dataclass
+class Parity(Observation):
+    """The float32, bf16 and fp16 runs, each on its own (one that raises does not hide the others)."""
+
+    runs: dict[str, PrecisionRun] = field(default_factory=dict)  # keyed by kind: "fp32", "bf16", "fp16"
+    error: str = ""                                              # why no run was made at all ("" if they were)
+
+
+@dataclass
+class Scaler(Observation):
+    """One fp16 step under a recording GradScaler, then (on its own) a step with an inf in its batch."""
+
+    # the first step's calls in order: "scale", "backward", "unscale_", "step", "optimizer.step", "update"
+    events: list[str] = field(default_factory=list)
+    grad_norm: float = float("nan")      # the gradient norm the optimizer stepped with (nan: it never stepped)
+    inf_error: str = ""                  # what the inf step raised ("" if it ran)
+    scale_before_inf: float = 0.0        # the scaler's scale before the inf step
+    scale_after_inf: float = 0.0         # and after it
+    inf_params_unchanged: bool = False   # whether the inf step left every weight as it was
+    error: str = ""                      # what the first step raised ("" if it ran)
+
+
+@dataclass
+class Compared(Observation):
+    """What ``compare`` returned on one simulated workload: the contract's numbers it held (``None``: absent)."""
+
+    speedup: float | None = None
+    memory_ratio: float | None = None
+    baseline_bytes: float | None = None   # kept only where it is a number
+    candidate_bytes: float | None = None  # the same
+
+    def keys(self) -> list[str]:
+        """The contract's keys the returned dict held."""
+        return [k for k in ("speedup", "memory_ratio", "baseline_bytes", "candidate_bytes")
+                if getattr(self, k) is not None]
+
+
+@dataclass
+class Measure(Observation):
+    """``compare`` on every simulated workload, under its virtual clock."""
+
+    cases: dict[str, Compared] = field(default_factory=dict)  # keyed by workload ("steady", "warmup", ...)
+    error: str = ""                                           # what compare raised ("" if it ran)
+
+
+# The grader's own entries of the real model's observation, beside what compare returned.
+REAL_OWN = ("peak_ratio", "peak_method", "device", "model")
+
+
+@dataclass
+class RealModel(Observation):
+    """``compare`` on the real model (bf16 against float32 ``train_step``), and the grader's own memory reading."""
+
+    returned: dict[str, float] = field(default_factory=dict)  # compare's dict, keyed as it returned it, as floats
+    peak_ratio: float = 0.0   # the grader's bf16 / fp32 peak memory of one step
+    peak_method: str = ""     # how it measured it (torch.cuda.max_memory_allocated, saved_tensors_hooks...)
+    device: str = ""          # the device's name ("CPU, 2 thread(s)" on a CPU)
+    model: str = ""           # the real model's sizes, in words
+    skipped: str = ""         # the graded function whose runtime copy made it skip ("" if it was measured)
+    error: str = ""           # what compare raised ("" if it ran)
+
+    def keys(self) -> list[str]:
+        """Every key of the observation as one dict, compare's and the grader's (what ``missing`` lists)."""
+        return sorted({*self.returned, *REAL_OWN})
+
+    def numbers(self) -> dict[str, float]:
+        """Its numbers, compare's then the grader's peak ratio (an entry of compare's that one of the grader's
+        own names replaces is left out)."""
+        return {**{k: v for k, v in self.returned.items() if k not in REAL_OWN}, "peak_ratio": self.peak_ratio}
+
+
+@dataclass
+class Answers(Observation):
+    """Which graded measuring functions are the runtime's copies (``ANSWERS``)."""
+
+    identified: dict[str, str] = field(default_factory=dict)  # graded name -> the copy it is, before any call
+    # each copy that ran during the learner's compare calls: (its dotted name, the learner's functions on the
+    # stack, nearest first)
+    calls: list[tuple[str, list[str]]] = field(default_factory=list)
+
+
+@dataclass
+class AmpObservation(Observation):
+    """One learner file, every part observed on the one rank."""
+
+    capability: list[int] | None  # the GPU's compute capability; None on a CPU
+    autocast: Autocast
+    parity: Parity
+    scaler: Scaler
+    measure: Measure
+    accumulation: Accumulation
+    real: RealModel
+    answers: Answers
+
+
+@dataclass
+class Run:
+    """One file's observations (one rank: mixed precision is not about several processes)."""
+
+    obs: AmpObservation
+
+    def kind(self, kind: str) -> PrecisionRun:
+        """The ``fp32``, ``bf16`` or ``fp16`` run's observations (the error, where the runs raised as a whole)."""
+        p = self.obs.parity
+        return p.runs.get(kind) or PrecisionRun(error=p.error)
+
+    @cached_property
+    def copied(self) -> dict[str, str]:
+        """For each graded measuring function, why it is the runtime's copy ("" if it is the learner's own)."""
+        answers = self.obs.answers
+        return {fn: ANSWERS.feedback(fn, answers.identified, answers.calls) for fn in ANSWERS.graded}
+
+    @property
+    def capability(self) -> tuple[int, ...]:  # the GPU's compute capability; () where the rank ran on a CPU
+        return tuple(self.obs.capability or ())
+
+    @property
+    def gpu_speedup_graded(self) -> bool:  # never on a CPU: () < BF16_TENSOR_CORES
+        return self.capability >= BF16_TENSOR_CORES
