@@ -15,8 +15,7 @@ import pytest
 
 from autograder.__main__ import main
 from autograder.grader.registry import exercises
-from tests import hostile
-from tests.helpers import REPO, SOLUTIONS, mutant
+from tests.helpers import REPO, SOLUTIONS, hostile, mutant
 
 pytestmark = pytest.mark.slow
 FILE = "ex07_pipeline.py"

@@ -1,9 +1,9 @@
 """Learners' code is contained: whatever it starts ends with its grading, and cannot touch the verdict.
 
 These run as the current user (a learner grading their own work); the
-grading image's path, as root with a learner user, is in test_sandbox.py.
+grading image's path, as root with a learner user, is in tests/distlab/test_sandbox.py.
 Each submission is the reference solution plus a few lines at import
-(tests/hostile.py), as a learner's module would do it.
+(tests/helpers/hostile.py), as a learner's module would do it.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from autograder.checks.ex07_pipeline import EXERCISE
 from autograder.grader.supervise import grade_one
-from tests import hostile
+from tests.helpers import hostile
 
 # Each test grades exercise 7 (one launch of 2 ranks: the cheapest full grading); what is contained
 # is the same for every exercise, since every launch goes through the one supervisor.

@@ -14,7 +14,7 @@ from autograder.checks import ex05_checkpoint, ex07_pipeline
 from benchmarks.bench_feedback import mutants, names_line
 
 pytestmark = pytest.mark.timeout(240)
-SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
+SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
 
 
 def test_generated_mutants_parse_and_differ():

@@ -15,7 +15,7 @@ from autograder.grader.supervise import grade_one
 from distlab import LaunchError, LaunchHang, LaunchTimeout, MachineTooSlow, torchrun
 from distlab.runtime.launch import time_scale
 from tests.helpers import REPO, SOLUTIONS
-from tests.targets import ranks
+from tests.helpers.targets import ranks
 
 pytestmark = pytest.mark.slow
 
@@ -115,6 +115,6 @@ def test_the_tutorials_to_rank_without_gpus_is_named_at_the_learners_line(tmp_pa
 
     with pytest.raises(RankFailure) as info:
         torchrun(ranks.tutorial_to_rank, 2, timeout=120)
-    text = explain(info.value, REPO / "tests" / "targets" / "ranks.py")
+    text = explain(info.value, REPO / "tests" / "helpers" / "targets" / "ranks.py")
     assert text.startswith("a tensor or model moved to a GPU index on a machine without GPUs: `.to(rank)`")
     assert "ranks.py line" in text and "torch.ones(1).to(dist.get_rank())" in text

@@ -98,7 +98,7 @@ def test_the_primer_and_notebooks_06_and_09_use_the_one_alpha_beta_model(prefix)
 
     import jupytext
 
-    from tests.notebook_exec import COURSE
+    from tests.helpers.notebook_exec import COURSE
 
     (source,) = COURSE.glob(f"{prefix}*.py")
     code = "\n".join(c.source for c in jupytext.read(source).cells if c.cell_type == "code")

@@ -2,7 +2,7 @@
 
 The unit tests check the sharding arithmetic and the log-sum-exp merge in one process. The ring itself at
 4 ranks (forward and its hand-written backward against SDPA and autograd on the whole sequence, and the
-sends it made) rides in tests/test_planner.py's one launch of the labs' rank programs, which prices it too.
+sends it made) rides in tests/distlab/test_planner.py's one launch of the labs' rank programs, which prices it too.
 """
 import torch
 import torch.nn.functional as F

@@ -1,7 +1,7 @@
 """The MoE lab (distlab.lab.expert_parallel): the router, capacity and the load-balancing loss in one
 process (no launch). GShard's padded expert-parallel dispatch against the single-process MoE (forward and
 gradients, the counts exchanged, the all-to-alls counted by CollectiveRecorder) rides at 4 ranks in
-tests/test_planner.py's one launch of the labs' rank programs."""
+tests/distlab/test_planner.py's one launch of the labs' rank programs."""
 from __future__ import annotations
 
 import pytest

@@ -11,7 +11,7 @@ import torch
 from distlab import LaunchError, LaunchTimeout, RankFailure, torchrun
 from distlab.runtime.launch import time_scale
 from distlab.runtime.magic import TorchrunCellError, torchrun_cell
-from tests.targets import ranks
+from tests.helpers.targets import ranks
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import pytest
 from distlab import RankFailure, warm
 from distlab.runtime.multinode import multinode_torchrun
 
-from .helpers import REPO
+from tests.helpers import REPO
 
 SBATCH = REPO / "course" / "slurm" / "train.sbatch"
 

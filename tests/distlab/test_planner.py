@@ -3,7 +3,7 @@
 Pure functions, milliseconds: the parameter count against the real tiny transformer, ZeRO's bytes
 against ``comm_volume.zero_prediction``, tensor parallelism's against ``activation_memory``, the
 bubble formula. What the planner predicts for a real run is checked against that run: FSDP x TP in
-``tests/test_mesh2d.py``; pipeline, context and expert parallelism here, in one launch of 4 ranks of the
+``tests/distlab/test_mesh2d.py``; pipeline, context and expert parallelism here, in one launch of 4 ranks of the
 three labs' own rank programs (``distlab.lab.planner_runs``, marked slow).
 """
 import ipywidgets as widgets

@@ -1,7 +1,7 @@
 """Predict before you run (issue 28): the widget of ``distlab.lab.predict`` and its cells in every notebook.
 
 No kernel: the widget is driven here as a browser would (typing sets the box's value, a click calls the
-button's handlers); the notebooks' cells run in ``tests/test_notebooks.py``.
+button's handlers); the notebooks' cells run in ``tests/tiers/test_notebooks.py``.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import jupytext
 import pytest
 
 from distlab.lab.predict import NOT_YET, predict
-from tests import notebook_exec
+from tests.helpers import notebook_exec
 
 NOTEBOOKS = sorted(notebook_exec.COURSE.glob(notebook_exec.NOTEBOOK_GLOB))  # 00b and 10-12 too
 
@@ -47,7 +47,7 @@ def test_without_a_prediction_the_measurement_is_printed_alone(capsys):
 
 
 def test_the_widget_has_no_output_widget():
-    """No ``Output``: a cell showing it cannot meet the lost wake-up that tests/test_widget_cells.py stresses."""
+    """No ``Output``: a cell showing it cannot meet the lost wake-up that tests/tiers/test_widget_cells.py stresses."""
     kinds = {type(w) for w in _tree(predict("x").widget)}
     assert widgets.FloatText in kinds and widgets.Button in kinds and widgets.Output not in kinds
 

@@ -1,7 +1,7 @@
 """The grading image's sandbox, outside Docker: learners' code as an unprivileged user, with limits.
 
 Needs root (skipped otherwise, with that reason). The whole flow through
-``docker/grade.sh`` is in test_grading_image.py; these are its parts.
+``docker/grade.sh`` is in tests/tiers/test_grading_image.py; these are its parts.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from distlab.runtime.process import kill_user_processes, run_contained
 from distlab.runtime.sandbox import learner_rlimits
-from tests.learner_user import (LEARNER, learner_processes, learner_user, readable_install,
+from tests.helpers.learner_user import (LEARNER, learner_processes, learner_user, readable_install,
                                 world_readable_dir)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.root]

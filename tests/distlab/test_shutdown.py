@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from distlab import torchrun
-from tests.targets import ranks
+from tests.helpers.targets import ranks
 
 
 @pytest.mark.slow

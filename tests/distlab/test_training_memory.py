@@ -8,7 +8,7 @@ import pytest
 from distlab.lab.activation_memory import per_rank, transformer_layer_bytes
 from distlab.lab.fsdp_memory import memory_per_gpu
 from distlab.lab.training_memory import LEVELS, bytes_per_param, training_memory
-from tests.notebook_exec import COURSE
+from tests.helpers.notebook_exec import COURSE
 
 GB = 1e9
 

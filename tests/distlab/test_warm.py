@@ -19,7 +19,7 @@ import pytest
 
 from distlab import LaunchError, torchrun, warm
 from tests.helpers import REPO
-from tests.targets import ranks
+from tests.helpers.targets import ranks
 
 
 def _pids(folder) -> list[int]:
@@ -59,7 +59,7 @@ _COMPARE = f"""
 import json, sys
 sys.path.insert(0, {str(REPO)!r})
 from distlab import torchrun, warm
-from tests.targets import ranks
+from tests.helpers.targets import ranks
 warm_view = torchrun(ranks.torchrun_view, 2, timeout=120).results
 path = warm.path_in_use()
 import os
@@ -87,7 +87,7 @@ _SANDBOXED = """
 import json, os, sys
 sys.path.insert(0, os.getcwd())
 from distlab import torchrun, warm
-from tests.targets import ranks
+from tests.helpers.targets import ranks
 server = warm.get()
 os.environ["DISTLAB_STUDENT_USER"] = sys.argv[1]
 run = torchrun(ranks.sandbox_view, 2, args=(server.pid, server.path), timeout=120)
@@ -99,7 +99,7 @@ print(json.dumps({"views": run.results, "server_uid": os.stat(f"/proc/{server.pi
 def test_in_the_sandbox_each_rank_is_the_learner_and_cannot_reach_the_server():
     import pwd
 
-    from tests.learner_user import learner_user, readable_install
+    from tests.helpers.learner_user import learner_user, readable_install
 
     user = learner_user()
     python, repo = readable_install()

@@ -11,7 +11,7 @@ import pytest
 from autograder.grader import divergence
 from autograder.checks import ex01_ddp
 from distlab.runtime.launch import time_scale
-from tests import independent
+from tests.exercises import independent
 from tests.helpers import EXERCISES, REPO, SOLUTIONS, failed, solution_and_mutants
 
 

@@ -7,7 +7,7 @@ import pytest
 from autograder.checks import ex02_accumulation as check
 from autograder.grader.supervise import grade_one
 
-from tests import independent
+from tests.exercises import independent
 from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
 
 FILE = check.EXERCISE.filename

@@ -16,7 +16,7 @@ import torch
 from autograder.checks import ex03_amp as check
 from autograder.checks.ex03_amp.workloads import STEPS
 
-from tests import independent
+from tests.exercises import independent
 from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
 
 FILE = check.EXERCISE.filename

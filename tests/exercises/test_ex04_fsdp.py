@@ -24,7 +24,7 @@ from autograder.grader.diagnosis import translate
 from autograder.grader.report import ExerciseReport
 from distlab.lab.fsdp_memory import expected_bytes, full_shapes, memory_per_gpu, shard_rows
 from distlab.resmlp import make_resmlp
-from tests import independent
+from tests.exercises import independent
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
 
 

@@ -15,7 +15,7 @@ import pytest
 from autograder.checks import ex05_checkpoint
 from autograder.grader.diagnosis import translate
 from distlab import checkpoint
-from tests import independent
+from tests.exercises import independent
 from tests.helpers import SOLUTIONS, failed, mutant
 
 

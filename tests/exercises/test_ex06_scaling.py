@@ -1,4 +1,4 @@
-"""Exercise 6 (DDP scaling benchmark): the solution and an independent one (tests/independent) score
+"""Exercise 6 (DDP scaling benchmark): the solution and an independent one (tests/exercises/independent) score
 full marks, the stub 0, and each classic measuring mistake fails with its own diagnosis, whatever the
 file's import style; what the real run does (wrappers built, all-reduces and collectives per step) is
 counted; each mutant also carries one mistake of the α-β fit and one of the prediction, each named with
@@ -13,8 +13,8 @@ from autograder.checks import ex06_scaling as check
 from autograder.grader.diagnosis import translate
 from autograder.grader.supervise import grade_one
 
-from tests import independent
-from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
+from tests.exercises import independent
+from tests.helpers import EXERCISES, REAL_FEW_STEPS, SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename
 # Each mutant also carries one mistake in the α-β fit and one in the prediction (graded apart from the rest).
@@ -89,7 +89,6 @@ MISTAKES = {
             "    dist.get_world_size() * batch_size * iters / elapsed.item()\n",
         "    device = x.device\n": ""},
 }
-REAL_FEW_STEPS = dict(warmup=2, iters=5)  # the real benchmark's steps in the tests (a learner's: REAL)
 METHOD = "[W={}] throughput of the timed steps of every rank"
 FITTED = "α and β fitted to all-reduce times at several world sizes"
 PREDICTED = "efficiency predicted at unmeasured W, the all-reduce overlapping the backward"

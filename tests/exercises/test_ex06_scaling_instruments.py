@@ -9,7 +9,7 @@ from autograder.checks.ex06_scaling import causes
 from autograder.checks.ex06_scaling.observed import REAL, Run
 from autograder.checks.ex06_scaling.probes import SYNTH
 from autograder.grader.diagnosis import diagnose
-from tests.test_ex06_scaling import REAL_FEW_STEPS
+from tests.helpers import REAL_FEW_STEPS
 
 
 @pytest.mark.parametrize("imported", ["before the spies", "under the spies"])

@@ -8,7 +8,7 @@ import pytest
 
 from autograder.checks import ex07_pipeline as check
 from autograder.grader.diagnosis import translate
-from tests import independent
+from tests.exercises import independent
 from tests.helpers import SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename
@@ -181,7 +181,7 @@ def test_a_deadlock_that_escapes_the_rank_is_translated():
     assert translate(gloo, check.KNOWN_ERRORS).startswith("a send/recv deadlock between the stages")
 
 # The stub's grading (0, "not implemented yet", through the CLI's subprocess) is in
-# tests/test_selftest.py, which grades exercise 7's solution and stub as an instructor does.
+# tests/autograder/test_selftest.py, which grades exercise 7's solution and stub as an instructor does.
 
 
 @pytest.mark.parametrize("imported", ["before the spy", "under the spy"])

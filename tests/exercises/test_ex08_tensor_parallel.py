@@ -8,7 +8,7 @@ import pytest
 
 from autograder.checks import ex08_tensor_parallel as check
 from autograder.grader.diagnosis import translate
-from tests import independent
+from tests.exercises import independent
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks import ex09_hang as check
-from tests import independent
+from tests.exercises import independent
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename

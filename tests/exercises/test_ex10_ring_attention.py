@@ -5,14 +5,14 @@ file's forward and backward run in process groups of their own, so the two mutan
 completes (stopped by a short p2p timeout) cost only their own forward's marks. The backward is graded
 apart from the forward (it is given the exact out and lse), so each mistake of the backward rides in a
 mutant of the forward's (no file of its own: no launch time of its own), and fails only the backward's
-criteria. The stub's grading: tests/test_stubs.py (every untouched stub, at once)."""
+criteria. The stub's grading: tests/autograder/test_stubs.py (every untouched stub, at once)."""
 from __future__ import annotations
 
 import pytest
 
 from autograder.checks import ex10_ring_attention as check
 from autograder.grader.diagnosis import translate
-from tests import independent
+from tests.exercises import independent
 from tests.helpers import SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename

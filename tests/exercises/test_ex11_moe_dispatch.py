@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.checks import ex11_moe_dispatch as check
-from tests import independent
+from tests.exercises import independent
 from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename

@@ -1,7 +1,7 @@
 """The suite's own false-negative check: a correct solution of every exercise, written independently
-of the reference in another legitimate style (``tests/independent/``), scores full marks.
+of the reference in another legitimate style (``tests/exercises/independent/``), scores full marks.
 
-Each is graded in its exercise's module fixture (``tests/test_exNN_*.py``), in the launch that grades
+Each is graded in its exercise's module fixture (``tests/exercises/test_exNN_*.py``), in the launch that grades
 the reference's mutants, so this test costs nothing when those ran first (``make test`` runs them
 first: files are collected in order); where one did not (``-k``, or a slow fixture left out), the file
 is graded alone here. Marked slow for that reason: ``make test-fast`` leaves it out.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import independent
+from tests.exercises import independent
 
 
 @pytest.mark.slow

@@ -5,9 +5,12 @@ import shutil
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
+# Exercise 6: the real benchmark's steps in the tests (a learner's: the check's REAL), shared by
+# tests/exercises/test_ex06_scaling.py and its instruments' tests.
+REAL_FEW_STEPS = dict(warmup=2, iters=5)
 
 
 def mutant(tmp_path: Path, filename: str, replacements: dict[str, str]) -> Path:

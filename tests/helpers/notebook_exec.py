@@ -41,8 +41,8 @@ with one line; a lost wake-up, as the stress measured it with nbclient's own mim
     cell, the main thread waits in its event loop); client waiting for execute_reply, which is
     sitting unread in its shell socket (execute_reply): a lost wake-up
 
-``python -m tests.notebook_exec [--stock] [--rounds N] [--repeats N]`` runs the widget stress of
-``tests/test_widget_cells.py`` at any length and prints how many executions hung; ``--stock``
+``python -m tests.helpers.notebook_exec [--stock] [--rounds N] [--repeats N]`` runs the widget stress of
+``tests/tiers/test_widget_cells.py`` at any length and prints how many executions hung; ``--stock``
 uses nbclient's own Output-widget mimic, to measure the bug the fix removes.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from distlab.runtime.process import time_scale
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COURSE = REPO / "course"
 NOTEBOOK_GLOB = "[0-9][0-9]*_*.py"  # 00_why_distribute ... and 00b_collectives, in course order
 CELL_MARKER = re.compile(r"# %%( |$)")  # "# %%torchrun" and "# %%time" are cell magics inside a cell

@@ -9,14 +9,14 @@ podman) or the images, these tests skip with the reason, unless ``DISTLAB_REQUIR
 (CI), where that fails.
 
 * The learner image's own command serves JupyterLab (``/api`` answers inside a container with no
-  network); and tests/test_browser.py's Chromium test, unchanged, opens notebook 01 and runs
+  network); and tests/tiers/test_browser.py's Chromium test, unchanged, opens notebook 01 and runs
   ``check(1)`` against JupyterLab in the container (host network, on 127.0.0.1 only).
 * The grading image: ``grade.sh generate`` then ``grade.sh mark``, each with the compose file's
   flags (``--network none``, memory with no swap, ``--pids-limit``, ``--shm-size``, ``--cap-drop
   ALL`` plus its caps, ``no-new-privileges``, its environment, the course mounted at /course), on
   exercise 7 submitted by an honest learner and an intruder (it starts a daemon that rewrites
   reports, connects out, writes the gradebook, another learner's file and the grader's code); with
-  ``DISTLAB_CONTAINER_CLASS=full``, by tests/test_grading_image.py's whole hostile class (a gradebook
+  ``DISTLAB_CONTAINER_CLASS=full``, by tests/tiers/test_grading_image.py's whole hostile class (a gradebook
   writer, a report rewriter, a fork bomb, a memory bomb, 256 MiB of output) plus one that connects
   out: about 85 s instead of 30-40 s here. Outcomes as in that test: full marks for the honest
   learner, 0 with a line in nbgrader_problems.txt for each other; the bombs stopped at the learner's limits; the
@@ -59,13 +59,12 @@ import pytest
 import yaml
 
 from autograder.grader.registry import exercises
-from tests import hostile
-from tests.helpers import REPO
+from tests.helpers import REPO, browser, hostile
 
 pytestmark = [pytest.mark.container, pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(900)]
 LEARNER, GRADER = "distlab-learner", "distlab-grader"
 COMPOSE = REPO / "docker" / "compose.yaml"
-EX = exercises()[7]  # the cheapest to grade (one launch at 2 ranks), as in tests/test_grading_image.py
+EX = exercises()[7]  # the cheapest to grade (one launch at 2 ranks), as in tests/tiers/test_grading_image.py
 ASSIGNMENT = Path(EX.filename).stem
 GRADER_MEMORY = "6g"  # DISTLAB_GRADER_MEMORY for these runs (the compose file's default is 32g)
 MAX_PROCS = 512       # the compose file's DISTLAB_STUDENT_MAX_PROCS default
@@ -80,14 +79,14 @@ try:
 except OSError as _e:
     _record("network", f"{{type(_e).__name__}}: {{_e}}")
 '''
-# tests/test_grading_image.py's hostile class, and one that connects out: DISTLAB_CONTAINER_CLASS=full.
+# tests/tiers/test_grading_image.py's hostile class, and one that connects out: DISTLAB_CONTAINER_CLASS=full.
 FULL_CLASS = {"writer": (hostile.WRITER,), "rewriter": (hostile.FAKE_REPORTS, hostile.BROKEN),
               "forkbomb": (hostile.FORK_BOMB,), "membomb": (hostile.MEMORY_BOMB,), "spew": (hostile.SPEW,),
               "network": (CONNECT_OUT, hostile.BROKEN)}
 # By default (make test, CI) one intruder does what the container's limits are for: starts the daemon
 # that rewrites reports, connects out, writes the gradebook, another learner's file and the grader's
 # code, then fails. The bombs test the learner's rlimits, the same in the image as outside it
-# (tests/test_grading_image.py); the container's own memory and process caps are shown to bite by
+# (tests/tiers/test_grading_image.py); the container's own memory and process caps are shown to bite by
 # test_the_containers_memory_and_process_limits_bite. Each graded submission costs about 11 s here,
 # and the class of two about 30-40 s in all.
 SMALL_CLASS = {"intruder": (hostile.FAKE_REPORTS, CONNECT_OUT, hostile.WRITER)}
@@ -229,12 +228,10 @@ def test_the_learner_image_serves_jupyterlab_with_its_own_command(wait_for):
 
 @contextlib.contextmanager
 def lab_in_container(eng: str, name, tmp_path: Path, wait_for):
-    """tests/test_browser.py's ``jupyterlab()``, served by the learner image: yields (url, token, log)."""
-    from tests import test_browser
-
+    """``tests.helpers.browser.jupyterlab()``, served by the learner image: yields (url, token, log)."""
     port, token = free_port(), secrets.token_hex(16)
     settings = tmp_path / "lab-settings"
-    test_browser._user_settings(settings)
+    browser.user_settings(settings)
     for d in [settings, *settings.rglob("*")]:
         d.chmod(0o755 if d.is_dir() else 0o644)  # the container's learner (uid 1000) reads them
     n = name()
@@ -255,9 +252,9 @@ def lab_in_container(eng: str, name, tmp_path: Path, wait_for):
                                     stdin=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        ok = wait_for(lambda: test_browser._get(f"{base}/api/status?token={token}") is not None, timeout=120,
+        ok = wait_for(lambda: browser.get(f"{base}/api/status?token={token}") is not None, timeout=120,
                       interval=0.3)
-        assert ok, f"JupyterLab in {LEARNER} did not answer:\n{test_browser._log_tail(log)}"
+        assert ok, f"JupyterLab in {LEARNER} did not answer:\n{browser.log_tail(log)}"
         yield base, token, log
     finally:
         subprocess.run([eng, "stop", "-t", "10", n], capture_output=True, timeout=120)
@@ -268,15 +265,12 @@ def lab_in_container(eng: str, name, tmp_path: Path, wait_for):
             follower.wait(timeout=30)
 
 
-def test_the_chromium_test_checks_exercise_1_in_the_learner_container(tmp_path, wait_for, leftover_processes,
-                                                                      monkeypatch):
+def test_the_chromium_test_checks_exercise_1_in_the_learner_container(tmp_path, wait_for, leftover_processes):
+    """tests/tiers/test_browser.py's Chromium test, unchanged, against JupyterLab served by the learner image."""
     eng = require(LEARNER)
-    from tests import test_browser
-
     with containers(eng) as name:
-        monkeypatch.setattr(test_browser, "jupyterlab", lambda tmp, wf: lab_in_container(eng, name, tmp, wf))
-        test_browser.test_learner_opens_the_exercise_and_checks_it_in_jupyterlab(tmp_path, wait_for,
-                                                                                  leftover_processes)
+        browser.learner_opens_the_exercise_and_checks_it(tmp_path, wait_for, leftover_processes,
+                                                         lab=lambda tmp, wf: lab_in_container(eng, name, tmp, wf))
 
 
 # -- the grading image ------------------------------------------------------------------------------

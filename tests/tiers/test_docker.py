@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.helpers import REPO
-from tests.learner_user import learner_user
+from tests.helpers.learner_user import learner_user
 
 DOCKER = REPO / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))

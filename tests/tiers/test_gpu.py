@@ -1,14 +1,14 @@
 """On GPUs: the launcher picks NCCL and collectives run on each rank's own device.
 
 Skipped, with the reason, on a machine without enough CUDA GPUs (``requires_gpus``); the same
-launches run on gloo and the CPU in test_launch.py."""
+launches run on gloo and the CPU in tests/distlab/test_launch.py."""
 from __future__ import annotations
 
 import torch
 
 from distlab import torchrun
 from tests.helpers import requires_gpus
-from tests.targets import ranks
+from tests.helpers.targets import ranks
 
 
 @requires_gpus(1)

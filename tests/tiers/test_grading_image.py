@@ -4,7 +4,7 @@ Needs root (skipped otherwise): it creates a real unprivileged learner user,
 as the image has ``student``, and an interpreter that user can read. Six
 learners submitted exercise 7 (the cheapest to grade: one launch at 2 ranks;
 this test is about the sandbox, not the exercise); all but one are hostile
-(tests/hostile.py):
+(tests/helpers/hostile.py):
 
 * honest    the reference solution                                   -> full marks
 * writer    at import, writes the gradebook, another learner's file
@@ -34,9 +34,8 @@ import pytest
 
 from autograder.nbgrader.course import main as nbgrader_main
 from autograder.grader.registry import exercises
-from tests import hostile
-from tests.helpers import REPO
-from tests.learner_user import learner_processes, learner_user, readable_install, world_readable_dir
+from tests.helpers import REPO, hostile
+from tests.helpers.learner_user import learner_processes, learner_user, readable_install, world_readable_dir
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.nbgrader, pytest.mark.root, pytest.mark.slow]
 EX = exercises()[7]

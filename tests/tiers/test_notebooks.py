@@ -1,6 +1,6 @@
 """Every notebook runs top to bottom (built from its jupytext source, executed with nbclient).
 
-Through ``tests/notebook_exec.py``: nbclient without its lost wake-up (issue 24: a widget cell
+Through ``tests/helpers/notebook_exec.py``: nbclient without its lost wake-up (issue 24: a widget cell
 whose ``execute_reply`` sat unread in the client's socket while the kernel was idle), each cell
 under its own hang guard, well under the notebook's, and a hang reported as where and why:
 "03_mixed_precision cell 4 (line 63, ...): not complete after 90 s (its hang guard); kernel idle (...);
@@ -15,7 +15,7 @@ import pytest
 from nbclient.exceptions import CellExecutionError
 
 from tests.helpers import REPO
-from tests.notebook_exec import NOTEBOOK_GLOB, Cell, CellHang, cell_lines, execute
+from tests.helpers.notebook_exec import NOTEBOOK_GLOB, Cell, CellHang, cell_lines, execute
 
 pytestmark = [pytest.mark.notebook, pytest.mark.slow]
 

@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, SOLUTIONS, session_processes
-from tests.test_slurm_cluster import cluster  # noqa: F401 (the fixture: a cluster, or skip/fail with the reason)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(400)]
 FILE = "ex07_pipeline.py"
 
 
-def test_a_job_array_grades_the_class_in_slices_and_merges_them(cluster, tmp_path, wait_for):  # noqa: F811
+def test_a_job_array_grades_the_class_in_slices_and_merges_them(cluster, tmp_path, wait_for):
     root, out = tmp_path / "class", tmp_path / "out"
     for name in ("ann", "ben", "cat", "dan"):
         (root / name).mkdir(parents=True)

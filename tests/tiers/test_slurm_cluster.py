@@ -4,7 +4,7 @@ distlab/runtime/slurm_cluster.py starts munged, slurmctld and one slurmd per nod
 name and ``localhost``, both on loopback), each node claiming 16 CPUs and 4 GPUs
 (device nodes made with mknod: no GPU runs, and none is used: the ranks run gloo on
 the CPU). ``sbatch`` submits the script as a learner would, with
-tests/targets/slurm_train.py as train.py; the script's ``srun torchrun`` then starts
+tests/helpers/targets/slurm_train.py as train.py; the script's ``srun torchrun`` then starts
 one agent per node, 4 workers each, which meet at the c10d rendezvous on the first
 node.
 
@@ -30,23 +30,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distlab.runtime import slurm_cluster
 from tests.helpers import REPO, session_processes
 
 pytestmark = [pytest.mark.slurm, pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(300)]
 SBATCH = REPO / "course" / "slurm" / "train.sbatch"
-TRAIN = REPO / "tests" / "targets" / "slurm_train.py"
-
-
-@pytest.fixture
-def cluster():
-    why = slurm_cluster.missing()
-    if why:
-        if os.environ.get("DISTLAB_REQUIRE_SLURM") == "1":
-            pytest.fail(f"DISTLAB_REQUIRE_SLURM=1 but no Slurm cluster can start here: {why}")
-        pytest.skip(why)
-    with slurm_cluster.SlurmCluster() as c:
-        yield c
+TRAIN = REPO / "tests" / "helpers" / "targets" / "slurm_train.py"
 
 
 def listening(pid: int) -> list[str]:

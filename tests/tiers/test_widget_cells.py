@@ -4,7 +4,7 @@ A notebook cell that shows an ipywidgets ``interactive`` once stopped for good u
 the kernel idle, the client waiting for an ``execute_reply`` that was sitting unread in its own
 shell socket. The cause, a lost wake-up (nbclient's Output-widget mimic sends on the shell socket
 through a blocking shadow, which consumes the read edge of the reply the client is polling for),
-is explained in ``tests/notebook_exec.py``, which also holds the fix every notebook test uses.
+is explained in ``tests/helpers/notebook_exec.py``, which also holds the fix every notebook test uses.
 
 * The mechanism, deterministically and in milliseconds: a real ``AsyncKernelClient`` awaits a
   reply on its shell socket, the reply arrives, then an Output widget syncs its state on the same
@@ -16,7 +16,7 @@ is explained in ``tests/notebook_exec.py``, which also holds the fix every noteb
   (notebook, cell, what the kernel and the client were doing, both sides' stacks).
 
 How much stress means something, measured on this 2-core machine with nbclient's own mimic
-(``python -m tests.notebook_exec --stock --rounds 10 --repeats 40``, 20 s hang guard; a kernel
+(``python -m tests.helpers.notebook_exec --stock --rounds 10 --repeats 40``, 20 s hang guard; a kernel
 stops at its first hang):
 
     cell                     executions  hung   with the fix (same run length)
@@ -50,8 +50,8 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.session import Session
 
 from distlab.runtime.process import time_scale
-from tests import notebook_exec
-from tests.notebook_exec import OutputWidget, StockOutputWidget
+from tests.helpers import notebook_exec
+from tests.helpers.notebook_exec import OutputWidget, StockOutputWidget
 
 CELLS = notebook_exec.course_widget_cells()
 

@@ -2,9 +2,9 @@
 legitimate style (other public APIs, another loop shape, names imported with ``from X import name``,
 in-place collectives, non-blocking p2p, explicit DCP readers and writers, a device mesh, prints), as a
 learner would write them from the stubs and the notebooks: each must score full marks (the suite's
-own false-negative check, ``tests/test_independent_solutions.py``).
+own false-negative check, ``tests/exercises/test_independent_solutions.py``).
 
-They are graded in the launches of the module fixtures of ``tests/test_exNN_*.py``, next to the
+They are graded in the launches of the module fixtures of ``tests/exercises/test_exNN_*.py``, next to the
 reference and its mutants (no launch of their own), and :func:`record` keeps their reports for the
 session; :func:`report` grades one alone, with the same options, where its fixture did not run.
 """

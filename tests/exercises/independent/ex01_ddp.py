@@ -4,7 +4,7 @@ from the sampler's indices and collated with ``default_collate``, a loss module,
 averaged over every rank with an in-place all-reduce before rank 0 logs it, and ``from torch import
 save``; the evaluation gathers every rank's (index, loss, correct) rows with ``all_gather`` and
 keeps each index once with ``torch.unique``, rather than locating the sampler's padding.
-Graded by tests/test_ex01_ddp.py."""
+Graded by tests/exercises/test_ex01_ddp.py."""
 from __future__ import annotations
 
 from datetime import timedelta

@@ -2,7 +2,7 @@
 window's end found by index arithmetic, not ``windows()``), ``no_sync()`` entered through an
 ``ExitStack``, every window's token count all-reduced at once in one vector before the first
 backward, the loss ``F.cross_entropy(..., reduction="sum") * world / N``, and the window's loss kept as a tensor.
-Graded by tests/test_ex02_accumulation.py."""
+Graded by tests/exercises/test_ex02_accumulation.py."""
 from __future__ import annotations
 
 from contextlib import ExitStack

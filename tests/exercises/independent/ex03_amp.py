@@ -2,7 +2,7 @@
 imported by name, a hand-written timing loop on ``timeit``'s clock imported by name (``from timeit
 import default_timer``) with ``statistics.median``, the saved storages counted by a hooks object, and
 the accumulation window weighting each micro-batch's loss by its share of the samples, with the loss summed as a tensor.
-Graded by tests/test_ex03_amp.py."""
+Graded by tests/exercises/test_ex03_amp.py."""
 from __future__ import annotations
 
 import statistics

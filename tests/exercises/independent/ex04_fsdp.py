@@ -3,7 +3,7 @@ collectives (``reduce_scatter`` of W chunks, summed then divided by W; ``all_gat
 one buffer), imported by name, the flat buffer made with ``torch.cat`` and a zeros tail, written back
 with ``vector_to_parameters``. Part 2: FSDP2 on an explicit 1-D device mesh,
 ``fully_shard`` and the state-dict functions imported by name, the optimizer given a list of the
-sharded parameters, and ``from torch import save``. Graded by tests/test_ex04_fsdp.py."""
+sharded parameters, and ``from torch import save``. Graded by tests/exercises/test_ex04_fsdp.py."""
 from __future__ import annotations
 
 import math

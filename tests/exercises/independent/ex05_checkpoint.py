@@ -2,7 +2,7 @@
 (``FileSystemWriter``/``FileSystemReader``), the model's and the optimizer's state dicts fetched and
 restored separately, the RNG states kept in one dict per rank, one flat loop over the global step
 with the data position carried as one batch count (``divmod``), batches collated by
-``default_collate``. Graded by tests/test_ex05_checkpoint.py."""
+``default_collate``. Graded by tests/exercises/test_ex05_checkpoint.py."""
 from __future__ import annotations
 
 from pathlib import Path

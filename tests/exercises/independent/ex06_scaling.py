@@ -2,7 +2,7 @@
 barriers and the slowest one wins (an in-place MAX all-reduce), clocks and collectives imported by
 name, the optimizer built before the wrapper, DDP's all-reduce hook registered by hand, the α-β fit by
 the weighted normal equations in plain Python, and the prediction as forward + max(backward, all-reduce).
-Graded by tests/test_ex06_scaling.py."""
+Graded by tests/exercises/test_ex06_scaling.py."""
 from __future__ import annotations
 
 from time import perf_counter

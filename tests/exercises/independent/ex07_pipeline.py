@@ -1,7 +1,7 @@
 """Exercise 7, written independently of the reference: non-blocking point-to-point
 (``isend``/``irecv`` imported by name, each waited on before its buffer is used or dropped),
 ``torch.tensor_split`` for the micro-batches, stage 1's backward through ``torch.autograd.backward``
-of every loss at once. Graded by tests/test_ex07_pipeline.py."""
+of every loss at once. Graded by tests/exercises/test_ex07_pipeline.py."""
 from __future__ import annotations
 
 import torch

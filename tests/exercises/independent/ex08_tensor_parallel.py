@@ -1,7 +1,7 @@
 """Exercise 8, written independently of the reference: the shards cut with ``narrow`` from computed
 offsets and copied with ``contiguous().clone()``, the all-reduces imported by name and made in place
 on a fresh tensor, the forward written with ``x @ W.T`` rather than ``F.linear``. Graded by
-tests/test_ex08_tensor_parallel.py."""
+tests/exercises/test_ex08_tensor_parallel.py."""
 from __future__ import annotations
 
 import torch

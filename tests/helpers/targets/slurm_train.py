@@ -1,4 +1,4 @@
-"""The train.py that tests/test_slurm_cluster.py hands to course/slurm/train.sbatch.
+"""The train.py that tests/tiers/test_slurm_cluster.py hands to course/slurm/train.sbatch.
 
 Each rank joins the job the way the script's header says (``distlab.init_distributed()``),
 all-reduces ``rank + 1`` and writes what it saw to ``OUTDIR/rank<N>.json``: the torchrun
