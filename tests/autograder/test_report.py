@@ -1,12 +1,12 @@
 """The one shape of a check: criteria declared with their points, judged, scaled, and the
-"did not run" state (autograder/grader/report.py, autograder/checks/README.md)."""
+"did not run" state (autograder/grader/report.py, autograder/checks/README.md). That every check package
+has that shape, and a docstring table of its declared mistakes: tests/exercises/test_conformance.py."""
 from __future__ import annotations
 
-import inspect
 
 import pytest
 
-from autograder.grader.diagnosis import KnownError, declared_mistakes, diagnose, mistake, translate
+from autograder.grader.diagnosis import KnownError, diagnose, mistake, translate
 from autograder.grader.launches import launch_timeout
 from autograder.grader.registry import Exercise, check_modules
 from autograder.grader.report import DID_NOT_RUN, ExerciseReport, criterion, failed, passed, total_points
@@ -71,26 +71,6 @@ def test_launch_timeout_stays_inside_the_exercise_limit_for_one_file():
     assert sum(launch_timeout(EX, launches=3) for _ in range(3)) < EX.time_limit
     assert launch_timeout(EX, files=3) > launch_timeout(EX)  # mutants graded in the same launch get more
     assert launch_timeout(EX, share=0.25) + launch_timeout(EX, share=0.75) == pytest.approx(launch_timeout(EX))
-
-
-@pytest.mark.parametrize("number", list(check_modules()))
-def test_every_check_has_the_one_shape(number):
-    module = check_modules()[number]
-    assert module.EXERCISE.number == number
-    assert callable(module.probes.rank_main) and callable(module.grade)  # the rank side, and the grading
-    first = next(iter(inspect.signature(module.grade).parameters))
-    assert first == "paths", f"{module.__name__}.grade must take the list of paths first"
-    rules = [fn for fn in vars(module).values() if callable(fn) and hasattr(fn, "rule")]
-    assert rules, f"{module.__name__} declares no @criterion"
-
-
-@pytest.mark.parametrize("number", list(check_modules()))
-def test_every_declared_mistake_is_in_the_docstring_table(number):
-    module = check_modules()[number]
-    rows = [line.split("|")[1].strip() for line in (module.__doc__ or "").splitlines()
-            if line.lstrip().startswith("|")]
-    missing = [name for name in declared_mistakes(module) if name not in rows]
-    assert not missing, f"{module.__name__}'s docstring table 'mistake | message' lacks {missing}"
 
 
 def test_diagnose_names_the_first_cause_that_explains_and_none_otherwise():

@@ -14,18 +14,14 @@ subprocess around it is exercise 1's CLI tests'). The other causes and the error
 tested on observations, without a launch."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from autograder.grader import main as grading_main
 from autograder.checks import ex04_fsdp
 from autograder.grader.diagnosis import translate
-from autograder.grader.report import ExerciseReport
 from distlab.lab.fsdp_memory import expected_bytes, full_shapes, memory_per_gpu, shard_rows
 from distlab.resmlp import make_resmlp
 from tests.exercises import independent
-from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
+from tests.helpers import SOLUTIONS, failed, mutant
 
 
 def test_padded_shard_arithmetic():
@@ -123,8 +119,12 @@ def graded(tmp_path_factory) -> dict:
         paths[name] = mutant(tmp_path_factory.mktemp(name), "ex04_fsdp.py", change)
     paths["independent"] = independent.path(4)
     graded = dict(zip(paths, ex04_fsdp.grade(list(paths.values()), world_sizes=(2,))))
-    independent.record(4, graded["independent"])
     return graded
+
+
+def test_the_independent_solution_scores_full_marks(graded):
+    r = graded["independent"]
+    assert r.score == r.max_score, r.feedback
 
 
 def test_solution_full_marks_with_exact_bytes_and_peak_under_bound(graded):
@@ -144,15 +144,6 @@ def test_solution_full_marks_with_exact_bytes_and_peak_under_bound(graded):
     assert m["W2_zero1_rank0_exp_avg_numel"] == m["W2_zero1_rank1_exp_avg_numel"] == 10745
     assert f"ok  {Z1_COMM}: each of 4 steps issued one reduce-scatter and one all-gather on every rank, no " \
         "all-reduce" in report.feedback
-
-
-@pytest.mark.slow
-def test_stub_scores_zero_not_implemented(tmp_path):
-    out = tmp_path / "report.json"
-    assert grading_main.main(["4", str(EXERCISES / "ex04_fsdp.py"), str(out)]) == 0
-    report = ExerciseReport.from_dict(json.loads(out.read_text()))
-    assert report.score == 0 and not report.ran
-    assert "not implemented yet (ex04_fsdp.py line" in report.feedback
 
 
 def test_root_only_optimizer_first_and_every_rank_saving_are_named(graded):
@@ -344,10 +335,3 @@ def test_the_state_dict_spy_sees_every_import_style(tmp_path, imported):
     finally:
         dist.destroy_process_group()
     assert [c["fn"] for c in spy.calls] == ["get_model_state_dict"] * 3
-
-
-def test_every_criterion_has_three_tiers_of_hints():
-    from autograder.checks import ex04_fsdp as package
-    from autograder.checks.ex04_fsdp.hints import HINTS
-    assert set(HINTS) == {c.__name__ for c in package.CRITERIA}
-    assert all(len(tiers) == 3 and all(tiers) for tiers in HINTS.values())

@@ -33,20 +33,29 @@ def test_commit_is_atomic_and_prune_keeps_the_last_k(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step_00000002", "step_00000003"]
 
 
-INDEPENDENT_SCENARIOS = ex05_checkpoint.SCENARIOS  # every scenario (resharded to 1 rank, as below)
+@pytest.fixture(scope="module")
+def solution_and_independent():
+    """The reference and the independent solution in every scenario, resharded to 1 rank here (cheapest;
+    the CLI grades 2 -> 4): the independent one shares the reference and reshard launches (its restarts
+    have a launch of their own)."""
+    return dict(zip(["solution", "independent"], ex05_checkpoint.grade(
+        [SOLUTIONS / "ex05_checkpoint.py", independent.path(5)], reshard_world=1)))
 
 
 @pytest.mark.slow
-def test_solution_resumes_exactly_in_every_scenario():
-    # reshard to 1 rank here (cheapest); the CLI grades 2 -> 4. The independent solution shares the
-    # reference and reshard launches (its restarts have a launch of their own).
-    report, other = ex05_checkpoint.grade([SOLUTIONS / "ex05_checkpoint.py", independent.path(5)], reshard_world=1)
-    independent.record(5, other)
+def test_solution_resumes_exactly_in_every_scenario(solution_and_independent):
+    report = solution_and_independent["solution"]
     assert report.score == report.max_score, report.feedback
     assert "bit-identical to the uninterrupted run" in report.feedback
     assert "resumed from step 3" in report.feedback
     assert "every step's samples, learning rate, Adam step, RNG state and weights as the reference's" in \
         report.feedback
+
+
+@pytest.mark.slow
+def test_the_independent_solution_scores_full_marks(solution_and_independent):
+    r = solution_and_independent["independent"]
+    assert r.score == r.max_score, r.feedback
 
 
 MISSING_STATE = {
