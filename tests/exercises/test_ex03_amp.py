@@ -424,7 +424,7 @@ def test_accumulation_steps_and_backwards_per_window_named(reports):
 def test_accumulation_reference_is_the_whole_batch_step():
     """No launch: the K-micro-batch reference steps the weights the whole batch's fp16 step would, within
     the check's tolerance (so a legal rounding passes), and the stepped norms are unclipped."""
-    from autograder.checks.ex03_amp.accumulation.probes import probes as accumulation
+    from autograder.checks.ex03_amp.accumulation import probes as accumulation
     from distlab.models import cpu_state, make_mlp
     from autograder.checks.ex03_amp.workloads import LR, MODEL, batches
 
@@ -447,7 +447,7 @@ def test_a_file_without_accumulated_step_loses_only_that_part():
     """No launch: a file handed in before the part existed is told where its stub is."""
     from types import SimpleNamespace
 
-    from autograder.checks.ex03_amp.accumulation.probes import probes as accumulation
+    from autograder.checks.ex03_amp.accumulation import probes as accumulation
 
     obs = accumulation.observe(SimpleNamespace(), torch.device("cpu"))
     verdict = check.accumulation_parity(check.Run({"accumulation": obs}))
