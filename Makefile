@@ -33,7 +33,7 @@ notebooks: setup
 # make lab [PORT=8888] [IP=127.0.0.1] [LAB_ARGS_EXTRA="--no-browser ..."]: on this machine only, unless IP
 # says otherwise (IP=0.0.0.0 on a remote machine, behind its firewall); as root (a container, a cloud VM)
 # JupyterLab needs --allow-root, which is passed, and said.
-# tests/test_browser.py starts JupyterLab with these arguments (from `make -n lab`).
+# tests/tiers/test_browser.py starts JupyterLab with these arguments (from `make -n lab`).
 PORT ?= 8888
 IP ?= 127.0.0.1
 AS_ROOT := $(filter 0,$(shell id -u))
@@ -56,7 +56,7 @@ FAST := not slow and not notebook and not nbgrader and not root and not browser
 test-fast: setup
 	$(BIN)/python -m pytest -m "$(FAST)"
 
-# ruff with pyproject.toml's [tool.ruff]; tests/test_lint.py runs the same check in make test.
+# ruff with pyproject.toml's [tool.ruff]; tests/project/test_lint.py runs the same check in make test.
 lint: setup
 	$(BIN)/ruff check --no-cache .
 

@@ -1,7 +1,7 @@
 """The autograder: ``python -m autograder COMMAND`` (grade, class, selftest, ...), or ``check(N)`` from a notebook.
 
 Its folders are the processes its code runs in, each importing only the ones below it
-(``tests/test_layout.py`` holds them to it):
+(``tests/project/test_layout.py`` holds them to it):
 
 * :mod:`autograder.commands`: the commands a person runs (``grade``, ``class``, ``selftest``, ``stubs``,
   ``nbgrader``, ``check(N)``);

@@ -4,7 +4,7 @@
 |-----------------------------------------------------------|-----------------|
 | grading exercise 1 (W=2 and W=4), as the CLI does         | <= 15 s         |
 | grading all seven reference solutions (make grade DIR=solutions) | <= 90 s on 2 cores |
-| the nbgrader cycle test (tests/test_nbgrader.py)          | <= 60 s         |
+| the nbgrader cycle test (tests/tiers/test_nbgrader.py)          | <= 60 s         |
 
 Each is one run of what a learner or an instructor runs (the CLI's subprocess per exercise, the
 nbgrader test as pytest runs it), beside the launch floor of ``bench_launch`` in the same table.
@@ -61,7 +61,7 @@ def rows() -> list[Row]:
     all_cpu_s = _children_cpu_s() - cpu_before
     assert all(r.passed for r in reports), [r.feedback for r in reports if not r.passed]
     done, cycle_s = _timed(lambda: subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_nbgrader.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/tiers/test_nbgrader.py"],
         cwd=REPO_ROOT, capture_output=True, text=True))
     assert done.returncode == 0, done.stdout[-2000:]
     return [
@@ -69,6 +69,6 @@ def rows() -> list[Row]:
             f"{_verdict(ex01_s, TARGETS_S['ex01'])}; {_floor(ex01_cpu_s)}"),
         Row("grading", f"grade all {len(reports)} reference solutions (make grade DIR=solutions)", all_s, "s",
             f"{_verdict(all_s, TARGETS_S['solutions'])}; one grading subprocess each, in turn; {_floor(all_cpu_s)}"),
-        Row("grading", "the nbgrader cycle test (pytest tests/test_nbgrader.py)", cycle_s, "s",
+        Row("grading", "the nbgrader cycle test (pytest tests/tiers/test_nbgrader.py)", cycle_s, "s",
             _verdict(cycle_s, TARGETS_S["nbgrader"])),
     ]

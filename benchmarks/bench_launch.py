@@ -3,7 +3,7 @@ long ending a hung job takes.
 
 Target from the foundation issue: grading exercise 1 costs at most 2x the launch floor
 per world size it checks (it checks 2 and 4). A hang is ended within 10 s of its limit, for a
-launch and for a grading (tests/test_launch.py and tests/test_cli.py check that it is ended and
+launch and for a grading (tests/distlab/test_launch.py and tests/autograder/test_cli.py check that it is ended and
 that nothing is left; the seconds are measured here, where load cannot fail the suite).
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ def seconds_to_end_a_hung_launch(limit: float) -> tuple[float, bool]:
 
 def seconds_to_end_a_hung_grading(limit: float = 8) -> float:
     """Seconds from the grading's limit to grade_one returning, for an exercise 1 submission that
-    sleeps in train_ddp (as tests/test_cli.py's hang test)."""
+    sleeps in train_ddp (as tests/autograder/test_cli.py's hang test)."""
     text = (REPO_ROOT / "solutions" / EXERCISE.filename).read_text()
     needle = "    rank = dist.get_rank()\n"
     assert needle in text, "the hang is inserted after this line of the solution"

@@ -472,7 +472,7 @@ assert worst <= 0.05
 # Full recomputation (Megatron's) runs the forward twice, so its all-reduces too: 6 collectives
 # per layer instead of 4. torchtitan's selective policy saves every second `mm` and the
 # reduce-scatters, but not the all-gathers or the all-reduces; counted with `CollectiveRecorder`
-# on a Llama-style layer (torch 2.13, `tests/test_recompute_collectives.py`), its recomputation
+# on a Llama-style layer (torch 2.13, `tests/distlab/test_recompute_collectives.py`), its recomputation
 # re-issues both all-gathers with sequence parallelism (their outputs are the inputs the saved
 # matmuls need for their weight gradients) and attention's all-reduce without it (its output
 # feeds the MLP's norm): 6 + 4 and 5 collectives per layer. The line printed under the widget is

@@ -162,7 +162,7 @@ assert predicted == measured and all(memory[t] == runs[0]["held"][t] for t in ("
 # with, not one this run can check to the byte.
 #
 # **Which of the planner's figures are checked against runs on this machine**, and how
-# (`tests/test_planner.py`, `tests/test_mesh2d.py`; `distlab.lab.planner_runs` runs the labs' own rank
+# (`tests/distlab/test_planner.py`, `tests/distlab/test_mesh2d.py`; `distlab.lab.planner_runs` runs the labs' own rank
 # programs in one launch of 4 ranks):
 #
 # | figure | checked against | agreement |

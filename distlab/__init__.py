@@ -1,6 +1,6 @@
 """distlab: the course's library, shared by the notebooks, the solutions, the benchmarks and the grader.
 
-Three layers, each importing only the ones below it (``tests/test_layout.py`` holds them to it):
+Three layers, each importing only the ones below it (``tests/project/test_layout.py`` holds them to it):
 
 * :mod:`distlab.lab`: the notebooks' labs, one module per topic;
 * :mod:`distlab.measure`: the instruments, each written once (timing, memory, communication, profiles);

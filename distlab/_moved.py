@@ -9,7 +9,7 @@ to import instead; ``python -m OLD`` runs ``python -m NEW`` and says so on stder
 to be removed in the release after next (the README's "Released names" says when).
 :mod:`autograder._moved` answers the autograder's old names with the same finder.
 
-New code imports the new names; ``tests/test_layout.py`` holds every table to the tree and fails on
+New code imports the new names; ``tests/project/test_layout.py`` holds every table to the tree and fails on
 any tracked file that imports an old name.
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv
 
-# The same exact pins as the pip path (tests/test_docker.py checks): requirements.txt only.
+# The same exact pins as the pip path (tests/tiers/test_docker.py checks): requirements.txt only.
 COPY requirements.txt /opt/distlab/requirements.txt
 RUN pip install --no-cache-dir -r /opt/distlab/requirements.txt
 

@@ -24,7 +24,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN useradd --create-home --uid 1000 --shell /bin/bash learner
 WORKDIR /home/learner/distlab
 
-# The same exact pins as the pip path (tests/test_docker.py checks): requirements.txt only.
+# The same exact pins as the pip path (tests/tiers/test_docker.py checks): requirements.txt only.
 # The extra index offers torch==2.13.0+cpu, which satisfies the torch==2.13.0 pin.
 COPY requirements.txt ./
 RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" -r requirements.txt

@@ -34,7 +34,7 @@ if [[ -z "$engine" ]]; then
 fi
 # The checkout an image is built from, as a label (distlab.source): the commit, plus a digest of
 # uncommitted changes to tracked files (untracked ones are not counted: tests write some).
-# tests/test_containers.py refuses an image of another checkout.
+# tests/tiers/test_containers.py refuses an image of another checkout.
 source_id() {
     if ! git rev-parse --git-dir >/dev/null 2>&1; then
         echo unknown

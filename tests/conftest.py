@@ -23,7 +23,7 @@ what is decided by the code under test, never what the scheduler decides.
    rows of ``make bench`` (``benchmarks/bench_*.py``), printed, never asserted.
 4. **No fixed sleeps to wait for an event.** Poll the condition with a bound
    (the ``wait_for`` fixture), or have the program announce it (a rank writes
-   a file: ``tests/targets/ranks.py``). A sleep is too short on a busy machine
+   a file: ``tests/helpers/targets/ranks.py``). A sleep is too short on a busy machine
    and wasted time on an idle one.
 5. **Force the concurrency you claim.** "Two jobs at once" means they wait for
    each other (a file barrier, ``ranks.port_while_jobs_overlap``), not that
@@ -31,7 +31,7 @@ what is decided by the code under test, never what the scheduler decides.
 6. **Preconditions that depend on speed are retried, not assumed.** If a test
    needs the ranks to have started before a timeout fires, check that they
    did and retry with a longer limit (bounded), asserting the outcome on every
-   try (``test_launch.py::test_a_hang_times_out_and_leaves_no_process``).
+   try (``distlab/test_launch.py::test_a_hang_times_out_and_leaves_no_process``).
 7. **Look only at what this session made.** Other suites run on the machine:
    find leftover processes by this session's marker (``leftover_processes``,
    which polls, since killed processes take a moment to go), not by name
@@ -45,7 +45,7 @@ what is decided by the code under test, never what the scheduler decides.
    absorb timing noise.
 9. **Prove it before you rely on it.** Run a new distributed test 20 times
    while something else loads the machine, e.g.
-   ``for i in $(seq 20); do .venv/bin/python -m pytest -x -q tests/test_x.py::name || break; done``
+   ``for i in $(seq 20); do .venv/bin/python -m pytest -x -q tests/distlab/test_x.py::name || break; done``
    next to a ``make bench``.
 """
 import os
@@ -120,13 +120,19 @@ def pytest_collection_modifyitems(config, items):
 
 # Modules that touch something machine-wide: the learner user's processes (ended by uid), the containers,
 # the Slurm cluster, the browser. Under ``make test``'s two workers they run on one worker, one after
-# another, and first (together they are the longest unit of work).
-MACHINE_WIDE = {"test_grading_image", "test_sandbox", "test_selftest", "test_warm", "test_docker",
-                "test_containers", "test_slurm_cluster", "test_slurm_class", "test_browser"}
+# another, and first (together they are the longest unit of work). Paths relative to tests/.
+TESTS = Path(__file__).resolve().parent
+MACHINE_WIDE = {"tiers/test_grading_image.py", "distlab/test_sandbox.py", "autograder/test_selftest.py",
+                "distlab/test_warm.py", "tiers/test_docker.py", "tiers/test_containers.py",
+                "tiers/test_slurm_cluster.py", "tiers/test_slurm_class.py", "tiers/test_browser.py"}
+if _moved := sorted(m for m in MACHINE_WIDE if not (TESTS / m).is_file()):  # a module moved: say so, not run it apart
+    raise pytest.UsageError(f"tests/conftest.py: MACHINE_WIDE names no module at {_moved}")
 
 
 def _module(nodeid: str) -> str:
-    return Path(nodeid.split("::", 1)[0]).stem
+    """The test module of ``nodeid``, as its path relative to tests/ (unique, where a file's stem need not be)."""
+    path = Path(nodeid.split("::", 1)[0])
+    return path.relative_to("tests").as_posix() if path.parts[:1] == ("tests",) else path.as_posix()
 
 
 def _group_for_workers(items) -> None:

@@ -25,7 +25,7 @@ are translated the same way, by :class:`KnownError` patterns a check lists in ``
 (``grader.main.explain`` consults them, and :data:`COMMON_ERRORS`, before showing the raw error).
 
 Every check package's docstring carries a table "mistake -> message" listing its mistakes
-(``tests/test_report.py`` holds the tables to the declared names).
+(``tests/exercises/test_conformance.py`` holds the tables to the declared names).
 """
 from __future__ import annotations
 

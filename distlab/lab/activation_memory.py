@@ -26,7 +26,7 @@ torchtitan's selective policy saves every second ``mm`` and the reduce-scatters,
 all-gathers nor the all-reduces, so its recomputation re-issues both all-gathers with sequence
 parallelism, and attention's all-reduce without (its output feeds the MLP's norm; the MLP's
 all-reduce feeds nothing saved, and PyTorch's non-reentrant checkpoint stops before it). Measured
-with ``distlab.measure.comm.CollectiveRecorder`` in ``tests/test_tensor_parallel.py``.
+with ``distlab.measure.comm.CollectiveRecorder`` in ``tests/distlab/test_tensor_parallel.py``.
 """
 from __future__ import annotations
 

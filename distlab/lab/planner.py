@@ -24,7 +24,7 @@ ZeRO-3: Rajbhandari et al. 2020), ``tp`` (Megatron's tensor parallelism, Shoeybi
 The model is :mod:`distlab.transformer`'s layer (separate ``wq, wk, wv, wo`` without bias, a ``4h`` MLP
 with biases, two RMSNorms; embeddings, norm and head whole on every tensor-parallel rank, as
 :mod:`distlab.lab.mesh2d` runs it), so the planner is exact for the run notebook 12 measures: the
-bytes each rank holds and every collective of its step (``tests/test_planner.py``). FSDP2 is modelled
+bytes each rank holds and every collective of its step (``tests/distlab/test_planner.py``). FSDP2 is modelled
 as it behaves: a unit per layer gathered before its forward and again before its backward, the root
 unit (embeddings, norm, head) once unless ``reshard_root``, every unit reduce-scattered, once per
 micro-batch. CP and EP ranks see other tokens, so the dense gradients are all-reduced over

@@ -9,7 +9,7 @@ smallest sizes, unchanged: :func:`distlab.lab.pipeline.run.pipelined_step` (``Sc
 rank). Each lab's workload is then written as the planner's inputs (:func:`pp_inputs`, :func:`cp_inputs`,
 :func:`ep_inputs`), so that :func:`distlab.lab.planner.collectives` prices the very run that was measured.
 
-What is compared, and how exactly (``tests/test_planner.py``):
+What is compared, and how exactly (``tests/distlab/test_planner.py``):
 
 * **bytes and calls**: every send of each pipeline stage, the ring's sends, the four all-to-alls, as
   recorded, against the planner's rows: equal.

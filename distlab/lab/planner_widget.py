@@ -3,7 +3,7 @@ table out, redrawn on every change.
 
 Like :mod:`distlab.lab.predict`, the widget has no ``ipywidgets.Output``: each change rewrites an ``HTML``
 widget's value, so executing the cell never makes nbclient's Output-widget mimic send on the shell
-channel (the lost wake-up ``tests/notebook_exec.py`` describes), and a headless run prints the same
+channel (the lost wake-up ``tests/helpers/notebook_exec.py`` describes), and a headless run prints the same
 table as text.
 """
 from __future__ import annotations

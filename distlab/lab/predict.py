@@ -12,14 +12,14 @@ demonstrations: learning tools or entertainment?*, Am. J. Phys. 2004). Each note
 ``predict`` shows a number box and a "show the measurement" button; ``reveal`` records the
 measurement and prints it beside the prediction with their ratio, and from then on the button shows
 the same line beside the box. A prediction can also be written in the cell (``guess=12``), which is
-the one a non-interactive run (``tests/test_notebooks.py``, nbclient) uses, since nobody types there:
+the one a non-interactive run (``tests/tiers/test_notebooks.py``, nbclient) uses, since nobody types there:
 with none, ``reveal`` says so and prints the measurement alone. Nothing waits for a click, so a
 headless run completes.
 
 The widget has no ``ipywidgets.Output``: the button writes into an ``HTML`` widget's value. So
 executing the cell never makes nbclient's Output-widget mimic send on the shell channel, the lost
-wake-up ``tests/notebook_exec.py`` describes cannot occur here, and the cell is not one of the
-widget cells ``tests/test_widget_cells.py`` stresses.
+wake-up ``tests/helpers/notebook_exec.py`` describes cannot occur here, and the cell is not one of the
+widget cells ``tests/tiers/test_widget_cells.py`` stresses.
 """
 from __future__ import annotations
 

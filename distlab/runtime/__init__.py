@@ -8,5 +8,5 @@ tags, a subreaper that ends what a job leaves), ``heartbeat`` (whether ranks adv
 ``distributed`` (``init_distributed`` and the backend choice), ``importing``, ``magic``.
 
 This layer imports nothing from :mod:`distlab.measure` or :mod:`distlab.lab`
-(``tests/test_layout.py``): what runs the learner's code must not depend on what measures it.
+(``tests/project/test_layout.py``): what runs the learner's code must not depend on what measures it.
 """

@@ -1,5 +1,5 @@
 """A real two-node Slurm cluster on one host, on loopback only: for trying course/slurm/ by hand, for the
-Slurm tier (tests/test_slurm_cluster.py) and for ``make bench``'s class row.
+Slurm tier (tests/tiers/test_slurm_cluster.py) and for ``make bench``'s class row.
 
 Debian's slurm-wlm and munge (``.ci/run`` installs them). One ``munged`` with a
 key and socket of its own, one ``slurmctld`` and one ``slurmd -N NAME`` per node,
@@ -22,7 +22,7 @@ NoInAddrAny``), not to all interfaces.
 By hand (root, from the repository): ``.venv/bin/python -m distlab.runtime.slurm_cluster CMD...`` runs CMD
 against a fresh cluster, with the interpreter's folder first on PATH, then stops it, e.g.
 ``.venv/bin/python -m distlab.runtime.slurm_cluster sbatch --wait --chdir=/tmp course/slurm/train.sbatch
-"$PWD/tests/targets/slurm_train.py" /tmp``.
+"$PWD/tests/helpers/targets/slurm_train.py" /tmp``.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ references computed here:
   real model is then not measured (its seconds would be the runtime's).
 
 A failure names the first cause below that explains the observations (each has a mutant in
-``tests/test_ex03_amp.py``); errors PyTorch raises are translated, and the other parts keep their marks:
+``tests/exercises/test_ex03_amp.py``); errors PyTorch raises are translated, and the other parts keep their marks:
 
 | mistake | message |
 |---|---|

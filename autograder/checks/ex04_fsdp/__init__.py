@@ -22,7 +22,7 @@ same global batches (parity, assert_close: reduce-scatter sums in another
 order than one big batch).
 
 A failure names the first cause below that explains the observations (each has a
-mutant or an in-process test in ``tests/test_ex04_fsdp.py``); a state-dict collective
+mutant or an in-process test in ``tests/exercises/test_ex04_fsdp.py``); a state-dict collective
 that only some ranks call is completed by the others' instruments, so that the
 training is still graded:
 

@@ -1,0 +1,292 @@
+"""Exercise 1 (DDP): the solution scores full marks, the stub zero, and each classic mistake
+is named in the learner's words with its numbers."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autograder.grader import divergence
+from autograder.checks import ex01_ddp
+from distlab.runtime.launch import time_scale
+from tests.exercises import independent
+from tests.helpers import REPO, SOLUTIONS, failed, solution_and_mutants
+
+
+@pytest.mark.slow
+def test_cli_gives_the_solution_full_marks_at_world_sizes_2_and_4(tmp_path):
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(SOLUTIONS), "--exercise", "1",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=200 * time_scale())  # a hang guard, scaled like the grader's own limit
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    ex = doc["exercises"][0]
+    assert (ex["exercise"], ex["score"], ex["max_score"], ex["passed"]) == (1, 10, 10, True)
+    assert ex["measurements"]["W2_max_abs_diff_vs_reference"] < 1e-5
+    assert ex["measurements"]["W4_max_abs_diff_vs_reference"] < 1e-5
+    assert "[W=4] matches single-process training" in proc.stdout
+
+
+MUTANTS = {
+    # Without DDP and without a sampler every rank trains alone on all the data.
+    "no_ddp_no_sampler": {
+        "loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)":
+            "loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)",
+        "sampler=shard)": "sampler=None)",  # and the evaluation reads the whole set on every rank
+        "ddp_model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)":
+            "ddp_model = model",
+        "torch.save(ddp_model.module.state_dict(), checkpoint_path)":
+            "torch.save(ddp_model.state_dict(), checkpoint_path)",
+    },
+    "epoch_logging_saving": {
+        "        sampler.set_epoch(epoch)": "        pass",
+        "        if rank == 0:\n            # Rank 0": "        if True:\n            # Rank 0",
+        "    if rank == 0:\n        torch.save(": "    if True:\n        torch.save(",
+        "    dist.destroy_process_group()": "    pass",
+        "DistributedSampler(dataset, shuffle=False)": "DistributedSampler(dataset, shuffle=False, drop_last=True)",
+    },
+    # The linear scaling rule applied by hand: DDP already averages, so the step is simply 2x too big.
+    "lr_scaled": {
+        "torch.optim.SGD(ddp_model.parameters(), lr=lr)":
+            "torch.optim.SGD(ddp_model.parameters(), lr=lr * dist.get_world_size())",
+        # Saving through `from torch import save` is still seen (and is correct).
+        "import torch\n": "import torch\nfrom torch import save\n",
+        "        torch.save(ddp_model.module": "        save(ddp_model.module",
+    },
+    "inner_forward": {"cross_entropy(ddp_model(x), y)": "cross_entropy(ddp_model.module(x), y)"},
+    "shuffle_false": {"DistributedSampler(dataset, shuffle=True, seed=seed)":
+                      "DistributedSampler(dataset, shuffle=False, seed=seed)"},
+    "sampler_seed_per_rank": {"DistributedSampler(dataset, shuffle=True, seed=seed)":
+                              "DistributedSampler(dataset, shuffle=True, seed=seed + rank)"},
+    "half_batch": {"DataLoader(dataset, batch_size=batch_size, sampler=sampler)":
+                   "DataLoader(dataset, batch_size=batch_size // dist.get_world_size(), sampler=sampler)"},
+    "loss_times_world": {"cross_entropy(ddp_model(x), y)": "cross_entropy(ddp_model(x), y) * dist.get_world_size()"},
+    "loss_over_world": {"cross_entropy(ddp_model(x), y)": "cross_entropy(ddp_model(x), y) / dist.get_world_size()"},
+    # Sums the gradients DDP has just averaged.
+    "manual_all_reduce": {"            loss.backward()\n": "            loss.backward()\n"
+                          "            for p in ddp_model.parameters():\n                dist.all_reduce(p.grad)\n"},
+    # Averages the gradients by hand instead of DDP, but nothing broadcast rank 0's initial weights.
+    "manual_average_no_broadcast": {
+        "ddp_model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)": "ddp_model = model",
+        "            loss.backward()\n": "            loss.backward()\n            for p in ddp_model.parameters():\n"
+                                        "                dist.all_reduce(p.grad)\n"
+                                        "                p.grad /= dist.get_world_size()\n",
+        "torch.save(ddp_model.module.state_dict(), checkpoint_path)":
+            "torch.save(ddp_model.state_dict(), checkpoint_path)",
+    },
+    # evaluate_ddp's mistakes (the training in these files is the solution's).
+    "eval_padding_counted": {"real = position < len(dataset)": "real = position >= 0"},
+    "eval_not_reduced": {"    dist.all_reduce(totals)": "    pass"},
+    "eval_mean_of_means": {"    dist.all_reduce(totals)": "    totals = totals / totals[2]\n"
+                                                          "    dist.all_reduce(totals)"},
+    # Mistakes in no table, as bench_feedback generates them (a line dropped, a literal changed): the first
+    # divergence from the reference's trace, or the error at the learner's line, names them.
+    "unlisted_zero_grad_and_eval_error": {
+        "            optimizer.zero_grad()\n            loss.backward()\n            optimizer.step()\n"
+        "            total +=": "            pass\n            loss.backward()\n            optimizer.step()\n"
+                               "            total +=",
+        "            real = position < len(dataset)\n": "            pass\n"},
+    "unlisted_eval_count_no_print": {
+        "    seen = 0\n": "    seen = 1\n",
+        "            print(f\"epoch {epoch}: mean loss {total.item() / len(loader):.4f} (rank 0 shard)\")":
+            "            pass"},
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The mutants and the independent solution, graded at W=2 in one launch (one report each) with the
+    reference solution (whose trace the failures that name no cause are compared with: ``divergence``)."""
+    paths = solution_and_mutants(tmp_path_factory.mktemp("ex01"), "ex01_ddp.py", MUTANTS)
+    del paths["solution"]  # the CLI test grades it at both world sizes
+    paths["independent"] = independent.path(1)
+    reports = divergence.grade(ex01_ddp, list(paths.values()), with_reference=True, world_sizes=(2,))
+    graded = dict(zip(paths, reports))
+    return graded
+
+
+def test_the_independent_solution_scores_full_marks(graded):
+    r = graded["independent"]
+    assert r.score == r.max_score, r.feedback
+
+
+EVAL = "[W=2] evaluate_ddp counts each of 21 samples once despite the sampler's padding"
+
+
+@pytest.mark.slow
+def test_no_sampler_and_no_ddp_are_named(graded):
+    fails = failed(graded["no_ddp_no_sampler"])
+    assert fails[EVAL].startswith("rank 0 read 21 samples of the 21-sample evaluation set, the whole of it")
+    shard = fails["[W=2] each rank reads its own shard"]
+    assert shard.startswith("every rank read all 1792 samples in each epoch (rank 0 read 1792 per epoch, not its 896)")
+    assert "pass a DistributedSampler" in shard
+    same = fails["[W=2] same parameters on every rank"]
+    assert same.startswith("the model was never wrapped in DistributedDataParallel: each rank trained alone")
+    # One mistake, one message: what needs the shards is not judged a second time.
+    assert fails["[W=2] new shuffle every epoch"] == "not checked: needs '[W=2] each rank reads its own shard' first"
+
+
+@pytest.mark.slow
+def test_set_epoch_logging_and_saving_mistakes_are_named(graded):
+    report = graded["epoch_logging_saving"]
+    fails = failed(report)
+    assert set(fails) == {"[W=2] new shuffle every epoch", "[W=2] only rank 0 logs",
+                          "[W=2] rank 0 saves the model once", "[W=2] teardown destroys the process group", EVAL}
+    assert fails["[W=2] new shuffle every epoch"].startswith(
+        "epoch 0 and epoch 1 read the samples in the same shuffled order: call sampler.set_epoch(epoch)")
+    assert fails["[W=2] only rank 0 logs"].startswith("rank 1 printed 2 lines (first: 'epoch 0: mean loss")
+    assert fails["[W=2] rank 0 saves the model once"] == "torch.save was called on ranks [0, 1]: save on rank 0 only"
+    assert "still initialised on ranks [0, 1]" in fails["[W=2] teardown destroys the process group"]
+    assert fails[EVAL].startswith("rank 0 returned loss") and "the metric of only 20 of the 21 samples" in fails[EVAL]
+    # The parts that are right still earn their marks.
+    assert report.score == 5 and report.max_score == 10
+
+
+def _only(report, criterion: str) -> str:
+    """The feedback of ``criterion``, asserting that it is the one criterion that failed (those that need it
+    are "not checked")."""
+    fails = {name: msg for name, msg in failed(report).items() if not msg.startswith("not checked: needs")}
+    assert list(fails) == [f"[W=2] {criterion}"], fails
+    return fails[f"[W=2] {criterion}"]
+
+
+def test_scaled_learning_rate_is_named_with_its_factor(graded):
+    msg = _only(graded["lr_scaled"], "matches single-process training")
+    assert msg.startswith("the optimizer's learning rate was 0.4, 2x the lr=0.2 given")
+
+
+def test_forward_on_the_inner_module_is_named_not_a_missing_wrap(graded):
+    msg = _only(graded["inner_forward"], "same parameters on every rank")
+    assert msg.startswith("all 56 forward passes called model.module(x), bypassing DDP's gradient all-reduce")
+    assert "wrap the model" not in msg
+
+
+def test_shuffle_false_is_named_not_set_epoch(graded):
+    msg = _only(graded["shuffle_false"], "new shuffle every epoch")
+    assert msg.startswith("rank 0 read its shard in index order (0, 2, 4, ...) in both epochs")
+    assert "shuffle=False" in msg
+    assert "set_epoch" not in msg  # it was called (nothing in the run says otherwise): no advice to call it
+
+
+def test_unlisted_mistakes_are_named_at_the_learners_line(graded):
+    fails = failed(graded["unlisted_zero_grad_and_eval_error"])
+    step = fails["[W=2] matches single-process training"]
+    assert "\n  first difference from the reference (before any optimizer step, event " in step, step
+    assert "your code called backward() on a [] tensor (ex01_ddp.py:123: `loss.backward()`) where the reference " \
+           "called zero_grad(); your code never does" in step
+    assert fails[EVAL].startswith("evaluate_ddp raised on rank 0: NameError: name 'real' is not defined")
+    assert fails[EVAL].endswith(", at ex01_ddp.py line 166 in evaluate_ddp: logits = model(x)[real]")
+    fails = failed(graded["unlisted_eval_count_no_print"])
+    assert fails["[W=2] only rank 0 logs"] == "rank 0 printed nothing: print the loss of each epoch on rank 0"
+    msg = fails[EVAL]
+    assert "\n  first difference from the reference (" in msg and "after 56 optimizer step(s), event " in msg, msg
+    assert "your code called all_reduce on a [3] tensor holding (" in msg and "(ex01_ddp.py:170: " in msg
+    assert "what it held [" in msg and "] vs the reference's [" in msg
+
+
+def test_samplers_seeded_per_rank_are_named(graded):
+    fails = failed(graded["sampler_seed_per_rank"])
+    msg = fails["[W=2] each rank reads its own shard"]
+    assert "although each read its 896 once: their DistributedSamplers shuffled with different seeds" in msg
+    assert not any(name in fails for name in ("[W=2] same parameters on every rank", "[W=2] only rank 0 logs"))
+
+
+def test_half_batch_per_rank_is_named_with_numbers(graded):
+    msg = _only(graded["half_batch"], "matches single-process training")
+    assert msg.startswith("each rank read 16 samples per step, not batch_size=32: batch_size is per rank")
+
+
+def test_loss_times_world_size_is_named_with_the_gradient_ratio(graded):
+    msg = _only(graded["loss_times_world"], "matches single-process training")
+    assert msg.startswith("the first step's gradient is 2x the reference's on the same global batch: the loss "
+                          "was multiplied by the world size (2)")
+
+
+def test_loss_over_world_size_is_named_with_the_gradient_ratio(graded):
+    msg = _only(graded["loss_over_world"], "matches single-process training")
+    assert msg.startswith("the first step's gradient is 0.5x the reference's on the same global batch: the loss "
+                          "was divided by the world size (2)")
+
+
+def test_all_reduce_on_top_of_ddp_is_named(graded):
+    msg = _only(graded["manual_all_reduce"], "matches single-process training")
+    assert msg.startswith("the first step's gradient is 2x the reference's: the gradients were also summed by "
+                          "hand (6 dist.all_reduce calls on .grad before the first step) on top of DDP")
+
+
+def test_hand_averaging_without_a_broadcast_is_named(graded):
+    msg = _only(graded["manual_average_no_broadcast"], "same parameters on every rank")
+    assert msg.startswith("the ranks made the same updates but started from different weights (rank 1 and rank 0 "
+                          "differed by")
+    assert "nothing broadcast rank 0's weights" in msg
+
+
+def test_known_errors_are_translated():
+    from autograder.grader.diagnosis import translate
+    known = ex01_ddp.KNOWN_ERRORS
+    assert translate("ValueError: sampler option is mutually exclusive with shuffle", known) \
+        .startswith("DataLoader given a sampler and shuffle=True: ")
+    assert translate("ValueError: DistributedDataParallel device_ids and output_device arguments only work with "
+                     "single-device/multiple-device GPU modules or CPU modules, but got device_ids [0]", known) \
+        .startswith("device_ids given for a CPU model: ")
+    assert translate("ValueError: trying to initialize the default process group twice!", known) \
+        .startswith("init_process_group called twice: ")
+
+
+STYLES = ("by_attribute", "by_alias", "by_name")  # torch.save(...), T.save(...), save(...) (`from torch import save`)
+STYLES_MODULE = (
+    "import torch\nimport torch as T\nimport torch.distributed as D\nfrom torch import save\n"
+    "from torch.distributed import all_reduce\n\n\n"
+    "def by_attribute(t, f):\n    torch.save(t, f)\n    torch.distributed.all_reduce(t)\n\n\n"
+    "def by_alias(t, f):\n    T.save(t, f)\n    D.all_reduce(t)\n\n\n"
+    "def by_name(t, f):\n    save(t, f)\n    all_reduce(t)\n")
+
+
+@pytest.mark.parametrize("imported", ["before the spies", "under the spies"])
+def test_the_save_and_all_reduce_spies_see_every_import_style(tmp_path, imported):
+    """No launch (one gloo rank in this process): each way of naming torch.save and dist.all_reduce is
+    counted, whether the file was imported before the spies were entered or while they were."""
+    import torch
+    import torch.distributed as dist
+
+    from autograder.checks.ex01_ddp.probes import AllReduceSpy
+    from autograder.rank import SaveSpy, watched
+    from distlab.runtime.importing import import_path
+
+    (tmp_path / "styles.py").write_text(STYLES_MODULE)
+    load = lambda: watched(import_path(tmp_path / "styles.py", name=f"learner_styles_{imported[0]}"))  # noqa: E731
+    param = torch.nn.Parameter(torch.ones(3))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        learner = load() if imported == "before the spies" else None
+        with SaveSpy() as saves, AllReduceSpy() as reduces:
+            learner = learner or load()
+            reduces.grads = [param]
+            for i, style in enumerate(STYLES):
+                param.grad = torch.ones(3)
+                getattr(learner, style)(param.grad, tmp_path / f"{i}.pt")
+        assert saves.paths == [str(tmp_path / f"{i}.pt") for i in range(3)] and reduces.calls == 3
+        if imported == "before the spies":  # the names it bound are put back (bound under them, they stay spies)
+            assert learner.save is torch.save and learner.all_reduce is dist.all_reduce
+    finally:
+        dist.destroy_process_group()
+
+
+
+def test_counting_the_samplers_padding_is_named(graded):
+    msg = _only(graded["eval_padding_counted"], EVAL[6:])
+    assert "the mean over the 22 samples the samplers dealt out, not over the data set's 21" in msg
+    assert "repeating samples (here [0])" in msg
+
+
+def test_a_metric_not_reduced_is_named(graded):
+    msg = _only(graded["eval_not_reduced"], EVAL[6:])
+    assert msg.startswith("the ranks returned different metrics (each its own shard's): rank 0 returned loss")
+
+
+def test_averaging_the_ranks_means_is_named(graded):
+    msg = _only(graded["eval_mean_of_means"], EVAL[6:])
+    assert "the average of the ranks' means; without the repeats the shards hold [11, 10] samples" in msg

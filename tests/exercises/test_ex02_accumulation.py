@@ -1,0 +1,208 @@
+"""Exercise 2: the reference solution scores full marks, the stub 0, and each usual mistake fails
+with its own feedback. The solution and the mutants are graded in one launch (``grade``)."""
+from __future__ import annotations
+
+import pytest
+
+from autograder.checks import ex02_accumulation as check
+from tests.exercises import independent
+from tests.helpers import failed, feedback_of, solution_and_mutants
+
+FILE = check.EXERCISE.filename
+# The solution's loss line, and a micro-batch's mean loss (what most mistakes start from).
+LOSS, MEAN = "loss = summed * (world / count.item())", "loss = summed / y.ne(IGNORE_INDEX).sum()"
+MUTANTS = {
+    "not_divided_no_sync": {
+        LOSS: MEAN,
+        "contextlib.nullcontext() if boundary else model.no_sync()": "contextlib.nullcontext()",
+    },
+    "zero_grad_every_micro_step": {
+        "                loss.backward()\n": "                optimizer.zero_grad()\n                loss.backward()\n",
+    },
+    "divided_by_k": {LOSS: MEAN + " / accumulation_steps"},
+    "step_every_micro_step": {
+        "        optimizer.step()\n        optimizer.zero_grad()\n": "",
+        "            window_loss += summed.item() / count.item()\n":
+            "            window_loss += summed.item() / count.item()\n"
+            "            optimizer.step()\n            optimizer.zero_grad()\n",
+    },
+    "never_zero_grad": {"        optimizer.step()\n        optimizer.zero_grad()\n": "        optimizer.step()\n"},
+    "zero_grad_before_step": {
+        "        optimizer.step()\n        optimizer.zero_grad()\n":
+            "        optimizer.zero_grad()\n        optimizer.step()\n",
+    },
+    # Every micro-batch weighs the same, whatever its size: right for equal sizes only.
+    # and, over padded sequences, the mean of the micro-batches' token means (the 2024 accumulation bug).
+    "equal_weights": {LOSS: MEAN + " / len(window)"},
+    # Each rank divides by its own token count: right while every rank has as many labels.
+    "local_count": {"        dist.all_reduce(count)\n": "", LOSS: "loss = summed / count.item()"},
+    # The global count, but DDP's average over the ranks not undone.
+    "over_world": {LOSS: "loss = summed / count.item()"},
+    "padding_counted": {"(micro_batches[i][1] != IGNORE_INDEX).sum()": "micro_batches[i][1].numel()"},
+    # Skips the step of a window shorter than accumulation_steps (and so its samples).
+    "no_step_on_short_window": {
+        "        optimizer.step()\n        optimizer.zero_grad()\n":
+            "        if len(window) == accumulation_steps:\n"
+            "            optimizer.step()\n        optimizer.zero_grad()\n",
+    },
+    # no_sync() on the window's last micro-step too: DDP never averages.
+    "never_synced": {"contextlib.nullcontext() if boundary else model.no_sync()": "model.no_sync()"},
+    "no_backward": {"                loss.backward()\n": ""},
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict:
+    paths = solution_and_mutants(tmp_path_factory.mktemp("ex02"), FILE, MUTANTS)
+    paths["independent"] = independent.path(2)
+    graded = dict(zip(paths, check.grade(list(paths.values()))))
+    return graded
+
+
+def test_solution_full_marks(reports):
+    report = reports["solution"]
+    assert report.score == report.max_score, report.feedback
+    assert report.measurements["equal_max_abs_diff_vs_reference"] < 1e-5
+
+
+def test_the_independent_solution_scores_full_marks(reports):
+    r = reports["independent"]
+    assert r.score == r.max_score, r.feedback
+
+
+def test_loss_not_divided(reports):
+    report = reports["not_divided_no_sync"]
+    msg = "is the micro-batch gradients not divided, not the mean over its N={} samples"
+    assert msg.format(32) in feedback_of(report, "after 4 micro-batches")
+    assert msg.format(24) in feedback_of(report, "unequal sizes")
+
+
+def test_short_window_divided_by_k(reports):
+    report = reports["divided_by_k"]
+    short = feedback_of(report, "final short window")
+    assert "micro-batch gradients divided by accumulation_steps=4" in short
+    assert "normalise the final, shorter window over its own samples" in short
+    unequal = feedback_of(report, "unequal sizes")
+    assert "equal weights" not in unequal  # k=3 windows: 1/k is 1/3 there
+    assert "divided by accumulation_steps=3" in unequal
+    # The first wrong window of the unequal scenario has k micro-batches: no "shorter window" advice there.
+    assert "scale each micro-batch's mean loss by n_i / N" in unequal and "shorter" not in unequal
+    assert not any("[equal sizes" in name for name in failed(report))
+
+
+def test_allreduce_every_micro_step(reports):
+    report = reports["not_divided_no_sync"]
+    allreduce = feedback_of(report, "all-reduced once")
+    assert "[4, 4, 4] times per window of 4 micro-steps" in allreduce and "model.no_sync()" in allreduce
+    assert "identical gradients" in feedback_of(report, "still differ inside a window")
+
+
+def test_zero_grad_every_micro_step(reports):
+    report = reports["zero_grad_every_micro_step"]
+    msg = "zero_grad() ran in the middle of a window (after micro-step 1 of 4)"
+    assert msg in feedback_of(report, "one optimizer step and zero_grad per window")
+    assert msg in feedback_of(report, "after 4 micro-batches")
+
+
+def test_step_every_micro_step(reports):
+    report = reports["step_every_micro_step"]
+    msg = "optimizer.step() ran 12 times for 12 micro-batches with accumulation_steps=4"
+    assert msg in feedback_of(report, "one optimizer step and zero_grad per window")
+    assert "final short window" in " ".join(failed(report))
+    # Its no_sync() was right: one all-reduce per window; the mid-window check names the schedule.
+    assert not any("all-reduced once" in name for name in failed(report))
+    assert msg in feedback_of(report, "still differ inside a window")
+
+
+def test_never_zeroed_is_named_and_the_first_window_still_passes(reports):
+    report = reports["never_zero_grad"]
+    msg = ("at the start of window 1 the gradients still held the previous window's (zero_grad() ran 0 times in "
+           "3 windows)")
+    assert msg in feedback_of(report, "one optimizer step and zero_grad per window")
+    assert msg in feedback_of(report, "parameters after 3 optimizer steps")
+    # The first window's gradient, its all-reduce and the ranks' difference mid-window were right.
+    assert not any(k in name for name in failed(report) for k in ("gradient after", "all-reduced", "still differ"))
+
+
+def test_zero_grad_before_step_is_named(reports):
+    report = reports["zero_grad_before_step"]
+    msg = "zero_grad() ran after the window's last backward but before optimizer.step(), so 3 of 3 steps saw all-zero"
+    assert msg in feedback_of(report, "one optimizer step and zero_grad per window")
+    assert msg in feedback_of(report, "after 4 micro-batches")
+    assert "in the middle of a window" not in report.feedback
+
+
+def test_equal_weights_for_unequal_micro_batches(reports):
+    report = reports["equal_weights"]
+    unequal = feedback_of(report, "unequal sizes")
+    assert "is the micro-batch gradients divided by the 3 micro-batches (equal weights), not the mean over its N=24" \
+        in unequal and "its share of the window's samples n_i / N" in unequal
+    # With equal sizes dividing by the number of micro-batches is right, and so is the short window (2 of 8 each).
+    assert list(failed(report)) == [name for name in failed(report) if "unequal sizes" in name or "padded" in name]
+
+
+def test_never_synced_is_named(reports):
+    report = reports["never_synced"]
+    msg = "DDP never all-reduced the gradients of window 0 (0 all-reduce rounds in its 4 micro-steps, 3 of 3 windows"
+    assert msg in feedback_of(report, "all-reduced once")
+    assert msg in feedback_of(report, "after 4 micro-batches")
+    assert "model.no_sync()" in feedback_of(report, "all-reduced once")
+    # The ranks did keep their own gradients inside the windows, and the schedule was right.
+    assert not any(k in name for name in failed(report) for k in ("still differ", "zero_grad per window"))
+
+
+def test_no_backward_is_named_not_no_sync(reports):
+    report = reports["no_backward"]
+    said = feedback_of(report, "all-reduced once")
+    assert "at all 3 optimizer steps the gradients were zero on rank 0 (every .grad None or 0, after 12 forwards)" \
+        in said and "no_sync" not in said  # it ran the last micro-step outside no_sync: no advice about that
+    assert "no backward() reached the parameters" in feedback_of(report, "after 4 micro-batches")
+
+
+def test_skipped_short_window_step_is_named(reports):
+    report = reports["no_step_on_short_window"]
+    msg = ("optimizer.step() ran after [4, 4] micro-batches; the windows have [4, 4, 2] (the final, shorter window "
+           "must still end with a step)")
+    assert msg in feedback_of(report, "final short window")
+    assert "the windows have [3, 3, 2]" in feedback_of(report, "unequal sizes")
+    assert not any("[equal sizes" in name for name in failed(report))
+
+
+def test_known_errors_are_translated():
+    from autograder.grader.diagnosis import translate
+    assert translate("AttributeError: 'Sequential' object has no attribute 'no_sync'", check.KNOWN_ERRORS) \
+        .startswith("no_sync called on model.module: ")
+    assert "backward() ran twice" in translate("RuntimeError: Trying to backward through the graph a second time "
+                                               "(or directly access saved tensors...", check.KNOWN_ERRORS)
+
+
+
+TOKENS = "padded sequences"
+
+
+def test_mean_of_token_means_is_named(reports):
+    tokens = feedback_of(reports["equal_weights"], TOKENS)
+    assert "non-padding tokens per micro-batch [9, 4] on rank 0 and [2, 14] on rank 1" in tokens
+    assert "divided by the 2 micro-batches (equal weights), not the mean over its N=29 tokens on all ranks" in tokens
+    assert "weighs a token of a short micro-batch more" in tokens and "reduction='sum'" in tokens
+
+
+def test_local_token_count_is_named(reports):
+    report = reports["local_count"]
+    assert "normalised by each rank's own token count" in feedback_of(report, TOKENS)
+    assert "all_reduce the window's token count" in feedback_of(report, TOKENS)
+    assert list(failed(report)) == [name for name in failed(report) if TOKENS in name]  # equal counts: right
+
+
+def test_padding_counted_is_named(reports):
+    report = reports["padding_counted"]
+    assert "normalised with padding included (64 labels), not the mean over its N=29" in feedback_of(report, TOKENS)
+    assert list(failed(report)) == [name for name in failed(report) if TOKENS in name]  # no padding: right
+
+
+def test_ddp_average_not_undone_is_named(reports):
+    report = reports["over_world"]
+    msg = "averaged by DDP over 2 ranks (1/2 of the mean), not the mean over its N={}"
+    assert msg.format(32) in feedback_of(report, "after 4 micro-batches")
+    assert msg.format("29 tokens") in feedback_of(report, TOKENS)
+    assert "multiplied by the world size" in feedback_of(report, TOKENS)

@@ -1,0 +1,234 @@
+"""Exercise 5 (crash-proof checkpoints): the solution resumes bit-identically after a stop and SIGKILLs
+(fresh job, torchrun restarts, twice, another world size), and the mistakes (no data position,
+no scheduler, no RNG, no pruning, writing in place, a step counter off by one, another rank's RNG,
+model and optimizer not restored, a checkpoint collective on rank 0 only) are named, and only
+what differs. "Not implemented yet" goes through the same code path as exercise 4's stub test
+(grader.main.explain), and notebook 05's check cell grades this exercise's stub on every notebook run,
+so no launch is spent on it here."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from autograder.checks import ex05_checkpoint
+from autograder.grader.diagnosis import translate
+from distlab import checkpoint
+from tests.exercises import independent
+from tests.helpers import SOLUTIONS, failed, mutant
+
+
+def test_commit_is_atomic_and_prune_keeps_the_last_k(tmp_path):
+    for step in (1, 2, 3):
+        staged = checkpoint.staging_path(tmp_path, step)
+        staged.mkdir()
+        with pytest.raises(FileNotFoundError):  # no .metadata: the write did not finish
+            checkpoint.commit(tmp_path, step)
+        (staged / checkpoint.METADATA).write_text("x")
+        checkpoint.commit(tmp_path, step)
+    checkpoint.staging_path(tmp_path, 4).mkdir()  # an interrupted write
+    assert checkpoint.latest_complete(tmp_path)[0] == 3
+    checkpoint.prune(tmp_path, keep=2)
+    assert sorted(os.listdir(tmp_path)) == ["step_00000002", "step_00000003"]
+
+
+@pytest.fixture(scope="module")
+def solution_and_independent():
+    """The reference and the independent solution in every scenario, resharded to 1 rank here (cheapest;
+    the CLI grades 2 -> 4): the independent one shares the reference and reshard launches (its restarts
+    have a launch of their own)."""
+    return dict(zip(["solution", "independent"], ex05_checkpoint.grade(
+        [SOLUTIONS / "ex05_checkpoint.py", independent.path(5)], reshard_world=1)))
+
+
+@pytest.mark.slow
+def test_solution_resumes_exactly_in_every_scenario(solution_and_independent):
+    report = solution_and_independent["solution"]
+    assert report.score == report.max_score, report.feedback
+    assert "bit-identical to the uninterrupted run" in report.feedback
+    assert "resumed from step 3" in report.feedback
+    assert "every step's samples, learning rate, Adam step, RNG state and weights as the reference's" in \
+        report.feedback
+
+
+@pytest.mark.slow
+def test_the_independent_solution_scores_full_marks(solution_and_independent):
+    r = solution_and_independent["independent"]
+    assert r.score == r.max_score, r.feedback
+
+
+MISSING_STATE = {
+    # resume without the data position, the scheduler or the RNG state
+    "        step, position = resumed\n": "        step, position = resumed[0], {\"epoch\": 0, \"offset\": 0}\n",
+    "    scheduler.load_state_dict(state[\"scheduler\"])\n": "",
+    "        torch.set_rng_state(rng[\"cpu\"])\n": "        pass\n",
+    # keep every checkpoint
+    "        prune(root, keep)\n": "",
+    # write in place and trust the newest directory
+    "    found = latest_complete(root)\n":
+        "    found = max(((int(p.name[5:]), p) for p in Path(root).glob(\"step_*\")), default=None)\n",
+    "    dcp.save(state, checkpoint_id=staged)\n":
+        "    staged = final_path(root, step)\n    dcp.save(state, checkpoint_id=staged)\n",
+    "        commit(root, step)  # atomic rename: a crash before this leaves only a .tmp- directory\n":
+        "        pass\n",
+}
+# One mistake each, graded on the first scenarios only (the fresh job): they share its launches with
+# MISSING_STATE's file. The last one fails the uninterrupted run, so it is last in the launch.
+FRESH_ONLY = {
+    "counter one ahead": {"        step, position = resumed\n":
+                          "        step, position = resumed\n        step += 1  # the next step to run\n"},
+    "rank 0's RNG on every rank": {"path / f\"rng-rank{dist.get_rank()}.pt\"": "path / \"rng-rank0.pt\""},
+    "rebuilt after loading": {
+        "        step, position = resumed\n":
+            "        step, position = resumed\n        model, optimizer, scheduler = build(steps, seed)\n"},
+    # Three mistakes both of the learner's runs share (so every resume is exact), seen at step 1 against
+    # the single-process reference: the scheduler stepped first, one seed for every rank, another shuffle.
+    "shared by both runs": {
+        "            optimizer.step()\n            scheduler.step()\n":
+            "            scheduler.step()\n            optimizer.step()\n",
+        "    torch.manual_seed(seed + dist.get_rank())\n": "    torch.manual_seed(seed)\n",
+        "DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)":
+            "DistributedSampler(dataset, shuffle=True, seed=seed + 1, drop_last=True)"},
+    # A generated mutant (bench_feedback: a literal changed): the steps numbered from 2.
+    "first step numbered 2": {"    step, position = 0, {": "    step, position = 1, {"},
+    "dcp.save on rank 0 only": {"    dcp.save(state, checkpoint_id=staged)\n":
+                                "    if dist.get_rank() == 0:\n        dcp.save(state, checkpoint_id=staged)\n"},
+}
+FRESH = "a fresh job resumes exactly"
+REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
+
+
+# Not marked slow although it takes ~50 s: exercise 5's launches in make test-fast (its cheapest): one
+# reference launch for the five files, one resume launch (three process starts, for the restarts).
+@pytest.fixture(scope="module")
+def mutants(tmp_path_factory):
+    changes = {"missing state": MISSING_STATE, **FRESH_ONLY}
+    paths = [mutant(tmp_path_factory.mktemp(f"m{i}"), "ex05_checkpoint.py", c) for i, c in enumerate(changes.values())]
+    reports = ex05_checkpoint.grade(paths, scenarios_of=[("fresh", "restart")] + [("fresh",)] * len(FRESH_ONLY))
+    return dict(zip(changes, reports))
+
+
+def test_missing_state_pruning_and_in_place_writes_are_named(mutants):
+    report = mutants["missing state"]
+    fails = failed(report)
+    assert "holds ['step_00000003', 'step_00000006', 'step_00000009', 'step_00000012']" in \
+        fails["keeps only the last K checkpoints"]
+    fresh = fails[FRESH]
+    # Each was saved but not restored: the message says where it was saved, and advises no save.
+    assert "at step 4 rank 0 read samples" in fresh and "your checkpoint holds 'data' (dcp.save at " \
+        "ex05_checkpoint.py:91), but it was not restored: continue from the epoch and batch offset" in fresh
+    assert "(the samples of step 1)" in fresh  # the epoch started over
+    assert "the learning rate it set for step 5 was" in fresh and "your checkpoint holds 'scheduler' (dcp.save at " \
+        "ex05_checkpoint.py:91), but it was not restored: scheduler.load_state_dict()" in fresh
+    assert "your checkpoint holds 'cpu' (torch.save at ex05_checkpoint.py:95), but it was not restored: " \
+        "torch.set_rng_state()" in fresh
+    assert "save the data position" not in fresh and "save scheduler" not in fresh and "save each" not in fresh
+    assert "weights" not in fresh and "Adam" not in fresh and "step counter" not in fresh  # those were restored
+    write = fails["an interrupted write is never loaded"]
+    assert "killed while writing step 6's checkpoint" in write and "should resume from step 3" in write
+    assert ".metadata" in write  # the restarted job tripped on the half-written checkpoint
+    assert fails["two crashes, still exact"] == "not checked: needs 'torchrun --max-restarts resumes exactly' first"
+    assert REFERENCE not in fails  # its uninterrupted run is the contract's: what it loses is in resuming
+
+
+def test_a_step_counter_off_by_one_is_named_alone(mutants):
+    fresh = failed(mutants["counter one ahead"])[FRESH]
+    assert "the first step after resuming was numbered 5, but it trained exactly what the uninterrupted run " \
+        "trained at step 4" in fresh
+    assert "the checkpoint was written after step 3, so the step counter is 1 ahead" in fresh
+    for other in ("data position", "scheduler", "get_rng_state", "set_state_dict"):
+        assert other not in fresh  # data, schedule, RNG, model and optimizer were all restored
+
+
+def test_another_ranks_rng_state_is_named(mutants):
+    fresh = failed(mutants["rank 0's RNG on every rank"])[FRESH]
+    assert fresh.endswith("at step 4 rank 1's RNG state is rank 0's, so dropout drew rank 0's masks: each rank "
+                          "restores its own rng-rank{R}.pt (the RNG state differs per rank)")
+
+
+def test_model_optimizer_and_scheduler_not_restored_are_named_not_the_rest(mutants):
+    fresh = failed(mutants["rebuilt after loading"])[FRESH]
+    assert "at step 4 rank 0 resumed with other weights than the uninterrupted run had before step 4" in fresh
+    assert "the freshly built model's: train the model the checkpoint was loaded into" in fresh
+    assert "Adam's step count was 0 where the uninterrupted run's was 3" in fresh
+    assert "the learning rate was" in fresh
+    assert "samples" not in fresh and "RNG" not in fresh and "step counter" not in fresh
+
+
+def test_mistakes_both_runs_share_are_named_against_the_reference(mutants):
+    fails = failed(mutants["shared by both runs"])
+    assert list(fails) == [REFERENCE]  # it resumes exactly: from its own uninterrupted run nothing differs
+    msg = fails[REFERENCE]
+    assert msg.startswith("step 1 trained with a learning rate of 0.00294889, the schedule's value for step 2, "
+                          "where the reference's is 0.003: scheduler.step() ran before optimizer.step()"), msg
+    assert "Call optimizer.step(), then scheduler.step()" in msg
+    assert "rank 1's RNG state at step 1 is not torch.manual_seed(seed + 1)'s (every rank's is the " \
+           "same: each was seeded alike)" in msg
+    assert "rank 0 read samples" in msg
+    assert "use DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)" in msg
+    assert "set_epoch" not in msg  # it was called
+
+
+def test_steps_numbered_from_2_are_named(mutants):
+    msg = failed(mutants["first step numbered 2"])[REFERENCE]
+    assert msg.startswith("the first step the uninterrupted run reported to on_step was step 2, not 1: start from "
+                          "step = 0"), msg
+
+
+def test_a_checkpoint_collective_on_rank_0_only_is_named(mutants):
+    report = mutants["dcp.save on rank 0 only"]
+    assert not report.ran and report.score == 0
+    assert "dcp.save ran on rank 0 (at step 3) but not on rank 1: it is a collective" in report.feedback
+    # What the job did comes after the cause, and it is a race: rank 1 fails at once when rank 0 has not
+    # yet made the staging folder (a rank raised), else both wait in mismatched collectives until the hang
+    # detector ends the job (each rank's line is named). Either way the evidence follows the cause.
+    assert re.search(r"\(rank \d raised \w+|\(the job hung: no rank advanced .* rank \d waits in \w+ at "
+                     r"ex05_checkpoint\.py:\d+", report.feedback), report.feedback
+
+
+@pytest.mark.parametrize("raised, name", [
+    ("RuntimeError: Parent directory /tmp/x/A/.tmp-step_00000003 does not exist.",
+     "a checkpoint written on some ranks only"),
+    ("CheckpointException: ... RuntimeError: Missing key in checkpoint state_dict: rng.",
+     "dcp.load of a key the checkpoint lacks"),
+])
+def test_errors_of_known_mistakes_are_translated(raised, name):
+    assert translate(raised, ex05_checkpoint.KNOWN_ERRORS).startswith(name)
+
+
+@pytest.mark.parametrize("imported", ["before the spies", "under the spies"])
+def test_the_checkpoint_spies_see_every_import_style(tmp_path, imported):
+    """No launch (one gloo rank in this process): DCP's save by attribute, through an alias of its module
+    and by name from ``state_dict_saver``, and get_state_dict by name, are each logged."""
+    import io
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    from autograder.checks.ex05_checkpoint import probes
+    from autograder.rank import watched
+    from distlab.runtime.importing import import_path
+
+    (tmp_path / "styles.py").write_text(
+        "import torch.distributed.checkpoint\nimport torch.distributed.checkpoint as DCP\n"
+        "from torch.distributed.checkpoint.state_dict import get_state_dict\n"
+        "from torch.distributed.checkpoint.state_dict_saver import save\n\n\n"
+        "def every_style(model, optimizer, root):\n    model_sd, _ = get_state_dict(model, optimizer)\n"
+        "    torch.distributed.checkpoint.save(model_sd, checkpoint_id=root / 'a')\n"
+        "    DCP.save(model_sd, checkpoint_id=root / 'b')\n    save(model_sd, checkpoint_id=root / 'c')\n")
+    load = lambda: watched(import_path(tmp_path / "styles.py", name=f"learner_dcp_{imported[0]}"))  # noqa: E731
+    model = torch.nn.Linear(3, 2)
+    log = io.StringIO()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        learner = load() if imported == "before the spies" else None
+        with probes._collective_spies():
+            learner = learner or load()
+            probes._now.update(log=log, tag="styles", step=0)
+            learner.every_style(model, torch.optim.SGD(model.parameters(), lr=0.1), tmp_path)
+    finally:
+        probes._now["log"] = None
+        dist.destroy_process_group()
+    assert [json.loads(ln)["call"] for ln in log.getvalue().splitlines()] == ["get_state_dict"] + ["dcp.save"] * 3

@@ -1,0 +1,277 @@
+"""Exercise 8 (a tensor-parallel MLP block by hand): the solution scores full marks at W=2 and W=4, the
+stub 0 ("not implemented"), and each known mistake fails with its own feedback, naming the cause with
+numbers. One launch per world size grades every file: the W=2 one stays in the fast tier, the W=4 one
+is `slow`."""
+from __future__ import annotations
+
+import pytest
+
+from autograder.checks import ex08_tensor_parallel as check
+from autograder.grader.diagnosis import translate
+from tests.exercises import independent
+from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
+
+FILE = check.EXERCISE.filename
+COLUMN_FORWARD = "        return F.linear(CopyToParallelRegion.apply(x), self.weight, self.bias)\n"
+SPLIT = "        x = x.chunk(dist.get_world_size(){})[dist.get_rank()]\n"
+COLUMN_WEIGHT, ROW_WEIGHT = ("linear.weight.detach().chunk(world_size, dim=0)",
+                             "linear.weight.detach().chunk(world_size, dim=1)")
+ROW_FORWARD = "ReduceFromParallelRegion.apply(F.linear(x, self.weight)) + self.bias"
+ROW_INIT = "        ### BEGIN SOLUTION\n        # A column slice"
+G_BACKWARD = "    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:\n        ### BEGIN SOLUTION\n"
+F_REDUCE = "        dist.all_reduce(grad)  # op=ReduceOp.SUM, the default\n"
+MISTAKES = {
+    "f and g swapped": {"F.linear(CopyToParallelRegion.apply(x)": "F.linear(ReduceFromParallelRegion.apply(x)",
+                        ROW_FORWARD: "CopyToParallelRegion.apply(F.linear(x, self.weight)) + self.bias"},
+    "no backward all-reduce": {"        dist.all_reduce(grad)  # op=ReduceOp.SUM, the default\n": ""},
+    "no forward all-reduce": {"        dist.all_reduce(out)  # op=ReduceOp.SUM: each": "        # each"},
+    "bias on every rank": {ROW_FORWARD: "ReduceFromParallelRegion.apply(F.linear(x, self.weight, self.bias))"},
+    "column cut by input features": {COLUMN_WEIGHT: ROW_WEIGHT},
+    "row cut by output features": {ROW_WEIGHT: COLUMN_WEIGHT},
+    "batch split": {COLUMN_FORWARD: SPLIT.format("") + COLUMN_FORWARD},
+    "features split": {COLUMN_FORWARD: SPLIT.format(", dim=-1") + COLUMN_FORWARD},
+    "every rank keeps shard 0": {"chunk(world_size, dim=0)[rank]": "chunk(world_size, dim=0)[0]"},
+    "views, not copies": {"[rank].clone())": "[rank])"},
+    "unsplit layer kept": {ROW_INIT: ROW_INIT.replace("SOLUTION\n", "SOLUTION\n        self.linear = linear\n")},
+    "averaged": {"dist.all_reduce(out)": "dist.all_reduce(out, op=dist.ReduceOp.AVG)"},
+    "g's backward returns nothing": {G_BACKWARD + "        return grad\n": G_BACKWARD + "        pass\n"},
+    "f's backward returns nothing": {F_REDUCE + "        return grad\n": F_REDUCE},
+    "column forward returns nothing": {"        return F.linear(CopyToParallelRegion":
+                                       "        F.linear(CopyToParallelRegion"},
+    # Right numbers, one collective too many: no cause to name, the count by kind says it.
+    "input broadcast first": {COLUMN_FORWARD: "        with torch.no_grad():\n            dist.broadcast(x, src=0)\n"
+                              + COLUMN_FORWARD},
+}
+# The criteria's names at W=2 (the W=4 tests look for phrases, not names).
+HOLDS = "[W=2] each rank holds its 1/2 of the weights, as new parameters"
+OUTPUT = "[W=2] the output matches the unsplit block"
+BIAS = "[W=2] the row layer's bias is added once, after the all-reduce"
+FWD_COMM = "[W=2] one all-reduce in the forward, in RowParallelLinear"
+X_GRAD = "[W=2] the input's gradient matches the unsplit block"
+GRADS = "[W=2] each shard's gradient matches the unsplit block's"
+BWD_COMM = "[W=2] one all-reduce in the backward, of the input's gradient"
+RAISED = "not checked: the forward raised (see '[W=2] the output matches the unsplit block')"
+
+
+def _grade(tmp_path_factory, world: int, stub: bool) -> dict:
+    """The solution, the independent one, (the stub,) and every mutant."""
+    paths = [SOLUTIONS / FILE, independent.path(8)] + ([EXERCISES / FILE] if stub else [])
+    for i, change in enumerate(MISTAKES.values()):
+        paths.append(mutant(tmp_path_factory.mktemp(f"w{world}m{i}"), FILE, change))
+    graded = dict(zip(["solution", "independent"] + (["stub"] if stub else []) + list(MISTAKES),
+                      check.grade(paths, world_sizes=(world,))))
+    return graded
+
+
+@pytest.fixture(scope="module")
+def w2(tmp_path_factory):
+    """Every file in one 2-rank launch: the one launch of this file in the fast tier."""
+    return _grade(tmp_path_factory, 2, stub=True)
+
+
+@pytest.fixture(scope="module")
+def w4(tmp_path_factory):
+    return _grade(tmp_path_factory, 4, stub=False)
+
+
+def test_solution_full_marks_at_w2_exact_where_exact(w2):
+    r = w2["solution"]
+    assert r.score == r.max_score, r.feedback
+    # Bit-identical by construction: the all-reduce hands every rank the same sum, and each adds the same bias.
+    assert r.measurements["W2_output_rank_spread"] == 0
+    # Exact by construction: 1/2 of 96x16 + 96 and of 16x96 floats, plus the 16-float second bias, 4 B each.
+    assert (r.measurements["W2_bytes_per_rank"], r.measurements["unsplit_bytes"]) == (6400, 12736)
+
+
+def test_the_independent_solution_scores_full_marks_at_w2(w2):
+    r = w2["independent"]
+    assert r.score == r.max_score, r.feedback
+
+
+def test_the_stub_scores_zero_not_implemented(w2):
+    r = w2["stub"]
+    assert (r.ran, r.score) == (False, 0)
+    assert "not implemented yet (ex08_tensor_parallel.py line " in r.feedback
+    assert "raise NotImplementedError" in r.feedback
+
+
+def test_swapped_f_and_g_is_named_everywhere_it_shows(w2):
+    f = failed(w2["f and g swapped"])
+    assert set(f) == {OUTPUT, BIAS, FWD_COMM, X_GRAD, GRADS, BWD_COMM}  # the shards themselves are right
+    for name, said in f.items():
+        assert "f and g are swapped" in said, name
+    assert "all-reduce ran in ColumnParallelLinear, on its 12x16 input" in f[OUTPUT] and "with 2·x" in f[OUTPUT]
+    assert "the backward's all-reduce summed the output's gradient" in f[BWD_COMM]
+
+
+def test_no_backward_all_reduce_shows_each_ranks_part_adding_up(w2):
+    f = failed(w2["no backward all-reduce"])
+    assert set(f) == {X_GRAD, BWD_COMM}  # the forward and the shards' gradients do not need it
+    for said in f.values():
+        assert "the backward made no all-reduce" in said and "the 2 ranks' parts add up to the unsplit block's" in said
+        assert "CopyToParallelRegion.backward must all-reduce (sum)" in said
+
+
+def test_no_forward_all_reduce_shows_the_partial_sums_adding_up(w2):
+    f = failed(w2["no forward all-reduce"])
+    assert set(f) == {OUTPUT, BIAS, FWD_COMM}  # g's backward is the identity either way: the gradients are right
+    for said in f.values():
+        assert "the forward made no all-reduce" in said and "the 2 ranks' partial sums add up" in said
+
+
+def test_bias_on_every_rank_is_counted(w2):
+    f = failed(w2["bias on every rank"])
+    assert set(f) == {OUTPUT, BIAS}
+    for said in f.values():
+        assert "partial sum holds 1.00x the bias" in said and "summed it 2 times" in said
+        assert "plus 1x the bias" in said and "once, after ReduceFromParallelRegion" in said
+
+
+def test_a_shard_cut_along_the_wrong_dimension_is_located(w2):
+    col, row = failed(w2["column cut by input features"]), failed(w2["row cut by output features"])
+    assert "ColumnParallelLinear.weight is 96x8: columns 0:8 of the unsplit 96x16 weight, that is input" in col[HOLDS]
+    assert "keeps rows 0:48 of the unsplit 96x16 weight" in col[HOLDS]
+    assert "RowParallelLinear.weight is 8x96: rows 0:8 of the unsplit 16x96 weight, that is output" in row[HOLDS]
+    assert "keeps columns 0:48 of the unsplit 16x96 weight and the whole bias" in row[HOLDS]
+    # The forward raises on every rank: the cause first, then PyTorch's words; the rest is not judged twice.
+    assert "mat1 and mat2 shapes cannot be multiplied (12x16 and 8x96)" in col[OUTPUT] and "columns 0:8" in col[OUTPUT]
+    assert "mat1 and mat2 shapes cannot be multiplied (12x48 and 96x8)" in row[OUTPUT]
+    assert col[BWD_COMM] == row[GRADS] == RAISED
+
+
+def test_an_input_split_across_the_ranks_is_named(w2):
+    batch, features = failed(w2["batch split"]), failed(w2["features split"])
+    assert set(batch) == {OUTPUT, BIAS, X_GRAD, GRADS, BWD_COMM}  # its one forward all-reduce is in place
+    for name in (OUTPUT, X_GRAD):
+        assert "ColumnParallelLinear returned 6 rows for the 12-row input on rank" in batch[name]
+        assert "splits the weights, not the batch" in batch[name]
+    assert "Mismatch in shape" in batch[X_GRAD]  # what the backward raised, after the cause
+    assert HOLDS not in features and features[BIAS] == RAISED
+    assert "ColumnParallelLinear's matmul got a 12x8 input on rank" in features[OUTPUT]
+    assert "8 of x's 16 features" in features[OUTPUT] and "(12x8 and 16x48)" in features[OUTPUT]
+
+
+def test_a_shard_that_is_not_the_ranks_own_is_located(w2):
+    f = failed(w2["every rank keeps shard 0"])
+    said = "rank 1's ColumnParallelLinear.weight holds rows 0:48 of the unsplit 96x16 weight, rank 0's shard"
+    for name in (HOLDS, OUTPUT, X_GRAD, GRADS):
+        assert said in f[name] and "rows r·48:(r+1)·48" in f[name], name
+
+
+def test_views_and_the_unsplit_layer_cost_the_memory_criterion_only(w2):
+    views, kept = failed(w2["views, not copies"]), failed(w2["unsplit layer kept"])
+    assert list(views) == list(kept) == [HOLDS]  # the maths is right: only what each rank holds is wrong
+    assert "ColumnParallelLinear.weight is a view into the unsplit layer's tensor: its storage is 6,144 B for its " \
+           "own 3,072 B" in views[HOLDS] and ".clone()" in views[HOLDS]
+    assert "RowParallelLinear also keeps linear.weight (16x96, 6,144 B), the unsplit layer's" in kept[HOLDS]
+
+
+def test_an_averaging_all_reduce_is_named(w2):
+    f = failed(w2["averaged"])
+    assert set(f) == {OUTPUT, BIAS}
+    for said in f.values():
+        assert "the output minus the bias is 0.50x the unsplit block's with 2 ranks" in said
+        assert "op=ReduceOp.SUM" in said
+
+
+def test_an_extra_collective_is_reported_by_kind_and_layer(w2):
+    f = failed(w2["input broadcast first"])
+    assert list(f) == [FWD_COMM]
+    assert f[FWD_COMM].startswith("rank 0's forward made 2 collectives: broadcast in ColumnParallelLinear (12x16), "
+                                  "all_reduce in RowParallelLinear (12x16): the block needs one all-reduce")
+
+
+def test_a_backward_or_forward_that_returns_nothing_is_named_where_the_gradient_or_value_stopped(w2):
+    g, f, column = (failed(w2[k]) for k in ("g's backward returns nothing", "f's backward returns nothing",
+                                            "column forward returns nothing"))
+    assert "got its gradient, but none of ColumnParallelLinear.weight" in g[GRADS]
+    assert "use the shard parameters" not in g[GRADS]  # they did: the gradient never reached them
+    assert "every shard got its gradient but the input x got none: CopyToParallelRegion.backward returned None " \
+           "(its all-reduce of 12x16 ran)" in f[X_GRAD]
+    assert column[OUTPUT].startswith("on rank 0 ColumnParallelLinear.forward returned None, not a tensor")
+
+
+def test_known_errors_are_translated():
+    matmul = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (12x16 and 8x96)"
+    assert translate(matmul, check.KNOWN_ERRORS).startswith("matmul shapes that do not match")
+    bias = "RuntimeError: The size of tensor a (48) must match the size of tensor b (96) at non-singleton dimension 1"
+    assert translate(bias, check.KNOWN_ERRORS).startswith("a bias of the wrong size")
+
+
+def test_the_spy_sees_an_all_reduce_inside_an_autograd_functions_backward():
+    """What the backward's criteria rest on, checked in this process (one rank, gloo, no launch)."""
+    import torch
+    import torch.distributed as dist
+
+    from autograder.checks.ex08_tensor_parallel.probes import CommSpy
+
+    class Copy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.clone()
+            dist.all_reduce(grad)
+            return grad
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = torch.ones(3, 2, requires_grad=True)
+        with CommSpy() as spy:
+            y = Copy.apply(x) * 2
+            spy.phase = "backward"
+            y.sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert [(c["kind"], c["phase"], c["shape"]) for c in spy.calls] == [("all_reduce", "backward", [3, 2])]
+    assert torch.equal(spy.calls[0]["input"], torch.full((3, 2), 2.0))  # what went in, before the in-place sum
+
+
+@pytest.mark.parametrize("opname, name", [("allreduce_", "all_reduce"), ("all_reduce", "all_reduce"),
+                                          ("_allgather_base_", "all_gather"), ("all_gather_into_tensor", "all_gather"),
+                                          ("reduce_scatter_tensor", "reduce_scatter"), ("broadcast_", "broadcast"),
+                                          ("recv_any_source_", "recv"), ("send", "send"),
+                                          ("all_to_all_single", "all_to_all")])
+def test_collectives_are_named_as_the_dist_calls(opname, name):
+    """The feedback's op names: the one recorder's vocabulary, which the spy records with."""
+    from distlab.measure.comm import collective_kind
+
+    assert collective_kind(opname) == name
+
+
+@pytest.mark.slow
+def test_solution_full_marks_at_w4(w4):
+    r, other = w4["solution"], w4["independent"]
+    assert r.score == r.max_score, r.feedback
+    assert other.score == other.max_score, other.feedback  # the independent one, at 4 ranks too
+    assert r.measurements["W4_output_rank_spread"] == 0 and r.measurements["W4_bytes_per_rank"] == 3232
+
+
+W4_SAYS = {
+    "f and g swapped": "computed with 4·x",
+    "no backward all-reduce": "the 4 ranks' parts add up to the unsplit block's gradient",
+    "no forward all-reduce": "the 4 ranks' partial sums add up to the unsplit block's output",
+    "bias on every rank": "summed it 4 times: the output is the unsplit block's plus 3x the bias",
+    "column cut by input features": "96x4: columns 0:4 of the unsplit 96x16 weight",
+    "row cut by output features": "4x96: rows 0:4 of the unsplit 16x96 weight",
+    "batch split": "ColumnParallelLinear returned 3 rows for the 12-row input",
+    "features split": "got a 12x4 input on rank",
+    "every rank keeps shard 0": "holds rows 0:24 of the unsplit 96x16 weight, rank 0's shard",
+    "views, not copies": "its storage is 6,144 B for its own 1,536 B",
+    "unsplit layer kept": "also keeps linear.weight (16x96, 6,144 B)",
+    "averaged": "0.25x the unsplit block's with 4 ranks",
+    "input broadcast first": "2 collectives: broadcast in ColumnParallelLinear (12x16)",
+    "g's backward returns nothing": "the gradient stopped at ReduceFromParallelRegion.backward",
+    "f's backward returns nothing": "CopyToParallelRegion.backward returned None (its all-reduce of 12x16 ran)",
+    "column forward returns nothing": "ColumnParallelLinear.forward returned None, not a tensor",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MISTAKES))
+def test_every_mistake_is_named_with_its_numbers_at_w4(w4, name):
+    r = w4[name]
+    assert r.score < r.max_score
+    assert any(W4_SAYS[name] in said for said in failed(r).values()), r.feedback

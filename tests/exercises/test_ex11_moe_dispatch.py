@@ -1,0 +1,101 @@
+"""Exercise 11 (expert parallelism's uneven dispatch and combine): the solution and the independent one
+score full marks, the stub 0, and each known mistake fails with its own feedback, naming the cause with
+numbers; all of them graded in one 2-rank launch."""
+from __future__ import annotations
+
+import pytest
+
+from autograder.checks import ex11_moe_dispatch as check
+from tests.exercises import independent
+from tests.helpers import EXERCISES, SOLUTIONS, failed, mutant
+
+FILE = check.EXERCISE.filename
+A2A = "all_to_all_single_autograd(x_slots[perm], output_split_sizes, input_split_sizes, dist.group.WORLD)"
+MISTAKES = {
+    "splits not exchanged": {"    dist.all_to_all_single(recv, send)  # rank j's element `rank` lands at recv[j]\n"
+                             "    return recv.tolist()": "    return list(input_split_sizes)"},
+    "not inverted": {"return back.new_zeros(n_slots, back.shape[1]).index_copy(0, perm, back)":
+                     "return torch.cat([back, back.new_zeros(n_slots - len(back), back.shape[1])])"},
+    "wrong key": {"torch.argsort(expert[kept], stable=True)": "torch.argsort(-expert[kept], stable=True)"},
+    "not autograd": {"    return " + A2A: "    out = x_slots.new_empty(sum(output_split_sizes), x_slots.shape[1])\n"
+                     "    dist.all_to_all_single(out, x_slots[perm], output_split_sizes, input_split_sizes)\n"
+                     "    return out"},
+    "capacity not applied": {"kept = keep.nonzero().squeeze(1)": "kept = torch.arange(len(expert))"},
+    "sort returns nothing": {"    return perm, torch.bincount(": "    result = perm, torch.bincount("},
+    "counts never sent": {"    recv = torch.empty_like(send)\n": "    recv = torch.zeros_like(send)\n",
+                          "    dist.all_to_all_single(recv, send)  # rank j's element `rank` lands at recv[j]\n": ""},
+}
+SPLITS, EXCHANGED = ("[W=2] the kept slots sorted by expert, and the split sizes exact",
+                     "[W=2] the split sizes exchanged, by one all-to-all of counts")
+OUTPUT, GRADS = ("[W=2] the layer's output matches the single-process MoE",
+                 "[W=2] the gradients of the input, the router and the expert match")
+COMM = "[W=2] two all-to-alls in the forward and two in the backward, nothing else"
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    paths = [SOLUTIONS / FILE, independent.path(11), EXERCISES / FILE]
+    paths += [mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, c) for i, c in enumerate(MISTAKES.values())]
+    out = dict(zip(["solution", "independent", "stub", *MISTAKES], check.grade(paths)))
+    return out
+
+
+def test_solution_and_independent_full_marks(graded):
+    for name in ("solution", "independent"):
+        r = graded[name]
+        assert r.score == r.max_score, (name, r.feedback)
+    # The same adds in the same order as the single-process MoE: one expert output per token (top-1).
+    assert graded["solution"].measurements["W2_y_max_abs_diff"] == 0
+    assert graded["solution"].measurements["dropped_slots"] == 2   # capacity bites: rank 0 routes 17 to expert 1
+
+
+def test_the_stub_scores_zero_not_implemented(graded):
+    r = graded["stub"]
+    assert (r.ran, r.score) == (False, 0) and "not implemented yet (ex11_moe_dispatch.py line " in r.feedback
+
+
+def test_splits_not_exchanged_names_what_the_other_rank_sends(graded):
+    f = failed(graded["splits not exchanged"])
+    assert set(f) == {EXCHANGED}
+    assert "exchange_split_sizes returned [7, 15], its own input_split_sizes" in f[EXCHANGED]
+    assert "[7, 13] rows" in f[EXCHANGED]
+
+
+def test_permutation_not_inverted_is_named(graded):
+    f = failed(graded["not inverted"])
+    assert set(f) == {OUTPUT, GRADS, COMM}
+    assert "in the order they were sent (by expert): row k belongs to slot perm[k]" in f[OUTPUT]
+
+
+def test_wrong_sort_key_is_located(graded):
+    f = failed(graded["wrong key"])
+    assert set(f) == {SPLITS}   # the rest is graded with the right order: one mistake, one criterion
+    assert "perm is not in expert order: its slot" in f[SPLITS]
+    assert "goes to expert 0 after one for expert 1" in f[SPLITS]
+
+
+def test_all_to_all_without_autograd_is_named(graded):
+    f = failed(graded["not autograd"])
+    assert set(f) == {GRADS, COMM}
+    for said in f.values():
+        assert "dispatch returned a tensor with no grad_fn" in said and "all_to_all_single_autograd" in said
+
+
+def test_capacity_not_applied_counts_the_dropped_slots(graded):
+    f = failed(graded["capacity not applied"])
+    assert set(f) == {SPLITS}
+    assert "rank 0's perm holds 24 slots, 2 of them dropped at capacity" in f[SPLITS]
+
+
+def test_a_function_that_returns_nothing_is_named(graded):
+    f = failed(graded["sort returns nothing"])
+    assert set(f) == {SPLITS}
+    assert f[SPLITS].startswith("rank 0's sort_by_expert returned None, where its contract returns (perm, ")
+
+
+def test_counts_exchanged_by_no_collective_are_named(graded):
+    f = failed(graded["counts never sent"])
+    assert set(f) == {EXCHANGED}
+    said = f[EXCHANGED]
+    assert "rank 0's exchange_split_sizes made no collective and returned [0, 0], where the ranks send it [7, 13]" \
+        in said and "read before anything was written" not in said
