@@ -41,9 +41,10 @@ def find_chromium() -> str:
 
 
 def lab_arguments() -> list[str]:
-    """The arguments ``make lab`` gives ``jupyter lab``, so this test serves what learners get."""
+    """The arguments ``make lab`` gives ``jupyter lab``, so this test serves what learners get: on this machine
+    only, on the port the OS picks when the server binds (``PORT=0``), with ``--allow-root`` as root."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    dry = subprocess.run(["make", "--no-print-directory", "-n", "lab"], cwd=REPO, env=env,
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "lab", "PORT=0", "IP=127.0.0.1"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, f"make -n lab failed:\n{dry.stdout}{dry.stderr}"
     for line in dry.stdout.splitlines():
@@ -105,13 +106,12 @@ def jupyterlab(tmp_path: Path, wait_for):
         Path(env[key]).mkdir(parents=True, exist_ok=True)
     user_settings(Path(env["JUPYTERLAB_SETTINGS_DIR"]))
     token = secrets.token_hex(16)
-    # port 0: the OS picks a free port when the server binds; the server writes it to jpserver-<pid>.json
-    command = [sys.executable, "-m", "jupyterlab", *lab_arguments(), "--no-browser", "--ServerApp.ip=127.0.0.1",
-               "--ServerApp.port=0", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+    # port 0 (make lab's PORT=0): the OS picks a free port when the server binds; the server writes it to
+    # jpserver-<pid>.json. make lab passes --allow-root itself where this runs as root.
+    command = [sys.executable, "-m", "jupyterlab", *lab_arguments(), "--no-browser", "--ServerApp.port_retries=0",
+               f"--IdentityProvider.token={token}",
                # JupyterLab checkpoints every file it opens; an absolute directory keeps them out of the repo
                f"--FileCheckpoints.checkpoint_dir={state / 'checkpoints'}"]
-    if AS_ROOT:
-        command.append("--allow-root")
     log = tmp_path / "jupyterlab.log"
     with log.open("w") as out:
         server = subprocess.Popen(command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
