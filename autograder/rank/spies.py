@@ -9,6 +9,7 @@ import functools
 import linecache
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from .observation import Observation
 from .replace import Replace
 
 
@@ -99,6 +101,28 @@ class DDPSpy(Replace):
                     ddp, None, self._counting(default_hooks.allreduce_hook))
             return real(ddp, *args, **kwargs)
         return forward
+
+
+@dataclass
+class P2PCall(Observation):
+    """One send or receive a :class:`P2PSpy` saw (``dist.send/recv/isend/irecv`` and the ops of a
+    ``dist.batch_isend_irecv``), as a rank reports it to the grader."""
+
+    op: str                           # "send" or "recv"
+    is_async: bool                    # posted by isend, irecv or batch_isend_irecv (the spy's "async")
+    peer: int | None                  # the rank it sends to or receives from
+    shape: list[int]                  # its tensor's shape
+    t0: float                         # time.perf_counter() when it was posted
+    t1: float | None                  # when the call returned; None: it never did (it raised, or waits still)
+    value: torch.Tensor | None        # a receive: what its buffer held once the spy exited; None for a send
+    where: str                        # the learner's line that posted it: "file.py line N (`code`)"
+    waited: bool | None = None        # an async op: whether the learner waited on its Work; None: no Work
+
+    @classmethod
+    def from_spy(cls, call: dict) -> P2PCall:
+        """The spy's record of one op (``P2PSpy.calls``: a dict whose ``async`` is a keyword here)."""
+        fields = {k: v for k, v in call.items() if k != "async"}
+        return cls(is_async=call["async"], **fields)
 
 
 class P2PSpy(Replace):

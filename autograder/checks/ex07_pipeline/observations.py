@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...rank.observation import Observation
+from ...rank.spies import P2PCall  # the spy's record of one send or receive, shared with exercise 10
 
 
 @dataclass
@@ -21,27 +22,6 @@ class StageEvent(Observation):
     start: float  # when it started, time.perf_counter() seconds
     end: float    # when it ended, same clock
     rows: int = 0  # the forward's batch size (0 for a backward)
-
-
-@dataclass
-class P2PCall(Observation):
-    """One send or recv the learner's code made (``rank.P2PSpy``: send, recv, isend, irecv, batch_isend_irecv)."""
-
-    op: str                # "send" or "recv"
-    asynchronous: bool     # isend, irecv or a batch_isend_irecv op (the spy's "async")
-    peer: int | None       # the rank sent to or received from
-    shape: list[int]       # the tensor's shape
-    t0: float              # when it was called, time.perf_counter() seconds
-    t1: float | None       # when it returned (None: it never did, it raised)
-    value: torch.Tensor | None  # a recv's: a copy of what it received (None for a send)
-    where: str             # the learner's line that made it: "file.py line N (`code`)"
-    waited: bool | None = None  # an async op's: whether its Work was waited on (None: no Work to wait on)
-
-    @classmethod
-    def from_spy(cls, call: dict) -> P2PCall:
-        """The spy's record of the call (a dict with an ``"async"`` key, a keyword here)."""
-        fields = {k: v for k, v in call.items() if k != "async"}
-        return cls(asynchronous=call["async"], **fields)
 
 
 @dataclass
@@ -80,7 +60,7 @@ class Run:
     def pending(self, rank: int) -> P2PCall | None:
         """The send or recv the rank was waiting in when its step failed."""
         calls = self.ranks[rank].p2p
-        return calls[-1] if calls and calls[-1].t1 is None and not calls[-1].asynchronous else None
+        return calls[-1] if calls and calls[-1].t1 is None and not calls[-1].is_async else None
 
     def ratio(self, part: str) -> float | None:
         """The returned loss, or a stage's gradients, over the unsplit model's (a least-squares scale)."""

@@ -11,29 +11,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ...rank.observation import Observation
+from ...rank.spies import P2PCall  # the spy's record of one send or receive, shared with exercise 7
 from .reference import key_sources, shard, whole
-
-
-@dataclass
-class P2PCall(Observation):
-    """One send or receive the rank posted (``rank.P2PSpy``: ``dist.send/recv/isend/irecv`` and the ops of a
-    ``dist.batch_isend_irecv``), in the order they were posted."""
-
-    op: str                           # "send" or "recv"
-    is_async: bool                    # posted by isend, irecv or batch_isend_irecv (the spy's "async")
-    peer: int | None                  # the rank it sends to or receives from
-    shape: list[int]                  # its tensor's shape
-    t0: float                         # time.perf_counter() when it was posted
-    t1: float | None                  # when the call returned; None: it never did (it raised, or waits still)
-    value: torch.Tensor | None        # a receive: what its buffer held once the ring was over; None for a send
-    where: str                        # the learner's line that posted it: "file.py line N (`code`)"
-    waited: bool | None = None        # an async op: whether the learner waited on its Work; None: not known
-
-    @classmethod
-    def from_spy(cls, call: dict) -> P2PCall:
-        """The spy's record of one op (``P2PSpy.calls``: a dict whose ``async`` is a keyword here)."""
-        fields = {k: v for k, v in call.items() if k != "async"}
-        return cls(is_async=call["async"], **fields)
 
 
 @dataclass
