@@ -105,8 +105,9 @@ def first_window_gradient(run: Run) -> Verdict:
     if first_ok and s.micro[0] == K:
         return passed()
     first_window = [c for c in CAUSES if c is not never_zeroed]  # stale gradients start in window 1
-    return failed(diagnose(first_window, s) or _first_wrong_step(s) or "the first optimizer step came after "
-                  f"{s.micro[0]} micro-batches, not {K}")
+    return failed(diagnose(first_window, s) or _first_wrong_step(s) or (
+        f"the first optimizer step came after {s.micro[0]} micro-batches, not {K}" if s.micro else
+        f"no optimizer step ran in the whole run ({len(EQUAL_SIZES)} micro-batches): step once every {K}"))
 
 
 @criterion(f"{EQUAL} parameters after {len(windows(len(EQUAL_SIZES), K))} optimizer steps equal "
