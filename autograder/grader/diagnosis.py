@@ -7,8 +7,8 @@ is defined::
 
     @mistake("forward called on model.module, bypassing DDP")
     def inner_forward(run: Run) -> str | None:
-        n = run.ranks[0]["inner_forwards"]
-        if run.ranks[0]["ddp_forwards"] == 0 and n:
+        n = run.ranks[0].inner_forwards
+        if run.ranks[0].ddp_forwards == 0 and n:
             return f"all {n} forward passes called model.module(...): ... call model(...)"
         return None                                           # does not explain what was observed
 
