@@ -114,10 +114,11 @@ def test_the_registry_reads_every_exercise_without_importing_torch():
     assert exercises() == {n: m.EXERCISE for n, m in check_modules().items()}
     # The CLI and check(N) only supervise: the grading subprocess imports torch, they need not.
     code = ("import sys, autograder.__main__, autograder.commands.check; "
-            "from autograder.grader.registry import exercises; "
-            "exercises(); print('torch' in sys.modules)")
+            "from autograder.grader.registry import exercises; from autograder import check; "
+            "from autograder.commands.check import check as defined; "
+            "exercises(); print('torch' in sys.modules, check is defined)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "False"
+    assert done.stdout.strip() == "False True"  # autograder.check is check(N), and costs no torch import
 
 
 def test_the_notebook_shows_feedback_as_a_table_of_criterion_points_and_message():
