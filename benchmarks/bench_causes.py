@@ -15,6 +15,7 @@ reference solution's. ``python -m benchmarks causes`` (minutes: every exercise's
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from benchmarks import Row
@@ -81,6 +82,7 @@ def rows() -> list[Row]:
     out = []
     for n in numbers:
         got = costs(n)
+        print(f"# causes ex{n:02d}: {got}", file=sys.stderr, flush=True)  # each exercise's figures as they come
         fired = [c for c in got["causes"] if got["named"][c]]
         free = [c for c in fired if not got["cost"][c]]
         out += [Row("causes", f"ex{n:02d}: check lines / solution lines", got["ratio"], "x",

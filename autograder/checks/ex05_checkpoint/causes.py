@@ -209,7 +209,11 @@ def diagnose_resume(run: Run, got: list[list[StepRecord]]) -> str:
                  for cause in COMPONENTS]
         if any(parts):
             return f"at step {xs[0].step} " + "; ".join(p for p in parts if p)
-        r = next(r for r, (x, a) in enumerate(zip(xs, refs)) if not _close(x.fp, a.fp))
+        r = next((r for r, (x, a) in enumerate(zip(xs, refs)) if not _close(x.fp, a.fp)), None)
+        if r is None:  # the same weights after the step, from a start that differs in what no cause above names
+            r, what = next((r, d) for r, (x, a) in enumerate(zip(xs, refs)) if (d := _differs(x, a)))
+            return (f"step {xs[r].step} on rank {r} started from another {' and '.join(what)} state than the "
+                    "uninterrupted run's step of that number")
         return (f"after step {xs[r].step} rank {r}'s parameters differ (sum of its shards {xs[r].fp:.9g} vs "
                 f"{refs[r].fp:.9g}) although the step started from the same weights, Adam state, learning rate, "
                 "samples and RNG state as the uninterrupted run's")
