@@ -36,21 +36,27 @@ def size_ratio(check) -> float:
     return _lines(folder.rglob("*.py")) / _lines([divergence.solution_path(check)])
 
 
+# Causes a criterion's control flow needs (it reads a figure only once they have said there is one): kept in the
+# run without causes, and not counted as candidates for deletion.
+GUARDS = {6: ("no figure returned",)}
+
+
 def _run(number: int, disabled: str | None) -> tuple[list, list[str | None], list[set[str]]]:
     from autograder.grader import diagnosis
-    from autograder.grader.diagnosis import DISABLED_VAR, causes_named
+    from autograder.grader.diagnosis import DISABLED_VAR, KEPT_VAR, causes_named
 
     diagnosis.NAMED.clear()  # what the run before named is not this run's
     diagnosis.NAMED_BY.clear()
-    old = os.environ.pop(DISABLED_VAR, None)
+    old = {var: os.environ.pop(var, None) for var in (DISABLED_VAR, KEPT_VAR)}
     if disabled:
-        os.environ[DISABLED_VAR] = disabled
+        os.environ.update({DISABLED_VAR: disabled, KEPT_VAR: "|".join(GUARDS.get(number, ()))})
     try:
         solution, found, reports, _ = graded(number)
     finally:
-        os.environ.pop(DISABLED_VAR, None)
-        if old is not None:
-            os.environ[DISABLED_VAR] = old
+        for var, value in old.items():
+            os.environ.pop(var, None)
+            if value is not None:
+                os.environ[var] = value
     caught = [not r.passed and not r.not_graded for r in reports]
     kinds = [how_named(m, r, solution.name) if c else "not caught" for m, r, c in zip(found, reports, caught)]
     return found, kinds, [causes_named(r.feedback) for r in reports]
@@ -64,7 +70,7 @@ def costs(number: int) -> dict:
 
     check = check_module(number)
     known = {k.mistake for k in getattr(check, "KNOWN_ERRORS", ())}
-    causes = [c for c in declared_mistakes(check) if c not in known]
+    causes = [c for c in declared_mistakes(check) if c not in known and c not in GUARDS.get(number, ())]
     found, on, fired = _run(number, None)
     _, off, _ = _run(number, "*")
     named = {c: [i for i, f in enumerate(fired) if c in f] for c in causes}

@@ -44,13 +44,14 @@ Cause = Callable[..., Optional[str]]
 NAMED: set[str] = set()
 NAMED_BY: dict[str, str] = {}  # each such message -> the mistake that returned it
 # ``make bench`` only (benchmarks/bench_causes.py): the mistakes whose tests answer None, "*" for every one,
-# to measure what the general layer (trace, first divergence, errors at the learner's line) names without them.
-DISABLED_VAR = "DISTLAB_DISABLED_CAUSES"
+# to measure what the general layer (trace, first divergence, errors at the learner's line) names without them;
+# KEPT_VAR names those kept all the same (a criterion's own guard: "no figure returned" before a ratio).
+DISABLED_VAR, KEPT_VAR = "DISTLAB_DISABLED_CAUSES", "DISTLAB_KEPT_CAUSES"
 
 
 def disabled(name: str) -> bool:
     off = os.environ.get(DISABLED_VAR, "")
-    return bool(off) and (off == "*" or name in off.split("|"))
+    return bool(off) and (off == "*" or name in off.split("|")) and name not in os.environ.get(KEPT_VAR, "").split("|")
 
 
 def mistake(name: str) -> Callable[[Cause], Cause]:
