@@ -45,7 +45,7 @@ NAMED: set[str] = set()
 NAMED_BY: dict[str, str] = {}  # each such message -> the mistake that returned it
 # ``make bench`` only (benchmarks/bench_causes.py): the mistakes whose tests answer None, "*" for every one,
 # to measure what the general layer (trace, first divergence, errors at the learner's line) names without them;
-# KEPT_VAR names those kept all the same (a criterion's own guard: "no figure returned" before a ratio).
+# KEPT_VAR names those kept all the same (a criterion's own guards: ex06's "no figure returned" before a ratio).
 DISABLED_VAR, KEPT_VAR = "DISTLAB_DISABLED_CAUSES", "DISTLAB_KEPT_CAUSES"
 
 
