@@ -126,11 +126,17 @@ def test_a_hang_is_stopped_at_the_time_limit_and_leaves_nothing(tmp_path, monkey
     assert list(tmp.iterdir()) == [], "the killed grading left its temporary files behind"
 
 
+def _outside_make() -> dict[str, str]:
+    """This environment without the variables of a make that runs the suite (``make test``): a nested make
+    would read its flags and announce its directories."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+
+
 def test_make_grade_passes_the_exercise_and_the_hint_tier_on():
     """``make grade EX="1 3" HINT=2`` is ``python -m autograder grade exercises --exercise 1 --exercise 3 --hint 2``
     (read from ``make -n``: nothing runs)."""
-    proc = subprocess.run(["make", "-n", "grade", "EX=1 3", "HINT=2"], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "grade", "EX=1 3", "HINT=2"], cwd=REPO,
+                          env=_outside_make(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1].split() == [".venv/bin/python", "-m", "autograder", "grade", "exercises",
                                                     "--exercise", "1", "--exercise", "3", "--hint", "2"]
@@ -140,7 +146,7 @@ def test_make_lab_binds_to_this_machine_takes_a_port_and_extra_arguments_and_sta
     """``make lab`` as root (a container, a cloud VM) passes JupyterLab's --allow-root and says so (issue 42);
     it binds to 127.0.0.1 unless IP says otherwise, on PORT, with LAB_ARGS_EXTRA (read from ``make -n``)."""
     proc = subprocess.run(["make", "--no-print-directory", "-n", "lab", "PORT=9123", "LAB_ARGS_EXTRA=--no-browser"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+                          cwd=REPO, env=_outside_make(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lab = next(line.split() for line in proc.stdout.splitlines() if line.split()[1:2] == ["lab"])
     assert {"--ServerApp.ip=127.0.0.1", "--ServerApp.port=9123"} <= set(lab) and lab[-1] == "--no-browser"
