@@ -13,7 +13,8 @@ from .commands import classroom, grade, nbgrader, selftest, stubs
 
 COMMANDS = (grade, classroom, selftest, stubs, nbgrader)
 EPILOG = """exit status: grade 0 when every graded exercise passes, 1 when any fails; selftest 0 with no
-surprise, 1 with any; class 0 when it ran (its CSV holds the grades); 2 bad usage, for every command.
+surprise, 1 with any; class 0 when every exercise was graded, whatever the scores (the CSV holds them), 1 when
+some could not be (the machine was too slow: grade again); 2 bad usage, for every command.
 From a notebook: `from autograder import check; check(1)`."""
 
 

@@ -16,8 +16,11 @@ share a user either (one could signal the other's ranks, or read its scratch fil
 concurrent grading takes one user of ``DISTLAB_STUDENT_USERS`` (comma-separated; default the one
 ``DISTLAB_STUDENT_USER``), so ``N`` is at most their number.
 
-Written: a CSV row per learner (id, one column per exercise, total; ``not graded`` where the
-machine was too slow), the JSON of every report, and progress on stderr.
+Written: a CSV row per learner (id, one column per exercise, total; a cell is the score, ``missing``,
+``stub`` or ``not graded`` where the machine was too slow), the JSON of every report (``--json``), one
+Markdown file of feedback per learner (``--feedback DIR``), and progress on stderr; the last lines name
+every file written. Exit status: 0 when every exercise was graded, whatever the scores; 1 when some
+could not be (the machine was too slow: grade again); 2 for bad usage.
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ from pathlib import Path
 
 from distlab.runtime.sandbox import STUDENT_USER_VAR, SandboxError, learner_user, preflight
 
-from ..grader.registry import Exercise, exercises
+from ..grader.hints import feedback_with_hints
+from ..grader.registry import Exercise, exercises, hints
 from ..grader.report import ExerciseReport
 from ..grader.supervise import grade_one
 
@@ -142,15 +146,38 @@ def grade_class(root: Path, only: list[int] | None = None, jobs: int | None = No
     return out
 
 
+def cell(report: ExerciseReport) -> str:
+    """An exercise's cell of the CSV: ``missing`` (no file), ``stub`` (the stub, unchanged), ``not graded``
+    (the machine was too slow: grade it again), or the score."""
+    if report.handed_in != "file":
+        return report.handed_in
+    return "not graded" if report.not_graded else f"{report.score:g}"
+
+
 def write_csv(results: dict[str, list[ExerciseReport]], path: str | Path) -> None:
-    """One row per learner: the id, each exercise's score (``not graded`` when it was not), the total."""
+    """One row per learner: the id, each exercise's :func:`cell`, the total of the scores."""
     first = next(iter(results.values()), [])
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["learner", *(f"ex{r.exercise:02d}_{r.name}" for r in first), "total"])
         for learner, reports in results.items():
-            writer.writerow([learner, *("not graded" if r.not_graded else f"{r.score:g}" for r in reports),
-                             f"{sum(r.score for r in reports if not r.not_graded):g}"])
+            writer.writerow([learner, *map(cell, reports), f"{sum(r.score for r in reports if not r.not_graded):g}"])
+
+
+def write_feedback(results: dict[str, list[ExerciseReport]], folder: Path) -> list[Path]:
+    """One Markdown file per learner, ``folder/<id>.md``: every exercise's score, its criteria with their
+    feedback and the first tier of each failed criterion's hint, ready to return through any course site."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for learner, reports in results.items():
+        parts = [f"# Feedback for {learner}\n"]
+        for r in reports:
+            score = cell(r) if r.handed_in != "file" or r.not_graded else f"{r.score:g}/{r.max_score:g}"
+            text = feedback_with_hints(r, hints(r.exercise), 1)
+            parts.append(f"## Exercise {r.exercise} ({r.name}): {score}\n\n```\n{text}\n```\n")
+        written.append(folder / f"{learner}.md")
+        written[-1].write_text("\n".join(parts))
+    return written
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -164,6 +191,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--exercise", "-e", type=int, action="append", metavar="N", help="only exercise N")
     p.add_argument("--csv", metavar="FILE", help="the grades, a row per learner (default ROOT/grades.csv)")
     p.add_argument("--json", metavar="FILE", help="every report as JSON")
+    p.add_argument("--feedback", metavar="DIR", help="one Markdown file of feedback per learner, DIR/<id>.md")
     p.add_argument("--slice", type=parse_slice, default=(0, 1), metavar="K/N",
                    help="grade only every N-th learner from the K-th (a Slurm array task's share)")
     p.set_defaults(run=run)
@@ -199,10 +227,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"autograder: error: {exc}", file=sys.stderr)
         return 2
     results = grade_class(root, args.exercise, args.jobs, args.slice)
-    write_csv(results, args.csv or root / "grades.csv")
+    csv_path = Path(args.csv or root / "grades.csv")
+    write_csv(results, csv_path)
+    print(f"graded {len(results)} learners")
+    print(f"wrote {csv_path} (a row per learner: the score, or missing, stub, not graded)")
     if args.json:
         Path(args.json).write_text(json.dumps({k: [r.to_dict() for r in v] for k, v in results.items()}, indent=2))
+        print(f"wrote {args.json} (every report)")
+    if args.feedback:
+        print(f"wrote {len(write_feedback(results, Path(args.feedback)))} feedback files in {args.feedback}")
     missed = sum(r.not_graded != "" for v in results.values() for r in v)
-    print(f"graded {len(results)} learners; wrote {args.csv or root / 'grades.csv'}"
-          + (f"; {missed} exercise(s) not graded (the machine was too slow): grade them again" if missed else ""))
-    return 0
+    if missed:  # the machine's problem, not the learners': exit 1, so that a script grades them again
+        print(f"{missed} exercise(s) not graded (the machine was too slow): grade them again", file=sys.stderr)
+    return 1 if missed else 0

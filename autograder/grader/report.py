@@ -96,6 +96,7 @@ class ExerciseReport:
     notes: list[str] = field(default_factory=list)
     ran: bool = True
     not_graded: str = ""  # why the code was not scored at all (the machine, not the code): regrade it
+    handed_in: str = "file"  # "file"; "missing": no file to grade; "stub": the stub as released, unchanged
 
     @property
     def score(self) -> float:
@@ -154,6 +155,12 @@ class ExerciseReport:
         self.ran = False
         return self
 
+    def nothing_handed_in(self, message: str, what: str) -> "ExerciseReport":
+        """Score 0 for a file that is ``"missing"`` or still the ``"stub"``: nothing of the learner's to run."""
+        self.did_not_run(message)
+        self.handed_in = what
+        return self
+
     def machine_too_slow(self, message: str) -> "ExerciseReport":
         """Not graded: the run was still advancing when it ran out of time, so the code is not scored
         (its 0 is a placeholder; ``not_graded`` says why, and nbgrader's cycle lists it for a regrade)."""
@@ -170,7 +177,8 @@ class ExerciseReport:
     def from_dict(cls, d: dict) -> "ExerciseReport":
         crits = [Criterion(**c) for c in d.get("criteria", [])]
         return cls(d["exercise"], d["name"], d["max_score"], crits,
-                   d.get("measurements", {}), d.get("notes", []), bool(d.get("ran", True)), d.get("not_graded", ""))
+                   d.get("measurements", {}), d.get("notes", []), bool(d.get("ran", True)), d.get("not_graded", ""),
+                   d.get("handed_in", "file"))
 
 
 def table(reports: list[ExerciseReport], feedback: Callable[[ExerciseReport], str] | None = None) -> str:

@@ -46,9 +46,9 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
     report = ex.new_report()
     path = Path(directory) / ex.filename
     if not path.is_file():
-        return report.did_not_run(f"{ex.filename} not found in {directory}: nothing to grade")
+        return report.nothing_handed_in(f"{ex.filename} not found in {directory}: nothing to grade", "missing")
     if stub := untouched(path, REPO_ROOT / "solutions" / ex.filename):
-        return report.did_not_run(stub)  # the released stub, unchanged: no job to start to know that
+        return report.nothing_handed_in(stub, "stub")  # the released stub, unchanged: no job to start to know that
     try:
         preflight()  # once per process; the grading subprocess inherits that it was done
     except SandboxError as exc:

@@ -107,3 +107,36 @@ def test_a_hint_right_after_a_grading_of_the_unchanged_file_grades_nothing_again
     (tmp_path / "ex07_pipeline.py").write_text("# my pipeline, edited\n")
     check_command.check(7, tmp_path, raise_on_fail=False, hint=3)
     assert len(calls) == 3
+
+
+def test_a_class_reads_missing_stub_not_graded_or_the_score_and_gets_feedback_files(monkeypatch, tmp_path, capsys):
+    """``class`` (issue 42): each CSV cell says what happened, the last lines name every file written, one
+    Markdown file per learner holds every exercise's feedback with the first tier of each failed criterion's
+    hint, and the exit status is 1 only when an exercise could not be graded. No launch: the reports are built."""
+    from autograder.commands import classroom
+
+    missing = exercises()[7].new_report().nothing_handed_in("ex07_pipeline.py not found", "missing")
+    stub = exercises()[7].new_report().nothing_handed_in("not implemented yet", "stub")
+    slow = exercises()[7].new_report().machine_too_slow("still advancing")
+    results = {"ann": [_failing_report()], "ben": [stub], "cat": [missing]}
+    for learner in results:
+        (tmp_path / "class" / learner).mkdir(parents=True)
+    monkeypatch.setattr(classroom, "preflight", lambda: None)
+    monkeypatch.setattr(classroom, "grade_class", lambda *a, **k: results)
+    out = tmp_path / "out"
+    args = ["class", str(tmp_path / "class"), "--csv", str(out / "g.csv"), "--feedback", str(out / "fb")]
+    out.mkdir()
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2:] == [f"wrote {out / 'g.csv'} (a row per learner: the score, or missing, stub, not graded)",
+                          f"wrote 3 feedback files in {out / 'fb'}"]
+    assert (out / "g.csv").read_text().splitlines() == ["learner,ex07_pipeline,total", "ann,2,2", "ben,stub,0",
+                                                         "cat,missing,0"]
+    ann = (out / "fb" / "ann.md").read_text()
+    assert ann.startswith("# Feedback for ann\n") and "## Exercise 7 (pipeline): 2/10" in ann
+    assert hints(7)["stage0_grads_match"][0] in ann and hints(7)["stage0_grads_match"][1] not in ann
+    assert "## Exercise 7 (pipeline): stub" in (out / "fb" / "ben.md").read_text()
+    results["cat"] = [slow]
+    assert main(args) == 1  # not graded: the machine's, and a script grades it again
+    assert "1 exercise(s) not graded (the machine was too slow)" in capsys.readouterr().err
+    assert classroom.cell(slow) == "not graded"

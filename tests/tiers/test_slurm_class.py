@@ -41,8 +41,8 @@ def test_a_job_array_grades_the_class_in_slices_and_merges_them(cluster, tmp_pat
     assert wait_for(lambda: (out / "grades.csv").exists(), timeout=30)
     with open(out / "grades.csv") as f:
         rows = list(csv.reader(f))
-    assert rows == [["learner", "ex07_pipeline", "total"], ["ann", "10", "10"], ["ben", "0", "0"],
-                    ["cat", "0", "0"], ["dan", "10", "10"]]
+    assert rows == [["learner", "ex07_pipeline", "total"], ["ann", "10", "10"], ["ben", "stub", "0"],
+                    ["cat", "missing", "0"], ["dan", "10", "10"]]
     daemons = set(cluster.pids().values())
     assert wait_for(lambda: {p.pid for p in session_processes()} <= daemons, timeout=30), \
         [(p.pid, p.name()) for p in session_processes() if p.pid not in daemons]
