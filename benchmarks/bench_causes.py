@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 from benchmarks import Row
 from benchmarks.bench_feedback import graded, how_named
@@ -47,16 +48,12 @@ def _run(number: int, disabled: str | None) -> tuple[list, list[str | None], lis
 
     diagnosis.NAMED.clear()  # what the run before named is not this run's
     diagnosis.NAMED_BY.clear()
-    old = {var: os.environ.pop(var, None) for var in (DISABLED_VAR, KEPT_VAR)}
-    if disabled:
-        os.environ.update({DISABLED_VAR: disabled, KEPT_VAR: "|".join(GUARDS.get(number, ()))})
-    try:
-        solution, found, reports, _ = graded(number)
-    finally:
-        for var, value in old.items():
+    with mock.patch.dict(os.environ):  # the environment as it was, after this grading
+        for var in (DISABLED_VAR, KEPT_VAR):
             os.environ.pop(var, None)
-            if value is not None:
-                os.environ[var] = value
+        if disabled:
+            os.environ.update({DISABLED_VAR: disabled, KEPT_VAR: "|".join(GUARDS.get(number, ()))})
+        solution, found, reports, _ = graded(number)
     caught = [not r.passed and not r.not_graded for r in reports]
     kinds = [how_named(m, r, solution.name) if c else "not caught" for m, r, c in zip(found, reports, caught)]
     return found, kinds, [causes_named(r.feedback) for r in reports]

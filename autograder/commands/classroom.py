@@ -42,6 +42,7 @@ from ..grader.hints import feedback_with_hints
 from ..grader.registry import Exercise, exercises, hints
 from ..grader.report import ExerciseReport
 from ..grader.supervise import grade_one
+from .grade import usage_error
 
 USERS_VAR = "DISTLAB_STUDENT_USERS"
 RANKS_PER_JOB = 4  # the largest world a check launches (exercises 1, 2, 8 grade at W=4)
@@ -206,26 +207,21 @@ def run_merge(args: argparse.Namespace) -> int:
     try:
         print(f"merged {merge(args.out, args.parts)} learners into {args.out}")
     except (OSError, ValueError, IndexError) as exc:
-        print(f"autograder: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(str(exc))
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     root = Path(args.root)
     if not root.is_dir() or not learners(root, args.slice):
-        print(f"autograder: error: {root} holds no learner folders", file=sys.stderr)
-        return 2
+        return usage_error(f"{root} holds no learner folders")
     unknown = [n for n in args.exercise or [] if n not in exercises()]
     if unknown or (args.jobs is not None and args.jobs < 1):
-        print(f"autograder: error: {'no exercise ' + str(unknown[0]) if unknown else '--jobs must be 1 or more'}",
-              file=sys.stderr)
-        return 2
+        return usage_error(f"no exercise {unknown[0]}" if unknown else "--jobs must be 1 or more")
     try:
         preflight()
     except SandboxError as exc:
-        print(f"autograder: error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(str(exc))
     results = grade_class(root, args.exercise, args.jobs, args.slice)
     csv_path = Path(args.csv or root / "grades.csv")
     write_csv(results, csv_path)

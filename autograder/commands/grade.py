@@ -44,6 +44,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def usage_error(message: str) -> int:
+    """Bad input: one line on stderr, and the exit status 2 (every command's)."""
     print(f"autograder: error: {message}", file=sys.stderr)
     return 2
 

@@ -28,7 +28,7 @@ from distlab.runtime.process import TIME_SCALE_VAR, Budget, calibrate, time_scal
 from distlab.runtime.sandbox import status as sandbox_status
 
 from ..grader.registry import Exercise, exercises
-from ..grader.stubs import generate
+from ..grader.stubs import differing, generate
 from ..grader.supervise import REPO_ROOT, grade_one
 
 SOLUTIONS_DIR = REPO_ROOT / "solutions"
@@ -147,8 +147,7 @@ def fresh_stubs(folder: Path, exercises_dir: Path = STUBS_DIR) -> str:
     stubs = generate(SOLUTIONS_DIR, folder)
     for path, text in stubs.items():
         path.write_text(text)
-    edited = [p.name for p, text in stubs.items()
-              if not (exercises_dir / p.name).is_file() or (exercises_dir / p.name).read_text() != text]
+    edited = [p.name for p in differing(stubs, exercises_dir)]
     if not edited:
         return ""
     return (f"{exercises_dir} is not the released stubs ({', '.join(edited)} differ): the self-test graded fresh "

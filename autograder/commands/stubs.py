@@ -8,7 +8,7 @@ import argparse
 
 from distlab.runtime.importing import REPO_ROOT
 
-from ..grader.stubs import generate
+from ..grader.stubs import differing, generate
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     stubs = generate()
     if args.check:
-        stale = [p for p, text in stubs.items() if not p.is_file() or p.read_text() != text]
+        stale = differing(stubs)
         for p in stale:
             print(f"{p.relative_to(REPO_ROOT)} is not generated from solutions/: run make stubs")
         return 1 if stale else 0

@@ -47,8 +47,7 @@ def _check_names() -> list[str]:
 def check_module(number: int) -> ModuleType:
     """Exercise ``number``'s check package, imported alone: a grading process loads no other exercise's code
     (a package that does not import costs only its own exercise)."""
-    folder = next(path for n, _, path in _packages() if n == number)
-    return importlib.import_module(f"{checks.__name__}.{folder.name}")
+    return importlib.import_module(f"{checks.__name__}.{_folder(number).name}")
 
 
 def check_modules() -> dict[int, ModuleType]:
@@ -80,6 +79,11 @@ def exercises() -> dict[int, Exercise]:
     return {n: ex for n, ex, _ in _packages()}
 
 
+def _folder(number: int) -> Path:
+    """Exercise ``number``'s check package folder."""
+    return next(path for n, _, path in _packages() if n == number)
+
+
 Hints = dict[str, tuple[str, str, str]]  # criterion function name -> (concept, mechanism, API)
 
 
@@ -89,6 +93,5 @@ def hints(number: int) -> Hints:
     The file is run on its own (``runpy``), not imported as part of the package, so reading the hints
     costs no torch import; it must therefore hold plain data and import nothing relative.
     """
-    folder = next(path for n, _, path in _packages() if n == number)
-    path = folder / "hints.py"
+    path = _folder(number) / "hints.py"
     return dict(runpy.run_path(str(path))["HINTS"]) if path.is_file() else {}

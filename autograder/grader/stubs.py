@@ -43,6 +43,13 @@ def generate(src: Path = REPO_ROOT / "solutions", dst: Path = REPO_ROOT / "exerc
     return {dst / p.name: strip_solutions(p.read_text(), str(p)) for p in sorted(src.glob("ex*.py"))}
 
 
+def differing(stubs: dict[Path, str], folder: Path | None = None) -> list[Path]:
+    """The stubs of ``stubs`` (:func:`generate`'s) whose file is missing or holds other text: in ``folder``, by
+    name, or where ``stubs`` puts them."""
+    where = {p: folder / p.name if folder else p for p in stubs}
+    return [p for p, text in stubs.items() if not where[p].is_file() or where[p].read_text() != text]
+
+
 def raises_not_implemented(node: ast.AST) -> bool:
     """Whether ``node`` is a ``raise NotImplementedError`` statement: what a stub's functions still do."""
     return isinstance(node, ast.Raise) and "NotImplementedError" in ast.unparse(node)
