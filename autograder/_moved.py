@@ -27,17 +27,16 @@ MOVED: dict[str, tuple[str, ...]] = {
 }
 
 
-def _command(old: str, *argv: str) -> str:
+def _command(old: str, command: str) -> str:
     """What ``python -m OLD ARGS`` runs: ``python -m autograder COMMAND ARGS``, saying so on stderr."""
     return ("import sys\nfrom autograder.__main__ import main\n"
-            f"print({f'python -m {old} is python -m autograder {chr(32).join(argv)} now'!r}, file=sys.stderr)\n"
-            f"sys.exit(main([*{list(argv)!r}, *sys.argv[1:]]))\n")
+            f"print({f'python -m {old} is python -m autograder {command} now'!r}, file=sys.stderr)\n"
+            f"sys.exit(main([{command!r}, *sys.argv[1:]]))\n")
 
 
-SCRIPTS = {"autograder.stubs": _command("autograder.stubs", "stubs"),
-           "autograder.selftest": _command("autograder.selftest", "selftest"),
-           "autograder.classroom": _command("autograder.classroom", "class"),
-           "autograder.nbgrader_course": _command("autograder.nbgrader_course", "nbgrader")}
+SCRIPTS = {old: _command(old, command) for old, command in {
+    "autograder.stubs": "stubs", "autograder.selftest": "selftest", "autograder.classroom": "class",
+    "autograder.nbgrader_course": "nbgrader"}.items()}
 
 
 def install() -> None:
