@@ -113,6 +113,9 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
 
 def install(table: dict[str, tuple[str, ...]] = MOVED, scripts: dict[str, str] | None = None) -> None:
     """Answer ``table``'s old names from now on (idempotent per table); ``scripts``: what ``python -m OLD``
-    runs, where that is not ``python -m NEW``."""
+    runs, where that is not ``python -m NEW``.
+
+    First on ``sys.meta_path``: a checkout from before a move keeps the old folder with its ``__pycache__``
+    (git leaves untracked files), which the path finder would import as an empty namespace package."""
     if not any(isinstance(f, Finder) and f.table is table for f in sys.meta_path):
-        sys.meta_path.append(Finder(table, scripts))
+        sys.meta_path.insert(0, Finder(table, scripts))

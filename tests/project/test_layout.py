@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -483,3 +484,15 @@ def test_an_old_name_warns_once_at_the_line_that_imported_it(tmp_path):
         "(the old name goes in a later release)",
         f"{tmp_path / 'old.py'}:2: DeprecationWarning: autograder.runner is autograder.grader.supervise now: "
         "import that (the old name goes in a later release)"], proc.stderr
+
+
+def test_an_old_name_is_answered_where_its_old_folder_is_left_over(tmp_path):
+    """A checkout from before a move keeps the old folder with its ``__pycache__`` (git leaves it): the old name
+    is still answered with the new module, not imported as an empty namespace package."""
+    (tmp_path / "pkg" / "old" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    code = ("import sys, warnings; warnings.simplefilter('ignore'); from distlab._moved import install; "
+            "install({'pkg.old': ('json',)}); import pkg.old; print(pkg.old is sys.modules['json'])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    assert proc.stdout.strip() == "True", proc.stderr
