@@ -24,9 +24,10 @@ $(STAMP):
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# Notebooks are built from their jupytext py:percent sources (the .ipynb files are not in git).
+# Notebooks are built from their jupytext py:percent sources (the .ipynb files are not in git), keeping
+# the outputs of a notebook already run (distlab/lab/build_notebooks.py says what else it writes, and why).
 notebooks: setup
-	$(BIN)/jupytext --quiet --update --to ipynb $(NOTEBOOK_SOURCES)
+	$(BIN)/python -m distlab.lab.build_notebooks $(NOTEBOOK_SOURCES)
 
 # JupyterLab serves the repository root, so exercises/ is in the file browser next to course/,
 # and opens on course/ (the learner image does the same: docker/learner-entrypoint.sh).
@@ -39,9 +40,14 @@ IP ?= 127.0.0.1
 AS_ROOT := $(filter 0,$(shell id -u))
 LAB_ARGS := --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/course --ServerApp.ip=$(IP) \
 	--ServerApp.port=$(PORT) $(if $(AS_ROOT),--allow-root) $(LAB_ARGS_EXTRA)
+# ROLE=learner (default) or instructor: jupyter/README.md says what each is given.
+ROLE ?= learner
+LAB_CONFIG_learner := $(CURDIR)/jupyter/learner:$(CURDIR)/jupyter/common
+LAB_CONFIG_instructor := $(CURDIR)/nbgrader:$(CURDIR)/jupyter/common
+LAB_CONFIG = $(or $(LAB_CONFIG_$(ROLE)),$(error ROLE=$(ROLE): use ROLE=learner or ROLE=instructor))
 lab: notebooks
 	@$(if $(AS_ROOT),echo "make lab: running as root: JupyterLab gets --allow-root")
-	$(BIN)/jupyter lab $(LAB_ARGS)
+	JUPYTER_CONFIG_PATH="$(LAB_CONFIG)$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))" $(BIN)/jupyter lab $(LAB_ARGS)
 
 # Two workers: a launch is CPU-bound only part of its time (start-up, rendezvous, containers and
 # Slurm waiting), so two modules at a time keep both cores busy. tests/conftest.py keeps each module

@@ -23,6 +23,7 @@ from distlab.runtime.launch import time_scale
 from tests.helpers import EXERCISES, REPO
 
 NOTEBOOK_SOURCE = REPO / "course" / "01_ddp.py"
+SOURCES = {p.name for p in (REPO / "course").glob("[0-9]*.py")}  # the notebooks' jupytext sources
 EXERCISE = EXERCISES / "ex01_ddp.py"
 CHECK_CALL = re.compile(r"\bcheck\(\s*1\b")
 AS_ROOT = os.geteuid() == 0
@@ -40,17 +41,23 @@ def find_chromium() -> str:
     return path
 
 
-def lab_arguments() -> list[str]:
-    """The arguments ``make lab`` gives ``jupyter lab``, so this test serves what learners get: on this machine
-    only, on the port the OS picks when the server binds (``PORT=0``), with ``--allow-root`` as root."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    dry = subprocess.run(["make", "--no-print-directory", "-n", "lab", "PORT=0", "IP=127.0.0.1"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=60)
+def lab_command(*make_args: str) -> tuple[dict[str, str], list[str]]:
+    """The environment and the arguments ``make lab`` gives ``jupyter lab``, so this test serves what learners
+    get: on this machine only, on the port the OS picks when the server binds (``PORT=0``), with
+    ``--allow-root`` as root, and the role's configuration (``JUPYTER_CONFIG_PATH``)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "JUPYTER_CONFIG_PATH")}
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "lab", "PORT=0", "IP=127.0.0.1", *make_args],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, f"make -n lab failed:\n{dry.stdout}{dry.stderr}"
     for line in dry.stdout.splitlines():
         words = shlex.split(line)
+        assignments = {}
+        while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+            name, _, value = words.pop(0).partition("=")
+            assignments[name] = value
         if len(words) >= 2 and words[0].endswith("/jupyter") and words[1] == "lab":
-            return words[2:]
+            return assignments, words[2:]
     raise AssertionError(f"no `jupyter lab` command in `make -n lab`:\n{dry.stdout}")
 
 
@@ -65,11 +72,11 @@ def artefacts() -> set[Path]:
 
 
 def user_settings(directory: Path) -> None:
-    """JupyterLab settings for a deterministic run: every cell in the DOM, no autosave, no news popup."""
+    """JupyterLab settings for a deterministic run: every cell in the DOM, no autosave. (No news pop-up is the
+    project's own configuration, ``jupyter/common``, which the tests check rather than set.)"""
     settings = {
         "notebook-extension/tracker": {"windowingMode": "none"},
         "docmanager-extension/plugin": {"autosave": False},
-        "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
     }
     for plugin, values in settings.items():
         path = directory / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
@@ -91,8 +98,9 @@ def get(url: str) -> bytes | None:
 
 
 @contextlib.contextmanager
-def jupyterlab(tmp_path: Path, wait_for):
-    """Start ``make lab``'s JupyterLab on a free port; yield ``(base_url, token, log)``; always end it."""
+def jupyterlab(tmp_path: Path, wait_for, *make_args: str):
+    """Start ``make lab``'s JupyterLab (``make_args``: ``ROLE=instructor``, say) on a free port; yield
+    ``(base_url, token, log)``; always end it."""
     state = tmp_path / "jupyter"
     env = dict(os.environ,
                HOME=str(state / "home"),
@@ -108,7 +116,9 @@ def jupyterlab(tmp_path: Path, wait_for):
     token = secrets.token_hex(16)
     # port 0 (make lab's PORT=0): the OS picks a free port when the server binds; the server writes it to
     # jpserver-<pid>.json. make lab passes --allow-root itself where this runs as root.
-    command = [sys.executable, "-m", "jupyterlab", *lab_arguments(), "--no-browser", "--ServerApp.port_retries=0",
+    assignments, arguments = lab_command(*make_args)
+    env.update(assignments)
+    command = [sys.executable, "-m", "jupyterlab", *arguments, "--no-browser", "--ServerApp.port_retries=0",
                f"--IdentityProvider.token={token}",
                # JupyterLab checkpoints every file it opens; an absolute directory keeps them out of the repo
                f"--FileCheckpoints.checkpoint_dir={state / 'checkpoints'}"]
@@ -165,9 +175,9 @@ def built_notebook():
         yield notebook
         assert notebook.read_bytes() == before, f"{notebook} was changed (saved?) by the test"
         return
-    import jupytext
+    from distlab.lab.build_notebooks import build, kernel_metadata
 
-    jupytext.write(jupytext.read(NOTEBOOK_SOURCE), notebook)
+    build(NOTEBOOK_SOURCE, kernel_metadata())
     try:
         yield notebook
     finally:
@@ -206,10 +216,18 @@ def learner_opens_the_exercise_and_checks_it(tmp_path: Path, wait_for, leftover_
                     return listing.locator(".jp-DirListing-item").filter(
                         has=page.locator(".jp-DirListing-itemText", has_text=re.compile(f"^{re.escape(name)}$")))
 
+                step = "see each notebook listed once in course/"
+                item(notebook.name).wait_for(timeout=ms(60))
+                listed = set(listing.locator(".jp-DirListing-itemText").all_inner_texts())
+                assert not listed & SOURCES, f"jupytext sources listed beside their notebooks: {listed & SOURCES}"
+
                 step = "open course/01_ddp.ipynb from the file browser"
                 item(notebook.name).dblclick(timeout=ms(60))
                 panel = page.locator(".jp-NotebookPanel:visible")
                 panel.locator(".jp-Notebook .jp-Cell").first.wait_for()
+                notebook_tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=notebook.name)
+                # the kernel has started and answered (JupyterLab writes its metadata into the notebook then)
+                panel.locator(".jp-Notebook-ExecutionIndicator[data-status=idle]").wait_for(timeout=ms(60))
 
                 step = "open exercises/ex01_ddp.py from the file browser"
                 browser_panel.locator(".jp-BreadCrumbs-home").click()
@@ -222,8 +240,14 @@ def learner_opens_the_exercise_and_checks_it(tmp_path: Path, wait_for, leftover_
                 page.wait_for_function("([el, line]) => el.innerText.includes(line)",
                                        arg=[editor.element_handle(), first_line], timeout=ms(30))
 
+                step = "see the notebook unmodified and no pop-up, before running anything"
+                assert "jp-mod-dirty" not in (notebook_tab.get_attribute("class") or ""), \
+                    f"{notebook.name} shows as modified although nothing was run or edited"
+                toasts = page.locator(".Toastify__toast").all_inner_texts()
+                assert not toasts, f"pop-ups over the page: {toasts}"
+
                 step = "run the check cell of exercise 1 in the notebook"
-                page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=notebook.name).click()
+                notebook_tab.click()
                 cell = panel.locator(".jp-CodeCell").filter(has_text=CHECK_CALL).first
                 cell.scroll_into_view_if_needed()
                 # an existing notebook may keep the outputs of an earlier run: only a new output counts
