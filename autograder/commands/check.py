@@ -8,7 +8,7 @@ nbgrader test cell calling it scores 0. Everything the ranks print stays in the 
 subprocess, so nothing reaches the cell's stderr (nbgrader fails a test cell on any stderr output).
 
 Hints come in three tiers per criterion (the package's ``hints.py``, :func:`autograder.grader.registry.hints`):
-``check(N, hint=1)`` adds, under each failed criterion's feedback, a nudge towards the concept; ``hint=2``
+``check(N, hint=1)`` adds, under each failed criterion's feedback, why it matters; ``hint=2``
 the mechanism; ``hint=3`` the API to use. Tiers, not one full hint: the learner asks for as much help as
 they need, after a failure has told them what went wrong (the feedback names the cause; the hint helps
 find the fix). Without ``hint`` one line says that a hint exists.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .registry import Hints
 from .report import ExerciseReport
 
-TIERS = ("a nudge towards the concept", "the mechanism", "the API to use")
+TIERS = ("why it matters", "the mechanism", "the API to use")
 
 
 def check_tier(tier: int | None) -> None:

@@ -11,8 +11,8 @@ solution and the mutants together; the last test below holds every exercise to h
   and the CLI grades every untouched stub at once, each 0 with its line;
 - the check package has the one shape (``EXERCISE``, ``probes.rank_main``, ``grade(paths, ...)``,
   ``@criterion``s) and a docstring table of every declared mistake;
-- every criterion has hints in three tiers that do not quote the solution, and the criteria a package
-  lists (``CRITERIA``, ``METHOD_CRITERIA``, ...) are the ones with hints;
+- every criterion has hints in three tiers that do not quote the solution, tier 1 saying in words why it
+  matters, and the criteria a package lists (``CRITERIA``, ``METHOD_CRITERIA``, ...) are the ones with hints;
 - an independent correct solution exists (``tests/exercises/independent/``), and the exercise's module
   grades it in its launch and asserts its full marks, as it does the reference's.
 """
@@ -162,6 +162,11 @@ def test_every_criterion_has_three_tiers_that_do_not_quote_the_solution(number):
         assert isinstance(tiers, tuple) and len(tiers) == 3, name
         assert all(isinstance(t, str) and t.strip() for t in tiers), name
         assert len(set(tiers)) == 3, f"{name}: the tiers repeat each other"
+        # tier 1 is why the criterion matters, in words: the feedback above it may already name the fix (the API),
+        # so a tier 1 that only nudges ("a shuffle that never changes is an order") says less than the feedback
+        why = tiers[0]
+        assert len(why.split()) >= 18, f"{name}: tier 1 ({len(why.split())} words) does not say why it matters"
+        assert not re.search(r"\w\(|torch\.|`", why), f"{name}: tier 1 names code, which is tier 3's: {why!r}"
         for line in quotes:
             assert not any(line in t for t in tiers), f"{name}'s hint quotes the solution: {line!r}"
 

@@ -1,6 +1,6 @@
 """Exercise 3's hints, three tiers per criterion (``check(3, hint=k)``; :mod:`autograder.commands.check`).
 
-1: a nudge towards the concept, 2: the mechanism, 3: the API to use. Plain data, read on its own
+1: why it matters, 2: the mechanism, 3: the API to use. Plain data, read on its own
 (:func:`autograder.grader.registry.hints`): no imports. Mixed precision as Micikevicius et al. (2018) define
 it: 16-bit matmuls, float32 master weights, loss scaling for float16.
 """
@@ -49,7 +49,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "update() after every step, skipped or not.",
     ),
     "steady_speedup": (
-        "A speedup is a ratio of two times, each of them one call's typical cost.",
+        "A speedup is a ratio of two times, each of them one call's typical cost: if either time is not typical, the "
+        "ratio promises a gain, or a loss, that training will not see.",
         "Time each function the same way, then divide the baseline's time by the candidate's: above 1 means "
         "the candidate is faster.",
         "In compare, speedup is baseline_s / candidate_s, each from your median_seconds with the same sync, "

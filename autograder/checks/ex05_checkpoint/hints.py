@@ -1,6 +1,6 @@
 """Exercise 5's hints, three tiers per criterion (``check(5, hint=k)``; :mod:`autograder.commands.check`).
 
-1: a nudge towards the concept, 2: the mechanism, 3: the API to use. Plain data, read on its own
+1: why it matters, 2: the mechanism, 3: the API to use. Plain data, read on its own
 (:func:`autograder.grader.registry.hints`): no imports. The checkpoint is PyTorch's Distributed Checkpoint
 (DCP, ``torch.distributed.checkpoint``) with staging and an atomic commit, as torchtitan's checkpointer does.
 """
@@ -40,15 +40,17 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "commit(root, step) on rank 0; latest_complete(root) when loading.",
     ),
     "restart_resumes": (
-        "torchrun --max-restarts starts the whole job again after a crash: your train() must find the "
-        "newest complete checkpoint and continue from it, as a fresh job would.",
+        "With torchrun's --max-restarts the whole job starts again after a crash, and a long run on many machines "
+        "will crash: a restart that does not continue from the newest complete checkpoint costs the whole run so "
+        "far.",
         "At start-up, after building and seeding, load the newest complete checkpoint if one exists and "
         "continue from the step and data position it records; a rank that saved nothing must not differ.",
         "load_checkpoint(root, model, optimizer, scheduler) right after torch.manual_seed, using its "
         "(step, data_position) to set the step counter and the sampler's epoch and offset.",
     ),
     "two_crashes": (
-        "Resuming twice must be as exact as resuming once: nothing may drift between attempts.",
+        "Resuming twice must be as exact as resuming once: a run of weeks crashes many times, and a small drift at "
+        "each resume adds up to a different model.",
         "Whatever the first resume restored, the second must too; a state restored only partly (the RNG, "
         "the data offset) shows up as a difference after the second crash.",
         "Save and load the same dictionary keys every time (model, optim, scheduler, step, data) plus each "

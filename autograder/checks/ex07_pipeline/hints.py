@@ -1,6 +1,6 @@
 """Exercise 7's hints, three tiers per criterion (``check(7, hint=k)``; :mod:`autograder.commands.check`).
 
-1: a nudge towards the concept, 2: the mechanism, 3: the API to use. Plain data, read on its own
+1: why it matters, 2: the mechanism, 3: the API to use. Plain data, read on its own
 (:func:`autograder.grader.registry.hints`): no imports. The schedule is GPipe's (Huang et al., 2019): all
 micro-batches forward, then all backward.
 """
@@ -31,8 +31,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "on rank 1 the received activation must require grad (requires_grad_()) so its .grad exists.",
     ),
     "stage1_grads_match": (
-        "Gradients accumulate over micro-batches: their sum must be the gradient of the whole batch's mean "
-        "loss.",
+        "Gradients accumulate over micro-batches: their sum must be the gradient of the whole batch's mean loss, or "
+        "the pipeline trains with a step size that depends on how the batch was split.",
         "Backpropagate each micro-batch's loss once, scaled by one over the number of micro-batches, so the "
         "accumulated .grad equals the unsplit model's.",
         "Divide each micro-batch's cross_entropy by n_microbatches before calling backward on it; never "

@@ -1,6 +1,6 @@
 """Exercise 11's hints, three tiers per criterion (``check(11, hint=k)``; :mod:`autograder.commands.check`).
 
-1: a nudge towards the concept, 2: the mechanism, 3: the API to use. Plain data, read on its own: no
+1: why it matters, 2: the mechanism, 3: the API to use. Plain data, read on its own: no
 imports. The dispatch is GShard's (Lepikhin et al., 2020) without its padding: uneven splits.
 """
 
@@ -14,7 +14,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "minlength=world_size).tolist().",
     ),
     "sizes_exchanged": (
-        "A rank knows what it sends; what it receives is known only to the senders.",
+        "A rank knows what it sends; what it receives is known only to the senders: a receiver that assumes its "
+        "sizes gets rows cut off or padded as soon as the routing is uneven.",
         "Every rank sends each rank the one number 'how many rows you will get from me', and reads the numbers "
         "the others sent it.",
         "`dist.all_to_all_single(output, input)` of one int64 count per rank (your input_split_sizes as a tensor), "
@@ -28,14 +29,16 @@ HINTS: dict[str, tuple[str, str, str]] = {
         ".index_copy(0, perm, rows).",
     ),
     "grads_match": (
-        "The expert's gradient has to travel back to the rank that owns each token.",
+        "The expert's gradient has to travel back to the rank that owns each token: otherwise the layers before the "
+        "MoE layer train without the expert's part of their gradient.",
         "An all-to-all whose backward is the all-to-all with the splits swapped carries the gradient; "
         "dist.all_to_all_single writes into a buffer and has no backward.",
         "torch.distributed._functional_collectives.all_to_all_single_autograd(rows, output_split_sizes, "
         "input_split_sizes, group), or torch.distributed.nn.functional.all_to_all_single.",
     ),
     "all_to_alls": (
-        "Expert parallelism moves tokens, twice each way.",
+        "Expert parallelism moves tokens, twice each way, in every MoE layer of every step: an exchange more than "
+        "that is paid on the critical path, and one less leaves tokens where their expert is not.",
         "One all-to-all in dispatch and one in combine; autograd runs their two backwards; nothing else "
         "communicates.",
         "One all_to_all_single_autograd call in each of dispatch and combine, and no other collective.",
