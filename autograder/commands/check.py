@@ -27,7 +27,12 @@ from ..grader.supervise import DEFAULT_DIR, grade_one
 
 
 class ExerciseFailed(AssertionError):
-    """The exercise scored less than full marks; the message is the feedback."""
+    """The exercise scored less than full marks; the message is the score, the feedback is above it."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython's hook for an exception's own rendering: the learner reads one line under the feedback,
+        # not a traceback through the grader's code (nbgrader still sees the cell's error, and scores it 0)
+        return [f"{type(self).__name__}: {self}"]
 
 
 class Feedback:

@@ -140,3 +140,17 @@ def test_a_class_reads_missing_stub_not_graded_or_the_score_and_gets_feedback_fi
     assert main(args) == 1  # not graded: the machine's, and a script grades it again
     assert "1 exercise(s) not graded (the machine was too slow)" in capsys.readouterr().err
     assert classroom.cell(slow) == "not graded"
+
+
+def test_a_failed_check_ends_in_one_line_in_a_notebook_not_a_traceback():
+    """``check(N)`` raises when the exercise is not fully correct (an nbgrader test cell scores 0); IPython shows
+    that as one line under the feedback, not a traceback through the grader's code."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    shell = InteractiveShell.instance()
+    shell.user_ns["ExerciseFailed"] = check_command.ExerciseFailed
+    with capture_output() as shown:
+        result = shell.run_cell("raise ExerciseFailed('exercise 1: 9.17/10; see the feedback above')")
+    assert isinstance(result.error_in_exec, check_command.ExerciseFailed)  # the cell still fails
+    assert shown.stdout.strip() == "ExerciseFailed: exercise 1: 9.17/10; see the feedback above"
