@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from distlab.runtime import heartbeat
 from distlab.runtime.importing import import_path
 
 from . import trace
@@ -101,8 +102,13 @@ def own_rendezvous(tag: str, timeout: timedelta = timedelta(seconds=60)):
         server = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False, timeout=timeout)
         agent.set(f"{key}/port", str(server.port))
     os.environ["MASTER_PORT"] = agent.get(f"{key}/port").decode()
+    raised = False
     try:
-        yield
+        with heartbeat.torchrun_vars(MASTER_PORT=os.environ["MASTER_PORT"]):  # this move is the grader's
+            yield
+    except BaseException:
+        raised = True
+        raise
     finally:
         os.environ["MASTER_PORT"] = agent_port
         gc.collect()
@@ -110,4 +116,18 @@ def own_rendezvous(tag: str, timeout: timedelta = timedelta(seconds=60)):
             dist.destroy_process_group()
         agent.set(f"{key}/done/{rank}", "1")
         if server is not None:  # rank 0 keeps the store up until every rank is done with it
-            agent.wait([f"{key}/done/{r}" for r in range(world)])
+            _wait_for_the_others(agent, key, world, timeout, quiet=raised)
+
+
+def _wait_for_the_others(agent: dist.TCPStore, key: str, world: int, timeout: timedelta, *, quiet: bool) -> None:
+    """Rank 0 waits until every rank is done with the file's store. Past ``timeout`` that is the learner's
+    ranks still running (in their code, or stuck in it), said in those words: the store and its keys are
+    the grader's. ``quiet``: the block already raised, and that error, the learner's, is the one to report."""
+    try:
+        agent.wait([f"{key}/done/{r}" for r in range(world)])
+    except dist.DistStoreError:
+        if quiet:
+            return
+        late = [r for r in range(world) if not agent.check([f"{key}/done/{r}"])]
+        raise RuntimeError(f"rank(s) {', '.join(map(str, late))} had not finished the graded code "
+                           f"{timeout.total_seconds():g} s after rank 0 had") from None

@@ -7,7 +7,8 @@ learner's line. Both need the same evidence, and a busy CPU is not it (a
 spinning loop is busy). Progress here is what only an advancing program does:
 
 * a *tick*: an optimizer step (``register_optimizer_step_post_hook``, global),
-  or a backward pass (``Tensor.backward`` and ``torch.autograd.backward``);
+  a backward pass (``Tensor.backward`` and ``torch.autograd.backward``), or a gradient of a DDP
+  model accumulated (:class:`distlab.runtime.waits.DDPWatch`);
 * a *new place*: a stack of the main thread, sampled every :data:`INTERVAL`
   seconds, that this rank has not been in before (start-up, a first epoch;
   a loop soon runs out of new places).
@@ -15,13 +16,14 @@ spinning loop is busy). Progress here is what only an advancing program does:
 Rank side, :func:`start` runs a daemon thread that writes
 ``heartbeat-<rank>.json`` in the job's folder: the counts, the stack's
 innermost learner frame, and what it waits in (a ``torch.distributed``
-collective, a ``recv``, a ``barrier``, a ``.wait()``). Launcher side,
+collective, a ``recv``, a ``barrier``, a ``.wait()``, or one that DDP, FSDP or a pipeline schedule
+issued: :mod:`distlab.runtime.waits`). Launcher side,
 :class:`Watch` reads them and tells when each rank last advanced.
 """
 from __future__ import annotations
 
+import contextlib
 import json
-import linecache
 import os
 import sys
 import threading
@@ -29,39 +31,30 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .waits import DDPWatch, describe, watch_ddp
+
 INTERVAL = 0.5  # seconds between two samples of a rank's stack
-WAITS = {"init_process_group", "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
-         "reduce_scatter",
-         "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "recv",
-         "send", "gather", "scatter", "reduce", "all_to_all", "all_to_all_single", "wait", "batch_isend_irecv"}
-_RUNTIME = tuple(str(Path(p).resolve()) + os.sep for p in (
-    os.path.dirname(os.__file__), Path(__file__).resolve().parents[1],
-    Path(__file__).resolve().parents[2] / "autograder"))
-
-
-def _is_runtime(filename: str) -> bool:
-    """Library or grader code (the standard library, site-packages, distlab, autograder), not the learner's."""
-    return "site-packages" in filename or filename.startswith(_RUNTIME) or filename.startswith("<")
-
-
-def describe(frames: list[tuple[str, int, str]]) -> dict:
-    """``{"at": "file.py:57", "code": "...", "waits_in": "all_reduce" | None}`` for a stack (outermost first)."""
-    waits = next((fn for path, _, fn in frames if f"{os.sep}torch{os.sep}distributed{os.sep}" in path
-                  and fn in WAITS), None)
-    learner = [(p, n) for p, n, _ in frames if not _is_runtime(p)]
-    at, code = None, ""
-    if learner:
-        path, line = learner[-1]
-        at, code = f"{os.path.basename(path)}:{line}", linecache.getline(path, line).strip()
-        if waits is None and ".wait(" in code:
-            waits = "wait"
-    return {"at": at, "code": code, "waits_in": waits}
 
 
 # What torchrun tells each rank; a job that sets them again points its ranks at a rendezvous nobody
 # hosts (the tutorials' os.environ["MASTER_PORT"] = "12355"), so the launcher names the change.
 TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 _TORCHRUN_ENV: dict[str, str | None] = {}
+
+
+@contextlib.contextmanager
+def torchrun_vars(**values: str):
+    """For the block, ``values`` are what torchrun's variables hold, not a change of the job's: a launcher
+    that moves the rendezvous itself (the grader's own store for each learner file) sets ``MASTER_PORT`` in
+    the block, and a hang there must not be reported as the learner's change."""
+    before = {k: _TORCHRUN_ENV[k] for k in values if k in _TORCHRUN_ENV}
+    _TORCHRUN_ENV.update(values)
+    try:
+        yield
+    finally:
+        for k in values:
+            _TORCHRUN_ENV.pop(k, None)
+        _TORCHRUN_ENV.update(before)
 
 
 def changed_torchrun_vars() -> dict[str, list]:
@@ -75,6 +68,7 @@ class _Rank:
     def __init__(self, path: Path):
         self.path, self.ticks, self.places, self.seen = path, 0, 0, set()
         self.main = threading.main_thread().ident
+        self.ddp = DDPWatch(self.tick)
 
     def tick(self, *_args, **_kwargs) -> None:
         self.ticks += 1  # one thread adds at a time in practice; a lost increment only delays a beat
@@ -90,7 +84,8 @@ class _Rank:
         if signature not in self.seen and len(self.seen) < 100_000:
             self.seen.add(signature)
             self.places += 1
-        beat = {"ticks": self.ticks, "places": self.places, **describe(frames), "env_changed": changed_torchrun_vars()}
+        beat = {"ticks": self.ticks, "places": self.places, **describe(frames, self.ddp.all_in()),
+                "env_changed": changed_torchrun_vars()}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(beat))
         tmp.replace(self.path)
@@ -116,13 +111,16 @@ def start(outdir: str | os.PathLike, rank: int) -> None:
 
     def counted_backward(*args, **kwargs):
         beat.tick()
+        beat.ddp.backward_started()
         return backward(*args, **kwargs)
 
     def counted_tensor_backward(self, *args, **kwargs):
         beat.tick()
+        beat.ddp.backward_started()
         return tensor_backward(self, *args, **kwargs)
 
     torch.autograd.backward, torch.Tensor.backward = counted_backward, counted_tensor_backward
+    watch_ddp(beat.ddp)
     threading.Thread(target=beat.run, name="distlab-heartbeat", daemon=True).start()
 
 
@@ -169,8 +167,9 @@ class Watch:
         for rank in sorted(self.beats):
             b = self.beats[rank]
             where = f" at {b['at']}" if b.get("at") else ""
-            code = f" ({b['code']})" if b.get("code") and not b.get("waits_in") else ""
-            parts.append(f"rank {rank} waits in {b['waits_in']}{where}" if b.get("waits_in")
+            # the line, unless it names what the rank waits in ("dist.all_reduce(t)"); "loss.backward()" it does not
+            code = f" ({b['code']})" if b.get("code") and str(b.get("waits_in")) not in b["code"] else ""
+            parts.append(f"rank {rank} waits in {b['waits_in']}{where}{code}" if b.get("waits_in")
                          else f"rank {rank} is{where or ' outside your code'}{code}")
         return "; ".join(parts)
 

@@ -29,6 +29,48 @@ def test_a_hang_is_ended_early_and_named_at_each_ranks_line():
     assert "rank 1 is at ranks.py:" in message and "(time.sleep(seconds))" in message
 
 
+# a hang in a collective that a library issues (rank 1 asleep, rank 0 left waiting): what rank 0 waits in
+LIBRARY_HANGS = {
+    "ddp forward": (ranks.ddp_step_while_rank1_sleeps, (600, 1), "DDP's broadcast before the forward"),
+    "ddp backward": (ranks.ddp_step_while_rank1_sleeps, (600, 2), "DDP's all-reduce of the gradients"),
+    "fsdp": (ranks.fsdp_step_while_rank1_sleeps, (600, "forward"), "FSDP's all-gather of the parameters"),
+    "pipeline": (ranks.pipeline_while_rank1_sleeps, (600,), "the pipeline schedule's send/receive"),
+}
+
+
+@pytest.fixture(scope="module")
+def library_hangs():
+    """Each case's LaunchHang message; the jobs mostly wait, so they run at the same time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def hang(case):
+        target, args, _ = LIBRARY_HANGS[case]
+        try:
+            torchrun(target, 2, args=args, timeout=300, hang_after_s=3)
+        except LaunchHang as exc:
+            return str(exc)
+        except LaunchError as exc:
+            return f"not a hang: {type(exc).__name__}: {exc}"
+        return "finished"
+
+    with ThreadPoolExecutor(max_workers=len(LIBRARY_HANGS)) as pool:
+        return dict(zip(LIBRARY_HANGS, pool.map(hang, LIBRARY_HANGS)))
+
+
+@pytest.mark.parametrize("case", sorted(LIBRARY_HANGS))
+def test_a_hang_in_a_collective_ddp_fsdp_or_a_pipeline_issues_is_named_at_each_ranks_line(library_hangs, case):
+    message = library_hangs[case]
+    assert f"rank 0 waits in {LIBRARY_HANGS[case][2]} at ranks.py:" in message, message
+    assert "rank 1 is at ranks.py:" in message and "(time.sleep(seconds))" in message, message
+
+
+def test_a_slow_backward_of_a_ddp_model_is_slow_not_a_hang():
+    # both ranks spend 6 s between the gradients of the model's two layers, with no rank advancing; neither
+    # has all its gradients in, so neither waits in DDP's all-reduce, and the job is not ended at 2 s
+    run = torchrun(ranks.ddp_with_a_slow_backward, 2, args=(6,), timeout=120, hang_after_s=2)
+    assert run.results == [2, 2]
+
+
 def test_a_launch_still_advancing_past_its_bound_is_the_machines_problem_not_the_codes():
     with pytest.raises(MachineTooSlow, match=r"too slow for this launch: its ranks were still advancing") as info:
         torchrun(ranks.slow_steps, 2, args=(100_000, 0.05), timeout=2)

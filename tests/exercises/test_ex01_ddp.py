@@ -290,3 +290,24 @@ def test_a_metric_not_reduced_is_named(graded):
 def test_averaging_the_ranks_means_is_named(graded):
     msg = _only(graded["eval_mean_of_means"], EVAL[6:])
     assert "the average of the ranks' means; without the repeats the shards hold [11, 10] samples" in msg
+
+
+@pytest.mark.slow
+def test_a_rank_stuck_while_the_other_waits_in_ddps_all_reduce_is_a_hang_named_at_each_ranks_line(tmp_path):
+    """Issue 37's measured case: the reference with rank 1 stuck at the start of its second epoch. Rank 0 waits
+    in the all-reduce DDP's reducer issues from C++ during loss.backward(): a hang, named at both ranks'
+    lines, in the learner's terms: no store, no keys, no change of MASTER_PORT (that move is the grader's)."""
+    from autograder.grader.supervise import grade_one
+    from tests.helpers import mutant
+
+    mutant(tmp_path, "ex01_ddp.py", {
+        "        sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's shuffle\n":
+        "        sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's shuffle\n"
+        "        if epoch == 1 and rank == 1:\n            import time\n            time.sleep(600)\n"})
+    report = grade_one(ex01_ddp.EXERCISE, tmp_path)
+    assert report.score == 0 and not report.not_graded, report.feedback
+    assert "the job hung" in report.feedback
+    assert "rank 0 waits in DDP's all-reduce of the gradients at ex01_ddp.py:" in report.feedback
+    assert "(loss.backward())" in report.feedback and "(time.sleep(600))" in report.feedback
+    for internal in ("distlab/grader", "DistStoreError", "MASTER_PORT", "keys:"):
+        assert internal not in report.feedback, report.feedback

@@ -250,3 +250,90 @@ def threads_when_ddp_outlives_shutdown() -> dict:
     del ddp
     gc.collect()
     return {"after_shutdown": after_shutdown, "after_ddp_freed": threads()}
+
+
+def _sleep_on_rank1_at_step(step: int, seconds: float, at: int = 1) -> None:
+    if step == at and dist.get_rank() == 1:
+        time.sleep(seconds)
+
+
+def ddp_step_while_rank1_sleeps(seconds: float = 600, at: int = 2) -> None:
+    """Rank 1 sleeps before step ``at``. At step 1 rank 0 waits in DDP's broadcast before the forward (its
+    buckets are rebuilt after the first step); at step 2, in DDP's all-reduce of the gradients during the
+    backward, which the reducer issues from C++, with no Python collective on the stack."""
+    distlab.init_distributed()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    for step in range(4):
+        _sleep_on_rank1_at_step(step, seconds, at)
+        model(torch.ones(3, 4)).sum().backward()
+
+
+class _SlowBackward(torch.autograd.Function):
+    """The identity, whose backward takes ``seconds`` on every rank once: a slow backward, not a hang."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class _Slow(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.seconds = 0.0
+
+    def forward(self, x):
+        return _SlowBackward.apply(x, self.seconds)
+
+
+def ddp_with_a_slow_backward(seconds: float) -> int:
+    """A DDP model whose second backward takes ``seconds`` on both ranks, between its two layers' gradients."""
+    distlab.init_distributed()
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(4, 4), _Slow(), torch.nn.Linear(4, 2)))
+    for step in range(3):
+        model.module[1].seconds = seconds if step == 1 else 0.0
+        model(torch.ones(3, 4)).sum().backward()
+    return step
+
+
+def fsdp_step_while_rank1_sleeps(seconds: float = 600, where: str = "forward") -> None:
+    """FSDP2 (``fully_shard``): rank 1 sleeps before its second forward, or between its second forward and
+    backward; either way rank 0 waits in FSDP's all-gather of the parameters (the backward gathers them again)."""
+    from torch.distributed.fsdp import fully_shard
+
+    distlab.init_distributed()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    for step in range(3):
+        if where == "forward":
+            _sleep_on_rank1_at_step(step, seconds)
+        loss = model(torch.ones(3, 4)).sum()
+        if where == "backward":
+            _sleep_on_rank1_at_step(step, seconds)
+        loss.backward()
+
+
+def pipeline_while_rank1_sleeps(seconds: float = 600) -> None:
+    """``torch.distributed.pipelining``'s GPipe schedule on 2 stages: rank 1 (the last stage) sleeps before
+    its second step; rank 0 waits in the schedule's send/receive."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    distlab.init_distributed()
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    stage = PipelineStage(torch.nn.Linear(4, 4), rank, 2, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, target: out.sum())
+    for step in range(3):
+        _sleep_on_rank1_at_step(step, seconds)
+        if rank == 0:
+            schedule.step(torch.ones(4, 4))
+        else:
+            schedule.step(target=torch.ones(4, 4))
