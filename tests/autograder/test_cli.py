@@ -148,7 +148,9 @@ def test_make_lab_binds_to_this_machine_takes_a_port_and_extra_arguments_and_sta
     proc = subprocess.run(["make", "--no-print-directory", "-n", "lab", "PORT=9123", "LAB_ARGS_EXTRA=--no-browser"],
                           cwd=REPO, env=_outside_make(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    lab = next(line.split() for line in proc.stdout.splitlines() if line.split()[1:2] == ["lab"])
+    line = next(line.split() for line in proc.stdout.splitlines() if "/jupyter lab " in line)
+    lab = line[line.index("lab"):]
+    assert line[0].startswith("JUPYTER_CONFIG_PATH=") and "/jupyter/learner:" in line[0]  # a learner's, by default
     assert {"--ServerApp.ip=127.0.0.1", "--ServerApp.port=9123"} <= set(lab) and lab[-1] == "--no-browser"
     root = os.getuid() == 0
     assert ("--allow-root" in lab) == root
