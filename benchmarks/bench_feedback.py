@@ -21,10 +21,18 @@ name is used), or the first divergence from the reference at a learner's line (a
 strict; the others say what went wrong and where it showed, not always the edited line.
 
 A third row counts the messages, over all the mutants, that advise a step the file's trace shows was taken
-(:func:`autograder.grader.advice.violations`: "call sampler.set_epoch(epoch)" where it was called); the goal is none.
+(:func:`autograder.grader.advice.violations`: "call sampler.set_epoch(epoch)" where it was called), or state
+what the trace or the file contradicts (:func:`autograder.grader.facts.contradictions`: "scaler.update() was
+never called" where it was, a line quoted with code it does not hold); the goal is none.
+
+A second family, ``benchmarks/realistic/`` (issue 37), is mistakes people make, each with its source, written
+by someone who had not read the checks, and correct solutions in other legal styles. Its rows: the wrong
+solutions at full marks (goal 0), the caught ones whose feedback names them (as above; goal 90%), the legal
+variants short of full marks (goal 0), and the advice about steps the trace shows were taken (goal 0).
 
 ``python -m benchmarks feedback`` (minutes: exercise 5's mutants run its fresh-job scenario only).
-``DISTLAB_BENCH_EXERCISES=5,7`` restricts the exercises.
+``DISTLAB_BENCH_EXERCISES=5,7`` restricts the exercises, ``DISTLAB_BENCH_FAMILY=lines|realistic`` the family,
+and ``DISTLAB_BENCH_KEEP=DIR`` writes each realistic mutant's feedback to ``DIR/exNN.md``.
 """
 from __future__ import annotations
 
@@ -156,16 +164,19 @@ def _grade(check, paths: list[Path], kept: dict, **kwargs) -> list:
     return reports
 
 
-def graded(number: int) -> tuple[Path, list[Mutant], list, dict]:
-    """Every generated mutant of exercise ``number``, graded in one ``grade`` call: the solution's path, the
-    mutants, their reports and their traces (``kept``, by path as graded)."""
+def graded(number: int, found: list[Mutant] | None = None) -> tuple[Path, list[Mutant], list, dict]:
+    """Exercise ``number``'s mutants (default: every generated one), graded in one ``grade`` call: the
+    solution's path, the mutants, their reports and, for each, its advice about steps its trace shows were taken
+    (:func:`autograder.grader.advice.violations`) and its statements that the run or the file contradicts
+    (:func:`autograder.grader.facts.contradictions`)."""
     from autograder.grader import divergence
     from autograder.grader.advice import violations
+    from autograder.grader.facts import contradictions
     from autograder.grader.registry import check_module
 
     check = check_module(number)
     solution = divergence.solution_path(check)
-    found = mutants(solution)
+    found = mutants(solution) if found is None else found
     with tempfile.TemporaryDirectory(prefix=f"ex{number:02d}-mutants-") as tmp:
         paths = []
         for i, m in enumerate(found):
@@ -174,7 +185,9 @@ def graded(number: int) -> tuple[Path, list[Mutant], list, dict]:
             paths[-1].write_text(m.source)
         kept: dict = {}
         reports = _grade(check, paths, kept, **GRADE_KWARGS.get(number, {}))
-        wrong = {i: violations(r, kept.get(str(p), [])) for i, (p, r) in enumerate(zip(paths, reports))}
+        wrong = {i: violations(r, kept.get(str(p), [])) + contradictions(r, kept.get(str(p), []), found[i].source,
+                                                                          solution.name)
+                 for i, (p, r) in enumerate(zip(paths, reports))}
     return solution, found, reports, wrong
 
 
@@ -208,12 +221,23 @@ def measure(number: int, keep: Path | None = None) -> dict:
 
 
 def rows() -> list[Row]:
+    """The line-edit family's rows, then the realistic family's (``DISTLAB_BENCH_FAMILY=lines`` or ``realistic``
+    for one of them)."""
+    family = os.environ.get("DISTLAB_BENCH_FAMILY", "")
+    return (line_edit_rows() if family in ("", "lines") else []) + (
+        realistic_rows() if family in ("", "realistic") else [])
+
+
+def _numbers(available) -> list[int]:
+    wanted = os.environ.get("DISTLAB_BENCH_EXERCISES")
+    return [int(n) for n in wanted.split(",") if int(n) in available] if wanted else sorted(available)
+
+
+def line_edit_rows() -> list[Row]:
     from autograder.grader.registry import exercises
 
-    wanted = os.environ.get("DISTLAB_BENCH_EXERCISES")
-    numbers = [int(n) for n in wanted.split(",")] if wanted else sorted(exercises())
     out = []
-    for n in numbers:
+    for n in _numbers(exercises()):
         got = measure(n)
         caught = max(got["caught"], 1)
         named = got["line"] + got["cause"] + got["error_line"] + got["divergence"]
@@ -224,7 +248,70 @@ def rows() -> list[Row]:
                     100 * got["line"] / caught, "%", note),
                 Row("feedback", f"ex{n:02d}: ... the line, a declared cause, or an error or divergence at a line",
                     100 * named / caught, "%", "goal of issue 25: >= 80%"),
-                Row("feedback", f"ex{n:02d}: messages advising a step the trace shows was taken", got["violations"],
+                Row("feedback", f"ex{n:02d}: messages advising a step taken or stating what the run contradicts",
+                    got["violations"],
                     "messages", "goal of issue 25: 0 (autograder.grader.advice); first: "
                     + ("; ".join(got["violation_examples"]) or "none"))]
+    return out
+
+
+# -- the realistic family (benchmarks/realistic/): mistakes people make, written blind to the checks ---------
+def _edited_lines(original: str, edited: str) -> tuple[int, ...]:
+    """The 1-based lines of ``edited`` that the edit wrote (what a message naming the edited line points at)."""
+    import difflib
+
+    matcher = difflib.SequenceMatcher(a=original.splitlines(), b=edited.splitlines(), autojunk=False)
+    return tuple(j + 1 for tag, _, _, j1, j2 in matcher.get_opcodes() if tag != "equal" for j in range(j1, j2)) \
+        or (1,)
+
+
+def realistic(number: int) -> dict:
+    """Grade exercise ``number``'s realistic mistakes and legal variants in one ``grade`` call; the counts and
+    the names of those that went wrong (a mistake at full marks, a legal variant short of them)."""
+    from benchmarks.realistic import family, solution
+
+    mistakes, legal = family()[number]
+    original = solution(number).read_text()
+    found = [Mutant(m.apply(original), _edited_lines(original, m.apply(original)), m.name) for m in mistakes + legal]
+    path, found, reports, advice = graded(number, found)
+    wrong = [(m, f, r) for m, f, r in zip(mistakes, found, reports) if not r.not_graded]
+    caught = [(m, f, r) for m, f, r in wrong if not r.passed]
+    return {"mistakes": len(mistakes), "graded": len(wrong), "caught": [m.name for m, _, _ in caught],
+            "full_marks": [m.name for m, _, r in wrong if r.passed],
+            "named": [m.name for m, f, r in caught if how_named(f, r, path.name)],
+            "key_terms": [m.name for m, _, r in caught if all(t.lower() in r.feedback.lower() for t in m.key_terms)],
+            "not_graded": [m.name for m, r in zip(mistakes, reports) if r.not_graded],
+            "legal": len(legal), "legal_short": [m.name for m, r in zip(legal, reports[len(mistakes):])
+                                                 if not r.passed],
+            "violations": [v for i in range(len(mistakes)) for v in advice.get(i, [])],
+            "feedback": {m.name: r.feedback for m, r in zip(mistakes + legal, reports)}}
+
+
+def realistic_rows() -> list[Row]:
+    from benchmarks.realistic import family
+
+    out, keep = [], os.environ.get("DISTLAB_BENCH_KEEP")
+    for n in _numbers(family()):
+        got = realistic(n)
+        if keep:  # every report's feedback, to read what each mistake was told
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            (Path(keep) / f"ex{n:02d}.md").write_text(
+                "\n\n".join(f"## {name}\n{text}" for name, text in got["feedback"].items()))
+        named, caught = len(got["named"]), len(got["caught"])
+        unnamed = [name for name in got["caught"] if name not in got["named"]]
+        full = ", ".join(got["full_marks"]) or "none"
+        slow = f"; not graded (the machine): {', '.join(got['not_graded'])}" if got["not_graded"] else ""
+        out += [
+            Row("feedback", f"ex{n:02d} realistic: wrong solutions at full marks", len(got["full_marks"]), "mistakes",
+                f"of {got['graded']} graded ({got['mistakes']} written); goal 0: {full}{slow}"),
+            Row("feedback", f"ex{n:02d} realistic: caught mistakes whose feedback names them",
+                100 * named / max(caught, 1), "%",
+                f"{named} of {caught} (the edited line, a declared cause, an error or a divergence at a line); "
+                f"{len(got['key_terms'])} contain the mistake's key terms; goal >= 90%"
+                + (f"; unnamed: {', '.join(unnamed)}" if unnamed else "")),
+            Row("feedback", f"ex{n:02d} realistic: legal variants short of full marks", len(got["legal_short"]),
+                "variants", f"of {got['legal']}; goal 0: " + (", ".join(got["legal_short"]) or "none")),
+            Row("feedback", f"ex{n:02d} realistic: messages advising a step taken or stating what the run contradicts",
+                len(got["violations"]), "messages", "goal 0; first: " + ("; ".join(got["violations"][:2]) or "none")),
+        ]
     return out

@@ -1,0 +1,50 @@
+"""Facts only (autograder.grader.facts): a statement of the feedback that the trace or the learner's file
+contradicts is listed; a true one is not. Made-up traces and files: no launch."""
+from __future__ import annotations
+
+from autograder.grader.facts import contradictions
+from autograder.grader.report import ExerciseReport
+
+
+def _at(event: str, line: int, **details) -> dict:
+    return {"event": event, "step": 0, "file": "ex03_amp.py", "line": line, "code": "...", **details}
+
+
+TRACE = [_at("zero_grad", 40), _at("backward", 41, shape=[]), _at("optimizer.step", 43),
+         _at("destroy_process_group", 60, args={})]
+SOURCE = "\n".join(f"line {n}" for n in range(1, 41)) + "\n    loss.backward()\n"  # line 41 is the backward
+
+
+def _report(*feedback: str) -> ExerciseReport:
+    report = ExerciseReport(3, "amp", len(feedback))
+    for i, text in enumerate(feedback):
+        report.check(f"criterion {i}", 1, False, text)
+    return report
+
+
+def test_a_call_said_not_to_have_happened_that_the_trace_shows_is_a_contradiction():
+    report = _report("optimizer.step() was never called: the weights did not change",
+                     "teardown did not call dist.destroy_process_group()",
+                     "the loss was backpropagated without zero_grad()")
+    assert contradictions(report, [[TRACE]]) == [
+        "criterion 0: says optimizer.step() was not called, but your code called it (ex03_amp.py:43)",
+        "criterion 1: says dist.destroy_process_group() was not called, but your code called it (ex03_amp.py:60)",
+        "criterion 2: says zero_grad() was not called, but your code called it (ex03_amp.py:40)"]
+    assert contradictions(report, [[[e for e in TRACE if e["event"] == "backward"]]]) == []  # then they are true
+
+
+def test_a_call_the_trace_does_not_record_is_not_judged():
+    # scaler.update() and a scheduler's step are not events of the trace: nothing says whether they happened,
+    # and a "step" is not optimizer.step
+    report = _report("scaler.update() was never called", "without calling scheduler.step()")
+    assert contradictions(report, [[TRACE]]) == []
+
+
+def test_a_quoted_line_must_hold_the_code_quoted():
+    true = _report("rank 0 waits in DDP's all-reduce of the gradients at ex03_amp.py:41 (loss.backward())",
+                   "your code raised on rank 0: ValueError\n  at ex03_amp.py line 41 in train: loss.backward()")
+    assert contradictions(true, [[TRACE]], SOURCE, "ex03_amp.py") == []
+    false = _report("(ex03_amp.py:40: `loss.backward()`)", "at ex03_amp.py:99 (scaler.step(optimizer))")
+    assert contradictions(false, [[TRACE]], SOURCE, "ex03_amp.py") == [
+        "criterion 0: quotes ex03_amp.py:40 as `loss.backward()`, but that line is `line 40`",
+        "criterion 1: quotes ex03_amp.py:99 as `scaler.step(optimizer)`, but that line is `None`"]
