@@ -2,8 +2,8 @@
 
 One job of W ranks (distlab.lab.context_parallel.jobs.cp_job), sequence 1024, 4 heads of 32:
 
-* causal work: the busiest rank's time over the mean rank's, contiguous shards and zig-zag (Brandon
-  et al. 2023), beside the counted blocks' ratio (contiguous 2 - 1/W for the pairs; zig-zag 1), each
+* causal work: the busiest rank's time over the mean rank's, contiguous shards and zig-zag (Llama 3's
+  layout, section 3.3.2), beside the counted blocks' ratio (contiguous 2 - 1/W for the pairs; zig-zag 1), each
   rank timed alone so the ranks do not share cores;
 * zig-zag's busiest rank over contiguous's busiest: the causal ring's speed-up from balancing;
 * peak bytes per rank of the ring's forward over one process's whole-sequence attention, beside W^2

@@ -31,7 +31,7 @@
 # The four ranks here share 2 CPU cores (gloo): right for *what* moves, not for how fast.
 # torch 2.13 names the single-tensor all-gather and reduce-scatter `all_gather_single` and
 # `reduce_scatter_single`; the older `all_gather_into_tensor` and `reduce_scatter_tensor` still
-# work, with a deprecation warning (the list forms `all_gather` and `reduce_scatter` too).
+# work, with a deprecation warning; the list forms `all_gather` and `reduce_scatter` have none.
 
 # %%
 # %load_ext distlab
@@ -143,7 +143,9 @@ sent_guess.reveal(priced["all_reduce"], what="computed")
 
 # %% [markdown]
 # The recorder priced both with ring algorithms: 1.5 MiB per rank either way, whatever the
-# backend actually ran (gloo picks its own algorithm; NCCL picks ring or tree per call).
+# backend actually ran (gloo picks its own algorithm; NCCL picks one per call: Ring, Tree, and on
+# hardware that has them NVLS and CollNet, as notebook 09 says, and PAT for all-gather and
+# reduce-scatter).
 #
 # ## The α-β model
 # A ring all-reduce of n bytes on W ranks takes 2(W−1) steps, each paying a latency α, and every

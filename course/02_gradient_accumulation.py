@@ -27,10 +27,13 @@
 # Gradients add up in `.grad`, so back-propagating $\frac{n_i}{N} L_i$ for each micro-batch leaves
 # exactly $\nabla L$ there. With equal sizes $n_i/N = 1/k$: **divide each loss by k**. Forget it
 # and the gradient is `k` times too large. Under SGD that is a `k`-times larger learning rate in
-# disguise. Adam divides by the gradient's own scale, so it barely notices (exactly `k` times
-# larger moments, the same update but for `eps`); there the harm comes through gradient clipping:
-# `clip_grad_norm_(model.parameters(), 1.0)` now sees a `k`-times larger norm, clips where it
-# should not, and the threshold means something else for every `k`.
+# disguise. Adam divides by the gradient's own scale, so it barely notices: `exp_avg` grows `k`
+# times, `exp_avg_sq` `k²` times, and the update `exp_avg / (√exp_avg_sq + eps)` is the same but
+# for `eps`. Not with `Adam(weight_decay=λ)`: its L2 term `λθ` joins the gradient before the
+# moments, so it weighs `k` times less (AdamW's decoupled decay keeps the invariance). With Adam
+# the harm comes mostly through gradient clipping: `clip_grad_norm_(model.parameters(), 1.0)` now
+# sees a `k`-times larger norm, clips where it should not, and the threshold means something else
+# for every `k`.
 #
 # **Under DDP** every `backward()` ends with an all-reduce of the gradients. Between the
 # boundaries of a window that is wasted traffic: only the sum at the end matters. `model.no_sync()`

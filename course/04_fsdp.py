@@ -16,7 +16,7 @@
 #
 # DDP keeps a **full copy** of everything on every rank: the parameters, their gradients and
 # the optimizer state. With fp32 weights and Adam that is 4 + 4 + 8 = **16 bytes per parameter**,
-# so a 7-billion-parameter model needs 112 GB before a single activation: more than any one GPU.
+# so a 7-billion-parameter model needs 112 GB before a single activation: more than an 80 GB A100 or H100 holds.
 #
 # ZeRO (Rajbhandari et al., *ZeRO: Memory Optimizations Toward Training Trillion Parameter
 # Models*, SC 2020) removes the redundancy in three stages, and PyTorch FSDP (Zhao et al.,

@@ -421,8 +421,9 @@ print(f"depth 16 -> 64 (4x deeper): none x{s64['none'] / s16['none']['saved_byte
 # (`make bench` measures longer, on a larger batch). What sits above the line is each
 # checkpoint call's own work (it saves and restores the RNG state, installs its hooks), large
 # next to a block this small. Korthikanti
-# et al. (2022) cut the price further with **selective** recomputation: recompute only
-# attention's softmax and dropout, which take much memory and little compute
+# et al. (2022) cut the price further with **selective** recomputation: recompute only the core
+# attention (`Q Kᵀ`, softmax, dropout and the product with `V`), whose activations take much memory
+# and little compute
 # (`torch.utils.checkpoint.create_selective_checkpoint_contexts` with a `CheckpointPolicy`).
 #
 # ## The memory calculator's activation term

@@ -381,7 +381,10 @@ for rank in sorted(detail["reports"]):
 # against a barrier, which has none), the peer's half is misread and shows as, e.g.,
 # `OpType=GATHER` with no shapes; each rank's description of *its own* collective is always
 # right, so read every rank's report (a rank that torchrun ended before it raised has none).
-# `DETAIL` costs an extra collective per collective: a debugging switch, not a default.
+# `DETAIL` runs three extra collectives before each one, on a helper gloo group: a monitored
+# barrier, then an all-gather of the fingerprint's length and one of the fingerprint (a profiler
+# on 2 ranks counts, per all-reduce, one `gloo:send`, one `gloo:recv` and two `gloo:all_gather`):
+# a debugging switch, not a default.
 #
 # ### `monitored_barrier` names the missing rank; a stack dump shows where each rank is
 # Now rank 0 skips an all-reduce that rank 1 enters, and goes on to

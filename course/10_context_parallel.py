@@ -19,7 +19,9 @@
 # `S x S` per head, and even FlashAttention, which never stores them, keeps the activations of
 # all `S` positions on one device. **Context parallelism** splits the *sequence*: rank `r` of `W`
 # holds positions `r n ... (r + 1) n - 1` (`n = S / W`) of every query, key and value, and every
-# layer but attention runs on its shard with no communication at all (they work position by position).
+# layer but attention runs its forward on its shard with no communication (they work position by
+# position). The weights are the same on every rank of the CP group, so their gradients are reduced
+# over it, as over a data-parallel group (torchtitan folds the CP ranks into FSDP's mesh).
 #
 # Attention needs each query against every key. **Ring attention** (Liu et al. 2023, *Ring Attention
 # with Blockwise Transformers*) passes the key/value shards round a ring: at step `i` rank `r`
@@ -34,13 +36,14 @@
 # This notebook runs the **non-causal** ring by hand (`distlab.lab.context_parallel.ring`:
 # `dist.batch_isend_irecv` and a ring backward), checks it against attention on the whole sequence,
 # then measures what a causal mask does to the work of each rank and how the **zig-zag** layout
-# (Brandon et al. 2023, *Striped Attention*; Llama 3's context parallelism) balances it, the memory
-# per rank against the sequence length, and the bytes each rank sends. The causal ring is exercise 10.
+# (Llama 3's context parallelism, *The Llama 3 Herd of Models*, 2024, §3.3.2, and the
+# `ring-flash-attention` package) balances it, the memory per rank against the sequence length, and
+# the bytes each rank sends. The causal ring is exercise 10.
 #
 # | legacy / elsewhere | PyTorch today |
 # |---|---|
 # | `dist.isend`/`dist.irecv` pairs posted one by one (and a blocking `dist.send` first on every rank: a deadlock) | `dist.batch_isend_irecv([dist.P2POp(dist.isend, ...), dist.P2POp(dist.irecv, ...)])` |
-# | hand-written rings in research code (the `ring-flash-attention` package, picotron's `context_parallel/`, both on flash-attn) | `torch.distributed.tensor.experimental.context_parallel` (a context manager over SDPA, with round-robin load balancing), used by torchtitan |
+# | hand-written rings in research code (the `ring-flash-attention` package, picotron's `context_parallel/`, both on flash-attn) | `torch.distributed.tensor.experimental.context_parallel` (a context manager over SDPA, with round-robin load balancing), used by torchtitan; by default it all-gathers the keys and values, as Llama 3 does, and `set_rotate_method("alltoall")` passes them from rank to rank instead |
 
 # %% [markdown]
 # ## 1. Two blocks, merged by their log-sum-exp (one process)
@@ -107,9 +110,9 @@ assert all(max(run["parity"][n] for n in ("out", "dq", "dk", "dv")) < 1e-5 for r
 # `2 (W - 1) S / W x H x D x 4` bytes in all, **the same as one all-gather of `k` and `v`**, but never
 # more than two shards held at once. The backward sends `(k, v, dk, dv)` `W - 1` times and
 # `(dk, dv)` once more, home: twice the forward's bytes plus one shard pair. The communication per
-# rank does not shrink with `W`: it is `~2 S H D` bytes whatever the split, while each rank's compute
-# per step falls as `(S / W)^2`. That ratio is why the ring pays only while a block's compute hides
-# its transfer (section 5).
+# rank does not shrink with `W`: it is `~2 S H D` elements (`x 4` bytes in fp32) whatever the split,
+# while each rank's compute per step falls as `(S / W)^2`. That ratio is why the ring pays only while
+# a block's compute hides its transfer (section 5).
 #
 # ## 3. The causal mask makes the work uneven; zig-zag evens it
 # With a causal mask query `i` sees keys `j <= i`. On contiguous shards, rank 0 (the first
@@ -147,7 +150,7 @@ plt.show()
 # its 2 diagonal blocks, and here a diagonal block costs more than a full one (the mask is built and
 # applied; a fused kernel would skip the hidden half instead). Zig-zag's ranks have the same counts of
 # both kinds, and the same time. Llama 3 and PyTorch's `context_parallel` balance this way
-# (PyTorch calls it round-robin); striped attention interleaves single positions instead.
+# (PyTorch calls it round-robin); striped attention (Brandon et al. 2023) interleaves single positions instead.
 #
 # ## 4. Memory per rank against sequence length
 # `PeakMemory` (`distlab.measure.memory`; on the CPU it follows the live tensor storages) around the

@@ -193,7 +193,13 @@ from distlab.lab.planner_widget import planner
 plan_7b = planner()
 
 # %% [markdown]
-# Three rules of thumb fall out of the table, as the Playbook states them:
+# Three rules of thumb, as the Playbook states them (and Narayanan et al., *Efficient Large-Scale
+# Language Model Training on GPU Clusters Using Megatron-LM*, SC 2021, for TP and PP). They are
+# stated here, not derived: this planner gives every link one bandwidth and counts no compute, so it
+# cannot tell a node's links from the network between nodes, nor what hides behind the compute. To
+# derive them it would need a bandwidth per link, within a node and between nodes (each group priced
+# by the slowest link it spans), and the compute time of each layer, to tell the communication that
+# overlaps it from the communication that waits. Their usual justification:
 #
 # * **FSDP first** while the model states do not fit: it divides them by its degree and sends
 #   `3(n-1)/n` of the parameters a step, whatever the batch.

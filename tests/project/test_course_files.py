@@ -63,6 +63,13 @@ def test_notebook_title_is_its_number_then_a_middle_dot(source):
     assert re.fullmatch(rf"# {source.stem.split('_')[0]} · \S.*", title), f"{source.name}: title {title!r}"
 
 
+@pytest.mark.parametrize("source", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_has_no_empty_code_cell(source):
+    """Blank lines after the jupytext header, or a bare ``# %%``, open an empty cell in JupyterLab."""
+    empty = [i for i, c in enumerate(jupytext.read(source).cells) if c.cell_type == "code" and not c.source.strip()]
+    assert not empty, f"{source.name}: empty code cell(s) at index {empty}"
+
+
 def _checked(notebook: Path) -> set[int]:
     """The exercises a notebook grades: its ``check(N)`` calls."""
     return {int(n) for n in re.findall(r"\bcheck\((\d+)", notebook.read_text())}

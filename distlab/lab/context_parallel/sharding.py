@@ -3,10 +3,11 @@
 Context parallelism (Liu et al. 2023, "Ring Attention with Blockwise Transformers") cuts the sequence
 into one shard per rank. With a causal mask, query ``i`` attends to keys ``j <= i`` only, so with
 *contiguous* shards rank 0 (the first positions) has almost nothing to compute and the last rank
-the most: the ring runs at the speed of the last rank. The *zig-zag* layout (Brandon et al. 2023,
-"Striped Attention"; the layout Llama 3's context parallelism uses) cuts the sequence into ``2W``
-chunks and gives rank ``r`` chunks ``r`` and ``2W - 1 - r``: an early and a late chunk, so every
-rank has the same number of unmasked scores.
+the most: the ring runs at the speed of the last rank. The *zig-zag* layout (Llama 3's context
+parallelism, "The Llama 3 Herd of Models" 2024, section 3.3.2, and ring-flash-attention's ``zigzag_ring``)
+cuts the sequence into ``2W`` chunks and gives rank ``r`` chunks ``r`` and ``2W - 1 - r``: an early and a
+late chunk, so every rank has the same number of unmasked scores. (Striped attention, Brandon et al. 2023,
+interleaves single positions instead: PyTorch's round-robin.)
 """
 from __future__ import annotations
 
