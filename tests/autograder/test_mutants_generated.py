@@ -50,3 +50,26 @@ def test_generated_pipeline_mutants_name_the_edited_line(tmp_path):
     for m, report in zip(picked, reports):
         assert not report.passed
         assert names_line(report.feedback, "ex07_pipeline.py", m.lines), (m.edit, report.feedback)
+
+
+def test_the_realistic_family_covers_every_exercise_and_applies_to_todays_solutions():
+    """benchmarks/realistic/ (make bench grades it): every exercise has mistakes and legal variants, each with its
+    source in one line, and each edit still applies to its solution once and parses (a rewritten solution
+    must take its family along, not silently shrink it)."""
+    import ast
+
+    from autograder.grader.registry import exercises
+    from benchmarks.realistic import family, solution
+
+    found = family()
+    assert set(found) == set(exercises())
+    for number, (mistakes, legal) in found.items():
+        assert mistakes and legal, f"exercise {number}: {len(mistakes)} mistakes, {len(legal)} legal variants"
+        names = [m.name for m in mistakes + legal]
+        assert len(names) == len(set(names)), f"exercise {number}: a name is used twice"
+        original = solution(number).read_text()
+        for m in mistakes + legal:
+            assert m.source.strip() and "\n" not in m.source and m.what.strip(), m.name
+            edited = m.apply(original)  # raises unless each old text occurs exactly once
+            assert edited != original, m.name
+            ast.parse(edited)

@@ -122,7 +122,10 @@ def test_no_sampler_and_no_ddp_are_named(graded):
     assert fails[EVAL].startswith("rank 0 read 21 samples of the 21-sample evaluation set, the whole of it")
     shard = fails["[W=2] each rank reads its own shard"]
     assert shard.startswith("every rank read all 1792 samples in each epoch (rank 0 read 1792 per epoch, not its 896)")
-    assert "pass a DistributedSampler" in shard
+    # the mutant still builds its DistributedSampler and hands the DataLoader shuffle=True instead: "pass a
+    # DistributedSampler" would advise a step the learner took; the message says which one was not taken
+    assert "although train_ddp built 1 DistributedSampler(s)" in shard
+    assert "give it to the DataLoader as sampler=" in shard and "pass a DistributedSampler" not in shard
     same = fails["[W=2] same parameters on every rank"]
     assert same.startswith("the model was never wrapped in DistributedDataParallel: each rank trained alone")
     # One mistake, one message: what needs the shards is not judged a second time.

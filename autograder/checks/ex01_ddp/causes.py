@@ -71,9 +71,12 @@ def no_sampler(run: Run) -> str | None:
     n, per_epoch = len(digits()), len(run.ranks[0].accessed) / CONFIG["epochs"]
     if per_epoch != n:
         return None
-    return (f"every rank read all {n} samples in each epoch (rank 0 read {per_epoch:g} per epoch, not its "
-            f"{run.samples_per_rank}): pass a DistributedSampler to the DataLoader (sampler=...) so each rank "
-            "reads only its shard")
+    read = f"every rank read all {n} samples in each epoch (rank 0 read {per_epoch:g} per epoch, not its " \
+           f"{run.samples_per_rank})"
+    if built := run.ranks[0].samplers_built:
+        return (f"{read}, although train_ddp built {built} DistributedSampler(s): a DataLoader reads through the "
+                "sampler it is given, and it was not given that one; give it to the DataLoader as sampler=...")
+    return f"{read}: pass a DistributedSampler to the DataLoader (sampler=...) so each rank reads only its shard"
 
 
 @mistake("samplers seeded differently on each rank")

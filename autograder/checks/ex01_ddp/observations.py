@@ -54,6 +54,7 @@ class RankObservation(Observation):
     accessed: list[int] = field(default_factory=list)  # the training samples' indices, in the order read
     printed: list[str] = field(default_factory=list)   # the lines train_ddp printed on this rank
     saves: list[str] = field(default_factory=list)     # the path of every torch.save train_ddp made
+    samplers_built: int = 0  # DistributedSamplers train_ddp built (a DataLoader may still read past them)
     forwards: list[Forward] = field(default_factory=list)  # every forward of the model, in order
     ddp_built: list[bool] = field(default_factory=list)   # each DDP built around the model: its init_sync
     at_first_forward: dict[str, torch.Tensor] | None = None  # the weights when the first forward began

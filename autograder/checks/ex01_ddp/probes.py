@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.utils.data.distributed import DistributedSampler
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -38,7 +39,7 @@ def rank_main(paths: list[str], ckpt_dir: str) -> list[dict]:
 
 def _observe(path: str, ckpt_dir: Path) -> RankObservation:
     # The spies go in before the import, so ``from torch import save`` (or all_reduce) binds them too.
-    with SaveSpy() as saves, AllReduceSpy() as reduces, DDPSpy(rounds=False) as wrappers:
+    with SaveSpy() as saves, AllReduceSpy() as reduces, DDPSpy(rounds=False) as wrappers, SamplerSpy() as samplers:
         learner = load_learner(path)
         learner.setup()
         if not dist.is_initialized():
@@ -48,12 +49,13 @@ def _observe(path: str, ckpt_dir: Path) -> RankObservation:
         initial = cpu_state(model)
         data = RecordingDataset(digits())
         saves.paths.clear()  # only what train_ddp saves counts
+        samplers.built = 0  # and the samplers it builds
         probe = Probe(model, data, reduces, wrappers)
         with CapturedPrints() as out, probe:
             trained = learner.train_ddp(model, data, checkpoint_path=str(ckpt_dir / "model.pt"), **CONFIG)
     echo(out.lines)
     seen = RankObservation(rank=rank, initial=initial, final=cpu_state(trained if trained is not None else model),
-                           accessed=data.accessed, printed=out.lines, saves=saves.paths)
+                           accessed=data.accessed, printed=out.lines, saves=saves.paths, samplers_built=samplers.built)
     probe.fill(seen)
     wrappers.wrapping.clear()  # the modules it held on to: freed below, with the learner's DDP
     # The learner's DDP holds the process group. Freed by the garbage collector at some later moment
@@ -81,6 +83,20 @@ def _evaluate(learner, path: str, seen: RankObservation) -> None:
     ok = isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(v, (int, float)) for v in got)
     seen.eval = (float(got[0]), float(got[1])) if ok else None
     seen.eval_returned, seen.eval_error, seen.eval_accessed = type(got).__name__, raised_at(exc, path), data.accessed
+
+
+class SamplerSpy(Replace):
+    """Counts the ``DistributedSampler`` s built (whether or not a DataLoader then reads through them)."""
+
+    def __init__(self):
+        self.built = 0
+        super().__init__({(DistributedSampler, "__init__"): self._spy})
+
+    def _spy(self, real):
+        def __init__(sampler, *args, **kwargs):
+            self.built += 1
+            return real(sampler, *args, **kwargs)
+        return __init__
 
 
 class AllReduceSpy(Replace):

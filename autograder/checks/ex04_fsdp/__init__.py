@@ -30,6 +30,7 @@ training is still graded:
 |---|---|
 | shard_range drops the padding | "shard_range(21489, 2, r) gave [[0, 10744], [10744, 21488]]: slices of 10744 ..." |
 | ZeRO-1 optimizer built over the full parameters | "on rank 0 the optimizer holds 12 of the model's 12 parameters ..."|
+| ZeRO-1 master shard not a copy of its own | "on rank 0 the shard's 10745 elements (42980 bytes) are a view into ..." |
 | ZeRO-1 shard copied from another rank's slice | "rank 0's shard is a copy of elements [10745, 21490) ..." |
 | ZeRO-1 gradients summed, not averaged | "at the first step rank 0's shard.grad is 2x the mean gradient ..." |
 | ZeRO-1 shards never all-gathered | "after 4 steps rank 0's weights in elements [10745, 21490) ... are still ..." |
@@ -81,7 +82,7 @@ from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, gr
                      no_reshard, nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded, root_only,
                      saved_everywhere, saved_nothing, some_blocks, steps_not_one)
 from .zero1.causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather,
-                           z1_no_reduce_scatter, z1_not_written, z1_optimizer_full, z1_wrong_offset)
+                           z1_no_reduce_scatter, z1_not_written, z1_optimizer_full, z1_shard_a_view, z1_wrong_offset)
 from .observations import PARTS, Run
 from .probes import rank_main
 from .workloads import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS
@@ -166,6 +167,8 @@ def zero1_state_sharded(run: Run) -> Verdict:
                           f"on rank {rank} the optimizer's state holds {state or 'nothing'} elements; ZeRO-1 keeps "
                           f"exp_avg and exp_avg_sq of the rank's shard only, {c} elements each (1/{run.world} of "
                           f"{numel}, padded)", **measured)
+    if why := z1_shard_a_view(run):
+        return failed(why, **measured)
     return passed(f"{c} elements per moment per rank, of {numel}", **measured)
 
 

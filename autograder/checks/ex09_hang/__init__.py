@@ -19,6 +19,7 @@ still learnt from.
 | the step skipped on every rank | "at step 1 no rank all-reduced its gradients ... although rank 0 kept 5 ..." |
 | an empty rank sends a non-zero gradient | "rank 1 kept no sample at step 1 but all-reduced tensors whose ..." |
 | the gradients never all-reduced, the count is | "no rank all-reduced a gradient in 6 steps: rank 0's 6 ..." |
+| a step with no kept sample on any rank divided by a count of 0 | "at step 3 no rank kept a sample ... NaN ..." |
 | zero gradients all-reduced by a rank that kept samples | "rank 0 kept 6 samples at step 0, yet every gradient ..." |
 | the count never all-reduced: each rank divides by its own | "at step 0 every all-reduce was of a gradient ..." |
 | the weights never updated | "after 6 steps every rank's weights are still the initial ones ..." |
@@ -33,8 +34,9 @@ from ...grader.launches import launch_files, launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, count_not_reduced, grads_not_reduced, no_all_reduce,
-                     no_update, parted, skipped_everywhere, skipped_on_empty, stale_gradient, zero_gradients)
+from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, count_not_reduced, divided_by_zero_count, grads_not_reduced,
+                     no_all_reduce, no_update, parted, skipped_everywhere, skipped_on_empty, stale_gradient,
+                     zero_gradients)
 from .observations import RankObservation, Run
 from .probes import ATOL, RTOL, STEPS, rank_main
 
@@ -74,8 +76,8 @@ def matches_reference(run: Run) -> Verdict:
     measured = {"max_abs_diff_vs_reference": worst.max_abs_diff}
     if all(d.ok for d in diffs):
         return passed(f"max abs difference {worst.max_abs_diff:.2g}", **measured)
-    return failed(diagnose([no_all_reduce, grads_not_reduced, zero_gradients, skipped_everywhere, stale_gradient,
-                            count_not_reduced, no_update], run)
+    return failed(diagnose([no_all_reduce, grads_not_reduced, divided_by_zero_count, zero_gradients,
+                            skipped_everywhere, stale_gradient, count_not_reduced, no_update], run)
                   or f"the weights differ from one process's SGD on the mean loss over every rank's kept samples "
                   f"(max abs difference {worst.max_abs_diff:.3g} in '{worst.worst}', tolerance rtol={RTOL}, "
                   f"atol={ATOL}): one process steps by lr x (the sum of every rank's kept samples' gradients) / "

@@ -2,6 +2,8 @@
 ``None`` when it does not explain them (``autograder/grader/diagnosis.py``)."""
 from __future__ import annotations
 
+import math
+
 from ...grader.diagnosis import mistake
 from .observations import Collective, Fingerprint, Run
 from .probes import STEPS
@@ -118,13 +120,28 @@ def grads_not_reduced(run: Run) -> str | None:
             "only. Every parameter's gradient is all-reduced too, on every rank, at every step")
 
 
+@mistake("a step with no kept sample on any rank divided by a count of 0")
+def divided_by_zero_count(run: Run) -> str | None:
+    for step in range(STEPS - 1):
+        if any(run.kept(r, step) for r in range(run.world)):
+            continue
+        later = run.grad_reduces(0, step + 1)
+        if later and any(math.isnan(c.input_abs) for c in later):
+            return (f"at step {step} no rank kept a sample (the all-reduced count was 0), and at step {step + 1} "
+                    f"rank 0 all-reduced NaN gradients ({_lines(later)}): the update divided by a count of 0 and "
+                    "made the weights NaN. A step with no kept sample on any rank changes nothing: leave the weights "
+                    "as they are when the global count is 0")
+    return None
+
+
 @mistake("zero gradients all-reduced by a rank that kept samples")
 def zero_gradients(run: Run) -> str | None:
     for rank in range(run.world):
         for step in range(STEPS):
             grads = run.grad_reduces(rank, step)
             kept = run.kept(rank, step)
-            if not kept or not grads or any(c.input_abs > 0 for c in grads):
+            # zero means 0.0: NaN gradients (weights already NaN) are not "zero", and say nothing of backward()
+            if not kept or not grads or any(c.input_abs != 0 for c in grads):
                 continue
             first = min(c.n for c in grads)
             before = [b for b in run.backwards(rank, step) if b.after < first]

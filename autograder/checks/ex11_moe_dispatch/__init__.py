@@ -17,6 +17,7 @@ tokens with capacity per rank (GShard's groups; Lepikhin et al., 2020; Fedus et 
 |---|---|
 | capacity drop not applied: dropped slots sent | "rank 0's perm holds 48 slots, 3 of them dropped at capacity ..." |
 | tokens sorted by the wrong key | "rank 0's perm is not in expert order: its slot 21 goes to expert 1 after ..." |
+| split sizes wrong on an edge case of the contract | "where the last expert gets no slot (expert=[0, ...], ...) ..." |
 | split sizes not exchanged: output_split_sizes = input_split_sizes | "rank 0's exchange_split_sizes returned ..." |
 | permutation not inverted: rows come back in expert order | "rank 0's combine returned the 45 rows in the order ..." |
 | all-to-all not autograd-aware: no gradient through it | "rank 0's dispatch returned a tensor with no grad_fn ..." |
@@ -34,8 +35,8 @@ from ...grader.launches import launch_files, launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, dropped_sent, no_exchange_collective, not_autograd, not_exchanged, not_inverted,
-                     returned_none, wrong_order)
+from .causes import (KNOWN_ERRORS, dropped_sent, edge_case_missed, no_exchange_collective, not_autograd, not_exchanged,
+                     not_inverted, returned_none, wrong_order)
 from .observations import Run
 from .probes import rank_main
 from .reference import ATOL, RTOL
@@ -67,9 +68,12 @@ def split_sizes(run: Run) -> Verdict:
                 f"rank {r}'s input_split_sizes is {got.send}, its kept slots per expert {want}"
                 if got.send != want else f"rank {r}'s perm is not the {sum(want)} kept slots' indices "
                 "(int64, 1-D, each once) in expert order"))
+    if why := edge_case_missed(run):
+        return failed(why)
     counts = [run.slots(r).send for r in range(run.world)]
     dropped = sum(int((~run.slots(r).keep).sum()) for r in range(run.world))
-    return passed(f"split sizes {counts}; {dropped} slots dropped at capacity", dropped_slots=dropped)
+    return passed(f"split sizes {counts}; {dropped} slots dropped at capacity; and on the contract's edge cases "
+                  f"({', '.join(c.name for c in run.ranks[0].edges)})", dropped_slots=dropped)
 
 
 @criterion("[W={world}] the split sizes exchanged, by one all-to-all of counts", points=2)

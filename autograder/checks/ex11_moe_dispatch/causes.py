@@ -22,6 +22,24 @@ def _kept(run: Run, rank: int) -> torch.Tensor:
     return run.slots(rank).keep.nonzero().squeeze(1)
 
 
+@mistake("split sizes wrong on an edge case of the contract")
+def edge_case_missed(run: Run) -> str | None:
+    """sort_by_expert on the inputs its contract names (probes.edge_cases): an expert with none gets 0."""
+    for case in run.ranks[0].edges:
+        kept = [e for e, k in zip(case.expert, case.keep) if k]
+        want = [kept.count(j) for j in range(run.world)]
+        if case.error:
+            return (f"sort_by_expert raised {case.error} where {case.name} (expert={case.expert}, keep={case.keep}); "
+                    f"its input_split_sizes there are {want}")
+        if case.send != want or not case.perm_ok:
+            what = (f"input_split_sizes {case.send}, where the kept slots per expert are {want}" if case.send != want
+                    else f"a perm that is not the {len(kept)} kept slots' indices in expert order")
+            return (f"where {case.name} (expert={case.expert}, keep={case.keep}, W={run.world}), sort_by_expert "
+                    f"returned {what}: the list has one count per rank, W of them, and an expert with no kept slot "
+                    "gets 0")
+    return None
+
+
 @mistake("capacity drop not applied: dropped slots sent")
 def dropped_sent(run: Run) -> str | None:
     for obs in run.ranks:

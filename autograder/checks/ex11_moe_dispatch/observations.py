@@ -47,6 +47,18 @@ class Returned(Observation):
 
 
 @dataclass
+class EdgeCase(Observation):
+    """``sort_by_expert`` on one of the inputs its contract names (:data:`..probes.EDGE_CASES`), in the rank."""
+
+    name: str                 # what is special about it ("the last experts get no slot")
+    expert: list[int]         # the input
+    keep: list[bool]
+    send: list[int] | str | None = None  # the input_split_sizes returned (the repr of anything else)
+    perm_ok: bool = False     # whether perm lists exactly the kept slots, in expert order
+    error: str = ""           # what it raised ("": nothing)
+
+
+@dataclass
 class MoEStep(Observation):
     """One rank's MoE step through one learner file, one function at a time."""
 
@@ -65,6 +77,7 @@ class MoEStep(Observation):
     router_grad: torch.Tensor | None = None  # the router's gate weight's gradient (this rank's tokens' share)
     expert_grads: dict[str, torch.Tensor | None] | None = None  # by parameter name: the rank's expert's
     comm: list[Collective] = field(default_factory=list)  # every collective, in order
+    edges: list[EdgeCase] = field(default_factory=list)  # sort_by_expert on the contract's edge cases
 
 
 @dataclass

@@ -20,7 +20,7 @@ import distlab
 from distlab.measure.comm import CollectiveRecorder
 
 from ...rank import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
-from .observations import Collective, MoEStep, StageError
+from .observations import Collective, EdgeCase, MoEStep, StageError
 from .reference import HIDDEN, T, data, moe, reference
 
 
@@ -31,6 +31,27 @@ def valid_perm(perm, expert: torch.Tensor, keep: torch.Tensor) -> bool:
     if sorted(perm.tolist()) != keep.nonzero().squeeze(1).tolist():
         return False
     return bool((expert[perm].diff() >= 0).all()) if len(perm) > 1 else True
+
+
+# The inputs sort_by_expert's contract names beyond the routed step's: an expert with none (the last one, which a
+# count of the experts present leaves out), no slot kept, every slot to one expert; as (name, expert, keep) at W.
+def edge_cases(world: int) -> list[tuple[str, list[int], list[bool]]]:
+    return [("the last expert gets no slot", [w % (world - 1) for w in range(6)], [True] * 6),
+            ("no slot is kept", [w % world for w in range(5)], [False] * 5),
+            ("every slot goes to the last expert", [world - 1] * 4, [True, False, True, True])]
+
+
+def _edges(learner, world: int) -> list[EdgeCase]:
+    out = []
+    for name, expert, keep in edge_cases(world):
+        e, k = torch.tensor(expert, dtype=torch.int64), torch.tensor(keep)
+        got, exc = attempt(learner.sort_by_expert, e, k, world)
+        case = EdgeCase(name=name, expert=expert, keep=keep, error=raised(exc) if exc is not None else "")
+        if isinstance(got, tuple) and len(got) == 2:
+            case.send = _ints(got[1]) if _ints(got[1]) is not None else repr(got[1])[:80]
+            case.perm_ok = valid_perm(got[0], e, k)
+        out.append(case)
+    return out
 
 
 class CommSpy(CollectiveRecorder):
@@ -117,6 +138,7 @@ def _observe(path: str, rank: int, world: int) -> MoEStep:
             _combined(obs, y_slots, slots, layer, x, grad_all[rank * T:(rank + 1) * T], spy, path)
         else:
             obs.returned.dispatch_shape = list(getattr(received, "shape", [])) or repr(received)[:80]
+        obs.edges = _edges(learner, world)  # no communication: each rank alone, after the step's collectives
     echo(printed.lines)
     obs.x_grad = None if x.grad is None else x.grad.detach().clone()
     router = layer.router.gate.weight.grad

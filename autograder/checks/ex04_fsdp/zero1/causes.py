@@ -45,6 +45,27 @@ def z1_optimizer_full(run: Run) -> str | None:
             "stepped. Build torch.optim.Adam over the shard alone, in make_zero1_optimizer")
 
 
+@mistake("ZeRO-1 master shard not a copy of its own")
+def z1_shard_a_view(run: Run) -> str | None:
+    """The contract's "a copy (not a view)": the master shard's storage must be its own c elements, whatever
+    tensor object it is (a slice of the padded flat buffer keeps all W * c elements alive on every rank)."""
+    c = run.z1_ref["c"]
+    for r in run.ranks:
+        h = r.zero1.holdings
+        if h is None or not h.shard_element_bytes:
+            continue
+        own = c * h.shard_element_bytes
+        if h.shard_aliases_model:
+            return (f"on rank {r.rank} the shard shares its storage with a model parameter: stepping it writes the "
+                    "model's weights before the all-gather. Make the shard a copy with its own storage")
+        if h.shard_storage_bytes > own:
+            return (f"on rank {r.rank} the shard's {c} elements ({own} bytes) are a view into a storage of "
+                    f"{h.shard_storage_bytes} bytes ({h.shard_storage_bytes // h.shard_element_bytes} elements: the "
+                    f"whole padded flat buffer, W * c = {run.world * c}), which every rank keeps alive: the master "
+                    "copy is not 1/W of the parameters. Make the shard a copy of its slice (.clone())")
+    return None
+
+
 @mistake("ZeRO-1 shard copied from another rank's slice")
 def z1_wrong_offset(run: Run) -> str | None:
     for rank in range(run.world):

@@ -35,6 +35,8 @@ class Holdings(Observation):
     shard_dtype: str = ""                    # its dtype, "float32" ("" where it is no tensor)
     shard_is_leaf: bool | None = None        # whether it is a leaf tensor
     shard_aliases_model: bool | None = None  # whether it shares storage with a model parameter
+    shard_storage_bytes: int = 0  # the bytes of the storage the shard holds alive (a view: its base's, all of it)
+    shard_element_bytes: int = 0  # the bytes of one of its elements
 
 
 @dataclass

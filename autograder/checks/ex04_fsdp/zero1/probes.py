@@ -106,6 +106,8 @@ def _holdings(params: list[torch.Tensor], shard, optimizer) -> Holdings:
         out.shard_dtype, out.shard_is_leaf = str(shard.dtype).removeprefix("torch."), shard.is_leaf
         out.shard_aliases_model = any(shard.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
                                       for p in params)
+        # what the rank keeps alive, views included: a slice of the flat buffer holds the whole buffer's storage
+        out.shard_storage_bytes, out.shard_element_bytes = shard.untyped_storage().nbytes(), shard.element_size()
     return out
 
 

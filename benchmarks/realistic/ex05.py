@@ -1,0 +1,183 @@
+"""Realistic mistakes for exercise 5 (crash-proof DCP checkpoints and exact resume), and legal other styles."""
+from __future__ import annotations
+
+from benchmarks.realistic import Mistake
+
+_RNG_SAVE = '    torch.save(rng, staged / f"rng-rank{dist.get_rank()}.pt")\n'
+
+_COMMIT = "        commit(root, step)  # atomic rename: a crash before this leaves only a .tmp- directory\n"
+
+_SAVE_STATE = """\
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict(),
+             "step": step, "data": dict(data_position)}
+"""
+
+_LOAD_STATE = """\
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict(),
+             "step": 0, "data": {"epoch": 0, "offset": 0}}
+"""
+
+_SET = '    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])\n'
+
+MISTAKES: list[Mistake] = [
+    Mistake(
+        name="rng_state_not_saved",
+        what="No rank saves its RNG state, so after a resume dropout draws from the freshly seeded generator.",
+        source="https://github.com/vllm-project/speculators/issues/1027 (resume restores optimizer and data but "
+               "not the torch RNG: dropout diverges)",
+        edits={_RNG_SAVE: ""},
+        key_terms=("RNG",),
+    ),
+    Mistake(
+        name="rank0_rng_restored_on_every_rank",
+        what="Only rank 0 saves its RNG state (rng.pt) and every rank restores it, so all ranks resume on rank 0's "
+             "random stream.",
+        source="https://github.com/radixark/miles/pull/3187 (FSDP checkpoints saved rank 0's RNG state and restored "
+               "it on every rank)",
+        edits={
+            _RNG_SAVE: '    if dist.get_rank() == 0:\n        torch.save(rng, staged / "rng.pt")  # one RNG file for the job\n',
+            '    rng_file = path / f"rng-rank{dist.get_rank()}.pt"\n': '    rng_file = path / "rng.pt"\n',
+        },
+        key_terms=("RNG",),
+    ),
+    Mistake(
+        name="reseed_after_load",
+        what="torch.manual_seed(seed + rank) runs after load_checkpoint, overwriting the RNG state just restored.",
+        source="https://github.com/modelscope/ms-swift/pull/9935 (set_random_seed after the checkpoint load "
+               "replaced the restored RNG position)",
+        edits={"    torch.manual_seed(seed + dist.get_rank())\n"
+               "    step, position = 0, {\"epoch\": 0, \"offset\": 0}\n"
+               "    resumed = load_checkpoint(root, model, optimizer, scheduler)\n":
+               "    step, position = 0, {\"epoch\": 0, \"offset\": 0}\n"
+               "    resumed = load_checkpoint(root, model, optimizer, scheduler)\n"
+               "    torch.manual_seed(seed + dist.get_rank())\n"},
+        key_terms=("seed",),
+    ),
+    Mistake(
+        name="scheduler_not_restored",
+        what="The scheduler's state is saved but never loaded, so the cosine schedule restarts from step 0 "
+             "after a resume.",
+        source="https://theneuralbase.com/huggingface-fine-tuning/learn/beginner/checkpoint-resume-issues/ "
+               "(resume must align weights, optimizer and scheduler position)",
+        edits={'    scheduler.load_state_dict(state["scheduler"])\n': ""},
+        key_terms=("scheduler",),
+    ),
+    Mistake(
+        name="data_offset_ignored",
+        what="The resumed epoch restarts from its first batch: the saved offset is never used, so batches are "
+             "trained twice.",
+        source="course/05_checkpointing.py's table: the data position is 'sampler epoch + offset'",
+        edits={"        for b in range(offset, per_epoch):\n": "        for b in range(per_epoch):\n"},
+        key_terms=("offset",),
+    ),
+    Mistake(
+        name="data_offset_off_by_one",
+        what="The checkpoint records the batch just trained (b) as the offset, not the next one, so a resumed "
+             "run repeats it (or skips ahead at an epoch's end).",
+        source="classic off-by-one in a resumable data position (contract: 'the next batch is batch b')",
+        edits={'{"epoch": epoch, "offset": offset}, keep)': '{"epoch": epoch, "offset": b}, keep)'},
+        key_terms=("offset",),
+    ),
+    Mistake(
+        name="no_set_epoch",
+        what="sampler.set_epoch(epoch) is never called, so every epoch replays epoch 0's order.",
+        source="DistributedSampler docs warning (https://discuss.pytorch.org/t/distributedsampler/90205/2)",
+        edits={"        sampler.set_epoch(epoch)\n": ""},
+        key_terms=("set_epoch",),
+    ),
+    Mistake(
+        name="written_in_place_not_committed",
+        what="The checkpoint is written straight into step_N (no staging directory, no commit), so a crash "
+             "mid-write can leave a step_N that looks complete but lacks files.",
+        source="course/05_checkpointing.py: 'If the new checkpoint is written in place, the newest directory is "
+               "half-written and the next start loads garbage'",
+        edits={"    staged = staging_path(root, step)\n": "    staged = final_path(root, step)\n", _COMMIT: ""},
+        key_terms=("atomic",),
+    ),
+    Mistake(
+        name="no_barrier_before_commit",
+        what="Rank 0 commits right after its own RNG file is written, without the barrier, so the rename can "
+             "race the other ranks' RNG files.",
+        source="course/05_checkpointing.py: 'each rank writes its RNG file after dcp.save, so the barrier before "
+               "the commit is needed again'",
+        edits={"    dist.barrier()  # every rank's shard and RNG file are on disk\n": ""},
+        key_terms=("barrier",),
+    ),
+    Mistake(
+        name="dcp_save_on_rank0_only",
+        what="Only rank 0 calls dcp.save, a collective that every rank must join (each writes its own shards).",
+        source="https://github.com/deepspeedai/DeepSpeed/pull/801 (checkpoint save called on rank 0 only hangs); "
+               "torch.save habit",
+        edits={"    dcp.save(state, checkpoint_id=staged)\n":
+               "    if dist.get_rank() == 0:\n        dcp.save(state, checkpoint_id=staged)  # one writer, like torch.save\n"},
+        key_terms=("every rank",),
+    ),
+    Mistake(
+        name="newest_directory_including_staging",
+        what="load_checkpoint picks the newest *step_* directory by number, .tmp- staging directories included, "
+             "instead of latest_complete.",
+        source="course/05_checkpointing.py: 'Find it with latest_complete(root) (never a .tmp- directory)'",
+        edits={"    found = latest_complete(root)\n    if found is None:\n        return None\n    _, path = found\n":
+               "    candidates = sorted(Path(root).glob(\"*step_*\"), key=lambda p: int(p.name.rsplit(\"_\", 1)[1]))\n"
+               "    if not candidates:\n        return None\n"
+               "    path = candidates[-1]  # the newest checkpoint directory\n"},
+        key_terms=("tmp",),
+    ),
+    Mistake(
+        name="fsdp1_optimizer_load",
+        what="The optimizer is loaded FSDP1-style (FSDP.optim_state_dict_to_load then optimizer.load_state_dict), "
+             "which does not work on a fully_shard model.",
+        source="course/05_checkpointing.py: 'The optimizer is where FSDP1-era code breaks' "
+               "(FSDP.optim_state_dict_to_load + optim.load_state_dict)",
+        edits={_SET: """\
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(FSDP.optim_state_dict_to_load(model, optimizer, state["optim"]))
+"""},
+        key_terms=("set_state_dict",),
+    ),
+]
+
+LEGAL: list[Mistake] = [
+    Mistake(
+        name="separate_model_and_optimizer_state_dicts",
+        what="get_model_state_dict/get_optimizer_state_dict and set_model_state_dict/set_optimizer_state_dict "
+             "replace the combined get_state_dict/set_state_dict.",
+        source="course/05_checkpointing.py names both spellings (get_optimizer_state_dict / set_optimizer_state_dict)",
+        edits={
+            "from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict\n":
+                "from torch.distributed.checkpoint.state_dict import (\n"
+                "    get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict)\n",
+            _SAVE_STATE: _SAVE_STATE.replace("    model_sd, optim_sd = get_state_dict(model, optimizer)\n",
+                                             "    model_sd = get_model_state_dict(model)\n"
+                                             "    optim_sd = get_optimizer_state_dict(model, optimizer)\n"),
+            _LOAD_STATE: _LOAD_STATE.replace("    model_sd, optim_sd = get_state_dict(model, optimizer)\n",
+                                             "    model_sd = get_model_state_dict(model)\n"
+                                             "    optim_sd = get_optimizer_state_dict(model, optimizer)\n"),
+            _SET: '    set_model_state_dict(model, state["model"])\n'
+                  '    set_optimizer_state_dict(model, optimizer, state["optim"])\n',
+        },
+    ),
+    Mistake(
+        name="rng_file_written_before_dcp_save",
+        what="Each rank writes its RNG file into the staging directory (created first) before dcp.save rather "
+             "than after; the barrier and the commit stay.",
+        source="another order of the same writes (torchtitan-style extras written beside the DCP shards)",
+        edits={"""\
+    dcp.save(state, checkpoint_id=staged)
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and dist.get_backend() == "nccl":
+        rng["cuda"] = torch.cuda.get_rng_state()
+    torch.save(rng, staged / f"rng-rank{dist.get_rank()}.pt")
+""": """\
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and dist.get_backend() == "nccl":
+        rng["cuda"] = torch.cuda.get_rng_state()
+    staged.mkdir(parents=True, exist_ok=True)
+    torch.save(rng, staged / f"rng-rank{dist.get_rank()}.pt")
+    dcp.save(state, checkpoint_id=staged)
+"""},
+    ),
+]
