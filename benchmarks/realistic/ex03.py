@@ -129,7 +129,7 @@ MISTAKES: list[Mistake] = [
             _IMPORTS: "import statistics\nimport time\n" + _IMPORTS,
             _TIMER: """\
     times = []
-    while sum(times) < min_run_time:
+    while len(times) < 10 or sum(times) < min_run_time:  # enough calls for a median
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -256,7 +256,7 @@ LEGAL: list[Mistake] = [
             _IMPORTS: "import statistics\nimport time\n" + _IMPORTS,
             _TIMER: """\
     times = []
-    while sum(times) < min_run_time:
+    while len(times) < 10 or sum(times) < min_run_time:  # enough calls for a median
         start = time.perf_counter()
         fn()
         sync()
@@ -273,7 +273,7 @@ LEGAL: list[Mistake] = [
             _IMPORTS: "import statistics\nfrom time import perf_counter\n" + _IMPORTS,
             _TIMER: """\
     times = []
-    while sum(times) < min_run_time:
+    while len(times) < 10 or sum(times) < min_run_time:  # enough calls for a median
         start = perf_counter()
         fn()
         sync()

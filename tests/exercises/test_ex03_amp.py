@@ -24,6 +24,15 @@ from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
 
 FILE = check.EXERCISE.filename
 MUTANTS = {
+    # not a mistake: the contract's other style (the realistic family's LEGAL), a perf_counter loop until
+    # min_run_time and the median of its calls, which one outlier longer than min_run_time used to fail
+    "legal_perf_counter_loop": {
+        "    timer = benchmark.Timer(stmt=\"fn(); sync()\", globals={\"fn\": fn, \"sync\": sync},\n"
+        "                            num_threads=torch.get_num_threads())\n"
+        "    return timer.blocked_autorange(min_run_time=min_run_time).median":
+        "    import statistics\n    import time\n\n    times = []\n    while sum(times) < min_run_time:\n"
+        "        start = time.perf_counter()\n        fn()\n        sync()\n"
+        "        times.append(time.perf_counter() - start)\n    return statistics.median(times)"},
     # four independent mistakes: each simulated workload exposes exactly one of the first three
     "no_warmup_no_sync_mean_clip_scaled": {
         "    for _ in range(warmup):\n        fn()\n        sync()\n": "",
@@ -155,6 +164,11 @@ def test_solution_full_marks(reports):
     assert report.measurements["bf16_max_loss_gap"] <= check.LOSS_TOL
     assert 0.3 < report.measurements["real_memory_ratio"] < 0.7  # bf16 activations: about half of fp32's
     assert any("saved_tensors_hooks" in n or "max_memory_allocated" in n for n in report.notes)
+
+
+def test_a_perf_counter_loop_until_min_run_time_is_full_marks(reports):
+    r = reports["legal_perf_counter_loop"]
+    assert r.score == r.max_score, r.feedback
 
 
 def test_the_independent_solution_scores_full_marks(reports):

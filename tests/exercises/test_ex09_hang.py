@@ -31,6 +31,10 @@ MISTAKES = {
                                  "        loss.backward()\n        model.zero_grad()\n"},
     "no backward": {"        loss.backward()\n": ""},
     "the count kept local": {"        dist.all_reduce(count)\n": ""},
+    # the realistic family's (benchmarks/realistic/ex09.py): no guard for a step no rank kept anything at
+    "a global count of 0 divided by": {"                if count > 0:  # the same on every rank: count is the "
+                                       "all-reduced, global one\n                    p -= lr * grad / count":
+                                       "                p -= lr * grad / count"},
     "the gradients kept local": {"                dist.all_reduce(grad)\n": ""},
     "the update rebinds the name": {"p -= lr * grad / count": "p = p - lr * grad / count"},
     "the count reduced before it is set": {
@@ -135,3 +139,10 @@ def test_an_error_in_train_names_the_learners_line(graded):
     said = failed(graded["the count reduced before it is set"])[FINISHES]
     assert said.startswith("train raised on rank 0 at ex09_hang.py line 73 in train: dist.all_reduce(count): ")
     assert "UnboundLocalError" in said
+
+
+def test_a_division_by_a_global_count_of_0_is_named_not_read_as_a_missing_backward(graded):
+    f = failed(graded["a global count of 0 divided by"])
+    said = f[MATCHES]
+    assert "no rank kept a sample (the all-reduced count was 0)" in said and "NaN gradients" in said
+    assert "backward" not in said  # the gradients were NaN, not zero: backward() ran

@@ -22,6 +22,8 @@ MISTAKES = {
                      "    return out"},
     "capacity not applied": {"kept = keep.nonzero().squeeze(1)": "kept = torch.arange(len(expert))"},
     "sort returns nothing": {"    return perm, torch.bincount(": "    result = perm, torch.bincount("},
+    # the realistic family's (benchmarks/realistic/ex11.py): an expert with no kept slot drops out of the counts
+    "bincount without minlength": {"minlength=world_size": "minlength=0"},
     "counts never sent": {"    recv = torch.empty_like(send)\n": "    recv = torch.zeros_like(send)\n",
                           "    dist.all_to_all_single(recv, send)  # rank j's element `rank` lands at recv[j]\n": ""},
 }
@@ -99,3 +101,11 @@ def test_counts_exchanged_by_no_collective_are_named(graded):
     said = f[EXCHANGED]
     assert "rank 0's exchange_split_sizes made no collective and returned [0, 0], where the ranks send it [7, 13]" \
         in said and "read before anything was written" not in said
+
+
+def test_counts_that_leave_out_an_expert_with_none_are_named_on_the_contracts_edge_case(graded):
+    f = failed(graded["bincount without minlength"])
+    assert set(f) == {SPLITS}  # the routed step itself gives every expert a slot: only the edge case shows it
+    assert ("where the last expert gets no slot (expert=[0, 0, 0, 0, 0, 0], keep=[True, True, True, True, True, "
+            "True], W=2), sort_by_expert returned input_split_sizes [6], where the kept slots per expert are [6, 0]"
+            ) in f[SPLITS]
