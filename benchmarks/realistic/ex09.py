@@ -56,8 +56,8 @@ MISTAKES = [
         name="stale_gradient_on_empty_rank",
         what="Only a rank with samples to keep runs zero_grad and backward; an empty rank then all-reduces "
              "the gradient left over from its previous step instead of zeros.",
-        source="https://discuss.pytorch.org/t/synchronization-mechanism-with-different-iteration-counts-of-for-loop/94234 "
-               "(keep the collectives unconditional, guard only the local compute) applied one line too widely",
+        source="course/09_communication.py: 'a rank with nothing to keep takes part, with a zero gradient'; "
+               "guarding the local compute (zero_grad included) but not the collectives is the half-right fix",
         edits={_LOSS + _BACKWARD: _SHARE + "        if keep.any():  # nothing to backpropagate on an empty batch\n"
                                   "            loss = nn.functional.cross_entropy(model(x[keep]), y[keep], reduction=\"sum\")\n"
                                   "            model.zero_grad()\n"
@@ -95,8 +95,8 @@ MISTAKES = [
         name="barrier_instead_of_collectives",
         what="A rank with nothing to keep waits in dist.barrier() and skips the step, as if a barrier could "
              "stand in for the all-reduces its peer is waiting in: still a hang.",
-        source="https://haoxiangsnr.github.io/spiking-fullsubnet/reference/FAQ.html ('torch.distributed.barrier() "
-               "hangs in DDP': a barrier on some ranks against a collective on others)",
+        source="course/09_communication.py part 4: ranks waiting in different collectives (a barrier against "
+               "an all-reduce) is the signature of a skipped one; 'sync the ranks with a barrier' is the reflex",
         edits={_COMMENT: "        if not keep.any():\n"
                          "            dist.barrier()  # let the other ranks catch up, then skip\n"
                          "            continue\n"},

@@ -70,8 +70,8 @@ MISTAKES = [
         name="lse_not_carried",
         what="The merged output is updated but the running lse is not, so the third block onwards is weighed "
              "against the first block's lse alone (right at W = 2, wrong from W = 3 on).",
-        source="https://github.com/huggingface/diffusers/issues/14265 (ring attention state kept from iteration "
-               "0 instead of the running one); FlashAttention (Dao et al. 2022) alg. 1 updates both m and l",
+        source="FlashAttention (Dao et al. 2022) alg. 1 updates the output and the normaliser together; "
+               "course/10_context_parallel.py's merge returns both (merged, lse), and the new lse is easy to drop",
         edits={"                lse = new\n": ""},
         key_terms=("log-sum-exp",),
     ),

@@ -99,7 +99,7 @@ MISTAKES = [
     Mistake(
         name="dispatch_not_autograd_aware",
         what="dispatch uses the in-place dist.all_to_all_single into a new buffer, which autograd does not "
-             "see: the forward is right but x_slots (and the router before it) gets no gradient from the expert.",
+             "see: the forward is right but x_slots gets no gradient through the expert.",
         source="course/11_expert_parallel.py: 'The all-to-all must be autograd-aware ... or no gradient "
                "reaches the experts'",
         edits={_DISPATCH: """    out = x_slots.new_empty(sum(output_split_sizes), x_slots.shape[1])
