@@ -192,3 +192,16 @@ def test_receives_never_waited_on_are_named_at_their_line_in_every_criterion_of_
         assert f[name].startswith(forward) and "(`works = dist.batch_isend_irecv(" in f[name], f[name]
     for name in (DQ, DKDV, BRING):
         assert f[name].startswith("rank 0 never waited on 4 of its 4 receives, the first from rank 3"), f[name]
+
+
+def test_a_merge_without_the_max_is_named_on_scores_past_exps_range(tmp_path):
+    """The realistic family's (benchmarks/realistic/ex10.py): right on the ordinary inputs, wrong once the scores
+    pass float32's exp() range, which the forward's second ring (queries times LARGE) reaches."""
+    from benchmarks.realistic import family
+
+    (mistake,) = [m for m in family()[10][0] if m.name == "lse_merge_without_max"]
+    path = tmp_path / FILE
+    path.write_text(mistake.apply((SOLUTIONS / FILE).read_text()))
+    (report,) = check.grade([path])
+    said = failed(report)[OUTPUT]
+    assert said.startswith("with the queries times 40 (scores up to ") and "though the same ring matched" in said

@@ -31,6 +31,7 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 | max of the log-sum-exps without rescaling | "rank 3's output is what the merge gives with lse = max(lse, ...)" |
 | lse replaced by the merged one before out is rescaled | "rank 3's output is what the merge gives when lse ..." |
 | the merged lse never kept | "rank 3's output is what the merge gives when lse stays the first block's ..." |
+| log-sum-exps merged without the max: overflow on large scores | "with the queries times 40 ... inf or NaN ..." |
 | causal mask by each shard's own indices | "rank 3's output is what a causal mask by each block's own indices ..." |
 | no causal mask | "rank 0's output is the non-causal attention (every key seen) ..." |
 | gathered the whole sequence with a collective | "the ring called all_gather: a collective that gathers ..." |
@@ -56,11 +57,11 @@ from ...grader.launches import launch_files, launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, never_waited, not_home,
-                     unwritten)
+from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, large_scores_overflow,
+                     never_waited, not_home, unwritten)
 from .observations import Run
 from .probes import P2P_TIMEOUT_S, rank_main
-from .reference import GRADS, causal_reference, grad_reference
+from .reference import GRADS, LARGE, causal_reference, grad_reference
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
 
@@ -100,7 +101,10 @@ def output_matches(run: Run) -> Verdict:
                           f"atol={ATOL}): check the merge and the mask against a single-process replay"
                           + _raised(run))
         worst = max(worst or 0.0, p.max_abs_diff)
-    return passed(f"max abs difference {worst:.2g}", **{f"W{run.world}_max_abs_diff": worst})
+    if why := large_scores_overflow(run):
+        return failed(why)
+    return passed(f"max abs difference {worst:.2g}, and on scores past exp's float32 range",
+                  **{f"W{run.world}_max_abs_diff": worst})
 
 
 def _ring_faults(run: Run, causes) -> str | None:
@@ -238,6 +242,7 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
     for world in world_sizes:
         runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeout, args=(p2p_timeout_s,))
         for report, ranks in zip(reports, runs):
-            report.judge(CRITERIA, Run.from_wire(ranks, causal_reference(world), grad_reference(world)), world=world)
+            report.judge(CRITERIA, Run.from_wire(ranks, causal_reference(world), grad_reference(world),
+                                                 causal_reference(world, LARGE)), world=world)
             report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

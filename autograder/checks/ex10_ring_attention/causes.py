@@ -304,3 +304,31 @@ OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_fi
 GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse,
              backward_no_mask, no_scale]
 BACKWARD_RING = [*PROTOCOL, not_home]
+
+
+@mistake("log-sum-exps merged without the max: overflow on large scores")
+def large_scores_overflow(run: Run) -> str | None:
+    """The forward's second ring, on queries times ``reference.LARGE``: scores past float32's ``exp`` range."""
+    from .reference import LARGE
+
+    for obs in run.ranks:
+        got = getattr(obs, "out_large", None)
+        if got is None or not run.large:
+            continue
+        ref = run.large[obs.rank]
+        if tuple(got.shape) != tuple(ref.shape) or not torch.allclose(got, ref, rtol=1e-3, atol=1e-4):
+            bad = ("holds inf or NaN" if not torch.isfinite(got).all() else
+                   f"differs from the whole sequence's (max abs difference {float((got - ref).abs().max()):.3g})"
+                   if tuple(got.shape) == tuple(ref.shape) else f"has shape {tuple(got.shape)}")
+            return (f"with the queries times {LARGE:g} (scores up to {float(_max_score(run)):.0f}), rank {obs.rank}'s "
+                    f"output {bad}, though the same ring matched on the ordinary inputs: the merge must hold for "
+                    "scores past float32's exp() range (about 88), where exp(lse) is inf. Merge log-sum-exps as "
+                    "m + log(exp(a - m) + exp(b - m)) with m = max(a, b) (torch.logaddexp does it)")
+    return None
+
+
+def _max_score(run: Run) -> torch.Tensor:
+    from .reference import LARGE, whole
+
+    q, k, _ = whole()
+    return (q * LARGE @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).max()

@@ -41,6 +41,7 @@ class ForwardRing(Ring):
     """One rank's observation of one file: its ``ring_attention``, and the backward's ring."""
 
     out: torch.Tensor | None = None   # its rows of the output (None: not a tensor)
+    out_large: torch.Tensor | None = None  # its rows on queries times reference.LARGE (None: not run or no tensor)
     backward: BackwardRing | None = None  # the backward's ring (set once it has run: always, in what a rank sends)
 
 
@@ -52,12 +53,13 @@ class Run:
     ranks: list[Ring]
     reference: list[torch.Tensor]
     grads: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    large: list[torch.Tensor] = field(default_factory=list)  # the reference on queries times reference.LARGE
 
     @classmethod
     def from_wire(cls, ranks: list[dict], reference: list[torch.Tensor],
-                  grads: list[dict[str, torch.Tensor]]) -> Run:
+                  grads: list[dict[str, torch.Tensor]], large: list[torch.Tensor] | None = None) -> Run:
         """The run of one file from what its ranks sent (``launch_files``: one wire record per rank)."""
-        return cls([ForwardRing.from_wire(r) for r in ranks], reference, grads)
+        return cls([ForwardRing.from_wire(r) for r in ranks], reference, grads, large or [])
 
     def backward(self) -> Run:
         """The backward's ring as a ``Run`` of its own (each rank's ``grads``, sends, receives, collectives,

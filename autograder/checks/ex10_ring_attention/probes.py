@@ -26,7 +26,7 @@ from distlab.runtime.process import time_scale
 
 from ...rank import CapturedPrints, P2PSpy, attempt, echo, learner_frame, load_learner, own_rendezvous, raised
 from .observations import BackwardRing, ForwardRing, P2PCall
-from .reference import GRADS, backward_inputs, shard, whole
+from .reference import GRADS, LARGE, backward_inputs, shard, whole
 
 P2P_TIMEOUT_S = 3.0  # x DISTLAB_TIME_SCALE: a healthy ring waits milliseconds for its neighbour
 
@@ -43,6 +43,7 @@ def rank_main(paths: list[str], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[di
                 forward, f_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=False)
                 if same_group := _matched_everywhere(forward, [P2PCall.from_spy(c) for c in f_calls]):
                     backward, b_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
+                    _large(learner, p2p, forward, backward)
             if not same_group:
                 with own_rendezvous(f"file{i}/backward"):
                     backward, b_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
@@ -69,6 +70,25 @@ def _matched_everywhere(forward: ForwardRing, calls: list[P2PCall]) -> bool:
     every = [json.loads(store.get(f"distlab/ex10/forward/{r}")) for r in range(world)]
     return all(e["ok"] for e in every) and all(
         every[a]["sent"].get(str(b), 0) == every[b]["recv"].get(str(a), 0) for a in range(world) for b in range(world))
+
+
+def _large(learner, p2p: P2PSpy, forward: ForwardRing, backward: BackwardRing) -> None:
+    """The forward ring again, on queries times ``LARGE`` (scores past float32's exp range): its output only, its
+    sends and receives not graded (the first ring's are). Run only where, on every rank, both rings raised
+    nothing and the forward returned a tensor (agreed through the file's store, as the backward is)."""
+    rank, world, dev = forward.rank, forward.world, distlab.device()
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timedelta(seconds=60))
+    ok = forward.out is not None and not (forward.error or forward.not_implemented or backward.error)
+    store.set(f"distlab/ex10/large/{rank}", "1" if ok else "0")
+    if not all(store.get(f"distlab/ex10/large/{r}") == b"1" for r in range(world)):
+        return
+    q, k, v = whole()
+    dist.barrier()
+    with CapturedPrints():
+        result, exc = attempt(learner.ring_attention, *[shard(t, rank, world).to(dev) for t in (q * LARGE, k, v)])
+    attempt(p2p.drain, wait=exc is None)
+    forward.out_large = _cpu(result) if exc is None else None
 
 
 def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float,

@@ -58,10 +58,16 @@ def grad_reference(world: int) -> list[dict[str, torch.Tensor]]:
     return [{g: shard(t.grad, r, world) for g, t in zip(GRADS, (q, k, v))} for r in range(world)]
 
 
-def causal_reference(world: int) -> list[torch.Tensor]:
-    """Each rank's rows of ``F.scaled_dot_product_attention(is_causal=True)`` on the whole sequence."""
+# The queries of a second forward ring, scaled so that scores pass float32's exp range (~88): real attention
+# logits get there (a saturated softmax), and a log-sum-exp merged without subtracting the max overflows.
+LARGE = 40.0
+
+
+def causal_reference(world: int, q_scale: float = 1.0) -> list[torch.Tensor]:
+    """Each rank's rows of ``F.scaled_dot_product_attention(is_causal=True)`` on the whole sequence (its queries
+    times ``q_scale``)."""
     q, k, v = whole()
-    return list(F.scaled_dot_product_attention(q, k, v, is_causal=True).chunk(world, dim=-2))
+    return list(F.scaled_dot_product_attention(q * q_scale, k, v, is_causal=True).chunk(world, dim=-2))
 
 
 @lru_cache(maxsize=16)  # as replay_backward's
