@@ -212,3 +212,17 @@ def test_the_p2p_spy_sees_every_import_style(tmp_path, monkeypatch, imported):
         learner.every_style(torch.zeros(2))
     assert [(c["op"], c["async"], c["peer"]) for c in spy.calls] == [
         ("send", False, 1), ("recv", False, 1), ("send", True, 1), ("recv", True, 1)]
+
+
+def test_a_receive_buffer_shaped_like_the_input_is_named_at_the_learners_line(tmp_path):
+    """The realistic family's (benchmarks/realistic/ex07.py): the activation is B/m x hidden, and the check's hidden
+    (48) is not the input's 64 features, so a buffer shaped like the input micro-batch shows."""
+    from benchmarks.realistic import family
+
+    (mistake,) = [m for m in family()[7][0] if m.name == "recv_buffer_shaped_like_input"]
+    path = tmp_path / check.EXERCISE.filename
+    path.write_text(mistake.apply((SOLUTIONS / check.EXERCISE.filename).read_text()))
+    (report,) = check.grade([path])
+    assert report.score < report.max_score
+    assert "mat1 and mat2 shapes cannot be multiplied (16x64 and 48x48)" in report.feedback
+    assert "float32[16, 64]" in report.feedback  # the received activation, at the learner's line

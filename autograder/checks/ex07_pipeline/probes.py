@@ -30,7 +30,8 @@ from ...rank import CapturedPrints, P2PSpy, echo, learner_frame, load_learner, o
 from ...rank.errors import values_at
 from .observations import P2PCall, RankObservation, StageEvent
 
-BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 64, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
+BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 48, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
+# HIDDEN is not the 64 input features: a receive buffer shaped like the input micro-batch is caught
 DELAYS = (0.03, 0.015)                           # seconds of "compute" per forward, stage 0 and stage 1
 P2P_TIMEOUT_S = 3.0                              # x DISTLAB_TIME_SCALE: two ranks both waiting is a deadlock
 
