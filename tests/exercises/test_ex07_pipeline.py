@@ -214,6 +214,7 @@ def test_the_p2p_spy_sees_every_import_style(tmp_path, monkeypatch, imported):
         ("send", False, 1), ("recv", False, 1), ("send", True, 1), ("recv", True, 1)]
 
 
+@pytest.mark.slow  # a launch beyond the one per exercise that make test-fast keeps
 def test_a_receive_buffer_shaped_like_the_input_is_named_at_the_learners_line(tmp_path):
     """The realistic family's (benchmarks/realistic/ex07.py): the activation is B/m x hidden, and the check's hidden
     (48) is not the input's 64 features, so a buffer shaped like the input micro-batch shows."""

@@ -194,6 +194,7 @@ def test_receives_never_waited_on_are_named_at_their_line_in_every_criterion_of_
         assert f[name].startswith("rank 0 never waited on 4 of its 4 receives, the first from rank 3"), f[name]
 
 
+@pytest.mark.slow  # a launch beyond the one per exercise that make test-fast keeps
 def test_a_merge_without_the_max_is_named_on_scores_past_exps_range(tmp_path):
     """The realistic family's (benchmarks/realistic/ex10.py): right on the ordinary inputs, wrong once the scores
     pass float32's exp() range, which the forward's second ring (queries times LARGE) reaches."""
