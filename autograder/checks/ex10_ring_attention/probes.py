@@ -60,16 +60,23 @@ def _matched_everywhere(forward: ForwardRing, calls: list[P2PCall]) -> bool:
     """Whether, on every rank, the forward raised nothing and each of its sends had its receive on the peer:
     the group can then carry the backward (a second group's set-up and teardown cost about half a second a
     file). Agreed through the file's store, which outlives a timed-out gloo pair, so every rank decides alike."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                          timeout=timedelta(seconds=60))
+    world = int(os.environ["WORLD_SIZE"])
     mine = {"ok": not forward.error and dist.is_initialized(), "sent": Counter(), "recv": Counter()}
     for c in calls:
         mine["sent" if c.op == "send" else "recv"][str(c.peer)] += 1
-    store.set(f"distlab/ex10/forward/{rank}", json.dumps(mine))
-    every = [json.loads(store.get(f"distlab/ex10/forward/{r}")) for r in range(world)]
+    every = _every_rank("forward", mine)
     return all(e["ok"] for e in every) and all(
         every[a]["sent"].get(str(b), 0) == every[b]["recv"].get(str(a), 0) for a in range(world) for b in range(world))
+
+
+def _every_rank(key: str, mine) -> list:
+    """Every rank's ``mine`` (plain data), in rank order, exchanged through the file's store, which outlives a
+    timed-out gloo pair: what each rank decides from it, every rank decides alike."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timedelta(seconds=60))
+    store.set(f"distlab/ex10/{key}/{rank}", json.dumps(mine))
+    return [json.loads(store.get(f"distlab/ex10/{key}/{r}")) for r in range(world)]
 
 
 def _large(learner, p2p: P2PSpy, forward: ForwardRing, backward: BackwardRing) -> None:
@@ -77,11 +84,8 @@ def _large(learner, p2p: P2PSpy, forward: ForwardRing, backward: BackwardRing) -
     sends and receives not graded (the first ring's are). Run only where, on every rank, both rings raised
     nothing and the forward returned a tensor (agreed through the file's store, as the backward is)."""
     rank, world, dev = forward.rank, forward.world, distlab.device()
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                          timeout=timedelta(seconds=60))
     ok = forward.out is not None and not (forward.error or forward.not_implemented or backward.error)
-    store.set(f"distlab/ex10/large/{rank}", "1" if ok else "0")
-    if not all(store.get(f"distlab/ex10/large/{r}") == b"1" for r in range(world)):
+    if not all(_every_rank("large", ok)):
         return
     q, k, v = whole()
     dist.barrier()
