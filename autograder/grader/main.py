@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
 from distlab import LaunchError, LaunchHang, LaunchTimeout, MachineTooSlow, RankFailure
+from distlab.runtime import costs
 from distlab.runtime.process import PROGRESS_VAR, note_progress
 from distlab.runtime.sandbox import SandboxError
 
@@ -56,9 +58,11 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
 
 
 def main(argv: list[str]) -> int:
+    entered = time.time()
     number, path, out = int(argv[0]), Path(argv[1]), Path(argv[2])
     note_progress(os.environ.get(PROGRESS_VAR))  # started: the runner's limit counts from here as progress
     module = check_module(number)
+    ready = costs.process_account(entered)  # the check's imports, for make bench's breakdown
     ex = module.EXERCISE
     try:
         # with the first divergence where no cause is named, and which function (DISTLAB_LOCALISE=1)
@@ -70,6 +74,7 @@ def main(argv: list[str]) -> int:
     except SandboxError as exc:  # the grading machine's set-up, not the learner's code
         report = ex.new_report().did_not_run(f"the grader is not set up: {exc}")
     out.write_text(__import__("json").dumps(report.to_dict()))
+    costs.write_account(entered, ready)
     return 0
 
 

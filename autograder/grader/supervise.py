@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 from distlab.runtime import warm
 from distlab.runtime.importing import REPO_ROOT, with_repo_on_path
-from distlab.runtime.process import PROGRESS_VAR, TIME_SCALE_VAR, Budget, ProgressLimit, run_contained
+from distlab.runtime.process import PROGRESS_VAR, TIME_SCALE_VAR, Budget, ProgressLimit
 from distlab.runtime.sandbox import SCRATCH_VAR, STUDENT_USER_VAR, SandboxError, preflight
 
 from .progress import Callback, relay
@@ -32,7 +31,8 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
     (default the exercise's), at this machine's scale: the one :class:`~distlab.runtime.process.Budget` of
     the grading, whose scale the subprocess and its launches are handed rather than read again.
 
-    The grading subprocess (``autograder.grader.main``) runs as this process's user and never imports
+    The grading subprocess (``autograder.grader.main``, forked from the warm server: :func:`warm.run_module`)
+    runs as this process's user and never imports
     the learner's file; only the torchrun ranks it launches do, as the learner user in the grading
     image (:mod:`distlab.runtime.sandbox`). Its report goes to a private folder that nothing of the
     learner's ever learns the name of, and that the learner user cannot enter; the ranks get a
@@ -58,15 +58,17 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
         out = Path(private) / "report.json"
         # Everything the grading subprocess and its ranks put in temp files lands in the scratch folder
         # and goes with it, even when they are killed before they can clean up after themselves.
-        warm.available()  # the grading subprocesses launch through this process's warm server
+        warm.available()  # the server is up, and named in env below: the grading process launches through it too
         progress = Path(private) / "progress"  # the launches count their ranks' advances here
         env = {**os.environ, "TMPDIR": scratch, SCRATCH_VAR: scratch, PROGRESS_VAR: str(progress),
                "PYTHONPATH": with_repo_on_path(os.environ), **({STUDENT_USER_VAR: learner} if learner else {}),
                **budget.env()}
-        cmd = [sys.executable, "-m", "autograder.grader.main", str(ex.number), str(path.resolve()), str(out)]
         limit = ProgressLimit(str(progress), limit_s, recent_s=budget.scaled(5))
-        finished = run_contained(cmd, timeout=limit_s, env=env, cwd=REPO_ROOT, on_line=relay(on_progress),
-                                 should_stop=limit)
+        # Forked from this process's warm server (torch imported once, for every grading and launch of the
+        # process: a notebook kernel's check(N), a class), or a new interpreter where there can be none.
+        finished = warm.run_module("autograder.grader.main", [str(ex.number), str(path.resolve()), str(out)],
+                                   timeout=limit_s, env=env, cwd=REPO_ROOT, on_line=relay(on_progress),
+                                   should_stop=limit)
         if finished.timed_out and limit.advancing:  # slow is not wrong: the code is not scored
             return report.machine_too_slow(
                 f"this machine was too slow for this grading: it was still advancing "

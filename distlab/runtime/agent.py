@@ -1,4 +1,5 @@
-"""torchrun's agent inside a warm launch: the same engine, the same arguments, forked ranks.
+"""The first process of a warm job: torchrun's agent (the same engine, the same arguments, forked
+ranks), or ``python -m MODULE`` (a grading process).
 
 :func:`run` executes in a process forked from :mod:`distlab.runtime.forkserver` (torch
 already imported). It becomes the job's process (its environment, folder,
@@ -12,15 +13,23 @@ point, :func:`distlab.runtime.worker.entry`, where the CLI would run
 ``--standalone``), the environment every rank sees (``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_*``), the
 restarts and the failure summary are torchrun's own.
+
+:func:`run_module` is ``python -m MODULE ARGS`` in the same warm process: the grader's
+per-exercise grading process (``autograder.grader.main``), which would otherwise spend
+seconds importing torch before its first launch. It runs as the server's user, as the
+subprocess it replaces would, and never runs a learner's code (only its ranks do).
 """
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import os
+import runpy
 import signal
 import sys
 import tempfile
+import traceback
 import uuid
 
 from distlab.runtime import reaper
@@ -116,3 +125,27 @@ def run(request: dict) -> int:
         print(f"distlab: torchrun's agent failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def run_module(request: dict) -> int:
+    """``python -m MODULE ARGS`` (the request's ``module`` and ``args``) in this process: its exit status.
+
+    As the interpreter would: ``SystemExit``'s code, 1 with the traceback on stderr for any other
+    exception, and the ``atexit`` handlers run before the job root's ``os._exit``.
+    """
+    become_job(request)
+    sys.argv = [request["module"], *request.get("args", [])]
+    code = 0
+    try:
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:  # noqa: BLE001 - what the interpreter prints, and its status
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    return code

@@ -125,9 +125,9 @@ def job_root(conn: socket.socket, out_fd: int, request: dict) -> int:
         conn.close()
         code = 1
         try:
-            from distlab.runtime import agent as torchrun_agent
+            from distlab.runtime import agent as job
 
-            code = torchrun_agent.run(request)
+            code = job.run_module(request) if "module" in request else job.run(request)
         finally:
             os._exit(code)
     send_event(conn, event="started", pid=agent)
@@ -136,7 +136,9 @@ def job_root(conn: socket.socket, out_fd: int, request: dict) -> int:
     if left:
         os.write(2, f"distlab: ended {len(left)} process(es) the job left running: "
                     f"{', '.join(sorted(set(left)))}\n".encode())
-    send_event(conn, event="exit", code=code if code >= 0 else 128 - code)
+    times = os.times()  # the agent's and every rank's CPU time: they were all waited for, here or below
+    send_event(conn, event="exit", code=code if code >= 0 else 128 - code,
+               cpu_s=round(times.children_user + times.children_system, 3))
     return 0
 
 

@@ -36,7 +36,7 @@ from distlab.runtime.distributed import BACKEND_VAR, TIMEOUT_VAR, pick_backend
 from distlab.runtime.importing import REPO_ROOT, with_repo_on_path
 from distlab.runtime.process import (PROGRESS_VAR, TIME_SCALE_VAR, Budget, Finished,  # noqa: F401 (re-exported)
                                      note_progress, past_limit, run_contained, time_scale)
-from distlab.runtime import heartbeat
+from distlab.runtime import costs, heartbeat
 from distlab.runtime import warm
 from distlab.runtime.sandbox import learner_sandbox
 
@@ -200,6 +200,7 @@ def torchrun(
                                 env=job_env(outdir, backend, 0.75 * timeout, {**(env or {}), **budget.env()}),
                                 should_stop=supervision,
                                 **learner_sandbox(outdir))
+        costs.record(outdir, nprocs, finished.wall_s, finished.cpu_s)
         run = collect(outdir, nprocs, backend, finished, timeout, supervision)
         note_progress(supervision.progress_file)  # a launch that finished is progress too
         return run
@@ -248,6 +249,7 @@ def job_env(outdir: Path, backend: str, collective_timeout: float,
     env = {**os.environ, "TMPDIR": str(outdir / "tmp"), **(extra or {})}
     env.pop(warm.SERVER_VAR, None)  # a rank never learns where the warm server is
     env.pop(PROGRESS_VAR, None)  # nor where the grader counts its progress
+    env.pop(costs.ACCOUNT_VAR, None)  # nor where it writes its account
     env.update({
         BACKEND_VAR: backend, TIMEOUT_VAR: str(max(5, int(collective_timeout))), "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": with_repo_on_path(env),

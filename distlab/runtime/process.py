@@ -219,6 +219,7 @@ class Finished:
     timed_out: bool
     lines: list[str]
     wall_s: float
+    cpu_s: float | None = None  # the job's processes' CPU seconds, where the path can tell (a warm job's root)
 
 
 def reaper_command(cmd: list[str], *, user: str | None = None, rlimits: dict[int, int] | None = None,

@@ -9,10 +9,10 @@ wall-clock limit, and nothing of the job left when it returns.
 
 The server lives as long as the process that started it: a grading
 subprocess, a notebook kernel, a pytest session. A process started by one that
-has a server (the grader's per-exercise subprocesses) uses its parent's, named
-by ``DISTLAB_FORKSERVER``. Where no server can run (``DISTLAB_LAUNCH=cli``, a
-platform without ``fork`` or ``pidfd_open``, a server that failed to start) the
-launcher uses the torchrun CLI, and says so once.
+has a server (the grader's per-exercise grading processes, themselves forked from it by
+:func:`run_module`) uses its parent's, named by ``DISTLAB_FORKSERVER``. Where no
+server can run (``DISTLAB_LAUNCH=cli``, a platform without ``fork`` or ``pidfd_open``, a server
+that failed to start) the launcher uses the torchrun CLI, and says so once.
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from typing import Callable
 
 from distlab.runtime.forkserver import HEADER
 from distlab.runtime.importing import REPO_ROOT, with_repo_on_path
-from distlab.runtime.process import JOB_TAG_VAR, Finished, follow, kill_tagged, reaper_command, tag_env, time_scale
+from distlab.runtime.process import (JOB_TAG_VAR, Finished, follow, kill_tagged, reaper_command, run_contained, tag_env,
+                                    time_scale)
 
 SERVER_VAR = "DISTLAB_FORKSERVER"
 LAUNCH_VAR = "DISTLAB_LAUNCH"
@@ -116,6 +117,7 @@ class _Events:
 
     def __init__(self, conn: socket.socket):
         self.conn, self.buffer, self.code, self.gone = conn, b"", None, False
+        self.cpu_s: float | None = None
 
     def exited(self) -> bool:
         while not self.gone and select.select([self.conn], [], [], 0)[0]:
@@ -129,7 +131,7 @@ class _Events:
             *events, self.buffer = self.buffer.split(b"\n")
             for event in map(json.loads, events):
                 if event.get("event") == "exit":
-                    self.code = event["code"]
+                    self.code, self.cpu_s = event["code"], event.get("cpu_s")
                 elif event.get("event") == "refused":
                     self.gone = True
         return self.code is not None or self.gone
@@ -157,12 +159,37 @@ def launch(argv: list[str], spec: str, *, timeout: float, env: dict[str, str],
            server: ForkServer | None = None, should_stop: Callable[[float], bool] | None = None) -> Finished:
     """``torchrun ARGV distlab.runtime.worker SPEC`` through the warm server, contained; at most ``timeout`` s
     (or until ``should_stop(elapsed_s)``, as :func:`distlab.runtime.process.run_contained`)."""
+    request = {"argv": list(argv), "spec": str(spec), "user": user,
+               "rlimits": {str(k): v for k, v in (rlimits or {}).items()}}
+    return _job(request, timeout=timeout, env=env, cwd=cwd, on_line=on_line, grace_s=grace_s, server=server,
+                should_stop=should_stop)
+
+
+def run_module(module: str, args: list[str], *, timeout: float, env: dict[str, str],
+               cwd: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
+               grace_s: float = 1.0, should_stop: Callable[[float], bool] | None = None) -> Finished:
+    """``python -m MODULE ARGS``, forked from the warm server where this process can have one serving ``env``
+    (torch already imported: the fork starts in milliseconds), otherwise a new interpreter; contained either
+    way, as :func:`distlab.runtime.process.run_contained` (this process's user, at most ``timeout`` s or until
+    ``should_stop(elapsed_s)``). For the grader's own processes, which never run a learner's code."""
+    if available(env):
+        try:
+            return _job({"module": module, "args": list(args)}, timeout=timeout, env=env, cwd=cwd,
+                        on_line=on_line, grace_s=grace_s, should_stop=should_stop)
+        except ServerUnavailable as exc:
+            forget(str(exc))
+    return run_contained([sys.executable, "-m", module, *args], timeout=timeout, env=env, cwd=cwd,
+                         on_line=on_line, grace_s=grace_s, should_stop=should_stop)
+
+
+def _job(request: dict, *, timeout: float, env: dict[str, str], cwd: str | os.PathLike | None,
+         on_line: Callable[[str], None] | None, grace_s: float, server: ForkServer | None = None,
+         should_stop: Callable[[float], bool] | None = None) -> Finished:
+    """One job of the server (``request`` says what its first process runs), its output followed, its end awaited."""
     should_stop = should_stop or (lambda elapsed: elapsed > timeout)
     server = server or get()
     job_id = uuid.uuid4().hex
-    request = {"argv": list(argv), "spec": str(spec), "env": tag_env(job_id, dict(env)),
-               "cwd": str(cwd or os.getcwd()), "user": user, "rlimits": {str(k): v for k, v in (rlimits or {}).items()},
-               "grace_s": grace_s}
+    request = {**request, "env": tag_env(job_id, dict(env)), "cwd": str(cwd or os.getcwd()), "grace_s": grace_s}
     read_fd, write_fd = os.pipe()
     start = time.monotonic()
     try:
@@ -183,7 +210,7 @@ def launch(argv: list[str], spec: str, *, timeout: float, env: dict[str, str],
                 events.stop()
             kill_tagged(job_id)
     code = events.code if events.code is not None else 1
-    return Finished(code, timed_out, lines, time.monotonic() - start)
+    return Finished(code, timed_out, lines, time.monotonic() - start, events.cpu_s)
 
 
 _TMP = tempfile.gettempdir()  # the server outlives a job's or a test's temp folder

@@ -2,7 +2,8 @@
 
 It loads the job spec written by :func:`distlab.runtime.launch.torchrun`, prefixes
 everything this rank prints with ``[rankN]``, calls the target, and writes
-what the target returned to ``result-<rank>.pt`` for the launching process.
+what the target returned to ``result-<rank>.pt`` for the launching process (and what the
+call cost, ``cost-<rank>.json``: :mod:`distlab.runtime.costs`).
 If the target raises, it writes ``error-<rank>-<attempt>.json`` (exception
 type, message, the last lines of the traceback, and when) so the launcher can
 name the rank that failed first and why, instead of torchrun's wall of text.
@@ -25,6 +26,7 @@ import time
 import traceback
 from pathlib import Path
 
+from distlab.runtime import costs
 from distlab.runtime.importing import resolve
 
 
@@ -107,6 +109,7 @@ def main(spec_path: str) -> int:
         from distlab.runtime import heartbeat
 
         heartbeat.start(outdir, rank)  # before the target is imported: the launcher tells slow from stuck
+    started, cpu = time.time(), time.process_time()
     try:
         if spec["kind"] == "script":
             sys.argv = [spec["target"], *spec.get("argv", [])]
@@ -129,6 +132,7 @@ def main(spec_path: str) -> int:
         traceback.print_exc()
         sys.stdout.flush()
         return 1
+    costs.write_rank_cost(outdir, rank, started, time.process_time() - cpu)
     import torch  # imported late: a script target may be about to measure import time
 
     tmp = outdir / f".result-{rank}.pt.tmp"

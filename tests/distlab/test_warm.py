@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from distlab import LaunchError, torchrun
-from distlab.runtime import warm
+from distlab.runtime import costs, warm
 from tests.helpers import REPO
 from tests.helpers.targets import ranks
 
@@ -124,3 +124,45 @@ def test_a_job_that_changes_a_start_up_setting_is_launched_cold_and_one_that_cha
     env = dict(server.env)
     assert server.serves({**env, "LD_LIBRARY_PATH": "/opt/elsewhere"})  # the fork keeps its loaded libraries
     assert not server.serves({**env, "TORCH_CPP_LOG_LEVEL": "INFO"})  # read once, when torch loads
+
+
+def test_a_module_runs_forked_from_the_server_with_its_arguments_environment_and_exit_status(tmp_path):
+    """``warm.run_module`` (the grader's grading process): ``python -m`` as a fork of the warm server."""
+    env = {**os.environ, "DISTLAB_TEST_VAR": "seen", "PYTHONPATH": str(REPO)}
+    done = warm.run_module("tests.helpers.targets.module_job", ["view", "x"], timeout=60, env=env, cwd=tmp_path)
+    assert done.returncode == 0 and not done.timed_out, done.lines
+    view = json.loads(done.lines[-1])
+    assert view == {"warm": True, "argv": ["view", "x"], "cwd": str(tmp_path), "var": "seen"}
+    assert done.cpu_s is not None  # the job root counted its processes' CPU
+    exited = warm.run_module("tests.helpers.targets.module_job", ["exit", "3"], timeout=60, env=env, cwd=REPO)
+    assert exited.returncode == 3
+    raised = warm.run_module("tests.helpers.targets.module_job", ["raise"], timeout=60, env=env, cwd=REPO)
+    assert raised.returncode == 1 and "ValueError: the module raised" in "\n".join(raised.lines)
+    with warm.cli_launches():  # where there can be no server: a new interpreter, the same contract
+        cold = warm.run_module("tests.helpers.targets.module_job", ["view", "x"], timeout=120, env=env, cwd=tmp_path)
+    assert cold.returncode == 0 and json.loads(cold.lines[-1]) == {**view, "warm": False}
+
+
+def test_a_module_past_its_limit_is_ended_with_everything_it_started(tmp_path, wait_for):
+    pidfile = tmp_path / "pids"
+    warm.get()
+    server = warm.server_pids()
+    done = warm.run_module("tests.helpers.targets.module_job", ["hang", str(pidfile)], timeout=60, env=dict(os.environ),
+                           cwd=REPO, should_stop=lambda elapsed: pidfile.exists() and bool(pidfile.read_text()))
+    assert done.timed_out
+    pids = [int(p) for p in pidfile.read_text().split()]
+    # the module and the child it detached, which ignores SIGTERM: the job root's sweep ended both
+    assert len(pids) == 2 and wait_for(lambda: _alive(pids) == [], timeout=10), _alive(pids)
+    assert warm.server_pids() == server
+
+
+def test_a_launch_records_what_it_cost_and_a_rank_cannot_break_the_record(tmp_path):
+    before = len(costs.LAUNCHES)
+    torchrun(ranks.allreduce_rank, 2, timeout=120)
+    (cost,) = costs.LAUNCHES[before:]
+    assert cost.world == 2 and len(cost.rank_wall_s) == len(cost.rank_cpu_s) == len(cost.rank_started) == 2
+    assert cost.cpu_s is not None  # the warm path's job root counted the agent's and the ranks' CPU
+    # what a learner's rank may leave in place of its cost file: no record, and no error
+    for rank, junk in enumerate(['{"wall_s": "x"}', "[" * 100_000]):
+        (tmp_path / f"cost-{rank}.json").write_text(junk)
+    assert costs.record(tmp_path, 3, 1.0, None).rank_wall_s == []
