@@ -64,6 +64,9 @@ os.environ["DISTLAB_TEST_SESSION"] = SESSION = uuid.uuid4().hex
 # A self-test run by a test records its time-scale calibration here, not in this machine's cache.
 os.environ["DISTLAB_CALIBRATION"] = os.path.join(os.environ.get("TMPDIR", "/tmp"),
                                                  f"distlab-calibration-{SESSION}.json")
+# The reference traces a grading keeps for later ones: shared by this session's workers, not by other sessions.
+os.environ["DISTLAB_REFERENCE_STORE"] = os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                                     f"distlab-reference-traces-{SESSION}")
 
 
 def _wait_for(condition, timeout: float = 30.0, interval: float = 0.05):

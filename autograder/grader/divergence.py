@@ -12,8 +12,12 @@ with the reference's by world size (:func:`paired`): launches that run side by s
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from .diagnosis import named
@@ -208,6 +212,7 @@ def paired(reference: Sequence, traces: Sequence) -> list[tuple]:
 
 
 _REFERENCE: dict = {}  # (check, its grade's keyword arguments) -> the reference's traces, per launch
+STORE_VAR = "DISTLAB_REFERENCE_STORE"  # the folder of the reference traces kept between processes ("0": none)
 
 
 def solution_path(check):
@@ -217,13 +222,79 @@ def solution_path(check):
     return REPO_ROOT / "solutions" / check.EXERCISE.filename
 
 
+@functools.cache
+def _code_digest() -> str | None:
+    """What a reference's trace depends on besides the check's arguments: every source the grading and the ranks
+    run (the solutions, the checks, the rank side, the course's library), torch's and Python's versions, the GPUs
+    seen (NCCL or gloo). ``None`` where a source cannot be read."""
+    import sys
+
+    import torch
+
+    from distlab.runtime.launch import REPO_ROOT
+
+    digest = hashlib.sha256(f"{torch.__version__} {sys.version} {torch.cuda.device_count()}".encode())
+    try:
+        for folder in ("solutions", "autograder", "distlab"):
+            for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+                digest.update(f"{path.relative_to(REPO_ROOT)}\0".encode() + path.read_bytes() + b"\0")
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def stored_path(check, key: tuple) -> Path | None:
+    """Where the reference traces of ``check`` graded with ``key``'s arguments are kept between processes: a
+    file named by the digest of everything they depend on (:func:`_code_digest`), so that a change to any of it
+    records them again. In the grader's cache (beside the time scale ``make selftest`` calibrates), which only
+    the grader's user can write; ``None`` where none is kept (``DISTLAB_REFERENCE_STORE=0``)."""
+    from distlab.runtime.process import CALIBRATION
+
+    folder, code = os.environ.get(STORE_VAR) or str(CALIBRATION.parent / "reference-traces"), _code_digest()
+    if folder == "0" or code is None:
+        return None
+    name = hashlib.sha256(f"{code} {key}".encode()).hexdigest()[:32]
+    return Path(folder) / f"{check.EXERCISE.filename.removesuffix('.py')}-{name}.pt"
+
+
+def _load_stored(check, key: tuple) -> bool:
+    """The reference traces kept by an earlier process into :data:`_REFERENCE`, if there are; whether they are."""
+    import torch
+
+    if key in _REFERENCE:
+        return True
+    path = stored_path(check, key)
+    try:
+        _REFERENCE[key] = torch.load(path, weights_only=True)
+    except Exception:  # noqa: BLE001 - none kept, or not readable: graded again
+        return False
+    return True
+
+
+def _store(check, key: tuple, traces: list) -> None:
+    """Keep a reference's traces for later processes (written whole, then renamed: readers never see half)."""
+    import torch
+
+    path = stored_path(check, key)
+    if path is None or not traces:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        torch.save(traces, tmp)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: the next process grades the reference again
+
+
 def reference_traces(check, **kwargs) -> list:
-    """The reference solution's traces, graded by ``check`` as the learner's file was (once per process);
-    ``[]`` where it cannot be read (the grading image keeps ``solutions/`` from the learner's user)."""
+    """The reference solution's traces, graded by ``check`` as the learner's file was: once per process, and kept
+    between processes (:func:`stored_path`); ``[]`` where it cannot be read (the grading image keeps
+    ``solutions/`` from the learner's user)."""
     from .launches import TRACES
 
     key = (check.__name__, repr(sorted(kwargs.items())))  # as grade() keys it
-    if key not in _REFERENCE:
+    if not _load_stored(check, key):
         path = solution_path(check)
         TRACES.pop(str(path), None)
         try:
@@ -231,6 +302,7 @@ def reference_traces(check, **kwargs) -> list:
         except Exception:  # noqa: BLE001 - no reference trace: the feedback keeps its symptom
             pass
         _REFERENCE[key] = TRACES.pop(str(path), [])
+        _store(check, key, _REFERENCE[key])  # graded alone: its RNG states depend on nothing graded before it
     return _REFERENCE[key]
 
 
@@ -246,7 +318,8 @@ def grade(check, paths: Sequence, *, localise: bool = False, with_reference: boo
     from .substitute import localise as swap
 
     key, solution = (check.__name__, repr(sorted(kwargs.items()))), solution_path(check)
-    extra = [solution] if with_reference and key not in _REFERENCE and str(solution) not in map(str, paths) else []
+    extra = ([solution] if with_reference and not _load_stored(check, key) and str(solution) not in map(str, paths)
+             else [])
     for path in [*paths, *extra]:
         TRACES.pop(str(path), None)
     reports = check.grade([*paths, *extra], **kwargs)[:len(paths)]

@@ -120,3 +120,35 @@ def test_rng_states_are_compared_only_from_the_same_start():
     assert first_divergence(REF, later).fields == ("rng",)
     shifted = [dict(e, rng="ef") if e["event"] == "optimizer.step" else e for e in REF]  # another history
     assert first_divergence(REF, shifted) is None
+
+
+def test_the_reference_traces_are_graded_once_and_kept_for_later_processes_until_the_code_changes(tmp_path,
+                                                                                                      monkeypatch):
+    from types import SimpleNamespace
+
+    from autograder.grader import divergence
+    from autograder.grader.launches import TRACES
+
+    graded = []
+
+    def grade(paths, **kwargs):
+        graded.append(kwargs)
+        TRACES[str(paths[0])] = [[[{"event": "optimizer.step", "lr": [0.1]}], [{"event": "backward"}]]]
+
+    check = SimpleNamespace(__name__="autograder.checks.ex99_fake", grade=grade,
+                            EXERCISE=SimpleNamespace(filename="ex99_fake.py"))
+    monkeypatch.setenv(divergence.STORE_VAR, str(tmp_path))
+    monkeypatch.setattr(divergence, "_REFERENCE", {})
+    first = divergence.reference_traces(check, world_sizes=(2,))
+    assert len(graded) == 1 and list(tmp_path.glob("ex99_fake-*.pt"))
+    divergence._REFERENCE.clear()  # a later process: graded by none, read from the store
+    assert divergence.reference_traces(check, world_sizes=(2,)) == first and len(graded) == 1
+    divergence.reference_traces(check, world_sizes=(4,))  # other arguments: graded
+    monkeypatch.setattr(divergence, "_code_digest", lambda: "another checkout")
+    divergence._REFERENCE.clear()
+    divergence.reference_traces(check, world_sizes=(2,))  # changed code: graded again
+    assert graded == [{"world_sizes": (2,)}, {"world_sizes": (4,)}, {"world_sizes": (2,)}]
+    monkeypatch.setenv(divergence.STORE_VAR, "0")
+    divergence._REFERENCE.clear()
+    divergence.reference_traces(check, world_sizes=(2,))  # none kept
+    assert len(graded) == 4
