@@ -28,7 +28,7 @@ import time
 
 from autograder.grader.registry import exercises
 from benchmarks import Row
-from benchmarks.bench_warm import _launch
+from benchmarks.bench_warm import timed_launch
 from distlab.runtime.importing import REPO_ROOT
 
 # One exercise in a fresh process: check(N) twice, each with its grading process's account.
@@ -118,7 +118,7 @@ def rows() -> list[Row]:
     out = []
     for n in sorted(exercises()):
         out += _rows_of(n, _exercise(n))
-    floor = sum(statistics.median(_launch(w, cli=True)[0] for _ in range(3)) for w in (2, 4))
+    floor = sum(statistics.median(timed_launch(w, cli=True)[0] for _ in range(3)) for w in (2, 4))
     one, every = _cold(["--exercise", "1"]), _cold([])
     k = len(exercises())
     out += [
