@@ -99,6 +99,41 @@ plt.show()
 # on an 80 GB GPU; 14 GB per GPU does, leaving room
 # for activations. Notebook **04** measures this on a real sharded run.
 #
+# **Activations** come on top, and grow with the batch and the sequence. Korthikanti et al. (2022) count
+# what one GPT layer keeps for its backward: `s b h (34 + 5 a s / h)` bytes in 16-bit, for sequence
+# length `s`, micro-batch `b`, width `h` and `a` heads (a Llama layer, with SwiGLU and no dropout, has
+# other constants, of the same size). The second term is the attention scores; an
+# attention that never stores them (FlashAttention, or recomputing the core attention: notebook 08) keeps
+# only the first.
+#
+# ## The time arithmetic
+#
+# The first row of the table above is arithmetic too. Training a model of `N` parameters on `D` tokens
+# costs about `6 N D` FLOPs (Kaplan et al., 2020: `2 N` per token forward, `4 N` backward). A GPU does
+# a fraction of its datasheet peak, the **model FLOPs utilisation** (MFU; notebook 09 measures it): 30 to
+# 50% is good for a large run. So the time is `6 N D / (peak x MFU)` GPU-seconds, divided by the GPUs.
+
+# %%
+from distlab.lab.activation_memory import transformer_layer_bytes
+from distlab.lab.mfu import training_seconds
+
+# A Llama-2-7B-shaped model (Touvron et al., 2023): 6.74e9 parameters, 32 layers, width 4096, 32 heads,
+# trained on 2.0e12 tokens of 4096; Meta reports 184,320 A100-80GB GPU-hours for it (the paper's Table 2).
+N, D, A100_BF16 = 6.74e9, 2.0e12, 312e12
+for mfu in (0.3, 0.4, 0.5):
+    days = training_seconds(N, D, peak_flops_per_s=A100_BF16, mfu=mfu) / 86400
+    print(f"MFU {mfu:.0%}: {days:,.0f} A100-days = {days / 1024:.1f} days on 1024 A100s")
+print(f"published: {184_320 / 24:,.0f} A100-days, an MFU of {6 * N * D / (184_320 * 3600 * A100_BF16):.0%}")
+per_layer = transformer_layer_bytes(4096, 1, 4096, 32)
+stored_no_scores = transformer_layer_bytes(4096, 1, 4096, 32, recompute="selective")
+print(f"activations of one sequence of 4096 tokens: {32 * per_layer / GB:.0f} GB over 32 layers with the "
+      f"attention scores stored, {32 * stored_no_scores / GB:.0f} GB without them")
+
+# %% [markdown]
+# One GPU would need about twenty years; a thousand need a week. That is the **time** case, and the
+# **memory** case is in the same cell: the activations of *one* 4096-token sequence, with the scores
+# stored, are about as large as the 112 GB of training state. Neither is solved by a faster GPU.
+#
 # ## Your first distributed job
 #
 # `torchrun` starts W copies of a program. Each copy is a *rank*; torchrun tells it who it is

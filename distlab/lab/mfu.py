@@ -22,7 +22,8 @@ per weight), ``4 N`` backward (the gradient of the input and of the weight).
   input needs no gradient, so its backward is ``2`` FLOPs per weight, not ``4``;
 * :func:`matmul_peak` measures the peak: the best rate of large matrix products
   on this device, in the same run as the step, so both see the same machine;
-* :data:`DATASHEET` has vendors' dense peaks for some GPUs (:func:`datasheet_peak`).
+* :data:`DATASHEET` has vendors' dense peaks for some GPUs (:func:`datasheet_peak`);
+* :func:`training_seconds` turns ``6 N D``, a peak and an MFU into the time a training run takes.
 """
 from __future__ import annotations
 
@@ -106,6 +107,15 @@ def hardware_flops_per_token(n_params: float, recompute: str = "none") -> float:
     if recompute not in extra:
         raise ValueError(f"recompute must be one of {tuple(extra)}")
     return (6 + extra[recompute]) * n_params
+
+
+def training_seconds(n_params: float, tokens: float, *, peak_flops_per_s: float, mfu: float, gpus: int = 1) -> float:
+    """Wall seconds to train ``n_params`` parameters on ``tokens`` tokens: Kaplan's ``6 N D`` model FLOPs over
+    what ``gpus`` devices achieve, each at ``mfu`` of its datasheet peak. (With full recomputation the hardware
+    does ``8 N D``, :func:`hardware_flops_per_token`; an MFU measured on such a run already pays for it.)"""
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu is a fraction of the peak, in (0, 1]; got {mfu}")
+    return 6 * n_params * tokens / (gpus * peak_flops_per_s * mfu)
 
 
 def mfu(flops_per_step: float, step_s: float, peak_flops_per_s: float) -> float:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from distlab.lab.mfu import (datasheet_peak, exact_mlp_flops, hardware_flops_per_token, matmul_peak, mfu, six_n_rule,
-                             step_flops)
+                             step_flops, training_seconds)
 from distlab.models import make_mlp
 from distlab.resmlp import make_resmlp
 
@@ -76,3 +76,17 @@ def test_mfu_is_achieved_over_peak():
     assert mfu(flops_per_step=2e9, step_s=0.1, peak_flops_per_s=40e9) == pytest.approx(0.5)
     best = matmul_peak(sizes=(32, 64), reps=1)
     assert best["flops_per_s"] > 0 and best["n"] in (32, 64) and best["dtype"] == "fp32"
+
+
+def test_training_time_from_six_n_d_matches_a_published_run():
+    # Llama 2 7B (Touvron et al., 2023, Table 2): 6.74e9 parameters, 2.0e12 tokens, 184,320 A100-80GB GPU-hours.
+    # At A100's 312 TFLOP/s bf16 peak that is an MFU of 0.39: the formula gives the published hours back.
+    published_s = 184_320 * 3600
+    implied_mfu = 6 * 6.74e9 * 2.0e12 / (published_s * 312e12)
+    assert implied_mfu == pytest.approx(0.391, abs=0.001)
+    got = training_seconds(6.74e9, 2.0e12, peak_flops_per_s=312e12, mfu=implied_mfu, gpus=1)
+    assert got == pytest.approx(published_s)
+    assert training_seconds(6.74e9, 2.0e12, peak_flops_per_s=312e12, mfu=implied_mfu, gpus=1024) == \
+        pytest.approx(published_s / 1024)
+    with pytest.raises(ValueError, match="fraction"):
+        training_seconds(1e9, 1e9, peak_flops_per_s=1e12, mfu=40)
