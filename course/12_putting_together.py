@@ -156,8 +156,9 @@ assert predicted == measured and all(memory[t] == runs[0]["held"][t] for t in ("
 
 # %% [markdown]
 # Exact, because nothing here is padded (every split divides) and the planner models FSDP2 as it
-# behaves (one unit per layer, the root gathered once). What it leaves out: the compute, and how much
-# of the communication overlaps it; Adam's 4-byte step counters; allocator slack. Its activation term
+# behaves (one unit per layer, the root gathered once). What this check leaves out: the compute, and how
+# much of the communication overlaps it (the planner models both below; no run here checks them); Adam's
+# 4-byte step counters; allocator slack. Its activation term
 # is Korthikanti et al.'s GPT layer (16-bit, with dropout), not this fp32 model's: a figure to plan
 # with, not one this run can check to the byte.
 #
@@ -173,17 +174,114 @@ assert predicted == measured and all(memory[t] == runs[0]["held"][t] for t in ("
 # | PP's activations in flight, `min(p - s, m)` micro-batches | stage `s`'s peak of saved bytes, 1F1B | exact |
 # | CP's sends | notebook 10's ring, forward and backward, `W = 4`, recorded | exact |
 # | EP's all-to-alls | notebook 11's padded dispatch, `W = 4`, recorded | exact |
-# | the bubble in wall time, communication time, activation bytes per layer | nothing | a model |
+# | the bubble in wall time, communication time, compute and step time, activation bytes per layer | nothing | a model |
 #
 # The bubble is compared in slots, not seconds: on 2 cores shared by 4 ranks the wall-time bubble also
 # holds the schedule's own Python and the waits for a core (notebook 07 measures both). The activation
 # bytes of a transformer layer are Korthikanti et al.'s; the pipeline run checks only *how many*
 # micro-batches' activations a stage holds. The α-β times are as good as the fit of notebook 06.
+
+# %% [markdown]
+# ## Time: which rules of thumb follow
+# The Playbook states three rules of thumb (with Narayanan et al., *Efficient Large-Scale Language Model
+# Training on GPU Clusters Using Megatron-LM*, SC 2021, for TP and PP): **FSDP first** while the model's
+# states do not fit; **TP within a node**; **PP across nodes**. The table above cannot derive them: it
+# prices every link alike and counts no compute. Given a peak, `distlab.lab.planner_time` adds what they
+# rest on:
 #
+# * **compute**: `6 N` FLOPs per token (`8 N` under full recomputation: the forward again), over the GPUs,
+#   at a fraction of each GPU's peak (40% here, an input, not a prediction);
+# * **the bubble, priced**: a 1F1B pipeline takes `(m + p - 1) / m` of its stages' compute;
+# * **links**: ranks are numbered `tp` innermost, then `cp`, `ep`, `fsdp`, `dp`, `pp` (Megatron's order),
+#   8 to a node; a group inside a node uses NVLink (360 GB/s here), one spanning nodes the network
+#   (45 GB/s a GPU: a 400 Gb/s NIC each);
+# * **overlap**: TP's, CP's and EP's collectives and the pipeline's sends are waited for; DDP's all-reduce
+#   runs during the backward (`4 N` of `6 N`), FSDP's gathers and reduce-scatters during the forward and
+#   backward, so only what exceeds that window counts.
+#
+# A Llama 3 8B-shaped model (32 layers of width 4096, 32 heads, a 128k vocabulary, sequences of 8192;
+# 7.5 B parameters in this planner's layer, whose MLP is `4h` and whose `k`, `v` are full width) on two
+# nodes of eight 80 GB H100s, 256 sequences a step in 16 micro-batches, bf16 with Adam, attention that
+# keeps no scores (FlashAttention's, "selective"), sequence parallelism with TP.
+
+# %%
+from dataclasses import replace
+
+from distlab.lab.planner import Layout, Model, Training, plan, plan_layout
+from distlab.lab.planner_widget import H100_NODES
+
+llama3_8b = Model(layers=32, hidden=4096, heads=32, seq=8192, vocab=128256)
+job = Training(batch=256, micro_batches=16, recompute="selective", sp=True)
+ranked = plan(llama3_8b, H100_NODES, job)
+print(f"{'layout':26}{'GB/GPU':>8}{'step s':>8}{'compute':>9}{'bubble':>8}{'waited':>8}{'exposed':>9}{'to hide':>9}")
+for r in [r for r in ranked if r["fits"]][:8]:
+    t = r["time"]
+    print(f"{str(r['layout']):26}{r['memory']['total'] / 1e9:8.1f}{t['step']:8.2f}{t['compute']:9.2f}"
+          f"{t['bubble']:8.2f}{t['critical']:8.2f}{t['exposed']:9.2f}{t['overlappable']:9.2f}")
+
+# %% [markdown]
+# **FSDP first** comes out: the fastest layouts are data-parallel only, the compute alone, nothing
+# waited for. And a fourth rule with it: among them, the ones that **shard within a node and replicate
+# across** (`dp 4 × fsdp 4`, `dp 2 × fsdp 8`: PyTorch's HSDP, torchtitan's `dp_replicate × dp_shard`) leave
+# a tenth as much to hide as `fsdp 16`, whose gathers cross the network at every layer and fill 97% of
+# the compute: one slow step of the network and they are exposed. Where do tensor and pipeline
+# parallelism stand, and would their placement matter?
+
+# %%
+import matplotlib.pyplot as plt
+
+pp_inside = replace(H100_NODES, placement=("pp", "fsdp", "dp", "cp", "ep", "tp"))  # TP's pairs across nodes
+shown = [(str(r["layout"]), r["time"]) for r in [r for r in ranked if r["fits"]][:3]]
+for layout in (Layout(fsdp=8, tp=2), Layout(fsdp=4, pp=4), Layout(fsdp=2, tp=8)):
+    shown.append((str(layout), plan_layout(llama3_8b, layout, job, H100_NODES)["time"]))
+    shown.append((f"{layout}, PP/FSDP inside a node", plan_layout(llama3_8b, layout, job, pp_inside)["time"]))
+fig, ax = plt.subplots(figsize=(8, 4))
+left = [0.0] * len(shown)
+for part, colour in (("compute", "tab:blue"), ("bubble", "tab:gray"), ("critical", "tab:red"),
+                     ("exposed", "tab:orange")):
+    widths = [t[part] for _, t in shown]
+    ax.barh([name for name, _ in shown], widths, left=left, color=colour,
+            label={"critical": "waited for (TP, CP, EP, PP)", "exposed": "DP/FSDP not hidden"}.get(part, part))
+    left = [a + b for a, b in zip(left, widths)]
+ax.barh([name for name, _ in shown], [min(t["overlappable"], t["step"]) for _, t in shown], height=0.25,
+        color="black", alpha=0.45, label="DP/FSDP traffic, hidden behind the compute")
+ax.invert_yaxis()
+ax.set_xlabel("seconds per step (model)")
+ax.set_title("Llama 3 8B-shaped, 2 nodes x 8 H100, 256 x 8192 tokens a step")
+ax.legend(fontsize=8, loc="upper right")
+plt.tight_layout()
+plt.show()
+for name, t in shown[3:]:
+    print(f"{name:40} step {t['step']:6.2f} s, of which waited for {t['critical']:5.2f} s")
+
+# %% [markdown]
+# **TP within a node** comes out as a comparison of placements: the same degrees, `fsdp 2 × tp 8`, take
+# about 22 s a step with each TP group inside a node and three times that with the groups across
+# nodes, where TP's activation-sized collectives, four per layer and micro-batch, wait on the network
+# (`fsdp 8 × tp 2`: 16 s against 23 s). **PP across nodes** is the same comparison turned round: with
+# `fsdp 4 × pp 4` the pipeline's sends are one activation per micro-batch and stage boundary, a fraction
+# of a second on either link, so it is the degree that can afford the slow one; what it costs is its
+# bubble, `3/16` of the compute.
+#
+# What still does not follow, and is stated, not derived:
+#
+# * for this model TP and PP are never needed on two nodes: every layout with them is slower than
+#   HSDP. They pay when the states do not fit even sharded over a node, or when the global batch is too
+#   small to give each GPU a sequence; the planner says when, for the model you type in (below);
+# * the efficiency (40%) is an input, the same for every layout; in practice TP's smaller matrices
+#   compute less efficiently, and so do a pipeline's micro-batches;
+# * one link per GPU, without contention: the groups that share a node's NIC slow each other, which this
+#   model does not price; attention's `s^2` FLOPs are not counted (as `6 N` does not count them).
+#
+# The widget below prices time too when given a peak: set *peak TFLOP/s* to 989 (an H100's bf16), *GPUs /
+# node* to 8 and the *GB/s network* to 45, with 16 GPUs.
+
+# %% [markdown]
 # ## Plan a real job
 # Type in a model, a cluster and a batch. Every layout of the six degrees whose product is the GPU
 # count (and that the model divides: heads by `tp`, layers by `pp`, the sequence by `cp`, experts by
-# `ep`) is listed, those that fit in memory first, then by their communication time. Try: Llama-2 7B
+# `ep`) is listed, those that fit in memory first, then by their step time (with a peak) or their
+# communication time (without). Try: Llama-2 7B
 # on 8 GPUs of 80 GB (the default) with `recompute` full; 4 micro-batches against 16; a link of
 # 25 GB/s (between nodes) instead of 100; 8 experts.
 
@@ -191,20 +289,3 @@ assert predicted == measured and all(memory[t] == runs[0]["held"][t] for t in ("
 from distlab.lab.planner_widget import planner
 
 plan_7b = planner()
-
-# %% [markdown]
-# Three rules of thumb, as the Playbook states them (and Narayanan et al., *Efficient Large-Scale
-# Language Model Training on GPU Clusters Using Megatron-LM*, SC 2021, for TP and PP). They are
-# stated here, not derived: this planner gives every link one bandwidth and counts no compute, so it
-# cannot tell a node's links from the network between nodes, nor what hides behind the compute. To
-# derive them it would need a bandwidth per link, within a node and between nodes (each group priced
-# by the slowest link it spans), and the compute time of each layer, to tell the communication that
-# overlaps it from the communication that waits. Their usual justification:
-#
-# * **FSDP first** while the model states do not fit: it divides them by its degree and sends
-#   `3(n-1)/n` of the parameters a step, whatever the batch.
-# * **TP within a node**: its all-reduces carry activations, two per layer in the forward and two in
-#   the backward, on the critical path; the fastest links pay for them. It also divides the activations.
-# * **PP across nodes**: a pipeline sends the least (one activation per micro-batch and boundary), but
-#   idles for `(p-1)/(m+p-1)` of the step unless micro-batches are many; CP and EP are for long
-#   sequences and for experts.

@@ -19,7 +19,10 @@ ZeRO-3: Rajbhandari et al. 2020), ``tp`` (Megatron's tensor parallelism, Shoeybi
   (:func:`ep_all_to_all_bytes`) are those the labs' rank programs make, checked against their runs
   (:mod:`distlab.lab.planner_runs`);
 * the bubble: :func:`distlab.lab.pipeline.timeline.theoretical_bubble`, ``(p-1)/(m+p-1)``, idle slots of
-  the schedule (checked against the order of a real run's actions; the wall-time bubble is not modelled).
+  the schedule (checked against the order of a real run's actions);
+* time, where the cluster gives a peak: :mod:`distlab.lab.planner_time` (compute from ``6 N`` or ``8 N``
+  per token, the bubble priced as idle compute, each group on the link it spans, data-parallel communication
+  hidden behind the compute), a model checked against no run.
 
 The model is :mod:`distlab.transformer`'s layer (separate ``wq, wk, wv, wo`` without bias, a ``4h`` MLP
 with biases, two RMSNorms; embeddings, norm and head whole on every tensor-parallel rank, as
@@ -37,8 +40,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from distlab.lab.activation_memory import tp_collectives_per_layer, transformer_layer_bytes
-from distlab.lab.bandwidth import allreduce_time
 from distlab.lab.pipeline.timeline import theoretical_bubble
+from distlab.lab.planner_time import RANK_ORDER, row_seconds, step_time
 from distlab.lab.training_memory import PRECISIONS, training_memory
 from distlab.measure.comm import wire_bytes
 
@@ -72,11 +75,24 @@ class Model:
 @dataclass(frozen=True)
 class Cluster:
     """``gpus`` of ``memory`` bytes each; ``bandwidth``: a link's bus bandwidth (bytes/s), ``latency``: one
-    ring step's (s), the alpha and 1/beta of :func:`distlab.lab.bandwidth.fit_latency_bandwidth`."""
+    ring step's (s), the alpha and 1/beta of :func:`distlab.lab.bandwidth.fit_latency_bandwidth`.
+
+    With ``gpus_per_node`` and ``inter_bandwidth`` (and ``inter_latency``), ``bandwidth`` is a node's own
+    links' (NVLink) and a group spanning nodes is priced at the network's (:func:`~.planner_time.link`); with
+    ``peak_flops`` (per GPU, dense, in the training's precision) and ``efficiency`` (the fraction of it
+    achieved) the plan adds the compute, the bubble and the overlap (:mod:`distlab.lab.planner_time`).
+    ``placement``: the order in which the degrees number the ranks, innermost first (Megatron-LM's, ``tp``
+    inside a node, by default): another order puts other groups across nodes."""
     gpus: int
     memory: float
     bandwidth: float
     latency: float = 0.0
+    gpus_per_node: int = 0  # 0: every GPU in one node
+    inter_bandwidth: float = 0.0
+    inter_latency: float = 0.0
+    peak_flops: float = 0.0  # 0: no compute modelled (then layouts rank by communication time)
+    efficiency: float = 0.4
+    placement: tuple[str, ...] = RANK_ORDER  # how ranks are numbered onto nodes, innermost degree first
 
 
 @dataclass(frozen=True)
@@ -160,9 +176,10 @@ def collectives(model: Model, layout: Layout, training: Training) -> list[dict]:
     stage = stage_params(model, lo)
     rows = []
 
-    def add(dim, kind, nbytes, group, calls):
+    def add(dim, kind, nbytes, group, calls, dims=None):
         if group > 1 and calls > 0:
-            rows.append({"dim": dim, "kind": kind, "bytes": nbytes, "group": group, "calls": calls})
+            rows.append({"dim": dim, "kind": kind, "bytes": nbytes, "group": group, "calls": calls,
+                         "dims": dims or (dim,)})
 
     layer, root = stage["per_layer"], stage["root"]
     add("fsdp", "all_gather", layer * pbytes, lo.fsdp, 2 * layers * m)
@@ -170,10 +187,11 @@ def collectives(model: Model, layout: Layout, training: Training) -> list[dict]:
     add("fsdp", "reduce_scatter", layer * gbytes, lo.fsdp, layers * m)
     add("fsdp", "reduce_scatter", root * gbytes, lo.fsdp, m)
     experts = layers * layer_params(model, lo.tp, lo.ep)["mlp"] if model.experts > 1 else 0
-    for group, n in ((lo.dp * lo.cp * lo.ep, stage["layers"] + root - experts), (lo.dp * lo.cp, experts)):
+    for dims, n in ((("dp", "cp", "ep"), stage["layers"] + root - experts), (("dp", "cp"), experts)):
         grads = n * gbytes / lo.fsdp
         buckets = max(1, math.ceil(grads / BUCKET_BYTES))
-        add("dp", "all_reduce", grads / buckets, group, buckets if grads else 0)
+        add("dp", "all_reduce", grads / buckets, math.prod(getattr(lo, d) for d in dims), buckets if grads else 0,
+            dims)
     for kind, n in tp_collectives_per_layer(lo.tp, training.sp, training.recompute).items():
         add("tp", kind.replace("-", "_"), act, lo.tp, n * layers * m)
     add("pp", "send", act, lo.pp, pp_sends(lo.pp, m))
@@ -214,20 +232,10 @@ def ep_all_to_all_bytes(model: Model, tokens: int, dtype_bytes: int) -> float:
         dtype_bytes
 
 
-def comm_seconds(row: dict, cluster: Cluster) -> float:
-    """The alpha-beta time of a row's calls: ``2(n-1)`` latencies an all-reduce
-    (:func:`~distlab.lab.bandwidth.allreduce_time`), ``n-1`` a gather, scatter or all-to-all, one a send."""
-    kind, n, s = row["kind"], row["group"], row["bytes"]
-    if kind == "all_reduce":
-        one = allreduce_time(s, n, cluster.bandwidth, cluster.latency)
-    else:
-        one = (1 if kind == "send" else n - 1) * cluster.latency + wire_bytes(kind, s, n) / cluster.bandwidth
-    return row["calls"] * one
-
-
 def plan_layout(model: Model, layout: Layout, training: Training, cluster: Cluster) -> dict:
     """One layout's figures: memory per GPU (and whether it fits), bytes sent per step by degree, the
-    collectives' alpha-beta time, the bubble."""
+    collectives' alpha-beta time on their links, the bubble, and the step's time
+    (:func:`~distlab.lab.planner_time.step_time`: compute, bubble, critical and exposed communication)."""
     memory = memory_per_gpu(model, layout, training)
     rows = collectives(model, layout, training)
     by_dim: dict[str, float] = {}
@@ -236,8 +244,16 @@ def plan_layout(model: Model, layout: Layout, training: Training, cluster: Clust
                                                                                      row["group"])
     return {"layout": layout, "memory": memory, "fits": memory["total"] <= cluster.memory,
             "comm_bytes": sum(by_dim.values()), "comm_by_dim": by_dim,
-            "comm_s": sum(comm_seconds(r, cluster) for r in rows),
-            "bubble": theoretical_bubble(layout.pp, training.micro_batches), "collectives": rows}
+            "comm_s": sum(row_seconds(r, layout, cluster) for r in rows),
+            "bubble": theoretical_bubble(layout.pp, training.micro_batches), "collectives": rows,
+            "time": step_time(active_params(model), model, layout, training, cluster, rows)}
+
+
+def active_params(model: Model) -> float:
+    """The parameters one token goes through: every dense one, and ``top_k`` of each layer's experts."""
+    whole = stage_params(model, Layout())
+    idle = model.layers * layer_params(model)["mlp"] * (1 - min(model.top_k, model.experts) / model.experts)
+    return whole["layers"] + whole["root"] - idle
 
 
 def valid(model: Model, layout: Layout, training: Training) -> bool:
@@ -255,7 +271,11 @@ def layouts(world: int) -> list[Layout]:
 
 
 def plan(model: Model, cluster: Cluster, training: Training) -> list[dict]:
-    """:func:`plan_layout` of every valid layout on ``cluster.gpus``: those that fit first, then by the
-    collectives' time, the bubble and the memory (what the model prices; compute and overlap it does not)."""
+    """:func:`plan_layout` of every valid layout on ``cluster.gpus``: those that fit first, then by the step's
+    time where the cluster has a peak (compute, bubble, exposed communication; then the communication the
+    compute must hide), else by the collectives' time; then the bubble and the memory."""
     rows = [plan_layout(model, lo, training, cluster) for lo in layouts(cluster.gpus) if valid(model, lo, training)]
+    if cluster.peak_flops > 0:  # equal steps: the one with less to hide behind the compute is the safer
+        return sorted(rows, key=lambda r: (not r["fits"], round(r["time"]["step"], 9), r["time"]["overlappable"],
+                                           r["bubble"], r["memory"]["total"]))
     return sorted(rows, key=lambda r: (not r["fits"], r["comm_s"], r["bubble"], r["memory"]["total"]))

@@ -21,7 +21,10 @@ GB = 1e9
 MODELS = {name: Model(layers=s["layers"], hidden=s["hidden"], heads=s["heads"], seq=4096, vocab=50257 if "GPT" in
                       name else 32000) for name, s in PRESETS.items()}
 COLUMNS = ("layout", "memory / GPU", "of which activations", "fits", "sent / step", "by degree", "comm time",
-           "bubble")
+           "bubble", "step time")
+#: Two nodes of eight H100s: NVLink's and a 400 Gb/s NIC per GPU's all-reduce bus bandwidths, bf16's dense peak.
+H100_NODES = Cluster(gpus=16, memory=80 * GB, bandwidth=360 * GB, latency=5e-6, gpus_per_node=8,
+                     inter_bandwidth=45 * GB, inter_latency=10e-6, peak_flops=989e12, efficiency=0.4)
 
 
 def _gb(x: float) -> str:
@@ -39,7 +42,8 @@ def rows_of(model: Model, cluster: Cluster, training: Training, top: int = 10) -
         mem = r["memory"]
         out.append((str(r["layout"]), _gb(mem["total"]), _gb(mem["activations"]), "yes" if r["fits"] else "no",
                     _gb(r["comm_bytes"]), ", ".join(f"{d} {_gb(b)}" for d, b in r["comm_by_dim"].items()) or "-",
-                    _seconds(r["comm_s"]), f"{r['bubble']:.0%}"))
+                    _seconds(r["comm_s"]), f"{r['bubble']:.0%}",
+                    _seconds(r["time"]["step"]) if cluster.peak_flops > 0 else "-"))
     return out
 
 
@@ -70,14 +74,18 @@ class Planner:
     """The controls and the table; :meth:`inputs` reads them, :meth:`update` redraws."""
 
     def __init__(self, model: Model, cluster: Cluster, training: Training, top: int = 10):
-        self.top = top
+        self.top, self.inter_latency = top, cluster.inter_latency  # no control of its own: kept as given
         box = lambda v, d: widgets.IntText(value=v, description=d, layout=widgets.Layout(width="14em"))  # noqa: E731
         real = lambda v, d: widgets.FloatText(value=v, description=d, layout=widgets.Layout(width="14em"))  # noqa: E731
         self.model = {k: box(getattr(model, k), k) for k in ("layers", "hidden", "heads", "seq", "vocab",
                                                              "mlp_ratio", "positions", "experts", "top_k")}
         self.cluster = {"gpus": box(cluster.gpus, "GPUs"), "memory": real(cluster.memory / GB, "GB / GPU"),
                         "bandwidth": real(cluster.bandwidth / GB, "GB/s link"),
-                        "latency": real(cluster.latency * 1e6, "latency µs")}
+                        "latency": real(cluster.latency * 1e6, "latency µs"),
+                        "gpus_per_node": box(cluster.gpus_per_node, "GPUs / node"),
+                        "inter_bandwidth": real(cluster.inter_bandwidth / GB, "GB/s network"),
+                        "peak_flops": real(cluster.peak_flops / 1e12, "peak TFLOP/s"),
+                        "efficiency": real(cluster.efficiency, "efficiency")}
         self.training = {"batch": box(training.batch, "batch"),
                          "micro_batches": box(training.micro_batches, "micro-batches"),
                          "precision": widgets.Dropdown(options=list(PRECISIONS), value=training.precision,
@@ -99,7 +107,9 @@ class Planner:
     def inputs(self) -> tuple[Model, Cluster, Training]:
         c = {k: w.value for k, w in self.cluster.items()}
         cluster = Cluster(gpus=max(1, c["gpus"]), memory=c["memory"] * GB, bandwidth=max(c["bandwidth"], 1e-9) * GB,
-                          latency=c["latency"] * 1e-6)
+                          latency=c["latency"] * 1e-6, gpus_per_node=max(0, c["gpus_per_node"]),
+                          inter_bandwidth=max(c["inter_bandwidth"], 0) * GB, inter_latency=self.inter_latency,
+                          peak_flops=max(c["peak_flops"], 0) * 1e12, efficiency=min(max(c["efficiency"], 0.01), 1))
         return (Model(**{k: w.value for k, w in self.model.items()}), cluster,
                 Training(**{k: w.value for k, w in self.training.items()}))
 

@@ -33,11 +33,6 @@ class LaunchCost:
     rank_started: list[float] = field(default_factory=list)  # time.time() when each rank's target was called
     ended: float = field(default_factory=time.time)  # when the launch returned (launches may overlap)
 
-    @property
-    def launcher_s(self) -> float:
-        """The wall seconds that were not the slowest rank's target: forks, rendezvous, results."""
-        return max(0.0, self.wall_s - max(self.rank_wall_s, default=0.0))
-
 
 LAUNCHES: list[LaunchCost] = []
 ACCOUNT_VAR = "DISTLAB_COSTS_FILE"  # where a grading process writes its account (make bench; never a rank)

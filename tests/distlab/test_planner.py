@@ -11,11 +11,15 @@ import pytest
 
 from distlab.lab.activation_memory import tp_comm_bytes_per_layer
 from distlab.lab.comm_volume import zero_prediction
-from distlab.lab.planner import (Cluster, Layout, Model, Training, collectives, in_flight_micro_batches, layouts,
-                                 memory_per_gpu, plan, plan_layout, pp_sends, stage_params, valid)
+from dataclasses import replace
+
+from distlab.lab.planner import (Cluster, Layout, Model, Training, active_params, collectives, in_flight_micro_batches,
+                                 layer_params, layouts, memory_per_gpu, plan, plan_layout, pp_sends, stage_params,
+                                 valid)
+from distlab.lab.planner_time import link, spans_nodes
 from distlab.lab import planner_runs
 from distlab.lab.pipeline.timeline import bubble_fraction, ideal_schedule, stage_orders
-from distlab.lab.planner_widget import Planner
+from distlab.lab.planner_widget import H100_NODES, Planner
 from distlab.lab.training_memory import training_memory
 from distlab.measure.comm import wire_bytes
 from distlab.transformer import TransformerConfig, make_transformer
@@ -183,3 +187,65 @@ def test_the_planner_predicts_the_moe_labs_all_to_alls(lab_runs):
         assert measured["wire_bytes"] == row["calls"] * wire_bytes("all_to_all", row["bytes"], row["group"])
     for r, run in enumerate(lab_runs):   # what each rank received is what the others said they would send
         assert run["ep"]["recv_counts"] == [other["ep"]["send_counts"][r] for other in lab_runs]
+
+
+# -- time (distlab.lab.planner_time): compute, the bubble as idle compute, links, overlap ----------------------
+LLAMA3_8B = Model(layers=32, hidden=4096, heads=32, seq=8192, vocab=128256)  # notebook 12's
+H100S = H100_NODES
+
+
+def test_compute_is_six_n_per_token_eight_with_full_recomputation_and_the_bubble_idles_it():
+    t = Training(batch=256, micro_batches=16)
+    n = active_params(LLAMA3_8B)
+    assert n == sum(p for k, p in stage_params(LLAMA3_8B, Layout()).items() if k != "per_layer")
+    step = plan_layout(LLAMA3_8B, Layout(fsdp=16), t, H100S)["time"]
+    assert step["compute"] == pytest.approx(6 * n * 256 * 8192 / (16 * 989e12 * 0.4))
+    full = plan_layout(LLAMA3_8B, Layout(fsdp=16), Training(batch=256, micro_batches=16, recompute="full"), H100S)
+    assert full["time"]["compute"] == pytest.approx(step["compute"] * 8 / 6)
+    piped = plan_layout(LLAMA3_8B, Layout(fsdp=4, pp=4), t, H100S)["time"]
+    assert piped["bubble"] == pytest.approx(piped["compute"] * 3 / 16)  # (p - 1) / m of the compute
+    # a MoE computes with its active experts only
+    moe = Model(layers=4, hidden=64, heads=4, seq=16, vocab=100, experts=8, top_k=2)
+    dense = Model(layers=4, hidden=64, heads=4, seq=16, vocab=100)
+    expert_mlp = layer_params(dense)["mlp"]
+    assert active_params(moe) == pytest.approx(active_params(dense) + 4 * expert_mlp)  # 2 experts where 1 was
+
+
+def test_a_group_is_priced_on_the_slowest_link_it_spans():
+    lo = Layout(tp=8, pp=2)
+    assert not spans_nodes(("tp",), lo, 8) and spans_nodes(("pp",), lo, 8)
+    assert link(("tp",), lo, H100S) == (H100S.bandwidth, H100S.latency)
+    assert link(("pp",), lo, H100S) == (H100S.inter_bandwidth, H100S.inter_latency)
+    pp_inside = replace(H100S, placement=("pp", "fsdp", "dp", "cp", "ep", "tp"))
+    assert spans_nodes(("tp",), lo, 8, pp_inside.placement) and not spans_nodes(("pp",), lo, 8, pp_inside.placement)
+    # the data-parallel all-reduce over dp x cp x ep spans what its outermost degree spans
+    assert spans_nodes(("dp", "cp", "ep"), Layout(dp=2, cp=8), 8) and spans_nodes(("dp", "cp"), Layout(cp=8, tp=2), 8)
+    assert not spans_nodes(("dp", "cp"), Layout(cp=4, tp=2, pp=2), 8)  # ranks 2 apart, 4 of them: 8 in a node
+    assert not spans_nodes(("tp",), Layout(tp=16), 0)  # one node
+
+
+def test_data_parallel_communication_hides_behind_the_compute_and_the_rest_waits():
+    t = Training(batch=256, micro_batches=16)
+    for lo, window in ((Layout(fsdp=16), 1.0), (Layout(dp=16), 2 / 3), (Layout(fsdp=8, tp=2), 1.0)):
+        step = plan_layout(LLAMA3_8B, lo, t, H100S)["time"]
+        assert step["exposed"] == pytest.approx(max(0.0, step["overlappable"] - window * step["compute"]))
+        assert step["step"] == pytest.approx(step["compute"] + step["bubble"] + step["critical"] + step["exposed"])
+    assert plan_layout(LLAMA3_8B, Layout(fsdp=16), t, H100S)["time"]["critical"] == 0
+    assert plan_layout(LLAMA3_8B, Layout(fsdp=8, tp=2), t, H100S)["time"]["critical"] > 0
+
+
+def test_the_rules_notebook_12_derives_for_a_llama_3_8b_shape_on_two_nodes():
+    t = Training(batch=256, micro_batches=16, recompute="selective", sp=True)
+    ranked = plan(LLAMA3_8B, H100S, t)
+    best = ranked[0]["layout"]
+    # FSDP first, sharded within a node and replicated across (no tp, pp or cp: nothing on the critical path)
+    assert ranked[0]["fits"] and best.tp == best.pp == best.cp == 1 and 1 < best.fsdp <= 8 and best.dp > 1
+    # TP within a node, PP across: the same degrees placed the other way take far longer
+    lo = Layout(tp=8, pp=2)
+    inside = plan_layout(LLAMA3_8B, lo, t, H100S)["time"]["step"]
+    across = plan_layout(LLAMA3_8B, lo, t, replace(H100S, placement=("pp", "fsdp", "dp", "cp", "ep", "tp")))
+    assert across["time"]["step"] > 2 * inside
+    # without a peak nothing is timed but the communication, and the plan ranks by it
+    untimed = plan(LLAMA3_8B, replace(H100S, peak_flops=0.0), t)
+    fitting = [r["comm_s"] for r in untimed if r["fits"]]
+    assert fitting == sorted(fitting) and all(r["time"]["compute"] == 0 for r in untimed)
