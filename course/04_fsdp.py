@@ -214,6 +214,77 @@ shard_guess.reveal(sum(fsdp_runs[0]["per block"]["measured"].values()) / unshard
 # numbers are bytes of live tensor storage, which is what the allocator must find; timings on a
 # CPU say nothing about GPU communication, so this notebook measures memory only.
 #
+# ## Mixed precision under FSDP2: who holds what, in which dtype
+#
+# `fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))`
+# is how mixed precision is written with FSDP2 (notebook 03's `torch.autocast` is for replicated models).
+# Each rank keeps its **shard in fp32**: that shard is the master copy the optimizer updates. Before a
+# unit's forward (and again before its backward) the shards are all-gathered **cast to bf16**: the unsharded
+# bf16 weights live only while the unit computes. The gradients are reduce-scattered in `reduce_dtype`
+# and cast back to the shard's dtype. Zhao et al. (2023, *PyTorch FSDP*, section 4.4) describe the design.
+#
+# Below, two ranks take one step under three policies: no casting, bf16 parameters with an fp32
+# reduction, and both in bf16. Each reports what a weight is inside its forward and after it, what its
+# gradient is, the bytes the step gathered and reduce-scattered (the one recorder), and
+# `clip_grad_norm_`'s total norm over the sharded gradients, beside one process's norm on the same
+# 16 samples. Last, the ranks play two **pipeline stages**: each holds the gradients of half the
+# layers and clips by the norm of what it holds.
+
+# %%
+# %%torchrun -n 2 --result mp_runs
+from distlab.lab.fsdp_mixed_precision import mixed_precision_rank
+
+result = mixed_precision_rank()
+
+# %%
+ref = mp_runs[0]["reference_norm"]
+print(f"{'policy':26}{'weight in forward':>20}{'after forward':>16}{'gradient':>16}{'gathered':>11}"
+      f"{'reduced':>10}{'grad norm':>11}")
+for name, p in mp_runs[0]["policies"].items():
+    print(f"{name:26}{p['in_forward']:>20}{p['after_forward']:>16}{p['grad']:>16}"
+          f"{p['all_gather_bytes'] / 1e3:>8.0f} kB{p['reduce_scatter_bytes'] / 1e3:>7.0f} kB{p['norm']:>11.5f}")
+print(f"{'one process, fp32':26}{'':>73}{ref:>11.5f}")
+stages = [r["stages"] for r in mp_runs]
+print("as two pipeline stages: each stage's own norm", ", ".join(f"{s['stage_norm']:.4f}" for s in stages),
+      f"-> the model's norm from the summed squares: {stages[0]['combined_norm']:.5f}")
+
+fig, ax = plt.subplots(figsize=(7, 2.8))
+names = list(mp_runs[0]["policies"])
+for i, (key, label) in enumerate((("all_gather_bytes", "all-gathered"), ("reduce_scatter_bytes", "reduce-scattered"))):
+    ax.barh([n + " " * i for n in names], [mp_runs[0]["policies"][n][key] / 1e3 for n in names], color=f"C{i}",
+            label=label)
+ax.set_xlabel("kB per rank in one step"); ax.legend(fontsize=8); ax.invert_yaxis()
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# What the table says:
+#
+# * **The fp32 shard is the master.** After the forward every weight is its fp32 shard again; the bf16
+#   copy existed only inside the unit's forward (and backward). Per parameter a rank keeps 4 bytes of
+#   shard, 4 of gradient and 8 of Adam, over W: notebook 00's 16 bytes, sharded, plus the transient
+#   bf16 copy of the one or two units being computed.
+# * **`param_dtype` halves the gathers; `reduce_dtype` the reduce-scatters.** A bf16 reduction sums W
+#   numbers with 8 bits of mantissa each, and the error grows with W, so the usual choice (torchtitan's
+#   default) reduces in fp32. Megatron-LM goes further: its bf16 parameters keep an fp32 `main_grad` in
+#   which micro-batches accumulate and the reduction runs, beside the fp32 master and Adam's two moments:
+#   2 + 4 + 4 + 8 = **18 bytes per parameter** before its distributed optimizer shards the last 12.
+# * **`clip_grad_norm_` works on DTensor gradients**: each rank sums the squares of its shards and the
+#   sum is all-reduced, so the total norm is one process's (exactly in fp32; bf16's rounding moves it a
+#   little). Clip *before* `optimizer.step()`, on every rank.
+# * **Pipeline stages must combine their norms.** A stage holds only its layers' gradients, and
+#   `clip_grad_norm_` over them gives that stage's norm, not the model's: clipped each by its own, the
+#   stages scale their gradients differently and the update changes direction. The model's norm is the
+#   square root of the stages' summed squares, one all-reduce over the pipeline's group (torchtitan's
+#   `clip_grad_norm_` takes its `pp` mesh for this).
+#
+# **fp8.** On H100-class GPUs the matrix products can run in 8-bit floats (Micikevicius et al. 2022, *FP8
+# Formats for Deep Learning*: E4M3 for weights and activations, E5M2 for gradients), each tensor with a
+# scale. torchao's `convert_to_float8_training(model)` swaps `nn.Linear` for `Float8Linear` (matmuls in
+# fp8, weights still kept in higher precision), and `Float8LinearConfig(enable_fsdp_float8_all_gather=True)`
+# makes FSDP2 all-gather the weights in fp8, halving the bf16 gathers again; torchtitan's Llama 3 recipes
+# use both. DeepSeek-V3 (2024) trained in fp8 with finer, block-wise scales. A CPU has no fp8 matmul,
+# so this course does not run it.
+#
 # ## Old names for the same things
 #
 # Older tutorials and code use **FSDP1**, the `FullyShardedDataParallel` wrapper. It flattens
