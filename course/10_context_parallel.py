@@ -90,11 +90,13 @@ memory_guess = predict(
 # %%
 # %%torchrun -n 4 --result runs
 import distlab
+from distlab.lab.context_parallel.allgather import variants_report, weight_gradients_report
 from distlab.lab.context_parallel.jobs import memory_report, overlap_report, parity_report, work_report
 
 distlab.init_distributed()
 result = {"parity": parity_report(seq=64), "work": {lay: work_report(lay, seq=512) for lay in ("contiguous", "zigzag")},
-          "memory": memory_report([64, 128, 256, 512]), "overlap": overlap_report(seq=256)}
+          "memory": memory_report([64, 128, 256, 512]), "overlap": overlap_report(seq=256),
+          "variants": variants_report(seq=64), "weights": weight_gradients_report(seq=64)}
 distlab.shutdown()
 
 # %%
@@ -195,6 +197,40 @@ for r, run in enumerate(runs):
 # the same cores that compute, 4 ranks share 2 cores, and the blocks are tiny, so the ring is slower
 # than its compute by about the transfers themselves. On GPUs the same code overlaps, when a block's
 # compute (`~4 (S/W)^2 D` FLOPs per head) takes longer than sending its `2 (S/W) D` values.
+#
+# ## 6. As practised: the all-gather variant, and the weights' gradients
+# Llama 3 does not pass the keys and values round a ring (§3.3.2): every rank **all-gathers** `k` and `v`,
+# attends its own queries to the whole sequence, and in the backward reduce-scatters `dk` and `dv`. Its
+# reasons: with grouped-query attention `k` and `v` are a fraction of `q` (8 heads of 128 against 32 in Llama
+# 3 8B), any mask works (documents packed in one sequence), and the gather is one collective a library
+# tunes. PyTorch's `context_parallel` all-gathers by default too. The same cell ran both variants on the
+# same shards (`distlab.lab.context_parallel.allgather`: `all_gather_into_tensor` forward,
+# `reduce_scatter_tensor` backward), and the weights that make `q`, `k`, `v` from each rank's positions:
+
+# %%
+for name in ("ring", "all-gather"):
+    v = runs[0]["variants"][name]
+    print(f"{name:>10}: max diff from one process {v['max_diff']:.1e}; sends {v['forward_bytes'] / 1024:.0f} KiB "
+          f"forward, {v['backward_bytes'] / 1024:.0f} KiB backward ({', '.join(v['ops'])}); forward peak "
+          f"{v['peak'] / 1024:.1f} KiB")
+for r, run in enumerate(runs):
+    w = run["weights"]
+    print(f"rank {r}: its weight gradient differs from one process's by {w['before']:.2f} (largest entry "
+          f"{w['scale']:.2f}); summed over the {W} ranks, by {w['after']:.1e}")
+assert all(run["variants"][n]["max_diff"] < 1e-5 for run in runs for n in ("ring", "all-gather"))
+assert all(run["weights"]["after"] < 1e-4 for run in runs)
+
+# %% [markdown]
+# * **The same bytes forward**: a ring all-gather moves each rank's `(k, v)` to `W - 1` others, as the ring's
+#   `W - 1` sends do. **Fewer backward**: the gather reduce-scatters `(dk, dv)` once, where the ring carries
+#   `(k, v, dk, dv)` round and `(dk, dv)` home.
+# * **More memory**: every rank holds the whole sequence's `k` and `v` at once (`W` shards, against the ring's
+#   two), and no transfer hides behind a block's compute. With GQA's small `k, v` neither costs much, which is
+#   why Llama 3 chose it; for `k, v` as large as `q` at very long sequences the ring is the one that fits.
+# * **The weights' gradients are partial.** Outside attention every layer is the same on every rank of the
+#   CP group, but each rank's backward sees only its positions: its gradient of the projection is a part of
+#   the whole. Summed over the CP group (one all-reduce, as over a data-parallel group; torchtitan folds `cp`
+#   into FSDP's mesh so that one reduce-scatter does both) it is one process's, to within float32's rounding.
 #
 # ## Exercise 10: the causal ring by hand
 # In `exercises/ex10_ring_attention.py` you write `ring_attention(q, k, v)`: the ring above, but
