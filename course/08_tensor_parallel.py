@@ -464,6 +464,40 @@ assert worst <= 0.05
 # grows with the *square* of the sequence; FlashAttention never stores them, recomputing them
 # inside its kernel: selective recomputation, fused.
 #
+# **A Llama layer is not GPT's.** RMSNorm, no dropout, grouped-query attention (`k` and `v` of
+# `h_kv ≤ h` columns) in a fused kernel that keeps no scores, and a SwiGLU MLP of width `f`
+# (`w2(silu(w1 x) * w3 x)`; `f = 11008` for Llama 2 7B, `14336` for Llama 3 8B). Counted storage by
+# storage (`distlab.lab.llama_layer`: each norm keeps its input and output in fp32 and an fp32
+# `rstd`; the projections' three inputs; `q`, `k`, `v` and the log-sum-exp; four `s b f` tensors of the
+# SwiGLU), eager PyTorch keeps
+#
+# $$ s\,b\,\bigl(16h + 8 + 2\,(4h + 2h_{kv} + 4f) + 4a\bigr) \text{ bytes a layer, in 16-bit.} $$
+#
+# Checked here against what autograd saves in a tiny Llama layer, then priced at real shapes beside
+# Korthikanti's GPT layer:
+
+# %%
+from distlab.lab.activation_memory import transformer_layer_bytes
+from distlab.lab.llama_layer import llama_layer_bytes, measured_layer_bytes
+
+for shape in ((64, 2, 64, 4, 4, 176), (64, 2, 64, 4, 1, 176)):  # seq, batch, h, heads, kv heads, f
+    measured, formula = measured_layer_bytes(*shape), llama_layer_bytes(*shape)
+    print(f"tiny Llama layer {shape}: measured {measured:,} B, formula {formula:,} B")
+    assert measured == formula
+GiB = 2**30
+for name, (h, a, kv, f) in {"Llama 2 7B": (4096, 32, 32, 11008), "Llama 3 8B": (4096, 32, 8, 14336)}.items():
+    s = 8192
+    print(f"{name}, s = {s}, b = 1: Llama layer {llama_layer_bytes(s, 1, h, a, kv, f) / GiB:.2f} GiB; "
+          f"Korthikanti's GPT layer of that width {transformer_layer_bytes(s, 1, h, a) / GiB:.2f} GiB with the "
+          f"scores, {transformer_layer_bytes(s, 1, h, a, recompute='selective') / GiB:.2f} GiB without")
+
+# %% [markdown]
+# Without the scores, a Llama layer keeps *more* than Korthikanti's `34 s b h`: the SwiGLU's four `f`-wide
+# tensors (`f ≈ 2.7h` to `3.5h`) and the norms' fp32 copies outweigh what grouped-query attention and the
+# missing dropout save. A fused RMSNorm kernel, which keeps only its 16-bit input and the fp32 `rstd`
+# (`2h + 4` bytes), saves most of the norms' share. Against GPT's layer *with* the scores, at `s = 8192`, both are small: the scores are what FlashAttention
+# removed.
+#
 # ## Explore
 # Memory per rank and communication per step for a transformer split `t` ways (bf16 mixed
 # precision with Adam, 2 + 2 + 4 + 8 = 16 bytes a parameter; one micro-batch of activations):
