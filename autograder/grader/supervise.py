@@ -32,14 +32,13 @@ def grade_one(ex: Exercise, directory: Path, time_limit: float | None = None, *,
     the grading, whose scale the subprocess and its launches are handed rather than read again.
 
     The grading subprocess (``autograder.grader.main``, forked from the warm server: :func:`warm.run_module`)
-    runs as this process's user and never imports
-    the learner's file; only the torchrun ranks it launches do, as the learner user in the grading
-    image (:mod:`distlab.runtime.sandbox`). Its report goes to a private folder that nothing of the
-    learner's ever learns the name of, and that the learner user cannot enter; the ranks get a
-    separate scratch folder as their ``TMPDIR``. ``on_progress`` receives a line as each launch
-    or scenario starts and ends (:mod:`autograder.grader.progress`). ``learner``: in the sandbox, the user
-    this grading's ranks run as (default ``DISTLAB_STUDENT_USER``; :mod:`autograder.commands.classroom` gives
-    each concurrent grading its own).
+    runs as this process's user and never imports the learner's file; only the torchrun ranks it launches
+    do, as the learner user in the grading image (:mod:`distlab.runtime.sandbox`). Its report goes to a
+    private folder that nothing of the learner's ever learns the name of, and that the learner user cannot
+    enter; the ranks get a separate scratch folder as their ``TMPDIR``. ``on_progress`` receives a line as
+    each launch or scenario starts and ends (:mod:`autograder.grader.progress`). ``learner``: in the sandbox,
+    the user this grading's ranks run as (default ``DISTLAB_STUDENT_USER``; :mod:`autograder.commands.classroom`
+    gives each concurrent grading its own).
     """
     budget = Budget.read(time_limit or ex.time_limit)
     limit_s = budget.limit_s
