@@ -26,7 +26,7 @@ from distlab.data import synthetic_classification
 from distlab.measure.comm import CollectiveRecorder
 from distlab.resmlp import make_resmlp
 
-POLICIES = {"fp32": None,
+POLICIES = {"fp32": MixedPrecisionPolicy(),  # the default: no casting
             "bf16 params, fp32 reduce": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
             "bf16 params, bf16 reduce": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)}
 HIDDEN, PER_RANK = 91, 8
@@ -45,8 +45,8 @@ def _policy_step(policy, x: torch.Tensor, y: torch.Tensor) -> dict:
     """One forward and backward of the model sharded per block and at the root under ``policy``."""
     model = make_resmlp(seed=0, hidden=HIDDEN).to(x.device)
     for block in model.blocks:
-        fully_shard(block, mp_policy=policy or MixedPrecisionPolicy())
-    fully_shard(model, mp_policy=policy or MixedPrecisionPolicy())
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     seen, handle = _seen_in_forward(model.blocks[0].fc1)
     with CollectiveRecorder() as recorder:
         torch.nn.functional.cross_entropy(model(x), y).backward()

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 
 from distlab.lab.activation_memory import tp_collectives_per_layer, transformer_layer_bytes
 from distlab.lab.pipeline.timeline import theoretical_bubble
-from distlab.lab.planner_time import RANK_ORDER, row_seconds, step_time
+from distlab.lab.planner_time import RANK_ORDER, step_time
 from distlab.lab.training_memory import PRECISIONS, training_memory
 from distlab.measure.comm import wire_bytes
 
@@ -238,15 +238,15 @@ def plan_layout(model: Model, layout: Layout, training: Training, cluster: Clust
     (:func:`~distlab.lab.planner_time.step_time`: compute, bubble, critical and exposed communication)."""
     memory = memory_per_gpu(model, layout, training)
     rows = collectives(model, layout, training)
+    time = step_time(active_params(model), model, layout, training, cluster, rows)  # every row priced once
     by_dim: dict[str, float] = {}
     for row in rows:
         by_dim[row["dim"]] = by_dim.get(row["dim"], 0.0) + row["calls"] * wire_bytes(row["kind"], row["bytes"],
                                                                                      row["group"])
     return {"layout": layout, "memory": memory, "fits": memory["total"] <= cluster.memory,
             "comm_bytes": sum(by_dim.values()), "comm_by_dim": by_dim,
-            "comm_s": sum(row_seconds(r, layout, cluster) for r in rows),
-            "bubble": theoretical_bubble(layout.pp, training.micro_batches), "collectives": rows,
-            "time": step_time(active_params(model), model, layout, training, cluster, rows)}
+            "comm_s": time["critical"] + time["overlappable"],
+            "bubble": theoretical_bubble(layout.pp, training.micro_batches), "collectives": rows, "time": time}
 
 
 def active_params(model: Model) -> float:

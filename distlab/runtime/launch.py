@@ -216,15 +216,9 @@ def run_torchrun(torchrun_argv: list[str], spec: Path, *, timeout: float, env: d
     where this process can have a server; otherwise the torchrun CLI under :func:`run_contained`.
     Both give the same ranks the same environment and the same :class:`Finished`.
     """
-    if warm.available(env):
-        try:
-            return warm.launch(torchrun_argv, str(spec), timeout=timeout, env=env, cwd=cwd, on_line=on_line,
-                               user=user, rlimits=rlimits, should_stop=should_stop)
-        except warm.ServerUnavailable as exc:
-            warm.forget(str(exc))
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv, "-m", "distlab.runtime.worker", str(spec)]
-    return run_contained(cmd, timeout=timeout, env=env, cwd=cwd, on_line=on_line, user=user, rlimits=rlimits,
-                         should_stop=should_stop)
+    return warm.run({"argv": list(torchrun_argv), "spec": str(spec)}, cmd, timeout=timeout, env=env, cwd=cwd,
+                    on_line=on_line, user=user, rlimits=rlimits, should_stop=should_stop)
 
 
 def write_spec(outdir: Path, target: str, *, args: tuple = (), kwargs: dict | None = None,

@@ -1,7 +1,7 @@
 """Warm launches: torchrun's agent and ranks forked from a server that imported torch once.
 
-:func:`launch` runs ``torchrun ARGV`` with :mod:`distlab.runtime.worker` as the
-program, through the process's :class:`ForkServer` (see
+:func:`run` runs ``torchrun ARGV`` with :mod:`distlab.runtime.worker` as the
+program (or, :func:`run_module`, ``python -m MODULE``), through the process's :class:`ForkServer` (see
 :mod:`distlab.runtime.forkserver` for the process tree and its guarantees) and returns
 the same :class:`~distlab.runtime.process.Finished` as the torchrun CLI's path under
 :func:`~distlab.runtime.process.run_contained`: the output streamed line by line, the
@@ -153,41 +153,36 @@ class _Events:
             select.select([self.conn], [], [], 0.05)
 
 
-def launch(argv: list[str], spec: str, *, timeout: float, env: dict[str, str],
-           cwd: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
-           user: str | None = None, rlimits: dict[int, int] | None = None, grace_s: float = 1.0,
-           server: ForkServer | None = None, should_stop: Callable[[float], bool] | None = None) -> Finished:
-    """``torchrun ARGV distlab.runtime.worker SPEC`` through the warm server, contained; at most ``timeout`` s
-    (or until ``should_stop(elapsed_s)``, as :func:`distlab.runtime.process.run_contained`)."""
-    request = {"argv": list(argv), "spec": str(spec), "user": user,
-               "rlimits": {str(k): v for k, v in (rlimits or {}).items()}}
-    return _job(request, timeout=timeout, env=env, cwd=cwd, on_line=on_line, grace_s=grace_s, server=server,
-                should_stop=should_stop)
-
-
-def run_module(module: str, args: list[str], *, timeout: float, env: dict[str, str],
-               cwd: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
-               grace_s: float = 1.0, should_stop: Callable[[float], bool] | None = None) -> Finished:
-    """``python -m MODULE ARGS``, forked from the warm server where this process can have one serving ``env``
-    (torch already imported: the fork starts in milliseconds), otherwise a new interpreter; contained either
-    way, as :func:`distlab.runtime.process.run_contained` (this process's user, at most ``timeout`` s or until
-    ``should_stop(elapsed_s)``). For the grader's own processes, which never run a learner's code."""
+def run(request: dict, cold: list[str], *, timeout: float, env: dict[str, str],
+        cwd: str | os.PathLike | None = None, on_line: Callable[[str], None] | None = None,
+        user: str | None = None, rlimits: dict[int, int] | None = None, grace_s: float = 1.0,
+        should_stop: Callable[[float], bool] | None = None) -> Finished:
+    """The job ``request`` names (``argv`` and ``spec``: torchrun's agent; ``module`` and ``args``: ``python -m``)
+    forked from the warm server where this process can have one serving ``env``; otherwise ``cold``, the same
+    job as a new interpreter under :func:`~distlab.runtime.process.run_contained`. Contained either way, at most
+    ``timeout`` s (or until ``should_stop(elapsed_s)``), as ``user`` under ``rlimits`` where given (root)."""
     if available(env):
         try:
-            return _job({"module": module, "args": list(args)}, timeout=timeout, env=env, cwd=cwd,
-                        on_line=on_line, grace_s=grace_s, should_stop=should_stop)
+            return _job({**request, "user": user, "rlimits": {str(k): v for k, v in (rlimits or {}).items()}},
+                        timeout=timeout, env=env, cwd=cwd, on_line=on_line, grace_s=grace_s, should_stop=should_stop)
         except ServerUnavailable as exc:
             forget(str(exc))
-    return run_contained([sys.executable, "-m", module, *args], timeout=timeout, env=env, cwd=cwd,
-                         on_line=on_line, grace_s=grace_s, should_stop=should_stop)
+    return run_contained(cold, timeout=timeout, env=env, cwd=cwd, on_line=on_line, user=user, rlimits=rlimits,
+                         grace_s=grace_s, should_stop=should_stop)
+
+
+def run_module(module: str, args: list[str], **kwargs) -> Finished:
+    """``python -m MODULE ARGS`` as :func:`run` runs a job (torch already imported where it is forked: it starts
+    in milliseconds), as this process's user. For the grader's own processes, which never run a learner's code."""
+    return run({"module": module, "args": list(args)}, [sys.executable, "-m", module, *args], **kwargs)
 
 
 def _job(request: dict, *, timeout: float, env: dict[str, str], cwd: str | os.PathLike | None,
-         on_line: Callable[[str], None] | None, grace_s: float, server: ForkServer | None = None,
+         on_line: Callable[[str], None] | None, grace_s: float,
          should_stop: Callable[[float], bool] | None = None) -> Finished:
     """One job of the server (``request`` says what its first process runs), its output followed, its end awaited."""
     should_stop = should_stop or (lambda elapsed: elapsed > timeout)
-    server = server or get()
+    server = get()
     job_id = uuid.uuid4().hex
     request = {**request, "env": tag_env(job_id, dict(env)), "cwd": str(cwd or os.getcwd()), "grace_s": grace_s}
     read_fd, write_fd = os.pipe()
