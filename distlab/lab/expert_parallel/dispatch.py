@@ -41,13 +41,15 @@ def padded_dispatch(x: torch.Tensor, slots: Slots, cap: int, world: int) -> tupl
     return buffer, rows
 
 
-def expert_parallel_forward(moe: MoE, x: torch.Tensor, rank: int, world: int) -> dict:
+def expert_parallel_forward(moe: MoE, x: torch.Tensor, rank: int, world: int,
+                            group: dist.ProcessGroup | None = None) -> dict:
     """This rank's share of ``moe`` on its own tokens ``x``: route, the padded dispatch, its expert
-    (``moe.experts[rank]``) on the ``W * C`` rows it receives, the combine, the gates. Equal splits."""
+    (``moe.experts[rank]``) on the ``W * C`` rows it receives, the combine, the gates. Equal splits.
+    ``group``: the expert-parallel group (default: every rank), of ``world`` ranks, this one ``rank`` in it."""
     routing, slots = moe.route(x)
     cap = capacity(x.shape[0], moe.n_experts, moe.router.top_k, moe.capacity_factor)
     buffer, rows = padded_dispatch(x, slots, cap, world)
-    group = dist.group.WORLD
+    group = group or dist.group.WORLD
     received = all_to_all_single_autograd(buffer, None, None, group)  # C rows from every rank
     back = all_to_all_single_autograd(moe.experts[rank](received), None, None, group)
     kept = slots.keep.nonzero().squeeze(1)
