@@ -185,6 +185,15 @@ distlab.shutdown()
 # What the two ranks returned: the gradients were float32 on both (autocast never touched the
 # parameters), the loss went down, and the replicas are still **identical** after 20 steps on
 # different data — DDP all-reduced float32 gradients, so both ranks took exactly the same steps.
+#
+# So autocast saves compute and activation memory, **not communication**: every gradient still
+# crosses the wire in 4 bytes. Two ways to halve it, each with its price. DDP's communication hook
+# `bf16_compress_hook` (`torch.distributed.algorithms.ddp_comm_hooks.default_hooks`, registered with
+# `model.register_comm_hook(None, bf16_compress_hook)`) casts each bucket to bf16 before the all-reduce
+# and back after: half the bytes, but W gradients summed in 8 bits of mantissa. FSDP2's
+# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` gathers bf16 weights and
+# reduces in fp32: notebook 04 runs it and records both, beside Megatron-LM's fp32 `main_grad`
+# (18 bytes a parameter).
 
 # %%
 assert len(amp_ddp) == 2, amp_ddp
