@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import classroom, grade, nbgrader, selftest, stubs
+from .commands import classroom, grade, gradescope, nbgrader, selftest, stubs
 
-COMMANDS = (grade, classroom, selftest, stubs, nbgrader)
+COMMANDS = (grade, classroom, selftest, stubs, nbgrader, gradescope)
 EPILOG = """exit status: grade 0 when every graded exercise passes, 1 when any fails; selftest 0 with no
 surprise, 1 with any; class 0 when every exercise was graded, whatever the scores (the CSV holds them), 1 when
-some could not be (the machine was too slow: grade again); 2 bad usage, for every command.
+some could not be (the machine was too slow: grade again); gradescope-run 0 when results.json is written, 1 when
+not (not graded); 2 bad usage, for every command.
 From a notebook: `from autograder import check; check(1)`."""
 
 

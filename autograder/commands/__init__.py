@@ -1,1 +1,1 @@
-"""The commands: grade, class, selftest, stubs, nbgrader and check(N)."""
+"""The commands: grade, class, selftest, stubs, nbgrader, gradescope and check(N)."""
