@@ -12,9 +12,9 @@ the verdict is computed in the grading process.
 """
 from .errors import Frame, attempt, frames, learner_frame, raised, raised_at
 from .loading import CapturedPrints, echo, load_learner, own_rendezvous
-from .replace import Replace, watched
-from .spies import DDPSpy, P2PSpy, SaveSpy, grad_norm, on_backward_start
+from .replace import Replace, transparent, watched
+from .spies import DDPSpy, LineRecorder, P2PSpy, SaveSpy, Watched, grad_norm, on_backward_start
 
-__all__ = ["CapturedPrints", "DDPSpy", "Frame", "P2PSpy", "Replace", "SaveSpy", "attempt", "echo", "frames",
-           "grad_norm", "learner_frame", "load_learner", "on_backward_start", "own_rendezvous", "raised", "raised_at",
-           "watched"]
+__all__ = ["CapturedPrints", "DDPSpy", "Frame", "LineRecorder", "P2PSpy", "Replace", "SaveSpy", "Watched", "attempt",
+           "echo", "frames", "grad_norm", "learner_frame", "load_learner", "on_backward_start", "own_rendezvous",
+           "raised", "raised_at", "transparent", "watched"]

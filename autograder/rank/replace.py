@@ -18,6 +18,15 @@ def watched(module: ModuleType) -> ModuleType:
     return module
 
 
+def transparent(stand_in: Callable) -> Callable:
+    """Mark ``stand_in`` as passing its call straight on: the general layer's trace then records the collective
+    it forwards as called by the learner's line itself (:meth:`~.trace.Tracer.called_directly`), as it would be
+    without the instrument, so that an instrument changes no trace (the reference's as well as the learner's)."""
+    TRANSPARENT.add(stand_in.__code__)
+    return stand_in
+
+
+TRANSPARENT: set = set()           # the code of the stand-ins marked transparent
 _LEARNERS: list[ModuleType] = []   # every learner module this process imported, in order
 _ACTIVE: list["Replace"] = []      # the replacements entered now, outermost first
 _MISSING = object()

@@ -9,6 +9,7 @@ import functools
 import linecache
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+
+from distlab.measure.comm import CollectiveRecorder
 
 from .observation import Observation
 from .replace import Replace
@@ -284,3 +287,16 @@ def on_backward_start(model: torch.nn.Module, callback) -> torch.utils.hooks.Rem
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.register_hook(lambda grad: callback())
     return model.register_forward_hook(on_forward)
+
+
+class LineRecorder(CollectiveRecorder):
+    """The one recorder of collectives, each op tagged with the learner's line that issued it."""
+
+    def __init__(self, world: int, path: str) -> None:
+        super().__init__(world)
+        self.path = Path(path).resolve()
+
+    def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
+        mine = [f for f in traceback.extract_stack() if Path(f.filename).resolve() == self.path]
+        code = (mine[-1].line or "").split("  #")[0].strip() if mine else ""  # the code, not its comment
+        return {"line": f"line {mine[-1].lineno}: {code}" if mine else ""}

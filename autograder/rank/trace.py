@@ -46,7 +46,7 @@ from distlab.measure.comm import NAMESPACES, CollectiveRecorder
 
 from .errors import note_values
 from .events import SMALL, checksum, held, plain_arguments, return_line, rng_checksum, summary
-from .replace import Replace
+from .replace import TRANSPARENT, Replace
 
 MAX_EVENTS = 2000   # per file and rank: a 12-step loop makes about 100; a runaway loop is cut, and says so
 MAX_RETURNS = 64    # return events per function of the learner's (a helper called per sample would fill a trace)
@@ -166,7 +166,7 @@ class Tracer:
         through nothing but ``torch.distributed``'s API module and the dispatcher."""
         frame = sys._getframe(1)
         while frame is not None and frame.f_code.co_filename not in self._paths:
-            if not frame.f_code.co_filename.endswith(_DISPATCHING):
+            if not (frame.f_code.co_filename.endswith(_DISPATCHING) or frame.f_code in TRANSPARENT):
                 return False
             frame = frame.f_back
         return frame is not None

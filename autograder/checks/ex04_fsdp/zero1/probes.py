@@ -15,18 +15,14 @@ An error the learner's part 1 raises is recorded, not raised: part 2 (FSDP) is g
 """
 from __future__ import annotations
 
-import traceback
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
-from distlab.measure.comm import CollectiveRecorder
 from distlab.resmlp import make_resmlp
 
-from ....rank import learner_frame, raised
+from ....rank import LineRecorder, learner_frame, raised
 from .observations import Collective, Holdings, Zero1
 
 # A model whose parameter count neither 2 nor 4 divides: 21489 parameters, padded by 1 at W=2 and by 3 at W=4.
@@ -74,19 +70,6 @@ def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Te
     obs.final = parameters_to_vector(p.detach() for p in params).cpu()
     obs.state = _state_numel(optimizer)
     return obs
-
-
-class LineRecorder(CollectiveRecorder):
-    """The one recorder of collectives, each op tagged with the learner's line that issued it."""
-
-    def __init__(self, world: int, path: str) -> None:
-        super().__init__(world)
-        self.path = Path(path).resolve()
-
-    def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
-        mine = [f for f in traceback.extract_stack() if Path(f.filename).resolve() == self.path]
-        code = (mine[-1].line or "").split("  #")[0].strip() if mine else ""  # the code, not its comment
-        return {"line": f"line {mine[-1].lineno}: {code}" if mine else ""}
 
 
 def _where(exc: BaseException, path: str) -> str:
