@@ -38,10 +38,10 @@
 # %load_ext distlab
 
 # %% [markdown]
-# ## Two experiments, one job
+# ## Three experiments, one job
 #
-# Starting ranks costs seconds (notebook 00); the two experiments below cost milliseconds, so
-# one job on two ranks runs both, and the sections after it look at what each returned.
+# Starting ranks costs seconds (notebook 00); the experiments below cost milliseconds to a second, so
+# one job on two ranks runs all three, and the sections after it look at what each returned.
 #
 # 1. **Step 3 by hand.** Both ranks build the same model, each takes half of one batch of 64
 #    digits, computes its gradient, and averages it with `all_reduce`. We then compute the
@@ -50,6 +50,9 @@
 #    model **differently**, the way independent processes would: first side by side without
 #    DDP, then with the model wrapped in DDP. A `DistributedSampler` gives each rank its own
 #    shard of the 1,792 digits, and `set_epoch` reshuffles every epoch.
+# 3. **What DDP saves.** One training step of a deeper MLP, its gradients averaged three ways: step 3's
+#    loop (one all-reduce per tensor, after the backward), one all-reduce of every gradient
+#    flattened into one tensor, and DDP; each way's collectives and its time per step.
 
 # %%
 # Predict before you run: type your guess in the box (or write it in place of guess=None).
@@ -111,6 +114,11 @@ for use_ddp in (False, True):
     if rank == 0:
         print(f"{'DDP' if use_ddp else 'no DDP'}: final loss on rank 0's batch {losses[-1]:.3f}")
     result["ddp" if use_ddp else "alone"] = {"state": cpu_state(model), "losses": losses}
+
+# 3. What DDP saves: step 3's averaging per tensor, in one flat tensor, and DDP (distlab/lab/naive_ddp.py)
+from distlab.lab.naive_ddp import naive_ddp_report
+
+result["ways"] = naive_ddp_report(depth=12, hidden=256)
 distlab.shutdown()
 
 # %% [markdown]
@@ -188,6 +196,49 @@ plt.show()
 # apply the same averaged gradient every step. Without it they are two unrelated models. The
 # loss curves differ because each rank's loss is measured on its own shard.
 #
+# ## What DDP saves: one all-reduce per tensor, after the backward
+#
+# Step 3's loop is correct, and it is how DDP's ancestors worked. It pays twice (Li et al., 2020, sec.
+# 3.2): every collective has a fixed cost (its latency, its launch), paid once per tensor; and all the
+# communication waits for the end of the backward, when nothing is left to compute while it runs.
+# Flattening every gradient into one tensor pays the fixed cost once, and still waits. DDP groups the
+# gradients into **buckets** of about `bucket_cap_mb`, in the reverse order of the parameters (the
+# order the backward produces their gradients), and starts each bucket's all-reduce, without waiting
+# for it, as soon as its last gradient is ready: **inside** the backward. The third experiment
+# measured the three ways on an MLP of 12 hidden layers of 256, with `bucket_cap_mb=0.25` for DDP.
+
+# %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+per_tensor_guess = predict("all-reduces per step when step 3's loop averages the 12-layer MLP's gradients "
+                           "(12 hidden Linear layers and the output layer, each a weight and a bias)",
+                           fmt=".0f", guess=None)
+
+# %%
+ways = ranks[0]["ways"]
+for way, got in ways["ways"].items():
+    print(f"{way:16s} {got['collectives']}, {got['bytes'] / 1e6:.2f} MB per step, "
+          f"{got['seconds'] * 1e3:6.1f} ms per step; gradients differ from DDP's by {got['grad_diff']:.1g}")
+fig, ax = plt.subplots(figsize=(6, 2.2))
+ax.barh(list(ways["ways"]), [w["seconds"] * 1e3 for w in ways["ways"].values()])
+ax.set_xlabel("ms per training step (median, slowest rank)")
+plt.tight_layout()
+plt.show()
+per_tensor_guess.reveal(ways["ways"]["per tensor"]["collectives"]["all-reduce"])
+assert ways["ways"]["per tensor"]["collectives"] == {"all-reduce": ways["tensors"]}
+assert ways["ways"]["one flat tensor"]["collectives"] == {"all-reduce": 1}
+assert 1 < ways["ways"]["DDP"]["collectives"]["all-reduce"] < ways["tensors"]   # buckets
+assert all(w["grad_diff"] < 1e-6 for w in ways["ways"].values())
+
+# %% [markdown]
+# The three ways move the same bytes and give the same gradients; what differs is how many
+# collectives carry them and when they start. The per-tensor loop pays the fixed cost most often.
+# Whether DDP's overlap then beats one flat all-reduce depends on the machine: overlap needs the
+# communication to run *beside* the computation. On GPUs it does (NCCL's kernels on their own stream,
+# the network card moving the bytes), and the buckets sent during the backward come almost for free.
+# Between CPU processes, gloo's threads copy the bytes on the same cores that compute the backward, so
+# there is little to overlap, and every extra bucket costs its fixed price: the figures above are this
+# machine's. Part 2 of exercise 1 builds DDP's way by hand.
+#
 # ## Two GPU mistakes the code above avoids
 #
 # Many DDP examples contain two mistakes that work on one machine, or on this CPU, and fail on
@@ -212,8 +263,8 @@ plt.show()
 # ## Exercise 1: from one process to DDP
 #
 # Open **`exercises/ex01_ddp.py`**. It contains `train_single`, a working single-process loop,
-# and four stubs: `setup`, `train_ddp`, `evaluate_ddp` and `teardown`. Their docstrings are the
-# contract. In short: join the process group, shard the data with a `DistributedSampler` (and
+# and five stubs: `setup`, `train_ddp`, `evaluate_ddp`, `BucketedDDP` and `teardown`. Their
+# docstrings are the contract. In short: join the process group, shard the data with a `DistributedSampler` (and
 # `set_epoch`), wrap the model in DDP, log and save on rank 0 only, evaluate a model over a data
 # set with all the ranks, and leave the process group at the end.
 #
@@ -235,6 +286,16 @@ plt.show()
 # * only rank 0 printed, and rank 0 alone saved the unwrapped model; teardown destroys the group;
 # * `evaluate_ddp` over 21 samples (which neither 2 nor 4 divides) returns, on every rank, the
 #   loss and accuracy one process computes over the 21, each rank reading only its shard.
+#
+# **Part 2: `BucketedDDP`, DDP by hand.** The measurement above stopped at the two naive ways. Now
+# write DDP's: broadcast rank 0's weights; group the parameters into buckets of `bucket_cap_mb` in
+# the reverse of their registration order; on each parameter, a `register_post_accumulate_grad_hook`
+# that starts the bucket's asynchronous all-reduce when its last gradient is ready; and a
+# `finish_gradient_synchronization()` that waits for them and leaves the mean in every `.grad`. Before
+# you write it, answer: a parameter the forward did not use gets no gradient, so its hook never runs.
+# What happens to the other parameters of its bucket? The grader trains your class at four caps,
+# compares it with one process, counts the all-reduces and the elements each moves, and reads the
+# order of events (each gradient ready, each all-reduce started), not the clock, to see the overlap.
 #
 # Run the cell below after each change (`check(1)`), or from a shell in the repository's root:
 # `make grade` grades every exercise, `.venv/bin/python -m autograder grade --exercise 1` this one.

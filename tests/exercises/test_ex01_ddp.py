@@ -93,6 +93,37 @@ MUTANTS = {
         "    seen = 0\n": "    seen = 1\n",
         "            print(f\"epoch {epoch}: mean loss {total.item() / len(loader):.4f} (rank 0 shard)\")":
             "            pass"},
+    # Part 2, BucketedDDP: three orthogonal mistakes a file, one for each of three of its criteria.
+    "bucketed_broadcast_decimal_sync": {
+        "            dist.broadcast(p.data, src=0)": "            pass",
+        "bucket_cap_mb * 2**20": "bucket_cap_mb * 10**6",
+        "            self.launched[i] = (dist.all_reduce(flat, async_op=True), flat)":
+            "            dist.all_reduce(flat)\n            self.launched[i] = (None, flat)",
+        "            work.wait()": "            work is None or work.wait()",
+    },
+    "bucketed_summed_forward_after": {
+        "(flat / world).split(": "flat.split(",
+        "if p.requires_grad][::-1]": "if p.requires_grad]",
+        "                launch(i)\n": "                pass\n",
+    },
+    "bucketed_kept_per_parameter_end": {
+        "                    p.grad.copy_(mean.view_as(p))": "                    pass",
+        "            if size >= cap:": "            if True:",
+        "            if self.pending[i] == 0:  # the bucket's last gradient: communicate now, while the backward "
+        "goes on\n                launch(i)":
+            "            if sum(self.pending) == 0:\n                for j in range(len(self.buckets)):\n"
+            "                    launch(j)",
+    },
+    "bucketed_unwaited_past_cap_unused": {
+        "            work.wait()": "            pass",
+        "            if size >= cap:": "            if size > cap:",
+        "                self.launch(i)": "                pass",
+    },
+    # The buckets a hook never completed are skipped, not launched: their used parameters keep their own gradient.
+    "bucketed_unused_skipped": {
+        "                self.launch(i)": "                pass",
+        "zip(self.buckets, self.launched):": "((b, l) for b, l in zip(self.buckets, self.launched) if l):",
+    },
 }
 
 
@@ -145,7 +176,7 @@ def test_set_epoch_logging_and_saving_mistakes_are_named(graded):
     assert "still initialised on ranks [0, 1]" in fails["[W=2] teardown destroys the process group"]
     assert fails[EVAL].startswith("rank 0 returned loss") and "the metric of only 20 of the 21 samples" in fails[EVAL]
     # The parts that are right still earn their marks.
-    assert report.score == 5 and report.max_score == 10
+    assert report.score == 6.67 and report.max_score == 10   # 12 of 18 points: part 2 (BucketedDDP) is right
 
 
 def _only(report, criterion: str) -> str:
@@ -178,15 +209,15 @@ def test_unlisted_mistakes_are_named_at_the_learners_line(graded):
     fails = failed(graded["unlisted_zero_grad_and_eval_error"])
     step = fails["[W=2] matches single-process training"]
     assert "\n  first difference from the reference (before any optimizer step, event " in step, step
-    assert "your code called backward() on a [] tensor (ex01_ddp.py:123: `loss.backward()`) where the reference " \
+    assert "your code called backward() on a [] tensor (ex01_ddp.py:125: `loss.backward()`) where the reference " \
            "called zero_grad(); your code never does" in step
     assert fails[EVAL].startswith("evaluate_ddp raised on rank 0: NameError: name 'real' is not defined")
-    assert fails[EVAL].endswith(", at ex01_ddp.py line 166 in evaluate_ddp: logits = model(x)[real]")
+    assert fails[EVAL].endswith(", at ex01_ddp.py line 168 in evaluate_ddp: logits = model(x)[real]")
     fails = failed(graded["unlisted_eval_count_no_print"])
     assert fails["[W=2] only rank 0 logs"] == "rank 0 printed nothing: print the loss of each epoch on rank 0"
     msg = fails[EVAL]
     assert "\n  first difference from the reference (" in msg and "after 56 optimizer step(s), event " in msg, msg
-    assert "your code called all_reduce on a [3] tensor holding (" in msg and "(ex01_ddp.py:170: " in msg
+    assert "your code called all_reduce on a [3] tensor holding (" in msg and "(ex01_ddp.py:172: " in msg
     assert "what it held [" in msg and "] vs the reference's [" in msg
 
 
@@ -314,3 +345,69 @@ def test_a_rank_stuck_while_the_other_waits_in_ddps_all_reduce_is_a_hang_named_a
     assert "(loss.backward())" in report.feedback and "(time.sleep(600))" in report.feedback
     for internal in ("distlab/grader", "DistStoreError", "MASTER_PORT", "keys:"):
         assert internal not in report.feedback, report.feedback
+
+
+# -- part 2, BucketedDDP ---------------------------------------------------------------------------------------
+BUCKETED = ("[W=2] BucketedDDP trains as one process on the whole batch",
+            "[W=2] one all-reduce per bucket, the buckets the cap implies",
+            "[W=2] each bucket's all-reduce starts in the backward, asynchronously",
+            "[W=2] a parameter unused in the forward is handled or named")
+NOT_CHECKED_UNUSED = f"not checked: needs '{BUCKETED[0]}' first"
+
+
+def _bucketed(report) -> list[str]:
+    """Part 2's four messages ("" for a pass), asserting that part 1 lost nothing."""
+    fails = failed(report)
+    assert not [name for name in fails if name not in BUCKETED], fails
+    return [fails.get(name, "") for name in BUCKETED]
+
+
+def test_bucketed_broadcast_megabytes_and_a_synchronous_all_reduce_are_named(graded):
+    matches, buckets, overlap, unused = _bucketed(graded["bucketed_broadcast_decimal_sync"])
+    assert matches.startswith("after BucketedDDP(...) rank 1's weights differed from rank 0's (by ")
+    assert "nothing broadcast rank 0's; dist.broadcast every parameter from rank 0 in __init__" in matches
+    assert buckets == ("the all-reduces moved [362, 1024, 2080] elements, the buckets of a 1431-byte cap: "
+                       "bucket_cap_mb=0.00143051 is in MiB, 1500 bytes (bucket_cap_mb * 2**20), as DDP's")
+    assert overlap.startswith("the all-reduce at line ") and "(`dist.all_reduce(flat)`) was synchronous" in overlap
+    assert unused == NOT_CHECKED_UNUSED
+
+
+def test_bucketed_sum_registration_order_and_a_launch_after_the_backward_are_named(graded):
+    matches, buckets, overlap, unused = _bucketed(graded["bucketed_summed_forward_after"])
+    assert matches.startswith("every .grad held 2x the mean gradient when the optimizer stepped: the all-reduce sums "
+                              "over the 2 ranks; divide by the world size")
+    assert buckets.startswith("the all-reduces moved [2048, 1056, 362] elements: buckets filled in the order of "
+                              "module.parameters(); DDP fills them in reverse")
+    assert overlap.startswith("all 3 all-reduces started after the backward, in finish_gradient_synchronization (the "
+                              "first at line ")
+    assert unused == NOT_CHECKED_UNUSED
+
+
+def test_bucketed_gradients_not_written_back_per_parameter_and_late_buckets_are_named(graded):
+    matches, buckets, overlap, _ = _bucketed(graded["bucketed_kept_per_parameter_end"])
+    assert matches.startswith("6 all-reduce(s) ran, but the .grad of '0.weight', '0.bias', '2.weight', '2.bias', "
+                              "'4.weight', '4.bias' still held this rank's own gradient when the optimizer stepped")
+    assert buckets == ("6 all-reduces per step, one per parameter; a cap of 1448 bytes makes 3 buckets: group the "
+                       "gradients into buckets and all-reduce each bucket once")
+    assert overlap.startswith("the first all-reduce started only after the first layer's gradients ('0.weight', "
+                              "'0.bias') were accumulated, at the end of the backward")
+
+
+def test_bucketed_unwaited_work_a_cap_passed_and_an_unnamed_error_are_named(graded):
+    matches, buckets, overlap, unused = _bucketed(graded["bucketed_unwaited_past_cap_unused"])
+    assert matches.startswith("finish_gradient_synchronization returned while 2 asynchronous all-reduce(s) had never "
+                              "been waited on (the first started at line ")
+    assert buckets.startswith("the all-reduces moved [1386, 2080] elements: a bucket was closed only once its bytes "
+                              "exceeded the cap of 1448")
+    assert overlap == ""   # launched from the hooks, asynchronously: the overlap is right
+    assert unused.startswith("with a parameter the forward does not use ('unused.weight', 'unused.bias': no gradient, "
+                             "and its hook never runs), BucketedDDP raised on rank 0: TypeError: cannot unpack")
+    assert "ex01_ddp.py line " in unused and "in finish_gradient_synchronization" in unused
+
+
+def test_a_skipped_bucket_of_an_unused_parameter_is_named(graded):
+    *_, unused = _bucketed(graded["bucketed_unused_skipped"])
+    assert unused.startswith("with a parameter the forward does not use ('unused.weight', 'unused.bias': no gradient, "
+                             "and its hook never runs), the bucket (unused.bias, unused.weight, 4.bias, 4.weight) was "
+                             "never all-reduced (2 of 3 buckets were), and rank 0 stepped with '4.weight', '4.bias' "
+                             "not averaged"), unused

@@ -13,6 +13,10 @@ by hand. ``evaluate_ddp`` then evaluates one model (the same on every rank)
 over 21 samples, which neither world size divides: DistributedSampler pads the
 shards by repeating samples, and the metric must equal one process's over the
 21 (the padding torchmetrics' and accelerate's ``gather_for_metrics`` remove).
+Part 2 (``bucketed``): the learner's ``BucketedDDP``, DDP's buckets by hand (Li et al., 2020), trained by the
+grader's loop at four caps that make different buckets, then with a parameter the forward never uses; each
+gradient's "ready" and each collective are logged in order, so that the buckets and the overlap are judged
+from events, not wall-clock.
 A failure names the first cause below that explains them:
 
 | mistake | message |
@@ -38,6 +42,19 @@ A failure names the first cause below that explains them:
 | DataLoader given a sampler and shuffle=True | "a DataLoader takes either sampler= or shuffle=True ..." (raised) |
 | device_ids given for a CPU model | "device_ids=[...] is for a model on one GPU ..." (raised) |
 | init_process_group called twice | "the process group was initialised twice ..." (raised) |
+| parameters not broadcast from rank 0 | "after BucketedDDP(...) rank 1's weights differed from rank 0's ..." |
+| all-reduce not waited for | "finish_gradient_synchronization returned while 2 asynchronous all-reduce(s) ..." |
+| gradients summed, not averaged | "every .grad held 2x the mean gradient when the optimizer stepped ..." |
+| reduced gradients not written back | "3 all-reduce(s) ran, but the .grad of '4.bias', ... still held ..." |
+| one all-reduce per parameter | "6 all-reduces per step, one per parameter; a cap of 1448 bytes makes 3 buckets ..." |
+| buckets filled in registration order | "the all-reduces moved [...] elements: buckets filled in the order of ..." |
+| bucket_cap_mb read as 10**6 bytes | "... the buckets of a 1431-byte cap: bucket_cap_mb=0.00143051 is in MiB ..." |
+| bucket closed past the cap | "... a bucket was closed only once its bytes exceeded the cap of 1448 ..." |
+| a synchronous all-reduce | "the all-reduce at ... was synchronous (async_op not set): the backward waited ..." |
+| all-reduces only after the backward | "all 3 all-reduces started after the backward, in finish_... ..." |
+| buckets launched at the end of the backward | "the first all-reduce started only after the first layer's ..." |
+| an unused parameter raised an error that does not name it | "with a parameter the forward does not use (...), ..." |
+| the bucket of an unused parameter never launched | "..., the bucket (unused.bias, ...) was never all-reduced ..." |
 """
 from __future__ import annotations
 
@@ -61,6 +78,8 @@ from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, eval_c
                      eval_mean_of_means, eval_not_reduced, eval_padding_counted, eval_whole_set, inner_forward,
                      loss_over_world, loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised,
                      not_wrapped, seeded_apart, silent_rank0, unshuffled)
+from .bucketed import causes as bucketed_causes  # noqa: F401 - its @mistake functions are the check's
+from .bucketed import criteria as bucketed_criteria
 from .observations import RankObservation, Run
 from .probes import ATOL, CONFIG, EVAL, MODEL, RTOL, rank_main
 
@@ -205,8 +224,9 @@ def evaluates_once(run: Run) -> Verdict:
                   f"over the {n} samples has {ref[0]:.5f}, {ref[1]:.4f}", **measured)
 
 
+BUCKETED_CRITERIA = bucketed_criteria.CRITERIA
 CRITERIA = [same_parameters, own_shard, reshuffled, matches_reference, only_rank0_logs, rank0_saves_once,
-            evaluates_once, teardown_destroys]
+            evaluates_once, teardown_destroys, *BUCKETED_CRITERIA]
 
 
 def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> list[ExerciseReport]:

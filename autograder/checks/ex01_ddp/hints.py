@@ -53,4 +53,36 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "Leave the group you joined in setup().",
         "torch.distributed's destroy_process_group, with no arguments.",
     ),
+    "bucketed_matches": (
+        "A data-parallel step is only one process's step if every rank starts from the same weights and steps with "
+        "the same gradient, the mean of the ranks' own: anything else trains W models, or one with the wrong step.",
+        "Broadcast the weights once from rank 0; then all-reduce sums, so divide by W, and the reduced values must end "
+        "up in each parameter's .grad before the optimizer reads them, not in a copy nobody reads.",
+        "dist.broadcast(tensor, src=0); a Work from dist.all_reduce(..., async_op=True) finishes at its wait(); "
+        "torch.Tensor.split and copy_ move a flat buffer's pieces back.",
+    ),
+    "bucketed_buckets": (
+        "One collective costs a fixed latency whatever its size: thousands of small all-reduces pay it thousands of "
+        "times, one huge one cannot start before the last gradient; buckets of about bucket_cap_mb are the trade.",
+        "Walk the parameters in the order the backward produces their gradients (the reverse of registration), "
+        "adding each to the current bucket; the bucket is full once its bytes reach the cap.",
+        "bucket_cap_mb is in MiB (2**20 bytes), as in DistributedDataParallel; a tensor's bytes are numel() * "
+        "element_size().",
+    ),
+    "bucketed_overlap": (
+        "The point of buckets is to communicate while the backward is still computing the earlier layers' gradients: "
+        "an all-reduce that waits for the end of the backward, or blocks it, hides nothing.",
+        "A bucket can go as soon as its own last gradient is accumulated; start it then, without waiting for it, and "
+        "wait only when the optimizer needs the result.",
+        "Tensor.register_post_accumulate_grad_hook(hook) runs hook(param) once param.grad is accumulated; "
+        "dist.all_reduce(t, async_op=True) returns a Work.",
+    ),
+    "bucketed_unused": (
+        "Real models have branches a batch does not take: a parameter with no gradient never calls its hook, and a "
+        "bucket that waits for it never goes, so the other parameters in it are never averaged (DDP's "
+        "find_unused_parameters exists for this).",
+        "After the backward, some buckets may not have gone: either send them anyway, counting the missing gradient "
+        "as zeros, or stop with an error that says which parameter had none.",
+        "A parameter without a gradient has .grad None; module.named_parameters() gives the names.",
+    ),
 }

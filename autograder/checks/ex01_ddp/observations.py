@@ -16,6 +16,7 @@ from distlab.data import digits
 from distlab.models import make_mlp
 
 from ...rank.observation import Observation
+from .bucketed.observations import Bucketed
 
 CONFIG = dict(epochs=2, batch_size=32, lr=0.2, seed=7)
 # evaluate_ddp's data set: the first EVAL_N digits, which neither world size divides (the sampler pads 1
@@ -67,6 +68,7 @@ class RankObservation(Observation):
     eval_accessed: list[int] = field(default_factory=list)  # the evaluation samples this rank read
     still_initialized: bool = False  # dist.is_initialized() after teardown()
     teardown_error: str = ""   # what teardown() raised, at the learner's line ("": nothing)
+    bucketed: Bucketed | None = None  # part 2, BucketedDDP (None: not run, the rank stopped before it)
 
 
 @dataclass

@@ -20,7 +20,9 @@ import distlab
 from distlab.data import RecordingDataset, digits
 from distlab.models import cpu_state, make_mlp
 
-from ...rank import CapturedPrints, DDPSpy, Replace, SaveSpy, attempt, echo, load_learner, own_rendezvous, raised_at
+from ...rank import (CapturedPrints, DDPSpy, Replace, SaveSpy, attempt, echo, load_learner, own_rendezvous, raised_at,
+                     transparent)
+from .bucketed.probes import observe_bucketed
 from .observations import CONFIG, EVAL, MODEL, FirstStep, Forward, RankObservation
 
 # The grader's tolerance against one process (ex01_ddp and causes both use it).
@@ -39,7 +41,22 @@ def rank_main(paths: list[str], ckpt_dir: str) -> list[dict]:
 
 def _observe(path: str, ckpt_dir: Path) -> RankObservation:
     # The spies go in before the import, so ``from torch import save`` (or all_reduce) binds them too.
-    with SaveSpy() as saves, AllReduceSpy() as reduces, DDPSpy(rounds=False) as wrappers, SamplerSpy() as samplers:
+    with AllReduceSpy() as reduces:
+        learner, seen = _train(path, ckpt_dir, reduces)
+        _evaluate(learner, path, seen)
+        seen.bucketed = observe_bucketed(learner, path, reduces)
+    try:  # a teardown that raises loses its own criterion only
+        learner.teardown()
+    except Exception as exc:  # noqa: BLE001 - any error is the learner's, reported as feedback
+        seen.teardown_error = raised_at(exc, path)
+    seen.still_initialized = dist.is_initialized()
+    return seen
+
+
+def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy):
+    """Load the learner's file, ``setup()``, and ``train_ddp`` from this rank's own initial weights: the learner
+    module and what was observed."""
+    with SaveSpy() as saves, DDPSpy(rounds=False) as wrappers, SamplerSpy() as samplers:
         learner = load_learner(path)
         learner.setup()
         if not dist.is_initialized():
@@ -63,13 +80,8 @@ def _observe(path: str, ckpt_dir: Path) -> RankObservation:
     # the next file, and wait out its timeout for them: free it here, before teardown, on every rank.
     del trained, model, probe
     gc.collect()
-    _evaluate(learner, path, seen)
-    try:  # a teardown that raises loses its own criterion only
-        learner.teardown()
-    except Exception as exc:  # noqa: BLE001 - any error is the learner's, reported as feedback
-        seen.teardown_error = raised_at(exc, path)
-    seen.still_initialized = dist.is_initialized()
-    return seen
+    reduces.grads = []
+    return learner, seen
 
 
 def _evaluate(learner, path: str, seen: RankObservation) -> None:
@@ -110,13 +122,19 @@ class AllReduceSpy(Replace):
     def __init__(self):
         self.grads: list = []  # the parameters whose .grad counts
         self.calls = 0
+        # part 2's observer while it runs: given each call's async_op and its result, returns what the
+        # learner gets back (a Work it watches); None: the result as it is
+        self.on_call = None
         super().__init__({(dist, "all_reduce"): self._spy})
 
     def _spy(self, real):
+        @transparent   # the trace records the all-reduce it forwards as the learner's own call
         def all_reduce(tensor, *args, **kwargs):
             if any(p.grad is not None and p.grad.data_ptr() == tensor.data_ptr() for p in self.grads):
                 self.calls += 1
-            return real(tensor, *args, **kwargs)
+            result = real(tensor, *args, **kwargs)
+            is_async = bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))
+            return self.on_call(is_async, result) if self.on_call else result
         return all_reduce
 
 

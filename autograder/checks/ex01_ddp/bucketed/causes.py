@@ -1,0 +1,199 @@
+"""Part 2's likely mistakes (``BucketedDDP``), tested against what the ranks observed.
+
+Each takes one cap's :class:`~.observations.CapRun` of every rank (``runs``, in rank order) with the world size,
+and returns the learner-facing message, built from the run's events, or ``None``.
+"""
+from __future__ import annotations
+
+import torch
+
+from ....grader.diagnosis import mistake
+from ....grader.parity import parity
+from .observations import CapRun, Event
+from .reference import bucket_sizes
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def all_reduces(events: list[Event]) -> list[Event]:
+    return [e for e in events if e.kind == "all_reduce"]
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(f"'{n}'" for n in names)
+
+
+@mistake("parameters not broadcast from rank 0")
+def not_broadcast(runs: list[CapRun], world: int) -> str | None:
+    for r, run in enumerate(runs[1:], 1):
+        start = parity(run.start, runs[0].start, rtol=0, atol=0)
+        if not start:
+            return (f"after BucketedDDP(...) rank {r}'s weights differed from rank 0's (by {start.max_abs_diff:.3g} in "
+                    f"'{start.worst}'): each rank built its model from its own seed, and nothing broadcast rank 0's; "
+                    "dist.broadcast every parameter from rank 0 in __init__")
+    return None
+
+
+@mistake("all-reduce not waited for")
+def not_waited(runs: list[CapRun], world: int) -> str | None:
+    pending = [e for e in all_reduces(runs[0].steps[0] if runs[0].steps else []) if e.is_async and not e.waited]
+    if not pending:
+        return None
+    return (f"finish_gradient_synchronization returned while {len(pending)} asynchronous all-reduce(s) had never "
+            f"been waited on (the first started at {pending[0].where}): the optimizer may step with gradients not "
+            "yet reduced; call wait() on each bucket's Work before returning")
+
+
+def _classify(run: CapRun, ref: dict, world: int) -> dict[str, list[str]]:
+    """Each parameter's gradient at the step, against the reference: "mean", "own" (this rank's own gradient),
+    "sum" (world x the mean), "none" (no .grad), "other"."""
+    out: dict[str, list[str]] = {}
+    for name, want in ref.items():
+        got, own = run.stepped.get(name), run.local.get(name)
+        if want is None:
+            continue
+        if got is None:
+            kind = "none"
+        elif torch.allclose(got, want, rtol=RTOL, atol=ATOL):
+            kind = "mean"
+        elif own is not None and torch.equal(got, own):
+            kind = "own"
+        elif torch.allclose(got, world * want, rtol=RTOL, atol=ATOL):
+            kind = "sum"
+        else:
+            kind = "other"
+        out.setdefault(kind, []).append(name)
+    return out
+
+
+@mistake("gradients summed, not averaged")
+def summed(run: CapRun, ref: dict, world: int) -> str | None:
+    kinds = _classify(run, ref, world)
+    if set(kinds) != {"sum"}:
+        return None
+    return (f"every .grad held {world}x the mean gradient when the optimizer stepped: the all-reduce sums over the "
+            f"{world} ranks; divide by the world size")
+
+
+@mistake("reduced gradients not written back")
+def not_written_back(run: CapRun, ref: dict, world: int) -> str | None:
+    kinds = _classify(run, ref, world)
+    if "own" not in kinds or not all_reduces(run.steps[0]):
+        return None
+    n = len(all_reduces(run.steps[0]))
+    return (f"{n} all-reduce(s) ran, but the .grad of {_names(kinds['own'])} still held this rank's own gradient "
+            "when the optimizer stepped: write the reduced (and averaged) values back into each .grad (an "
+            "all-reduce of torch.cat(...) reduces a copy)")
+
+
+@mistake("one all-reduce per parameter")
+def per_parameter(sizes: list[int], cap: int, unused: bool = False) -> str | None:
+    expected = bucket_sizes(cap, unused=unused)
+    every = bucket_sizes(1, unused=unused)
+    if sizes != every or expected == every:
+        return None
+    return (f"{len(sizes)} all-reduces per step, one per parameter; a cap of {cap} bytes makes {len(expected)} "
+            "buckets: group the gradients into buckets and all-reduce each bucket once")
+
+
+@mistake("buckets filled in registration order")
+def forward_order(sizes: list[int], cap: int, unused: bool = False) -> str | None:
+    if sorted(sizes) != sorted(bucket_sizes(cap, unused=unused, forward=True)) or \
+            sorted(sizes) == sorted(bucket_sizes(cap, unused=unused)):
+        return None
+    return (f"the all-reduces moved {sizes} elements: buckets filled in the order of module.parameters(); DDP fills "
+            "them in reverse, the order in which the backward produces the gradients, so that the first bucket is "
+            "ready while most of the backward is still to run")
+
+
+@mistake("bucket_cap_mb read as 10**6 bytes")
+def decimal_megabytes(sizes: list[int], cap: int, unused: bool = False) -> str | None:
+    if sizes != bucket_sizes(cap * 10**6 / 2**20, unused=unused) or sizes == bucket_sizes(cap, unused=unused):
+        return None
+    return (f"the all-reduces moved {sizes} elements, the buckets of a {cap * 10**6 / 2**20:.0f}-byte cap: "
+            f"bucket_cap_mb={cap / 2**20:.6g} is in MiB, {cap} bytes (bucket_cap_mb * 2**20), as DDP's")
+
+
+@mistake("bucket closed past the cap")
+def closed_past_cap(sizes: list[int], cap: int, unused: bool = False) -> str | None:
+    if sizes != bucket_sizes(cap, unused=unused, past=True) or sizes == bucket_sizes(cap, unused=unused):
+        return None
+    return (f"the all-reduces moved {sizes} elements: a bucket was closed only once its bytes exceeded the cap of "
+            f"{cap}; it closes as soon as they reach it (>=), the contract's (and DDP's) rule")
+
+
+BUCKET_CAUSES = [per_parameter, forward_order, decimal_megabytes, closed_past_cap]
+
+
+@mistake("a synchronous all-reduce")
+def synchronous(events: list[Event], first_layer: list[str]) -> str | None:
+    sync = [e for e in all_reduces(events) if not e.is_async]
+    if not sync:
+        return None
+    return (f"the all-reduce at {sync[0].where} was synchronous (async_op not set): the backward waited for each "
+            "one to finish; start it with async_op=True and wait on its Work in finish_gradient_synchronization")
+
+
+@mistake("all-reduces only after the backward")
+def after_backward(events: list[Event], first_layer: list[str]) -> str | None:
+    reduces = all_reduces(events)
+    finish = next((i for i, e in enumerate(events) if e.kind == "finish"), len(events))
+    if not reduces or events.index(reduces[0]) < finish:
+        return None
+    return (f"all {len(reduces)} all-reduces started after the backward, in finish_gradient_synchronization (the "
+            f"first at {reduces[0].where}): start each bucket's from the hook of its last gradient, so that it "
+            "overlaps the rest of the backward")
+
+
+@mistake("buckets launched at the end of the backward")
+def at_backward_end(events: list[Event], first_layer: list[str]) -> str | None:
+    reduces = all_reduces(events)
+    layer = [i for i, e in enumerate(events) if e.kind == "grad" and e.name in first_layer]
+    if not reduces or not layer or events.index(reduces[0]) < min(layer):
+        return None
+    return (f"the first all-reduce started only after the first layer's gradients ({_names(first_layer)}) were "
+            f"accumulated, at the end of the backward (at {reduces[0].where}): start a bucket as soon as its own "
+            "last gradient is ready")
+
+
+OVERLAP_CAUSES = [synchronous, after_backward, at_backward_end]
+
+
+def unused_names() -> list[str]:
+    from .observations import make_model
+
+    return [n for n, _ in make_model(0, unused=True).named_parameters() if n.startswith("unused")]
+
+
+def _what() -> str:
+    return f"a parameter the forward does not use ({_names(unused_names())}: no gradient, and its hook never runs)"
+
+
+@mistake("an unused parameter raised an error that does not name it")
+def unused_unnamed(runs: list[CapRun]) -> str | None:
+    raised = [(r, u.error) for r, u in enumerate(runs) if u.error and not any(n in u.error for n in unused_names())]
+    if not raised:
+        return None
+    r, error = raised[0]
+    return (f"with {_what()}, BucketedDDP raised on rank {r}: {error}; either launch the buckets left in "
+            "finish_gradient_synchronization, counting a missing gradient as zeros, or raise an error whose message "
+            "names the parameter")
+
+
+@mistake("the bucket of an unused parameter never launched")
+def unused_never_launched(runs: list[CapRun], ref: dict, world: int) -> str | None:
+    from .observations import expected_buckets, make_model
+
+    cap, run = runs[0].cap_bytes, runs[0]
+    sizes = [e.numel for e in all_reduces(run.steps[0])] if run.steps else []
+    buckets, expected = expected_buckets(make_model(0, unused=True), cap), bucket_sizes(cap, unused=True)
+    if sorted(sizes + [n for n in expected if n not in sizes]) != sorted(expected):   # not the contract's buckets
+        return None
+    never = [b for b, n in zip(buckets, expected) if n not in sizes]
+    kinds = _classify(run, ref, world)
+    if not never or set(kinds) == {"mean"}:
+        return None
+    return (f"with {_what()}, the bucket ({', '.join(never[0])}) was never all-reduced ({len(sizes)} of "
+            f"{len(expected)} buckets were), and rank 0 stepped with {_names(kinds.get('own', []) or never[0])} "
+            "not averaged: launch the buckets left in finish_gradient_synchronization, counting a missing gradient "
+            "as zeros")
