@@ -313,7 +313,7 @@ for f in F:
 assert all(f["grads_match"] for f in F), "a pipelined run lost parity"
 
 # %% [markdown]
-# ## Exercise 7: GPipe by hand
+# ## Exercise 7: GPipe and 1F1B by hand
 # The library hides the interesting part. In `exercises/ex07_pipeline.py` you write the GPipe
 # schedule of a 2-stage pipeline yourself with `dist.send` and `dist.recv`: chunk the batch,
 # send each micro-batch's activations as soon as they exist, receive them on stage 1 into a
@@ -330,6 +330,25 @@ assert all(f["grads_match"] for f in F), "a pipelined run lost parity"
 # The grader runs your `gpipe_step` on 2 ranks and checks, from its own instruments: the loss
 # and gradients against the unsplit model, 4 forwards and 4 backwards per stage, and that
 # stage 1 started before stage 0 finished all its forwards.
+#
+# **Part 2: 1F1B by hand.** Then write `one_f_one_b_step`, the same step in 1F1B's order. Before
+# you do, work out the schedule on paper for `p = 2` stages and `m = 4` micro-batches: which
+# forwards and backwards each stage runs, in which order, and how many micro-batches' activations
+# each holds at most. Type your answer for stage 0 below, then compare it with `draw_schedules`'s
+# 1F1B panel above. Two things the drawing does not show: in the steady state *both* neighbours
+# send at once (stage 0 a forward's activations, stage 1 a backward's gradient), so a blocking
+# `dist.send` on both sides waits forever for a receive; and a micro-batch's activations are only
+# freed if nothing still references its graph after its backward. The grader reads each stage's
+# order of forwards, backwards and sends (an order, not a time), and counts the bytes of
+# activations each stage keeps with a saved-tensor counter.
+
+# %%
+# Predict before you run: type your guess in the box (or write it in place of guess=None).
+held_guess = predict("micro-batches' activations stage 0 holds at once under 1F1B with p = 2 stages, m = 4",
+                     fmt=".0f", guess=None)
+
+# %%
+held_guess.reveal(peak_in_flight(ideal_schedule(2, 4, "1f1b"))[0])
 
 # %%
 from autograder import check

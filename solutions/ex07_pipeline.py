@@ -1,4 +1,4 @@
-"""Exercise 7: a GPipe schedule by hand, with point-to-point send and recv.
+"""Exercise 7: GPipe and 1F1B schedules by hand, with point-to-point send and recv.
 
 A model too big for one device is cut into *stages*, one per rank. Stage 0
 holds the first layers, stage 1 the rest and the loss. Run naively, stage 1
@@ -18,11 +18,15 @@ Write ``gpipe_step`` for a 2-stage pipeline:
 3. Gradients accumulate over micro-batches in ``.grad``: scale each
    micro-batch's loss so the sum is the mean loss of the whole batch.
 
+Then write ``one_f_one_b_step``, the same step under the 1F1B schedule
+(PipeDream-Flush): each stage starts a micro-batch's backward as soon as it
+can, so it keeps fewer micro-batches' activations alive than GPipe's ``m``.
+
 The process group is already set up; ``stage`` is this rank's part of the
 model. Check your work from the repository's root with ``make grade``
 (every exercise) or ``.venv/bin/python -m autograder grade --exercise 7`` (this
 one), or with ``check(7)`` in the notebook ``course/07_pipeline``.
-The function raises ``NotImplementedError`` until you fill it in.
+Each function raises ``NotImplementedError`` until you fill it in.
 """
 from __future__ import annotations
 
@@ -86,4 +90,78 @@ def gpipe_step(stage: nn.Module, x: torch.Tensor, y: torch.Tensor, *, n_microbat
         loss.backward()
         dist.send(act.grad.contiguous(), dst=0)
     return torch.stack(losses).sum().detach()
+    ### END SOLUTION
+
+
+def one_f_one_b_step(stage: nn.Module, x: torch.Tensor, y: torch.Tensor, *, n_microbatches: int,
+                     hidden: int) -> torch.Tensor | None:
+    """One 1F1B forward and backward (no optimiser step) of a ``p``-stage pipeline, on ``p`` ranks.
+
+    1F1B (Narayanan et al., 2021, "Memory-Efficient Pipeline-Parallel DNN Training", PipeDream-Flush; the
+    schedule of Megatron-LM and of ``torch.distributed.pipelining.Schedule1F1B``): stage ``s`` of ``p`` runs
+    ``w = min(p - 1 - s, m)`` warm-up forwards, then alternates one forward and one backward (forward of
+    micro-batch ``w + i``, backward of micro-batch ``i``) while forwards remain, then the remaining backwards.
+    A micro-batch's activations are freed by its backward, so stage ``s`` never holds more than
+    ``min(p - s, m)`` of them, against GPipe's ``m``.
+
+    Contract (the grader checks each point):
+
+    * Rank ``s`` holds stage ``s`` of ``p = world size``; every rank is given the whole batch ``x`` and ``y``.
+      Micro-batches: ``torch.chunk`` along dim 0 into ``n_microbatches`` (``m >= p``).
+    * Stage 0 feeds ``x``'s micro-batches to ``stage``; any other stage receives each activation from
+      rank ``s - 1`` (``B / m x hidden``, dtype of ``x``) and makes it require grad. The last stage computes
+      ``cross_entropy(logits, y_i) / m`` and backpropagates it; any other stage receives the gradient of its
+      output from rank ``s + 1`` and calls ``output.backward(grad)``. A stage other than the first sends the
+      gradient of its received activation back to rank ``s - 1`` after each backward.
+    * Each stage runs its forwards and backwards in exactly the 1F1B order above, and sends each output
+      (or input gradient) as soon as it is computed, before its next forward or backward starts.
+    * Two neighbours each send to the other in 1F1B's steady state: post sends with ``dist.isend`` (a
+      blocking ``dist.send`` would wait for a receive the peer is not yet at) and wait on their Works before
+      returning; receives may block.
+    * Afterwards the ``.grad`` of every parameter of ``stage`` is what the unsplit model's backward of the
+      mean cross-entropy over the whole batch gives. Return the batch's mean loss (a detached scalar
+      tensor) on the last stage, ``None`` on the others.
+    """
+    ### BEGIN SOLUTION
+    rank, p, m = dist.get_rank(), dist.get_world_size(), n_microbatches
+    first, last = rank == 0, rank == p - 1
+    xs, ys = torch.chunk(x, m), torch.chunk(y, m)
+    inputs, outputs, losses, sends = {}, {}, [], []
+
+    def forward(i: int) -> None:
+        if first:
+            inp = xs[i]
+        else:
+            inp = torch.empty(ys[i].shape[0], hidden, dtype=x.dtype, device=x.device)
+            dist.recv(inp, src=rank - 1)
+            inp.requires_grad_()
+        out = stage(inp)
+        if last:
+            out = nn.functional.cross_entropy(out, ys[i]) / m
+            losses.append(out.detach())
+        else:
+            sends.append(dist.isend(out.detach().contiguous(), dst=rank + 1))  # the next stage can start now
+        inputs[i], outputs[i] = inp, out
+
+    def backward(i: int) -> None:
+        inp, out = inputs.pop(i), outputs.pop(i)  # dropped here: micro-batch i's activations are freed
+        if last:
+            out.backward()
+        else:
+            grad = torch.empty_like(out)
+            dist.recv(grad, src=rank + 1)
+            out.backward(gradient=grad)
+        if not first:
+            sends.append(dist.isend(inp.grad.contiguous(), dst=rank - 1))
+
+    warm = min(p - 1 - rank, m)
+    for i in range(warm):
+        forward(i)
+    for i in range(m):
+        if warm + i < m:
+            forward(warm + i)
+        backward(i)
+    for work in sends:
+        work.wait()
+    return sum(losses) if last else None
     ### END SOLUTION

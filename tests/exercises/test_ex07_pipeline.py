@@ -44,6 +44,22 @@ MISTAKES = {
     "stage 1 backward per micro-batch (deadlock)": {BACKWARD_LATER: BACKWARD_AT_ONCE},
     "whole batch's labels on stage 1": {"cross_entropy(stage(act), y_i) / m": "cross_entropy(stage(act), y) / m"},
     "rank never looked up": {"    rank = dist.get_rank()\n": ""},
+    # Part 2, 1F1B: every forward first (GPipe's order, GPipe's memory), sent with isend so nothing deadlocks.
+    "1F1B in GPipe's order": {"    warm = min(p - 1 - rank, m)": "    warm = m"},
+    # blocking sends: stage 0 sends micro-batch 1's activations while stage 1 sends micro-batch 0's gradient
+    "1F1B with blocking sends": {
+        "sends.append(dist.isend(out.detach().contiguous(), dst=rank + 1))":
+            "dist.send(out.detach().contiguous(), dst=rank + 1)",
+        "sends.append(dist.isend(inp.grad.contiguous(), dst=rank - 1))":
+            "dist.send(inp.grad.contiguous(), dst=rank - 1)"},
+    # stage 0 holds each activation back and sends it after its next forward (two at a time)
+    "1F1B sends held back": {
+        "    inputs, outputs, losses, sends = {}, {}, [], []":
+            "    inputs, outputs, losses, sends, held = {}, {}, [], [], []",
+        "            sends.append(dist.isend(out.detach().contiguous(), dst=rank + 1))  # the next stage can start now":
+            "            held.append(out.detach().contiguous())\n"
+            "            while len(held) > 1 or (held and i == m - 1):\n"
+            "                sends.append(dist.isend(held.pop(0), dst=rank + 1))"},
 }
 # A legal style, not a mistake: every send and receive posted through dist.batch_isend_irecv (one op a
 # batch, each waited on). It must get full marks: the spy records the batch's ops as sends and receives.
@@ -56,6 +72,9 @@ BATCHED = {
         "dist.batch_isend_irecv([dist.P2POp(dist.isend, act.grad.contiguous(), 0)])[0].wait()",
 }
 GRADS = "stage {} gradients match the unsplit model"
+OFOB = ("[1F1B] loss and gradients match the unsplit model",
+        "[1F1B] each stage runs 1F1B's order and sends each result at once",
+        "[1F1B] stage s keeps at most min(p - s, m) micro-batches' activations")
 COUNT, LOSS, OVERLAP = ("each stage processes every micro-batch once", "loss matches the unsplit model",
                         "stages overlap in time")
 
@@ -227,3 +246,33 @@ def test_a_receive_buffer_shaped_like_the_input_is_named_at_the_learners_line(tm
     assert report.score < report.max_score
     assert "mat1 and mat2 shapes cannot be multiplied (16x64 and 48x48)" in report.feedback
     assert "float32[16, 64]" in report.feedback  # the received activation, at the learner's line
+
+
+# -- part 2, 1F1B ---------------------------------------------------------------------------------------------
+def test_gpipe_mistakes_leave_the_1f1b_part_its_marks(reports):
+    for name in MISTAKES:
+        if not name.startswith("1F1B"):
+            assert not set(OFOB) & set(failed(reports[name])), (name, failed(reports[name]))
+
+
+def test_1f1b_in_gpipes_order_is_named_with_its_memory(reports):
+    f = failed(reports["1F1B in GPipe's order"])
+    assert set(f) == set(OFOB[1:]), f   # the maths is right: only the schedule and its memory are not
+    assert f[OFOB[1]].startswith("stage 0 ran all 4 forwards before its first backward (F0 F1 F2 F3 B0 B1 B2 B3), "
+                                 "GPipe's order")
+    assert "F0 F1 B0 F2 B1 F3 B2 B3" in f[OFOB[1]]
+    assert f[OFOB[2]].startswith("stage 0 held ") and "4 micro-batches'" in f[OFOB[2]]
+    assert "1F1B keeps at most min(p - s, m) = 2 there" in f[OFOB[2]]
+
+
+def test_1f1b_with_blocking_sends_is_a_named_deadlock(reports):
+    f = failed(reports["1F1B with blocking sends"])
+    assert f[OFOB[0]].startswith("both stages were waiting in a blocking dist.send at once"), f[OFOB[0]]
+    assert "Post sends with dist.isend" in f[OFOB[0]]
+
+
+def test_1f1b_sends_held_back_are_named(reports):
+    f = failed(reports["1F1B sends held back"])
+    assert list(f) == [OFOB[1]], f
+    assert f[OFOB[1]].startswith("stage 0 sent micro-batch 0's activations (") and \
+        "only after its next forward (F1) had started" in f[OFOB[1]]

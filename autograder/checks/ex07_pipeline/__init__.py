@@ -1,4 +1,4 @@
-"""Exercise 7 check: a hand-written 2-stage GPipe step, graded on 2 ranks.
+"""Exercise 7 check: a hand-written 2-stage GPipe step, then a 1F1B step, graded on 2 ranks.
 
 The grader builds the stages itself and wraps each in a
 :class:`distlab.lab.pipeline.timeline.TimedStage`, which logs every forward and backward
@@ -17,6 +17,11 @@ the ranks return, the grading process checks:
 * overlap: stage 1 starts its first forward before stage 0 has finished
   all its forwards, the point of a pipeline.
 
+Part 2 (``one_f_one_b``): the learner's ``one_f_one_b_step`` on the same stages, in a process group of its
+own, with a saved-tensor counter around each stage's layers: parity; each stage's order of forwards and
+backwards against 1F1B's, and each send before the stage's next forward or backward; and the activations
+each stage held at once against ``min(p - s, m)`` micro-batches (Narayanan et al., 2021).
+
 | mistake | message |
 |---|---|
 | activations received without requires_grad_() | "stage 1's 4 received activations did not require grad, ..." |
@@ -33,6 +38,9 @@ the ranks return, the grading process checks:
 | stage 0 backpropagates something other than the received gradient | "... micro-batch 0 is all ones ..." |
 | activations sent after the forward loop | "stage 0 sent its first activations only after all 4 of its forwards" |
 | a send/recv deadlock between the stages | (gloo's "Timed out waiting 3000ms for send") "both stages waited ..." |
+| 1F1B: blocking sends in the steady state: a deadlock | "both stages were waiting in a blocking dist.send ..." |
+| 1F1B: GPipe's order instead | "stage 0 ran all 4 forwards before its first backward (F0 F1 F2 F3 ...) ..." |
+| 1F1B: a send held back past the stage's next forward or backward | "stage 0 sent micro-batch 0's ... only after ..." |
 """
 from __future__ import annotations
 
@@ -50,7 +58,8 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, count_scales, deadlock,
                      gradients_not_sent, ignores_received, last_loss, loss_not_scaled, mean_of_scaled, no_microbatches,
                      pieces_of_n_rows, sent_after_loop, unmatched)
-from .observations import RankObservation, Run
+from . import one_f_one_b
+from .observations import FileObservation, Run
 from .probes import BATCH, BOUNDARY, MICRO, P2P_TIMEOUT_S, batch, model, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
@@ -182,6 +191,18 @@ def stages_overlap(step: Run) -> Verdict:
 
 
 CRITERIA = [every_microbatch_once, loss_matches, stage0_grads_match, stage1_grads_match, stages_overlap]
+ONE_F_ONE_B_CRITERIA = one_f_one_b.CRITERIA
+
+
+def _judge(report: ExerciseReport, criteria: list, step: Run, fn: str) -> None:
+    """``criteria`` on one part's ``step``; a part whose function is not written yet is said once per criterion."""
+    unwritten = next((r for r in step.ranks if r.not_implemented), None)
+    if unwritten is None:
+        report.judge(criteria, step)
+        return
+    for c in criteria:
+        report.check(c.rule.name, c.rule.points, False, f"not implemented yet: {fn} raised NotImplementedError"
+                     + (f" at {unwritten.where}" if unwritten.where else ""), key=c.__name__)
 
 
 def grade(paths: Sequence[Path], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[ExerciseReport]:
@@ -195,6 +216,9 @@ def grade(paths: Sequence[Path], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[E
                                 args=(p2p_timeout_s,))
     ref_loss, ref_grads, ref_micro = _reference()
     for report, ranks in zip(reports, runs):
-        report.judge(CRITERIA, Run([RankObservation.from_wire(r) for r in ranks], ref_loss, ref_grads, ref_micro))
+        files = [FileObservation.from_wire(r) for r in ranks]
+        _judge(report, CRITERIA, Run([f.gpipe for f in files], ref_loss, ref_grads, ref_micro), "gpipe_step")
+        _judge(report, ONE_F_ONE_B_CRITERIA, Run([f.one_f_one_b for f in files], ref_loss, ref_grads, ref_micro),
+               "one_f_one_b_step")
         report.measurements["launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

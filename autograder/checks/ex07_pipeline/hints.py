@@ -46,4 +46,29 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "Put rank 0's dist.send (of the output detached and contiguous, dst=1) inside the forward loop, "
         "right after the stage call; rank 1 calls dist.recv(..., src=0) once per micro-batch.",
     ),
+    "ofob_matches": (
+        "A schedule changes when each micro-batch runs, never what it computes: 1F1B must give the same loss and "
+        "gradients as GPipe and as the unsplit model.",
+        "Every micro-batch still goes forward once and backward once, with its loss divided by the number of "
+        "micro-batches; only the interleaving differs. Two neighbours now send to each other in the same steady "
+        "state, so a send must not wait for the peer's receive.",
+        "dist.isend returns a Work to wait on before returning; dist.recv can stay blocking.",
+    ),
+    "ofob_order": (
+        "The point of 1F1B is memory: a micro-batch's backward frees its activations, so starting backwards early "
+        "caps how many micro-batches a stage keeps alive.",
+        "Stage s runs min(p - 1 - s, m) forwards first, then one forward and one backward in turn (forward of the "
+        "next micro-batch, backward of the oldest), then the backwards left; each result goes to the neighbour as "
+        "soon as it exists.",
+        "Write the order out for p = 2, m = 4 on paper first; distlab.lab.pipeline.timeline draws it "
+        "(notebook 07's widget).",
+    ),
+    "ofob_memory": (
+        "GPipe keeps all m micro-batches' activations on the first stage; 1F1B keeps at most p - s, which is what "
+        "lets m grow (a smaller bubble) without the memory growing with it.",
+        "A micro-batch's saved tensors are freed when its backward has run and nothing else references its graph; "
+        "the schedule decides how many are alive at once.",
+        "Drop your references to a micro-batch's input and output after its backward (pop them from where you "
+        "kept them).",
+    ),
 }

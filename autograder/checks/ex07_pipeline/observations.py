@@ -1,6 +1,7 @@
-"""Exercise 7's observations: the typed record each rank returns for one file (:class:`RankObservation`:
-rank = stage; its forwards and backwards with their times, every send and recv, the returned loss, the
-gradients), and one file's GPipe step on both ranks with the unsplit model's figures.
+"""Exercise 7's observations: the typed record each rank returns for one file (:class:`FileObservation`: a
+:class:`RankObservation` for each part, GPipe and 1F1B; rank = stage; its forwards and backwards with their
+times, every send and recv, the returned loss, the gradients, the activations it held), and one file's step
+of one part on both ranks with the unsplit model's figures (:class:`Run`).
 """
 from __future__ import annotations
 
@@ -26,17 +27,29 @@ class StageEvent(Observation):
 
 @dataclass
 class RankObservation(Observation):
-    """What one rank (= stage) observed of one file's ``gpipe_step``."""
+    """What one rank (= stage) observed of one file's ``gpipe_step`` or ``one_f_one_b_step``."""
 
     rank: int
     events: list[StageEvent] = field(default_factory=list)  # the stage's forwards and backwards, as logged
-    error: str | None = None  # what gpipe_step raised ("Type: message"; None: nothing)
+    error: str | None = None  # what the step raised ("Type: message"; None: nothing)
     where: str | None = None  # the learner's line it raised at, with the tensors on it ("": outside the file)
     p2p: list[P2PCall] = field(default_factory=list)  # every send and recv, in the order they were called
     inputs_require_grad: list[bool] = field(default_factory=list)  # each forward's: did its input require grad?
     out_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # forward -> the gradient that reached its output
     grads: list[torch.Tensor | None] = field(default_factory=list)  # the stage's parameters' .grad, in order
-    loss: torch.Tensor | None = None  # what gpipe_step returned, as a float tensor (None: not a tensor or float)
+    loss: torch.Tensor | None = None  # what the step returned, as a float tensor (None: not a tensor or float)
+    not_implemented: bool = False  # the step raised NotImplementedError (``error`` and ``where`` say where)
+    saved_peak: int = 0      # 1F1B: the most bytes of activations the stage held saved for backward at once
+    saved_per_microbatch: int = 0  # 1F1B: what one micro-batch's forward saves, measured by the grader first
+
+
+@dataclass
+class FileObservation(Observation):
+    """One rank's record of one file: the GPipe step (``gpipe_step``), then the 1F1B step (``one_f_one_b_step``),
+    each in a process group of its own."""
+
+    gpipe: RankObservation
+    one_f_one_b: RankObservation
 
 
 @dataclass

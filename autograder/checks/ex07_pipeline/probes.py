@@ -15,6 +15,7 @@ Either error is caught here and returned with the rest of the observation.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -23,17 +24,19 @@ from torch import nn
 import distlab
 from distlab.data import digits
 from distlab.models import make_mlp
+from distlab.lab.pipeline.costs import SavedBytes
 from distlab.lab.pipeline.timeline import Delay, TimedStage
 from distlab.runtime.process import time_scale
 
 from ...rank import CapturedPrints, P2PSpy, echo, learner_frame, load_learner, own_rendezvous, raised
 from ...rank.errors import values_at
-from .observations import P2PCall, RankObservation, StageEvent
+from .observations import FileObservation, P2PCall, RankObservation, StageEvent
 
 BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 48, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
 # HIDDEN is not the 64 input features: a receive buffer shaped like the input micro-batch is caught
 DELAYS = (0.03, 0.015)                           # seconds of "compute" per forward, stage 0 and stage 1
 P2P_TIMEOUT_S = 3.0                              # x DISTLAB_TIME_SCALE: two ranks both waiting is a deadlock
+PARTS = {"gpipe": "gpipe_step", "one_f_one_b": "one_f_one_b_step"}   # the graded functions, in the order run
 
 
 def model() -> nn.Sequential:
@@ -65,15 +68,41 @@ class StageProbe:
 
 
 def rank_main(paths: list[str], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[dict]:
-    """Runs on both ranks: one GPipe step with each learner file in turn, each in its own process group."""
+    """Runs on both ranks: each learner file in turn, its GPipe step then its 1F1B step, each in a process group
+    of its own (one part's broken send or recv cannot cost the other part its marks)."""
     observed = []
     for i, path in enumerate(paths):
-        with own_rendezvous(f"file{i}"):
-            observed.append(_observe(path, p2p_timeout_s).to_wire())
+        parts = {}
+        for name, fn in PARTS.items():
+            with own_rendezvous(f"file{i}-{name}"):
+                parts[name] = _observe(path, p2p_timeout_s, fn, saved=name == "one_f_one_b")
+        if all(part.not_implemented for part in parts.values()):   # the stub: "not implemented yet", as any
+            raise NotImplementedError(f"{Path(path).name}: {', '.join(PARTS.values())} still raise it")
+        observed.append(FileObservation(**parts).to_wire())
     return observed
 
 
-def _observe(path: str, p2p_timeout_s: float) -> RankObservation:
+def _stage(rank: int, dev: torch.device, saved: bool) -> tuple[TimedStage, nn.Sequential, SavedBytes | None]:
+    """This rank's stage as the learner gets it (the layers after a fixed delay, timed), the layers, and the
+    counter of the activations they keep for backward (``saved``: 1F1B's part)."""
+    layers = (model()[:BOUNDARY] if rank == 0 else model()[BOUNDARY:]).to(dev)
+    counted = SavedBytes(layers) if saved else None
+    return TimedStage(nn.Sequential(Delay(DELAYS[rank]), counted or layers), rank, sync=dev.type == "cuda"), \
+        layers, counted
+
+
+def _per_microbatch(counted: SavedBytes, rank: int, x: torch.Tensor) -> int:
+    """What one micro-batch's forward through the layers saves (the grader's own forward, before the learner's)."""
+    rows = x.shape[0] // MICRO
+    inp = x[:rows] if rank == 0 else torch.randn(rows, HIDDEN, device=x.device, requires_grad=True)
+    out = counted(inp)
+    one = counted.peak
+    del out
+    counted.reset()
+    return one
+
+
+def _observe(path: str, p2p_timeout_s: float, fn: str, saved: bool = False) -> RankObservation:
     # The grader owns the process group: the learner's code only sends and receives. Under gloo its
     # timeout is the p2p timeout (NCCL's watchdog would abort the job instead: it keeps the default).
     short = timedelta(seconds=p2p_timeout_s * time_scale()) if distlab.backend() == "gloo" else None
@@ -82,8 +111,8 @@ def _observe(path: str, p2p_timeout_s: float) -> RankObservation:
     if dist.get_world_size() != 2:
         raise RuntimeError("exercise 7 is a 2-stage pipeline: run it on 2 ranks")
     x, y = (t.to(dev) for t in batch())
-    layers = model()[:BOUNDARY] if rank == 0 else model()[BOUNDARY:]
-    stage = TimedStage(nn.Sequential(Delay(DELAYS[rank]), *layers).to(dev), rank, sync=dev.type == "cuda")
+    stage, layers, counted = _stage(rank, dev, saved)
+    one = _per_microbatch(counted, rank, x) if counted else 0
     probe = StageProbe(stage)
     loss = error = where = None
     with P2PSpy() as p2p:  # before the import: the send and recv it binds are spied on too
@@ -91,13 +120,12 @@ def _observe(path: str, p2p_timeout_s: float) -> RankObservation:
         dist.barrier()
         with CapturedPrints() as out:
             try:
-                loss = learner.gpipe_step(stage, x.clone(), y.clone(), n_microbatches=MICRO, hidden=HIDDEN)
-            except NotImplementedError:
-                raise
+                loss = getattr(learner, fn)(stage, x.clone(), y.clone(), n_microbatches=MICRO, hidden=HIDDEN)
             except Exception as exc:  # noqa: BLE001 - reported, so the other criteria are still judged
                 error, where = raised(exc), str(learner_frame(exc, path) or "")
                 if values := values_at(exc, path):  # the tensors on that line: shapes, requires_grad, .grad
                     where += f" (with {values})"
+        p2p.drain(wait=error is None)   # no send left pending in the group that is about to close
     echo(out.lines)
     return RankObservation(
         rank=rank, events=[StageEvent(**e) for e in stage.log()], error=error, where=where,
@@ -105,4 +133,6 @@ def _observe(path: str, p2p_timeout_s: float) -> RankObservation:
         out_grads=probe.out_grads,
         grads=[None if p.grad is None else p.grad.detach().cpu().clone() for p in layers.parameters()],
         loss=torch.as_tensor(loss).detach().cpu().float() if isinstance(loss, (torch.Tensor, float)) else None,
+        not_implemented=error is not None and error.startswith("NotImplementedError"),
+        saved_peak=counted.peak if counted else 0, saved_per_microbatch=one,
     )

@@ -163,11 +163,14 @@ def ideal_schedule(p: int, m: int, schedule: str = "gpipe", backward_cost: float
     if order is None and schedule not in ("gpipe", "1f1b"):
         raise ValueError(f"schedule must be 'gpipe' or '1f1b', not {schedule!r}")
     if order is None:
-        order = _orders(p, m, schedule)
+        order = schedule_orders(p, m, schedule)
     return _replay(p, order, backward_cost)
 
 
-def _orders(p: int, m: int, schedule: str) -> list[list[tuple[str, int]]]:
+def schedule_orders(p: int, m: int, schedule: str) -> list[list[tuple[str, int]]]:
+    """Per stage, the actions ``("F", i)`` / ``("B", i)`` in the order ``schedule`` prescribes: GPipe's all
+    forwards then all backwards; 1F1B's ``min(p - 1 - s, m)`` warm-up forwards, then one forward and one
+    backward in turn, then the remaining backwards (Narayanan et al., 2021)."""
     order: list[list[tuple[str, int]]] = []
     for s in range(p):
         if schedule == "gpipe":

@@ -1,0 +1,126 @@
+"""Exercise 7's part 2, ``one_f_one_b_step`` (1F1B; Narayanan et al., 2021, PipeDream-Flush): its causes and
+criteria, judged in the grading process from the same records as GPipe's part (a :class:`~.observations.Run`
+of the 1F1B step) against the same unsplit model. The schedule is read from the order of the events the
+grader's ``TimedStage`` logged and the sends the ``P2PSpy`` saw, both on one rank's clock (an order, never a
+duration); the activations held, from the saved-tensor counter around the stage's layers.
+"""
+from __future__ import annotations
+
+from distlab.lab.pipeline.timeline import schedule_orders
+
+from ...grader.diagnosis import diagnose, mistake
+from ...grader.parity import parity
+from ...grader.report import Verdict, criterion, failed, passed
+from .causes import activation_without_grad, gradients_not_sent
+from .observations import Run
+from .probes import MICRO
+
+P = 2   # the stages the check runs
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def order(step: Run, stage: int) -> list[str]:
+    """The stage's forwards and backwards as ``"F0"``, ``"B0"``..., in the order they started."""
+    return [f"{e.kind}{e.mb}" for e in sorted(step.ranks[stage].events, key=lambda e: e.start)]
+
+
+def one_f_one_b_order(stage: int) -> list[str]:
+    return [f"{k}{i}" for k, i in schedule_orders(P, MICRO, "1f1b")[stage]]
+
+
+def bound(stage: int) -> int:
+    """Micro-batches stage ``stage`` may hold at once under 1F1B: ``min(p - s, m)``."""
+    return min(P - stage, MICRO)
+
+
+def _raised(step: Run) -> str:
+    return "".join(f" (rank {r.rank} raised {r.error}" + (f" at {r.where}" if r.where else "") + ")"
+                   for r in step.ranks if r.error)
+
+
+@mistake("1F1B: blocking sends in the steady state: a deadlock")
+def blocking_deadlock(step: Run, part: str = "") -> str | None:
+    waiting = [step.pending(r) for r in (0, 1)]
+    if not all(w is not None and w.op == "send" and not w.is_async for w in waiting):
+        return None
+    return (f"both stages were waiting in a blocking dist.send at once ({waiting[0].where}; {waiting[1].where}): in "
+            "1F1B's steady state stage 0 sends a forward's activations while stage 1 sends a backward's gradient, "
+            "and a blocking send waits for a receive its peer is not yet at. Post sends with dist.isend and wait "
+            "on their Works before returning")
+
+
+@mistake("1F1B: GPipe's order instead")
+def gpipe_order(step: Run, part: str = "") -> str | None:
+    gpipe = [f"F{i}" for i in range(MICRO)] + [f"B{i}" for i in range(MICRO)]
+    if order(step, 0) != gpipe:
+        return None
+    return (f"stage 0 ran all {MICRO} forwards before its first backward ({' '.join(gpipe)}), GPipe's order, and so "
+            f"held {MICRO} micro-batches' activations; 1F1B runs min(p - 1 - s, m) = {P - 1} warm-up forward(s) on "
+            f"stage 0, then one forward and one backward in turn: {' '.join(one_f_one_b_order(0))}")
+
+
+@mistake("1F1B: a send held back past the stage's next forward or backward")
+def send_held_back(step: Run, part: str = "") -> str | None:
+    for stage, kind in ((0, "F"), (1, "B")):   # stage 0 sends activations, stage 1 input gradients
+        events = sorted(step.ranks[stage].events, key=lambda e: e.start)
+        sends = [c for c in step.ranks[stage].p2p if c.op == "send"]
+        done = [e for e in events if e.kind == kind]
+        for i, (event, send) in enumerate(zip(done, sends)):
+            after = [e for e in events if e.start > event.start and e is not event]
+            if after and send.t0 > after[0].start:
+                thing = "activations" if kind == "F" else "input gradient"
+                return (f"stage {stage} sent micro-batch {i}'s {thing} ({send.where}) only after its next "
+                        f"{'forward' if after[0].kind == 'F' else 'backward'} ({after[0].kind}{after[0].mb}) had "
+                        "started: the neighbour waits for it meanwhile; send each as soon as it is computed")
+    return None
+
+
+@criterion("[1F1B] loss and gradients match the unsplit model", points=2)
+def ofob_matches(step: Run) -> Verdict:
+    loss = step.ranks[1].loss
+    if loss is None or loss.numel() != 1 or not parity(loss.reshape(()), step.ref_loss, rtol=RTOL, atol=ATOL):
+        got = "no loss" if loss is None or loss.numel() != 1 else f"loss {loss.item():.6g}"
+        return failed(diagnose([blocking_deadlock, activation_without_grad, gradients_not_sent], step, "1f1b") or
+                      f"rank 1 (the last stage) returned {got}; the unsplit model's is {step.ref_loss.item():.6g}"
+                      + _raised(step))
+    for stage in (0, 1):
+        grads = step.ranks[stage].grads
+        if any(g is None for g in grads):
+            return failed(diagnose([blocking_deadlock, activation_without_grad, gradients_not_sent], step, "1f1b") or
+                          f"stage {stage}'s parameters have no gradient after the step" + _raised(step))
+        names = [f"parameter {i} of stage {stage}" for i in range(len(grads))]
+        p = parity(dict(zip(names, grads)), dict(zip(names, step.ref_grads[stage])), rtol=RTOL, atol=ATOL)
+        if not p:
+            return failed(f"stage {stage}'s gradients differ from the unsplit model's (max abs difference "
+                          f"{p.max_abs_diff:.3g} in {p.worst})" + _raised(step))
+    return passed(f"loss {step.ref_loss.item():.5g}")
+
+
+@criterion("[1F1B] each stage runs 1F1B's order and sends each result at once", points=2)
+def ofob_order(step: Run) -> Verdict:
+    for stage in (0, 1):
+        got, want = order(step, stage), one_f_one_b_order(stage)
+        if got != want:
+            return failed(diagnose([blocking_deadlock, gpipe_order], step, "1f1b") or
+                          f"stage {stage} ran {' '.join(got) or 'nothing'}; 1F1B's order for stage {stage} of {P} "
+                          f"with {MICRO} micro-batches is {' '.join(want)}" + _raised(step))
+    if message := send_held_back(step):
+        return failed(message)
+    return passed(" | ".join(" ".join(order(step, s)) for s in (0, 1)))
+
+
+@criterion("[1F1B] stage s keeps at most min(p - s, m) micro-batches' activations", points=1)
+def ofob_memory(step: Run) -> Verdict:
+    measured = {f"one_f_one_b_stage{r.rank}_saved_peak_bytes": r.saved_peak for r in step.ranks}
+    for r in step.ranks:
+        one = r.saved_per_microbatch
+        if one and r.saved_peak > bound(r.rank) * one:
+            return failed(f"stage {r.rank} held {r.saved_peak:,} bytes of activations at once, "
+                          f"{r.saved_peak / one:.3g} micro-batches' ({one:,} bytes each); 1F1B keeps at most "
+                          f"min(p - s, m) = {bound(r.rank)} there: run micro-batch i's backward before the forward "
+                          f"of micro-batch i + {bound(r.rank)}", **measured)
+    return passed(", ".join(f"stage {r.rank}: {r.saved_peak / max(r.saved_per_microbatch, 1):.3g} micro-batches"
+                            for r in step.ranks), **measured)
+
+
+CRITERIA = [ofob_matches, ofob_order, ofob_memory]
