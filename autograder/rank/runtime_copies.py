@@ -49,7 +49,10 @@ import inspect
 import os
 import sys
 import types
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
+
+from .observation import Observation
 
 RUNTIME_PACKAGES = ("distlab", "autograder", "solutions")  # code that is not the learner's to hand in
 _STAND_IN = "_autograder_answers_stand_in_"
@@ -217,5 +220,15 @@ class RuntimeCopies:
             if chain:
                 return (f"{chain[0]} calls {owner}'s copy of {name} ({dotted}) instead of yours: "
                         f"write your own {name} and call it")
-            return f"{owner}'s copy of {name} ({dotted}) ran while your code was measured: write your own {name}"
+            return f"{owner}'s copy of {name} ({dotted}) ran during your code's calls: write your own {name}"
         return ""
+
+
+@dataclass
+class Answers(Observation):
+    """What a rank saw of a check's :class:`RuntimeCopies`: which graded functions are the runtime's copies."""
+
+    identified: dict[str, str] = field(default_factory=dict)  # graded name -> the copy it is, before any call
+    # each copy that ran during the learner's calls: (its dotted name, the learner's functions on the stack,
+    # nearest first)
+    calls: list[tuple[str, list[str]]] = field(default_factory=list)

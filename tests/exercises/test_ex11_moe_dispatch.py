@@ -24,6 +24,13 @@ MISTAKES = {
     "sort returns nothing": {"    return perm, torch.bincount(": "    result = perm, torch.bincount("},
     # the realistic family's (benchmarks/realistic/ex11.py): an expert with no kept slot drops out of the counts
     "bincount without minlength": {"minlength=world_size": "minlength=0"},
+    # notebook 11's count exchange called instead of writing one (issue 38: the runtime's copy is named)
+    "the runtime's copy": {"    send = torch.tensor(input_split_sizes, dtype=torch.int64)\n"
+                           "    recv = torch.empty_like(send)\n"
+                           "    dist.all_to_all_single(recv, send)  # rank j's element `rank` lands at recv[j]\n"
+                           "    return recv.tolist()":
+                           "    from distlab.lab.expert_parallel import exchange_counts\n\n"
+                           "    return exchange_counts(torch.tensor(input_split_sizes)).tolist()"},
     "counts never sent": {"    recv = torch.empty_like(send)\n": "    recv = torch.zeros_like(send)\n",
                           "    dist.all_to_all_single(recv, send)  # rank j's element `rank` lands at recv[j]\n": ""},
 }
@@ -109,3 +116,10 @@ def test_counts_that_leave_out_an_expert_with_none_are_named_on_the_contracts_ed
     assert ("where the last expert gets no slot (expert=[0, 0, 0, 0, 0, 0], keep=[True, True, True, True, True, "
             "True], W=2), sort_by_expert returned input_split_sizes [6], where the kept slots per expert are [6, 0]"
             ) in f[SPLITS]
+
+
+def test_the_runtimes_copy_of_the_count_exchange_is_named(graded):
+    f = failed(graded["the runtime's copy"])
+    assert list(f) == [EXCHANGED], f   # everything else is the solution's, and the copy's result is right
+    assert f[EXCHANGED] == ("exchange_split_sizes is distlab's copy (it calls "
+                            "distlab.lab.expert_parallel.dispatch.exchange_counts): write your own"), f[EXCHANGED]

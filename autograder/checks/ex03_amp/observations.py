@@ -15,6 +15,7 @@ import torch
 
 from ...rank.observation import Observation
 from .accumulation.observations import Accumulation
+from ...rank.runtime_copies import Answers
 from .answers import ANSWERS
 
 BF16_TENSOR_CORES = (8, 0)  # Ampere and newer: bf16 matmuls on tensor cores
@@ -111,16 +112,6 @@ class RealModel(Observation):
         """Its numbers, compare's then the grader's peak ratio (an entry of compare's that one of the grader's
         own names replaces is left out)."""
         return {**{k: v for k, v in self.returned.items() if k not in REAL_OWN}, "peak_ratio": self.peak_ratio}
-
-
-@dataclass
-class Answers(Observation):
-    """Which graded measuring functions are the runtime's copies (``ANSWERS``)."""
-
-    identified: dict[str, str] = field(default_factory=dict)  # graded name -> the copy it is, before any call
-    # each copy that ran during the learner's compare calls: (its dotted name, the learner's functions on the
-    # stack, nearest first)
-    calls: list[tuple[str, list[str]]] = field(default_factory=list)
 
 
 @dataclass

@@ -24,6 +24,7 @@ tokens with capacity per rank (GShard's groups; Lepikhin et al., 2020; Fedus et 
 | a function that returns nothing | "rank 0's sort_by_expert returned None, where its contract returns ..." |
 | split sizes exchanged by no collective | "rank 0's exchange_split_sizes made no collective and returned ..." |
 | split sizes that do not add up to the rows sent | ("Split sizes doesn't match total dim 0 size") "..." |
+| exchange_split_sizes handed in as the runtime's copy | "exchange_split_sizes is distlab's copy (it calls ...) ..." |
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, dropped_sent, edge_case_missed, no_exchange_collective, not_autograd, not_exchanged,
-                     not_inverted, returned_none, wrong_order)
+                     not_inverted, returned_none, runtime_copy, wrong_order)
 from .observations import Run
 from .probes import rank_main
 from .reference import ATOL, RTOL
@@ -78,6 +79,8 @@ def split_sizes(run: Run) -> Verdict:
 
 @criterion("[W={world}] the split sizes exchanged, by one all-to-all of counts", points=2)
 def sizes_exchanged(run: Run) -> Verdict:
+    if copied := runtime_copy(run):   # before its error: the runtime's copy takes a tensor, the contract a list
+        return failed(copied)
     if why := _raised(run, "exchange"):
         return failed(why)
     for obs in run.ranks:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...grader.diagnosis import KnownError, mistake
+from .answers import ANSWERS
 from .observations import Run
 
 KNOWN_ERRORS = [
@@ -138,4 +139,13 @@ def no_exchange_collective(run: Run) -> str | None:
                 "collective (one dist.all_to_all_single of a tensor of the counts)"
                 + (f"; {wild[0]} is no count of rows: a buffer (torch.empty) read before anything was written "
                    "into it" if wild else ""))
+    return None
+
+
+@mistake("exchange_split_sizes handed in as the runtime's copy")
+def runtime_copy(run: Run) -> str | None:
+    """The learner's ``exchange_split_sizes`` is, or calls, ``distlab``'s ``exchange_counts`` (notebook 11's)."""
+    for obs in run.ranks:
+        if said := ANSWERS.feedback("exchange_split_sizes", obs.answers.identified, obs.answers.calls):
+            return said
     return None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...rank.observation import Observation
+from ...rank.runtime_copies import Answers
 from .reference import Reference, Slots, T, reference
 
 STAGES = ("sort", "exchange", "dispatch", "combine", "backward")  # the learner's functions, then the backward
@@ -78,6 +79,7 @@ class MoEStep(Observation):
     expert_grads: dict[str, torch.Tensor | None] | None = None  # by parameter name: the rank's expert's
     comm: list[Collective] = field(default_factory=list)  # every collective, in order
     edges: list[EdgeCase] = field(default_factory=list)  # sort_by_expert on the contract's edge cases
+    answers: Answers = field(default_factory=Answers)  # whether a graded function is the runtime's copy (``ANSWERS``)
 
 
 @dataclass

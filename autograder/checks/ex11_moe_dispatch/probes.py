@@ -20,7 +20,8 @@ import distlab
 from distlab.measure.comm import CollectiveRecorder
 
 from ...rank import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
-from .observations import Collective, EdgeCase, MoEStep, StageError
+from .answers import ANSWERS  # the runtime's copy, resolved now: before any learner file is loaded
+from .observations import Answers, Collective, EdgeCase, MoEStep, StageError
 from .reference import HIDDEN, T, data, moe, reference
 
 
@@ -102,10 +103,11 @@ def _observe(path: str, rank: int, world: int) -> MoEStep:
     send_true = truth.ranks[rank].send
     recv_true = [truth.ranks[j].send[rank] for j in range(world)]
     learner, spy = load_learner(path), CommSpy()
+    identified, watch = ANSWERS.identify(learner), ANSWERS.watch(learner)
 
     def stage(name, fn, *args):
         spy.stage = name
-        with spy:
+        with spy, watch:   # the learner's calls only: the runtime's copy run from them is seen
             out, exc = attempt(fn, *args)
         spy.stage = None
         if isinstance(exc, NotImplementedError):
@@ -146,6 +148,7 @@ def _observe(path: str, rank: int, world: int) -> MoEStep:
     obs.expert_grads = {n: (None if p.grad is None else p.grad.detach().clone())
                         for n, p in layer.experts[rank].named_parameters()}
     obs.comm = spy.calls
+    obs.answers = Answers(identified=identified, calls=[(d, chain) for d, chain in watch.calls])
     return obs
 
 
