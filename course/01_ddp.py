@@ -63,6 +63,11 @@ allreduce_guess = predict(
     unit="kB", guess=None)
 
 # %%
+# And for the third experiment: type your guess in the box (or write it in place of guess=None).
+per_tensor_guess = predict("all-reduces per step when step 3's loop averages the gradients of an MLP of 12 hidden "
+                           "Linear layers and its output layer (each a weight and a bias)", fmt=".0f", guess=None)
+
+# %%
 # %%torchrun -n 2 --result ranks
 import torch
 import torch.distributed as dist
@@ -206,12 +211,6 @@ plt.show()
 # order the backward produces their gradients), and starts each bucket's all-reduce, without waiting
 # for it, as soon as its last gradient is ready: **inside** the backward. The third experiment
 # measured the three ways on an MLP of 12 hidden layers of 256, with `bucket_cap_mb=0.25` for DDP.
-
-# %%
-# Predict before you run: type your guess in the box (or write it in place of guess=None).
-per_tensor_guess = predict("all-reduces per step when step 3's loop averages the 12-layer MLP's gradients "
-                           "(12 hidden Linear layers and the output layer, each a weight and a bias)",
-                           fmt=".0f", guess=None)
 
 # %%
 ways = ranks[0]["ways"]

@@ -348,6 +348,9 @@ held_guess = predict("micro-batches' activations stage 0 holds at once under 1F1
                      fmt=".0f", guess=None)
 
 # %%
+schedule = draw_schedules(2, 4, ("1f1b",))   # the drawing: count stage 0's forwards before each backward
+
+# %%
 held_guess.reveal(peak_in_flight(ideal_schedule(2, 4, "1f1b"))[0])
 
 # %%

@@ -178,18 +178,24 @@ def describe(d: Divergence) -> str:
     return head + f"your code {action(got)}{_at(got)}: {values}"
 
 
-def unnamed_failures(report) -> list:
-    """The failing criteria of ``report`` whose feedback names no cause (a symptom only)."""
+def untraced(check) -> set[str]:
+    """The criteria of ``check`` (its ``*CRITERIA`` lists) declared ``trace=False``, by function name."""
+    return {fn.__name__ for name, value in vars(check).items() if name.endswith("CRITERIA")
+            and isinstance(value, (list, tuple)) for fn in value if not getattr(fn.rule, "trace", True)}
+
+
+def unnamed_failures(report, skip: set[str] = frozenset()) -> list:
+    """The failing criteria of ``report`` whose feedback names no cause (a symptom only); ``skip``: by key."""
     if not report.ran or any(c.name == "runs" for c in report.criteria):
         return []
-    return [c for c in report.criteria if c.earned < c.points and not named(c.feedback)
+    return [c for c in report.criteria if c.earned < c.points and not named(c.feedback) and c.key not in skip
             and not c.feedback.startswith("not checked") and " raised " not in c.feedback]  # an error: its line
 
 
-def annotate(report, traces: Sequence, reference: Sequence) -> bool:
+def annotate(report, traces: Sequence, reference: Sequence, skip: set[str] = frozenset()) -> bool:
     """Add the first divergence of ``traces`` (per launch, per rank) from ``reference`` to the first failing
-    criterion of ``report`` that names no cause. Whether it did."""
-    failing = unnamed_failures(report)
+    criterion of ``report`` that names no cause (and is not in ``skip``). Whether it did."""
+    failing = unnamed_failures(report, skip)
     if not failing:
         return False
     for launch_ref, launch_got in paired(reference, traces):
@@ -329,10 +335,10 @@ def grade(check, paths: Sequence, *, localise: bool = False, with_reference: boo
         traces = TRACES.pop(str(path), [])
         if kept is not None:
             kept[str(path)] = traces
-        if not unnamed_failures(report):
+        if not unnamed_failures(report, untraced(check)):
             continue
         if traces:
-            annotate(report, traces, reference_traces(check, **kwargs))
+            annotate(report, traces, reference_traces(check, **kwargs), untraced(check))
         if localise and (where := swap(check, path, report, solution_path(check), **kwargs)):
             report.notes.append(where)
     return reports

@@ -51,16 +51,20 @@ class Rule:
     name: str
     points: float
     requires: tuple[Callable, ...] = ()
+    trace: bool = True
 
 
-def criterion(name: str, points: float, *, requires: Sequence[Callable] = ()) -> Callable:
+def criterion(name: str, points: float, *, requires: Sequence[Callable] = (), trace: bool = True) -> Callable:
     """Declare the decorated function ``f(*subject) -> Verdict`` a criterion worth ``points``.
 
     ``requires``: criteria that must pass first; if one did not, this one scores 0 with
     "not checked: needs ... first" instead of a second message about the same cause.
+    ``trace=False``: a failure it leaves unnamed gets no first divergence of the whole run's trace
+    (:mod:`.divergence`): for a graded part run after others, whose first difference from the reference's
+    trace may lie in an earlier part written correctly in another style.
     """
     def declare(fn: Callable) -> Callable:
-        fn.rule = Rule(name, points, tuple(requires))
+        fn.rule = Rule(name, points, tuple(requires), trace)
         return fn
     return declare
 

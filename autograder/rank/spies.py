@@ -238,11 +238,12 @@ class P2PSpy(Replace):
 
 
 class Watched:
-    """A ``dist.Work`` of the learner's isend, irecv or batch_isend_irecv: the real one for everything, and
-    its ops marked as waited once ``wait()`` (or its future) was called, or ``is_completed()`` said so."""
+    """A ``dist.Work`` of the learner's isend, irecv, batch_isend_irecv or all_reduce: the real one for
+    everything, and its ops marked as waited once ``wait()`` (or its future) was called, or ``is_completed()``
+    said so. ``blocked``: whether ``wait()`` itself was called (a future chained with ``then`` waits on nothing)."""
 
     def __init__(self, work, calls: list[dict]):
-        self.work, self.calls = work, calls
+        self.work, self.calls, self.blocked = work, calls, False
 
     def _seen(self) -> None:
         for call in self.calls:
@@ -250,6 +251,7 @@ class Watched:
 
     def wait(self, *args, **kwargs):
         self._seen()
+        self.blocked = True
         return self.work.wait(*args, **kwargs)
 
     def get_future(self):

@@ -45,16 +45,19 @@ A failure names the first cause below that explains them:
 | parameters not broadcast from rank 0 | "after BucketedDDP(...) rank 1's weights differed from rank 0's ..." |
 | all-reduce not waited for | "finish_gradient_synchronization returned while 2 asynchronous all-reduce(s) ..." |
 | gradients summed, not averaged | "every .grad held 2x the mean gradient when the optimizer stepped ..." |
+| gradients divided by the world size twice | "every .grad held 1/2 of the mean gradient when the optimizer ..." |
+| a bucket all-reduced before its gradients were accumulated | "the all-reduce at ... started when the gradients ..." |
 | reduced gradients not written back | "3 all-reduce(s) ran, but the .grad of '4.bias', ... still held ..." |
 | one all-reduce per parameter | "6 all-reduces per step, one per parameter; a cap of 1448 bytes makes 3 buckets ..." |
 | buckets filled in registration order | "the all-reduces moved [...] elements: buckets filled in the order of ..." |
 | bucket_cap_mb read as 10**6 bytes | "... the buckets of a 1431-byte cap: bucket_cap_mb=0.00143051 is in MiB ..." |
 | bucket closed past the cap | "... a bucket was closed only once its bytes exceeded the cap of 1448 ..." |
 | a synchronous all-reduce | "the all-reduce at ... was synchronous (async_op not set): the backward waited ..." |
+| an all-reduce waited on inside the backward | "the all-reduce started at ... was waited on before ..." |
 | all-reduces only after the backward | "all 3 all-reduces started after the backward, in finish_... ..." |
 | buckets launched at the end of the backward | "the first all-reduce started only after the first layer's ..." |
 | an unused parameter raised an error that does not name it | "with a parameter the forward does not use (...), ..." |
-| the bucket of an unused parameter never launched | "..., the bucket (unused.bias, ...) was never all-reduced ..." |
+| the bucket of an unused parameter never launched | "..., the all-reduces moved 3016 of the model's 3456 ..." |
 """
 from __future__ import annotations
 

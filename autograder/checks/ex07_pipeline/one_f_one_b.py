@@ -75,7 +75,7 @@ def send_held_back(step: Run, part: str = "") -> str | None:
     return None
 
 
-@criterion("[1F1B] loss and gradients match the unsplit model", points=2)
+@criterion("[1F1B] loss and gradients match the unsplit model", points=2, trace=False)
 def ofob_matches(step: Run) -> Verdict:
     loss = step.ranks[1].loss
     if loss is None or loss.numel() != 1 or not parity(loss.reshape(()), step.ref_loss, rtol=RTOL, atol=ATOL):
@@ -96,7 +96,7 @@ def ofob_matches(step: Run) -> Verdict:
     return passed(f"loss {step.ref_loss.item():.5g}")
 
 
-@criterion("[1F1B] each stage runs 1F1B's order and sends each result at once", points=2)
+@criterion("[1F1B] each stage runs 1F1B's order and sends each result at once", points=2, trace=False)
 def ofob_order(step: Run) -> Verdict:
     for stage in (0, 1):
         got, want = order(step, stage), one_f_one_b_order(stage)
@@ -109,7 +109,7 @@ def ofob_order(step: Run) -> Verdict:
     return passed(" | ".join(" ".join(order(step, s)) for s in (0, 1)))
 
 
-@criterion("[1F1B] stage s keeps at most min(p - s, m) micro-batches' activations", points=1)
+@criterion("[1F1B] stage s keeps at most min(p - s, m) micro-batches' activations", points=1, trace=False)
 def ofob_memory(step: Run) -> Verdict:
     measured = {f"one_f_one_b_stage{r.rank}_saved_peak_bytes": r.saved_peak for r in step.ranks}
     for r in step.ranks:

@@ -46,7 +46,7 @@ def not_waited(runs: list[CapRun], world: int) -> str | None:
 
 def _classify(run: CapRun, ref: dict, world: int) -> dict[str, list[str]]:
     """Each parameter's gradient at the step, against the reference: "mean", "own" (this rank's own gradient),
-    "sum" (world x the mean), "none" (no .grad), "other"."""
+    "sum" (world x the mean), "fraction" (the mean / world), "none" (no .grad), "other"."""
     out: dict[str, list[str]] = {}
     for name, want in ref.items():
         got, own = run.stepped.get(name), run.local.get(name)
@@ -60,6 +60,8 @@ def _classify(run: CapRun, ref: dict, world: int) -> dict[str, list[str]]:
             kind = "own"
         elif torch.allclose(got, world * want, rtol=RTOL, atol=ATOL):
             kind = "sum"
+        elif torch.allclose(got, want / world, rtol=RTOL, atol=ATOL):
+            kind = "fraction"
         else:
             kind = "other"
         out.setdefault(kind, []).append(name)
@@ -73,6 +75,34 @@ def summed(run: CapRun, ref: dict, world: int) -> str | None:
         return None
     return (f"every .grad held {world}x the mean gradient when the optimizer stepped: the all-reduce sums over the "
             f"{world} ranks; divide by the world size")
+
+
+@mistake("gradients divided by the world size twice")
+def divided_twice(run: CapRun, ref: dict, world: int) -> str | None:
+    if set(_classify(run, ref, world)) != {"fraction"}:
+        return None
+    return (f"every .grad held 1/{world} of the mean gradient when the optimizer stepped, the mean divided by the "
+            f"world size ({world}) once more: divide the all-reduced sum by the world size once")
+
+
+@mistake("a bucket all-reduced before its gradients were accumulated")
+def reduced_too_early(run: CapRun, ref: dict, world: int) -> str | None:
+    from .observations import make_model
+
+    numel = {n: p.numel() for n, p in make_model(0).named_parameters()}
+    accumulated = reduced = 0
+    for event in run.steps[0] if run.steps else []:
+        if event.kind == "grad":
+            accumulated += numel.get(event.name, 0)
+        elif event.kind == "all_reduce":
+            reduced += event.numel
+            if reduced > accumulated:
+                return (f"the all-reduce at {event.where} started when the gradients accumulated in this backward "
+                        f"held {accumulated} elements, fewer than the {reduced} all-reduced by then: it reduced .grad "
+                        "values not yet written (a Tensor.register_hook hook runs before .grad is accumulated); "
+                        "start a bucket's all-reduce from register_post_accumulate_grad_hook once all of its "
+                        "gradients are in")
+    return None
 
 
 @mistake("reduced gradients not written back")
@@ -134,15 +164,26 @@ def synchronous(events: list[Event], first_layer: list[str]) -> str | None:
             "one to finish; start it with async_op=True and wait on its Work in finish_gradient_synchronization")
 
 
+@mistake("an all-reduce waited on inside the backward")
+def waited_in_backward(events: list[Event], first_layer: list[str]) -> str | None:
+    held = [e for e in all_reduces(events) if e.waited_in_backward]
+    if not held:
+        return None
+    return (f"the all-reduce started at {held[0].where} was waited on before loss.backward() returned: the backward "
+            "stopped until it finished, so nothing overlapped it; wait on the Works in finish_gradient_synchronization")
+
+
 @mistake("all-reduces only after the backward")
 def after_backward(events: list[Event], first_layer: list[str]) -> str | None:
     reduces = all_reduces(events)
     finish = next((i for i, e in enumerate(events) if e.kind == "finish"), len(events))
-    if not reduces or events.index(reduces[0]) < finish:
+    late = [e for e in reduces if events.index(e) > finish]
+    if not late:
         return None
-    return (f"all {len(reduces)} all-reduces started after the backward, in finish_gradient_synchronization (the "
-            f"first at {reduces[0].where}): start each bucket's from the hook of its last gradient, so that it "
-            "overlaps the rest of the backward")
+    count = f"all {len(reduces)}" if len(late) == len(reduces) else f"{len(late)} of the {len(reduces)}"
+    return (f"{count} all-reduces started after the backward, in finish_gradient_synchronization (the first at "
+            f"{late[0].where}), although every bucket's gradients were ready inside it: start each bucket's "
+            "from the hook of its last gradient, so that it overlaps the rest of the backward")
 
 
 @mistake("buckets launched at the end of the backward")
@@ -156,7 +197,7 @@ def at_backward_end(events: list[Event], first_layer: list[str]) -> str | None:
             "last gradient is ready")
 
 
-OVERLAP_CAUSES = [synchronous, after_backward, at_backward_end]
+OVERLAP_CAUSES = [synchronous, waited_in_backward, after_backward, at_backward_end]
 
 
 def unused_names() -> list[str]:
@@ -181,19 +222,20 @@ def unused_unnamed(runs: list[CapRun]) -> str | None:
 
 
 @mistake("the bucket of an unused parameter never launched")
-def unused_never_launched(runs: list[CapRun], ref: dict, world: int) -> str | None:
+def unused_never_launched(runs: list[CapRun], ref: dict, world: int, kind: str) -> str | None:
+    """``kind``: how the learner's step treats every gradient when all are used (its main run's :func:`_classify`):
+    a used parameter that kept this rank's own gradient here, and only here, was never all-reduced."""
     from .observations import expected_buckets, make_model
 
-    cap, run = runs[0].cap_bytes, runs[0]
-    sizes = [e.numel for e in all_reduces(run.steps[0])] if run.steps else []
-    buckets, expected = expected_buckets(make_model(0, unused=True), cap), bucket_sizes(cap, unused=True)
-    if sorted(sizes + [n for n in expected if n not in sizes]) != sorted(expected):   # not the contract's buckets
-        return None
-    never = [b for b, n in zip(buckets, expected) if n not in sizes]
+    run = runs[0]
     kinds = _classify(run, ref, world)
-    if not never or set(kinds) == {"mean"}:
+    missed = [n for n in kinds.get("own", []) if kind != "own"]
+    if not missed:
         return None
-    return (f"with {_what()}, the bucket ({', '.join(never[0])}) was never all-reduced ({len(sizes)} of "
-            f"{len(expected)} buckets were), and rank 0 stepped with {_names(kinds.get('own', []) or never[0])} "
-            "not averaged: launch the buckets left in finish_gradient_synchronization, counting a missing gradient "
-            "as zeros")
+    sizes = [e.numel for e in all_reduces(run.steps[0])] if run.steps else []
+    buckets = expected_buckets(make_model(0, unused=True), run.cap_bytes)
+    holding = [b for b in buckets if set(missed) <= set(b)]
+    which = f" (their bucket, ({', '.join(holding[0])}), was never all-reduced)" if holding else ""
+    return (f"with {_what()}, {_names(missed)} kept this rank's own gradient when the optimizer stepped "
+            f"({len(sizes)} all-reduce(s) ran){which}: launch the buckets left in finish_gradient_synchronization, "
+            "counting a missing gradient as zeros")

@@ -8,8 +8,9 @@ from ....grader.diagnosis import diagnose
 from ....grader.parity import parity
 from ....grader.report import Verdict, criterion, failed, passed
 from ..observations import Run
-from .causes import (BUCKET_CAUSES, OVERLAP_CAUSES, _classify, _names, all_reduces, not_broadcast, not_waited,
-                     not_written_back, summed, unused_names, unused_never_launched, unused_unnamed)
+from .causes import (BUCKET_CAUSES, OVERLAP_CAUSES, _classify, _names, all_reduces, divided_twice, not_broadcast,
+                     not_waited, not_written_back, reduced_too_early, summed, unused_names, unused_never_launched,
+                     unused_unnamed)
 from .observations import STEPS, CapRun, expected_buckets, make_model
 from .reference import bucket_sizes, reference
 
@@ -26,13 +27,16 @@ def _error(run: Run) -> str | None:
     """The first error of part 2 (its runs before the unused-parameter one), on the lowest rank that raised."""
     for r in run.ranks:
         for cap_run in (r.bucketed.runs if r.bucketed else []):
+            if cap_run.not_implemented:
+                where = cap_run.error.partition(" (at ")[2].rstrip(")")
+                return "not implemented yet" + (f" ({where})" if where else "")
             if cap_run.error:
                 return f"BucketedDDP raised on rank {r.rank} (bucket_cap_mb={cap_run.cap_bytes / 2**20:.6g}): " \
                        f"{cap_run.error}"
     return None
 
 
-@criterion("[W={world}] BucketedDDP trains as one process on the whole batch", points=2)
+@criterion("[W={world}] BucketedDDP trains as one process on the whole batch", points=2, trace=False)
 def bucketed_matches(run: Run) -> Verdict:
     if error := _error(run):
         return failed(error)
@@ -46,7 +50,8 @@ def bucketed_matches(run: Run) -> Verdict:
             kinds = _classify(cap_run, grads, run.world)
             if set(kinds) != {"mean"}:
                 wrong = {k: v for k, v in kinds.items() if k != "mean"}
-                return failed(diagnose([summed, not_written_back], cap_run, grads, run.world) or
+                return failed(diagnose([reduced_too_early, summed, divided_twice, not_written_back], cap_run, grads,
+                                       run.world) or
                               f"at the first step (bucket_cap_mb={cap / 2**20:.6g}) rank {r}'s .grad differed from "
                               f"the mean gradient of one process on the whole batch: {_describe(wrong)}")
             final = parity(cap_run.final, ref["final"], rtol=RTOL, atol=ATOL)
@@ -58,11 +63,12 @@ def bucketed_matches(run: Run) -> Verdict:
 
 def _describe(kinds: dict[str, list[str]]) -> str:
     words = {"own": "held this rank's own gradient", "sum": "held the sum over the ranks", "none": "was None",
+             "fraction": "held the mean divided by the world size again",
              "other": "held neither this rank's gradient nor the mean"}
     return "; ".join(f"{_names(names)} {words[kind]}" for kind, names in kinds.items())
 
 
-@criterion("[W={world}] one all-reduce per bucket, the buckets the cap implies", points=2)
+@criterion("[W={world}] one all-reduce per bucket, the buckets the cap implies", points=2, trace=False)
 def bucketed_buckets(run: Run) -> Verdict:
     if error := _error(run):
         return failed(f"not checked: {error.split(':')[0]} (see the first criterion of BucketedDDP)")
@@ -82,7 +88,7 @@ def bucketed_buckets(run: Run) -> Verdict:
     return passed()
 
 
-@criterion("[W={world}] each bucket's all-reduce starts in the backward, asynchronously", points=1)
+@criterion("[W={world}] each bucket's all-reduce starts in the backward, asynchronously", points=1, trace=False)
 def bucketed_overlap(run: Run) -> Verdict:
     if error := _error(run):
         return failed(f"not checked: {error.split(':')[0]} (see the first criterion of BucketedDDP)")
@@ -94,7 +100,7 @@ def bucketed_overlap(run: Run) -> Verdict:
     return passed()
 
 
-@criterion("[W={world}] a parameter unused in the forward is handled or named", points=1)
+@criterion("[W={world}] a parameter unused in the forward is handled or named", points=1, trace=False)
 def bucketed_unused(run: Run) -> Verdict:
     if error := _error(run):
         return failed(f"not checked: {error.split(':')[0]} (see the first criterion of BucketedDDP)")
@@ -103,14 +109,19 @@ def bucketed_unused(run: Run) -> Verdict:
         if message := unused_unnamed(runs):
             return failed(message)
         return passed(f"named: {runs[0].error}")
-    if not bucketed_matches(run).ok:   # its gradients would be judged against a mean the other runs missed too
+    first = [r.bucketed.runs[0] for r in run.ranks]   # how this code treats gradients when every one is used
+    main = set(_classify(first[0], reference(first[0].start, run.world, STEPS)["grads"], run.world))
+    if len(main) != 1:
         return failed(f"not checked: needs '{bucketed_matches.rule.name.format(world=run.world)}' first")
-    ref = reference(runs[0].start, run.world, 1, unused=True)
+    ref = reference(runs[0].start, run.world, 1, unused=True)["grads"]
+    if message := unused_never_launched(runs, ref, run.world, main.pop()):
+        return failed(message)
+    if not bucketed_matches(run).ok:
+        return passed("its gradients were treated as every used parameter's")
     for r, u in enumerate(runs):
-        wrong = {k: v for k, v in _classify(u, ref["grads"], run.world).items() if k != "mean"}
+        wrong = {k: v for k, v in _classify(u, ref, run.world).items() if k != "mean"}
         if wrong:
-            return failed(diagnose([unused_never_launched], runs, ref["grads"], run.world) or
-                          f"with a parameter the forward does not use ({_names(unused_names())}), rank {r}'s "
+            return failed(f"with a parameter the forward does not use ({_names(unused_names())}), rank {r}'s "
                           f"gradients at the step: {_describe(wrong)}")
     return passed()
 

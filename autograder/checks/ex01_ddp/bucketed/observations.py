@@ -75,6 +75,7 @@ class Event(Observation):
     numel: int = 0     # "all_reduce": its tensor's elements
     is_async: bool = False  # "all_reduce": called with async_op=True
     waited: bool = False    # "all_reduce": its Work waited on (or seen completed) before the optimizer step
+    waited_in_backward: bool = False  # "all_reduce": its Work already waited on when loss.backward() returned
     where: str = ""    # "all_reduce": the learner's line that called it ("file.py line N (`code`)")
     other: str = ""    # a collective other than dist.all_reduce: its kind
 

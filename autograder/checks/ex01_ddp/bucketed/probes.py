@@ -151,6 +151,8 @@ def _one_step(ddp, optimizer, step: _Step, spy, i: int, rank: int, world: int, p
             loss = nn.functional.cross_entropy(ddp(x[mine]), y[mine])
             optimizer.zero_grad()
             loss.backward()
+            for event, watched in step.works:   # a wait() inside the backward held the backward up
+                event.waited_in_backward = watched.blocked
             step.events.append(Event("finish"))
             ddp.finish_gradient_synchronization()
     finally:
