@@ -1,4 +1,8 @@
-"""Realistic mistakes for exercise 1 (DDP: setup, train_ddp, evaluate_ddp), and legal other styles."""
+"""Realistic mistakes for exercise 1 (DDP: setup, train_ddp, evaluate_ddp, and BucketedDDP), and legal other styles.
+
+The BucketedDDP ones (``_BUCKETED``) were written, as whole files, by a tester who had read only the contract
+(session of 2026-12-06), before the check was changed for them; they are the same mistakes as edits of the
+reference. The check was then changed for five of them (the note of that session says which)."""
 from __future__ import annotations
 
 from benchmarks.realistic import Mistake
@@ -179,6 +183,50 @@ MISTAKES: list[Mistake] = [
     ),
 ]
 
+
+_CONTRACT = "written blind to the checks from BucketedDDP's contract (Li et al. 2020's buckets; CS336 assignment 2)"
+_LAUNCH = "            self.launched[i] = (dist.all_reduce(flat, async_op=True), flat)"
+_BUCKETED: list[Mistake] = [
+    Mistake("bucketed_no_divide", "The bucket's all-reduced sum is written back without dividing by the world size.",
+            _CONTRACT, {"(flat / world).split(": "flat.split("}, ("world size",)),
+    Mistake("bucketed_divide_twice", "The gradients are divided by the world size before and after the all-reduce.",
+            _CONTRACT, {"(flat / world).split(": "(flat / world / world).split("}, ("world size",)),
+    Mistake("bucketed_wait_in_hook", "Each bucket's Work is waited on in the hook that launched it: the backward "
+            "stops at every bucket.", _CONTRACT, {_LAUNCH: _LAUNCH + "\n            self.launched[i][0].wait()"},
+            ("waited",)),
+    Mistake("bucketed_launch_in_finish", "The hooks only count; every bucket is launched in "
+            "finish_gradient_synchronization, after the backward.", _CONTRACT,
+            {"                launch(i)\n": "                pass\n"}, ("after the backward",)),
+    Mistake("bucketed_per_parameter", "One all-reduce per parameter: every parameter closes its bucket.", _CONTRACT,
+            {"            if size >= cap:": "            if True:"}, ("per parameter",)),
+    Mistake("bucketed_forward_order", "The buckets are filled in module.parameters()'s order, not in reverse.",
+            _CONTRACT, {"if p.requires_grad][::-1]": "if p.requires_grad]"}, ("reverse",)),
+    Mistake("bucketed_cap_strict", "A bucket closes only once it exceeds the cap (>), not when it reaches it.",
+            _CONTRACT, {"            if size >= cap:": "            if size > cap:"}, ("reach",)),
+    Mistake("bucketed_megabytes", "bucket_cap_mb is read as 10**6 bytes, not MiB.", _CONTRACT,
+            {"size = bucket_cap_mb * 2**20": "size = bucket_cap_mb * 10**6"}, ("MiB",)),
+    Mistake("bucketed_no_copy_back", "The flattened bucket is all-reduced, but the result never reaches .grad.",
+            _CONTRACT, {"                    p.grad.copy_(mean.view_as(p))": "                    pass"},
+            ("write the reduced",)),
+    Mistake("bucketed_no_reset", "The buckets' state is not reset after a step: the second backward finds every "
+            "bucket launched.", _CONTRACT,
+            {"        self.pending = [len(b) for b in self.buckets]  # ready for the next backward\n"
+             "        self.launched = [None] * len(self.buckets)\n": ""}, ("step 1",)),
+    Mistake("bucketed_no_broadcast", "The parameters are not broadcast from rank 0 at construction.", _CONTRACT,
+            {"            dist.broadcast(p.data, src=0)": "            pass"}, ("broadcast",)),
+    Mistake("bucketed_tensor_hook", "register_hook (which runs before .grad is accumulated) instead of "
+            "register_post_accumulate_grad_hook.", _CONTRACT,
+            {"p.register_post_accumulate_grad_hook(ready)": "p.register_hook(lambda g, p=p: ready(p))"},
+            ("register_hook",)),
+    Mistake("bucketed_synchronous", "The all-reduce is called without async_op=True inside the hook.", _CONTRACT,
+            {_LAUNCH: "            dist.all_reduce(flat)\n            self.launched[i] = (None, flat)",
+             "            work.wait()": "            work is None or work.wait()"}, ("synchronous",)),
+    Mistake("bucketed_unused_skipped", "Buckets no hook completed (an unused parameter's) are skipped, not launched.",
+            _CONTRACT, {"                self.launch(i)": "                pass",
+                        "zip(self.buckets, self.launched):": "((b, l) for b, l in zip(self.buckets, self.launched) if l):"},
+            ("never all-reduced",)),
+]
+MISTAKES += _BUCKETED
 LEGAL: list[Mistake] = [
     Mistake(
         name="eval_real_count_per_rank",
@@ -237,5 +285,13 @@ LEGAL: list[Mistake] = [
     accuracy = sum(value[1] for value in merged.values()) / len(merged)
     return float(loss), float(accuracy)
 """},
+    ),
+    Mistake(
+        name="bucketed_divide_first",
+        what="BucketedDDP divides each gradient by the world size before the all-reduce (the sum of the quotients "
+             "is the mean).",
+        source=_CONTRACT,
+        edits={"            flat = torch.cat(grads)": "            flat = torch.cat(grads) / dist.get_world_size()",
+               "(flat / world).split(": "flat.split("},
     ),
 ]

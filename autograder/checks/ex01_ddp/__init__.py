@@ -51,6 +51,7 @@ A failure names the first cause below that explains them:
 | one all-reduce per parameter | "6 all-reduces per step, one per parameter; a cap of 1448 bytes makes 3 buckets ..." |
 | buckets filled in registration order | "the all-reduces moved [...] elements: buckets filled in the order of ..." |
 | bucket_cap_mb read as 10**6 bytes | "... the buckets of a 1431-byte cap: bucket_cap_mb=0.00143051 is in MiB ..." |
+| buckets not readied for the next backward | "step 0's all-reduces were the buckets the cap implies ..." |
 | bucket closed past the cap | "... a bucket was closed only once its bytes exceeded the cap of 1448 ..." |
 | a synchronous all-reduce | "the all-reduce at ... was synchronous (async_op not set): the backward waited ..." |
 | an all-reduce waited on inside the backward | "the all-reduce started at ... was waited on before ..." |

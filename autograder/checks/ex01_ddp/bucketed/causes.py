@@ -155,6 +155,18 @@ def closed_past_cap(sizes: list[int], cap: int, unused: bool = False) -> str | N
 BUCKET_CAUSES = [per_parameter, forward_order, decimal_megabytes, closed_past_cap]
 
 
+@mistake("buckets not readied for the next backward")
+def not_reset(run: CapRun) -> str | None:
+    steps = [[e.numel for e in all_reduces(events)] for events in run.steps]
+    expected = bucket_sizes(run.cap_bytes)
+    later = next((i for i, sizes in enumerate(steps[1:], 1) if sizes != expected), None)
+    if not steps or steps[0] != expected or later is None:
+        return None
+    return (f"step 0's all-reduces were the buckets the cap implies ({expected} elements), step {later}'s moved "
+            f"{steps[later]}: finish_gradient_synchronization must ready the buckets for the next backward (what "
+            "counts each bucket's gradients, and what it launched)")
+
+
 @mistake("a synchronous all-reduce")
 def synchronous(events: list[Event], first_layer: list[str]) -> str | None:
     sync = [e for e in all_reduces(events) if not e.is_async]

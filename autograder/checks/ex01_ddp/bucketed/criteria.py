@@ -9,8 +9,8 @@ from ....grader.parity import parity
 from ....grader.report import Verdict, criterion, failed, passed
 from ..observations import Run
 from .causes import (BUCKET_CAUSES, OVERLAP_CAUSES, _classify, _names, all_reduces, divided_twice, not_broadcast,
-                     not_waited, not_written_back, reduced_too_early, summed, unused_names, unused_never_launched,
-                     unused_unnamed)
+                     not_reset, not_waited, not_written_back, reduced_too_early, summed, unused_names,
+                     unused_never_launched, unused_unnamed)
 from .observations import STEPS, CapRun, expected_buckets, make_model
 from .reference import bucket_sizes, reference
 
@@ -79,6 +79,8 @@ def bucketed_buckets(run: Run) -> Verdict:
                 return failed(f"a {others[0].other} ran in step {i}'s backward or finish (at {others[0].where}): "
                               "the only collectives are one all-reduce per bucket")
             sizes = [e.numel for e in all_reduces(events)]
+            if i > 0 and (message := not_reset(runs[0])):
+                return failed(message)
             if sizes != bucket_sizes(cap):
                 names = expected_buckets(make_model(0), cap)
                 return failed(diagnose(BUCKET_CAUSES, sizes, cap) or
