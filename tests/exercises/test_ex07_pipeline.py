@@ -52,6 +52,10 @@ MISTAKES = {
             "dist.send(out.detach().contiguous(), dst=rank + 1)",
         "sends.append(dist.isend(inp.grad.contiguous(), dst=rank - 1))":
             "dist.send(inp.grad.contiguous(), dst=rank - 1)"},
+    # found by a tester blind to the checks: a loss returned on stage 0 too, and the isends never waited on
+    "1F1B loss everywhere, sends not waited": {
+        "    return sum(losses) if last else None": "    return sum(losses) if last else torch.zeros(())",
+        "    for work in sends:\n        work.wait()\n": ""},
     # stage 0 holds each activation back and sends it after its next forward (two at a time)
     "1F1B sends held back": {
         "    inputs, outputs, losses, sends = {}, {}, [], []":
@@ -276,3 +280,11 @@ def test_1f1b_sends_held_back_are_named(reports):
     assert list(f) == [OFOB[1]], f
     assert f[OFOB[1]].startswith("stage 0 sent micro-batch 0's activations (") and \
         "only after its next forward (F1) had started" in f[OFOB[1]]
+
+
+def test_1f1b_loss_on_every_stage_and_unwaited_sends_are_named(reports):
+    f = failed(reports["1F1B loss everywhere, sends not waited"])
+    assert set(f) == set(OFOB[:2]), f
+    assert f[OFOB[0]] == "rank 0 returned 0; only the last stage computes the loss, and the others return None"
+    assert f[OFOB[1]].startswith("stage 0's 4 isend(s) (the first at ex07_pipeline.py line ") and \
+        "were never waited on before one_f_one_b_step returned" in f[OFOB[1]]

@@ -40,6 +40,8 @@ each stage held at once against ``min(p - s, m)`` micro-batches (Narayanan et al
 | a send/recv deadlock between the stages | (gloo's "Timed out waiting 3000ms for send") "both stages waited ..." |
 | 1F1B: blocking sends in the steady state: a deadlock | "both stages were waiting in a blocking dist.send ..." |
 | 1F1B: GPipe's order instead | "stage 0 ran all 4 forwards before its first backward (F0 F1 F2 F3 ...) ..." |
+| 1F1B: a loss returned on a stage other than the last | "rank 0 returned 2.31; only the last stage computes ..." |
+| 1F1B: a send's Work never waited on | "stage 0's 4 isend(s) (the first at ...) were never waited on ..." |
 | 1F1B: a send held back past the stage's next forward or backward | "stage 0 sent micro-batch 0's ... only after ..." |
 """
 from __future__ import annotations

@@ -11,7 +11,8 @@ from distlab.lab.pipeline.timeline import schedule_orders
 from ...grader.diagnosis import diagnose, mistake
 from ...grader.parity import parity
 from ...grader.report import Verdict, criterion, failed, passed
-from .causes import activation_without_grad, gradients_not_sent
+from .causes import (activation_without_grad, backward_order, count_scales, gradients_not_sent, last_loss,
+                     loss_not_scaled, mean_of_scaled)
 from .observations import Run
 from .probes import MICRO
 
@@ -49,6 +50,25 @@ def blocking_deadlock(step: Run, part: str = "") -> str | None:
             "on their Works before returning")
 
 
+@mistake("1F1B: a loss returned on a stage other than the last")
+def loss_on_every_stage(step: Run, part: str = "") -> str | None:
+    if step.ranks[0].loss is None:
+        return None
+    return (f"rank 0 returned {step.ranks[0].loss.reshape(-1)[0].item():.6g}; only the last stage computes the "
+            "loss, and the others return None")
+
+
+@mistake("1F1B: a send's Work never waited on")
+def send_not_waited(step: Run, part: str = "") -> str | None:
+    for r in step.ranks:
+        pending = [c for c in r.p2p if c.op == "send" and c.is_async and c.waited is False]
+        if pending:
+            return (f"stage {r.rank}'s {len(pending)} isend(s) (the first at {pending[0].where}) were never waited "
+                    "on before one_f_one_b_step returned: a send is complete only once its Work is waited on; "
+                    "wait on every one before returning")
+    return None
+
+
 @mistake("1F1B: GPipe's order instead")
 def gpipe_order(step: Run, part: str = "") -> str | None:
     gpipe = [f"F{i}" for i in range(MICRO)] + [f"B{i}" for i in range(MICRO)]
@@ -80,9 +100,12 @@ def ofob_matches(step: Run) -> Verdict:
     loss = step.ranks[1].loss
     if loss is None or loss.numel() != 1 or not parity(loss.reshape(()), step.ref_loss, rtol=RTOL, atol=ATOL):
         got = "no loss" if loss is None or loss.numel() != 1 else f"loss {loss.item():.6g}"
-        return failed(diagnose([blocking_deadlock, activation_without_grad, gradients_not_sent], step, "1f1b") or
+        return failed(diagnose([blocking_deadlock, activation_without_grad, gradients_not_sent, last_loss,
+                                mean_of_scaled, count_scales, loss_not_scaled], step, "loss") or
                       f"rank 1 (the last stage) returned {got}; the unsplit model's is {step.ref_loss.item():.6g}"
                       + _raised(step))
+    if message := loss_on_every_stage(step):
+        return failed(message)
     for stage in (0, 1):
         grads = step.ranks[stage].grads
         if any(g is None for g in grads):
@@ -91,8 +114,9 @@ def ofob_matches(step: Run) -> Verdict:
         names = [f"parameter {i} of stage {stage}" for i in range(len(grads))]
         p = parity(dict(zip(names, grads)), dict(zip(names, step.ref_grads[stage])), rtol=RTOL, atol=ATOL)
         if not p:
+            why = diagnose([count_scales, loss_not_scaled, backward_order], step, f"grads{stage}")
             return failed(f"stage {stage}'s gradients differ from the unsplit model's (max abs difference "
-                          f"{p.max_abs_diff:.3g} in {p.worst})" + _raised(step))
+                          f"{p.max_abs_diff:.3g} in {p.worst})" + (f": {why}" if why else _raised(step)))
     return passed(f"loss {step.ref_loss.item():.5g}")
 
 
@@ -104,7 +128,7 @@ def ofob_order(step: Run) -> Verdict:
             return failed(diagnose([blocking_deadlock, gpipe_order], step, "1f1b") or
                           f"stage {stage} ran {' '.join(got) or 'nothing'}; 1F1B's order for stage {stage} of {P} "
                           f"with {MICRO} micro-batches is {' '.join(want)}" + _raised(step))
-    if message := send_held_back(step):
+    if message := send_held_back(step) or send_not_waited(step):
         return failed(message)
     return passed(" | ".join(" ".join(order(step, s)) for s in (0, 1)))
 
@@ -112,13 +136,21 @@ def ofob_order(step: Run) -> Verdict:
 @criterion("[1F1B] stage s keeps at most min(p - s, m) micro-batches' activations", points=1, trace=False)
 def ofob_memory(step: Run) -> Verdict:
     measured = {f"one_f_one_b_stage{r.rank}_saved_peak_bytes": r.saved_peak for r in step.ranks}
+    done = [(len([e for e in r.events if e.kind == k]) == MICRO) for r in step.ranks for k in "FB"]
+    if not all(done) or any(r.error for r in step.ranks):
+        return failed("not checked: the step did not run every micro-batch forward and backward on both stages"
+                      + _raised(step))
     for r in step.ranks:
         one = r.saved_per_microbatch
         if one and r.saved_peak > bound(r.rank) * one:
-            return failed(f"stage {r.rank} held {r.saved_peak:,} bytes of activations at once, "
-                          f"{r.saved_peak / one:.3g} micro-batches' ({one:,} bytes each); 1F1B keeps at most "
-                          f"min(p - s, m) = {bound(r.rank)} there: run micro-batch i's backward before the forward "
-                          f"of micro-batch i + {bound(r.rank)}", **measured)
+            held = (f"stage {r.rank} held {r.saved_peak:,} bytes of activations at once, {r.saved_peak / one:.3g} "
+                    f"micro-batches' ({one:,} bytes each); 1F1B keeps at most min(p - s, m) = {bound(r.rank)} there")
+            if order(step, r.rank) == one_f_one_b_order(r.rank):
+                return failed(f"{held}, although its forwards and backwards ran in 1F1B's order: a micro-batch's "
+                              "saved activations outlived its backward (backward(retain_graph=True) keeps them)",
+                              **measured)
+            return failed(f"{held}: run micro-batch i's backward before the forward of micro-batch "
+                          f"i + {bound(r.rank)}", **measured)
     return passed(", ".join(f"stage {r.rank}: {r.saved_peak / max(r.saved_per_microbatch, 1):.3g} micro-batches"
                             for r in step.ranks), **measured)
 
