@@ -103,6 +103,34 @@ MISTAKES = [
     ),
 ]
 
+
+_CONTRACT = "written blind to the checks from one_f_one_b_step's contract (Narayanan et al. 2021's PipeDream-Flush)"
+_ONE_F_ONE_B = [
+    Mistake("1f1b_gpipe_order", "Every forward first, then every backward (GPipe's order) in one_f_one_b_step.",
+            _CONTRACT, {"    warm = min(p - 1 - rank, m)": "    warm = m"}, ("GPipe",)),
+    Mistake("1f1b_warmup_p_minus_s", "p - s warm-up forwards instead of p - 1 - s.", _CONTRACT,
+            {"    warm = min(p - 1 - rank, m)": "    warm = min(p - rank, m)"}, ("order",)),
+    Mistake("1f1b_no_warmup", "No warm-up forward: forward and backward alternate from the start.", _CONTRACT,
+            {"    warm = min(p - 1 - rank, m)": "    warm = 0"}, ("order",)),
+    Mistake("1f1b_blocking_sends", "dist.send (blocking) for both neighbours' sends.", _CONTRACT,
+            {"sends.append(dist.isend(out.detach().contiguous(), dst=rank + 1))":
+             "dist.send(out.detach().contiguous(), dst=rank + 1)",
+             "sends.append(dist.isend(inp.grad.contiguous(), dst=rank - 1))":
+             "dist.send(inp.grad.contiguous(), dst=rank - 1)"}, ("isend",)),
+    Mistake("1f1b_loss_not_divided", "Each micro-batch's loss is not divided by m in one_f_one_b_step.", _CONTRACT,
+            {"            out = nn.functional.cross_entropy(out, ys[i]) / m":
+             "            out = nn.functional.cross_entropy(out, ys[i])"}, ("divide",)),
+    Mistake("1f1b_sends_not_waited", "The isends' Works are never waited on.", _CONTRACT,
+            {"    for work in sends:\n        work.wait()\n": ""}, ("waited",)),
+    Mistake("1f1b_loss_on_every_stage", "A loss tensor is returned on stage 0 too.", _CONTRACT,
+            {"    return sum(losses) if last else None": "    return sum(losses) if last else torch.zeros(())"},
+            ("None",)),
+    Mistake("1f1b_retain_graph", "backward(retain_graph=True) keeps every micro-batch's activations alive.", _CONTRACT,
+            {"            out.backward()\n": "            out.backward(retain_graph=True)\n",
+             "            out.backward(gradient=grad)": "            out.backward(gradient=grad, retain_graph=True)"},
+            ("retain_graph",)),
+]
+MISTAKES += _ONE_F_ONE_B
 LEGAL = [
     Mistake(
         name="both_stages_backward_in_reverse",
@@ -137,4 +165,19 @@ LEGAL = [
         source="the usual gradient-accumulation idiom: reduction='sum' divided by the global batch size",
         edits={_LOSS: "        loss = nn.functional.cross_entropy(stage(act), y_i, reduction=\"sum\") / y.shape[0]\n"},
     ),
+    Mistake("1f1b_schedule_written_out", "1F1B's schedule written out first as a list, then walked.", _CONTRACT,
+            {"""    warm = min(p - 1 - rank, m)
+    for i in range(warm):
+        forward(i)
+    for i in range(m):
+        if warm + i < m:
+            forward(warm + i)
+        backward(i)
+""": """    warm = min(p - 1 - rank, m)
+    plan = [("F", i) for i in range(warm)]
+    for i in range(m):
+        plan += ([("F", warm + i)] if warm + i < m else []) + [("B", i)]
+    for kind, i in plan:
+        (forward if kind == "F" else backward)(i)
+"""}),
 ]

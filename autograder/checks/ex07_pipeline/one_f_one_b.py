@@ -79,6 +79,33 @@ def gpipe_order(step: Run, part: str = "") -> str | None:
             f"stage 0, then one forward and one backward in turn: {' '.join(one_f_one_b_order(0))}")
 
 
+@mistake("1F1B: the wrong number of warm-up forwards")
+def wrong_warmup(step: Run, part: str = "") -> str | None:
+    for stage in (0, 1):
+        got, want = order(step, stage), one_f_one_b_order(stage)
+        first_b = next((i for i, a in enumerate(got) if a.startswith("B")), None)
+        if got == want or first_b is None or len(got) != len(want):
+            continue
+        warm = min(P - 1 - stage, MICRO)
+        if first_b != warm:
+            return (f"stage {stage} ran {first_b} forward(s) before its first backward ({' '.join(got)}); 1F1B runs "
+                    f"min(p - 1 - s, m) = {warm} warm-up forward(s) on stage {stage} of {P}, then one forward and "
+                    f"one backward in turn: {' '.join(want)}")
+    return None
+
+
+@mistake("1F1B: activations kept past their backward")
+def kept_past_backward(step: Run, part: str = "") -> str | None:
+    for r in step.ranks:
+        one = r.saved_per_microbatch
+        if one and r.saved_peak > bound(r.rank) * one and order(step, r.rank) == one_f_one_b_order(r.rank):
+            return (f"stage {r.rank} held {r.saved_peak:,} bytes of activations at once, {r.saved_peak / one:.3g} "
+                    f"micro-batches' ({one:,} bytes each), although its forwards and backwards ran in 1F1B's "
+                    f"order, which keeps at most min(p - s, m) = {bound(r.rank)}: a micro-batch's saved activations "
+                    "outlived its backward (backward(retain_graph=True) keeps them)")
+    return None
+
+
 @mistake("1F1B: a send held back past the stage's next forward or backward")
 def send_held_back(step: Run, part: str = "") -> str | None:
     for stage, kind in ((0, "F"), (1, "B")):   # stage 0 sends activations, stage 1 input gradients
@@ -125,7 +152,7 @@ def ofob_order(step: Run) -> Verdict:
     for stage in (0, 1):
         got, want = order(step, stage), one_f_one_b_order(stage)
         if got != want:
-            return failed(diagnose([blocking_deadlock, gpipe_order], step, "1f1b") or
+            return failed(diagnose([blocking_deadlock, gpipe_order, wrong_warmup], step, "1f1b") or
                           f"stage {stage} ran {' '.join(got) or 'nothing'}; 1F1B's order for stage {stage} of {P} "
                           f"with {MICRO} micro-batches is {' '.join(want)}" + _raised(step))
     if message := send_held_back(step) or send_not_waited(step):
@@ -140,17 +167,15 @@ def ofob_memory(step: Run) -> Verdict:
     if not all(done) or any(r.error for r in step.ranks):
         return failed("not checked: the step did not run every micro-batch forward and backward on both stages"
                       + _raised(step))
+    if message := kept_past_backward(step):
+        return failed(message, **measured)
     for r in step.ranks:
         one = r.saved_per_microbatch
         if one and r.saved_peak > bound(r.rank) * one:
-            held = (f"stage {r.rank} held {r.saved_peak:,} bytes of activations at once, {r.saved_peak / one:.3g} "
-                    f"micro-batches' ({one:,} bytes each); 1F1B keeps at most min(p - s, m) = {bound(r.rank)} there")
-            if order(step, r.rank) == one_f_one_b_order(r.rank):
-                return failed(f"{held}, although its forwards and backwards ran in 1F1B's order: a micro-batch's "
-                              "saved activations outlived its backward (backward(retain_graph=True) keeps them)",
-                              **measured)
-            return failed(f"{held}: run micro-batch i's backward before the forward of micro-batch "
-                          f"i + {bound(r.rank)}", **measured)
+            return failed(f"stage {r.rank} held {r.saved_peak:,} bytes of activations at once, "
+                          f"{r.saved_peak / one:.3g} micro-batches' ({one:,} bytes each); 1F1B keeps at most "
+                          f"min(p - s, m) = {bound(r.rank)} there: run micro-batch i's backward before the forward "
+                          f"of micro-batch i + {bound(r.rank)}", **measured)
     return passed(", ".join(f"stage {r.rank}: {r.saved_peak / max(r.saved_per_microbatch, 1):.3g} micro-batches"
                             for r in step.ranks), **measured)
 
