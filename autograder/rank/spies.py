@@ -155,9 +155,15 @@ class P2PSpy(Replace):
 
     def __exit__(self, *exc):
         super().__exit__(*exc)
-        for call, tensor in self._async_recv:  # what an irecv's buffer holds once the step is over
-            call["value"] = tensor.detach().cpu().clone()
+        self.settle()
         return False
+
+    def settle(self) -> None:
+        """Each irecv's ``value``: what its buffer holds now, once the step is over (a spy that observes several
+        steps calls it after each)."""
+        for call, tensor in self._async_recv:
+            call["value"] = tensor.detach().cpu().clone()
+        self._async_recv = []
 
     def _spy(self, name: str, real):
         def spy(tensor, *args, **kwargs):

@@ -40,7 +40,7 @@ def test_scheduler_step_skipped_is_named_at_its_line(tmp_path):
 
 def test_generated_pipeline_mutants_name_the_edited_line(tmp_path):
     found = {m.edit.split(":")[0]: m for m in mutants(SOLUTIONS / "ex07_pipeline.py")}
-    picked = [found["line 73 moved down"], found["line 87 literal changed"]]
+    picked = [found["line 77 moved down"], found["line 91 literal changed"]]
     paths = []
     for i, m in enumerate(picked):
         (tmp_path / str(i)).mkdir()

@@ -8,7 +8,7 @@ for every exercise.
 * bob submits the untouched stubs                          -> 0, "not implemented yet"
 * carol edits the test cell to claim full marks, duplicates it,
   and her module fails to import                           -> 0, graded on the original cell
-* dave deletes the test cell and renames gpipe_step        -> 0, cell restored, names gpipe_step
+* dave deletes the test cell and renames gpipe_step        -> the 1F1B part only, cell restored, names gpipe_step
 * erin's notebook is not JSON and her module is missing    -> 0, released notebook used, "not found"
 * frank submits the stubs and adds a cell that patches round() so the
   test cell reports full marks                             -> 0, regraded outside the kernel
@@ -44,6 +44,7 @@ from tests.helpers import REPO, SOLUTIONS
 
 pytestmark = pytest.mark.timeout(900)
 EX = exercises()[7]
+DAVE = 3.33   # his renamed gpipe_step costs the GPipe part; his one_f_one_b_step (5 of 15 points) is the solution's
 ASSIGNMENT = Path(EX.filename).stem
 LEARNERS = ("alice", "bob", "carol", "dave", "erin", "frank")
 
@@ -213,13 +214,14 @@ def test_release_strips_hidden_tests_and_ships_the_stub(course):
 @pytest.mark.slow
 def test_scores_full_zero_and_tampered_graded_on_original_cells(course):
     got = scores(course["db"])
+    # dave renamed gpipe_step: its five criteria score 0, his 1F1B part (5 of the exercise's 15 points) stands
     assert got == {"alice": (EX.max_score, False), "bob": (0.0, False), "carol": (0.0, False),
-                   "dave": (0.0, False), "erin": (0.0, False),
+                   "dave": (DAVE, False), "erin": (0.0, False),
                    "frank": (EX.max_score, False)}  # what his patched kernel claimed ...
     rows = {r["student_id"]: r for r in csv.DictReader(course["first"][2].splitlines())
             if r["assignment"] == ASSIGNMENT}
     assert {s: float(r["score"]) for s, r in rows.items()} == {  # ... and what he gets
-        "alice": EX.max_score, "bob": 0.0, "carol": 0.0, "dave": 0.0, "erin": 0.0, "frank": 0.0}
+        "alice": EX.max_score, "bob": 0.0, "carol": 0.0, "dave": DAVE, "erin": 0.0, "frank": 0.0}
     assert float(rows["alice"]["max_score"]) == EX.max_score
 
 

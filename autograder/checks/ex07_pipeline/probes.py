@@ -68,14 +68,16 @@ class StageProbe:
 
 
 def rank_main(paths: list[str], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[dict]:
-    """Runs on both ranks: each learner file in turn, its GPipe step then its 1F1B step, each in a process group
-    of its own (one part's broken send or recv cannot cost the other part its marks)."""
+    """Runs on both ranks: each learner file in turn, imported once, its GPipe step then its 1F1B step, each in a
+    process group of its own (one part's broken send or recv cannot cost the other part its marks)."""
     observed = []
     for i, path in enumerate(paths):
         parts = {}
-        for name, fn in PARTS.items():
-            with own_rendezvous(f"file{i}-{name}"):
-                parts[name] = _observe(path, p2p_timeout_s, fn, saved=name == "one_f_one_b")
+        with P2PSpy() as p2p:  # before the import: the send and recv it binds are spied on too
+            learner = load_learner(path)
+            for name, fn in PARTS.items():
+                with own_rendezvous(f"file{i}-{name}"):
+                    parts[name] = _observe(learner, path, p2p, p2p_timeout_s, fn, saved=name == "one_f_one_b")
         if all(part.not_implemented for part in parts.values()):   # the stub: "not implemented yet", as any
             raise NotImplementedError(f"{Path(path).name}: {', '.join(PARTS.values())} still raise it")
         observed.append(FileObservation(**parts).to_wire())
@@ -102,7 +104,7 @@ def _per_microbatch(counted: SavedBytes, rank: int, x: torch.Tensor) -> int:
     return one
 
 
-def _observe(path: str, p2p_timeout_s: float, fn: str, saved: bool = False) -> RankObservation:
+def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float, fn: str, saved: bool = False) -> RankObservation:
     # The grader owns the process group: the learner's code only sends and receives. Under gloo its
     # timeout is the p2p timeout (NCCL's watchdog would abort the job instead: it keeps the default).
     short = timedelta(seconds=p2p_timeout_s * time_scale()) if distlab.backend() == "gloo" else None
@@ -115,21 +117,21 @@ def _observe(path: str, p2p_timeout_s: float, fn: str, saved: bool = False) -> R
     one = _per_microbatch(counted, rank, x) if counted else 0
     probe = StageProbe(stage)
     loss = error = where = None
-    with P2PSpy() as p2p:  # before the import: the send and recv it binds are spied on too
-        learner = load_learner(path)
-        dist.barrier()
-        with CapturedPrints() as out:
-            try:
-                loss = getattr(learner, fn)(stage, x.clone(), y.clone(), n_microbatches=MICRO, hidden=HIDDEN)
-            except Exception as exc:  # noqa: BLE001 - reported, so the other criteria are still judged
-                error, where = raised(exc), str(learner_frame(exc, path) or "")
-                if values := values_at(exc, path):  # the tensors on that line: shapes, requires_grad, .grad
-                    where += f" (with {values})"
-        p2p.drain(wait=error is None)   # no send left pending in the group that is about to close
+    first = len(p2p.calls)   # this part's sends and receives: the spy's from here on
+    dist.barrier()
+    with CapturedPrints() as out:
+        try:
+            loss = getattr(learner, fn)(stage, x.clone(), y.clone(), n_microbatches=MICRO, hidden=HIDDEN)
+        except Exception as exc:  # noqa: BLE001 - reported, so the other criteria are still judged
+            error, where = raised(exc), str(learner_frame(exc, path) or "")
+            if values := values_at(exc, path):  # the tensors on that line: shapes, requires_grad, .grad
+                where += f" (with {values})"
+    p2p.drain(wait=error is None)   # no send left pending in the group that is about to close
+    p2p.settle()
     echo(out.lines)
     return RankObservation(
         rank=rank, events=[StageEvent(**e) for e in stage.log()], error=error, where=where,
-        p2p=[P2PCall.from_spy(c) for c in p2p.calls], inputs_require_grad=probe.inputs_require_grad,
+        p2p=[P2PCall.from_spy(c) for c in p2p.calls[first:]], inputs_require_grad=probe.inputs_require_grad,
         out_grads=probe.out_grads,
         grads=[None if p.grad is None else p.grad.detach().cpu().clone() for p in layers.parameters()],
         loss=torch.as_tensor(loss).detach().cpu().float() if isinstance(loss, (torch.Tensor, float)) else None,
