@@ -6,13 +6,14 @@
 # make selftest : set up (once) and check this machine grades correctly (instructors, before grading a class)
 # make grade [EX=N] [HINT=K] : grade exercises/ (or DIR=...), exercise N only, with tier K of the hints
 # make images : build distlab-learner and distlab-grader (docker, or podman; BASE=local: bases from Debian's packages)
+# make hub : (root) install and serve the class's JupyterHub on this machine (docs/hub.md)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 NOTEBOOK_SOURCES := $(wildcard course/[0-9]*.py)
 
-.PHONY: setup lab test test-fast lint bench grade selftest stubs notebooks nbgrader images
+.PHONY: setup lab test test-fast lint bench grade selftest stubs notebooks nbgrader images hub hub-class
 
 setup: $(STAMP)
 
@@ -91,3 +92,17 @@ nbgrader: setup
 # make images BASE=local : for a machine that cannot pull base images (docker/make-base.sh)
 images:
 	BASE="$(BASE)" docker/make-images.sh $(IMAGES)
+
+# The class's JupyterHub on this machine, as root (docs/hub.md): docker/hub/install.sh sets it up (the first
+# time minutes: a venv from Debian's python3, the proxy from npm; later runs re-copy the course's code), then
+# docker/hub/start.sh serves it in the foreground. HUB_IP=0.0.0.0 opens it to the network: behind HTTPS only.
+HUB_PORT ?= 8000
+HUB_IP ?= 127.0.0.1
+hub:
+	docker/hub/install.sh
+	DISTLAB_HUB_PORT=$(HUB_PORT) DISTLAB_HUB_IP=$(HUB_IP) docker/hub/start.sh
+
+# The instructor's steps on the hub's machine, as root: make hub-class STEP=release|grade EX="1 2", or
+# STEP=duedate ARGS='ex01_ddp "2026-03-01 17:00:00 UTC"' (docker/hub/class.sh)
+hub-class:
+	docker/hub/class.sh $(STEP) $(EX) $(ARGS)

