@@ -298,7 +298,8 @@ def on_backward_start(model: torch.nn.Module, callback) -> torch.utils.hooks.Rem
 
 
 class LineRecorder(CollectiveRecorder):
-    """The one recorder of collectives, each op tagged with the learner's line that issued it."""
+    """The one recorder of collectives, each op tagged with the learner's line that issued it: ``line`` reads
+    ``"line N: code"``, ``at`` ``"line N (`code`)"`` (as a sentence quotes it)."""
 
     def __init__(self, world: int, path: str) -> None:
         super().__init__(world)
@@ -307,4 +308,7 @@ class LineRecorder(CollectiveRecorder):
     def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
         mine = [f for f in traceback.extract_stack() if Path(f.filename).resolve() == self.path]
         code = (mine[-1].line or "").split("  #")[0].strip() if mine else ""  # the code, not its comment
-        return {"line": f"line {mine[-1].lineno}: {code}" if mine else ""}
+        if not mine:
+            return {"line": "", "at": ""}
+        at = f"line {mine[-1].lineno}"
+        return {"line": f"{at}: {code}", "at": f"{at} (`{code}`)" if code else at}

@@ -25,8 +25,9 @@ def order(step: Run, stage: int) -> list[str]:
     return [f"{e.kind}{e.mb}" for e in sorted(step.ranks[stage].events, key=lambda e: e.start)]
 
 
-def one_f_one_b_order(stage: int) -> list[str]:
-    return [f"{k}{i}" for k, i in schedule_orders(P, MICRO, "1f1b")[stage]]
+def schedule_order(stage: int, schedule: str = "1f1b") -> list[str]:
+    """``schedule``'s order of forwards and backwards on stage ``stage``, written as :func:`order` writes it."""
+    return [f"{k}{i}" for k, i in schedule_orders(P, MICRO, schedule)[stage]]
 
 
 def bound(stage: int) -> int:
@@ -35,6 +36,8 @@ def bound(stage: int) -> int:
 
 
 def _raised(step: Run) -> str:
+    """What the ranks raised, at their lines: the GPipe part's ``_raised`` without its translations of known errors,
+    which advise GPipe's order (all forwards, then all backwards)."""
     return "".join(f" (rank {r.rank} raised {r.error}" + (f" at {r.where}" if r.where else "") + ")"
                    for r in step.ranks if r.error)
 
@@ -71,18 +74,18 @@ def send_not_waited(step: Run, part: str = "") -> str | None:
 
 @mistake("1F1B: GPipe's order instead")
 def gpipe_order(step: Run, part: str = "") -> str | None:
-    gpipe = [f"F{i}" for i in range(MICRO)] + [f"B{i}" for i in range(MICRO)]
+    gpipe = schedule_order(0, "gpipe")
     if order(step, 0) != gpipe:
         return None
     return (f"stage 0 ran all {MICRO} forwards before its first backward ({' '.join(gpipe)}), GPipe's order, and so "
             f"held {MICRO} micro-batches' activations; 1F1B runs min(p - 1 - s, m) = {P - 1} warm-up forward(s) on "
-            f"stage 0, then one forward and one backward in turn: {' '.join(one_f_one_b_order(0))}")
+            f"stage 0, then one forward and one backward in turn: {' '.join(schedule_order(0))}")
 
 
 @mistake("1F1B: the wrong number of warm-up forwards")
 def wrong_warmup(step: Run, part: str = "") -> str | None:
     for stage in (0, 1):
-        got, want = order(step, stage), one_f_one_b_order(stage)
+        got, want = order(step, stage), schedule_order(stage)
         first_b = next((i for i, a in enumerate(got) if a.startswith("B")), None)
         if got == want or first_b is None or len(got) != len(want):
             continue
@@ -98,7 +101,7 @@ def wrong_warmup(step: Run, part: str = "") -> str | None:
 def kept_past_backward(step: Run, part: str = "") -> str | None:
     for r in step.ranks:
         one = r.saved_per_microbatch
-        if one and r.saved_peak > bound(r.rank) * one and order(step, r.rank) == one_f_one_b_order(r.rank):
+        if one and r.saved_peak > bound(r.rank) * one and order(step, r.rank) == schedule_order(r.rank):
             return (f"stage {r.rank} held {r.saved_peak:,} bytes of activations at once, {r.saved_peak / one:.3g} "
                     f"micro-batches' ({one:,} bytes each), although its forwards and backwards ran in 1F1B's "
                     f"order, which keeps at most min(p - s, m) = {bound(r.rank)}: a micro-batch's saved activations "
@@ -150,7 +153,7 @@ def ofob_matches(step: Run) -> Verdict:
 @criterion("[1F1B] each stage runs 1F1B's order and sends each result at once", points=2, trace=False)
 def ofob_order(step: Run) -> Verdict:
     for stage in (0, 1):
-        got, want = order(step, stage), one_f_one_b_order(stage)
+        got, want = order(step, stage), schedule_order(stage)
         if got != want:
             return failed(diagnose([blocking_deadlock, gpipe_order, wrong_warmup], step, "1f1b") or
                           f"stage {stage} ran {' '.join(got) or 'nothing'}; 1F1B's order for stage {stage} of {P} "

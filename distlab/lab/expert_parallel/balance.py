@@ -37,13 +37,9 @@ class BiasRouter(Router):
         super().__init__(hidden, n_experts, top_k)
         self.register_buffer("bias", torch.zeros(n_experts))
 
-    def forward(self, x: torch.Tensor) -> Routing:
-        probs = torch.softmax(self.gate(x).float(), dim=-1)
-        experts = (probs + self.bias).topk(self.top_k, dim=-1).indices   # the bias picks...
-        gates = probs.gather(1, experts)                                  # ...the score weighs
-        if self.top_k > 1:
-            gates = gates / gates.sum(dim=-1, keepdim=True)
-        return Routing(probs, experts, gates.to(x.dtype))
+    def select(self, probs: torch.Tensor) -> torch.Tensor:
+        """The bias picks; the router's forward still weighs each choice by its probability alone."""
+        return (probs + self.bias).topk(self.top_k, dim=-1).indices
 
 
 @torch.no_grad()

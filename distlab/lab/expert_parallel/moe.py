@@ -42,9 +42,14 @@ class Router(nn.Module):
         super().__init__()
         self.gate, self.top_k = nn.Linear(hidden, n_experts, bias=False), top_k
 
+    def select(self, probs: torch.Tensor) -> torch.Tensor:
+        """The ``k`` experts each token goes to (``T x k``): here the ``k`` most probable."""
+        return probs.topk(self.top_k, dim=-1).indices
+
     def forward(self, x: torch.Tensor) -> Routing:
         probs = F.softmax(self.gate(x).float(), dim=-1)  # float32: a bf16 softmax ties experts it should not
-        gates, experts = probs.topk(self.top_k, dim=-1)
+        experts = self.select(probs)
+        gates = probs.gather(1, experts)   # the chosen experts' probabilities weigh their outputs
         if self.top_k > 1:
             gates = gates / gates.sum(dim=-1, keepdim=True)
         return Routing(probs, experts, gates.to(x.dtype))

@@ -9,7 +9,7 @@ import torch
 
 from ....grader.diagnosis import mistake
 from ....grader.parity import parity
-from .observations import CapRun, Event
+from .observations import CapRun, Event, expected_buckets, make_model
 from .reference import bucket_sizes
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -87,8 +87,6 @@ def divided_twice(run: CapRun, ref: dict, world: int) -> str | None:
 
 @mistake("a bucket all-reduced before its gradients were accumulated")
 def reduced_too_early(run: CapRun, ref: dict, world: int) -> str | None:
-    from .observations import make_model
-
     numel = {n: p.numel() for n, p in make_model(0).named_parameters()}
     accumulated = reduced = 0
     for event in run.steps[0] if run.steps else []:
@@ -213,8 +211,6 @@ OVERLAP_CAUSES = [synchronous, waited_in_backward, after_backward, at_backward_e
 
 
 def unused_names() -> list[str]:
-    from .observations import make_model
-
     return [n for n, _ in make_model(0, unused=True).named_parameters() if n.startswith("unused")]
 
 
@@ -237,11 +233,8 @@ def unused_unnamed(runs: list[CapRun]) -> str | None:
 def unused_never_launched(runs: list[CapRun], ref: dict, world: int, kind: str) -> str | None:
     """``kind``: how the learner's step treats every gradient when all are used (its main run's :func:`_classify`):
     a used parameter that kept this rank's own gradient here, and only here, was never all-reduced."""
-    from .observations import expected_buckets, make_model
-
     run = runs[0]
-    kinds = _classify(run, ref, world)
-    missed = [n for n in kinds.get("own", []) if kind != "own"]
+    missed = _classify(run, ref, world).get("own", []) if kind != "own" else []
     if not missed:
         return None
     sizes = [e.numel for e in all_reduces(run.steps[0])] if run.steps else []

@@ -28,8 +28,7 @@ def _error(run: Run) -> str | None:
     for r in run.ranks:
         for cap_run in (r.bucketed.runs if r.bucketed else []):
             if cap_run.not_implemented:
-                where = cap_run.error.partition(" (at ")[2].rstrip(")")
-                return "not implemented yet" + (f" ({where})" if where else "")
+                return "not implemented yet" + (f" ({cap_run.where})" if cap_run.where else "")
             if cap_run.error:
                 return f"BucketedDDP raised on rank {r.rank} (bucket_cap_mb={cap_run.cap_bytes / 2**20:.6g}): " \
                        f"{cap_run.error}"
@@ -45,8 +44,8 @@ def bucketed_matches(run: Run) -> Verdict:
         if message := not_broadcast(runs, run.world) or not_waited(runs, run.world):
             return failed(message)
         ref = reference(runs[0].start, run.world, STEPS)
+        grads = ref["grads"]
         for r, cap_run in enumerate(runs):
-            grads = {n: g for n, g in ref["grads"].items()}
             kinds = _classify(cap_run, grads, run.world)
             if set(kinds) != {"mean"}:
                 wrong = {k: v for k, v in kinds.items() if k != "mean"}
@@ -111,8 +110,8 @@ def bucketed_unused(run: Run) -> Verdict:
         if message := unused_unnamed(runs):
             return failed(message)
         return passed(f"named: {runs[0].error}")
-    first = [r.bucketed.runs[0] for r in run.ranks]   # how this code treats gradients when every one is used
-    main = set(_classify(first[0], reference(first[0].start, run.world, STEPS)["grads"], run.world))
+    first = run.ranks[0].bucketed.runs[0]   # how this code treats gradients when every one is used
+    main = set(_classify(first, reference(first.start, run.world, STEPS)["grads"], run.world))
     if len(main) != 1:
         return failed(f"not checked: needs '{bucketed_matches.rule.name.format(world=run.world)}' first")
     ref = reference(runs[0].start, run.world, 1, unused=True)["grads"]

@@ -54,13 +54,17 @@ def batch(step: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(world * ROWS, LAYERS[0][0], generator=gen), torch.randint(0, 10, (world * ROWS,), generator=gen)
 
 
-def expected_buckets(model: nn.Module, cap_bytes: int) -> list[list[str]]:
-    """The buckets the contract implies: parameter names, reverse registration order, closed at ``cap_bytes``."""
+def expected_buckets(model: nn.Module, cap_bytes: float, *, forward: bool = False,
+                     past: bool = False) -> list[list[str]]:
+    """The buckets the contract implies: parameter names, reverse registration order, closed once they reach
+    ``cap_bytes``. The mistakes' rules too: ``forward``, filled in registration order; ``past``, closed only once
+    they exceed the cap."""
     buckets, bucket, size = [], [], 0
-    for name, p in reversed(list(model.named_parameters())):
+    params = list(model.named_parameters())
+    for name, p in params if forward else reversed(params):
         bucket.append(name)
         size += p.numel() * p.element_size()
-        if size >= cap_bytes:
+        if size > cap_bytes or (size == cap_bytes and not past):
             buckets.append(bucket)
             bucket, size = [], 0
     return buckets + [bucket] if bucket else buckets
@@ -86,6 +90,7 @@ class CapRun(Observation):
 
     cap_bytes: int
     error: str | None = None    # what the learner's code raised, at its line (the rest then stays default)
+    where: str = ""             # that line ("file.py line N in fn: code"; "" when none of the file's lines raised)
     not_implemented: bool = False
     start: dict[str, torch.Tensor] = field(default_factory=dict)   # the weights after BucketedDDP(...)
     steps: list[list[Event]] = field(default_factory=list)        # per step, its events in order

@@ -104,8 +104,7 @@ class _Recorder(LineRecorder):
 
     def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
         tags = super().tag(kind, tensors)
-        number, _, code = tags["line"].partition(": ")   # "line N: code" -> "line N (`code`)"
-        self.step.collective(kind, tensors[0].numel() if tensors else 0, f"{number} (`{code}`)" if code else number)
+        self.step.collective(kind, tensors[0].numel() if tensors else 0, tags["at"])
         return tags
 
 
@@ -131,8 +130,8 @@ def _cap_run(learner, path: str, spy, cap: int, steps: int, *, unused: bool) -> 
                 run.local, run.stepped = step.local, step.stepped
             optimizer.step()
     except Exception as exc:  # noqa: BLE001 - part 2's error costs part 2's marks only
-        where = learner_frame(exc, path)
-        run.error = raised(exc) + (f" (at {where})" if where else "")
+        run.where = str(learner_frame(exc, path) or "")
+        run.error = raised(exc) + (f" (at {run.where})" if run.where else "")
         run.not_implemented = isinstance(exc, NotImplementedError)
         current[0].drain(timeout=AFTER_ERROR)
     finally:

@@ -31,13 +31,4 @@ def bucket_sizes(cap_bytes: float, *, unused: bool = False, forward: bool = Fals
     ``past``: a bucket closes only once it exceeds the cap), in the order they complete in the backward."""
     model = make_model(0, unused=unused)
     numel = {n: p.numel() for n, p in model.named_parameters()}
-    if not (forward or past):
-        return [sum(numel[n] for n in b) for b in expected_buckets(model, cap_bytes)]
-    order = list(numel) if forward else list(numel)[::-1]
-    sizes, size = [], 0
-    for n in order:
-        size += numel[n]
-        if (size * 4 > cap_bytes) if past else (size * 4 >= cap_bytes):
-            sizes.append(size)
-            size = 0
-    return sizes + [size] if size else sizes
+    return [sum(numel[n] for n in b) for b in expected_buckets(model, cap_bytes, forward=forward, past=past)]
