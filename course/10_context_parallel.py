@@ -83,6 +83,9 @@ memory_guess = predict(
     "how many times less peak memory one rank of the 4-rank ring needs than attention over the whole "
     "sequence on one process, at S = 512 (both materialise each block's scores)",
     unit="x", fmt=".1f", guess=None)
+balance_guess = predict(
+    "with a causal mask and contiguous shards on 4 ranks, the busiest rank's unmasked scores over the mean rank's",
+    unit="x", fmt=".2f", guess=None)
 
 # %%
 # %load_ext distlab
@@ -144,6 +147,7 @@ axes[0].set(title="unmasked scores per rank (counted)", xlabel="rank")
 axes[1].set(title="causal blocks per rank (ms, measured)", xlabel="rank")
 axes[0].legend()
 plt.show()
+balance_guess.reveal(imbalance(work_per_rank("contiguous", 512, W)), what="counted")
 
 # %% [markdown]
 # Contiguous: the busiest rank does `2 - 1/W` times the mean (1.75 at `W = 4`), so a causal ring is
@@ -232,18 +236,24 @@ assert all(run["weights"]["after"] < 1e-4 for run in runs)
 #   the whole. Summed over the CP group (one all-reduce, as over a data-parallel group; torchtitan folds `cp`
 #   into FSDP's mesh so that one reduce-scatter does both) it is one process's, to within float32's rounding.
 #
-# ## Exercise 10: the causal ring by hand
+# ## Exercise 10: the balanced causal ring by hand
 # In `exercises/ex10_ring_attention.py` you write `ring_attention(q, k, v)`: the ring above, but
-# **causal**. Two things change, and both need thought: the mask is by *global* positions (rank `r`'s
-# query `i` is at position `r n + i`), so some blocks are whole, one is cut by the diagonal, and
-# some are hidden entirely, and what you merge must stay finite. The grader runs it on 2 and on 4
-# ranks, compares each rank's output with its rows of `F.scaled_dot_product_attention(is_causal=True)`
-# on the whole sequence, and counts your sends and receives: `W - 1` shards to one neighbour, from
-# the other, no collective.
+# **causal**, on the **zig-zag** layout of section 3: rank `r` holds chunk `r` then chunk `2W - 1 - r`
+# (`c = S / 2W` positions each). Three things need thought. The mask is by *global* positions, so you
+# need each shard's two chunks' places in the sequence. Against another rank's shard some pairs of
+# chunks are wholly visible and some wholly hidden, depending on whether that rank is earlier or later
+# than yours; only your own shard is cut by the diagonal. And what you merge must stay finite (a row
+# that sees no key of a block has nothing to merge). The grader runs it on 2 and on 4 ranks, compares
+# each rank's output with its rows of `F.scaled_dot_product_attention(is_causal=True)` on the whole
+# sequence, counts your sends and receives (`W - 1` shards to one neighbour, from the other, no
+# collective) and counts the scores each rank computes from its matrix products' shapes (FLOPs, by
+# `FlopCounterMode`): the same on every rank, and nothing for a pair of chunks the mask hides entirely.
+# The work section above stops at counting: which blocks to skip, and how to merge what is left into
+# the right rows, is the exercise.
 #
-# Then `ring_attention_backward(q, k, v, out, lse, dout)`, the backward of the causal ring, graded on
+# Then `ring_attention_backward(q, k, v, out, lse, dout)`, the backward of the same ring, graded on
 # its own (it is given the exact `out` and `lse`, so it does not depend on your forward). What it must
-# compute, per block of keys from the shard of rank `src` (FlashAttention-2's backward, Dao 2023), with
+# compute, per block of keys of the shard in hand (FlashAttention-2's backward, Dao 2023), with
 # `c = 1 / sqrt(D)`:
 #
 # $$P = \exp(c\, q k^\top - \ell) \text{ (0 where the key's global position is after the query's)},
@@ -253,10 +263,10 @@ assert all(run["weights"]["after"] < 1e-4 for run in runs)
 #
 # $\ell$ is the *merged* lse of the whole row (so `P` is the softmax over the whole sequence, cut to
 # the block), and $\Delta$ is one number per query from the *merged* output. `dQ` stays on its rank;
-# a shard's `dK, dV` sum the contributions of every later rank's queries, so they travel round the
+# a shard's `dK, dV` sum the contributions of the queries of other ranks, so they travel round the
 # ring with that shard and take one hop more, home: `4 W - 2` shards' worth of bytes per rank. The
 # grader compares `dq`, `dk`, `dv` with autograd through `F.scaled_dot_product_attention(is_causal=True)`
-# on the whole sequence, in the same launches.
+# on the whole sequence, in the same launches, and checks that every rank's backward did the same work.
 
 # %%
 from autograder import check

@@ -1,22 +1,25 @@
-"""Exercise 10: causal ring attention by hand, with point-to-point sends and receives.
+"""Exercise 10: the balanced causal ring, by hand, with point-to-point sends and receives.
 
 Context parallelism splits the *sequence* across the ranks (Liu et al. 2023, "Ring Attention with
-Blockwise Transformers"): rank ``r`` of ``W`` holds positions ``r * n ... (r + 1) * n - 1`` of every
-query, key and value (``n = S / W``). Attention needs each query against every earlier key, so the
-key/value shards travel round a ring: at step ``i`` rank ``r`` works on the shard that started on
-rank ``(r - i) % W``, and passes it on to rank ``(r + 1) % W`` while receiving the next one from rank
-``(r - 1) % W``. No rank ever holds the whole sequence.
+Blockwise Transformers"). Attention needs each query against every earlier key, so the key/value shards
+travel round a ring: at step ``i`` rank ``r`` works on the shard that started on rank ``(r - i) % W``,
+and passes it on to rank ``(r + 1) % W`` while receiving the next one from rank ``(r - 1) % W``. No rank
+ever holds the whole sequence.
 
-Each step gives an output normalised over one block of keys only, with that block's log-sum-exp
-``lse = logsumexp(scores, -1)``. Notebook 10 merged such partial outputs for the non-causal ring.
-Here the mask is causal, and it is a mask by *global* positions: the query at position ``i`` may see
-the key at position ``j`` only if ``j <= i``. Some blocks are then entirely hidden, some cut by the
-diagonal, some entirely visible: which is which depends on where each shard sits in the sequence.
+With a causal mask, contiguous shards give rank 0 almost nothing to compute and the last rank the most
+(notebook 10 measured it): the ring runs at the speed of its busiest rank. So the sequence here is cut
+into ``2 W`` chunks of ``c = S / 2W`` positions, and rank ``r`` holds chunks ``r`` and ``2 W - 1 - r``,
+an early one and a late one: the *zig-zag* layout of Llama 3's context parallelism ("The Llama 3 Herd of
+Models" 2024, section 3.3.2) and of ring-flash-attention's ``zigzag_ring_flash_attn``. Every rank then has
+the same work, *if* it skips what the mask hides: which (query chunk, key chunk) pairs are entirely
+visible, entirely hidden or cut by the diagonal depends on where each chunk sits in the sequence.
 
-Autograd does not flow through ``isend``/``irecv``, so the backward is a second ring, written by hand
-as FlashAttention's backward is (Dao 2023, "FlashAttention-2", algorithm 2; the ring of Liu et al.
-2023): each block's probabilities are recomputed from the saved ``lse``, ``dq`` stays on its rank, and
-the gradients of each key/value shard travel round with it and go home at the end.
+Each block gives an output normalised over its own keys, with its log-sum-exp ``lse = logsumexp(scores,
+-1)``; notebook 10 merged such partial outputs for the non-causal ring. Autograd does not flow through
+``isend``/``irecv``, so the backward is a second ring, written by hand as FlashAttention's backward is
+(Dao 2023, "FlashAttention-2", algorithm 2): each block's probabilities are recomputed from the saved
+``lse``, ``dq`` stays on its rank, and the gradients of each key/value shard travel round with it and go
+home at the end.
 
 Check your work from the repository's root with ``make grade`` (every exercise) or
 ``.venv/bin/python -m autograder grade --exercise 10`` (this one), or with ``check(10)`` in the notebook
@@ -35,16 +38,22 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     Contract (the grader checks each point):
 
     * The process group is set up with ``W`` ranks. ``q, k, v`` are this rank's shards, each
-      ``B x H x n x D`` (``n = S / W``): rank ``r`` holds the contiguous positions ``r * n`` to
-      ``(r + 1) * n - 1`` of the sequence.
-    * Return ``B x H x n x D``: rows ``r * n ... (r + 1) * n - 1`` of
-      ``F.scaled_dot_product_attention(Q, K, V, is_causal=True)`` on the whole sequence (``Q, K, V``
-      the ``W`` shards put together), to float32 rounding, with no NaN. Forward only (no autograd).
+      ``B x H x n x D`` with ``n = 2 c`` and ``c = S / 2W``, in the zig-zag layout: rank ``r`` holds
+      positions ``r c ... (r + 1) c - 1`` (chunk ``r``) then ``(2W - 1 - r) c ... (2W - r) c - 1``
+      (chunk ``2W - 1 - r``), in that order.
+    * Return ``B x H x n x D``: the rows of ``F.scaled_dot_product_attention(Q, K, V, is_causal=True)``
+      on the whole sequence (``Q, K, V`` the ``W`` shards put back in sequence order) at this rank's
+      positions, in the order it holds them, to float32 rounding, with no NaN, also for scores past
+      ``exp``'s float32 range (merge in log space). Forward only (no autograd).
     * Communication: point-to-point only, round a ring. Each rank sends a key/value shard to one
       neighbour and receives one from the other, ``W - 1`` times, the received shard being the one
       it forwards next (``dist.batch_isend_irecv`` with ``dist.P2POp``, or ``dist.isend``/``dist.irecv``).
       No collective (``all_gather`` would hold the whole sequence on every rank).
-    * Merge the partial outputs by their log-sum-exps; mask by global positions.
+    * Work: every rank computes the same number of scores (entries of ``q k^T``, counted by the matrix
+      products' shapes, ``F.scaled_dot_product_attention``'s included), and none for a pair of chunks the
+      mask hides entirely: at most ``n^2`` for its own shard and ``n^2 / 2`` for each other one, so at most
+      ``(W + 1) n^2 / 2`` in all (a contiguous layout, or a ring that computes every block masked, does more
+      on some rank).
     """
     # YOUR CODE HERE
     raise NotImplementedError
@@ -56,13 +65,13 @@ def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
 
     Contract (the grader checks each point):
 
-    * ``q, k, v`` are this rank's shards, as in :func:`ring_attention`; ``out`` is this rank's rows of the
-      output and ``lse`` (``B x H x n x 1``) their log-sum-exp over *every* key they may see (the
-      merged ``lse`` the forward ends with); ``dout`` is the loss's gradient with respect to ``out``.
+    * ``q, k, v`` are this rank's shards, in the zig-zag layout of :func:`ring_attention`; ``out`` is this
+      rank's rows of the output and ``lse`` (``B x H x n x 1``) their log-sum-exp over *every* key they may
+      see (the merged ``lse`` the forward ends with); ``dout`` is the loss's gradient with respect to ``out``.
     * Return ``(dq, dk, dv)``, each ``B x H x n x D``: the gradients of this rank's *own* shards of
       ``Q, K, V``, as autograd through ``F.scaled_dot_product_attention(Q, K, V, is_causal=True)`` on
       the whole sequence gives them, to float32 rounding. ``dk`` and ``dv`` get a contribution from the
-      queries of every later rank, so they are summed on the way round, not on their owner.
+      queries of other ranks, so they are summed on the way round, not on their owner.
     * The math, per block of keys, with ``scale = 1 / sqrt(head_dim)`` and ``p = exp(scale * q k^T - lse)``
       masked by global positions (the softmax over the whole sequence, cut to the block):
       ``dv += p^T dout``; ``dp = dout v^T``; ``ds = p * (dp - D)`` with ``D = rowsum(dout * out)``, one
@@ -71,6 +80,7 @@ def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
       with its ``dk, dv`` accumulators, ``W - 1`` hops, and the accumulators take one hop more, home:
       each rank sends and receives ``(4 W - 2)`` shards' worth of bytes (``k, v, dk, dv`` ``W - 1``
       times, then ``dk, dv``), to and from its neighbours only. No collective.
+    * Work: every rank computes the same number of scores (the backward recomputes them), as in the forward.
     """
     # YOUR CODE HERE
     raise NotImplementedError

@@ -33,6 +33,8 @@ import time
 import torch
 from torch import nn
 
+from distlab.measure.flops import flop_counter
+
 #: Dense peak FLOP/s from NVIDIA's datasheets (SXM unless named; "sparsity" figures halved).
 DATASHEET = [
     (r"H200", {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12}),
@@ -54,10 +56,9 @@ def datasheet_peak(device_name: str, dtype: torch.dtype = torch.float32) -> floa
 
 def step_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
     """FLOPs of one forward and backward of ``model`` on ``(x, y)`` with cross-entropy, counted by
-    ``FlopCounterMode`` (the optimizer's elementwise update is not a matrix product: not counted)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
+    ``FlopCounterMode`` (:func:`distlab.measure.flops.flop_counter`; the optimizer's elementwise update is not
+    a matrix product: not counted)."""
+    with flop_counter() as counter:
         nn.functional.cross_entropy(model(x), y).backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()

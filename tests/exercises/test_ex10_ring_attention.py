@@ -16,53 +16,82 @@ from tests.exercises import independent
 from tests.helpers import SOLUTIONS, failed, mutant
 
 FILE = check.EXERCISE.filename
-MERGE = "new = torch.logaddexp(lse, block_lse)"
+MERGE = "new = torch.logaddexp(m, block_lse)"
 BATCH = """            works = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % world),
                                             dist.P2POp(dist.irecv, buf, (rank - 1) % world)])"""
 BLOCKING = """            dist.send(kv, (rank + 1) % world)
             dist.recv(buf, (rank - 1) % world)
             works = []"""
-PROBS = 'p = torch.exp(s.masked_fill(cols[None, :] > rows[:, None], float("-inf")) - lse)'
-DS = "ds = p * (dout @ moving[1].transpose(-1, -2) - delta)"
+BLOCKS = """        rows, cols = (slice(None), slice(None)) if src == rank else \\
+            (slice(None), slice(0, c)) if src < rank else (slice(c, None), slice(None))
+"""
+MASK = """        if src == rank:
+            scores = scores.masked_fill(pos[:, None] < pos[None, :], float("-inf"))
+"""
+K_POS = ("torch.cat([torch.arange(src * c, (src + 1) * c), "
+         "torch.arange((2 * world - 1 - src) * c, (2 * world - src) * c)])")
+RESCALE = "        o.copy_(torch.exp(m - new) * o + torch.exp(block_lse - new) * block_out)\n"
+WHOLE_MASK = f"        scores = scores.masked_fill(pos[:, None] < {K_POS}[None, :], float('-inf'))\n"
+SAFE_EXP = "block_out = torch.exp(scores - block_lse.clamp(min=-1e30))"  # a row with no visible key: out 0, lse -inf
+PROBS = "p = torch.exp(s - lse[..., rows, :])"
+DS = "ds = p * (dout[..., rows, :] @ vb.transpose(-1, -2) - delta[..., rows, :])"
+B_MASK = """        if owner == me:
+            s = s.masked_fill(pos[:, None] < pos[None, :], float("-inf"))
+"""
+B_BLOCKS = """        rows, cols = (slice(None), slice(None)) if owner == me else \\
+            (slice(None), slice(0, c)) if owner < me else (slice(c, None), slice(None))  # the forward's blocks
+"""
 # The backward's mistakes, each added to a mutant of the forward's
 BACKWARD = {
     "not written": {"    delta = (dout * out)": "    raise NotImplementedError\n    delta = (dout * out)"},
-    "D per block": {DS: "ds = p * (dout @ moving[1].transpose(-1, -2) - (dout * (p @ moving[1])).sum(-1, True))"},
-    "block lse": {PROBS: 's = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))\n'
-                         "            p = torch.exp(s - torch.logsumexp(s, -1, keepdim=True))"},
-    "mask dropped": {PROBS: "p = torch.exp(s - lse)"},
-    "scale missing": {"dq += (ds @ moving[0]) * scale": "dq += ds @ moving[0]",
-                      "moving[2] += (ds.transpose(-1, -2) @ q) * scale": "moving[2] += ds.transpose(-1, -2) @ q"},
+    "D per block": {DS: "ds = p * (dout[..., rows, :] @ vb.transpose(-1, -2) "
+                        "- (dout[..., rows, :] * (p @ vb)).sum(-1, True))"},
+    "block lse": {PROBS: "p = torch.exp(s - torch.logsumexp(s, -1, keepdim=True))"},
+    "mask dropped": {B_MASK: ""},
+    "scale missing": {"dq[..., rows, :] += (ds @ kb) * scale": "dq[..., rows, :] += ds @ kb",
+                      "moving[2][..., cols, :] += (ds.transpose(-1, -2) @ q[..., rows, :]) * scale":
+                      "moving[2][..., cols, :] += ds.transpose(-1, -2) @ q[..., rows, :]"},
     "not home": {"send = moving if step < world - 1 else moving[2:].contiguous()":
                  "if step == world - 1:\n            return dq, moving[2], moving[3]\n        send = moving"},
     "returns nothing": {"    return dq, moving[0], moving[1]\n": "    dq, dk, dv = dq, moving[0], moving[1]\n"},
-    "dk into dv": {"moving[2] += (ds.transpose(-1, -2) @ q)": "moving[3] += (ds.transpose(-1, -2) @ q)"},
+    "dk into dv": {"moving[2][..., cols, :] += (ds.transpose": "moving[3][..., cols, :] += (ds.transpose"},
     "dk, dv swapped": {"    return dq, moving[0], moving[1]\n": "    return dq, moving[1], moving[0]\n"},
+    # right gradients, but a later rank's shard computed whole (masked): more work on the early ranks
+    "unbalanced": {B_BLOCKS: B_BLOCKS.replace("owner == me else", "owner >= me else"),
+                   B_MASK: B_MASK.replace("owner == me", "owner >= me").replace(
+                       "pos[None, :]", K_POS.replace("src", "owner") + "[None, :]")},
 }
-RESCALE = "                out = torch.exp(lse - new) * out + torch.exp(block_lse - new) * block_out\n"
 MISTAKES = {
     # independent mistakes: the plain average, an all_gather (which costs the ring's marks only), no backward
-    "averaged, all_gather": {"out = torch.exp(lse - new) * out + torch.exp(block_lse - new) * block_out":
-                             "out = (out + block_out) / 2", "    kv = torch.stack([k, v])\n":
+    "averaged, all_gather": {RESCALE: "        o.copy_(block_out if step == 0 else (o + block_out) / 2)\n",
+                             "    kv = torch.stack([k, v])\n":
                              "    kv = torch.stack([k, v])\n    dist.all_gather([torch.empty_like(kv) for _ in "
                              "range(world)], kv)\n", **BACKWARD["not written"]},
-    "max without rescale": {MERGE: "new = torch.maximum(lse, block_lse)", **BACKWARD["D per block"]},
-    "local mask": {"torch.arange(rank * n, (rank + 1) * n, device=q.device)": "torch.arange(n, device=q.device)",
-                   "torch.arange(src * n, (src + 1) * n, device=q.device)": "torch.arange(n, device=q.device)",
-                   **BACKWARD["block lse"]},
-    "masked shard merged": {"if src <= rank:": "if True:", **BACKWARD["mask dropped"]},
-    "no mask": {"if src <= rank:": "if True:",
-                "            scores = scores.masked_fill(q_pos[:, None] < k_pos[None, :], float(\"-inf\"))\n": "",
-                **BACKWARD["scale missing"]},
+    "max without rescale": {MERGE: "new = torch.maximum(m, block_lse)", **BACKWARD["D per block"]},
+    "local mask": {BLOCKS: "        rows, cols = slice(None), slice(None)\n",
+                   "        if src == rank:\n            scores = scores.masked_fill(pos[:, None] < pos[None, :]":
+                   "        if True:\n            scores = scores.masked_fill(torch.arange(2 * c)[:, None] < "
+                   "torch.arange(2 * c)[None, :]", **BACKWARD["block lse"]},
+    "masked shard merged": {BLOCKS: "        rows, cols = slice(None), slice(None)\n",
+                            MASK: WHOLE_MASK,
+                            **BACKWARD["mask dropped"]},
+    "every block whole": {BLOCKS: "        rows, cols = slice(None), slice(None)\n",
+                          MASK: WHOLE_MASK,
+                          "block_out = torch.exp(scores - block_lse)": SAFE_EXP, **BACKWARD["unbalanced"]},
+    "later shards whole": {"(slice(c, None), slice(None))\n": "(slice(None), slice(None))\n",
+                           MASK: MASK.replace("src == rank", "src >= rank").replace("pos[None", f"{K_POS}[None"),
+                           "block_out = torch.exp(scores - block_lse)": SAFE_EXP},
+    "contiguous rule": {BLOCKS: "        rows, cols = (slice(0, 0) if src > rank else slice(None)), slice(None)\n"},
+    "no mask": {BLOCKS: "        rows, cols = slice(None), slice(None)\n", MASK: "", **BACKWARD["scale missing"]},
     "deadlock": {BATCH: BLOCKING},
     "wrong neighbour": {"dist.P2POp(dist.irecv, buf, (rank - 1) % world)":
                         "dist.P2POp(dist.irecv, buf, (rank + 1) % world)"},
     "forwards its own shard": {"dist.P2POp(dist.isend, kv,": "dist.P2POp(dist.isend, torch.stack([k, v]),",
                                **BACKWARD["not home"]},
     "returns nothing": {"    return out\n": "    out = out.contiguous()\n", **BACKWARD["returns nothing"]},
-    "lse set before the rescale": {RESCALE + "                lse = new\n": "                lse = new\n" + RESCALE,
+    "lse set before the rescale": {RESCALE + "        m.copy_(new)\n": "        m.copy_(new)\n" + RESCALE,
                                    **BACKWARD["dk into dv"]},
-    "lse never kept": {"                lse = new\n": "", **BACKWARD["dk, dv swapped"]},
+    "lse never kept": {"        m.copy_(new)\n": "", **BACKWARD["dk, dv swapped"]},
     # no ring waits on its receives (a race, whatever the values read: the grader waits on them afterwards)
     "never waited": {"                work.wait()\n            kv = buf": "                pass\n            kv = buf",
                      "            work.wait()\n        moving = recv": "            pass\n        moving = recv"},
@@ -72,6 +101,8 @@ RING = "[W=4] key/value shards passed round the ring, point to point"
 DQ = "[W=4] backward: each rank's dq matches autograd on the whole sequence"
 DKDV = "[W=4] backward: each rank ends with its own shards' dk, dv, as autograd's"
 BRING = "[W=4] backward: k, v and their dk, dv passed round the ring, and home"
+WORK = "[W=4] every rank computes the same attention work, none of it hidden by the mask"
+BWORK = "[W=4] backward: every rank computes the same work"
 
 
 @pytest.fixture(scope="module")
@@ -89,21 +120,45 @@ def test_solution_and_independent_full_marks(reports):
         assert r.score == r.max_score, r.feedback
     assert reports["solution"].measurements["W4_bytes_sent_per_rank"] == 3 * 2 * 1 * 2 * 8 * 8 * 4
     assert reports["solution"].measurements["W4_backward_bytes_sent_per_rank"] == (4 * 4 - 2) * 1 * 2 * 8 * 8 * 4
+    # blocks of c x c = 4 x 4 scores: its own shard whole (4), half of each of the 3 others (2 each)
+    assert reports["solution"].measurements["W4_blocks_per_rank"] == 4 + 2 * 3
+    assert reports["independent"].measurements["W4_blocks_per_rank"] == 3 + 2 * 3  # the hidden pair skipped too
 
 
 @pytest.mark.parametrize("name, words", [
     ("averaged, all_gather", "(out + block_out) / 2 at each step"),
     ("max without rescale", "lse = max(lse, lse_block)"),
     ("local mask", "a causal mask by each block's own indices"),
-    ("masked shard merged", "NaN in 16 of its 16 (head, position) rows"),
+    ("masked shard merged", "NaN in 8 of its 16 (head, position) rows"),
+    ("contiguous rule", "what the contiguous layout's causal ring gives"),
     ("no mask", "is the non-causal attention"),
     ("lse set before the rescale", "when lse is set to the new logaddexp(lse, lse_block) before out is rescaled"),
-    ("lse never kept", "when lse stays the first block's"),
+    ("lse never kept", "is the last block's alone, what the merge gives when the running lse stays at its initial"),
 ])
-def test_a_wrong_merge_or_mask_fails_parity_only_and_is_named(reports, name, words):
+def test_a_wrong_merge_or_mask_fails_parity_and_is_named(reports, name, words):
     f = {k: v for k, v in failed(reports[name]).items() if "backward" not in k}
-    assert list(f) == ([OUTPUT, RING] if "all_gather" in name else [OUTPUT]), f
+    assert list(f) == ([OUTPUT, RING, WORK] if "all_gather" in name else [OUTPUT, WORK]), f
     assert words in f[OUTPUT], f[OUTPUT]
+    assert f[WORK].startswith("not judged: the output differs"), f[WORK]
+
+
+@pytest.mark.parametrize("name, words", [
+    ("every block whole", "the ranks computed rank 0 16, rank 1 16, rank 2 16, rank 3 16 blocks of c x c scores per "
+                          "head: every other rank's shard was computed whole"),
+    ("later shards whole", "the ranks computed rank 0 16, rank 1 14, rank 2 12, rank 3 10 blocks of c x c scores per "
+                           "head: a later rank's shard was computed whole"),
+])
+def test_work_hidden_by_the_mask_fails_the_work_only_and_is_named(reports, name, words):
+    f = {k: v for k, v in failed(reports[name]).items() if "backward" not in k}
+    assert list(f) == [WORK], f
+    assert words in f[WORK] and "every rank computes the same 10 blocks" in f[WORK], f[WORK]
+
+
+def test_an_unbalanced_backward_fails_its_work_only(reports):
+    f = {k: v for k, v in failed(reports["every block whole"]).items() if "backward" in k}
+    assert list(f) == [BWORK], f
+    assert f[BWORK].startswith("the ranks' backwards did different amounts of work"), f[BWORK]
+    assert "rank 0 16, rank 1 14, rank 2 12, rank 3 10" in f[BWORK], f[BWORK]
 
 
 @pytest.mark.parametrize("name, words", [
@@ -114,7 +169,8 @@ def test_a_wrong_merge_or_mask_fails_parity_only_and_is_named(reports, name, wor
 ])
 def test_a_wrong_backward_fails_its_gradients_only_and_is_named(reports, name, words):
     f = {k: v for k, v in failed(reports[name]).items() if "backward" in k}
-    assert list(f) == [DQ, DKDV], f
+    assert list(f) == [DQ, DKDV, BWORK], f
+    assert f.pop(BWORK).startswith("not judged: the gradients differ")
     for text in f.values():
         assert words in text, text
 
@@ -136,11 +192,12 @@ def test_an_unwritten_backward_costs_only_its_own_marks(reports):
 
 def test_a_forward_ring_that_hangs_costs_the_backward_nothing(reports):
     for name in ("deadlock", "wrong neighbour"):
-        assert set(failed(reports[name])) == {OUTPUT, RING}, failed(reports[name])
+        assert set(failed(reports[name])) == {OUTPUT, RING, WORK}, failed(reports[name])
 
 
 def test_a_blocking_ring_is_a_named_deadlock(reports):
     f = failed(reports["deadlock"])
+    assert f.pop(WORK).startswith("not judged: the ring did not finish on rank")
     for text in f.values():
         assert "all 4 ranks were waiting in a blocking dist.send at once" in text, text
         assert "dist.batch_isend_irecv" in text
@@ -153,8 +210,8 @@ def test_receiving_from_the_rank_it_sends_to_is_named(reports):
 
 def test_forwarding_its_own_shard_is_named(reports):
     f = {k: v for k, v in failed(reports["forwards its own shard"]).items() if "backward" not in k}
-    assert set(f) == {OUTPUT, RING}
-    for text in f.values():
+    assert set(f) == {OUTPUT, RING, WORK}
+    for text in (f[OUTPUT], f[RING]):
         assert "keys at each of its 3 receives" in text and "send on the shard you have just received" in text, text
 
 
@@ -170,7 +227,7 @@ def test_a_deadlock_that_escapes_the_rank_is_translated():
 
 def test_functions_that_return_nothing_are_named(reports):
     f = failed(reports["returns nothing"])
-    assert set(f) == {OUTPUT, DQ, DKDV}, f  # both rings ran as they should
+    assert set(f) == {OUTPUT, WORK, DQ, DKDV, BWORK}, f  # both rings ran as they should
     assert f[OUTPUT].startswith("rank 0's ring_attention returned None and raised nothing, where its contract")
     for name in (DQ, DKDV):
         assert f[name].startswith("rank 0's ring_attention_backward returned None and raised nothing"), f[name]
@@ -186,11 +243,11 @@ def test_a_gradient_in_the_wrong_slot_or_never_accumulated_is_named(reports):
 
 def test_receives_never_waited_on_are_named_at_their_line_in_every_criterion_of_the_ring(reports):
     f = failed(reports["never waited"])
-    assert set(f) == {OUTPUT, RING, DQ, DKDV, BRING}, f
+    assert set(f) == {OUTPUT, RING, WORK, DQ, DKDV, BRING, BWORK}, f
     forward = "rank 0 never waited on 3 of its 3 receives, the first from rank 3 posted at ex10_ring_attention.py line"
-    for name in (OUTPUT, RING):
+    for name in (OUTPUT, RING, WORK):
         assert f[name].startswith(forward) and "(`works = dist.batch_isend_irecv(" in f[name], f[name]
-    for name in (DQ, DKDV, BRING):
+    for name in (DQ, DKDV, BRING, BWORK):
         assert f[name].startswith("rank 0 never waited on 4 of its 4 receives, the first from rank 3"), f[name]
 
 

@@ -1,24 +1,29 @@
-"""Exercise 10 check: causal ring attention by hand, forward and backward, graded at 2 and 4 ranks.
+"""Exercise 10 check: the balanced causal ring by hand, forward and backward, graded at 2 and 4 ranks.
 
-The grader makes the whole sequence's ``q, k, v`` (seeded), gives each rank its contiguous shard and
+The grader makes the whole sequence's ``q, k, v`` (seeded), gives each rank its zig-zag shard (chunks ``r``
+and ``2W - 1 - r`` of ``S / 2W`` positions; Llama 3's layout, and ring-flash-attention's ``zigzag_ring``) and
 runs the learner's ``ring_attention`` on it, then its ``ring_attention_backward`` on the same shards with
 the exact ``out``, ``lse`` and a seeded ``dout`` (graded apart: a wrong forward costs the backward
 nothing), each ring with every send and receive recorded (the harness's ``P2PSpy``:
 ``dist.send/recv/isend/irecv`` and the ops of ``dist.batch_isend_irecv``, with their peers and what
-each receive got) and every collective (``CollectiveRecorder``). Each file runs in a process group of
-its own, so a ring that deadlocks times out (gloo) and costs only that file's marks. The grading
-process checks, against the single-process reference (Liu et al. 2023, "Ring Attention with Blockwise
-Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)`` on the whole sequence):
+each receive got), every collective (``CollectiveRecorder``) and the FLOPs of its matrix products
+(``FlopCounterMode``). Each file runs in a process group of its own, so a ring that deadlocks times out
+(gloo) and costs only that file's marks. The grading process checks, against the single-process reference
+(Liu et al. 2023, "Ring Attention with Blockwise Transformers"; the reference is
+``F.scaled_dot_product_attention(is_causal=True)`` on the whole sequence):
 
 * parity: each rank's output is its rows of the whole sequence's causal attention;
 * the ring: each rank sent to one neighbour and received from the other, ``W - 1`` key/value shards
   of the recorded bytes, the shards it received came from every other rank (it forwards what it
   receives), and no collective ran;
+* the work: every rank computed the same number of scores (its matrix products' FLOPs, in blocks of
+  ``c x c``), and no more than the causal ring needs (``2W + 2`` blocks: its own shard whole and half of
+  each other one), judged once the output is right;
 * the backward (FlashAttention-2's backward, Dao 2023, per block; the reference is autograd through the
   same ``F.scaled_dot_product_attention`` on the whole sequence): each rank's ``dq``, and its own shards'
   ``dk, dv``; its ring: ``k, v`` with their ``dk, dv`` ``W - 1`` times and ``dk, dv`` once more, home,
   ``4 W - 2`` shards of bytes to one neighbour and from the other, every other rank's keys received,
-  no collective.
+  no collective; its work the same on every rank.
 
 | mistake | message |
 |---|---|
@@ -26,13 +31,15 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 | every rank sends before it receives: a deadlock | "all 4 ranks were waiting in a blocking dist.send at once ..." |
 | sends to and receives from the same neighbour | "rank 0 sent to rank 1 and also waited for a shard from rank 1 ..." |
 | forwards its own shard instead of the one it received | "rank 2 received rank 1's keys at each of its 3 ..." |
-| a fully masked shard merged: NaN | "rank 0's output is NaN in 16 of its 16 (head, position) rows: ..." |
+| a fully masked shard merged: NaN | "rank 0's output is NaN in 8 of its 16 (head, position) rows: ..." |
 | partial outputs averaged instead of weighed by their log-sum-exp | "rank 3's output is (out + block_out) / 2 ..." |
 | max of the log-sum-exps without rescaling | "rank 3's output is what the merge gives with lse = max(lse, ...)" |
 | lse replaced by the merged one before out is rescaled | "rank 3's output is what the merge gives when lse ..." |
 | the merged lse never kept | "rank 3's output is what the merge gives when lse stays the first block's ..." |
 | log-sum-exps merged without the max: overflow on large scores | "with the queries times 40 ... inf or NaN ..." |
 | causal mask by each shard's own indices | "rank 3's output is what a causal mask by each block's own indices ..." |
+| the contiguous layout's mask or skip on zig-zag shards | "rank 2's output is what the contiguous layout's ..." |
+| shards computed whole: work hidden by the mask, unbalanced | "the ranks computed rank 0 16, rank 1 14, ... blocks ..." |
 | no causal mask | "rank 0's output is the non-causal attention (every key seen) ..." |
 | gathered the whole sequence with a collective | "the ring called all_gather: a collective that gathers ..." |
 | a receive never waited on | "rank 0 never waited on 3 of its 3 receives, the first from rank 3 ..." |
@@ -44,7 +51,7 @@ Transformers"; the reference is ``F.scaled_dot_product_attention(is_causal=True)
 | scale missing in dq or dk | "rank 0's dq and dk are sqrt(head_dim) = sqrt(8) = 2.83x autograd's ..." |
 | a gradient returned in another one's place | "rank 0's returned dk is autograd's dv of this rank's shard ..." |
 | a gradient never accumulated: all zeros | "rank 0's dk is zero in every value, where autograd's is not ..." |
-| NaN in the backward | "rank 0's dq, dk, dv hold NaN: a block from a later rank is wholly masked ..." |
+| NaN in the backward | "rank 0's dq, dk, dv hold NaN: where every key of a block is after the query ..." |
 | a function that returns nothing | "rank 0's ring_attention returned None and raised nothing, where ..." |
 """
 from __future__ import annotations
@@ -57,11 +64,11 @@ from ...grader.launches import launch_files, launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, large_scores_overflow,
-                     never_waited, not_home, unwritten)
+from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, WORK, gathered, grads_close,
+                     large_scores_overflow, never_waited, not_home, unwritten)
 from .observations import Run
 from .probes import P2P_TIMEOUT_S, rank_main
-from .reference import GRADS, LARGE, causal_reference, grad_reference
+from .reference import GRADS, LARGE, SEQ, causal_reference, grad_reference
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
 
@@ -73,9 +80,13 @@ RTOL, ATOL = 1e-4, 1e-5
 
 def _raised(run: Run) -> str:
     """What the ranks raised that no cause explains, with the learner's line and the known translation."""
-    out = []
+    out, crashed = [], [r.rank for r in run.errors() if not translate(r.error, KNOWN_ERRORS)]
     for r in run.errors():
         known = translate(r.error, KNOWN_ERRORS)
+        if known and crashed:  # not a deadlock of the ring's: its neighbour had raised and would never answer
+            out.append(f" (rank {r.rank} timed out waiting for its neighbour" + (f" at {r.where}" if r.where else "")
+                       + f", after rank {crashed[0]} raised)")
+            continue
         out.append(f" (rank {r.rank} raised {r.error}" + (f" at {r.where}" if r.where else "")
                    + (f": {known}" if known else "") + ")")
     return "".join(out)
@@ -230,7 +241,62 @@ def backward_ring(run: Run) -> Verdict:
                   **{f"W{run.world}_backward_bytes_sent_per_rank": want})
 
 
-CRITERIA = [output_matches, ring_communication, dq_matches, dk_dv_match, backward_ring]
+def _blocks(run: Run) -> list[float]:
+    return [round(run.blocks(r), 3) for r in range(run.world)]
+
+
+def _counts(blocks: list[float]) -> str:
+    return ", ".join(f"rank {r} {b:g}" for r, b in enumerate(blocks))
+
+
+@criterion("[W={world}] every rank computes the same attention work, none of it hidden by the mask", points=2)
+def work_balanced(run: Run) -> Verdict:
+    if todo := unwritten(run, "ring_attention"):
+        return failed(f"not checked: {todo}")
+    if race := never_waited(run):  # what it computed is a race's outcome, and so is whether it was right
+        return failed(race)
+    if run.errors():
+        return failed(f"not judged: the ring did not finish on rank {run.errors()[0].rank}")
+    if not all(o.out is not None and o.out.shape == ref.shape and parity(o.out, ref, rtol=RTOL, atol=ATOL).ok
+               for o, ref in zip(run.ranks, run.reference)):
+        return failed("not judged: the output differs from the whole sequence's (the work of a ring is judged once "
+                      "it computes the right thing)")
+    blocks, c, most = _blocks(run), SEQ // (2 * run.world), 2 * run.world + 2
+    if len(set(blocks)) > 1:
+        return failed(diagnose(WORK, run) or f"the ranks computed different numbers of scores, in blocks of c x c = "
+                      f"{c} x {c} per head: {_counts(blocks)}. Each step of the ring waits for its busiest rank; in "
+                      "the zig-zag layout every rank has the same work once it skips what the mask hides entirely")
+    if blocks[0] > most:
+        return failed(diagnose(WORK, run) or f"every rank computed {blocks[0]:g} blocks of c x c = {c} x {c} scores "
+                      f"per head, more than the {most} the causal ring needs (its own shard, n x n = 4 blocks, and "
+                      "2 for each other shard): pairs of chunks whose every key is after every query were computed")
+    return passed(f"{blocks[0]:g} blocks of {c} x {c} scores per head on every rank (at most {most})",
+                  **{f"W{run.world}_blocks_per_rank": blocks[0]})
+
+
+@criterion("[W={world}] backward: every rank computes the same work", points=1)
+def backward_work_balanced(run: Run) -> Verdict:
+    b = run.backward()
+    if todo := unwritten(b, "ring_attention_backward"):
+        return failed(f"not checked: {todo}")
+    if race := never_waited(b):
+        return failed(race)
+    if b.errors():
+        return failed(f"not judged: the backward's ring did not finish on rank {b.errors()[0].rank}")
+    if not all(grads_close(o.grads, ref) for o, ref in zip(b.ranks, b.grads)):
+        return failed("not judged: the gradients differ from autograd's (the work of a ring is judged once it "
+                      "computes the right thing)")
+    blocks, c = _blocks(b), SEQ // (2 * run.world)
+    if len(set(blocks)) > 1:
+        return failed(f"the ranks' backwards did different amounts of work, counted in blocks of c x c = {c} x {c} "
+                      f"scores per head (five matrix products each): {_counts(blocks)}. Each step waits for the "
+                      "busiest rank: compute the blocks the forward computes, skipping the same ones")
+    return passed(f"matrix products worth {blocks[0]:g} blocks of {c} x {c} scores per head on every rank (five "
+                  "products a block)", **{f"W{run.world}_backward_blocks_per_rank": blocks[0]})
+
+
+CRITERIA = [output_matches, ring_communication, work_balanced, dq_matches, dk_dv_match, backward_ring,
+            backward_work_balanced]
 
 
 def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,

@@ -112,9 +112,10 @@ def masked_nan(run: Run) -> str | None:
         return None
     out = run.ranks[bad[0]].out
     rows = int(torch.isnan(out).any(-1).sum())
-    return (f"rank {bad[0]}'s output is NaN in {rows} of its {out[..., 0].numel()} (head, position) rows: a shard "
-            f"from a rank after {bad[0]} holds only later positions, so every score of the block is masked, its "
-            "logsumexp is -inf and exp(scores - lse) is exp(-inf + inf) = NaN: skip the shards after your own")
+    return (f"rank {bad[0]}'s output is NaN in {rows} of its {out[..., 0].numel()} (head, position) rows: where "
+            "every key of a block is after the query (its early chunk of queries against a later rank's shard), "
+            "every score of the row is masked, its logsumexp is -inf and exp(scores - lse) is exp(-inf + inf) = "
+            "NaN: skip the pairs of chunks the mask hides entirely, or leave those rows out of the merge")
 
 
 @mistake("partial outputs averaged instead of weighed by their log-sum-exp")
@@ -149,12 +150,15 @@ def lse_first(run: Run) -> str | None:
 
 @mistake("the merged lse never kept")
 def lse_not_kept(run: Run) -> str | None:
-    ranks = _is(run, replay(run.world, merge="lse kept"))
-    if not ranks:
-        return None
-    return (f"rank {ranks[-1]}'s output is what the merge gives when lse stays the first block's: each later block "
-            "is weighed against that one block's normaliser instead of all the blocks merged so far (at W = 2 "
-            "there is one merge and it does not show). Keep the merged lse for the next block")
+    if ranks := _is(run, replay(run.world, merge="lse unset")):
+        return (f"rank {ranks[-1]}'s output is the last block's alone, what the merge gives when the running lse "
+                "stays at its initial -inf: exp(lse - new) is then 0 and each block replaces the output instead of "
+                "joining it. Keep the merged lse for the next block (in place, if you merge into a slice)")
+    if ranks := _is(run, replay(run.world, merge="lse kept")):
+        return (f"rank {ranks[-1]}'s output is what the merge gives when lse stays the first block's: each later "
+                "block is weighed against that one block's normaliser instead of all the blocks merged so far. "
+                "Keep the merged lse for the next block")
+    return None
 
 
 @mistake("causal mask by each shard's own indices")
@@ -163,9 +167,24 @@ def local_mask(run: Run) -> str | None:
     if not ranks:
         return None
     return (f"rank {ranks[-1]}'s output is what a causal mask by each block's own indices (is_causal=True per "
-            f"block) gives: rank {ranks[-1]}'s queries see the whole of every earlier rank's shard, but that mask "
-            "hid the upper triangle of each. Mask by global positions: query rank * n + i sees key src * n + j "
-            "when src * n + j <= rank * n + i")
+            "block) gives: that mask hides the upper triangle of every block, whatever the shards' places in the "
+            "sequence. Mask by global positions: in the zig-zag layout rank r's shard holds chunk r then chunk "
+            "2W - 1 - r (c = S / 2W positions each), and a query sees a key when the key's position is <= its own")
+
+
+@mistake("the contiguous layout's mask or skip on zig-zag shards")
+def contiguous_rule(run: Run) -> str | None:
+    """The causal ring of a contiguous layout (notebook 10's, and many a tutorial's) run on zig-zag shards: its
+    positions ``r n + i``, or its rule that a later rank's shard is hidden, skipping it whole."""
+    ranks = _is(run, replay(run.world, mask="contiguous", skip_later=True)) or \
+        _is(run, replay(run.world, skip_later=True))
+    if not ranks:
+        return None
+    r = ranks[-1] if ranks[-1] < run.world - 1 else ranks[0]
+    return (f"rank {r}'s output is what the contiguous layout's causal ring gives (positions r n + i, or the shards "
+            "of later ranks skipped whole): in the zig-zag layout rank r holds chunk r and chunk 2W - 1 - r, so its "
+            "late chunk comes after every rank's early chunk, a later rank's included. Build each shard's global "
+            "positions from its two chunks, and skip only what they hide")
 
 
 @mistake("no causal mask")
@@ -174,7 +193,7 @@ def no_mask(run: Run) -> str | None:
     if not ranks:
         return None
     return (f"rank {ranks[0]}'s output is the non-causal attention (every key seen): mask each block by global "
-            "positions, key position <= query position, and skip the shards after your own")
+            "positions, key position <= query position (in the zig-zag layout: chunk r, then chunk 2W - 1 - r)")
 
 
 @mistake("gathered the whole sequence with a collective")
@@ -189,14 +208,14 @@ def gathered(run: Run) -> str | None:
 
 # The backward's (``run`` is ``Run.backward()``: each rank's ``grads``, autograd's in ``run.grads``)
 
-def _grads_close(got: dict | None, want: dict, names=GRADS) -> bool:
+def grads_close(got: dict | None, want: dict, names=GRADS) -> bool:
     return got is not None and all(_close(got[g], want[g]) for g in names)
 
 
 def _grads_are(run: Run, replayed: list[dict], names=GRADS) -> list[int]:
     """The ranks whose gradients ``names`` are wrong and equal the replayed mistake's."""
-    return [r.rank for r in run.ranks if not _grads_close(r.grads, run.grads[r.rank], names)
-            and _grads_close(r.grads, replayed[r.rank], names)]
+    return [r.rank for r in run.ranks if not grads_close(r.grads, run.grads[r.rank], names)
+            and grads_close(r.grads, replayed[r.rank], names)]
 
 
 @mistake("dk, dv left one or more hops from their owner")
@@ -204,7 +223,7 @@ def not_home(run: Run) -> str | None:
     if any(r.grads is None for r in run.ranks):
         return None
     for shift in range(1, run.world):
-        if all(_grads_close(r.grads, run.grads[(r.rank + shift) % run.world], ("dk", "dv"))
+        if all(grads_close(r.grads, run.grads[(r.rank + shift) % run.world], ("dk", "dv"))
                for r in run.ranks):
             away = "one hop" if shift in (1, run.world - 1) else f"{shift} hops"
             return (f"every rank r returned the dk, dv of rank (r + {shift}) % W's shard (rank 0 those of rank "
@@ -241,8 +260,8 @@ def backward_no_mask(run: Run) -> str | None:
     if not ranks:
         return None
     return (f"rank {ranks[-1]}'s gradients are what a backward with no causal mask gives: p = exp(s - lse) must be 0 "
-            "where the key's global position is after the query's (src * n + j > rank * n + i), as in the forward; "
-            "mask the scores before the exp")
+            "where the key's global position is after the query's (positions of the zig-zag layout), as in the "
+            "forward; mask the scores before the exp")
 
 
 @mistake("scale missing in dq or dk")
@@ -293,17 +312,43 @@ def backward_nan(run: Run) -> str | None:
         if any((torch.isnan(r.grads[g]) & ~torch.isnan(masked[r.rank][g])).any() for g in bad):
             return None  # NaN where no masked block puts it (memory never written?): not this mistake
         if bad:
-            return (f"rank {r.rank}'s {', '.join(bad)} hold NaN: a block from a later rank is wholly masked, its "
-                    "scores all -inf, and exp(-inf - logsumexp(-inf)) is NaN. Use the merged lse you are given "
-                    "(finite: every query sees at least itself) and skip the shards after your own")
+            return (f"rank {r.rank}'s {', '.join(bad)} hold NaN: where every key of a block is after the query, "
+                    "the row's scores are all -inf, and exp(-inf - logsumexp(-inf)) is NaN. Use the merged lse you "
+                    "are given (finite: every query sees at least itself) and skip the pairs of chunks the mask hides")
+    return None
+
+
+# The forward's work (``Run.blocks``: each rank's scores in blocks of c x c, a chunk against a chunk)
+
+_WHOLE = {(4, 4): "every other rank's shard was computed whole, n x n = 4 blocks, where 2 of them are visible: "
+                  "the pairs of chunks whose every key is after every query were computed and masked",
+          (4, 2): "an earlier rank's shard was computed whole, n x n = 4 blocks, though its late chunk is after "
+                  "every query here: only its early chunk (2 blocks) is visible",
+          (2, 4): "a later rank's shard was computed whole, n x n = 4 blocks, though this rank's early chunk of "
+                  "queries sees none of it: only the late chunk's queries (2 blocks) see its keys"}
+
+
+@mistake("shards computed whole: work hidden by the mask, unbalanced")
+def computed_whole(run: Run) -> str | None:
+    """Each rank's blocks are ``own + earlier * r + later * (W - 1 - r)`` for a ring that computes ``earlier``
+    blocks of each earlier rank's shard and ``later`` of each later one's (2 is what the mask leaves visible)."""
+    blocks = [run.blocks(r) for r in range(run.world)]
+    for (earlier, later), why in _WHOLE.items():
+        for own in (4, 3):  # the diagonal shard whole, or its hidden pair of chunks skipped
+            if blocks == [own + earlier * r + later * (run.world - 1 - r) for r in range(run.world)]:
+                counts = ", ".join(f"rank {r} {b:g}" for r, b in enumerate(blocks))
+                return (f"the ranks computed {counts} blocks of c x c scores per head: {why}. Skip those pairs and "
+                        f"every rank computes the same {own + 2 * (run.world - 1)} blocks")
     return None
 
 
 PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
-OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept, local_mask, no_mask]
+OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept, local_mask,
+          contiguous_rule, no_mask]
 GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse,
              backward_no_mask, no_scale]
 BACKWARD_RING = [*PROTOCOL, not_home]
+WORK = [computed_whole]
 
 
 @mistake("log-sum-exps merged without the max: overflow on large scores")

@@ -12,7 +12,7 @@ import torch
 
 from ...rank.observation import Observation
 from ...rank.spies import P2PCall  # the spy's record of one send or receive, shared with exercise 7
-from .reference import key_sources, shard, whole
+from .reference import BATCH, HEAD_DIM, HEADS, SEQ, key_sources, shard, whole
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Ring(Observation):
     returned_none: bool = False       # it returned None and raised nothing
     collectives: list[str] = field(default_factory=list)  # the kinds of collective it ran (sorted), sends aside
     p2p: list[P2PCall] = field(default_factory=list)      # every send and receive of this ring
+    flops: int = 0                    # of its matrix products (SDPA's included), by their shapes
 
 
 @dataclass
@@ -83,6 +84,14 @@ class Run:
     def bytes_moved(self, rank: int, op: str) -> int:
         """The bytes of this rank's sends (or receives): shapes as recorded, float32."""
         return sum(4 * torch.Size(c.shape).numel() for c in self.p2p(rank, op))
+
+    def blocks(self, rank: int) -> float:
+        """The scores this rank computed, in blocks of ``c x c`` (``c = S / 2W``, a chunk) per head: its matrix
+        products' FLOPs over what one score costs, ``2 D`` in ``q k^T`` and ``2 D`` in ``p v`` (the backward's
+        five products: ``q k^T``, ``dout v^T``, ``ds k``, ``ds^T q``, ``p^T dout``)."""
+        c = SEQ // (2 * self.world)
+        per_score = (10 if isinstance(self.ranks[rank], BackwardRing) else 4) * BATCH * HEADS * HEAD_DIM
+        return self.ranks[rank].flops / (per_score * c * c)
 
     def shard_bytes(self) -> int:
         return shard(whole()[0], 0, self.world).nbytes

@@ -1,7 +1,8 @@
 """Rank-side instruments of the exercise 10 check: run the learner's ``ring_attention`` on this rank's
 shard of the grader's ``q, k, v``, then its ``ring_attention_backward`` on the same shards with the exact
 ``out``, ``lse`` and ``dout`` (so a wrong forward costs the backward nothing), and record every send and
-receive of each (also those posted through ``dist.batch_isend_irecv``) and every collective.
+receive of each (also those posted through ``dist.batch_isend_irecv``), every collective, and the FLOPs of
+its matrix products (``FlopCounterMode``: the attention work this rank did).
 
 Each file runs in a process group of its own (``rank.own_rendezvous``): a ring whose sends and
 receives do not match (every rank in a blocking ``send``, a receive from the wrong neighbour) times out
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 import distlab
 from distlab.measure.comm import CollectiveRecorder
+from distlab.measure.flops import flop_counter
 from distlab.runtime.process import time_scale
 
 from ...rank import CapturedPrints, P2PSpy, attempt, echo, learner_frame, load_learner, own_rendezvous, raised
@@ -114,7 +116,7 @@ def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float,
         return obs, []
     dist.barrier()
     first = len(p2p.calls)
-    with CapturedPrints() as printed, CollectiveRecorder() as comm:
+    with CapturedPrints() as printed, CollectiveRecorder() as comm, flop_counter() as work:
         result, exc = attempt(fn, *args)
     # What a function that returned never waited on is waited on here (the group is clean for the next ring);
     # after an error, what it could not wait on is the error's doing, not a race of its own.
@@ -135,6 +137,7 @@ def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float,
         obs.out = _cpu(result)
     obs.returned_none = exc is None and result is None
     obs.collectives = sorted({op.kind for op in comm.ops} - {"send", "recv"})
+    obs.flops = work.get_total_flops()
     return obs, calls
 
 

@@ -9,6 +9,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from distlab.lab.context_parallel import sharding
+
 BATCH, HEADS, SEQ, HEAD_DIM, SEED = 1, 2, 32, 8, 10
 GRADS = ("dq", "dk", "dv")
 
@@ -19,9 +21,32 @@ def whole() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tuple(torch.randn(BATCH, HEADS, SEQ, HEAD_DIM, generator=g) for _ in range(3))
 
 
+def positions(rank: int, world: int) -> torch.Tensor:
+    """The global positions rank ``rank`` holds in the zig-zag layout (chunks ``rank`` and ``2W - 1 - rank``)."""
+    return sharding.positions("zigzag", SEQ, world, rank)
+
+
 def shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """Rank ``rank``'s contiguous positions of ``t``."""
-    return t.chunk(world, dim=-2)[rank].contiguous()
+    """Rank ``rank``'s positions of ``t``, in the order it holds them."""
+    return sharding.shard(t, positions(rank, world))
+
+
+def owners(world: int) -> torch.Tensor:
+    """The rank that holds each position of the sequence (``SEQ``)."""
+    out = torch.empty(SEQ, dtype=torch.long)
+    for r in range(world):
+        out[positions(r, world)] = r
+    return out
+
+
+def computed(world: int) -> torch.Tensor:
+    """``SEQ x SEQ``: the (query, key) pairs a ring that skips what the mask hides computes, the reference
+    solution's blocks: its own shard whole (the diagonal, masked), an earlier rank's early chunk for every
+    query here, a later rank's two chunks for the late chunk of queries here only."""
+    c, own = SEQ // (2 * world), owners(world)
+    early = (torch.arange(SEQ) // c) < world  # each position's chunk is one of the first W: its rank's early one
+    q_own, k_own = own[:, None], own[None, :]
+    return (q_own == k_own) | ((k_own < q_own) & early[None, :]) | ((k_own > q_own) & ~early[:, None])
 
 
 def grad_output() -> torch.Tensor:
@@ -65,43 +90,70 @@ LARGE = 40.0
 
 def causal_reference(world: int, q_scale: float = 1.0) -> list[torch.Tensor]:
     """Each rank's rows of ``F.scaled_dot_product_attention(is_causal=True)`` on the whole sequence (its queries
-    times ``q_scale``)."""
+    times ``q_scale``), in the order it holds them."""
     q, k, v = whole()
-    return list(F.scaled_dot_product_attention(q * q_scale, k, v, is_causal=True).chunk(world, dim=-2))
+    full = F.scaled_dot_product_attention(q * q_scale, k, v, is_causal=True)
+    return [shard(full, r, world) for r in range(world)]
+
+
+def _merge(out, lse, has, b_out, b_lse, vis, merge: str):
+    """One block merged into the running ``(out, lse)`` on the rows that see a key of it (``vis``); ``has``: the
+    rows that already hold a block (the others take this one as it is)."""
+    first, later = vis & ~has, vis & has
+    if merge == "halves":
+        new_out, new_lse = (out + b_out) / 2, lse
+    elif merge == "lse unset":  # the running lse left at its initial -inf: each block's weight exp(0) = 1, the old 0
+        new_out, new_lse = b_out, lse
+    else:
+        new = torch.maximum(lse, b_lse) if merge == "max" else torch.logaddexp(lse, b_lse)
+        old = new if merge == "lse first" else lse
+        new_out = torch.exp(old - new) * out + torch.exp(b_lse - new) * b_out
+        new_lse = lse if merge == "lse kept" else new
+    out = torch.where(first, b_out, torch.where(later, new_out, out))
+    lse = torch.where(first, b_lse, torch.where(later, new_lse, lse))
+    return out, lse, has | vis
 
 
 @lru_cache(maxsize=16)  # as replay_backward's
-def replay(world: int, *, merge: str = "lse", mask: str = "global") -> list[torch.Tensor]:
-    """Each rank's output of a ring that visits the shards in ring order ``r, r - 1, ...``, skips those after
-    its own, masks by ``mask`` (``"global"`` positions, ``"local"``: each block's own indices, as
-    ``is_causal=True`` per block does) and merges by ``merge`` (``"lse"``; ``"halves"``: ``(out + b) / 2``;
+def replay(world: int, *, merge: str = "lse", mask: str = "global", skip_later: bool = False) -> list[torch.Tensor]:
+    """Each rank's output of a ring that visits the shards in ring order ``r, r - 1, ...``, masks each ``n x n``
+    block by ``mask`` (``"global"`` positions; ``"local"``: each block's own indices, as ``is_causal=True`` per
+    block does; ``"contiguous"``: the positions a contiguous layout would give, ``r n + i``), merges only the
+    rows that see a key of the block, and merges by ``merge`` (``"lse"``; ``"halves"``: ``(out + b) / 2``;
     ``"max"``: ``lse = max(lse, lse_b)`` with no rescale of the sum; ``"lse first"``: ``lse`` replaced by the
-    merged one before ``out`` is rescaled by it; ``"lse kept"``: the merged ``lse`` never kept)."""
+    merged one before ``out`` is rescaled by it; ``"lse kept"``: the merged ``lse`` never kept, the first block's
+    staying; ``"lse unset"``: never kept, the initial ``-inf`` staying, so each block replaces the output).
+    ``skip_later``: the shards of later ranks skipped whole (a contiguous layout's rule)."""
     q, k, v = whole()
     n, outs = SEQ // world, []
+    where = {"global": lambda r: positions(r, world), "local": lambda r: torch.arange(n),
+             "contiguous": lambda r: torch.arange(r * n, (r + 1) * n)}[mask]
     for r in range(world):
-        qs, out, lse = shard(q, r, world), None, None
+        qs = shard(q, r, world)
+        out, lse = torch.zeros_like(qs), torch.zeros(*qs.shape[:-1], 1)
+        has = torch.zeros(n, 1, dtype=torch.bool)
         for step in range(world):
             src = (r - step) % world
-            if src > r:
+            if skip_later and src > r:
                 continue
-            qp, kp = (torch.arange(n), torch.arange(n)) if mask == "local" else \
-                (torch.arange(r * n, (r + 1) * n), torch.arange(src * n, (src + 1) * n))
-            s = (qs @ shard(k, src, world).transpose(-1, -2)) * HEAD_DIM ** -0.5
-            s = s.masked_fill(qp[:, None] < kp[None, :], float("-inf"))
+            hidden = where(r)[:, None] < where(src)[None, :]
+            s = ((qs @ shard(k, src, world).transpose(-1, -2)) * HEAD_DIM ** -0.5).masked_fill(hidden, float("-inf"))
+            vis = ~hidden.all(-1, keepdim=True)
             b_lse = torch.logsumexp(s, -1, keepdim=True)
-            b_out = torch.exp(s - b_lse) @ shard(v, src, world)
-            if out is None:
-                out, lse = b_out, b_lse
-            elif merge == "halves":
-                out = (out + b_out) / 2
-            else:
-                new = torch.maximum(lse, b_lse) if merge == "max" else torch.logaddexp(lse, b_lse)
-                old = new if merge == "lse first" else lse
-                out = torch.exp(old - new) * out + torch.exp(b_lse - new) * b_out
-                lse = lse if merge == "lse kept" else new
+            b_out = torch.exp(s - b_lse.masked_fill(~vis, 0.0)) @ shard(v, src, world)
+            out, lse, has = _merge(out, lse, has, b_out, b_lse, vis, merge)
         outs.append(out)
     return outs
+
+
+def _per_block(s: torch.Tensor, keys: torch.Tensor, seen: torch.Tensor, world: int, fn) -> torch.Tensor:
+    """``fn(scores of one block)`` for each rank's block of keys (``owners``), put back in the keys' places:
+    each ring step's block, normalised or summed on its own."""
+    out = torch.zeros_like(s)
+    for b in range(world):
+        cols = (keys == b).nonzero().flatten()
+        out[..., cols] = fn(s[..., cols], cols)
+    return out.masked_fill(~seen, 0.0)
 
 
 @lru_cache(maxsize=32)  # each mutant's diagnosis asks again: computed once per launch (read, never written)
@@ -110,23 +162,23 @@ def replay_backward(world: int, *, delta: str = "merged", lse: str = "merged", m
     """Each rank's ``dq, dk, dv`` (``dk, dv`` home on their owner) from a backward ring that computes ``D`` from
     the ``"merged"`` output or per ``"block"`` (``rowsum(dout * p v)`` of that block's ``p``), recomputes ``p``
     with the ``"merged"`` lse or the ``"block"``'s own, masks by global positions or not (``mask``), skips the
-    blocks after its own (``skip``), and scales ``dq, dk`` by ``1 / sqrt(D)`` or not (``scale``). All the
-    ring's blocks at once: the ``S x S`` scores cut into ``W x W`` blocks, the sums over blocks as matmuls."""
+    pairs of chunks the mask hides entirely as the reference solution does (``skip``: :func:`computed`), and
+    scales ``dq, dk`` by ``1 / sqrt(D)`` or not (``scale``). All the ring's blocks at once: the ``S x S``
+    scores cut into each rank's block of keys."""
     x = _whole_backward()
     q, k, v, out, dout = x["q"], x["k"], x["v"], x["out"], x["dout"]
-    n, c, pos = SEQ // world, HEAD_DIM ** -0.5 if scale else 1.0, torch.arange(SEQ)
-    seen = (pos[None, :] // n <= pos[:, None] // n) if skip else torch.ones(SEQ, SEQ, dtype=torch.bool)
+    c, pos, keys = HEAD_DIM ** -0.5 if scale else 1.0, torch.arange(SEQ), owners(world)
+    seen = computed(world) if skip else torch.ones(SEQ, SEQ, dtype=torch.bool)
     s = _scores(q, k, pos, pos, mask).masked_fill(~seen, float("-inf"))  # a skipped block adds nothing
     if lse == "merged":
         p = torch.exp(s - x["lse"])
     else:  # each block normalised over its own keys (a hidden one, visited anyway, is NaN: as the ring's)
-        blocks = s.unflatten(-1, (world, n))
-        p = torch.exp(blocks - torch.logsumexp(blocks, -1, keepdim=True)).flatten(-2).masked_fill(~seen, 0.0)
+        p = _per_block(s, keys, seen, world, lambda b, _: torch.exp(b - torch.logsumexp(b, -1, keepdim=True)))
     if delta == "merged":
         d = (dout * out).sum(-1, keepdim=True)
     else:  # rowsum(dout * p_b v_b) for each block b, spread over that block's keys
-        o = torch.einsum("bhswn,bhwnd->bhswd", p.unflatten(-1, (world, n)), v.unflatten(-2, (world, n)))
-        d = (dout.unsqueeze(-2) * o).sum(-1).repeat_interleave(n, -1)
+        d = _per_block(p, keys, torch.ones_like(seen), world,
+                       lambda b, cols: (dout * (b @ v[..., cols, :])).sum(-1, keepdim=True).expand_as(b))
     ds = p * (dout @ v.transpose(-1, -2) - d)
     grads = {"dq": c * ds @ k, "dk": c * ds.transpose(-1, -2) @ q, "dv": p.transpose(-1, -2) @ dout}
     return [{g: shard(t, r, world) for g, t in grads.items()} for r in range(world)]
@@ -142,4 +194,5 @@ def key_sources(world: int) -> dict[bytes, int]:
 def noncausal(world: int) -> list[torch.Tensor]:
     """Each rank's rows of the whole sequence's attention with no mask (what a ring that masks nothing gives)."""
     q, k, v = whole()
-    return list(F.scaled_dot_product_attention(q, k, v).chunk(world, dim=-2))
+    full = F.scaled_dot_product_attention(q, k, v)
+    return [shard(full, r, world) for r in range(world)]
