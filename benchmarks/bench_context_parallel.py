@@ -45,7 +45,7 @@ def rows() -> list[Row]:
                    mem["ring_peak"] / mem["whole_peak"], "ratio", f"scores alone: 1/W^2 = {1 / w ** 2:.3f}"))
     p = runs[0]["parity"]
     out.append(Row("context-parallel", f"forward bytes sent per rank / 2 (W-1) shards, W={w}",
-                   p["bytes"]["forward"] / (2 * (w - 1) * p["shard_bytes"]), "ratio", "target exactly 1"))
+                   p["bytes"] / (2 * (w - 1) * p["shard_bytes"]), "ratio", "target exactly 1"))
     o = runs[0]["overlap"]
     out.append(Row("context-parallel", f"ring forward / its compute alone, S={SEQ}, W={w}",
                    o["ring_s"] / o["compute_s"], "ratio",

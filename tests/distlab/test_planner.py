@@ -157,18 +157,18 @@ def test_the_planner_predicts_the_pipeline_labs_sends_bubble_and_activations(lab
 
 @pytest.mark.slow
 def test_the_planner_predicts_the_rings_sends(lab_runs):
-    """Notebook 10's ring (parity_report, W = 4): parity with SDPA forward and backward, and the planner's cp rows,
-    calls and bytes, equal the recorded sends."""
+    """Notebook 10's ring (parity_report, W = 4): parity with SDPA, and the planner's cp rows equal the recorded
+    forward sends plus the backward's, which exercise 10 builds (tests/exercises/test_ex10_ring_attention.py checks
+    the reference solution's recorded backward against the same rows)."""
     rows = _rows(planner_runs.cp_inputs(len(lab_runs)), "cp")
     for run in lab_runs:
         cp = run["cp"]
-        assert max(cp["out"], cp["dq"], cp["dk"], cp["dv"]) < 1e-5 and cp["other_ops"] == [], cp  # SDPA's
+        assert cp["out"] < 1e-5 and cp["other_ops"] == [], cp  # SDPA's
         # W - 1 exchanges of (k, v) forward; backward W - 1 of (k, v, dk, dv) and the last of (dk, dv) home
         world, shard = len(lab_runs), cp["shard_bytes"]
-        assert cp["sends"] == {"forward": world - 1, "backward": world}
-        assert cp["bytes"] == {"forward": (world - 1) * 2 * shard, "backward": (world - 1) * 4 * shard + 2 * shard}
-        assert sum(r["calls"] for r in rows) == sum(cp["sends"].values())
-        assert sum(r["calls"] * r["bytes"] for r in rows) == sum(cp["bytes"].values())
+        assert cp["sends"] == world - 1 and cp["bytes"] == (world - 1) * 2 * shard
+        assert sum(r["calls"] for r in rows) == cp["sends"] + world
+        assert sum(r["calls"] * r["bytes"] for r in rows) == cp["bytes"] + (4 * world - 2) * shard
         assert {r["bytes"] for r in rows} == {2 * cp["shard_bytes"], 4 * cp["shard_bytes"]}
 
 

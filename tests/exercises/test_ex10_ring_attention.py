@@ -12,6 +12,7 @@ import pytest
 
 from autograder.checks import ex10_ring_attention as check
 from autograder.grader.diagnosis import translate
+from distlab.lab.planner import cp_sends
 from tests.exercises import independent
 from tests.helpers import SOLUTIONS, failed, mutant
 
@@ -120,6 +121,10 @@ def test_solution_and_independent_full_marks(reports):
         assert r.score == r.max_score, r.feedback
     assert reports["solution"].measurements["W4_bytes_sent_per_rank"] == 3 * 2 * 1 * 2 * 8 * 8 * 4
     assert reports["solution"].measurements["W4_backward_bytes_sent_per_rank"] == (4 * 4 - 2) * 1 * 2 * 8 * 8 * 4
+    # the planner's cp rows (notebook 12) are these sends, forward and backward, of a k shard of B x H x n x D
+    rows = cp_sends(1 * 2 * 8 * 8 * 4, 4)
+    assert sum(b * n for b, n in rows) == sum(reports["solution"].measurements[f"W4_{m}bytes_sent_per_rank"]
+                                              for m in ("", "backward_"))
     # blocks of c x c = 4 x 4 scores: its own shard whole (4), half of each of the 3 others (2 each)
     assert reports["solution"].measurements["W4_blocks_per_rank"] == 4 + 2 * 3
     assert reports["independent"].measurements["W4_blocks_per_rank"] == 3 + 2 * 3  # the hidden pair skipped too

@@ -8,9 +8,10 @@ with the block's compute, as the ring does, and it holds the whole sequence's ``
 ``context_parallel`` all-gathers by default too (``set_rotate_method("alltoall")`` is its ring).
 
 * :func:`allgather_attention`: non-causal, written as the ring of :mod:`.ring` is (an autograd function per
-  collective, each rank one contiguous shard), so the two compare like for like; the causal ring is exercise 10's;
-* :func:`variants_report`: both against the whole sequence's attention (forward and ``dq, dk, dv``), the bytes
-  each rank sends (the one recorder, ring algorithms) and the peak bytes of the forward;
+  collective, each rank one contiguous shard), so the two compare like for like; the ring's backward and the
+  causal ring are exercise 10's;
+* :func:`variants_report`: both against the whole sequence's attention (the ring's forward, the gather's forward
+  and ``dq, dk, dv``), the bytes each rank sends (the one recorder, ring algorithms) and the forward's peak bytes;
 * :func:`weight_gradients_report`: the weights that make ``q, k, v`` are the same on every rank of the CP group,
   but each rank's gradient covers its positions only; summed over the group (one all-reduce, as over a
   data-parallel group: torchtitan folds ``cp`` into FSDP's mesh) they are one process's.
@@ -25,7 +26,7 @@ from distlab.measure.comm import CollectiveRecorder
 from distlab.measure.memory import PeakMemory
 from distlab.runtime.distributed import device
 
-from .ring import ring_attention
+from .ring import ring_forward
 from .sharding import positions, shard
 
 
@@ -60,10 +61,15 @@ def _qkv(seq: int, heads: int, head_dim: int, device) -> tuple[torch.Tensor, ...
     return tuple(torch.randn(1, heads, seq, head_dim, generator=g).to(device).requires_grad_() for _ in range(3))
 
 
+def _ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return ring_forward(q, k, v)[0]
+
+
 def variants_report(seq: int = 64, heads: int = 2, head_dim: int = 16) -> dict:
-    """The ring and the all-gather variant on this rank's contiguous shard: the largest difference of the
-    output and of ``dq, dk, dv`` from one process's attention, the bytes this rank sends forward and backward
-    (``CollectiveRecorder.ring_bytes``) with the kinds of op, and the forward's peak bytes."""
+    """The ring and the all-gather variant on this rank's contiguous shard: the largest difference from one
+    process's attention (the output, and for the all-gather variant ``dq, dk, dv``), the bytes this rank sends
+    forward and backward (``CollectiveRecorder.ring_bytes``) with the kinds of op, and the forward's peak bytes.
+    The ring's backward is exercise 10's: its bytes are ``None`` here."""
     rank, world = dist.get_rank(), dist.get_world_size()
     q, k, v = _qkv(seq, heads, head_dim, device())
     full = F.scaled_dot_product_attention(q, k, v)
@@ -71,25 +77,27 @@ def variants_report(seq: int = 64, heads: int = 2, head_dim: int = 16) -> dict:
     full.backward(dout)
     pos = positions("contiguous", seq, world, rank)
     out = {}
-    for name, attend in (("ring", ring_attention), ("all-gather", allgather_attention)):
-        mine = [shard(t.detach(), pos).requires_grad_() for t in (q, k, v)]
+    for name, attend in (("ring", _ring), ("all-gather", allgather_attention)):
+        mine = [shard(t.detach(), pos).requires_grad_(name != "ring") for t in (q, k, v)]
         with torch.no_grad(), PeakMemory(q.device, state=mine) as memory:
             attend(*mine)
         with CollectiveRecorder() as forward:
             o = attend(*mine)
-        with CollectiveRecorder() as backward:
-            o.backward(shard(dout, pos))
-        diffs = [(o - shard(full, pos)).abs().max().item()] + \
-            [(m.grad - shard(t.grad, pos)).abs().max().item() for m, t in zip(mine, (q, k, v))]
+        diffs, backward = [(o - shard(full, pos)).abs().max().item()], None
+        if name != "ring":
+            with CollectiveRecorder() as backward:
+                o.backward(shard(dout, pos))
+            diffs += [(m.grad - shard(t.grad, pos)).abs().max().item() for m, t in zip(mine, (q, k, v))]
         out[name] = {"max_diff": max(diffs), "forward_bytes": forward.ring_bytes(world),
-                     "backward_bytes": backward.ring_bytes(world), "peak": memory.peak,
-                     "ops": sorted({op.kind for rec in (forward, backward) for op in rec.ops}),
+                     "backward_bytes": backward.ring_bytes(world) if backward else None, "peak": memory.peak,
+                     "ops": sorted({op.kind for rec in (forward, backward) if rec for op in rec.ops}),
                      "shard_bytes": mine[0].nbytes}
     return out
 
 
 def weight_gradients_report(seq: int = 64, width: int = 32, heads: int = 2) -> dict:
-    """A projection ``x -> q, k, v`` (the same weights on every rank) and ring attention on this rank's positions:
+    """A projection ``x -> q, k, v`` (the same weights on every rank) and the all-gather variant's attention on this
+    rank's positions (the ring's backward is exercise 10's; the weights' gradients are partial with either):
     the largest difference of this rank's weight gradient from one process's, before and after the sum over
     the CP group."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -107,7 +115,7 @@ def weight_gradients_report(seq: int = 64, width: int = 32, heads: int = 2) -> d
     mine.load_state_dict(reference.state_dict())
     (F.scaled_dot_product_attention(*project(reference, x)) * dout).sum().backward()
     pos = positions("contiguous", seq, world, rank).to(dev)
-    (ring_attention(*project(mine, x[:, pos])) * shard(dout, pos)).sum().backward()
+    (allgather_attention(*project(mine, x[:, pos])) * shard(dout, pos)).sum().backward()
     before = (mine.weight.grad - reference.weight.grad).abs().max().item()
     dist.all_reduce(mine.weight.grad)
     after = (mine.weight.grad - reference.weight.grad).abs().max().item()

@@ -13,9 +13,10 @@ FlashAttention keeps it, Dao et al. 2022):
 
     lse = logaddexp(lse_a, lse_b),   out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b.
 
-The backward (:class:`RingAttention`) runs the ring again: every rank recomputes each block's
-probabilities from its saved ``lse``, adds to its ``dq``, and the block's ``dk, dv`` travel with the block
-and arrive home after ``W`` sends. The causal version, with the mask by *global* positions, is exercise 10.
+Forward only: autograd does not flow through ``isend``/``irecv``, so the backward is a second ring written
+by hand (each block's probabilities recomputed from the saved ``lse``, ``dq`` kept, each block's ``dk, dv``
+carried round with it and home after ``W`` sends). That backward, and the causal ring on the balanced
+zig-zag layout, are exercise 10: nothing here answers it.
 """
 from __future__ import annotations
 
@@ -69,45 +70,3 @@ def ring_forward(q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
                 w.wait()
             kv = nxt
     return out, lse
-
-
-def ring_backward(dout, q, k, v, out, lse):
-    """``dq, dk, dv`` by the ring again: ``p = exp(s - lse)`` recomputed per block (FlashAttention's backward),
-    ``dq`` kept here, each block's ``dk, dv`` carried round with it and home after the ``W``-th send."""
-    world, scale = dist.get_world_size(), q.shape[-1] ** -0.5
-    delta = (dout * out).sum(-1, keepdim=True)  # sum_j p_j dp_j: the softmax's backward, per query
-    dq = torch.zeros_like(q)
-    moving = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])  # k, v and their dk, dv so far
-    for step in range(world):
-        kb, vb = moving[0], moving[1]
-        p = torch.exp((q @ kb.transpose(-1, -2)) * scale - lse)
-        ds = p * (dout @ vb.transpose(-1, -2) - delta)
-        dq += (ds @ kb) * scale
-        moving[2] += (ds.transpose(-1, -2) @ q) * scale
-        moving[3] += p.transpose(-1, -2) @ dout
-        send = moving if step < world - 1 else moving[2:].contiguous()  # the last send takes dk, dv home
-        moving, works = ring_exchange(send)
-        for w in works:
-            w.wait()
-    return dq, moving[0], moving[1]
-
-
-class RingAttention(torch.autograd.Function):
-    """Non-causal ring attention with its ring backward: autograd does not flow through ``isend/irecv``,
-    so the backward is written by hand and checked against autograd on the whole sequence."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        out, lse = ring_forward(q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        return ring_backward(dout.contiguous(), *ctx.saved_tensors)
-
-
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``softmax(q k^T / sqrt(d)) v`` over the whole sequence, each rank holding one contiguous shard of
-    ``q, k, v`` (``B x H x S/W x D``) and getting its shard of the output; differentiable."""
-    return RingAttention.apply(q, k, v)
