@@ -38,7 +38,7 @@
 # | optimizer state (Adam moments, step counts) | the next update depends on them | same |
 # | LR scheduler | the next learning rate | `scheduler.state_dict()` |
 # | step counter | where the schedule and the log are | an int in the checkpoint |
-# | data position | which batch comes next (sampler epoch + offset) | ints in the checkpoint |
+# | data position | which samples come next (sampler epoch + samples used) | ints in the checkpoint |
 # | RNG state of **each** rank | dropout masks, random augmentations | `torch.get_rng_state()` per rank |
 #
 # Miss any one and the resumed run still trains, just not the same run: the loss curve looks
@@ -265,6 +265,42 @@ lost_guess.reveal(killed_after - resumed_from[1])
 # checkpoint plus the restart, which is why you checkpoint often enough and make saving cheap
 # (sharded, in parallel; `dcp.async_save` overlaps it with training).
 #
+# ## A data position at another world size
+# DCP reshards the weights and Adam's state when 4 ranks load what 2 wrote; the data position is yours.
+# With `W` ranks, rank `r`'s `DistributedSampler` deals it every `W`-th index of the epoch's one shuffled
+# order, from `r` on, so a step uses the next `W x BATCH_SIZE` samples of that global order. A per-rank
+# offset ("my next batch is my batch `b`", what most tutorials save) names a place in the data only at the
+# world size that wrote it:
+
+# %%
+skip_guess = predict(
+    "a 2-rank job (batches of 16, 256 samples) checkpoints after 3 steps of an epoch as 'batch 3'; resumed "
+    "at 4 ranks from batch 3 of each rank's share, how many samples of the epoch does it never train on",
+    unit="samples", guess=None)
+
+# %%
+from torch.utils.data import DistributedSampler
+
+
+def share(world: int, rank: int, n: int = 256) -> list[int]:
+    """The indices rank ``rank`` of ``world`` is dealt in epoch 0."""
+    sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler.set_epoch(0)
+    return list(sampler)
+
+
+B = 16
+before = {i for r in range(2) for i in share(2, r)[:3 * B]}   # what the 2-rank job trained
+after = {i for r in range(4) for i in share(4, r)[3 * B:]}    # what the 4-rank job trains from "batch 3" on
+never = set(range(256)) - before - after
+print(f"trained before the checkpoint {len(before)}, after the resume {len(after)}, "
+      f"seen twice {len(before & after)}, never {len(never)}")
+skip_guess.reveal(len(never))
+
+# %% [markdown]
+# Exercise 5 asks for a position that keeps its meaning when the number of ranks changes, and the
+# grader resumes a 2-rank checkpoint with 4 ranks to check that the job continues the same stream.
+#
 # ## Exercise 5
 #
 # Open `exercises/ex05_checkpoint.py`. Your `train` must save and load **everything**: model and
@@ -272,8 +308,9 @@ lost_guess.reveal(killed_after - resumed_from[1])
 # atomic commits and only the last K checkpoints kept. There each rank writes its RNG file *after*
 # `dcp.save`, so the barrier before the commit is needed again. The grader kills a rank with SIGKILL at
 # steps it chooses (once in the middle of a checkpoint write), resumes with torchrun's
-# `--max-restarts` and with a fresh job, twice, and at another world size, and compares the final
-# weights bit for bit with a run that was never interrupted.
+# `--max-restarts` and with a fresh job, twice, and compares the final weights bit for bit with a run that
+# was never interrupted; then it resumes the 2-rank run's checkpoint of step 9 with 4 ranks and checks where
+# that job starts: the same weights and Adam state, and the next samples of the same stream.
 
 # %%
 from autograder import check

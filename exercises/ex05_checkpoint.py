@@ -9,7 +9,8 @@ That takes every piece of state the next step depends on:
   ``get_state_dict``/``set_state_dict`` give and take the DTensor state of a
   ``fully_shard`` model without gathering it;
 * the LR scheduler and the step counter;
-* the data position: the sampler's epoch and how many batches of it were used;
+* the data position: the sampler's epoch and how many of its samples every rank together has used,
+  which still means the same place in the data when the job resumes with another number of ranks;
 * each rank's RNG state (dropout draws from it).
 
 And a crash may come in the middle of a write, so write into a staging
@@ -113,7 +114,14 @@ def train(root: str | Path, dataset, *, steps: int, save_every: int, keep: int, 
       an epoch is ``len(sampler) // BATCH_SIZE`` batches of consecutive sampler
       indices; read samples with ``dataset[i]`` and stack them. Call
       ``sampler.set_epoch(epoch)`` for each epoch. The data position is
-      ``{"epoch": e, "offset": b}``: the next batch is batch ``b`` of epoch ``e``.
+      ``{"epoch": e, "samples": n}``: the ranks together have used the first ``n`` samples
+      of epoch ``e``'s global stream (the sampler's shuffled order of the whole dataset, which
+      rank ``r`` of ``W`` deals from at ``r, r + W, r + 2W, ...``: each step uses the next
+      ``W * BATCH_SIZE`` of it). The grader resumes with another world size ``W'``
+      (``n`` a multiple of ``W'``): the next batch of rank ``r`` is then the ``BATCH_SIZE``
+      indices of its sampler from index ``n / W'`` on, and the job continues the same stream,
+      no sample skipped or seen twice. An epoch ends when a rank's sampler has fewer than
+      ``BATCH_SIZE`` indices left: the next batch is the first of epoch ``e + 1``.
     * Each step: ``optimizer.zero_grad()``, mean cross-entropy, ``backward()``,
       ``optimizer.step()``, ``scheduler.step()``. After step ``s`` (counting
       from 1), if ``s % save_every == 0`` call ``save_checkpoint``; then call

@@ -9,7 +9,8 @@ That takes every piece of state the next step depends on:
   ``get_state_dict``/``set_state_dict`` give and take the DTensor state of a
   ``fully_shard`` model without gathering it;
 * the LR scheduler and the step counter;
-* the data position: the sampler's epoch and how many batches of it were used;
+* the data position: the sampler's epoch and how many of its samples every rank together has used,
+  which still means the same place in the data when the job resumes with another number of ranks;
 * each rank's RNG state (dropout draws from it).
 
 And a crash may come in the middle of a write, so write into a staging
@@ -118,7 +119,7 @@ def load_checkpoint(root: str | Path, model, optimizer, scheduler) -> tuple[int,
     _, path = found
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict(),
-             "step": 0, "data": {"epoch": 0, "offset": 0}}
+             "step": 0, "data": {"epoch": 0, "samples": 0}}
     dcp.load(state, checkpoint_id=path)  # reshards when the world size changed
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     scheduler.load_state_dict(state["scheduler"])
@@ -144,7 +145,14 @@ def train(root: str | Path, dataset, *, steps: int, save_every: int, keep: int, 
       an epoch is ``len(sampler) // BATCH_SIZE`` batches of consecutive sampler
       indices; read samples with ``dataset[i]`` and stack them. Call
       ``sampler.set_epoch(epoch)`` for each epoch. The data position is
-      ``{"epoch": e, "offset": b}``: the next batch is batch ``b`` of epoch ``e``.
+      ``{"epoch": e, "samples": n}``: the ranks together have used the first ``n`` samples
+      of epoch ``e``'s global stream (the sampler's shuffled order of the whole dataset, which
+      rank ``r`` of ``W`` deals from at ``r, r + W, r + 2W, ...``: each step uses the next
+      ``W * BATCH_SIZE`` of it). The grader resumes with another world size ``W'``
+      (``n`` a multiple of ``W'``): the next batch of rank ``r`` is then the ``BATCH_SIZE``
+      indices of its sampler from index ``n / W'`` on, and the job continues the same stream,
+      no sample skipped or seen twice. An epoch ends when a rank's sampler has fewer than
+      ``BATCH_SIZE`` indices left: the next batch is the first of epoch ``e + 1``.
     * Each step: ``optimizer.zero_grad()``, mean cross-entropy, ``backward()``,
       ``optimizer.step()``, ``scheduler.step()``. After step ``s`` (counting
       from 1), if ``s % save_every == 0`` call ``save_checkpoint``; then call
@@ -154,21 +162,22 @@ def train(root: str | Path, dataset, *, steps: int, save_every: int, keep: int, 
     ### BEGIN SOLUTION
     model, optimizer, scheduler = build(steps, seed)
     torch.manual_seed(seed + dist.get_rank())
-    step, position = 0, {"epoch": 0, "offset": 0}
+    step, position = 0, {"epoch": 0, "samples": 0}
     resumed = load_checkpoint(root, model, optimizer, scheduler)
     if resumed is not None:
         step, position = resumed
     sampler = DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)
-    per_epoch = len(sampler) // BATCH_SIZE
-    device = _device()
-    epoch, offset = position["epoch"], position["offset"]
+    world, device = dist.get_world_size(), _device()
+    epoch, used = position["epoch"], position["samples"]
     while step < steps:
         sampler.set_epoch(epoch)
-        order = list(sampler)  # this rank's indices for the whole epoch
-        for b in range(offset, per_epoch):
+        order = list(sampler)  # this rank's indices for the whole epoch: the global stream's r, r + W, ...
+        # The position counts the global stream, so it means the same place whatever the world size
+        # that saved it: this rank's next index is number used / W of its share.
+        for first in range(used // world, len(order) - BATCH_SIZE + 1, BATCH_SIZE):
             if step >= steps:
                 break
-            batch = [dataset[i] for i in order[b * BATCH_SIZE:(b + 1) * BATCH_SIZE]]
+            batch = [dataset[i] for i in order[first:first + BATCH_SIZE]]
             x = torch.stack([s[0] for s in batch]).to(device)
             y = torch.stack([s[1] for s in batch]).to(device)
             optimizer.zero_grad()
@@ -176,11 +185,12 @@ def train(root: str | Path, dataset, *, steps: int, save_every: int, keep: int, 
             optimizer.step()
             scheduler.step()
             step += 1
-            epoch, offset = (epoch + 1, 0) if b + 1 == per_epoch else (epoch, b + 1)
+            used += world * BATCH_SIZE
             if step % save_every == 0:
-                save_checkpoint(root, step, model, optimizer, scheduler,
-                                {"epoch": epoch, "offset": offset}, keep)
+                save_checkpoint(root, step, model, optimizer, scheduler, {"epoch": epoch, "samples": used}, keep)
             if on_step is not None:
                 on_step(step, optimizer)
+        else:  # no whole batch left of this epoch (also when a resume lands past its last one): the next
+            epoch, used = epoch + 1, 0
     return model, optimizer, scheduler, step
     ### END SOLUTION

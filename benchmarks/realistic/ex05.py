@@ -16,7 +16,7 @@ _SAVE_STATE = """\
 _LOAD_STATE = """\
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict(),
-             "step": 0, "data": {"epoch": 0, "offset": 0}}
+             "step": 0, "data": {"epoch": 0, "samples": 0}}
 """
 
 _SET = '    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])\n'
@@ -48,9 +48,9 @@ MISTAKES: list[Mistake] = [
         source="https://github.com/modelscope/ms-swift/pull/9935 (set_random_seed after the checkpoint load "
                "replaced the restored RNG position)",
         edits={"    torch.manual_seed(seed + dist.get_rank())\n"
-               "    step, position = 0, {\"epoch\": 0, \"offset\": 0}\n"
+               "    step, position = 0, {\"epoch\": 0, \"samples\": 0}\n"
                "    resumed = load_checkpoint(root, model, optimizer, scheduler)\n":
-               "    step, position = 0, {\"epoch\": 0, \"offset\": 0}\n"
+               "    step, position = 0, {\"epoch\": 0, \"samples\": 0}\n"
                "    resumed = load_checkpoint(root, model, optimizer, scheduler)\n"
                "    torch.manual_seed(seed + dist.get_rank())\n"},
         key_terms=("seed",),
@@ -66,19 +66,39 @@ MISTAKES: list[Mistake] = [
     ),
     Mistake(
         name="data_offset_ignored",
-        what="The resumed epoch restarts from its first batch: the saved offset is never used, so batches are "
+        what="The resumed epoch restarts from its first batch: the saved position is never used, so batches are "
              "trained twice.",
         source="course/05_checkpointing.py's table: the data position is 'sampler epoch + offset'",
-        edits={"        for b in range(offset, per_epoch):\n": "        for b in range(per_epoch):\n"},
-        key_terms=("offset",),
+        edits={"        for first in range(used // world, len(order) - BATCH_SIZE + 1, BATCH_SIZE):\n":
+               "        for first in range(0, len(order) - BATCH_SIZE + 1, BATCH_SIZE):\n"},
+        key_terms=("data position",),
     ),
     Mistake(
         name="data_offset_off_by_one",
-        what="The checkpoint records the batch just trained (b) as the offset, not the next one, so a resumed "
-             "run repeats it (or skips ahead at an epoch's end).",
-        source="classic off-by-one in a resumable data position (contract: 'the next batch is batch b')",
-        edits={'{"epoch": epoch, "offset": offset}, keep)': '{"epoch": epoch, "offset": b}, keep)'},
-        key_terms=("offset",),
+        what="The checkpoint records the position before the batch just trained, not after it, so a resumed "
+             "run repeats that batch.",
+        source="classic off-by-one in a resumable data position (contract: 'the ranks together have used the "
+               "first n samples')",
+        edits={"""            used += world * BATCH_SIZE
+            if step % save_every == 0:
+                save_checkpoint(root, step, model, optimizer, scheduler, {"epoch": epoch, "samples": used}, keep)
+""": """            if step % save_every == 0:
+                save_checkpoint(root, step, model, optimizer, scheduler, {"epoch": epoch, "samples": used}, keep)
+            used += world * BATCH_SIZE
+"""},
+        key_terms=("data position",),
+    ),
+    Mistake(
+        name="per_rank_batch_offset",
+        what="The data position is this rank's batch count (what most tutorials save, and what a resume at the "
+             "same world size gets away with): resumed with more ranks, each rank's batch count means more "
+             "samples of the stream, and the job skips ahead.",
+        source="https://github.com/pytorch/pytorch/issues/59983 (DistributedSampler has no state to resume "
+               "from; tutorials save the batch index) and torchdata's StatefulDataLoader, whose state is per rank",
+        edits={"        for first in range(used // world, len(order) - BATCH_SIZE + 1, BATCH_SIZE):\n":
+               "        for first in range(used * BATCH_SIZE, len(order) - BATCH_SIZE + 1, BATCH_SIZE):\n",
+               "            used += world * BATCH_SIZE\n": "            used += 1  # batches of this rank\n"},
+        key_terms=("world size",),
     ),
     Mistake(
         name="no_set_epoch",

@@ -33,13 +33,22 @@ def test_commit_is_atomic_and_prune_keeps_the_last_k(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step_00000002", "step_00000003"]
 
 
+# The data position as this rank's batch count (the habit of tutorials): right at 2 ranks, another stream at 1
+PER_RANK_POSITION = {
+    "        for first in range(used // world, len(order) - BATCH_SIZE + 1, BATCH_SIZE):\n":
+    "        for first in range(used * BATCH_SIZE, len(order) - BATCH_SIZE + 1, BATCH_SIZE):\n",
+    "            used += world * BATCH_SIZE\n": "            used += 1\n"}
+
+
 @pytest.fixture(scope="module")
-def solution_and_independent():
+def solution_and_independent(tmp_path_factory):
     """The reference and the independent solution in every scenario, resharded to 1 rank here (cheapest;
     the CLI grades 2 -> 4): the independent one shares the reference and reshard launches (its restarts
-    have a launch of their own)."""
-    return dict(zip(["solution", "independent"], ex05_checkpoint.grade(
-        [SOLUTIONS / "ex05_checkpoint.py", independent.path(5)], reshard_world=1)))
+    have a launch of their own), and so does a per-rank data position, in the reshard scenario only."""
+    per_rank = mutant(tmp_path_factory.mktemp("per_rank"), "ex05_checkpoint.py", PER_RANK_POSITION)
+    return dict(zip(["solution", "independent", "per-rank position"], ex05_checkpoint.grade(
+        [SOLUTIONS / "ex05_checkpoint.py", independent.path(5), per_rank], reshard_world=1,
+        scenarios_of=[ex05_checkpoint.SCENARIOS] * 2 + [("reshard",)])))
 
 
 @pytest.mark.slow
@@ -58,9 +67,19 @@ def test_the_independent_solution_scores_full_marks(solution_and_independent):
     assert r.score == r.max_score, r.feedback
 
 
+@pytest.mark.slow
+def test_a_per_rank_data_position_is_named_at_another_world_size(solution_and_independent):
+    f = failed(solution_and_independent["per-rank position"])
+    assert list(f) == ["the data position means the same samples at world size 1"], f  # right at 2 ranks
+    said = f["the data position means the same samples at world size 1"]
+    assert said.startswith("the job at 1 rank began at sample 16 of epoch 1's stream, where the 2-rank run had "
+                           "used 32"), said
+    assert "the saved position counted this rank's own share" in said
+
+
 MISSING_STATE = {
     # resume without the data position, the scheduler or the RNG state
-    "        step, position = resumed\n": "        step, position = resumed[0], {\"epoch\": 0, \"offset\": 0}\n",
+    "        step, position = resumed\n": "        step, position = resumed[0], {\"epoch\": 0, \"samples\": 0}\n",
     "    scheduler.load_state_dict(state[\"scheduler\"])\n": "",
     "        torch.set_rng_state(rng[\"cpu\"])\n": "        pass\n",
     # keep every checkpoint
@@ -117,11 +136,11 @@ def test_missing_state_pruning_and_in_place_writes_are_named(mutants):
     fresh = fails[FRESH]
     # Each was saved but not restored: the message says where it was saved, and advises no save.
     assert "at step 4 rank 0 read samples" in fresh and "your checkpoint holds 'data' (dcp.save at " \
-        "ex05_checkpoint.py:91), but it was not restored: continue from the epoch and batch offset" in fresh
+        "ex05_checkpoint.py:92), but it was not restored: continue from the epoch and samples used" in fresh
     assert "(the samples of step 1)" in fresh  # the epoch started over
     assert "the learning rate it set for step 5 was" in fresh and "your checkpoint holds 'scheduler' (dcp.save at " \
-        "ex05_checkpoint.py:91), but it was not restored: scheduler.load_state_dict()" in fresh
-    assert "your checkpoint holds 'cpu' (torch.save at ex05_checkpoint.py:95), but it was not restored: " \
+        "ex05_checkpoint.py:92), but it was not restored: scheduler.load_state_dict()" in fresh
+    assert "your checkpoint holds 'cpu' (torch.save at ex05_checkpoint.py:96), but it was not restored: " \
         "torch.set_rng_state()" in fresh
     assert "save the data position" not in fresh and "save scheduler" not in fresh and "save each" not in fresh
     assert "weights" not in fresh and "Adam" not in fresh and "step counter" not in fresh  # those were restored

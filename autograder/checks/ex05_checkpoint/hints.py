@@ -64,4 +64,13 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "get_state_dict(model, optimizer) for the destination, dcp.load of that state with the checkpoint's "
         "path as checkpoint_id, then set_state_dict(model, optimizer, model_state_dict=..., optim_state_dict=...).",
     ),
+    "stream_continues": (
+        "A job resumed with more ranks must see the rest of the same data, in the same order: the position "
+        "you save has to mean the same place in the data whatever the number of ranks that reads it.",
+        "A rank's batch is its share of a step; with W ranks a step uses W x BATCH_SIZE samples of the epoch's "
+        "shuffled order, rank r taking every W-th from r on. Count what all the ranks together used, and work "
+        "out from it where this rank's share starts at the new W.",
+        "dist.get_world_size() when you save and when you resume; the list of a DistributedSampler's indices "
+        "for an epoch is this rank's share; slice it from the samples used // the world size.",
+    ),
 }

@@ -4,7 +4,8 @@ A resumed run is compared with the learner's own uninterrupted run (``ex05_check
 shows what resuming lost; a mistake both runs share (the scheduler stepped before the optimizer, the
 RNG seeded alike on every rank) is only seen against this reference: the stub's ``build`` (the same
 model, Adam and cosine schedule), ``torch.manual_seed(seed + rank)``, ``DistributedSampler(shuffle=True,
-seed=seed, drop_last=True)`` batches of ``BATCH_SIZE`` consecutive indices, and per step zero_grad, the
+seed=seed, drop_last=True)`` batches of ``BATCH_SIZE`` consecutive indices (:func:`stream`: the global
+stream, which a resume at another world size continues), and per step zero_grad, the
 mean cross-entropy, backward, ``optimizer.step()``, ``scheduler.step()``.
 
 One process plays the ``WORLD`` ranks: each rank's forward and backward on its own batch with its own
@@ -60,23 +61,7 @@ def rng_hash(state: torch.Tensor) -> str:
     return hashlib.sha1(state.numpy().tobytes()).hexdigest()[:16]
 
 
-def _batches(data, world: int, seed: int, steps: int) -> list[list[list[int]]]:
-    """Per step, per rank, the sample indices the contract's sampler gives."""
-    samplers = [DistributedSampler(data, num_replicas=world, rank=r, shuffle=True, seed=seed, drop_last=True)
-                for r in range(world)]
-    per_epoch, orders = len(samplers[0]) // BATCH_SIZE, {}
-    out = []
-    for s in range(steps):
-        epoch, b = divmod(s, per_epoch)
-        for r, sampler in enumerate(samplers):
-            if (r, epoch) not in orders:
-                sampler.set_epoch(epoch)
-                orders[(r, epoch)] = list(sampler)
-        out.append([orders[(r, epoch)][b * BATCH_SIZE:(b + 1) * BATCH_SIZE] for r in range(world)])
-    return out
-
-
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=4)
 def epoch_orders(world: int = WORLD, epochs: int = 4) -> dict[tuple[int, int], list[int]]:
     """``(rank, epoch) ->`` the indices the contract's sampler deals that rank in that epoch."""
     out = {}
@@ -87,6 +72,32 @@ def epoch_orders(world: int = WORLD, epochs: int = 4) -> dict[tuple[int, int], l
             sampler.set_epoch(e)
             out[(r, e)] = list(sampler)
     return out
+
+
+def stream(world: int, steps: int, epoch: int = 0, used: int = 0) -> list[tuple[int, int, list[list[int]]]]:
+    """The contract's global sample stream at ``world`` ranks from position ``(epoch, used)`` on: per step,
+    the position it starts at and each rank's batch (rank ``r``'s ``BATCH_SIZE`` sampler indices from
+    ``used / world`` on). An epoch ends where a rank's sampler has no whole batch left."""
+    orders, out = epoch_orders(world), []
+    while len(out) < steps:
+        first = used // world
+        if first + BATCH_SIZE > len(orders[(0, epoch)]):
+            epoch, used = epoch + 1, 0
+            continue
+        out.append((epoch, used, [orders[(r, epoch)][first:first + BATCH_SIZE] for r in range(world)]))
+        used += world * BATCH_SIZE
+    return out
+
+
+def position_after(steps: int, world: int = WORLD) -> tuple[int, int]:
+    """``(epoch, samples used)`` after ``steps`` steps of the stream at ``world`` ranks (as the next one sees it)."""
+    epoch, used, _ = stream(world, steps + 1)[-1]
+    return epoch, used
+
+
+def _batches(world: int, steps: int) -> list[list[list[int]]]:
+    """Per step, per rank, the sample indices the contract's sampler gives."""
+    return [batch for _, _, batch in stream(world, steps)]
 
 
 def contract_batch(rank: int, indices: list[int], world: int = WORLD) -> tuple[int, int] | None:
@@ -123,7 +134,7 @@ def reference_run(world: int = WORLD) -> tuple[list[ReferenceStep], dict]:
             torch.manual_seed(seed + r)
             rngs.append(torch.get_rng_state())
         records = []
-        for s, indices in enumerate(_batches(data, world, seed, steps), start=1):
+        for s, indices in enumerate(_batches(world, steps), start=1):
             total = [torch.zeros_like(p) for p in params]
             for r, idx in enumerate(indices):
                 torch.set_rng_state(rngs[r])

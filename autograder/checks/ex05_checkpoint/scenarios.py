@@ -3,6 +3,7 @@ is kept of a launch that a kill ended (the rank side, :func:`.probes.rank_main`,
 """
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -10,12 +11,13 @@ from typing import Callable, Sequence
 import torch
 
 from distlab import LaunchError, torchrun
+from distlab.checkpoint import final_path
 from distlab.runtime.launch import target_string
 
 from ...grader import progress
 from ...grader.launches import TRACES, traced, tracing
 from .observations import WORLD
-from .probes import FRESH_STOP, RUN, SECOND_KILL, WRITE_KILL, rank_main
+from .probes import FRESH_STOP, RESHARD_FROM, RUN, SECOND_KILL, WRITE_KILL, rank_main
 
 
 def _launch(paths: Sequence[str], outdirs: Sequence[str], phases: list[list[dict]], world: int, timeout: float,
@@ -64,7 +66,8 @@ def run_scenarios(paths: Sequence[str], outdirs: Sequence[str], wanted: Sequence
                   reshard_world: int, timeout: Callable[[str, int], float]) -> list[dict]:
     """The launches, in order: the reference (and the job stopped for the fresh scenario), the resumes (the
     fresh jobs, then the restarts: one launch per file, the fresh jobs of the others ride in the first),
-    the reshard. Returns, per file, the error of each launch that died in its phases and the seconds."""
+    the reshard (from a copy of A's directory without its last checkpoint). Returns, per file, the error of each
+    launch that died in its phases and the seconds."""
     n, out = len(paths), [{} for _ in paths]
 
     def phase(i: int, d: str, **kw) -> dict:
@@ -91,6 +94,17 @@ def run_scenarios(paths: Sequence[str], outdirs: Sequence[str], wanted: Sequence
     if guests and not restart:
         _batch(guests, paths, outdirs, resume, WORLD, "resume", timeout, out)
     reshard = [i for i in live if "reshard" in wanted[i]]
-    _batch(reshard, paths, outdirs, lambda i: [dict(phase(i, "R", tag="reshard"), dir=str(Path(outdirs[i]) / "A"))],
-           reshard_world, "reshard", timeout, out)
+    for i in reshard:
+        _reshard_dir(Path(outdirs[i]))
+    _batch(reshard, paths, outdirs, lambda i: [phase(i, "R", tag="reshard")], reshard_world, "reshard", timeout, out)
     return out
+
+
+def _reshard_dir(outdir: Path) -> None:
+    """R: a copy of A's checkpoints without the last one, so that the job at the other world size resumes in the
+    middle of the run (from step ``RESHARD_FROM``) and trains on, where the data position must keep its meaning."""
+    if not (outdir / "A").is_dir():  # a run that never saved: the job at the other world size starts afresh
+        return
+    shutil.copytree(outdir / "A", outdir / "R", dirs_exist_ok=True)
+    for step in range(RESHARD_FROM + 1, RUN["steps"] + 1):
+        shutil.rmtree(final_path(outdir / "R", step), ignore_errors=True)

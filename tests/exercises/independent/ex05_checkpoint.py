@@ -1,8 +1,8 @@
 """Exercise 5, written independently of the reference: explicit DCP writers and readers
 (``FileSystemWriter``/``FileSystemReader``), the model's and the optimizer's state dicts fetched and
 restored separately, the RNG states kept in one dict per rank, one flat loop over the global step
-with the data position carried as one batch count (``divmod``), batches collated by
-``default_collate``. Graded by tests/exercises/test_ex05_checkpoint.py."""
+with the data position carried as the samples every rank together has seen (this rank starts at their
+1/W), batches collated by ``default_collate``. Graded by tests/exercises/test_ex05_checkpoint.py."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -72,7 +72,7 @@ def load_checkpoint(root: str | Path, model, optimizer, scheduler) -> tuple[int,
     if newest is None:
         return None
     folder = newest[1]
-    target = _payload(model, optimizer, scheduler, 0, {"epoch": 0, "offset": 0})
+    target = _payload(model, optimizer, scheduler, 0, {"epoch": 0, "samples": 0})
     dcp_load(target, storage_reader=FileSystemReader(folder))
     set_model_state_dict(model, target["model"])
     set_optimizer_state_dict(model, optimizer, target["optim"])
@@ -93,24 +93,26 @@ def train(root: str | Path, dataset, *, steps: int, save_every: int, keep: int, 
     resumed = load_checkpoint(root, model, optimizer, scheduler)
     done = resumed[0] if resumed else 0
     sampler = DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)
-    per_epoch = len(sampler) // BATCH_SIZE
-    epoch, batch = (resumed[1]["epoch"], resumed[1]["offset"]) if resumed else (0, 0)
+    world = dist.get_world_size()
+    epoch, seen = (resumed[1]["epoch"], resumed[1]["samples"]) if resumed else (0, 0)
     device, order, order_epoch = _device(), [], None
     while done < steps:
-        epoch, batch = divmod(epoch * per_epoch + batch, per_epoch)  # past an epoch's last batch: the next
         if epoch != order_epoch:
             sampler.set_epoch(epoch)
             order, order_epoch = list(sampler), epoch
-        picked = order[batch * BATCH_SIZE:(batch + 1) * BATCH_SIZE]
+        start = seen // world  # seen counts every rank's samples: this rank's share of them is seen / W
+        if start + BATCH_SIZE > len(order):  # no whole batch left of the epoch
+            epoch, seen = epoch + 1, 0
+            continue
+        picked = order[start:start + BATCH_SIZE]
         x, y = (t.to(device) for t in default_collate([dataset[i] for i in picked]))
         optimizer.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
         scheduler.step()
-        done, batch = done + 1, batch + 1
+        done, seen = done + 1, seen + world * BATCH_SIZE
         if done % save_every == 0:
-            after = divmod(epoch * per_epoch + batch, per_epoch)
-            save_checkpoint(root, done, model, optimizer, scheduler, {"epoch": after[0], "offset": after[1]}, keep)
+            save_checkpoint(root, done, model, optimizer, scheduler, {"epoch": epoch, "samples": seen}, keep)
         if on_step is not None:
             on_step(done, optimizer)
     return model, optimizer, scheduler, done
