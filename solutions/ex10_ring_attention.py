@@ -111,7 +111,10 @@ def ring_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
       with its ``dk, dv`` accumulators, ``W - 1`` hops, and the accumulators take one hop more, home:
       each rank sends and receives ``(4 W - 2)`` shards' worth of bytes (``k, v, dk, dv`` ``W - 1``
       times, then ``dk, dv``), to and from its neighbours only. No collective.
-    * Work: every rank computes the same number of scores (the backward recomputes them), as in the forward.
+    * Work: as in the forward, every rank computes the same number of scores (the backward recomputes them), and
+      none for a pair of chunks the mask hides entirely: counted from the matrix products' shapes, five products
+      a block of scores (``q k^T``, ``dout v^T``, ``ds k``, ``ds^T q``, ``p^T dout``), with a quarter's slack for
+      other ways of writing the same math.
     """
     ### BEGIN SOLUTION
     me, world = dist.get_rank(), dist.get_world_size()

@@ -39,7 +39,8 @@ each receive got), every collective (``CollectiveRecorder``) and the FLOPs of it
 | log-sum-exps merged without the max: overflow on large scores | "with the queries times 40 ... inf or NaN ..." |
 | causal mask by each shard's own indices | "rank 3's output is what a causal mask by each block's own indices ..." |
 | the contiguous layout's mask or skip on zig-zag shards | "rank 2's output is what the contiguous layout's ..." |
-| shards computed whole: work hidden by the mask, unbalanced | "the ranks computed rank 0 16, rank 1 14, ... blocks ..." |
+| shards computed whole: work hidden by the mask, unbalanced | "the ranks computed rank 0 16, rank 1 14, ..." |
+| the shard's two chunks taken in the other order | "rank 0's output is what a ring gives that takes ..." |
 | no causal mask | "rank 0's output is the non-causal attention (every key seen) ..." |
 | gathered the whole sequence with a collective | "the ring called all_gather: a collective that gathers ..." |
 | a receive never waited on | "rank 0 never waited on 3 of its 3 receives, the first from rank 3 ..." |
@@ -274,7 +275,12 @@ def work_balanced(run: Run) -> Verdict:
                   **{f"W{run.world}_blocks_per_rank": blocks[0]})
 
 
-@criterion("[W={world}] backward: every rank computes the same work", points=1)
+# The backward's five products a block, written another way (autograd through a block, D by einsum), may cost
+# a little more: a quarter's slack, where the hidden blocks computed too cost a third more at W = 2, 60% at 4.
+BACKWARD_SLACK = 1.25
+
+
+@criterion("[W={world}] backward: every rank computes the same work, none of it hidden by the mask", points=1)
 def backward_work_balanced(run: Run) -> Verdict:
     b = run.backward()
     if todo := unwritten(b, "ring_attention_backward"):
@@ -286,11 +292,11 @@ def backward_work_balanced(run: Run) -> Verdict:
     if not all(grads_close(o.grads, ref) for o, ref in zip(b.ranks, b.grads)):
         return failed("not judged: the gradients differ from autograd's (the work of a ring is judged once it "
                       "computes the right thing)")
-    blocks, c = _blocks(b), SEQ // (2 * run.world)
-    if len(set(blocks)) > 1:
-        return failed(f"the ranks' backwards did different amounts of work, counted in blocks of c x c = {c} x {c} "
-                      f"scores per head (five matrix products each): {_counts(blocks)}. Each step waits for the "
-                      "busiest rank: compute the blocks the forward computes, skipping the same ones")
+    blocks, c, most = _blocks(b), SEQ // (2 * run.world), 2 * run.world + 2
+    if len(set(blocks)) > 1 or blocks[0] > BACKWARD_SLACK * most:
+        return failed(diagnose(WORK, b) or f"the ranks' backwards did matrix products worth {_counts(blocks)} blocks "
+                      f"of c x c = {c} x {c} scores per head (five products a block), where the forward's blocks are "
+                      f"{most} on every rank: compute the blocks the forward computes, skipping the same ones")
     return passed(f"matrix products worth {blocks[0]:g} blocks of {c} x {c} scores per head on every rank (five "
                   "products a block)", **{f"W{run.world}_backward_blocks_per_rank": blocks[0]})
 

@@ -11,7 +11,7 @@ import torch
 
 from ...grader.diagnosis import KnownError, mistake
 from .observations import BackwardRing, Run
-from .reference import GRADS, HEAD_DIM, noncausal, replay, replay_backward
+from .reference import GRADS, HEAD_DIM, noncausal, replay, replay_backward, replay_sliced
 
 KNOWN_ERRORS = [KnownError(
     "a send/recv deadlock in the ring",
@@ -112,10 +112,10 @@ def masked_nan(run: Run) -> str | None:
         return None
     out = run.ranks[bad[0]].out
     rows = int(torch.isnan(out).any(-1).sum())
-    return (f"rank {bad[0]}'s output is NaN in {rows} of its {out[..., 0].numel()} (head, position) rows: where "
-            "every key of a block is after the query (its early chunk of queries against a later rank's shard), "
-            "every score of the row is masked, its logsumexp is -inf and exp(scores - lse) is exp(-inf + inf) = "
-            "NaN: skip the pairs of chunks the mask hides entirely, or leave those rows out of the merge")
+    return (f"rank {bad[0]}'s output is NaN in {rows} of its {out[..., 0].numel()} (head, position) rows: a row "
+            "whose every score in a block is masked has logsumexp -inf, and exp(scores - lse) is then "
+            "exp(-inf + inf) = NaN. Leave such rows out of that block (skip the pairs of chunks the mask hides "
+            "entirely), and check that the mask keeps each query's own key (key position <= query position)")
 
 
 @mistake("partial outputs averaged instead of weighed by their log-sum-exp")
@@ -163,7 +163,7 @@ def lse_not_kept(run: Run) -> str | None:
 
 @mistake("causal mask by each shard's own indices")
 def local_mask(run: Run) -> str | None:
-    ranks = _is(run, replay(run.world, mask="local"))
+    ranks = _is(run, replay(run.world, mask="local")) or _is(run, replay_sliced(run.world, mask="local"))
     if not ranks:
         return None
     return (f"rank {ranks[-1]}'s output is what a causal mask by each block's own indices (is_causal=True per "
@@ -185,6 +185,16 @@ def contiguous_rule(run: Run) -> str | None:
             "of later ranks skipped whole): in the zig-zag layout rank r holds chunk r and chunk 2W - 1 - r, so its "
             "late chunk comes after every rank's early chunk, a later rank's included. Build each shard's global "
             "positions from its two chunks, and skip only what they hide")
+
+
+@mistake("the shard's two chunks taken in the other order")
+def chunks_swapped(run: Run) -> str | None:
+    ranks = _is(run, replay_sliced(run.world, swapped=True))
+    if not ranks:
+        return None
+    return (f"rank {ranks[0]}'s output is what a ring gives that takes each shard to hold chunk 2W - 1 - r first: "
+            "its positions, and the chunks kept of other ranks' shards, are the other way round. The shard holds "
+            "chunk r first (positions r c ... (r + 1) c - 1), then chunk 2W - 1 - r")
 
 
 @mistake("no causal mask")
@@ -331,8 +341,10 @@ _WHOLE = {(4, 4): "every other rank's shard was computed whole, n x n = 4 blocks
 @mistake("shards computed whole: work hidden by the mask, unbalanced")
 def computed_whole(run: Run) -> str | None:
     """Each rank's blocks are ``own + earlier * r + later * (W - 1 - r)`` for a ring that computes ``earlier``
-    blocks of each earlier rank's shard and ``later`` of each later one's (2 is what the mask leaves visible)."""
-    blocks = [run.blocks(r) for r in range(run.world)]
+    blocks of each earlier rank's shard and ``later`` of each later one's (2 is what the mask leaves visible);
+    forward or backward (``run`` may be ``Run.backward()``: five products a block)."""
+    blocks = [round(b, 1) for b in map(run.blocks, range(run.world))]
+    blocks = [round(b) if abs(b - round(b)) < 0.25 else b for b in blocks]  # a backward's small products aside
     for (earlier, later), why in _WHOLE.items():
         for own in (4, 3):  # the diagonal shard whole, or its hidden pair of chunks skipped
             if blocks == [own + earlier * r + later * (run.world - 1 - r) for r in range(run.world)]:
@@ -344,7 +356,7 @@ def computed_whole(run: Run) -> str | None:
 
 PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
 OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept, local_mask,
-          contiguous_rule, no_mask]
+          contiguous_rule, chunks_swapped, no_mask]
 GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse,
              backward_no_mask, no_scale]
 BACKWARD_RING = [*PROTOCOL, not_home]

@@ -146,6 +146,40 @@ def replay(world: int, *, merge: str = "lse", mask: str = "global", skip_later: 
     return outs
 
 
+@lru_cache(maxsize=4)
+def replay_sliced(world: int, *, mask: str = "global", swapped: bool = False) -> list[torch.Tensor]:
+    """Each rank's output of the reference's ring, blocks and all (its own shard whole, an earlier rank's early
+    chunk for every query, a later rank's shard for the late chunk of queries), merged by log-sum-exp, with
+    ``mask="local"``: a causal triangle on every block computed, in the block's own indices; ``swapped``: the
+    shard taken to hold its late chunk first (the positions, and the halves kept, the other way round)."""
+    q, k, v = whole()
+    c, outs = SEQ // (2 * world), []
+    early, late = slice(0, c), slice(c, None)
+    if swapped:
+        early, late = late, early
+    for r in range(world):
+        pos = positions(r, world)
+        pos = torch.cat([pos[c:], pos[:c]]) if swapped else pos
+        qs = shard(q, r, world)
+        out, lse = torch.zeros_like(qs), torch.full((*qs.shape[:-1], 1), float("-inf"))
+        for step in range(world):
+            src = (r - step) % world
+            rows, cols = (slice(None), slice(None)) if src == r else (slice(None), early) if src < r else \
+                (late, slice(None))
+            s = (qs[..., rows, :] @ shard(k, src, world)[..., cols, :].transpose(-1, -2)) * HEAD_DIM ** -0.5
+            if mask == "local":
+                s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+            elif src == r:
+                s = s.masked_fill(pos[:, None] < pos[None, :], float("-inf"))
+            b_lse = torch.logsumexp(s, -1, keepdim=True)
+            new = torch.logaddexp(lse[..., rows, :], b_lse)
+            b_out = torch.exp(s - b_lse) @ shard(v, src, world)[..., cols, :]
+            out[..., rows, :] = torch.exp(lse[..., rows, :] - new) * out[..., rows, :] + torch.exp(b_lse - new) * b_out
+            lse[..., rows, :] = new
+        outs.append(out)
+    return outs
+
+
 def _per_block(s: torch.Tensor, keys: torch.Tensor, seen: torch.Tensor, world: int, fn) -> torch.Tensor:
     """``fn(scores of one block)`` for each rank's block of keys (``owners``), put back in the keys' places:
     each ring step's block, normalised or summed on its own."""
