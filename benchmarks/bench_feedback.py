@@ -30,7 +30,7 @@ by someone who had not read the checks, and correct solutions in other legal sty
 solutions at full marks (goal 0), the caught ones whose feedback names them (as above; goal 90%), the legal
 variants short of full marks (goal 0), and the advice about steps the trace shows were taken (goal 0).
 
-``python -m benchmarks feedback`` (minutes: exercise 5's mutants run its fresh-job scenario only).
+``python -m benchmarks feedback`` (minutes: exercise 5's mutants run its fresh-job and reshard scenarios only).
 ``DISTLAB_BENCH_EXERCISES=5,7`` restricts the exercises, ``DISTLAB_BENCH_FAMILY=lines|realistic`` the family,
 and ``DISTLAB_BENCH_KEEP=DIR`` writes each realistic mutant's feedback to ``DIR/exNN.md``.
 """
@@ -47,9 +47,9 @@ from benchmarks import Row
 
 MARKS = ("### BEGIN SOLUTION", "### END SOLUTION")
 SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)
-# What a grading of each exercise's mutants passes to its check: exercise 5's resume scenarios cost a
-# launch per file (the fresh job is the one that rides in a shared launch).
-GRADE_KWARGS = {5: {"scenarios": ("fresh",)}}
+# What a grading of each exercise's mutants passes to its check: exercise 5's restarts cost a launch per
+# file (the fresh job and the reshard ride in launches the files share).
+GRADE_KWARGS = {5: {"scenarios": ("fresh", "reshard")}}
 
 
 @dataclass(frozen=True)
