@@ -10,10 +10,14 @@
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 # Stage 1: the course files learners receive (a separate stage, so no layer of the image holds solutions/).
+# The checks' tests and the realistic family go too: they hold independent correct solutions and edits of
+# the reference ones (what docker/hub/install.sh leaves out of a hub's copy as well).
 FROM ${BASE_IMAGE} AS course
 ARG INCLUDE_SOLUTIONS=0
 COPY . /src
-RUN if [ "${INCLUDE_SOLUTIONS}" != 1 ]; then rm -rf /src/solutions; fi
+RUN if [ "${INCLUDE_SOLUTIONS}" != 1 ]; then \
+        rm -rf /src/solutions /src/tests/exercises /src/benchmarks/realistic; \
+    fi
 
 FROM ${BASE_IMAGE}
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu

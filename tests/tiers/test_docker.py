@@ -57,7 +57,9 @@ def test_there_is_a_learner_and_a_grader_image_and_neither_hands_out_solutions()
     assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim\S*$", learner, re.M)
     assert "chmod -R go-rwx /opt/distlab/solutions" in grader  # the student user cannot import them
     # the learner image copies the course from a stage that dropped solutions/, so no layer holds them
-    assert "rm -rf /src/solutions" in learner and "COPY --from=course" in learner
+    # nor the independent solutions of the checks' tests, nor the realistic family's edits of the reference ones
+    assert "rm -rf /src/solutions /src/tests/exercises /src/benchmarks/realistic" in learner
+    assert "COPY --from=course" in learner
     stages = re.split(r"^FROM ", learner, flags=re.M)[1:]
     assert len(stages) == 2 and "COPY . " in stages[0] and "COPY . " not in stages[1]
 
