@@ -493,6 +493,82 @@ except LaunchError as exc:
 # * keep the meaning: a rank with nothing to keep takes part, with a zero gradient and a count of
 #   0, and the other ranks still learn from theirs (skipping the step everywhere drops them).
 #
+# ### Part 2, harder: ranks with uneven numbers of batches
+# A data set rarely splits evenly over the ranks. `DistributedSampler` hides it by repeating samples
+# until every rank has as many (notebook 01's evaluation showed what that padding costs a metric); a
+# stream (an `IterableDataset` read in shards, a file per rank) cannot, and some rank runs out first.
+# The loop of a single-process script, `for x, y in batches:`, then ends on that rank while the others
+# still have data, and DDP's all-reduce of their next step has a rank missing.
+#
+# Below, rank 0 has 2 batches and rank 1 has 4, each running that loop around DDP, each printing the
+# batches it finished. The launcher ends a job when no rank has advanced for a while and one waits in a
+# collective (here after 3 s; by default 10 s): predict first.
+
+# %%
+uneven_guess = predict("rank 0 has 2 batches, rank 1 has 4, and each runs the loop of a single-process script "
+                       "around DDP: how many batches does rank 1 finish before the job is ended?",
+                       unit="batches", guess=None)
+
+# %%
+UNEVEN_JOB = TRACES / "uneven_ddp.py"   # a script: torchrun's ranks run it as __main__
+UNEVEN_JOB.write_text("""import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import distlab
+from distlab.lab.hang import small_classifier
+
+distlab.init_distributed()
+rank = dist.get_rank()
+model = DistributedDataParallel(small_classifier())
+opt = torch.optim.SGD(model.parameters(), lr=0.5)
+gen = torch.Generator().manual_seed(rank)
+for step in range([2, 4][rank]):   # this rank's batches: 2 on rank 0, 4 on rank 1
+    x, y = torch.randn(4, 8, generator=gen), torch.randint(0, 4, (4,), generator=gen)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()   # DDP all-reduces the gradients in here
+    opt.step()
+    print(f"batch {step} done", flush=True)
+print("out of data: left the loop", flush=True)
+""")
+finished = {0: [], 1: []}
+
+
+def batches_done(line: str) -> None:   # each rank's own lines, as it printed them
+    for r in finished:
+        if line.startswith(f"[rank{r}] "):
+            finished[r].append(line.removeprefix(f"[rank{r}] "))
+            print(line)
+
+
+try:
+    torchrun(str(UNEVEN_JOB), 2, timeout=60, stream=batches_done, hang_after_s=3)
+except LaunchError as exc:
+    print("\nlauncher:", str(exc).splitlines()[0])
+
+# %%
+uneven_guess.reveal(sum(line.startswith("batch ") for line in finished[1]))
+
+# %% [markdown]
+# Rank 1 finished the two steps it shared with rank 0; in its third, DDP's all-reduce waited for a
+# rank that had left its loop, and nothing said so until the launcher looked. In a real job rank 0
+# would have gone on to evaluate or save, and rank 1 would have waited until the process group's
+# timeout. The launcher's report names rank 1's line (`backward()`, where DDP's reducer all-reduces), and
+# the prints the reason: rank 0 was out of data.
+#
+# Write `train_uneven` in `exercises/ex09_hang.py`: its docstring is the contract. The job runs as
+# many steps as the longest rank has batches, and each step means one process's SGD step on the mean
+# loss over the samples of the ranks that still have a batch; a rank out of data takes part in every
+# step's collectives, adding nothing, until no rank has a batch left. You may write the collectives by
+# hand or use DDP, as long as the job means that. The grader runs it on 2 ranks with 2 and 4
+# batches (the longest rank is not rank 0), 0 and 2 (a rank with no batch at all) and 2 and 2, each
+# collective checked against the other rank's before it runs, so the loop above is reported, not left
+# hanging: "the job hangs with ranks with 2 and 4 batches: rank 1 waits in all_reduce of [212] at
+# ex09_hang.py:N (...backward()) (its collective 8, at its batch 2 of 4), while rank 0 had returned from
+# train_uneven after 7 collectives, out of data after its 2 batches". It then compares every rank with
+# one process that replays the global stream of batches, at each batch's forward and at the end.
+#
 # Or from a shell: `.venv/bin/python -m autograder grade --exercise 9`.
 
 # %%

@@ -13,6 +13,44 @@ _GRADS = ("        with torch.no_grad():\n"
           "                grad = p.grad if p.grad is not None else torch.zeros_like(p)\n")
 _STEP = ("                if count > 0:  # the same on every rank: count is the all-reduced, global one\n"
          "                    p -= lr * grad / count\n")
+# Part 2 (train_uneven): the reference's loop, by hand, whole, and a part of it
+_UNEVEN = ("    params = list(model.parameters())\n"
+           "    stream = iter(batches)\n"
+           "    while True:\n"
+           "        batch = next(stream, None)  # None once this rank has run out\n")
+_UNEVEN_EXIT = "        if total == 0:\n            return model\n"
+_UNEVEN_UPDATE = ("            offset = 0\n"
+                  "            for p in params:\n"
+                  "                p -= lr * flat[offset:offset + p.numel()].view_as(p) / total\n"
+                  "                offset += p.numel()\n")
+_UNEVEN_BODY = (_UNEVEN + """        model.zero_grad()  # .grad None: a rank out of data sends zeros below
+        samples = torch.zeros(1, device=params[0].device)  # on the gradients' device: NCCL reduces GPU tensors
+        if batch is not None:  # local work only: no collective under a branch on this rank's data
+            x, y = batch
+            nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+            samples += len(y)
+        # One all-reduce a step, on every rank: every gradient and the number of samples, in one buffer (as DDP's
+        # bucket does). The global count is 0 exactly when no rank has a batch left, and the same on every rank:
+        # every rank leaves at the same step, having taken part in every step before it.
+        flat = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).flatten() for p in params] + [samples])
+        dist.all_reduce(flat)
+        total = flat[-1]
+""" + _UNEVEN_EXIT + "        with torch.no_grad():\n" + _UNEVEN_UPDATE)
+
+
+def _ddp_loop(join: str, forward: str = "ddp") -> str:
+    """train_uneven's body as DDP code: ``join``, the context manager's line ("" for none), ``forward``, what the
+    loop calls."""
+    indent = "        " if join else "    "
+    return ("    from torch.nn.parallel import DistributedDataParallel\n"
+            "    ddp = DistributedDataParallel(model)\n"
+            "    opt = torch.optim.SGD(ddp.parameters(), lr=lr)\n"
+            + (f"    {join}\n" if join else "")
+            + f"{indent}for x, y in batches:\n"
+            f"{indent}    opt.zero_grad()\n"
+            f"{indent}    nn.functional.cross_entropy({forward}(x), y).backward()\n"
+            f"{indent}    opt.step()\n"
+            "    return model\n")
 
 MISTAKES = [
     Mistake(
@@ -112,6 +150,127 @@ MISTAKES = [
                "                    p -= lr * grad / count / dist.get_world_size()\n"},
         key_terms=("mean",),
     ),
+    Mistake(
+        name="uneven_rank_leaves_when_its_data_ends",
+        what="train_uneven written as a single-process loop around DDP: the rank with fewer batches leaves the loop "
+             "and returns while the others wait in DDP's gradient all-reduce of their next step.",
+        source="PyTorch's 'Distributed Training with Uneven Inputs Using the Join Context Manager' tutorial: "
+               "without join(), the rank with fewer inputs leaves and the others hang in the all-reduce",
+        edits={_UNEVEN_BODY: _ddp_loop("")},
+        key_terms=("hangs", "left its loop"),
+    ),
+    Mistake(
+        name="uneven_max_flag_wrong_count",
+        what="A flag all-reduced with MAX keeps every rank in the loop while any rank has data, but each rank "
+             "backpropagates its mean loss and the summed gradients are divided by the world size, so a step "
+             "where a rank has no batch moves by a fraction of one process's.",
+        source="the 'all_reduce a done flag with MAX' recipe for uneven DDP data (PyTorch forums, 'DDP with "
+               "uneven inputs'), combined with DDP's own division by the world size",
+        edits={_UNEVEN_BODY: _UNEVEN + """        more = torch.tensor(0.0 if batch is None else 1.0)
+        dist.all_reduce(more, op=dist.ReduceOp.MAX)  # does any rank still have a batch?
+        if more == 0:
+            return model
+        model.zero_grad()
+        if batch is not None:
+            x, y = batch
+            nn.functional.cross_entropy(model(x), y).backward()
+        with torch.no_grad():
+            for p in params:
+                g = torch.zeros_like(p) if p.grad is None else p.grad
+                dist.all_reduce(g)
+                p -= lr * g / dist.get_world_size()  # the mean over the ranks, as DDP does
+"""},
+        key_terms=("divided by the 2 ranks",),
+    ),
+    Mistake(
+        name="uneven_join_on_the_bare_model",
+        what="DDP's join() called on the model itself, which is not wrapped: nn.Module has no join(), and the "
+             "loop trains without any gradient all-reduce.",
+        source="the DDP join() documentation's example read as a method of the model (model.join()), where its "
+               "model is the DDP wrapper",
+        edits={_UNEVEN_BODY: """    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    with model.join():
+        for x, y in batches:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    return model
+"""},
+        key_terms=("join()", "DistributedDataParallel"),
+    ),
+    Mistake(
+        name="uneven_join_forward_bypasses_ddp",
+        what="A DDP wrapper is made for its join() only: the loop calls the model itself, so DDP's hooks never "
+             "all-reduce a gradient and each rank trains on its own batches.",
+        source="the pattern 'wrap for the feature, keep calling the module' (DDP's forward is what prepares the "
+               "gradient all-reduce; model.module(x) and model(x) bypass it)",
+        edits={_UNEVEN_BODY: _ddp_loop("with ddp.join(divide_by_initial_world_size=False):", forward="model")},
+        key_terms=("wrapper",),
+    ),
+    Mistake(
+        name="uneven_join_default_division",
+        what="DDP under join() with its defaults: at a step where a rank has joined, DDP still divides the summed "
+             "gradient by the initial world size, so the step is k/W of one process's on the samples there.",
+        source="torch.nn.parallel.DistributedDataParallel.join(divide_by_initial_world_size=True), the default, "
+               "documented as 'the effective global batch size' being kept, not the mean over what exists",
+        edits={_UNEVEN_BODY: _ddp_loop("with ddp.join():")},
+        key_terms=("divide_by_initial_world_size",),
+    ),
+    Mistake(
+        name="uneven_stop_when_any_rank_runs_out",
+        what="The ranks agree to stop as soon as one of them runs out (an all-reduce MIN of 'I have a batch'): no "
+             "hang, but the batches the longer ranks still hold are never learnt from.",
+        source="the drop-the-remainder advice for uneven data (DistributedSampler(drop_last=True), 'stop every "
+               "rank when the first one finishes')",
+        edits={_UNEVEN_EXIT: "        have = torch.tensor(float(batch is not None))\n"
+                             "        dist.all_reduce(have, op=dist.ReduceOp.MIN)  # stop with the shortest rank\n"
+                             "        if have == 0:\n"
+                             "            return model\n"},
+        key_terms=("stopped",),
+    ),
+    Mistake(
+        name="uneven_own_flag_checked_after_the_collectives",
+        what="Each rank takes part in the step's all-reduce, then leaves when its own batch was None: it shadows "
+             "one step, not every step until the longest rank's last, and the others hang one step later.",
+        source="course/09_communication.py: 'no branch on a rank's own data before a collective'; moving the "
+               "branch after the step's collectives only is the half-fix",
+        edits={_UNEVEN_EXIT + "        with torch.no_grad():\n" + _UNEVEN_UPDATE:
+               "        if total > 0:\n"
+               "            with torch.no_grad():\n"
+               "                offset = 0\n"
+               "                for p in params:\n"
+               "                    p -= lr * flat[offset:offset + p.numel()].view_as(p) / total\n"
+               "                    offset += p.numel()\n"
+               "        if batch is None:\n"
+               "            return model  # this rank took part in the step; it has nothing more\n"},
+        key_terms=("hangs",),
+    ),
+    Mistake(
+        name="uneven_exit_test_after_the_update",
+        what="The loop's exit test (the global count is 0) comes after the update, so the last round, in which no "
+             "rank has a batch, divides 0 by 0 and every weight becomes NaN.",
+        source="a do-while reading of 'stop when no rank has data': the step first, the test at the bottom",
+        edits={_UNEVEN_EXIT: "", "                offset += p.numel()\n":
+               "                offset += p.numel()\n" + _UNEVEN_EXIT},
+        key_terms=("NaN",),
+    ),
+    Mistake(
+        name="uneven_zeros_from_the_last_batch",
+        what="A rank out of data runs its last batch again with the loss multiplied by 0 to get zero gradients; "
+             "a rank that never had a batch has no last batch, and raises.",
+        source="the 'dummy forward with loss * 0' workaround for DDP ranks without data (PyTorch forums, 'DDP "
+               "uneven inputs dummy batch')",
+        edits={"        if batch is not None:  # local work only: no collective under a branch on this rank's data\n"
+               "            x, y = batch\n"
+               "            nn.functional.cross_entropy(model(x), y, reduction=\"sum\").backward()\n"
+               "            samples += len(y)\n":
+               "        if batch is not None:\n"
+               "            last = batch\n"
+               "            samples += len(batch[1])\n"
+               "        x, y = batch if batch is not None else last  # out of data: the last batch, weighted 0\n"
+               "        (nn.functional.cross_entropy(model(x), y, reduction=\"sum\") * (batch is not None)).backward()\n"},
+        key_terms=("0 and 2",),
+    ),
 ]
 
 LEGAL = [
@@ -147,5 +306,35 @@ LEGAL = [
         edits={_LOSS: _SHARE + "        losses = nn.functional.cross_entropy(model(x), torch.where(keep, y, torch.zeros_like(y)),\n"
                       "                                             reduction=\"none\")\n"
                       "        loss = torch.where(keep, losses, torch.zeros_like(losses)).sum()\n"},
+    ),
+    Mistake(
+        name="uneven_ddp_join_divided_by_the_ranks_with_data",
+        what="DistributedDataParallel under ddp.join(divide_by_initial_world_size=False): DDP's join hooks shadow "
+             "the all-reduces of a rank that has run out, and the mean is over the ranks that have a batch.",
+        source="PyTorch's 'Distributed Training with Uneven Inputs Using the Join Context Manager' tutorial",
+        edits={_UNEVEN_BODY: _ddp_loop("with ddp.join(divide_by_initial_world_size=False):")},
+    ),
+    Mistake(
+        name="uneven_any_flag_then_per_parameter",
+        what="An all-reduced 'any rank has a batch' flag (MAX) decides whether to go on; then the count and each "
+             "parameter's gradient are all-reduced one by one and divided by the global count.",
+        source="the 'all_reduce a done flag' recipe for uneven inputs, written by hand",
+        edits={_UNEVEN_BODY: _UNEVEN + """        more = torch.tensor(0.0 if batch is None else 1.0)
+        dist.all_reduce(more, op=dist.ReduceOp.MAX)  # does any rank still have a batch?
+        if more == 0:
+            return model
+        model.zero_grad()
+        count = torch.zeros(())
+        if batch is not None:
+            x, y = batch
+            nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+            count += len(y)
+        dist.all_reduce(count)
+        with torch.no_grad():
+            for p in params:
+                g = torch.zeros_like(p) if p.grad is None else p.grad
+                dist.all_reduce(g)
+                p -= lr * g / count
+"""},
     ),
 ]

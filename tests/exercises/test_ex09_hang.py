@@ -1,7 +1,9 @@
 """Exercise 9 (a hang diagnosed and fixed): the solution and the independent one score full marks, the
 stub 0, and each known mistake (the unfixed job among them: its would-be hang is stopped by the
 grader's ledger of collectives, on every rank at once, naming each rank's line) fails with its own
-feedback. One launch on 2 ranks grades every file."""
+feedback. Part 2 (``train_uneven``, ranks with uneven numbers of batches: the solution by hand, the independent
+one by DDP's join) rides in the same files: part 1's mutants keep part 2's marks and part 2's keep part 1's.
+One launch on 2 ranks grades every file."""
 from __future__ import annotations
 
 import pytest
@@ -41,10 +43,50 @@ MISTAKES = {
         "        count = keep.sum().to(torch.float32)\n        dist.all_reduce(count)\n":
         "        dist.all_reduce(count)\n        count = keep.sum().to(torch.float32)\n"},
 }
+# Part 2 (train_uneven): the reference's loop by hand, and DDP's join() in its place
+BODY = (SOLUTIONS / FILE).read_text().split("### BEGIN SOLUTION\n")[-1].split("    ### END SOLUTION")[0]
+JOINED = """    from torch.nn.parallel import DistributedDataParallel
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    with {joined}.join({kwargs}):
+        for x, y in batches:
+            opt.zero_grad()
+            nn.functional.cross_entropy({forward}(x), y).backward()
+            opt.step()
+    return model
+"""
+NEXT = "        batch = next(stream, None)  # None once this rank has run out\n"
+EXIT = "        if total == 0:\n            return model\n"
+UPDATE = "                p -= lr * flat[offset:offset + p.numel()].view_as(p) / total\n"
+UNEVEN_MISTAKES = {
+    "uneven: the rank out of data leaves": {NEXT: NEXT + "        if batch is None:\n            return model\n"},
+    "uneven: join's default division": {BODY: JOINED.format(joined="ddp", kwargs="", forward="ddp")},
+    "uneven: the forwards bypass DDP": {
+        BODY: JOINED.format(joined="ddp", kwargs="divide_by_initial_world_size=False", forward="model")},
+    "uneven: join on the model": {BODY: JOINED.format(joined="model", kwargs="", forward="ddp")},
+    "uneven: stops at the shortest": {
+        EXIT: "        have = torch.tensor(float(batch is not None))\n"
+              "        dist.all_reduce(have, op=dist.ReduceOp.MIN)  # does every rank still have a batch?\n"
+              "        if have == 0:\n            return model\n"},
+    "uneven: a stale gradient sent": {
+        "        model.zero_grad()  # .grad None: a rank out of data sends zeros below\n":
+        "        if batch is not None:\n            model.zero_grad()\n"},
+    "uneven: the rank out of data stops updating": {UPDATE: "                if batch is not None:\n    " + UPDATE},
+    "uneven: the exit checked after the update": {EXIT: "", "                offset += p.numel()\n":
+                                                   "                offset += p.numel()\n" + EXIT},
+}
+MISTAKES.update(UNEVEN_MISTAKES)
 FINISHES = "[W=2] the job finishes: every rank makes the same collectives, in order"
 SAME = "[W=2] the same all-reduces on every rank, each step"
 MATCHES = "[W=2] matches one process on the global batches"
 EMPTY = "[W=2] a rank with nothing to keep takes part with a zero gradient"
+PART1 = {FINISHES, SAME, MATCHES, EMPTY}
+U_FINISHES = "[W=2] uneven batches: no rank leaves the others waiting, whichever runs out first"
+U_MATCHES = ("[W=2] uneven batches (ranks with 2 and 4 batches, the longest not rank 0): one process's SGD on the "
+             "global stream, at every step")
+U_NO_BATCH = "[W=2] a rank with no batch at all (ranks with 0 and 2 batches): every rank ends as one process"
+U_EQUAL = "[W=2] equal lengths (ranks with 2 and 2 batches): one process's SGD, one step per batch"
+PART2 = {U_FINISHES, U_MATCHES, U_NO_BATCH, U_EQUAL}
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +179,9 @@ def test_an_update_that_only_rebinds_the_name_is_named(graded):
 
 def test_an_error_in_train_names_the_learners_line(graded):
     said = failed(graded["the count reduced before it is set"])[FINISHES]
-    assert said.startswith("train raised on rank 0 at ex09_hang.py line 73 in train: dist.all_reduce(count): ")
+    lines = (SOLUTIONS / FILE).read_text().splitlines()
+    line = [i for i, code in enumerate(lines, 1) if code == "        count = keep.sum().to(torch.float32)"][-1]
+    assert said.startswith(f"train raised on rank 0 at ex09_hang.py line {line} in train: dist.all_reduce(count): ")
     assert "UnboundLocalError" in said
 
 
@@ -146,3 +190,92 @@ def test_a_division_by_a_global_count_of_0_is_named_not_read_as_a_missing_backwa
     said = f[MATCHES]
     assert "no rank kept a sample (the all-reduced count was 0)" in said and "NaN gradients" in said
     assert "backward" not in said  # the gradients were NaN, not zero: backward() ran
+
+
+# -- part 2: train_uneven -------------------------------------------------------------------------------------------
+def test_each_part_costs_only_its_own_marks(graded):
+    for name in MISTAKES:
+        f = failed(graded[name])
+        other = PART1 if name in UNEVEN_MISTAKES else PART2
+        assert f and other.isdisjoint(f), (name, sorted(f))
+
+
+def test_the_fixed_jobs_match_one_process_at_every_step_of_every_case(graded):
+    for name in ("solution", "independent"):  # by hand, and DDP under Join
+        m = graded[name].measurements
+        assert max(m[f"uneven_{case}_max_abs_diff"] for case in ("uneven", "no_batch", "equal")) < 1e-5, (name, m)
+
+
+def test_the_stub_says_train_uneven_is_not_implemented(graded):
+    said = failed(graded["stub"])
+    for name in PART2:
+        assert said[name].startswith("not implemented yet: train_uneven raised NotImplementedError at ex09_hang.py")
+
+
+def test_a_rank_that_leaves_when_its_data_ends_is_stopped_as_a_hang_at_the_waiting_ranks_line(graded):
+    f = failed(graded["uneven: the rank out of data leaves"])
+    assert set(f) == {U_FINISHES, U_MATCHES, U_NO_BATCH}  # with equal lengths nobody waits
+    said = f[U_FINISHES]
+    assert said.startswith("the job hangs with ranks with 2 and 4 batches: rank 1 waits in all_reduce of [213] at "
+                           "ex09_hang.py:")
+    assert "(dist.all_reduce(flat)) (its collective 3, at its batch 2 of 4)" in said
+    assert "rank 0 had returned from train_uneven after 2 collectives, out of data after its 2 batches" in said
+    assert f[U_MATCHES].startswith("not checked") and f[U_NO_BATCH].startswith("not checked")
+
+
+def test_join_dividing_by_the_initial_world_size_is_named_from_the_updates(graded):
+    f = failed(graded["uneven: join's default division"])
+    assert set(f) == {U_MATCHES, U_NO_BATCH}  # equal lengths: every rank has data at every step
+    assert ("at steps 2 and 3 only 1 of the 2 ranks had a batch, and rank 1's update there was 0.5x one process's on "
+            "those samples (1x at the steps where every rank had one)") in f[U_MATCHES]
+    assert "at steps 0 and 1 only 1 of the 2 ranks had a batch" in f[U_NO_BATCH]
+    for said in f.values():
+        assert "divide_by_initial_world_size=False" in said
+
+
+def test_forwards_that_bypass_the_ddp_wrapper_are_named(graded):
+    f = failed(graded["uneven: the forwards bypass DDP"])
+    assert set(f) == {U_MATCHES, U_EQUAL}  # with a rank that has no batch, the other one alone is the global stream
+    for said in f.values():
+        assert said.startswith("no rank all-reduced a gradient with ranks with ")
+        assert "forwards of a batch called the model itself, not the wrapper" in said
+
+
+def test_join_called_on_the_model_is_named_with_its_error_and_line(graded):
+    f = failed(graded["uneven: join on the model"])
+    assert set(f) == PART2
+    said = f[U_FINISHES]
+    assert said.startswith("train_uneven raised on rank 0 with ranks with 2 and 4 batches at ex09_hang.py line ")
+    assert "uneven: join() called on a model that is not wrapped in DDP: join() is a method of " in said
+    assert "(AttributeError: 'Sequential' object has no attribute 'join')" in said
+
+
+def test_a_loop_that_stops_with_the_shortest_rank_is_named(graded):
+    f = failed(graded["uneven: stops at the shortest"])
+    assert set(f) == {U_MATCHES, U_NO_BATCH}
+    assert f[U_MATCHES].startswith("rank 1 ran 3 of its 4 batches through the model, and its weights after "
+                                   "train_uneven are one process's after 2 steps: the job stopped as rank 0 ran out")
+    assert "one process's after 0 steps: the job stopped as rank 0 had no batch at all" in f[U_NO_BATCH]
+
+
+def test_a_stale_gradient_from_a_rank_out_of_data_is_named_at_its_line(graded):
+    f = failed(graded["uneven: a stale gradient sent"])
+    assert set(f) == {U_MATCHES}  # the rank without any batch has no gradient to leave behind
+    assert f[U_MATCHES].startswith("rank 0 had run out of data (after its 2 batches), yet all-reduced tensors whose "
+                                   "|values| sum to ")
+    assert "at ex09_hang.py:" in f[U_MATCHES] and "(dist.all_reduce(flat))" in f[U_MATCHES]
+
+
+def test_a_rank_out_of_data_that_stops_updating_is_named(graded):
+    f = failed(graded["uneven: the rank out of data stops updating"])
+    assert set(f) == {U_MATCHES, U_NO_BATCH}
+    assert f[U_MATCHES].startswith("rank 0's weights after train_uneven are one process's after 2 steps, the batches "
+                                   "it had, while rank 1's match one process's after all 4 steps")
+    assert f[U_NO_BATCH].startswith("rank 0's weights after train_uneven are still the initial ones: it had no batch")
+
+
+def test_an_update_after_the_last_batch_that_divides_by_0_is_named(graded):
+    f = failed(graded["uneven: the exit checked after the update"])
+    assert set(f) == {U_MATCHES, U_NO_BATCH, U_EQUAL}
+    for said in f.values():
+        assert "and NaN when train_uneven returned" in said and "divided by a count of 0" in said

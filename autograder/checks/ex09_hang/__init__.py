@@ -2,7 +2,7 @@
 
 Every rank trains the same small MLP on its own batches, given as an iterable that records the
 step the learner's loop is at; at some steps a rank keeps no sample (rank 1 at step 1, both at step
-4). The :class:`~.probes.Ledger` records every collective each rank makes (the one recorder,
+4). The :class:`~.ledger.Ledger` records every collective each rank makes (the one recorder,
 ``CollectiveRecorder``) and, before it runs, compares it with the peers' op of the same number
 (step, kind, shapes), so a job that would hang is stopped on every rank at once with each rank's
 line, and the next file is graded in the same launch. A fixed job must finish with the same
@@ -10,6 +10,16 @@ collectives on every rank, match one process trained on each step's global batch
 every rank's kept samples: parity, Li et al. 2020's data-parallel equivalence), and keep the job's
 meaning: a rank with nothing to keep takes part with a zero gradient, and the others' samples are
 still learnt from.
+
+Part 2 (``uneven``): the learner's ``train_uneven`` in three cases of each rank's number of batches (2 and 4:
+the longest rank is not rank 0; 0 and 2: a rank with no batch at all; 2 and 2), each batch given as a stream
+that records how far the learner read it, under the same ledger comparing what ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
+compares (kind and shapes: a rank out of data shadows steps it has no batch of), so that a rank leaving its
+loop early is stopped as a hang with its peer's line named. Graded: no case hangs; and in each case one
+process replaying the global stream of batches (each step the mean over the samples of the ranks that still have
+a batch), compared at every batch's forward (a forward pre-hook knows the batches by their values) and at the end
+on every rank. Both ``DistributedDataParallel`` under ``Join`` (``DDP.join()``; PyTorch's "uneven inputs") and an
+all-reduced count of the step's samples written by hand are correct.
 
 | mistake | message |
 |---|---|
@@ -23,6 +33,14 @@ still learnt from.
 | zero gradients all-reduced by a rank that kept samples | "rank 0 kept 6 samples at step 0, yet every gradient ..." |
 | the count never all-reduced: each rank divides by its own | "at step 0 every all-reduce was of a gradient ..." |
 | the weights never updated | "after 6 steps every rank's weights are still the initial ones ..." |
+| uneven: a rank that runs out of batches leaves the loop | "the job hangs with ranks with 2 and 4 batches: ..." |
+| uneven: the update divided by every rank's share, not the ranks with data | "at steps 2 and 3 only 1 of the 2 ..." |
+| uneven: the loop ends when the first rank runs out | "rank 1 ran 3 of its 4 batches through the model ..." |
+| uneven: a rank out of data sends a non-zero gradient | "rank 0 had run out of data (after its 2 ...), yet ..." |
+| uneven: a rank out of data stops updating its weights | "rank 0's weights after train_uneven are one ..." |
+| uneven: gradients never all-reduced | "no rank all-reduced a gradient with ranks with 2 and 4 batches ..." |
+| uneven: the round after the last batch divided by a count of 0 | "every rank's weights were finite ... NaN ..." |
+| uneven: join() called on a model that is not wrapped in DDP | "join() is a method of DistributedDataParallel" |
 """
 from __future__ import annotations
 
@@ -39,8 +57,10 @@ from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, count_not_reduced, di
                      zero_gradients)
 from .observations import RankObservation, Run
 from .probes import ATOL, RTOL, STEPS, rank_main
+from .uneven import causes as uneven_causes  # noqa: F401 - its @mistake functions are the check's
+from .uneven import criteria as uneven_criteria
 
-__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD", "grade"]
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "UNEVEN_CRITERIA", "WORLD", "grade"]
 
 EXERCISE = Exercise(number=9, name="hang", filename="ex09_hang.py", max_score=10, time_limit=90)
 WORLD = 2
@@ -100,11 +120,12 @@ def empty_rank_takes_part(run: Run) -> Verdict:
     return passed()
 
 
-CRITERIA = [finishes, same_collectives, matches_reference, empty_rank_takes_part]
+UNEVEN_CRITERIA = uneven_criteria.CRITERIA
+CRITERIA = [finishes, same_collectives, matches_reference, empty_rank_takes_part, *UNEVEN_CRITERIA]
 
 
 def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
-    """Grade the files at ``paths`` in one launch on 2 ranks; one report each."""
+    """Grade the files at ``paths`` in one launch on 2 ranks (both parts); one report each."""
     reports = [EXERCISE.new_report() for _ in paths]
     runs, wall_s = launch_files(rank_main, paths, world=WORLD, timeout=launch_timeout(EXERCISE, files=len(paths)))
     for report, ranks in zip(reports, runs):

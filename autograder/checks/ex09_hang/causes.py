@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 
 from ...grader.diagnosis import mistake
-from .observations import Collective, Fingerprint, Run
+from .observations import Collective, Run
+from .partings import Fingerprint
 from .probes import STEPS
+from .uneven.causes import UNEVEN_ERRORS
 
-KNOWN_ERRORS: list = []
+KNOWN_ERRORS: list = [*UNEVEN_ERRORS]  # part 2's: what grader.main.explain translates too
 
 
 def _where(op: Fingerprint) -> str:

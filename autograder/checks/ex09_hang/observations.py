@@ -13,6 +13,8 @@ from torch import nn
 from distlab.lab.hang import EMPTY_STEPS, KEEP_STEPS, masked_batch, small_classifier
 
 from ...rank.observation import Observation
+from .partings import Parting
+from .uneven.observations import ScenarioRun
 
 STEPS, LR = KEEP_STEPS, 0.5
 EMPTY = EMPTY_STEPS
@@ -32,29 +34,6 @@ class Collective(Observation):
 
 
 @dataclass
-class Fingerprint(Observation):
-    """A collective as the ranks compare it before it runs (what ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` compares,
-    with the step and the line)."""
-
-    n: int                   # its number among the rank's collectives, from 1
-    step: int | None         # the step the learner's loop was at
-    kind: str                # the op
-    shapes: list[list[int]]  # each tensor argument's shape
-    at: str | None           # the learner's line that made it (None: outside the file)
-
-
-@dataclass
-class Parting(Observation):
-    """Where a rank's collectives parted from a peer's: raised on the rank before its op ``mine`` ran."""
-
-    rank: int                      # the rank that saw it
-    mine: Fingerprint              # its op that had no match
-    peer: int                      # the peer it compared with
-    theirs: Fingerprint | None = None  # the peer's op of the same number, when it differs (None: none came)
-    peer_done: int | None = None   # the peer returned from train after this many collectives (None: it did not)
-
-
-@dataclass
 class Backward(Observation):
     """One gradient a backward accumulated into one of the model's parameters."""
 
@@ -65,7 +44,7 @@ class Backward(Observation):
 
 @dataclass
 class RankObservation(Observation):
-    """What one rank observed of one file's ``train``."""
+    """What one rank observed of one file: its ``train``, and its ``train_uneven`` (part 2: ``uneven``)."""
 
     rank: int
     final: dict[str, torch.Tensor] = field(default_factory=dict)  # the model's weights after train (CPU)
@@ -76,6 +55,7 @@ class RankObservation(Observation):
     where: str = ""           # the learner's line it raised at ("": none, or no error)
     backwards: list[Backward] = field(default_factory=list)  # every gradient accumulated, in order
     traceback: str | None = None  # that error's traceback, its last 2000 characters
+    uneven: list[ScenarioRun] = field(default_factory=list)  # part 2: train_uneven in each scenario, in order
 
 
 @dataclass
@@ -126,18 +106,24 @@ class Run:
         return [(r, s) for r in range(self.world) for s in EMPTY.get(r, ())
                 if any(self.kept(o, s) for o in range(self.world))]
 
-    @functools.cached_property
+    @property
     def reference(self) -> dict:
         """One process, SGD on the mean cross-entropy over the kept samples of each global batch."""
-        net = model()
-        opt = torch.optim.SGD(net.parameters(), lr=LR)
-        for step in range(STEPS):
-            parts = [batch(r, step) for r in range(self.world)]
-            x = torch.cat([x[k] for x, _, k in parts])
-            y = torch.cat([y[k] for _, y, k in parts])
-            if len(y) == 0:
-                continue  # no sample on any rank: nothing to learn
-            opt.zero_grad()
-            nn.functional.cross_entropy(net(x), y).backward()
-            opt.step()
-        return {k: v.detach().clone() for k, v in net.state_dict().items()}
+        return reference(self.world)
+
+
+@functools.cache
+def reference(world: int) -> dict:
+    """:attr:`Run.reference` at ``world`` ranks: the same for every file, computed once per grading process."""
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for step in range(STEPS):
+        parts = [batch(r, step) for r in range(world)]
+        x = torch.cat([x[k] for x, _, k in parts])
+        y = torch.cat([y[k] for _, y, k in parts])
+        if len(y) == 0:
+            continue  # no sample on any rank: nothing to learn
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
