@@ -65,18 +65,18 @@ from ...grader.launches import launch_files, launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, WORK, gathered, grads_close,
-                     large_scores_overflow, never_waited, not_home, unwritten)
+from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, large_scores_overflow,
+                     never_waited, not_home, unwritten)
 from .observations import Run
 from .probes import P2P_TIMEOUT_S, rank_main
-from .reference import GRADS, LARGE, SEQ, causal_reference, grad_reference
+from .reference import ATOL, GRADS, LARGE, RTOL, causal_reference, grad_reference
+from .work import backward_work_balanced, work_balanced
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
 
 EXERCISE = Exercise(number=10, name="ring_attention", filename="ex10_ring_attention.py", max_score=10,
                     time_limit=90)
 WORLD_SIZES = (2, 4)
-RTOL, ATOL = 1e-4, 1e-5
 
 
 def _raised(run: Run) -> str:
@@ -240,65 +240,6 @@ def backward_ring(run: Run) -> Verdict:
             return failed(why)
     return passed(f"{4 * run.world - 2} shards of {shard:,} B sent per rank, to its neighbour",
                   **{f"W{run.world}_backward_bytes_sent_per_rank": want})
-
-
-def _blocks(run: Run) -> list[float]:
-    return [round(run.blocks(r), 3) for r in range(run.world)]
-
-
-def _counts(blocks: list[float]) -> str:
-    return ", ".join(f"rank {r} {b:g}" for r, b in enumerate(blocks))
-
-
-@criterion("[W={world}] every rank computes the same attention work, none of it hidden by the mask", points=2)
-def work_balanced(run: Run) -> Verdict:
-    if todo := unwritten(run, "ring_attention"):
-        return failed(f"not checked: {todo}")
-    if race := never_waited(run):  # what it computed is a race's outcome, and so is whether it was right
-        return failed(race)
-    if run.errors():
-        return failed(f"not judged: the ring did not finish on rank {run.errors()[0].rank}")
-    if not all(o.out is not None and o.out.shape == ref.shape and parity(o.out, ref, rtol=RTOL, atol=ATOL).ok
-               for o, ref in zip(run.ranks, run.reference)):
-        return failed("not judged: the output differs from the whole sequence's (the work of a ring is judged once "
-                      "it computes the right thing)")
-    blocks, c, most = _blocks(run), SEQ // (2 * run.world), 2 * run.world + 2
-    if len(set(blocks)) > 1:
-        return failed(diagnose(WORK, run) or f"the ranks computed different numbers of scores, in blocks of c x c = "
-                      f"{c} x {c} per head: {_counts(blocks)}. Each step of the ring waits for its busiest rank; in "
-                      "the zig-zag layout every rank has the same work once it skips what the mask hides entirely")
-    if blocks[0] > most:
-        return failed(diagnose(WORK, run) or f"every rank computed {blocks[0]:g} blocks of c x c = {c} x {c} scores "
-                      f"per head, more than the {most} the causal ring needs (its own shard, n x n = 4 blocks, and "
-                      "2 for each other shard): pairs of chunks whose every key is after every query were computed")
-    return passed(f"{blocks[0]:g} blocks of {c} x {c} scores per head on every rank (at most {most})",
-                  **{f"W{run.world}_blocks_per_rank": blocks[0]})
-
-
-# The backward's five products a block, written another way (autograd through a block, D by einsum), may cost
-# a little more: a quarter's slack, where the hidden blocks computed too cost a third more at W = 2, 60% at 4.
-BACKWARD_SLACK = 1.25
-
-
-@criterion("[W={world}] backward: every rank computes the same work, none of it hidden by the mask", points=1)
-def backward_work_balanced(run: Run) -> Verdict:
-    b = run.backward()
-    if todo := unwritten(b, "ring_attention_backward"):
-        return failed(f"not checked: {todo}")
-    if race := never_waited(b):
-        return failed(race)
-    if b.errors():
-        return failed(f"not judged: the backward's ring did not finish on rank {b.errors()[0].rank}")
-    if not all(grads_close(o.grads, ref) for o, ref in zip(b.ranks, b.grads)):
-        return failed("not judged: the gradients differ from autograd's (the work of a ring is judged once it "
-                      "computes the right thing)")
-    blocks, c, most = _blocks(b), SEQ // (2 * run.world), 2 * run.world + 2
-    if len(set(blocks)) > 1 or blocks[0] > BACKWARD_SLACK * most:
-        return failed(diagnose(WORK, b) or f"the ranks' backwards did matrix products worth {_counts(blocks)} blocks "
-                      f"of c x c = {c} x {c} scores per head (five products a block), where the forward's blocks are "
-                      f"{most} on every rank: compute the blocks the forward computes, skipping the same ones")
-    return passed(f"matrix products worth {blocks[0]:g} blocks of {c} x {c} scores per head on every rank (five "
-                  "products a block)", **{f"W{run.world}_backward_blocks_per_rank": blocks[0]})
 
 
 CRITERIA = [output_matches, ring_communication, work_balanced, dq_matches, dk_dv_match, backward_ring,

@@ -328,39 +328,12 @@ def backward_nan(run: Run) -> str | None:
     return None
 
 
-# The forward's work (``Run.blocks``: each rank's scores in blocks of c x c, a chunk against a chunk)
-
-_WHOLE = {(4, 4): "every other rank's shard was computed whole, n x n = 4 blocks, where 2 of them are visible: "
-                  "the pairs of chunks whose every key is after every query were computed and masked",
-          (4, 2): "an earlier rank's shard was computed whole, n x n = 4 blocks, though its late chunk is after "
-                  "every query here: only its early chunk (2 blocks) is visible",
-          (2, 4): "a later rank's shard was computed whole, n x n = 4 blocks, though this rank's early chunk of "
-                  "queries sees none of it: only the late chunk's queries (2 blocks) see its keys"}
-
-
-@mistake("shards computed whole: work hidden by the mask, unbalanced")
-def computed_whole(run: Run) -> str | None:
-    """Each rank's blocks are ``own + earlier * r + later * (W - 1 - r)`` for a ring that computes ``earlier``
-    blocks of each earlier rank's shard and ``later`` of each later one's (2 is what the mask leaves visible);
-    forward or backward (``run`` may be ``Run.backward()``: five products a block)."""
-    blocks = [round(b, 1) for b in map(run.blocks, range(run.world))]
-    blocks = [round(b) if abs(b - round(b)) < 0.25 else b for b in blocks]  # a backward's small products aside
-    for (earlier, later), why in _WHOLE.items():
-        for own in (4, 3):  # the diagonal shard whole, or its hidden pair of chunks skipped
-            if blocks == [own + earlier * r + later * (run.world - 1 - r) for r in range(run.world)]:
-                counts = ", ".join(f"rank {r} {b:g}" for r, b in enumerate(blocks))
-                return (f"the ranks computed {counts} blocks of c x c scores per head: {why}. Skip those pairs and "
-                        f"every rank computes the same {own + 2 * (run.world - 1)} blocks")
-    return None
-
-
 PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
 OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept, local_mask,
           contiguous_rule, chunks_swapped, no_mask]
 GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse,
              backward_no_mask, no_scale]
 BACKWARD_RING = [*PROTOCOL, not_home]
-WORK = [computed_whole]
 
 
 @mistake("log-sum-exps merged without the max: overflow on large scores")
