@@ -52,7 +52,6 @@ explains gets the first divergence from the reference solution's trace (``autogr
 """
 from __future__ import annotations
 
-import math
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -63,10 +62,11 @@ from ...grader.launches import launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, RESHARD_DATA, against_reference, diagnose_resume, exact, interrupted_write_loaded,
-                     not_pruned, one_sided_collective, ranks, reshard_stream, restart_error)
+from .causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded, not_pruned,
+                     one_sided_collective, restart_error)
 from .observations import WORLD, FinalState, Run
-from .probes import FRESH_STOP, INTERRUPTED, RESHARD_FROM, RESUMED_FROM, SCENARIOS, SECOND_KILL
+from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL
+from .reshard import reshards, stream_continues
 from .scenarios import run_scenarios
 
 __all__ = ["EXERCISE", "KNOWN_ERRORS", "SCENARIOS", "criteria", "grade"]
@@ -154,71 +154,6 @@ def two_crashes(run: Run) -> Verdict:
     if ok and err is None:
         return passed("final weights and Adam state identical after resuming twice")
     return failed(diagnose_resume(run, run.records("B", attempt=2)) or why or str(err))
-
-
-def _reshard_start(run: Run) -> str | None:
-    """Unless the job at the other world size began where the 2-rank run was after step ``RESHARD_FROM`` (the
-    weights, Adam's state and the learning rate its first step started from, summed over the ranks' shards),
-    what differs."""
-    first = RESHARD_FROM + 1
-    got = [next((x for x in recs if x.step == first), None) for recs in run.records("R", run.reshard_world)]
-    want = [run.ref_at(r, first) for r in range(WORLD)]
-    if any(x is None or x.pre is None for x in got) or any(a is None or a.pre is None for a in want):
-        steps = sorted({x.step for recs in run.records("R", run.reshard_world) for x in recs})
-        return f"it did not train step {first} on every rank (steps recorded: {steps})"
-    total = {k: (sum(getattr(x.pre, k) for x in got), sum(getattr(a.pre, k) for a in want))
-             for k in ("fp", "moments")}
-    names = {"fp": "the weights", "moments": "Adam's moments"}
-    for k, (mine, ref) in total.items():
-        if not math.isclose(mine, ref, rel_tol=1e-9, abs_tol=1e-9):  # the same values, summed in other groups
-            return f"step {first} started from other {names[k]} (sum {mine:.10g} vs {ref:.10g})"
-    for k, what in (("adam_step", "Adam's step count"), ("lr", "the learning rate")):
-        if getattr(got[0].pre, k) != getattr(want[0].pre, k):
-            return f"step {first} started with {what} {getattr(got[0].pre, k):.6g}, not {getattr(want[0].pre, k):.6g}"
-    return None
-
-
-@criterion("resumes at world size {reshard_world} from a {world}-rank checkpoint", points=2)
-def reshards(run: Run) -> Verdict:
-    got, err = run.final("R"), run.reshard_error
-    why = None
-    if err is not None:
-        why = f"the job failed: {one_sided_collective(run, 'R', run.reshard_world) or err}"
-    elif got is None:
-        why = "the job did not finish"
-    elif (got.step, got.lr) != (run.ref.step, run.ref.lr):
-        why = f"it ended at step {got.step} with lr {got.lr:.6g}, expected step {run.ref.step} and lr {run.ref.lr:.6g}"
-    if why := why or _reshard_start(run):
-        return failed(f"loading the {WORLD}-rank run's checkpoint of step {RESHARD_FROM} with "
-                      f"{ranks(run.reshard_world)}: {why}. DCP reshards when you dcp.load into get_state_dict's "
-                      "(DTensor) state of the new model")
-    return passed(f"step {RESHARD_FROM + 1} started from the {WORLD}-rank run's weights, Adam state and learning "
-                  f"rate, and the job finished at step {got.step}")
-
-
-@criterion("the data position means the same samples at world size {reshard_world}", points=2)
-def stream_continues(run: Run) -> Verdict:
-    world, got = run.reshard_world, run.records("R", run.reshard_world)
-    if run.reshard_error is not None and not any(got):
-        return failed("not judged: the job at the other world size failed before its first step")
-    want = reshard_stream(world)
-    first = [[x.data for x in recs if x.step == RESHARD_FROM + 1] for recs in got]
-    for k, (epoch, used, batch) in enumerate(want):
-        step = RESHARD_FROM + 1 + k
-        for r in range(world):
-            rec = next((x for x in got[r] if x.step == step), None)
-            if rec is None:
-                return failed(f"not judged past step {step - 1}: rank {r} recorded no step {step}")
-            if rec.data != batch[r]:
-                named = all(len(f) == 1 for f in first) and next(
-                    (why for cause in RESHARD_DATA if (why := cause(run, [f[0] for f in first]))), None)
-                return failed(named or f"rank {r} read samples {rec.data[:3]}... at step {step} where the stream "
-                              f"continues with {batch[r][:3]}... (sample {used} of epoch {epoch}, every rank "
-                              f"together; rank r of {world} takes its sampler's indices from {used} / {world} on)")
-    epoch, used, _ = want[0]
-    return passed(f"at {ranks(world)} the job continued at sample {used} of epoch {epoch}'s stream, where the "
-                  f"{WORLD}-rank run stopped: no sample skipped or seen twice in steps {RESHARD_FROM + 1}-"
-                  f"{RESHARD_FROM + len(want)}")
 
 
 SCENARIO_CRITERIA = {"fresh": [fresh_job_resumes],

@@ -15,8 +15,8 @@ from distlab import LaunchError, pick_backend
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
 from .observations import WORLD, Run, StepRecord
-from .probes import DATA_SIZE, INTERRUPTED, RESHARD_FROM, RESUMED_FROM, RUN
-from .reference import BATCH_SIZE, ReferenceStep, contract_batch, position_after, reference_run, stream
+from .probes import DATA_SIZE, INTERRUPTED, RESUMED_FROM, RUN
+from .reference import BATCH_SIZE, ReferenceStep, contract_batch, reference_run
 
 
 KNOWN_ERRORS = [
@@ -367,42 +367,3 @@ def against_reference(run: Run) -> str:
         return (f"after the last step the weights differ from the reference's (max abs difference "
                 f"{same.max_abs_diff:.3g} in {same.worst})")
     return ""
-
-
-# The reshard: a job at another world size resumes the 2-rank run's checkpoint of step RESHARD_FROM and trains on
-
-def ranks(n: int) -> str:
-    return f"{n} rank" + ("s" if n != 1 else "")
-
-
-def reshard_stream(world: int) -> list[tuple[int, int, list[list[int]]]]:
-    """The contract's stream for the steps after ``RESHARD_FROM`` at ``world`` ranks: where the 2-rank run left it."""
-    return stream(world, RUN["steps"] - RESHARD_FROM, *position_after(RESHARD_FROM))
-
-
-@mistake("the data position counted per rank: another stream at another world size")
-def per_rank_position(run: Run, first: list[list[int]]) -> str | None:
-    """The saved position read as this rank's batches (or indices) of its share: right at the world size that
-    saved it, a jump in the stream at another (``used / W`` of a share is ``used W' / W`` of the stream at ``W'``)."""
-    epoch, used = position_after(RESHARD_FROM)
-    world = run.reshard_world
-    kept = used // WORLD * world
-    if kept == used or first != stream(world, 1, epoch, kept)[0][2]:
-        return None
-    return (f"the job at {ranks(world)} began at sample {kept} of epoch {epoch}'s stream, where the {WORLD}-rank run "
-            f"had used {used} (rank 0 read {first[0][:3]}...): the saved position counted this rank's own share "
-            f"(its batches or indices), and a rank's share of a step changes with the world size ({WORLD * BATCH_SIZE} "
-            f"samples a step at {WORLD} ranks, {world * BATCH_SIZE} at {ranks(world)}). Save the samples all ranks "
-            "together used, and start each rank at that number / W of its sampler's indices")
-
-
-@mistake("the epoch restarted at another world size")
-def epoch_restarted(run: Run, first: list[list[int]]) -> str | None:
-    epoch, used = position_after(RESHARD_FROM)
-    if used == 0 or first != stream(run.reshard_world, 1, epoch, 0)[0][2]:
-        return None
-    return (f"the job at {ranks(run.reshard_world)} read the first samples of epoch {epoch} again (rank 0 "
-            f"{first[0][:3]}...), where the {WORLD}-rank run had used {used} of them: continue from the saved position")
-
-
-RESHARD_DATA = [per_rank_position, epoch_restarted]

@@ -1,0 +1,118 @@
+"""Exercise 5's reshard scenario: a job at another world size resumes the 2-rank run's checkpoint of step
+``RESHARD_FROM`` (a copy of A's directory without its last checkpoint, ``scenarios._reshard_dir``) and trains on. Its
+criteria: the first step starts from the 2-rank run's state (DCP reshards the weights and Adam's state), and every
+rank's samples continue the same global stream (the data position keeps its meaning when each rank's share
+changes); and the named ways to lose the stream.
+"""
+from __future__ import annotations
+
+import math
+
+from ...grader.diagnosis import mistake
+from ...grader.report import Verdict, criterion, failed, passed
+from .causes import one_sided_collective
+from .observations import WORLD, Run
+from .probes import RESHARD_FROM, RUN
+from .reference import BATCH_SIZE, position_after, stream
+
+
+def ranks(n: int) -> str:
+    return f"{n} rank" + ("s" if n != 1 else "")
+
+
+def reshard_stream(world: int) -> list[tuple[int, int, list[list[int]]]]:
+    """The contract's stream for the steps after ``RESHARD_FROM`` at ``world`` ranks: where the 2-rank run left it."""
+    return stream(world, RUN["steps"] - RESHARD_FROM, *position_after(RESHARD_FROM))
+
+
+@mistake("the data position counted per rank: another stream at another world size")
+def per_rank_position(run: Run, first: list[list[int]]) -> str | None:
+    """The saved position read as this rank's batches (or indices) of its share: right at the world size that
+    saved it, a jump in the stream at another (``used / W`` of a share is ``used W' / W`` of the stream at ``W'``)."""
+    epoch, used = position_after(RESHARD_FROM)
+    world = run.reshard_world
+    kept = used // WORLD * world
+    if kept == used or first != stream(world, 1, epoch, kept)[0][2]:
+        return None
+    return (f"the job at {ranks(world)} began at sample {kept} of epoch {epoch}'s stream, where the {WORLD}-rank run "
+            f"had used {used} (rank 0 read {first[0][:3]}...): the saved position counted this rank's own share "
+            f"(its batches or indices), and a rank's share of a step changes with the world size ({WORLD * BATCH_SIZE} "
+            f"samples a step at {WORLD} ranks, {world * BATCH_SIZE} at {ranks(world)}). Save the samples all ranks "
+            "together used, and start each rank at that number / W of its sampler's indices")
+
+
+@mistake("the epoch restarted at another world size")
+def epoch_restarted(run: Run, first: list[list[int]]) -> str | None:
+    epoch, used = position_after(RESHARD_FROM)
+    if used == 0 or first != stream(run.reshard_world, 1, epoch, 0)[0][2]:
+        return None
+    return (f"the job at {ranks(run.reshard_world)} read the first samples of epoch {epoch} again (rank 0 "
+            f"{first[0][:3]}...), where the {WORLD}-rank run had used {used} of them: continue from the saved position")
+
+
+RESHARD_DATA = [per_rank_position, epoch_restarted]
+
+
+def _reshard_start(run: Run) -> str | None:
+    """Unless the job at the other world size began where the 2-rank run was after step ``RESHARD_FROM`` (the
+    weights, Adam's state and the learning rate its first step started from, summed over the ranks' shards),
+    what differs."""
+    first = RESHARD_FROM + 1
+    got = [next((x for x in recs if x.step == first), None) for recs in run.records("R", run.reshard_world)]
+    want = [run.ref_at(r, first) for r in range(WORLD)]
+    if any(x is None or x.pre is None for x in got) or any(a is None or a.pre is None for a in want):
+        steps = sorted({x.step for recs in run.records("R", run.reshard_world) for x in recs})
+        return f"it did not train step {first} on every rank (steps recorded: {steps})"
+    total = {k: (sum(getattr(x.pre, k) for x in got), sum(getattr(a.pre, k) for a in want))
+             for k in ("fp", "moments")}
+    names = {"fp": "the weights", "moments": "Adam's moments"}
+    for k, (mine, ref) in total.items():
+        if not math.isclose(mine, ref, rel_tol=1e-9, abs_tol=1e-9):  # the same values, summed in other groups
+            return f"step {first} started from other {names[k]} (sum {mine:.10g} vs {ref:.10g})"
+    for k, what in (("adam_step", "Adam's step count"), ("lr", "the learning rate")):
+        if getattr(got[0].pre, k) != getattr(want[0].pre, k):
+            return f"step {first} started with {what} {getattr(got[0].pre, k):.6g}, not {getattr(want[0].pre, k):.6g}"
+    return None
+
+
+@criterion("resumes at world size {reshard_world} from a {world}-rank checkpoint", points=2)
+def reshards(run: Run) -> Verdict:
+    got, err = run.final("R"), run.reshard_error
+    why = None
+    if err is not None:
+        why = f"the job failed: {one_sided_collective(run, 'R', run.reshard_world) or err}"
+    elif got is None:
+        why = "the job did not finish"
+    elif (got.step, got.lr) != (run.ref.step, run.ref.lr):
+        why = f"it ended at step {got.step} with lr {got.lr:.6g}, expected step {run.ref.step} and lr {run.ref.lr:.6g}"
+    if why := why or _reshard_start(run):
+        return failed(f"loading the {WORLD}-rank run's checkpoint of step {RESHARD_FROM} with "
+                      f"{ranks(run.reshard_world)}: {why}. DCP reshards when you dcp.load into get_state_dict's "
+                      "(DTensor) state of the new model")
+    return passed(f"step {RESHARD_FROM + 1} started from the {WORLD}-rank run's weights, Adam state and learning "
+                  f"rate, and the job finished at step {got.step}")
+
+
+@criterion("the data position means the same samples at world size {reshard_world}", points=2)
+def stream_continues(run: Run) -> Verdict:
+    world, got = run.reshard_world, run.records("R", run.reshard_world)
+    if run.reshard_error is not None and not any(got):
+        return failed("not judged: the job at the other world size failed before its first step")
+    want = reshard_stream(world)
+    first = [[x.data for x in recs if x.step == RESHARD_FROM + 1] for recs in got]
+    for k, (epoch, used, batch) in enumerate(want):
+        step = RESHARD_FROM + 1 + k
+        for r in range(world):
+            rec = next((x for x in got[r] if x.step == step), None)
+            if rec is None:
+                return failed(f"not judged past step {step - 1}: rank {r} recorded no step {step}")
+            if rec.data != batch[r]:
+                named = all(len(f) == 1 for f in first) and next(
+                    (why for cause in RESHARD_DATA if (why := cause(run, [f[0] for f in first]))), None)
+                return failed(named or f"rank {r} read samples {rec.data[:3]}... at step {step} where the stream "
+                              f"continues with {batch[r][:3]}... (sample {used} of epoch {epoch}, every rank "
+                              f"together; rank r of {world} takes its sampler's indices from {used} / {world} on)")
+    epoch, used, _ = want[0]
+    return passed(f"at {ranks(world)} the job continued at sample {used} of epoch {epoch}'s stream, where the "
+                  f"{WORLD}-rank run stopped: no sample skipped or seen twice in steps {RESHARD_FROM + 1}-"
+                  f"{RESHARD_FROM + len(want)}")
