@@ -271,6 +271,197 @@ MISTAKES = [
                "        (nn.functional.cross_entropy(model(x), y, reduction=\"sum\") * (batch is not None)).backward()\n"},
         key_terms=("0 and 2",),
     ),
+    # Part 2 entries below (to the end of MISTAKES) were written blind to the checks by a second tester.
+    Mistake(
+        name="uneven_none_gradients_skipped",
+        what="Hand-written all-reduce of each parameter's gradient guarded by `if p.grad is not None`: zero_grad() "
+             "sets the gradients to None, so a rank out of data skips every gradient all-reduce of the step while "
+             "the others wait in them (a mismatch or a hang).",
+        source="PyTorch tutorial 'Writing Distributed Applications with PyTorch' (average_gradients by hand) with "
+               "the usual None guard for unused parameters; Optimizer.zero_grad(set_to_none=True) is the default",
+        edits={_UNEVEN_BODY: _UNEVEN + """        more = torch.tensor(0.0 if batch is None else 1.0)
+        dist.all_reduce(more, op=dist.ReduceOp.MAX)  # does any rank still have a batch?
+        if more == 0:
+            return model
+        model.zero_grad()
+        count = torch.zeros(())
+        if batch is not None:
+            x, y = batch
+            nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+            count += len(y)
+        dist.all_reduce(count)
+        with torch.no_grad():
+            for p in params:
+                if p.grad is None:
+                    continue  # no gradient on this rank: nothing to add
+                dist.all_reduce(p.grad)
+                p -= lr * p.grad / count
+"""},
+        key_terms=("collective",),
+    ),
+    Mistake(
+        name="uneven_flag_before_on_idle_after_on_busy",
+        what="A rank out of data all-reduces the 'any rank has a batch' flag first and then zeros, while a rank with "
+             "data all-reduces its count and gradients first and the flag last: the ranks' collectives meet in a "
+             "different order as soon as one runs out (mixed values, then mismatched shapes).",
+        source="torch.distributed docs: collectives must be called by every rank in the same order; "
+               "course/09_communication.py part 4 (mismatched order)",
+        edits={_UNEVEN_BODY: _UNEVEN + """        model.zero_grad()
+        if batch is None:  # out of data: first ask whether any rank still has a batch, then add zeros
+            more = torch.zeros(())
+            dist.all_reduce(more, op=dist.ReduceOp.MAX)
+            if more == 0:
+                return model
+            count = torch.zeros(())
+            dist.all_reduce(count)
+            grads = [torch.zeros_like(p) for p in params]
+        else:
+            x, y = batch
+            nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+            count = torch.tensor(float(len(y)))
+            dist.all_reduce(count)
+            grads = [p.grad for p in params]
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                dist.all_reduce(g)
+                p -= lr * g / count
+        if batch is not None:  # tell the ranks that have run out that this one is still going
+            more = torch.ones(())
+            dist.all_reduce(more, op=dist.ReduceOp.MAX)
+"""},
+        key_terms=("order",),
+    ),
+    Mistake(
+        name="uneven_count_int64_on_busy_float_on_idle",
+        what="The sample count is torch.tensor(len(y)) (int64) on a rank with a batch and torch.tensor(0.0) (float32) "
+             "on a rank out of data: the all-reduce of the count gets different dtypes on the ranks.",
+        source="torch.tensor(int) gives int64 (PyTorch tensor docs); TORCH_DISTRIBUTED_DEBUG=DETAIL's 'mismatch "
+               "between collectives' names dtypes among what must match",
+        edits={_UNEVEN_BODY: _UNEVEN + """        more = torch.tensor(0.0 if batch is None else 1.0)
+        dist.all_reduce(more, op=dist.ReduceOp.MAX)  # does any rank still have a batch?
+        if more == 0:
+            return model
+        model.zero_grad()
+        if batch is not None:
+            x, y = batch
+            nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+            count = torch.tensor(len(y))
+        else:
+            count = torch.tensor(0.0)  # nothing here
+        dist.all_reduce(count)
+        with torch.no_grad():
+            for p in params:
+                g = torch.zeros_like(p) if p.grad is None else p.grad
+                dist.all_reduce(g)
+                p -= lr * g / count
+"""},
+        key_terms=("dtype",),
+    ),
+    Mistake(
+        name="uneven_zero_loss_without_graph",
+        what="A rank out of data backpropagates torch.zeros((), requires_grad=True), a zero loss not connected to "
+             "the model, believing it fills the gradients with zeros; they stay None and flattening them raises.",
+        source="PyTorch forums, 'element 0 of tensors does not require grad and does not have a grad_fn': the "
+               "requires_grad=True 'fix' on a constant loss",
+        edits={"        if batch is not None:  # local work only: no collective under a branch on this rank's data\n"
+               "            x, y = batch\n"
+               "            nn.functional.cross_entropy(model(x), y, reduction=\"sum\").backward()\n"
+               "            samples += len(y)\n":
+               "        if batch is not None:\n"
+               "            x, y = batch\n"
+               "            loss = nn.functional.cross_entropy(model(x), y, reduction=\"sum\")\n"
+               "            samples += len(y)\n"
+               "        else:  # out of data: a zero loss, so that backward gives zero gradients\n"
+               "            loss = torch.zeros((), requires_grad=True)\n"
+               "        loss.backward()\n",
+               "        flat = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).flatten() for p in params]"
+               " + [samples])\n":
+               "        flat = torch.cat([p.grad.flatten() for p in params] + [samples])\n"},
+        key_terms=("None",),
+    ),
+    Mistake(
+        name="uneven_len_of_the_stream",
+        what="The number of steps is the all-reduced MAX of len(batches), as with a DataLoader over a "
+             "DistributedSampler; the batches are a stream with no len(), so every rank raises TypeError.",
+        source="exercises/ex09_hang.py contract: 'A stream, as a data loader gives: it has no len()'; the "
+               "`len(loader)` habit of map-style loaders",
+        edits={_UNEVEN: "    params = list(model.parameters())\n"
+                        "    steps = torch.tensor(float(len(batches)))  # this rank's number of batches\n"
+                        "    dist.all_reduce(steps, op=dist.ReduceOp.MAX)  # the longest rank's\n"
+                        "    stream = iter(batches)\n"
+                        "    for _ in range(int(steps)):\n"
+                        "        batch = next(stream, None)  # None once this rank has run out\n",
+               "                offset += p.numel()\n": "                offset += p.numel()\n    return model\n"},
+        key_terms=("len",),
+    ),
+    Mistake(
+        name="uneven_pad_by_repeating_batches",
+        what="A rank out of data repeats its earlier batches to keep pace (as DistributedSampler pads by repeating "
+             "samples) until no rank has a new one: no hang, but the repeats are learnt from twice.",
+        source="torch.utils.data.DistributedSampler docs: with drop_last=False the data is padded by repeating "
+               "samples so that it divides evenly (notebook 01 shows what that costs a metric)",
+        edits={_UNEVEN: _UNEVEN + """        fresh = torch.tensor(0.0 if batch is None else 1.0)
+        dist.all_reduce(fresh, op=dist.ReduceOp.MAX)  # does any rank still have a new batch?
+        if fresh == 0:
+            return model
+        if batch is not None:
+            seen.append(batch)
+        elif seen:  # out of data: repeat an earlier batch, as DistributedSampler pads
+            batch = seen[len(seen) - 1 - step % len(seen)]
+        step += 1
+""", "    stream = iter(batches)\n": "    stream = iter(batches)\n    seen, step = [], 0\n"},
+        key_terms=("twice",),
+    ),
+    Mistake(
+        name="uneven_idle_rank_does_not_step",
+        what="A rank out of data takes part in every all-reduce but skips the SGD update ('nothing of mine to "
+             "learn'), so its weights stop where its data ended and differ from the other ranks'.",
+        source="course/09_communication.py part 1's update_guarded_by_local_data in part 2's form: guarding the "
+               "local update by this rank's own data instead of the global count",
+        edits={_UNEVEN_EXIT: _UNEVEN_EXIT + "        if batch is None:\n"
+                                            "            continue  # out of data: nothing of ours to learn\n"},
+        key_terms=("same weights",),
+    ),
+    Mistake(
+        name="uneven_stale_gradient_after_running_out",
+        what="zero_grad() is called only for a rank that has a batch, so a rank out of data all-reduces the "
+             "gradient of its last batch again at every later step instead of zeros.",
+        source="the 'zero_grad next to backward' habit of single-process loops, moved into the `if batch` branch; "
+               "contract: 'A rank out of data adds no sample to the step (a zero gradient and a count of 0)'",
+        edits={"        model.zero_grad()  # .grad None: a rank out of data sends zeros below\n": "",
+               "            x, y = batch\n": "            x, y = batch\n            model.zero_grad()\n"},
+        key_terms=("zero gradient",),
+    ),
+    Mistake(
+        name="uneven_join_throw_on_early_termination_caught",
+        what="DDP's join(throw_on_early_termination=True), the exception caught to end training on every rank: "
+             "training stops when the first rank runs out, and the longer ranks' remaining batches are dropped.",
+        source="DistributedDataParallel.join docs: 'throw_on_early_termination: ... If True, will throw upon the "
+               "first rank reaching end of data' (meant for loops with their own collectives)",
+        edits={_UNEVEN_BODY: """    from torch.nn.parallel import DistributedDataParallel
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    try:
+        with ddp.join(throw_on_early_termination=True):
+            for x, y in batches:
+                opt.zero_grad()
+                nn.functional.cross_entropy(ddp(x), y).backward()
+                opt.step()
+    except RuntimeError:
+        pass  # a rank ran out of data: every rank stops here, together
+    return model
+"""},
+        key_terms=("stopped",),
+    ),
+    Mistake(
+        name="uneven_mean_loss_divided_by_samples",
+        what="The default mean-reduced cross-entropy is backpropagated and the summed gradients are still divided "
+             "by the global number of samples: each step is 1/B of one process's.",
+        source="torch.nn.functional.cross_entropy docs (reduction='mean' by default); the sum-vs-mean "
+               "normalisation mix-up of fairseq issue 494",
+        edits={'cross_entropy(model(x), y, reduction="sum").backward()': "cross_entropy(model(x), y).backward()"},
+        key_terms=("mean",),
+    ),
 ]
 
 LEGAL = [
@@ -336,5 +527,25 @@ LEGAL = [
                 dist.all_reduce(g)
                 p -= lr * g / count
 """},
+    ),
+    # Part 2 entries below (to the end of LEGAL) were written blind to the checks by a second tester.
+    Mistake(
+        name="uneven_mean_of_means_over_ranks_with_a_batch",
+        what="Each rank backpropagates its mean loss and counts 1 if it has a batch; the summed gradients are "
+             "divided by the number of ranks with a batch, which with the same B everywhere is the mean over "
+             "their samples.",
+        source="exercises/ex09_hang.py contract: 'with the same B everywhere, that is also the mean of the mean "
+               "losses of the ranks that have a batch'",
+        edits={'cross_entropy(model(x), y, reduction="sum").backward()': "cross_entropy(model(x), y).backward()",
+               "            samples += len(y)\n": "            samples += 1  # one more rank with a batch\n"},
+    ),
+    Mistake(
+        name="uneven_join_context_manager_with_ddp",
+        what="The generic Join context manager of torch.distributed.algorithms.join around a DDP loop, with "
+             "divide_by_initial_world_size=False passed on to DDP's join hook.",
+        source="PyTorch tutorial 'Distributed Training with Uneven Inputs Using the Join Context Manager' "
+               "(`with Join([model]):`, keyword arguments forwarded to the join hooks)",
+        edits={_UNEVEN_BODY: "    from torch.distributed.algorithms.join import Join\n"
+                             + _ddp_loop("with Join([ddp], divide_by_initial_world_size=False):")},
     ),
 ]

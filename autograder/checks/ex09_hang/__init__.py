@@ -41,6 +41,7 @@ all-reduced count of the step's samples written by hand are correct.
 | uneven: gradients never all-reduced | "no rank all-reduced a gradient with ranks with 2 and 4 batches ..." |
 | uneven: the round after the last batch divided by a count of 0 | "every rank's weights were finite ... NaN ..." |
 | uneven: join() called on a model that is not wrapped in DDP | "join() is a method of DistributedDataParallel" |
+| a collective's dtype differs between ranks | "rank 0's collective 3 is all_reduce of int64[1] ... float32[1]" |
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, count_not_reduced, di
                      zero_gradients)
 from .observations import RankObservation, Run
 from .probes import ATOL, RTOL, STEPS, rank_main
-from .uneven import causes as uneven_causes  # noqa: F401 - its @mistake functions are the check's
+from .uneven import causes as uneven_causes  # its @mistake functions are the check's
 from .uneven import criteria as uneven_criteria
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "UNEVEN_CRITERIA", "WORLD", "grade"]
@@ -73,7 +74,8 @@ def finishes(run: Run) -> Verdict:
         return failed(f"train raised on rank {rank}" + (f" at {where}" if where else "") + f": {error}")
     if run.mismatch is None:
         return passed()
-    return failed(diagnose([barrier_for_all_reduce, skipped_on_empty], run) or f"the job hangs: {parted(run)}")
+    return failed(diagnose([uneven_causes.dtypes_differ, barrier_for_all_reduce, skipped_on_empty], run)
+                  or f"the job hangs: {parted(run)}")
 
 
 @criterion("[W={world}] the same all-reduces on every rank, each step", points=2, requires=[finishes])

@@ -5,7 +5,7 @@ A job that skips a collective on one rank hangs (or, on gloo, pairs collectives 
 steps and computes garbage). So that one launch can grade a fixed job, a hanging one and the
 ones in between, the :class:`Ledger` (the one recorder of collectives,
 ``distlab.measure.comm.CollectiveRecorder``, whose ``tag`` sees each op before it runs) writes
-every op's fingerprint (its step, kind, shapes and the learner's line) to the job's store and
+every op's fingerprint (its step, kind, shapes, dtypes and the learner's line) to the job's store and
 waits until every peer has written its op of the same number, or has returned from the learner's function
 with fewer. Where they differ it raises on every rank at once, before any rank enters the real
 collective, and names where each rank is: what ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` compares
@@ -85,7 +85,7 @@ class Ledger(CollectiveRecorder):
             raise Runaway(f"{self.made - 1} collectives made, more than the job can need ({self.limit}): "
                           "the loop did not end")
         mine = Fingerprint(n=self.made, step=self.batches.step, kind=kind, shapes=[list(t.shape) for t in tensors],
-                           at=self._at())
+                           at=self._at(), dtypes=[str(t.dtype).removeprefix("torch.") for t in tensors])
         self.store.set(f"{self.key}/op/{self.rank}/{self.made}", json.dumps(mine.to_wire()))
         for peer in range(self.nprocs):
             if peer != self.rank:
@@ -97,14 +97,16 @@ class Ledger(CollectiveRecorder):
         deadline = time.monotonic() + default_timeout().total_seconds()
         op_key, done_key = f"{self.key}/op/{peer}/{mine.n}", f"{self.key}/done/{peer}"
         while not self.store.check([op_key]):
-            if self.store.check([done_key]):
+            # A peer writes its op before it can be done: once done, look for the op again, since the peer may
+            # have written it (and then raised, and been done) between this loop's two checks.
+            if self.store.check([done_key]) and not self.store.check([op_key]):
                 made = int(self.store.get(done_key))
                 self._part(Parting(rank=self.rank, mine=mine, peer=peer, peer_done=made))
             if time.monotonic() > deadline:
                 self._part(Parting(rank=self.rank, mine=mine, peer=peer, peer_done=None))
             time.sleep(0.0005)
         theirs = Fingerprint.from_wire(json.loads(self.store.get(op_key)))
-        differ = (theirs.kind, theirs.shapes) != (mine.kind, mine.shapes)
+        differ = (theirs.kind, theirs.shapes, theirs.dtypes) != (mine.kind, mine.shapes, mine.dtypes)
         if differ or (self.compare_steps and theirs.step != mine.step):
             self._part(Parting(rank=self.rank, mine=mine, peer=peer, theirs=theirs))
 

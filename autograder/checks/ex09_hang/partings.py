@@ -2,7 +2,7 @@
 exercise 9 (``train`` and ``train_uneven``). Plain records, read on both sides of the seam."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...rank.observation import Observation
 
@@ -17,6 +17,8 @@ class Fingerprint(Observation):
     kind: str                # the op
     shapes: list[list[int]]  # each tensor argument's shape
     at: str | None           # the learner's line that made it (None: outside the file)
+    dtypes: list[str] = field(default_factory=list)  # each tensor argument's dtype ("float32"): gloo aborts the
+    #                                                  process on a collective whose dtypes differ between ranks
 
 
 @dataclass

@@ -44,6 +44,22 @@ def _op(op: Fingerprint) -> str:
     return f"{op.kind} of {shape} at {op.at or 'a line outside your file'}"
 
 
+@mistake("a collective's dtype differs between ranks")
+def dtypes_differ(x) -> str | None:
+    """Where the ranks' next collectives are the same op on tensors of the same shape but of other dtypes (gloo aborts
+    the process on it; NCCL reads the bytes as another type). ``x``: either part's run (its ``mismatch``)."""
+    m = x.mismatch
+    if m is None or m.theirs is None or not (m.mine.dtypes and m.theirs.dtypes) or m.mine.dtypes == m.theirs.dtypes \
+            or (m.mine.kind, m.mine.shapes) != (m.theirs.kind, m.theirs.shapes):
+        return None
+    (mine, theirs), where = (f"{o.dtypes[0]}{o.shapes[0] if o.shapes else []}" for o in (m.mine, m.theirs)), \
+        (o.at or "a line outside your file" for o in (m.mine, m.theirs))
+    return (f"rank {m.rank}'s collective {m.mine.n} is {m.mine.kind} of {mine} at {next(where)}, rank {m.peer}'s the "
+            f"same {m.theirs.kind} of {theirs} at {next(where)}: a collective combines one dtype on every rank (gloo "
+            "aborts the process on this one, NCCL would read the bytes as the wrong type). Give the tensor the same "
+            "dtype on every rank, whatever its data")
+
+
 def parted(s: Scenario) -> str | None:
     """Where the ranks' collectives parted: each rank's op, line and data (the words of the causes)."""
     m = s.mismatch

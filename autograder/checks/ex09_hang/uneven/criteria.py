@@ -9,8 +9,8 @@ from __future__ import annotations
 from ....grader.diagnosis import diagnose, translate
 from ....grader.parity import parity
 from ....grader.report import Verdict, criterion, failed, passed
-from .causes import (ATOL, RTOL, UNEVEN_ERRORS, divided_by_all, left_early, nan_after_last, no_gradient_sync, parted,
-                     stale_on_exhausted, stopped_at_shortest, stops_updating)
+from .causes import (ATOL, RTOL, UNEVEN_ERRORS, divided_by_all, dtypes_differ, left_early, nan_after_last,
+                     no_gradient_sync, parted, stale_on_exhausted, stopped_at_shortest, stops_updating)
 from .observations import SCENARIOS, Scenario, label
 
 # The causes each judgement asks for, most specific first.
@@ -45,7 +45,7 @@ def uneven_finishes(run) -> Verdict:
             return failed(f"train_uneven raised on rank {r.rank} with {s.label}" + (f" at {r.where}" if r.where else "")
                           + f": {known + ' (' + r.error + ')' if known else r.error}")
         if s.mismatch is not None:
-            return failed(diagnose([left_early], s) or f"the job hangs with {s.label}: {parted(s)}")
+            return failed(diagnose([dtypes_differ, left_early], s) or f"the job hangs with {s.label}: {parted(s)}")
     return passed(f"{len(SCENARIOS)} cases, every rank's collectives matched until the last step")
 
 
