@@ -201,3 +201,116 @@ LEGAL: list[Mistake] = [
 """},
     ),
 ]
+
+# Written blind to the checks by a second tester (issue: the data position {"epoch", "samples"} of the global
+# stream, and a resume at another world size); checked against the contract with a scratch harness.
+_FOR = "        for first in range(used // world, len(order) - BATCH_SIZE + 1, BATCH_SIZE):\n"
+_POSITION = '    epoch, used = position["epoch"], position["samples"]\n'
+_SAVED = '{"epoch": epoch, "samples": used}, keep)'
+_LOAD_DATA = '"step": 0, "data": {"epoch": 0, "samples": 0}}'
+
+MISTAKES += [
+    Mistake(
+        name="start_divided_by_saved_world_size",
+        what="The world size is saved with the position and the rank's start is n // W_saved (the ranks that "
+             "counted the samples) instead of n / W' of the ranks now running, so a resume with more ranks skips.",
+        source="the contract: 'the next batch of rank r is ... from index n / W'' (W' the new world size), easily "
+               "read as the saving world's",
+        edits={_SAVED: '{"epoch": epoch, "samples": used, "world": world}, keep)',
+               _LOAD_DATA: '"step": 0, "data": {"epoch": 0, "samples": 0, "world": 0}}',
+               _POSITION: _POSITION + '    saved_world = position.get("world") or world  # the ranks that counted '
+                                      '`used`\n',
+               _FOR: _FOR.replace("used // world", "used // saved_world")},
+        key_terms=("world size",),
+    ),
+    Mistake(
+        name="samples_counted_per_rank",
+        what="'samples' counts this rank's samples (len(batch) a step) rather than the W * BATCH_SIZE the ranks "
+             "used together, while the start still divides by W: a resume lands W times too early and repeats data.",
+        source="torchdata StatefulDataLoader's per-rank '_num_yielded'/samples_yielded, the counter people copy "
+               "into a global-position field",
+        edits={"            used += world * BATCH_SIZE\n": "            used += len(batch)  # samples used\n"},
+        key_terms=("data position",),
+    ),
+    Mistake(
+        name="global_count_as_rank_offset",
+        what="The saved global sample count is used directly as the index into this rank's share (no division by "
+             "the world size), so a resumed rank skips ahead by a factor of W.",
+        source="the contract's 'the ranks together have used the first n samples' vs 'from index n / W'' of the "
+               "rank's sampler (a forgotten / W)",
+        edits={_FOR: _FOR.replace("range(used // world,", "range(used,")},
+        key_terms=("data position",),
+    ),
+    Mistake(
+        name="position_from_global_step",
+        what="The saved position is ignored and the data position is derived from the step counter "
+             "(epoch = step // steps_per_epoch, offset = step % steps_per_epoch) at the current world size, which "
+             "only holds when the job resumes with the number of ranks that saved it.",
+        source="HF transformers Trainer resume: epochs_trained = global_step // num_update_steps_per_epoch, "
+               "steps_trained_in_current_epoch = global_step % num_update_steps_per_epoch",
+        edits={_POSITION: "    per_epoch = len(sampler) // BATCH_SIZE  # steps in an epoch\n"
+                          "    epoch, used = step // per_epoch, step % per_epoch * world * BATCH_SIZE  # like HF "
+                          "Trainer\n"},
+        key_terms=("world size",),
+    ),
+    Mistake(
+        name="skip_whole_batches_rounded_down",
+        what="The resume skips used // (W' * BATCH_SIZE) whole batches of the rank's share (accelerate-style "
+             "skip_first_batches via itertools.islice), dropping the remainder: resumed with more ranks, a position "
+             "mid-batch rounds down and samples are trained twice.",
+        source="HF accelerate skip_first_batches(dataloader, num_batches) / itertools.islice over the batches "
+               "(a batch count, not a sample position)",
+        edits={"from pathlib import Path\n": "import itertools\nfrom pathlib import Path\n",
+               _FOR: "        batches = [order[i:i + BATCH_SIZE] for i in range(0, len(order) - BATCH_SIZE + 1, BATCH_SIZE)]\n"
+                     "        for indices in itertools.islice(batches, used // (world * BATCH_SIZE), None):  # skip done\n",
+               "            batch = [dataset[i] for i in order[first:first + BATCH_SIZE]]\n":
+               "            batch = [dataset[i] for i in indices]\n"},
+        key_terms=("data position",),
+    ),
+    Mistake(
+        name="restart_epoch_on_world_change",
+        what="When the job resumes with another number of ranks the saved offset is thrown away and the epoch "
+             "restarts from its first sample (set_epoch(epoch), offset 0), so the samples already used are seen "
+             "twice.",
+        source="torchtitan's ParallelAwareDataloader: 'dp_degree is inconsistent before and after checkpoint, "
+               "dataloader resharding is not supported yet' (downgraded to a restart)",
+        edits={_SAVED: '{"epoch": epoch, "samples": used, "world": world}, keep)',
+               _LOAD_DATA: '"step": 0, "data": {"epoch": 0, "samples": 0, "world": 0}}',
+               _POSITION: _POSITION + '    if position.get("world", world) != world:  # resharding unsupported'
+                                      '\n        used = 0  # another number of ranks: start the epoch '
+                                      'again\n'},
+        key_terms=("world size",),
+    ),
+    Mistake(
+        name="set_epoch_only_on_rollover",
+        what="sampler.set_epoch is called only when the epoch advances, so a run resumed in epoch e > 0 reads "
+             "epoch 0's shuffled order until the next epoch boundary.",
+        source="https://github.com/huggingface/accelerate/issues/3996 (DataLoader shuffle replays from epoch 0 "
+               "after resuming from a checkpoint)",
+        edits={"        sampler.set_epoch(epoch)\n": "",
+               "            epoch, used = epoch + 1, 0\n":
+               "            epoch, used = epoch + 1, 0\n            sampler.set_epoch(epoch)\n"},
+        key_terms=("set_epoch",),
+    ),
+]
+
+LEGAL += [
+    Mistake(
+        name="rank_offset_scaled_at_save",
+        what="The loop keeps this rank's own index into its share and converts it to the global stream only when "
+             "saving (samples = next index * W), loading it back as n // W'.",
+        source="the contract: rank r deals at r, r + W, ...; its next index n / W is the per-rank offset",
+        edits={"            used += world * BATCH_SIZE\n": "",
+               _SAVED: '{"epoch": epoch, "samples": (first + BATCH_SIZE) * world}, keep)'},
+    ),
+    Mistake(
+        name="sampler_fast_forwarded_with_islice",
+        what="The resumed epoch's sampler is fast-forwarded past the used samples with "
+             "itertools.islice(sampler, n // W', None) (per sample, not per batch), then batched from its start.",
+        source="torchdata StatefulDataLoader's fast-forward of a sampler by samples_yielded, per sample",
+        edits={"from pathlib import Path\n": "import itertools\nfrom pathlib import Path\n",
+               "        order = list(sampler)  # this rank's indices for the whole epoch: the global stream's r, r + W, ...\n":
+               "        order = list(itertools.islice(sampler, used // world, None))  # past the samples used\n",
+               _FOR: _FOR.replace("range(used // world,", "range(0,")},
+    ),
+]

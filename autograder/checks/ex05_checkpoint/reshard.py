@@ -13,7 +13,7 @@ from ...grader.report import Verdict, criterion, failed, passed
 from .causes import one_sided_collective
 from .observations import WORLD, Run
 from .probes import RESHARD_FROM, RUN
-from .reference import BATCH_SIZE, position_after, stream
+from .reference import BATCH_SIZE, contract_batch, position_after, stream
 
 
 def ranks(n: int) -> str:
@@ -109,8 +109,11 @@ def stream_continues(run: Run) -> Verdict:
             if rec.data != batch[r]:
                 named = all(len(f) == 1 for f in first) and next(
                     (why for cause in RESHARD_DATA if (why := cause(run, [f[0] for f in first]))), None)
-                return failed(named or f"rank {r} read samples {rec.data[:3]}... at step {step} where the stream "
-                              f"continues with {batch[r][:3]}... (sample {used} of epoch {epoch}, every rank "
+                found = contract_batch(r, rec.data, world)
+                theirs = (f", the contract's batch {found[1]} of epoch {found[0]} at {ranks(world)} (sample "
+                          f"{found[1] * world * BATCH_SIZE} of that epoch's stream)") if found else ""
+                return failed(named or f"rank {r} read samples {rec.data[:3]}...{theirs} at step {step}, where the "
+                              f"stream continues with {batch[r][:3]}... (sample {used} of epoch {epoch}, every rank "
                               f"together; rank r of {world} takes its sampler's indices from {used} / {world} on)")
     epoch, used, _ = want[0]
     return passed(f"at {ranks(world)} the job continued at sample {used} of epoch {epoch}'s stream, where the "
