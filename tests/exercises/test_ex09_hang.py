@@ -74,6 +74,10 @@ UNEVEN_MISTAKES = {
     "uneven: the rank out of data stops updating": {UPDATE: "                if batch is not None:\n    " + UPDATE},
     "uneven: the exit checked after the update": {EXIT: "", "                offset += p.numel()\n":
                                                    "                offset += p.numel()\n" + EXIT},
+    # a count all-reduced as an int64 where the rank has a batch, float32 where it has none (gloo aborts on it)
+    "uneven: the count's dtype differs": {
+        NEXT: NEXT + "        count = torch.tensor(len(batch[1])) if batch is not None else torch.tensor(0.0)\n"
+                     "        dist.all_reduce(count)\n"},
 }
 MISTAKES.update(UNEVEN_MISTAKES)
 FINISHES = "[W=2] the job finishes: every rank makes the same collectives, in order"
@@ -279,3 +283,10 @@ def test_an_update_after_the_last_batch_that_divides_by_0_is_named(graded):
     assert set(f) == {U_MATCHES, U_NO_BATCH, U_EQUAL}
     for said in f.values():
         assert "and NaN when train_uneven returned" in said and "divided by a count of 0" in said
+
+
+def test_a_collective_whose_dtype_differs_between_ranks_is_named_before_it_runs(graded):
+    f = failed(graded["uneven: the count's dtype differs"])
+    said = f[U_FINISHES]
+    assert "is all_reduce of " in said and "the same all_reduce of " in said, said
+    assert "int64[]" in said and "float32[]" in said and "a collective combines one dtype on every rank" in said
