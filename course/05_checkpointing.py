@@ -295,7 +295,9 @@ after = {i for r in range(4) for i in share(4, r)[3 * B:]}    # what the 4-rank 
 never = set(range(256)) - before - after
 print(f"trained before the checkpoint {len(before)}, after the resume {len(after)}, "
       f"seen twice {len(before & after)}, never {len(never)}")
-skip_guess.reveal(len(never))
+
+# %%
+skip_guess.reveal(len(never), what="counted")
 
 # %% [markdown]
 # Exercise 5 asks for a position that keeps its meaning when the number of ranks changes, and the
