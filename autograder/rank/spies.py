@@ -9,7 +9,6 @@ import functools
 import linecache
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -297,6 +296,12 @@ def on_backward_start(model: torch.nn.Module, callback) -> torch.utils.hooks.Rem
     return model.register_forward_hook(on_forward)
 
 
+@functools.lru_cache(maxsize=None)
+def _resolved(filename: str) -> Path:
+    """A code object's file name, resolved (once per file: the stack above a collective is the same files)."""
+    return Path(filename).resolve()
+
+
 class LineRecorder(CollectiveRecorder):
     """The one recorder of collectives, each op tagged with the learner's line that issued it: ``line`` reads
     ``"line N: code"``, ``at`` ``"line N (`code`)"`` (as a sentence quotes it)."""
@@ -306,9 +311,16 @@ class LineRecorder(CollectiveRecorder):
         self.path = Path(path).resolve()
 
     def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
-        mine = [f for f in traceback.extract_stack() if Path(f.filename).resolve() == self.path]
-        code = (mine[-1].line or "").split("  #")[0].strip() if mine else ""  # the code, not its comment
-        if not mine:
+        # The innermost frame of the learner's file, walked up from here: the whole stack extracted, with every
+        # frame's file resolved, cost a grading about 2 ms per collective (exercise 1 tags 27 per rank)
+        frame = sys._getframe()
+        while frame is not None and _resolved(frame.f_code.co_filename) != self.path:
+            frame = frame.f_back
+        if frame is None:
             return {"line": "", "at": ""}
-        at = f"line {mine[-1].lineno}"
+        filename, lineno = frame.f_code.co_filename, frame.f_lineno
+        linecache.checkcache(filename)
+        line = linecache.getline(filename, lineno) if lineno is not None else ""
+        code = line.strip().split("  #")[0].strip()  # the code, not its comment
+        at = f"line {lineno}"
         return {"line": f"{at}: {code}", "at": f"{at} (`{code}`)" if code else at}

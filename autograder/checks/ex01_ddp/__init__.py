@@ -74,7 +74,6 @@ from distlab.data import digits
 from distlab.models import cpu_state, make_mlp
 
 from ...grader.diagnosis import diagnose
-from ...grader.launches import launch_files, launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
@@ -240,6 +239,10 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
     launch is process start-up (importing torch), which two launches overlap on the machine's cores,
     and each job rendezvouses on its own free port. Each world size is worth the same share.
     """
+    # Here, not at the top: every rank imports this package to reach ``probes``, and the launcher's modules
+    # (psutil, the warm server's client) cost each of the six ranks about 25 ms it has no use for.
+    from ...grader.launches import launch_files, launch_timeout
+
     reports = [EXERCISE.new_report() for _ in paths]
     timeout = launch_timeout(EXERCISE, files=len(paths))  # the launches run side by side: each gets it all
     with tempfile.TemporaryDirectory(prefix="ex01-") as tmp, ThreadPoolExecutor(len(world_sizes)) as pool:

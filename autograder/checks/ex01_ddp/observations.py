@@ -79,8 +79,9 @@ class Run:
     world: int
     checkpoint: Path
 
-    @property
+    @functools.cached_property
     def samples_per_rank(self) -> int:
+        # cached: every criterion reads each epoch, and digits() builds the data set's tensors anew at each call
         return len(digits()) // self.world
 
     def epoch(self, rank: int, e: int) -> list[int]:

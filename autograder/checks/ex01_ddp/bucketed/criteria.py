@@ -110,6 +110,10 @@ def bucketed_unused(run: Run) -> Verdict:
         if message := unused_unnamed(runs):
             return failed(message)
         return passed(f"named: {runs[0].error}")
+    # Gradients read while their all-reduce may still be running are a race's outcome: judged on them, the same
+    # code would score differently from one grading to the next
+    if race := next((m for rs in [*_caps(run), runs] if rs[0].steps and (m := not_waited(rs, run.world))), None):
+        return failed(f"not judged: {race}")
     first = run.ranks[0].bucketed.runs[0]   # how this code treats gradients when every one is used
     main = set(_classify(first, reference(first.start, run.world, STEPS)["grads"], run.world))
     if len(main) != 1:
