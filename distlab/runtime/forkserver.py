@@ -32,7 +32,6 @@ The guarantees, each held by one function below:
 """
 from __future__ import annotations
 
-import gc
 import importlib
 import json
 import os
@@ -179,10 +178,6 @@ def serve(path: str) -> None:
     """Import :data:`PRELOAD`, say ``ready``, then fork a job root per connection until stdin closes."""
     for name in PRELOAD:
         importlib.import_module(name)
-    # Every job root, agent and rank forked from here inherits these objects (torch's import: ~250k). Frozen, their
-    # full collections do not walk them again (two per exercise-1 rank cost a third of its CPU), nor touch and so
-    # copy their pages (what gc.freeze is for: "before a fork"). Objects made after the fork are collected as ever.
-    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(128)
