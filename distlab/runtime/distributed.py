@@ -63,12 +63,14 @@ def init_distributed(timeout: timedelta | None = None) -> torch.device:
     # new every round (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as course/slurm/train.sbatch sets): there
     # the key must not be the restart count, which the agents of two nodes can count differently.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if agent_hosts_store else "0"
+    # Joining gets the default time at least: a short ``timeout`` is for the collectives (a grader's deadlock
+    # found in seconds), and on a loaded machine a connection to the store can take longer than that.
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         world_size,
         is_master=(rank == 0 and not agent_hosts_store),
-        timeout=timeout,
+        timeout=max(timeout, default_timeout()),
     )
     store = dist.PrefixStore(f"distlab/attempt{attempt}", store)
     dev = device()
