@@ -145,7 +145,11 @@ class P2PSpy(Replace):
 
     NAMES = ("send", "recv", "isend", "irecv")
 
-    def __init__(self):
+    def __init__(self, dtype: torch.dtype | None = None):
+        """``dtype``: every tensor the job sends or receives has it (exercise 7's contract: the dtype of ``x``); an
+        op on another raises a ``TypeError`` at the learner's line before it runs, where gloo would abort the
+        process (a receive whose bytes do not match the send's) or the peer would read the bytes as another type."""
+        self.dtype = dtype
         self.calls: list[dict] = []
         self._async_recv: list[tuple[dict, torch.Tensor]] = []
         self._works: list[Watched] = []
@@ -164,8 +168,17 @@ class P2PSpy(Replace):
             call["value"] = tensor.detach().cpu().clone()
         self._async_recv = []
 
+    def _check_dtype(self, op: str, tensor: torch.Tensor) -> None:
+        if self.dtype is not None and tensor.dtype != self.dtype:
+            what = "receive into" if "recv" in op else "send of"
+            raise TypeError(f"dist.{op}: a {what} a {str(tensor.dtype).removeprefix('torch.')} tensor, where every "
+                            f"tensor of this pipeline is {str(self.dtype).removeprefix('torch.')} (the dtype of x): "
+                            "the peer's bytes would be read as another type (gloo aborts the process on such a "
+                            "receive). Make each buffer with dtype=x.dtype")
+
     def _spy(self, name: str, real):
         def spy(tensor, *args, **kwargs):
+            self._check_dtype(name, tensor)
             peer = kwargs.get("dst", kwargs.get("src", args[0] if args else None))
             call = {"op": name.lstrip("i"), "async": name[0] == "i", "peer": peer, "shape": list(tensor.shape),
                     "t0": time.perf_counter(), "t1": None, "value": None, "where": _caller()}
@@ -229,6 +242,7 @@ class P2PSpy(Replace):
             calls, where = [], _caller()
             for op in ops:
                 send = self._unspied(op.op) is isend
+                self._check_dtype("isend" if send else "irecv", op.tensor)
                 calls.append({"op": "send" if send else "recv", "async": True, "peer": op.peer,
                               "shape": list(op.tensor.shape), "t0": now, "t1": None, "value": None, "where": where})
                 if not send:

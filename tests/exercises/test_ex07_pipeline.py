@@ -238,18 +238,26 @@ def test_the_p2p_spy_sees_every_import_style(tmp_path, monkeypatch, imported):
 
 
 @pytest.mark.slow  # a launch beyond the one per exercise that make test-fast keeps
-def test_a_receive_buffer_shaped_like_the_input_is_named_at_the_learners_line(tmp_path):
+def test_a_receive_buffer_of_another_shape_or_dtype_is_named_at_the_learners_line(tmp_path):
     """The realistic family's (benchmarks/realistic/ex07.py): the activation is B/m x hidden, and the check's hidden
-    (48) is not the input's 64 features, so a buffer shaped like the input micro-batch shows."""
+    (48) is not the input's 64 features, so a buffer shaped like the input micro-batch shows; x is float64, not
+    torch's default, so a buffer made without dtype= shows too (named before gloo would abort on it)."""
     from benchmarks.realistic import family
 
-    (mistake,) = [m for m in family()[7][0] if m.name == "recv_buffer_shaped_like_input"]
-    path = tmp_path / check.EXERCISE.filename
-    path.write_text(mistake.apply((SOLUTIONS / check.EXERCISE.filename).read_text()))
-    (report,) = check.grade([path])
-    assert report.score < report.max_score
-    assert "mat1 and mat2 shapes cannot be multiplied (16x64 and 48x48)" in report.feedback
-    assert "float32[16, 64]" in report.feedback  # the received activation, at the learner's line
+    names = ("recv_buffer_shaped_like_input", "recv_buffer_default_dtype")
+    paths = []
+    for name in names:
+        (mistake,) = [m for m in family()[7][0] if m.name == name]
+        (tmp_path / name).mkdir()
+        paths.append(tmp_path / name / check.EXERCISE.filename)
+        paths[-1].write_text(mistake.apply((SOLUTIONS / check.EXERCISE.filename).read_text()))
+    shape, dtype = check.grade(paths)
+    assert shape.score < shape.max_score
+    assert "mat1 and mat2 shapes cannot be multiplied (16x64 and 48x48)" in shape.feedback
+    assert "float64[16, 64]" in shape.feedback  # the received activation, at the learner's line
+    assert dtype.score < dtype.max_score
+    assert "TypeError: dist.recv: a receive into a float32 tensor, where every tensor of this pipeline is float64 " \
+           "(the dtype of x)" in dtype.feedback and "dist.recv(act, src=0)" in dtype.feedback
 
 
 # -- part 2, 1F1B ---------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ The grader builds the stages itself and wraps each in a
 the learner's code makes it run (nothing the learner reports is trusted).
 A fixed sleep at the start of each stage (:class:`distlab.lab.pipeline.timeline.Delay`)
 makes the timeline independent of the machine's speed. The rank side
-(``probes``) also records every send and recv, whether each input of
+(``probes``) also records every send and recv (refusing, at the learner's line, one whose tensor is not
+float64: the model and ``x`` are float64, so a buffer made without ``dtype=x.dtype`` shows, where gloo
+would abort the process), whether each input of
 stage 1 required grad, and the gradient that reached each output of stage 0;
 each file runs in a process group of its own, so a send or recv with no
 partner is caught and reported, not a hang. From the logs and the gradients

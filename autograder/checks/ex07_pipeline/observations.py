@@ -37,7 +37,7 @@ class RankObservation(Observation):
     inputs_require_grad: list[bool] = field(default_factory=list)  # each forward's: did its input require grad?
     out_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # forward -> the gradient that reached its output
     grads: list[torch.Tensor | None] = field(default_factory=list)  # the stage's parameters' .grad, in order
-    loss: torch.Tensor | None = None  # what the step returned, as a float tensor (None: not a tensor or float)
+    loss: torch.Tensor | None = None  # what the step returned, as a float64 tensor (None: not a tensor or float)
     not_implemented: bool = False  # the step raised NotImplementedError (``error`` and ``where`` say where)
     saved_peak: int = 0      # 1F1B: the most bytes of activations the stage held saved for backward at once
     saved_per_microbatch: int = 0  # 1F1B: what one micro-batch's forward saves, measured by the grader first

@@ -39,13 +39,18 @@ P2P_TIMEOUT_S = 3.0                              # x DISTLAB_TIME_SCALE: two ran
 PARTS = {"gpipe": "gpipe_step", "one_f_one_b": "one_f_one_b_step"}   # the graded functions, in the order run
 
 
+# float64, not torch's default: the contract's buffers have "the dtype of x", and a buffer made with the default
+# dtype (float32) would pass a float32 run unseen
+DTYPE = torch.float64
+
+
 def model() -> nn.Sequential:
-    return make_mlp(seed=3, hidden=HIDDEN, depth=3).net
+    return make_mlp(seed=3, hidden=HIDDEN, depth=3).net.to(DTYPE)
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
     x, y = digits().tensors
-    return x[:BATCH], y[:BATCH]
+    return x[:BATCH].to(DTYPE), y[:BATCH]
 
 
 class StageProbe:
@@ -73,7 +78,7 @@ def rank_main(paths: list[str], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[di
     observed = []
     for i, path in enumerate(paths):
         parts = {}
-        with P2PSpy() as p2p:  # before the import: the send and recv it binds are spied on too
+        with P2PSpy(dtype=DTYPE) as p2p:  # before the import: the send and recv it binds are spied on too
             learner = load_learner(path)
             for name, fn in PARTS.items():
                 with own_rendezvous(f"file{i}-{name}"):
@@ -96,7 +101,7 @@ def _stage(rank: int, dev: torch.device, saved: bool) -> tuple[TimedStage, nn.Se
 def _per_microbatch(counted: SavedBytes, rank: int, x: torch.Tensor) -> int:
     """What one micro-batch's forward through the layers saves (the grader's own forward, before the learner's)."""
     rows = x.shape[0] // MICRO
-    inp = x[:rows] if rank == 0 else torch.randn(rows, HIDDEN, device=x.device, requires_grad=True)
+    inp = x[:rows] if rank == 0 else torch.randn(rows, HIDDEN, dtype=x.dtype, device=x.device, requires_grad=True)
     out = counted(inp)
     one = counted.peak
     del out
@@ -134,7 +139,7 @@ def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float, fn: str, sav
         p2p=[P2PCall.from_spy(c) for c in p2p.calls[first:]], inputs_require_grad=probe.inputs_require_grad,
         out_grads=probe.out_grads,
         grads=[None if p.grad is None else p.grad.detach().cpu().clone() for p in layers.parameters()],
-        loss=torch.as_tensor(loss).detach().cpu().float() if isinstance(loss, (torch.Tensor, float)) else None,
+        loss=torch.as_tensor(loss).detach().cpu().double() if isinstance(loss, (torch.Tensor, float)) else None,
         not_implemented=error is not None and error.startswith("NotImplementedError"),
         saved_peak=counted.peak if counted else 0, saved_per_microbatch=one,
     )
