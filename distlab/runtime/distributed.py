@@ -6,6 +6,7 @@ once and hands it to every rank in ``DISTLAB_BACKEND`` so all ranks agree.
 """
 from __future__ import annotations
 
+import atexit
 import os
 from datetime import timedelta
 
@@ -85,6 +86,16 @@ def init_distributed(timeout: timedelta | None = None) -> torch.device:
 
 # The process groups this process has left, kept until it exits (see :func:`shutdown`).
 _ENDED_GROUPS: list = []
+
+
+@atexit.register
+def _free_ended_groups() -> None:
+    """Free the groups :func:`shutdown` kept, at exit but while the interpreter is whole: each through its own
+    binding (which releases the GIL before joining gloo's threads), not in the interpreter's teardown, where a
+    group still alive reached C++'s static destructors with its threads running and the process aborted
+    ("terminate called without an active exception", after the job's work was done: seen once in the Slurm
+    tier's two-node job, whose torchrun then restarted the workers)."""
+    _ENDED_GROUPS.clear()
 
 
 def shutdown() -> None:
