@@ -44,6 +44,18 @@ def tag_env(job_id: str, env: dict[str, str]) -> dict[str, str]:
     return {**env, JOB_TAG_VAR: ":".join([*tags, job_id])}
 
 
+def environ_of(proc: psutil.Process) -> dict[str, str]:
+    """``proc``'s environment, read whole from ``/proc`` where there is one: ``psutil.Process.environ`` stops at
+    the first empty entry, and a process that rewrites its title over its arguments (slurmstepd's
+    "[8751.batch]", ``setproctitle``) leaves zeros at the start of its environment, so it would read as empty
+    and escape a sweep by variable. Elsewhere (macOS) psutil's reading."""
+    try:
+        raw = Path(f"/proc/{proc.pid}/environ").read_bytes()
+    except FileNotFoundError:
+        return proc.environ()
+    return dict(e.split("=", 1) for e in raw.decode(errors="replace").split("\0") if "=" in e)
+
+
 def tagged_processes(job_id: str) -> list[psutil.Process]:
     """Every live process whose environment carries ``job_id`` among its ``DISTLAB_JOB_ID`` tags."""
     found = []
@@ -52,7 +64,7 @@ def tagged_processes(job_id: str) -> list[psutil.Process]:
         if proc.pid == me:
             continue
         try:
-            if job_id in proc.environ().get(JOB_TAG_VAR, "").split(":"):
+            if job_id in environ_of(proc).get(JOB_TAG_VAR, "").split(":"):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import psutil
 
+from .process import environ_of
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scontrol", "sinfo", "srun")
 CPUS, GPUS = 16, 4  # what course/slurm/train.sbatch asks of each node
@@ -85,6 +87,18 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+def _jobs_of(conf: Path) -> list[psutil.Process]:
+    """Every process of this cluster's jobs outside the daemons' trees: slurmd starts each job step's slurmstepd
+    as a daemon of its own (its parent is init), and the step's processes under it; they carry the cluster's
+    ``SLURM_CONF`` in their environment (read whole: slurmstepd's title hides it from psutil's reading)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if environ_of(proc).get("SLURM_CONF") == str(conf):
+                found += [proc, *proc.children(recursive=True)]
+    return found
 
 
 def _free_port(host: str, avoid: set[int]) -> int:
@@ -149,10 +163,14 @@ class SlurmCluster:
             self.root = None
 
     def _stop_daemons(self) -> None:
-        # A job still running (a test that failed before its job ended) lives in the slurmds' process
-        # trees, and slurmstepd does not end it when its slurmd goes: collect the trees first, end them last.
+        # A job still running (a test that failed before its job ended) lives in the slurmds' process trees
+        # and under the slurmstepds they daemonized, which do not end it when their slurmd goes: collect
+        # them first, end them last.
         jobs = [c for proc in self.procs.values() if proc.poll() is None
                 for c in _descendants(proc.pid)]
+        if self.root is not None:
+            daemons = {proc.pid for proc in self.procs.values()}
+            jobs += [p for p in _jobs_of(self.root / "slurm.conf") if p.pid not in daemons and p not in jobs]
         for name in reversed(list(self.procs)):  # slurmds, then slurmctld, then munged
             proc = self.procs[name]
             if proc.poll() is None:

@@ -36,13 +36,14 @@ def session_processes() -> list:
     import psutil
 
     from distlab.runtime import warm
+    from distlab.runtime.process import environ_of
 
     marker = os.environ["DISTLAB_TEST_SESSION"]
     ours = {os.getpid(), *warm.server_pids()}
     found = []
     for p in psutil.process_iter():
         try:
-            if p.pid not in ours and p.environ().get("DISTLAB_TEST_SESSION") == marker \
+            if p.pid not in ours and environ_of(p).get("DISTLAB_TEST_SESSION") == marker \
                     and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.Error, OSError):

@@ -88,3 +88,19 @@ def test_the_batch_script_runs_two_nodes_of_four_workers_in_one_world(cluster, t
     cluster.stop()
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in daemons)
     assert leftover_processes() == []
+
+
+def test_a_job_still_running_when_the_cluster_stops_is_ended_with_it(cluster, tmp_path, wait_for,
+                                                                       leftover_processes):
+    """A test that fails before its job ends stops the cluster with the job running: its slurmstepds are daemons
+    of their own (their parent is init, not slurmd) and outlive their slurmd, and their title hides the cluster's
+    SLURM_CONF from psutil's reading of their environment; the cluster ends them and what runs under them."""
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n#SBATCH --nodes=2\nsrun sleep 600\n")
+    job_id = cluster.sbatch(str(tmp_path / "job.sh"), cwd=tmp_path, env=cluster.env())
+    def sleeping() -> list:  # srun runs the task by its full path
+        return [p for p in psutil.process_iter(["cmdline"])
+                if len(cmd := p.info["cmdline"] or []) == 2 and Path(cmd[0]).name == "sleep" and cmd[1] == "600"]
+
+    assert wait_for(lambda: len(sleeping()) == 2, timeout=60), cluster.job(job_id)  # one task on each node
+    cluster.stop()
+    assert leftover_processes() == []
