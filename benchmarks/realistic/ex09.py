@@ -1,7 +1,7 @@
 """Exercise 9 (find and fix a hang): fixes people write that still hang, or no longer mean the same job."""
 from __future__ import annotations
 
-from . import Mistake
+from . import Mistake, solution
 
 _COMMENT = ("        # No branch on this rank's data before a collective: an empty selection gives a loss of 0\n"
             "        # and zero gradients, which is exactly this rank's share of the global sum.\n")
@@ -13,7 +13,7 @@ _GRADS = ("        with torch.no_grad():\n"
           "                grad = p.grad if p.grad is not None else torch.zeros_like(p)\n")
 _STEP = ("                if count > 0:  # the same on every rank: count is the all-reduced, global one\n"
          "                    p -= lr * grad / count\n")
-# Part 2 (train_uneven): the reference's loop, by hand, whole, and a part of it
+# Part 2 (train_uneven): parts of the reference's loop, by hand
 _UNEVEN = ("    params = list(model.parameters())\n"
            "    stream = iter(batches)\n"
            "    while True:\n"
@@ -23,19 +23,17 @@ _UNEVEN_UPDATE = ("            offset = 0\n"
                   "            for p in params:\n"
                   "                p -= lr * flat[offset:offset + p.numel()].view_as(p) / total\n"
                   "                offset += p.numel()\n")
-_UNEVEN_BODY = (_UNEVEN + """        model.zero_grad()  # .grad None: a rank out of data sends zeros below
-        samples = torch.zeros(1, device=params[0].device)  # on the gradients' device: NCCL reduces GPU tensors
-        if batch is not None:  # local work only: no collective under a branch on this rank's data
-            x, y = batch
-            nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
-            samples += len(y)
-        # One all-reduce a step, on every rank: every gradient and the number of samples, in one buffer (as DDP's
-        # bucket does). The global count is 0 exactly when no rank has a batch left, and the same on every rank:
-        # every rank leaves at the same step, having taken part in every step before it.
-        flat = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).flatten() for p in params] + [samples])
-        dist.all_reduce(flat)
-        total = flat[-1]
-""" + _UNEVEN_EXIT + "        with torch.no_grad():\n" + _UNEVEN_UPDATE)
+# the whole body, read from the reference (the edits of its parts above are checked against it by Mistake.apply)
+_UNEVEN_BODY = solution(9).read_text().split("### BEGIN SOLUTION\n")[-1].split("    ### END SOLUTION")[0]
+
+
+# train_uneven's loop head in the "any rank still has data" style: a flag all-reduced with MAX, then the step
+_FLAGGED = _UNEVEN + """        more = torch.tensor(0.0 if batch is None else 1.0)
+        dist.all_reduce(more, op=dist.ReduceOp.MAX)  # does any rank still have a batch?
+        if more == 0:
+            return model
+        model.zero_grad()
+"""
 
 
 def _ddp_loop(join: str, forward: str = "ddp") -> str:
@@ -166,12 +164,7 @@ MISTAKES = [
              "where a rank has no batch moves by a fraction of one process's.",
         source="the 'all_reduce a done flag with MAX' recipe for uneven DDP data (PyTorch forums, 'DDP with "
                "uneven inputs'), combined with DDP's own division by the world size",
-        edits={_UNEVEN_BODY: _UNEVEN + """        more = torch.tensor(0.0 if batch is None else 1.0)
-        dist.all_reduce(more, op=dist.ReduceOp.MAX)  # does any rank still have a batch?
-        if more == 0:
-            return model
-        model.zero_grad()
-        if batch is not None:
+        edits={_UNEVEN_BODY: _FLAGGED + """        if batch is not None:
             x, y = batch
             nn.functional.cross_entropy(model(x), y).backward()
         with torch.no_grad():
@@ -279,12 +272,7 @@ MISTAKES = [
              "the others wait in them (a mismatch or a hang).",
         source="PyTorch tutorial 'Writing Distributed Applications with PyTorch' (average_gradients by hand) with "
                "the usual None guard for unused parameters; Optimizer.zero_grad(set_to_none=True) is the default",
-        edits={_UNEVEN_BODY: _UNEVEN + """        more = torch.tensor(0.0 if batch is None else 1.0)
-        dist.all_reduce(more, op=dist.ReduceOp.MAX)  # does any rank still have a batch?
-        if more == 0:
-            return model
-        model.zero_grad()
-        count = torch.zeros(())
+        edits={_UNEVEN_BODY: _FLAGGED + """        count = torch.zeros(())
         if batch is not None:
             x, y = batch
             nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
@@ -337,12 +325,7 @@ MISTAKES = [
              "on a rank out of data: the all-reduce of the count gets different dtypes on the ranks.",
         source="torch.tensor(int) gives int64 (PyTorch tensor docs); TORCH_DISTRIBUTED_DEBUG=DETAIL's 'mismatch "
                "between collectives' names dtypes among what must match",
-        edits={_UNEVEN_BODY: _UNEVEN + """        more = torch.tensor(0.0 if batch is None else 1.0)
-        dist.all_reduce(more, op=dist.ReduceOp.MAX)  # does any rank still have a batch?
-        if more == 0:
-            return model
-        model.zero_grad()
-        if batch is not None:
+        edits={_UNEVEN_BODY: _FLAGGED + """        if batch is not None:
             x, y = batch
             nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
             count = torch.tensor(len(y))
@@ -510,12 +493,7 @@ LEGAL = [
         what="An all-reduced 'any rank has a batch' flag (MAX) decides whether to go on; then the count and each "
              "parameter's gradient are all-reduced one by one and divided by the global count.",
         source="the 'all_reduce a done flag' recipe for uneven inputs, written by hand",
-        edits={_UNEVEN_BODY: _UNEVEN + """        more = torch.tensor(0.0 if batch is None else 1.0)
-        dist.all_reduce(more, op=dist.ReduceOp.MAX)  # does any rank still have a batch?
-        if more == 0:
-            return model
-        model.zero_grad()
-        count = torch.zeros(())
+        edits={_UNEVEN_BODY: _FLAGGED + """        count = torch.zeros(())
         if batch is not None:
             x, y = batch
             nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
