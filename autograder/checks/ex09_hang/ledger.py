@@ -15,8 +15,6 @@ with the process group left in step for the next file.
 from __future__ import annotations
 
 import json
-import linecache
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import torch.distributed as dist
 from distlab.measure.comm import CollectiveRecorder
 from distlab.runtime.distributed import default_timeout
 
+from ...rank.spies import learner_line
 from .observations import Collective
 from .partings import Fingerprint, Parting
 
@@ -56,27 +55,17 @@ class Ledger(CollectiveRecorder):
 
     def __init__(self, tag: str, batches, path: str, *, compare_steps: bool = True, limit: int | None = None):
         super().__init__()
-        self.key, self.batches, self.path = tag, batches, str(Path(path).resolve())
+        self.key, self.batches, self.path = tag, batches, Path(path).resolve()
         self.compare_steps, self.limit = compare_steps, limit
         self.store = dist.distributed_c10d._get_default_store()
         self.rank, self.nprocs = dist.get_rank(), dist.get_world_size()
         self.made = 0
         self.parting: Parting | None = None
-        self._files: dict[str, bool] = {}  # code file name -> whether it is the learner's file
 
     def _at(self) -> str | None:
-        """The learner's innermost line on the stack, ``"ex09_hang.py:78 (code)"`` (frames walked, not formatted:
-        this runs before every op)."""
-        frame = sys._getframe(1)
-        while frame is not None:
-            name = frame.f_code.co_filename
-            if name not in self._files:  # once per file and ledger: the stack above an op is the same files
-                self._files[name] = str(Path(name).resolve()) == self.path
-                linecache.checkcache(name)
-            if self._files[name]:
-                return f"{Path(name).name}:{frame.f_lineno} ({linecache.getline(name, frame.f_lineno).strip()})"
-            frame = frame.f_back
-        return None
+        """The learner's innermost line on the stack, ``"ex09_hang.py:78 (code)"``."""
+        found = learner_line(self.path)
+        return f"{Path(found[0]).name}:{found[1]} ({found[2]})" if found else None
 
     def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
         """The grader's tags of the op (the :class:`Collective` fields beyond its kind and shape)."""
