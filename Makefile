@@ -96,11 +96,13 @@ images:
 # The class's JupyterHub on this machine, as root (docs/hub.md): docker/hub/install.sh sets it up (the first
 # time minutes: a venv from Debian's python3, the proxy from npm; later runs re-copy the course's code), then
 # docker/hub/start.sh serves it in the foreground. HUB_IP=0.0.0.0 opens it to the network: behind HTTPS only.
+# SPAWNER=podman: each server in a container of the image distlab-hub-learner; SPAWNER=slurm: a Slurm job each.
 HUB_PORT ?= 8000
 HUB_IP ?= 127.0.0.1
+SPAWNER ?= local
 hub:
 	docker/hub/install.sh
-	DISTLAB_HUB_PORT=$(HUB_PORT) DISTLAB_HUB_IP=$(HUB_IP) docker/hub/start.sh
+	DISTLAB_HUB_PORT=$(HUB_PORT) DISTLAB_HUB_IP=$(HUB_IP) DISTLAB_HUB_SPAWNER=$(SPAWNER) docker/hub/start.sh
 
 # The instructor's steps on the hub's machine, as root: make hub-class STEP=release|grade EX="1 2", or
 # STEP=duedate ARGS='ex01_ddp "2026-03-01 17:00:00 UTC"' (docker/hub/class.sh)

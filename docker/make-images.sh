@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# make-images.sh [learner|grader]...   (`make images`; default: both)
+# make-images.sh [learner|grader|hub-learner]...   (`make images`; default: learner and grader)
 # make-images.sh --source-id           the checkout's id, as the images are labelled with it
 #
 # Builds distlab-learner and distlab-grader from docker/learner.Dockerfile and
-# docker/grader.Dockerfile, with docker when a Docker daemon answers and with
+# docker/grader.Dockerfile (and distlab-hub-learner, distlab-learner with the hub's pins, for
+# the hub's container spawner: docker/hub-learner.Dockerfile), with docker when a Docker daemon answers and with
 # podman otherwise (ENGINE=docker|podman to choose). Settings (environment):
 #   LEARNER_BASE     the learner image's base (default python:3.11-slim-bookworm)
 #   GRADER_BASE      the grading image's base (default nvidia/cuda:12.8.1-runtime-ubuntu24.04,
@@ -133,6 +134,7 @@ for t in "${targets[@]}"; do
     case "$t" in
         learner) build learner "$learner_base" "${learner_args[@]}" ;;
         grader) build grader "$grader_base" ;;
-        *) echo "make-images.sh: no image '$t' (learner, grader)" >&2; exit 2 ;;
+        hub-learner) build hub-learner distlab-learner ;;
+        *) echo "make-images.sh: no image '$t' (learner, grader, hub-learner)" >&2; exit 2 ;;
     esac
 done

@@ -16,11 +16,12 @@ Every path and port is a setting (environment), so the tests run this same file 
 (tests/tiers/test_hub.py): DISTLAB_HUB_PREFIX, DISTLAB_HUB_STATE, DISTLAB_HUB_COURSE, DISTLAB_EXCHANGE,
 DISTLAB_HUB_IP and DISTLAB_HUB_PORT (where learners connect: 127.0.0.1:8000 by default; a class on a network
 puts the hub behind HTTPS), DISTLAB_HUB_API_PORT and DISTLAB_HUB_PROXY_API_PORT (on 127.0.0.1 only),
-DISTLAB_HUB_MAX_SUBMISSION_KB (the most a submission may hold).
+DISTLAB_HUB_MAX_SUBMISSION_KB (the most a submission may hold), DISTLAB_HUB_SPAWNER (where servers run: below).
 """
 import grp
 import os
 import pwd
+import runpy
 from pathlib import Path
 
 c = get_config()  # noqa: F821  (JupyterHub provides it when it loads this file)
@@ -51,6 +52,13 @@ c.PAMAuthenticator.allowed_groups = {LEARNERS, INSTRUCTORS}
 # Nobody is an admin: JupyterHub's admins may reach every learner's server, which no one in a class should.
 c.Authenticator.admin_users = set()
 
+# Where learners' servers run (DISTLAB_HUB_SPAWNER): "local" (here), processes of their own users, nbgrader's
+# one-server deployment; "podman", a container each (docker/hub/spawners/podman.py); "slurm", a Slurm job each
+# (docker/hub/spawners/slurm.py). Each of the other two changes only what it says, after this file's settings.
+SPAWNERS = ("local", "podman", "slurm")
+spawner = env("DISTLAB_HUB_SPAWNER", "local")
+if spawner not in SPAWNERS:
+    raise SystemExit(f"DISTLAB_HUB_SPAWNER={spawner!r}: it is one of {', '.join(SPAWNERS)}")
 c.JupyterHub.spawner_class = "localprocess"
 # singleuser.sh: umask 077 (nothing a learner writes is readable by others), then jupyterhub-singleuser.
 c.Spawner.cmd = [str(src / "docker/hub/singleuser.sh")]
@@ -70,24 +78,25 @@ def in_group(name: str, group: str) -> bool:
         return False
 
 
-def role_environment(spawner) -> None:
-    """The role's JupyterLab configuration (as ``make lab ROLE=...``; jupyter/README.md), and the exchange."""
+def role_environment(spawner, code: Path = src, python: Path = venv) -> None:
+    """The role's JupyterLab configuration (as ``make lab ROLE=...``; jupyter/README.md), and the exchange.
+    ``code`` and ``python``: where the server finds the course's code and its Python (a container's differ)."""
     name = spawner.user.name
     if in_group(name, INSTRUCTORS):
         # the course's nbgrader_config.py (the formgrader finds the course), the hub's additions for the instructor
-        config = [course, src / "docker/hub/instructor", src / "jupyter/common"]
+        config = [course, code / "docker/hub/instructor", code / "jupyter/common"]
         # nbgrader's formgrader refuses a course directory outside the server's root ("not a subdirectory of
         # the notebook server root"): the instructor's JupyterLab opens on the course directory itself
         spawner.notebook_dir = course
     else:
-        config = [src / "docker/hub/learner", src / "jupyter/learner", src / "jupyter/common"]
+        config = [code / "docker/hub/learner", code / "jupyter/learner", code / "jupyter/common"]
     spawner.environment.update({
         "JUPYTER_CONFIG_PATH": os.pathsep.join(map(str, config)),
         "DISTLAB_EXCHANGE": exchange,
         "DISTLAB_HUB_MAX_SUBMISSION_KB": max_kb,
-        # the venv first: the terminal's python, nbgrader and torchrun are the course's
-        "PATH": os.pathsep.join([str(venv / "bin"), "/usr/local/bin", "/usr/bin", "/bin"]),
-        "DISTLAB_HUB_VENV": str(venv),
+        # the course's Python first: the terminal's python, nbgrader and torchrun are the course's
+        "PATH": os.pathsep.join([str(python / "bin"), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "DISTLAB_HUB_VENV": str(python),
     })
 
 
@@ -99,3 +108,10 @@ c.JupyterHub.services = [{
     "command": [str(venv / "bin/python"), str(src / "docker/hub/seal_exchange.py"),
                 "--exchange", exchange, "--max-kb", max_kb],
 }]
+
+if spawner != "local":
+    # run_path, not import: docker/hub is no package (a package named docker would hide docker-py, the SDK
+    # DockerSpawner imports); each module's configure() receives what it needs of this file.
+    configure = runpy.run_path(str(src / "docker/hub/spawners" / f"{spawner}.py"))["configure"]
+    configure(c, src=src, venv=venv, state=state, course=course, exchange=exchange, max_kb=max_kb,
+              role_environment=role_environment)

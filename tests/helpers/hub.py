@@ -183,10 +183,11 @@ def remove_users() -> None:
 
 
 @contextlib.contextmanager
-def class_hub():
-    """The README's "Running a class", with the test's users, folders and ports: ``make hub`` (install, which
-    copies this checkout's code, then serve), ``docker/hub/add-users.sh`` for the instructor and the learners,
-    ``make hub-class STEP=release EX=1``; yield a :class:`Hub`; stop the hub and remove everything."""
+def class_hub(spawner: str = "local", env_extra: dict | None = None):
+    """The README's "Running a class", with the test's users, folders and ports: ``make hub SPAWNER=spawner``
+    (install, which copies this checkout's code, then serve; ``env_extra`` added to its environment),
+    ``docker/hub/add-users.sh`` for the instructor and the learners, ``make hub-class STEP=release EX=1``;
+    yield a :class:`Hub`; stop the hub and remove everything."""
     remove_users()
     root = Path(tempfile.mkdtemp(prefix="distlab-hub-", dir="/tmp"))
     root.chmod(0o755)  # the instructor and the learners reach the course and the exchange below it
@@ -195,11 +196,12 @@ def class_hub():
     env.update({"DISTLAB_HUB_API_PORT": str(free_port()), "DISTLAB_HUB_PROXY_API_PORT": str(free_port()),
                 "DISTLAB_HUB_PREFIX": str(PREFIX), "DISTLAB_HUB_STATE": str(root / "state"),
                 "DISTLAB_HUB_COURSE": str(root / "course"), "DISTLAB_EXCHANGE": str(root / "exchange"),
-                "DISTLAB_HUB_MAX_SUBMISSION_KB": str(MAX_KB)})
+                "DISTLAB_HUB_MAX_SUBMISSION_KB": str(MAX_KB), **(env_extra or {})})
     hub = Hub(root=root, env=env, passwords={}, log=root / "hub.log")
     try:
         with hub.log.open("w") as out:
-            command = ["make", "--no-print-directory", "hub", f"HUB_PORT={port}", "HUB_IP=127.0.0.1"]
+            command = ["make", "--no-print-directory", "hub", f"HUB_PORT={port}", "HUB_IP=127.0.0.1",
+                       f"SPAWNER={spawner}"]
             hub.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, start_new_session=True)
         hub.base = f"http://127.0.0.1:{port}"

@@ -49,7 +49,10 @@ def run_instructions(dockerfile: Path) -> list[str]:
 
 
 def test_there_is_a_learner_and_a_grader_image_and_neither_hands_out_solutions():
-    assert [p.name for p in DOCKERFILES] == ["grader.Dockerfile", "learner.Dockerfile"]
+    assert [p.name for p in DOCKERFILES] == ["grader.Dockerfile", "hub-learner.Dockerfile", "learner.Dockerfile"]
+    # the hub's container image is the learner image with the hub's pins, and copies nothing of the course
+    hub_learner = (DOCKER / "hub-learner.Dockerfile").read_text()
+    assert re.search(r"^ARG BASE_IMAGE=distlab-learner$", hub_learner, re.M) and "COPY . " not in hub_learner
     grader, learner = ((DOCKER / f"{n}.Dockerfile").read_text() for n in ("grader", "learner"))
     # CUDA by default; the base is a build argument (a CPU grader for CI: make images BASE=local)
     assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:\S+$", grader, re.M) and "\nFROM ${BASE_IMAGE}\n" in grader
