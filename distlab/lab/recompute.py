@@ -91,8 +91,8 @@ def saved_bytes(model: ResidualMLP, every: int, x, y) -> int:
 class ActivationPeak(TorchDispatchMode):
     """Peak bytes of live tensor storage made while the ``with`` block runs, less ``exclude``'s.
 
-    ``distlab.lab.fsdp_memory.LiveStorageTracker`` re-reads every live storage after every op, which
-    is quadratic in their number (seconds at depth 64). Here a storage is counted, with its size,
+    ``distlab.lab.fsdp_memory.LiveStorageTracker`` counts every storage an op touches, inputs included
+    (the parameters, the batch). Here a storage is counted, with its size,
     when an op first outputs it (every tensor of a step is some op's output), the weak
     references of those still counted are checked after each op, and the storages of
     ``exclude`` (parameters, gradients: they exist anyway) are never counted.

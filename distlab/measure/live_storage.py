@@ -27,10 +27,17 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self._refs: dict[int, StorageWeakRef] = {}
+        # every storage seen, with its bytes when last seen; dead ones are dropped at the next purge
+        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self._bound = 0  # the bytes of self._live, dead storages not yet purged included: >= the live bytes
         self.start = 0
         self.peak = 0
-        self.current = 0
+
+    @property
+    def current(self) -> int:
+        """The bytes of live storage now."""
+        self._purge()
+        return self._bound
 
     def track(self, *tensors) -> None:
         """Count these tensors' storages from now on (e.g. the state that exists before the step)."""
@@ -46,29 +53,31 @@ class LiveStorageTracker(TorchDispatchMode):
             for name in names:
                 self._see(getattr(t, name))
             return
-        if t.device.type not in ("cpu", "cuda"):
-            return
-        st = t.untyped_storage()
-        key = st._cdata
-        old = self._refs.get(key)
-        if old is None or old.expired():
-            self._refs[key] = StorageWeakRef(st)
+        if t.device.type in ("cpu", "cuda"):
+            self._count(t.untyped_storage())
+
+    def _count(self, st: torch.UntypedStorage) -> None:
+        """A storage's bytes, new, or again: an op or ``resize_`` may have resized it in place."""
+        key, size = st._cdata, st.nbytes()
+        old = self._live.get(key)
+        if old is not None and not old[0].expired():
+            ref, counted = old
+        else:  # new, or a dead storage's address taken by a new one
+            ref, counted = StorageWeakRef(st), (old[1] if old is not None else 0)
+        self._live[key] = (ref, size)
+        self._bound += size - counted
+
+    def _purge(self) -> None:
+        for key in [k for k, (ref, _) in self._live.items() if ref.expired()]:
+            self._bound -= self._live.pop(key)[1]
 
     def _sample(self) -> None:
-        total = 0
-        for key in list(self._refs):
-            ref = self._refs[key]
-            if ref.expired():
-                del self._refs[key]
-                continue
-            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)  # None if freed meanwhile
-            if storage is None:  # (a collective's worker thread may drop the last reference)
-                del self._refs[key]
-                continue
-            total += storage.nbytes()
-            del storage
-        self.current = total
-        self.peak = max(self.peak, total)
+        """A new peak, if there is one. Only a bound above the peak can hide one: then the dead storages are
+        purged, and what is left is exact. (Purging at every op, the cost was quadratic in the number of
+        storages: most ops, views and in-place updates, make no new bytes.)"""
+        if self._bound > self.peak:
+            self._purge()
+            self.peak = max(self.peak, self._bound)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -82,17 +91,15 @@ class LiveStorageTracker(TorchDispatchMode):
 
         def resize_(storage, size):
             result = original(storage, size)
-            key = storage._cdata
-            if key not in tracker._refs or tracker._refs[key].expired():
-                tracker._refs[key] = StorageWeakRef(storage)
+            tracker._count(storage)
             tracker._sample()
             return result
 
         self._original_resize = original
         torch.UntypedStorage.resize_ = resize_
         super().__enter__()
-        self._sample()
         self.start = self.current
+        self.peak = max(self.peak, self.start)
         return self
 
     def __exit__(self, *exc):
