@@ -128,7 +128,8 @@ TESTS = Path(__file__).resolve().parent
 MACHINE_WIDE = {"tiers/test_grading_image.py", "distlab/test_sandbox.py", "autograder/test_selftest.py",
                 "distlab/test_warm.py", "tiers/test_docker.py", "tiers/test_containers.py",
                 "tiers/test_gradescope_container.py", "tiers/test_slurm_cluster.py", "tiers/test_slurm_class.py",
-                "tiers/test_browser.py", "tiers/test_hub.py"}
+                "tiers/test_browser.py", "tiers/test_hub.py", "tiers/test_hub_slurm.py",
+                "tiers/test_hub_podman.py"}
 if _moved := sorted(m for m in MACHINE_WIDE if not (TESTS / m).is_file()):  # a module moved: say so, not run it apart
     raise pytest.UsageError(f"tests/conftest.py: MACHINE_WIDE names no module at {_moved}")
 
