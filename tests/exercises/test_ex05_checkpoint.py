@@ -114,6 +114,10 @@ FRESH_ONLY = {
     "dcp.save on rank 0 only": {"    dcp.save(state, checkpoint_id=staged)\n":
                                 "    if dist.get_rank() == 0:\n        dcp.save(state, checkpoint_id=staged)\n"},
 }
+# Written in place, loaded through latest_complete(): the first kill (inside DCP's writes) cannot show it, only
+# the second (after DCP's save, before rank 1's RNG file): the restart scenario alone.
+IN_PLACE = {"    staged = staging_path(root, step)\n": "    staged = final_path(root, step)\n",
+            "        commit(root, step)  # atomic rename: a crash before this leaves only a .tmp- directory\n": ""}
 FRESH = "a fresh job resumes exactly"
 REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 
@@ -122,9 +126,10 @@ REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 # reference launch for the five files, one resume launch (three process starts, for the restarts).
 @pytest.fixture(scope="module")
 def mutants(tmp_path_factory):
-    changes = {"missing state": MISSING_STATE, **FRESH_ONLY}
+    changes = {"missing state": MISSING_STATE, "in place": IN_PLACE, **FRESH_ONLY}
     paths = [mutant(tmp_path_factory.mktemp(f"m{i}"), "ex05_checkpoint.py", c) for i, c in enumerate(changes.values())]
-    reports = ex05_checkpoint.grade(paths, scenarios_of=[("fresh", "restart")] + [("fresh",)] * len(FRESH_ONLY))
+    reports = ex05_checkpoint.grade(paths, scenarios_of=[("fresh", "restart"), ("restart",)] +
+                                    [("fresh",)] * len(FRESH_ONLY))
     return dict(zip(changes, reports))
 
 
@@ -149,6 +154,31 @@ def test_missing_state_pruning_and_in_place_writes_are_named(mutants):
     assert ".metadata" in write  # the restarted job tripped on the half-written checkpoint
     assert fails["two crashes, still exact"] == "not checked: needs 'torchrun --max-restarts resumes exactly' first"
     assert REFERENCE not in fails  # its uninterrupted run is the contract's: what it loses is in resuming
+
+
+def test_a_checkpoint_that_looks_complete_before_every_ranks_files_are_in_it_is_named(mutants):
+    fails = failed(mutants["in place"])
+    write = fails["an interrupted write is never loaded"]
+    assert re.search(r"rank 1 was killed inside step 9's save_checkpoint, after dcp\.save had returned and before its "
+                     r"torch\.save at ex05_checkpoint\.py:\d+; step 9's checkpoint already looked complete to "
+                     r"latest_complete\(\) then .*the restarted job resumed from it \(its first step was 10\)", write)
+    assert "commit() on rank 0" not in write  # advice of a step it took elsewhere: none (it never commits here)
+    assert "torchrun --max-restarts resumes exactly" not in fails  # steps 4-8, before the kill, were exact
+
+
+def test_a_commit_before_a_ranks_own_files_is_named_from_the_directory(tmp_path):
+    """No launch: what the ranks left (rank 0's committed step 3; rank 1's error writing into its staging
+    directory) is named as the early commit, and, without the committed directory, not."""
+    from distlab import RankFailure
+
+    run = ex05_checkpoint.Run(tmp_path, 4)
+    err = RankFailure(1, "RuntimeError", f"Parent directory {tmp_path}/A/.tmp-step_00000003 does not exist.", "")
+    assert ex05_checkpoint.causes.committed_under_a_rank(run, err) is None  # nothing committed: not this cause
+    (checkpoint.final_path(tmp_path / "A", 3)).mkdir(parents=True)
+    (checkpoint.final_path(tmp_path / "A", 3) / ".metadata").touch()
+    assert ex05_checkpoint.causes.committed_under_a_rank(run, err).startswith(
+        "rank 1 wrote into step 3's staging directory (A/.tmp-step_00000003) after rank 0 had committed it "
+        "(renamed it to step_00000003)")
 
 
 def test_a_step_counter_off_by_one_is_named_alone(mutants):

@@ -9,8 +9,10 @@ Scenarios, in three torchrun launches (``scenarios``; the rank side is in ``prob
    from its checkpoint (the fresh-job resume), then trains in directory B. In
    attempt 0 rank 1 is killed *inside* its second checkpoint write of B (its
    shard is on disk, DCP's ``.metadata`` is not), so attempt 1 must resume from
-   the previous complete checkpoint; attempt 1 is killed at ``SECOND_KILL``;
-   attempt 2 finishes. (C, finished in attempt 0, is not replayed.)
+   the previous complete checkpoint; attempt 1 is killed inside the save after
+   step ``SECOND_KILL``, once DCP's save has returned and before rank 1's own files
+   (``commit_kill``), so attempt 2 must resume from the checkpoint before it; attempt 2 finishes.
+   (C, finished in attempt 0, is not replayed.)
 3. ``reshard``: a job at another world size resumes from A's checkpoint of step 9 (a copy of A's
    directory without its last checkpoint) and trains steps 10-12: it must start from the 2-rank run's
    state and continue the same global sample stream (the data position counts the samples all ranks
@@ -44,6 +46,8 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | steps not reported to on_step as numbered | "the first step the uninterrupted run reported ... was step 2 ..." |
 | checkpoints not pruned | "after 12 steps saving every 3 with keep=2 the directory holds [...]: ..." |
 | an interrupted write loaded (no staging and commit) | "rank 1 was killed while writing step 6's checkpoint ..." |
+| a checkpoint complete before every rank's files are in it | "... inside step 9's save_checkpoint, ..." |
+| a checkpoint committed before every rank's files are in it | "rank 1 wrote into ... after rank 0 had committed it" |
 | a checkpoint collective called on some ranks only | "dcp.save ran on rank 0 (at step 3) but not on rank 1: ..." |
 | a checkpoint written on some ranks only | (RuntimeError "Parent directory ... does not exist") "... dcp.save ..." |
 | dcp.load of a key the checkpoint lacks | (RuntimeError "Missing key in checkpoint state_dict") "dcp.load fills ..." |
@@ -62,8 +66,8 @@ from ...grader.launches import launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, against_reference, diagnose_resume, exact, interrupted_write_loaded, not_pruned,
-                     one_sided_collective, restart_error)
+from .causes import (KNOWN_ERRORS, against_reference, committed_under_a_rank, complete_too_early, diagnose_resume,
+                     exact, interrupted_write_loaded, not_pruned, one_sided_collective, restart_error)
 from .observations import WORLD, FinalState, Run
 from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL
 from .reshard import reshards, stream_continues
@@ -131,9 +135,13 @@ def fresh_job_resumes(run: Run) -> Verdict:
 
 @criterion("an interrupted write is never loaded", points=2)
 def interrupted_write_never_loaded(run: Run) -> Verdict:
-    if why := interrupted_write_loaded(run):
+    if why := interrupted_write_loaded(run) or complete_too_early(run):
         return failed(why)
-    return passed(f"killed inside step {INTERRUPTED}'s write; resumed from step {RESUMED_FROM}")
+    kill, again = run.commit_kill("B"), ""
+    if kill is not None and kill.at != "step":
+        again = (f"; killed again inside step {kill.after + 1}'s save, after dcp.save and before rank 1's {kill.at}: "
+                 f"the newest complete checkpoint was step {kill.complete}'s")
+    return passed(f"killed inside step {INTERRUPTED}'s write; resumed from step {RESUMED_FROM}{again}")
 
 
 @criterion("torchrun --max-restarts resumes exactly", points=2)
@@ -141,8 +149,8 @@ def restart_resumes(run: Run) -> Verdict:
     # Attempt 1 must match the uninterrupted run step by step until it is killed again.
     att1 = run.attempt_steps(1)
     diag = diagnose_resume(run, run.records("B", attempt=1))
-    if att1 and att1[-1] == SECOND_KILL and not diag:
-        return passed(f"steps {att1[0]}-{SECOND_KILL} identical to the uninterrupted run")
+    if att1 and att1[-1] >= SECOND_KILL and not diag:
+        return passed(f"steps {att1[0]}-{att1[-1]} identical to the uninterrupted run")
     return failed(diag or f"not checked: the first restart did not run to step {SECOND_KILL} "
                           f"({restart_error(run) or 'no records'})")
 
@@ -169,7 +177,8 @@ def criteria(scenarios: Sequence[str] = SCENARIOS) -> list:
 def _failure(run: Run, path: Path, err: LaunchError | None) -> str:
     """Why the uninterrupted run failed: a one-sided collective, else the error as grader.main explains it."""
     from ...grader.main import explain
-    cause = one_sided_collective(run, "A") or one_sided_collective(run, "C", tag="first")
+    cause = committed_under_a_rank(run, err) or one_sided_collective(run, "A") or \
+        one_sided_collective(run, "C", tag="first")
     if err is None:
         return cause or "the uninterrupted run returned no final state"
     if cause:

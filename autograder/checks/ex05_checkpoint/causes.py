@@ -10,7 +10,11 @@ other causes themselves.
 """
 from __future__ import annotations
 
-from distlab import LaunchError, pick_backend
+import re
+from pathlib import Path
+
+from distlab import LaunchError, RankFailure, pick_backend
+from distlab.checkpoint import final_path
 
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
@@ -21,8 +25,9 @@ from .reference import BATCH_SIZE, ReferenceStep, contract_batch, reference_run
 
 KNOWN_ERRORS = [
     KnownError("a checkpoint written on some ranks only", r"Parent directory \S*\.tmp-step_\d+ does not exist",
-               "this rank's staging directory was never made: dcp.save (which makes it) ran on other ranks only. "
-               "Every rank calls get_state_dict and dcp.save, then saves its own RNG state"),
+               "the staging directory did not exist when this rank wrote into it: dcp.save makes it, on every rank "
+               "that calls it, and commit() renames it. Every rank calls get_state_dict and dcp.save, then saves its "
+               "own RNG state; rank 0 commits after a barrier"),
     KnownError("dcp.load of a key the checkpoint lacks", r"Missing key in checkpoint state_dict",
                "dcp.load fills the keys of the dict you pass it, and each must have been saved: build the same "
                "structure save_checkpoint saved (get_state_dict gives the tensors to load into)"),
@@ -53,6 +58,21 @@ def one_sided_collective(run: Run, name: str, world: int = WORLD, **match) -> st
                     "collective, so every rank calls it (each writes or reads its own shards); do not put it under "
                     "`if rank == 0:`")
     return None
+
+
+@mistake("a checkpoint committed before every rank's files are in it")
+def committed_under_a_rank(run: Run, err: LaunchError | None) -> str | None:
+    """A rank's write into a staging directory that failed because rank 0 had already renamed it."""
+    found = re.search(r"Parent directory (\S*)\.tmp-step_(\d+) does not exist", str(getattr(err, "exc_message", "")))
+    if not (isinstance(err, RankFailure) and found):
+        return None
+    root, step = Path(found.group(1)), int(found.group(2))
+    if not (final_path(root, step) / ".metadata").is_file():
+        return None
+    return (f"rank {err.rank} wrote into step {step}'s staging directory ({root.name}/.tmp-step_{step:08d}) after "
+            f"rank 0 had committed it (renamed it to step_{step:08d}), so its own file never got there: rank 0 "
+            "committed before every rank had written its files. Call dist.barrier() on every rank once its own "
+            "files are written, and have rank 0 commit only after it")
 
 
 def restart_error(run: Run) -> str | LaunchError | None:
@@ -243,11 +263,35 @@ def interrupted_write_loaded(run: Run) -> str | None:
     if att1 and att1[0] == RESUMED_FROM + 1:
         return None
     err = restart_error(run)
+    staging = re.search(r"\.tmp-step_(\d+)", str(err or ""))
+    if staging:  # the resume read a staging directory
+        return (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, "
+                f"which should resume from step {RESUMED_FROM}, but it read the staging directory "
+                f".tmp-step_{staging.group(1)}, whose write had not finished, and never trained again ({err}). Load "
+                "only the checkpoint latest_complete() returns: it never returns a .tmp- directory")
     seen = f"it resumed at step {att1[0]}" if att1 else f"it never trained again ({err})" if err else "no steps ran"
-    return (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, which "
-            f"should resume from step {RESUMED_FROM}, but {seen}. Write into staging_path(), commit() on rank 0 "
-            "after a barrier, and load only latest_complete()")
+    return (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, "
+            f"which should resume from step {RESUMED_FROM}, but {seen}. A checkpoint may look complete only once "
+            "every rank's files are in it: write into staging_path(), and have rank 0 commit it only after a "
+            "dist.barrier(); load only the checkpoint latest_complete() returns")
 
+
+@mistake("a checkpoint complete before every rank's files are in it")
+def complete_too_early(run: Run) -> str | None:
+    """The second kill (``commit_kill``) found the checkpoint being saved already complete, though rank 1 had
+    not yet made its own ``torch.save`` or reached the barrier: written in place, or committed without waiting."""
+    kill = run.commit_kill("B")
+    if kill is None or kill.at == "step" or kill.complete is None or kill.complete <= kill.after:
+        return None
+    att2 = run.attempt_steps(2)
+    then = (f"the restarted job resumed from it (its first step was {att2[0]})" if att2 and att2[0] == kill.complete + 1
+            else f"the restarted job's first step was {att2[0]}" if att2 else "the restarted job trained no step")
+    return (f"rank 1 was killed inside step {kill.complete}'s save_checkpoint, after dcp.save had returned and before "
+            f"its {kill.at} at {kill.line}; step {kill.complete}'s checkpoint already looked complete to "
+            f"latest_complete() then (its directory and DCP's .metadata were in place), and {then}, without what "
+            "rank 1 had still to write. A checkpoint may look complete only once every rank has written all of it: "
+            "write into staging_path(), and have rank 0 commit it only after a dist.barrier() that every rank reaches "
+            "with its own files written")
 
 
 def _near(a: float, b: float) -> bool:

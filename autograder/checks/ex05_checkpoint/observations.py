@@ -72,6 +72,16 @@ class ErrorRecord(Observation):
 
 
 @dataclass
+class CommitKillRecord(Observation):
+    """Where rank 1 was killed inside a checkpoint's save (``commit_kill``), and what looked complete then."""
+
+    at: str                 # "torch.save" or "dist.barrier" (the learner's call it was about to make), or "step"
+    line: str | None        # that call's line in the learner's file ("ex05_checkpoint.py:95")
+    complete: int | None    # the step latest_complete() found at the kill (None: no checkpoint)
+    after: int              # the step after which the kill was armed (the save killed is the next one)
+
+
+@dataclass
 class FinalState(Observation):
     """A finished phase's trained state, which rank 0 saves (the full, unsharded state)."""
 
@@ -140,6 +150,10 @@ class Run:
     def final(self, name: str) -> FinalState | None:
         f = self.out / f"{name}-final.pt"
         return FinalState.from_wire(torch.load(f, weights_only=True)) if f.is_file() else None
+
+    def commit_kill(self, name: str) -> CommitKillRecord | None:
+        f = self.out / f"{name}-commit-kill.json"
+        return CommitKillRecord.from_wire(json.loads(f.read_text())) if f.is_file() else None
 
     def attempt_steps(self, attempt: int) -> list[int]:
         """The steps rank 0 trained in B during torchrun attempt ``attempt``."""

@@ -5,8 +5,9 @@ A launch runs, for each learner file, a list of *phases* (one ``train`` call
 each, on its own checkpoint directory). A phase can end with every rank
 raising :class:`Stopped` after a given step (the job ends there, so a new job
 can resume: several files share such a launch), or with rank 1 SIGKILLing
-itself after a given step or inside its N-th DCP write (its shard on disk,
-DCP's ``.metadata`` not), chosen per torchrun attempt. Every rank appends one
+itself after a given step, inside its N-th DCP write (its shard on disk,
+DCP's ``.metadata`` not), or inside the next save after a given step, after
+DCP's save and before its own files (``commit_kill``), chosen per torchrun attempt. Every rank appends one
 record per step to a file: the step, the sample indices it read, the float64
 sum of its local parameter shards and the learning rate after the step (the
 scheduler's next value), and a snapshot taken just
@@ -22,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from distlab.data import RecordingDataset, synthetic_classification
 from distlab.measure.memory import local_tensor
 
 from ...rank import CapturedPrints, Replace, echo, learner_frame, load_learner, trace
+from .commit_kill import CommitKill, die
 from .observations import CallRecord, ErrorRecord, FinalState, PreStep, RankObservation, StepRecord
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
@@ -47,7 +48,8 @@ DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the 
 SCENARIOS = ("fresh", "restart", "reshard")
 FRESH_STOP = 5                 # fresh-job scenario: stopped after step 5, resumes from step 3
 WRITE_KILL = 2                 # restart scenario, attempt 0: killed inside the 2nd checkpoint write (step 6)
-SECOND_KILL = 8                # restart scenario, attempt 1: killed after step 8, resumes from step 6
+SECOND_KILL = 8                # restart scenario, attempt 1: killed inside step 9's save_checkpoint, after
+                               # DCP's save, before rank 1's own files (commit_kill); resumes from step 6
 RESUMED_FROM = RUN["save_every"] * (WRITE_KILL - 1)  # the last checkpoint committed before the killed write
 INTERRUPTED = RUN["save_every"] * WRITE_KILL         # the step whose checkpoint write was killed
 RESHARD_FROM = RUN["steps"] - RUN["save_every"]     # reshard scenario: resumes from A's step 9, trains 10-12
@@ -57,8 +59,10 @@ COLLECTIVES = [(dcp, n, f"dcp.{n}") for n in ("save", "load", "async_save")] + [
     (dcp_state, n, n) for n in ("get_state_dict", "set_state_dict", "get_model_state_dict", "get_optimizer_state_dict",
                                 "set_model_state_dict", "set_optimizer_state_dict")]
 TORCH_SAVES = [(torch, "save", "torch.save"), (torch.serialization, "save", "torch.save")]  # logged, not collectives
+# watched, not logged: where the restart scenario's second kill lands (commit_kill)
+BARRIERS = [(dist, "barrier", "dist.barrier"), (dist.distributed_c10d, "barrier", "dist.barrier")]
 # the phase running: the learner's file, its call log, tag, last step, snapshot
-_now = {"path": None, "log": None, "tag": "", "step": 0, "pre": None}
+_now = {"path": None, "log": None, "tag": "", "step": 0, "pre": None, "commit": None}
 
 
 class Stopped(BaseException):
@@ -68,12 +72,6 @@ class Stopped(BaseException):
 def _restart_count() -> int:
     """Which torchrun attempt this is: 0, then 1 after the first restart (the records' ``attempt``)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-def _die() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _rng_hash() -> str:
@@ -109,7 +107,8 @@ def _learner_line() -> tuple[str, int] | None:
 def _spy(name: str):
     def make(real):
         def spy(*args, **kwargs):
-            if _now["log"] is not None and (name != "torch.save" or _learner_line()):
+            where = _learner_line() if name in ("torch.save", "dist.barrier") else None
+            if _now["log"] is not None and name != "dist.barrier" and (name != "torch.save" or where):
                 # logged before the call: a call that hangs or raises is on disk already; a save with what it held
                 call = CallRecord(call=name, after_step=_now["step"], attempt=_restart_count(), tag=_now["tag"])
                 if "save" in name or "load" in name:
@@ -117,7 +116,13 @@ def _spy(name: str):
                     call.file, call.line = _learner_line() or (None, None)
                 _now["log"].write(json.dumps(call.to_wire()) + "\n")
                 _now["log"].flush()
-            return real(*args, **kwargs)
+            commit = _now["commit"]
+            if commit is not None and where:
+                commit.reached(name, f"{where[0]}:{where[1]}")  # rank 1 may die here (commit_kill)
+            result = real(*args, **kwargs)
+            if commit is not None and name in ("dcp.save", "dcp.async_save"):
+                commit.dcp_saved()
+            return result
         return spy
     return make
 
@@ -126,7 +131,7 @@ def _collective_spies() -> Replace:
     """Entered before the learner's file is imported, so ``from ... import get_state_dict`` (or
     ``state_dict_saver.save``) binds the spy too (:class:`~autograder.rank.Replace`); the learner's own
     ``torch.save`` calls (each rank's RNG state) are logged too, with what they held (not a collective)."""
-    return Replace({(module, name): _spy(label) for module, name, label in COLLECTIVES + TORCH_SAVES
+    return Replace({(module, name): _spy(label) for module, name, label in COLLECTIVES + TORCH_SAVES + BARRIERS
                     if getattr(module, name, None) is not None})
 
 
@@ -147,7 +152,8 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
     hook = register_optimizer_step_pre_hook(_snapshot)
     with open(outdir / f"{name}-rank{rank}.jsonl", "a") as log, \
             open(outdir / f"{name}-calls-rank{rank}.jsonl", "a") as calls, _killed_in_write(kill_write):
-        _now.update(path=learner.__file__, log=calls, tag=phase["tag"], step=0, pre=None)
+        _now.update(path=learner.__file__, log=calls, tag=phase["tag"], step=0, pre=None,
+                    commit=CommitKill(phase, rank, attempt, outdir))
         try:
             with CapturedPrints() as out:
                 returned = learner.train(phase["dir"], data, steps=phase["steps"], save_every=RUN["save_every"],
@@ -162,7 +168,7 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
             _record_error(outdir / f"{name}-errors.jsonl", exc, learner.__file__)
             raise
         finally:
-            _now["log"] = None
+            _now["log"] = _now["commit"] = None
             hook.remove()
     echo(out.lines)
     if not (isinstance(returned, (tuple, list)) and len(returned) == 4):
@@ -183,7 +189,8 @@ def _step_recorder(data: RecordingDataset, log, phase: dict, kill_step: int | No
         log.write(json.dumps(rec.to_wire()) + "\n")
         log.flush()  # a killed process writes nothing more: what it recorded must be on disk already
         if kill_step is not None and step == kill_step:
-            _die()
+            die()
+        _now["commit"].reported(int(step))
         if step == phase.get("stop_step"):
             raise Stopped()
 
@@ -201,7 +208,7 @@ def _killed_in_write(kill_write: int | None) -> Replace:
             fut.wait()
             writes["n"] += 1
             if kill_write is not None and writes["n"] == kill_write:
-                _die()  # this rank's shard is written; DCP's .metadata never will be
+                die()  # this rank's shard is written; DCP's .metadata never will be
             return fut
         return write_data
 

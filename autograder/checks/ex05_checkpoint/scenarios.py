@@ -86,7 +86,7 @@ def run_scenarios(paths: Sequence[str], outdirs: Sequence[str], wanted: Sequence
 
     for k, j in enumerate(restart):
         files = (guests if k == 0 else []) + [j]
-        b = phase(j, "B", tag="restart", kill_write={"0": WRITE_KILL}, kill_step={"1": SECOND_KILL})
+        b = phase(j, "B", tag="restart", kill_write={"0": WRITE_KILL}, kill_commit={"1": SECOND_KILL})
         phases = [resume(i) + ([b] if i == j else []) for i in files]
         out[j]["resume"], out[j]["resume_launch_s"] = _launch(
             [paths[i] for i in files], [outdirs[i] for i in files], phases, WORLD, timeout("resume", len(files)),
