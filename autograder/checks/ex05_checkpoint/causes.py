@@ -263,17 +263,16 @@ def interrupted_write_loaded(run: Run) -> str | None:
     if att1 and att1[0] == RESUMED_FROM + 1:
         return None
     err = restart_error(run)
-    staging = re.search(r"\.tmp-step_(\d+)", str(err or ""))
-    if staging:  # the resume read a staging directory
-        return (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, "
-                f"which should resume from step {RESUMED_FROM}, but it read the staging directory "
-                f".tmp-step_{staging.group(1)}, whose write had not finished, and never trained again ({err}). Load "
-                "only the checkpoint latest_complete() returns: it never returns a .tmp- directory")
+    head = (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, which "
+            f"should resume from step {RESUMED_FROM}, but")
+    if staging := re.search(r"\.tmp-step_(\d+)", str(err or "")):  # the resume read a staging directory
+        return (f"{head} it read the staging directory .tmp-step_{staging.group(1)}, whose write had not finished, "
+                f"and never trained again ({err}). Load only the checkpoint latest_complete() returns: it never "
+                "returns a .tmp- directory")
     seen = f"it resumed at step {att1[0]}" if att1 else f"it never trained again ({err})" if err else "no steps ran"
-    return (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, "
-            f"which should resume from step {RESUMED_FROM}, but {seen}. A checkpoint may look complete only once "
-            "every rank's files are in it: write into staging_path(), and have rank 0 commit it only after a "
-            "dist.barrier(); load only the checkpoint latest_complete() returns")
+    return (f"{head} {seen}. A checkpoint may look complete only once every rank's files are in it: write into "
+            "staging_path(), and have rank 0 commit it only after a dist.barrier(); load only the checkpoint "
+            "latest_complete() returns")
 
 
 @mistake("a checkpoint complete before every rank's files are in it")
