@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 from ...grader.diagnosis import KnownError, mistake, translate
-from .observations import Compared, PrecisionRun, Run, Scaler
-from .workloads import BATCH, MAX_NORM, MEMORY_TRUTH, SHARED, reference_fp32
+from .observations import Compared, Measure, PrecisionRun, Run, Scaler
+from .workloads import BATCH, MAX_NORM, MEMORY_TRUTH, MIN_RUN_TIME, SHARED, WARMUP, reference_fp32
 
 KNOWN_ERRORS = [
     KnownError("scaler.update() not called",
@@ -55,6 +55,22 @@ def real_missing(run: Run) -> str:
     """Feedback when the real model's compare() left out keys of the contract ("" if none, or if it did not run)."""
     r = run.obs.real
     return "" if r.error or r.skipped else missing(r.keys(), ("speedup", "baseline_s", "candidate_s", "memory_ratio"))
+
+
+@mistake("compare does not pass its timing settings on")
+def timing_not_passed(m: Measure) -> str | None:
+    """A call of median_seconds from compare with other settings than compare was given (both known numbers)."""
+    given = {"warmup": WARMUP, "min_run_time": MIN_RUN_TIME}
+    for call in m.timing_calls:
+        ran = {"warmup": call.warmup, "min_run_time": call.min_run_time}
+        if None in ran.values() or ran == given:
+            continue
+        other = [k for k in given if ran[k] != given[k]]
+        where = f" at {call.line}" if call.line else ""
+        return (f"compare called median_seconds{where} with {' and '.join(f'{k}={ran[k]:g}' for k in other)}, not the "
+                f"{' and '.join(f'{k}={given[k]:g}' for k in other)} compare was given: pass compare's warmup and "
+                "min_run_time on to median_seconds")
+    return None
 
 
 @mistake("saved_bytes counts tensors, not storages")

@@ -81,11 +81,22 @@ class Compared(Observation):
 
 
 @dataclass
+class TimingCall(Observation):
+    """One call ``compare`` made of the learner's ``median_seconds``: the settings it ran with (its own
+    defaults filled in where the call gave none), and the learner's line that called it."""
+
+    warmup: float | None
+    min_run_time: float | None
+    line: str  # "ex03_amp.py:145" ("" when the caller was not the learner's file)
+
+
+@dataclass
 class Measure(Observation):
     """``compare`` on every simulated workload, under its virtual clock."""
 
     cases: dict[str, Compared] = field(default_factory=dict)  # keyed by workload ("steady", "warmup", ...)
     error: str = ""                                           # what compare raised ("" if it ran)
+    timing_calls: list[TimingCall] = field(default_factory=list)  # compare's calls of median_seconds
 
 
 # The grader's own entries of the real model's observation, beside what compare returned.

@@ -24,6 +24,9 @@ class Windows(Observation):
     norms: list[float] = field(default_factory=list)
     # per window that returned, the loss accumulated_step returned
     losses: list[float] = field(default_factory=list)
+    # per window that returned, the mean cross-entropy of the model's own forwards in it (each output against
+    # its micro-batch's labels, in float32); None where it made other than one forward per micro-batch
+    forward_means: list[float | None] = field(default_factory=list)
     # per window, the scaler's scale before and after it
     scales: list[tuple[float, float]] = field(default_factory=list)
     # whether the last window that returned left every weight as it was (a skipped window)

@@ -68,7 +68,13 @@ def _windows(learner, device: torch.device, windows: list[int], max_norm: float,
             micro[inf_micro] = (bad, micro[inf_micro][1])
         before, scale_before = cpu_state(model), rec.scaler.get_scale()
         rec.events.clear()
-        loss, exc = attempt(learner.accumulated_step, model, rec.opt, micro, scaler=rec.scaler, max_norm=max_norm)
+        outputs: list[torch.Tensor] = []
+        hook = model.register_forward_hook(lambda mod, args, y: outputs.append(y.detach().float()))
+        try:
+            loss, exc = attempt(learner.accumulated_step, model, rec.opt, micro, scaler=rec.scaler,
+                                max_norm=max_norm)
+        finally:
+            hook.remove()
         out.events.append(list(rec.events))
         out.scales.append((scale_before, rec.scaler.get_scale()))
         if exc is not None:
@@ -76,11 +82,20 @@ def _windows(learner, device: torch.device, windows: list[int], max_norm: float,
             out.error = raised(exc, learner.__file__) + (f" (line {frame.lineno}: {frame.line})" if frame else "")
             break
         out.losses.append(float(loss))
+        out.forward_means.append(_forward_mean(outputs, micro))
         after = cpu_state(model)
         out.unchanged = all(torch.equal(before[n], after[n]) for n in before)
     out.norms = list(rec.norms)
     out.state = cpu_state(model)
     return out
+
+
+def _forward_mean(outputs: list[torch.Tensor], micro: list[tuple[torch.Tensor, torch.Tensor]]) -> float | None:
+    """The window's loss as the learner's own forwards computed it: the mean of each micro-batch's mean
+    cross-entropy (the micro-batches are of one size), where there was one forward per micro-batch."""
+    if len(outputs) != len(micro) or any(o.shape[0] != y.shape[0] for o, (_, y) in zip(outputs, micro)):
+        return None
+    return float(torch.stack([nn.functional.cross_entropy(o, y) for o, (_, y) in zip(outputs, micro)]).mean())
 
 
 def observe(learner, device: torch.device) -> Accumulation:
