@@ -38,6 +38,16 @@ MISTAKES = {
     "f's backward returns nothing": {F_REDUCE + "        return grad\n": F_REDUCE},
     "column forward returns nothing": {"        return F.linear(CopyToParallelRegion":
                                        "        F.linear(CopyToParallelRegion"},
+    # f communicating in the forward (a classic of Megatron's conjugate pair); g through an autograd all-reduce,
+    # whose backward all-reduces again; the row bias inside the partial sums, split or on rank 0 only
+    "f reduces in the forward": {"        ### BEGIN SOLUTION\n        return x\n":
+                                 "        ### BEGIN SOLUTION\n        x = x.clone()\n        dist.all_reduce(x)\n"
+                                 "        return x\n"},
+    "g by torch.distributed.nn": {"import torch.distributed as dist\n": "import torch.distributed as dist\n"
+                                  "import torch.distributed.nn.functional as dist_nn\n",
+                                  ROW_FORWARD: "dist_nn.all_reduce(F.linear(x, self.weight)) + self.bias"},
+    "bias split over the ranks": {ROW_FORWARD: "ReduceFromParallelRegion.apply(F.linear(x, self.weight, "
+                                  "self.bias / dist.get_world_size()))"},
     # Right numbers, one collective too many: no cause to name, the count by kind says it.
     "input broadcast first": {COLUMN_FORWARD: "        with torch.no_grad():\n            dist.broadcast(x, src=0)\n"
                               + COLUMN_FORWARD},
@@ -125,6 +135,16 @@ def test_bias_on_every_rank_is_counted(w2):
     for said in f.values():
         assert "partial sum holds 1.00x the bias" in said and "summed it 2 times" in said
         assert "plus 1x the bias" in said and "once, after ReduceFromParallelRegion" in said
+
+
+def test_f_in_the_forward_g_in_the_backward_and_a_split_bias_are_named(w2):
+    assert "an all-reduce in ColumnParallelLinear, on its 12x16 input (the same x on every rank, so the column " \
+        "layer computed with 2·x), besides g's in RowParallelLinear" in failed(w2["f reduces in the forward"])[FWD_COMM]
+    g = failed(w2["g by torch.distributed.nn"])
+    assert FWD_COMM not in g and OUTPUT not in g  # its forward is right
+    assert "its all-reduce 1 summed a 12x16 gradient that was the same on every rank" in g[BWD_COMM]
+    bias = failed(w2["bias split over the ranks"])[BIAS]
+    assert "(rank 0's 0.50x, rank 1's 0.50x)" in bias and "once, after ReduceFromParallelRegion" in bias
 
 
 def test_a_shard_cut_along_the_wrong_dimension_is_located(w2):
@@ -266,6 +286,9 @@ W4_SAYS = {
     "g's backward returns nothing": "the gradient stopped at ReduceFromParallelRegion.backward",
     "f's backward returns nothing": "CopyToParallelRegion.backward returned None (its all-reduce of 12x16 ran)",
     "column forward returns nothing": "ColumnParallelLinear.forward returned None, not a tensor",
+    "f reduces in the forward": "the column layer computed with 4·x), besides g's in RowParallelLinear",
+    "g by torch.distributed.nn": "was the same on every rank (the block output's), so everything below it is 4x",
+    "bias split over the ranks": "(rank 0's 0.25x, rank 1's 0.25x, rank 2's 0.25x, rank 3's 0.25x)",
 }
 
 

@@ -19,7 +19,10 @@ huggingface/picotron's ``tensor_parallel.py``) the check verifies:
 | f and g swapped: the all-reduce in the wrong operator | "the forward's all-reduce ran in ColumnParallelLinear ..." |
 | no all-reduce in the backward (f's backward is the identity) | "the backward made no all-reduce, so each rank's ..." |
 | no all-reduce in the forward (g's forward is the identity) | "the forward made no all-reduce, so each rank ..." |
+| f all-reduces in the forward | "the forward made an all-reduce in ColumnParallelLinear, ..., besides g's ..." |
+| g all-reduces in the backward too | "the backward made 2 all-reduces; its all-reduce 1 summed a 12x16 gradient ..." |
 | the bias added on every rank, before the all-reduce | "each of the 2 ranks added the row bias before ..." |
+| the row bias inside the partial sums | "the output holds the row bias once, but inside the partial sums ..." |
 | a shard cut along the wrong dimension | "rank 0's ColumnParallelLinear.weight is 96x8: columns 0:8 of ..." |
 | a shard that is not the rank's own | "rank 1's ColumnParallelLinear.weight holds rows 0:48 ..., rank 0's shard" |
 | the input not replicated: split across the ranks | "ColumnParallelLinear returned 6 rows for the 12-row input ..." |
@@ -44,9 +47,10 @@ from ...grader.launches import launch_files, launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, averaged, bias_on_every_rank, describe, forward_returned_nothing,
-                     gradient_stopped, input_not_replicated, no_backward_reduce, no_forward_reduce, not_own_shard,
-                     summary, swapped, unsplit_kept, view_kept, wrong_dimension)
+from .causes import (KNOWN_ERRORS, averaged, bias_in_partial_sums, bias_on_every_rank, describe,
+                     f_reduces_forward, forward_returned_nothing, g_reduces_backward, gradient_stopped,
+                     input_not_replicated, no_backward_reduce, no_forward_reduce, not_own_shard, summary, swapped,
+                     unsplit_kept, view_kept, wrong_dimension)
 from .observations import Run
 from .probes import rank_main
 from .reference import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
@@ -160,7 +164,7 @@ def bias_once(run: Run) -> Verdict:
     before, total = fit.before, fit.total
     if max(abs(k) for k in before) < 1e-3 and abs(total - 1) < 1e-3:  # float32 leaves ~1e-7; a misplaced bias >= 1/W
         return passed("no rank's partial sum holds the bias; the output holds it once")
-    return failed(diagnose([bias_on_every_rank], run, "bias") or
+    return failed(diagnose([bias_on_every_rank, bias_in_partial_sums], run, "bias") or
                   f"the output holds {total:.2f}x the bias, {sum(before):.2f}x of it in the partial sums the "
                   "all-reduce added up: add self.bias once, after ReduceFromParallelRegion")
 
@@ -172,7 +176,7 @@ def forward_communication(run: Run) -> Verdict:
     for obs in run.ranks:
         calls = run.calls(obs.rank, "forward")
         if [(c.kind, c.layer) for c in calls] != [("all_reduce", "row")]:
-            return failed(diagnose([swapped, no_forward_reduce], run, "communication") or
+            return failed(diagnose([swapped, f_reduces_forward, no_forward_reduce], run, "communication") or
                           f"rank {obs.rank}'s forward made {summary(calls)}: the block needs one all-reduce, g's, "
                           "of RowParallelLinear's partial sums, and no other collective")
     return passed(f"one all-reduce of {B}x{D} per rank")
@@ -225,7 +229,7 @@ def backward_communication(run: Run) -> Verdict:
     for obs in run.ranks:
         calls = run.calls(obs.rank, "backward")
         if [(c.kind, c.shape) for c in calls] != [("all_reduce", [B, D])]:
-            return failed(diagnose([swapped, no_backward_reduce], run, "communication") or
+            return failed(diagnose([swapped, g_reduces_backward, no_backward_reduce], run, "communication") or
                           f"rank {obs.rank}'s backward made {summary(calls)}: the block needs one all-reduce, f's, "
                           f"of the {B}x{D} input's gradient, and no other collective")
     # What the all-reduce produced must be what reached x.grad: the sum of what the ranks put in.

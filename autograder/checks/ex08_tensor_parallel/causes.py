@@ -96,6 +96,42 @@ def swapped(run: Run, part: str) -> str | None:
             "row layer's partial sums")
 
 
+@mistake("f all-reduces in the forward")
+def f_reduces_forward(run: Run, part: str) -> str | None:
+    """g's all-reduce in RowParallelLinear, and another in ColumnParallelLinear's forward: f communicating."""
+    forward = run.calls(0, "forward", "all_reduce")
+    in_column = [c for c in forward if c.layer == "column"]
+    if not in_column or not any(c.layer == "row" for c in forward):
+        return None
+    first = [next((c.input for c in run.calls(r, "forward", "all_reduce") if c.layer == "column"), None)
+             for r in range(run.world)]
+    same = all(t is not None and torch.equal(t, first[0]) for t in first)
+    backward = len(run.calls(0, "backward", "all_reduce"))
+    made = "no all-reduce" if backward == 0 else f"{backward} all-reduce{'s' if backward > 1 else ''}"
+    return (f"the forward made an all-reduce in ColumnParallelLinear, on its {_shape(in_column[0].shape)} input"
+            + (f" (the same x on every rank, so the column layer computed with {run.world}·x)" if same else "")
+            + f", besides g's in RowParallelLinear, and rank 0's backward made {made}: "
+            "CopyToParallelRegion (f) is the identity in the forward and all-reduces the gradient in the backward")
+
+
+@mistake("g all-reduces in the backward too")
+def g_reduces_backward(run: Run, part: str) -> str | None:
+    """A backward all-reduce of a tensor that is the same on every rank: the block output's gradient, which only
+    a g whose backward communicates (an autograd all-reduce) would sum."""
+    reduces = [run.calls(r, "backward", "all_reduce") for r in range(run.world)]
+    if len({len(calls) for calls in reduces}) != 1 or len(reduces[0]) < 2:
+        return None
+    for i, call in enumerate(reduces[0]):
+        if call.input is not None and all(calls[i].input is not None and torch.equal(calls[i].input, call.input)
+                                          for calls in reduces):
+            return (f"the backward made {len(reduces[0])} all-reduces; its all-reduce {i + 1} summed a "
+                    f"{_shape(call.shape)} gradient that was the same on every rank (the block output's), so "
+                    f"everything below it is {run.world}x too large: ReduceFromParallelRegion (g) must be the "
+                    "identity in the backward (torch.distributed.nn.functional.all_reduce, whose backward "
+                    "all-reduces, is not g)")
+    return None
+
+
 @mistake("no all-reduce in the forward (g's forward is the identity)")
 def no_forward_reduce(run: Run, part: str) -> str | None:
     outs, ref = [obs.out for obs in run.ranks], run.ref.out
@@ -136,6 +172,20 @@ def bias_on_every_rank(run: Run, part: str) -> str | None:
             f"{sum(fit.before) / run.world:.2f}x the bias), so the all-reduce summed it {run.world} times: the "
             f"output is the unsplit block's plus {fit.total - 1:.0f}x the bias (max abs difference {off:.3g}). "
             "Add self.bias once, after ReduceFromParallelRegion")
+
+
+@mistake("the row bias inside the partial sums")
+def bias_in_partial_sums(run: Run, part: str) -> str | None:
+    """The output holds the bias once, but it went through the all-reduce in the ranks' partial sums."""
+    fit = run.bias_fit()
+    if not fit or not fit.fits or abs(fit.total - 1) > 1e-2 or abs(sum(fit.before) - 1) > 1e-2:
+        return None
+    shares = [k if abs(k) > 5e-3 else 0.0 for k in fit.before]
+    held = ", ".join(f"rank {r}'s {k:.2f}x" for r, k in enumerate(shares))
+    short = ", ".join(f"rank {r}'s {k:.2f}x" for r, k in enumerate(shares) if abs(k - 1) > 1e-2)
+    return (f"the output holds the row bias once, but inside the partial sums the all-reduce added up ({held}); a "
+            f"rank's bias then gets its share of the bias's gradient ({short} of the unsplit layer's), where every "
+            "rank's must get all of it: add self.bias once, after ReduceFromParallelRegion, on every rank")
 
 
 @mistake("a shard cut along the wrong dimension")
