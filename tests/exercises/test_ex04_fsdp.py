@@ -105,6 +105,8 @@ FSDP1_EXPORT = {
         "    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):\n"
         "        state = model.state_dict()\n",
 }
+Z1_CLAMPED = {"    return rank * size, (rank + 1) * size\n":
+              "    return min(rank * size, numel), min((rank + 1) * size, numel)\n"}
 FILES = {"mistakes": MISTAKES, "no_save_no_reshard_no_zero_grad": NO_SAVE_NO_RESHARD_NO_ZERO_GRAD,
          "rank0_state_dict_root_unsharded": RANK0_STATE_DICT_ROOT_UNSHARDED, "no_cpu_offload": NO_CPU_OFFLOAD,
          "fsdp1_export": FSDP1_EXPORT, "z1_padding_no_part2": Z1_PADDING_NO_PART2,
@@ -125,6 +127,9 @@ def graded(tmp_path_factory) -> dict:
     for name, change in FILES.items():
         paths[name] = mutant(tmp_path_factory.mktemp(name), "ex04_fsdp.py", change)
     paths["independent"] = independent.path(4)
+    # last: its unequal shards end the launch in gloo (SIGABRT, as a rule); the files before it are graded
+    # from what their ranks kept, and its own part 2 too
+    paths["z1_clamped_last"] = mutant(tmp_path_factory.mktemp("clamped"), "ex04_fsdp.py", Z1_CLAMPED)
     graded = dict(zip(paths, ex04_fsdp.grade(list(paths.values()), world_sizes=(2,))))
     return graded
 
@@ -246,6 +251,15 @@ def test_dropped_padding_is_named_and_part1_graded_without_part2(graded):
     assert fails[Z1_STATE] == fails[Z1_COMM] == f"not checked: part 1 raised (see '{Z1_PARITY}')"
     assert fails[EXPORT].startswith("part 2: not implemented yet (ex04_fsdp.py line ") and "in train_fsdp" in \
         fails[EXPORT]
+
+
+def test_unequal_shards_cost_part_1_only_even_when_gloo_aborts(graded):
+    fails = failed(graded["z1_clamped_last"])
+    assert set(fails) == {Z1_RANGE, Z1_PARITY, Z1_STATE, Z1_COMM}, fails  # part 2 graded, and in full
+    assert fails[Z1_PARITY].startswith("shard_range(21489, 2, r) gave [[0, 10745], [10745, 21489]]: rank 0's slice "
+                                       "has 10745 elements, rank 1's 10744"), fails[Z1_PARITY]
+    for before in ("solution", "independent"):  # graded from what their ranks kept before the launch ended
+        assert graded[before].score == graded[before].max_score, graded[before].feedback
 
 
 def test_gathered_shards_never_written_back_are_named(graded):

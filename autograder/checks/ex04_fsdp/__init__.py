@@ -29,6 +29,7 @@ training is still graded:
 | mistake | message |
 |---|---|
 | shard_range drops the padding | "shard_range(21489, 2, r) gave [[0, 10744], [10744, 21488]]: slices of 10744 ..." |
+| ZeRO-1 shards of unequal length | "... rank 0's slice has 10745 elements, rank 1's 10744; the reduce-scatter ..." |
 | ZeRO-1 optimizer built over the full parameters | "on rank 0 the optimizer holds 12 of the model's 12 parameters ..."|
 | ZeRO-1 master shard not a copy of its own | "on rank 0 the shard's 10745 elements (42980 bytes) are a view into ..." |
 | ZeRO-1 shard copied from another rank's slice | "rank 0's shard is a copy of elements [10745, 21490) ..." |
@@ -69,6 +70,7 @@ from typing import Sequence
 
 import torch
 
+from distlab import LaunchError
 from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT
 
 from ...grader.diagnosis import diagnose
@@ -84,9 +86,10 @@ from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, gr
 from .zero1.causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather,
                            z1_no_reduce_scatter, z1_not_written, z1_optimizer_full, z1_shard_a_view, z1_wrong_offset)
 from .observations import PARTS, Run
-from .probes import rank_main
+from .probes import kept_path, rank_main
 from .workloads import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS
 from .reference import reference
+from .zero1.observations import PART1_UNFINISHED
 from .zero1.probes import ZERO1_MODEL
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "MODEL", "WORLD_SIZES", "ZERO1_MODEL", "grade"]
@@ -282,7 +285,7 @@ CRITERIA = [*ZERO1_CRITERIA, sharded_on_dim0, optimizer_after_sharding, holds_it
             matches_reference, exports_once]
 
 
-def _judge(report: ExerciseReport, run: Run, wall_s: float) -> None:
+def _judge(report: ExerciseReport, run: Run, wall_s: float | None) -> None:
     """One file at one world size: the criteria, or "did not run" when neither part ran."""
     tag = f"[W={run.world}]"
     if not run.stepped:
@@ -301,7 +304,26 @@ def _judge(report: ExerciseReport, run: Run, wall_s: float) -> None:
         return
     report.judge(CRITERIA, run, world=run.world)
     report.notes.append(f"{tag} {run.bytes_summary()}")
-    report.measurements[f"W{run.world}_launch_s"] = round(wall_s, 2)
+    if wall_s is not None:  # None: the launch ended early (a native abort in part 1)
+        report.measurements[f"W{run.world}_launch_s"] = round(wall_s, 2)
+
+
+def _kept(outdir: Path, paths: Sequence[Path], world: int, err: LaunchError) -> list[list[dict]]:
+    """Every file's observations as its ranks kept them (``probes.kept_path``) when the launch ended early: a
+    part 1 cut short says how the launch ended. ``err`` again unless every rank kept its part 2 of every file."""
+    from ...grader.main import explain
+
+    runs = []
+    for i, path in enumerate(paths):
+        kept = [kept_path(outdir, i, r) for r in range(world)]
+        if not all(f.is_file() for f in kept):
+            raise err
+        ranks = [torch.load(f, weights_only=True) for f in kept]
+        for obs in ranks:
+            if obs["zero1"].get("error") == PART1_UNFINISHED:
+                obs["zero1"].update(error=None, aborted=explain(err, Path(path), KNOWN_ERRORS))
+        runs.append(ranks)
+    return runs
 
 
 def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> list[ExerciseReport]:
@@ -321,7 +343,10 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
             outdir.mkdir()  # here, before the launch hands the scratch space to the learner user
             timeout = launch_timeout(EXERCISE, files=len(paths), share=LAUNCH_SHARES[world] / shares,
                                      per_extra_file_s=PER_EXTRA_FILE_S)
-            runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeout, args=(str(outdir),))
+            try:
+                runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeout, args=(str(outdir),))
+            except LaunchError as err:  # what the ranks kept is graded; a crash in part 1 costs part 1 only
+                runs, wall_s = _kept(outdir, paths, world, err), None
             for report, ranks in zip(reports, runs):
                 if report.ran:
                     _judge(report, Run.from_wire(ranks), wall_s)

@@ -41,6 +41,7 @@ from ...rank import (CapturedPrints, Replace, SaveSpy, echo, frames, grad_norm, 
                         on_backward_start, raised)
 from .observations import FsdpRank, MeasuredStep, PeakBound, StateDictCall, TrainingError
 from .workloads import LR, MEASURE_STEP, MICRO_BATCH, MODEL, SEED, STEPS, rank_batches
+from .zero1.observations import PART1_UNFINISHED, Zero1
 from .zero1.probes import observe_zero1
 
 STATE_DICT_CALLS = ("get_model_state_dict", "get_state_dict", "get_optimizer_state_dict")
@@ -50,24 +51,49 @@ def rank_main(paths: list[str], outdir: str) -> list[dict]:
     """Runs on every rank: each file in turn trains with the learner's code; one observation per file, as
     plain data (``FsdpRank.to_wire``), for the launcher's ``torch.load(weights_only=True)``.
 
-    The grader makes the process group (the learner's file does not), so every file uses the same one.
+    The grader makes the process group (the learner's file does not), so every file uses the same one. What
+    is observed of a file is also kept on disk as it grows (:func:`kept_path`), so a rank that a native abort
+    ends (gloo's SIGABRT on a collective of unequal pieces) leaves its parts observed so far to be graded.
     """
     device = init_distributed()
-    return [_observe(p, Path(outdir) / f"full_state-{i}.pt", device, tag=f"distlab/ex04/{i}").to_wire()
-            for i, p in enumerate(paths)]
+    return [_observe(p, Path(outdir), i, device, tag=f"distlab/ex04/{i}").to_wire() for i, p in enumerate(paths)]
 
 
-def _observe(path: str, export: Path, device: torch.device, tag: str) -> FsdpRank:
-    """One file on this rank: the learner trains; the wrapped ``train_step`` observes one step."""
+def kept_path(outdir: Path, file: int, rank: int) -> Path:
+    """Where a rank keeps what it observed so far of file ``file`` (``FsdpRank.to_wire``)."""
+    return outdir / f"observed-{file}-rank{rank}.pt"
+
+
+_SAVE = torch.save  # torch's own, bound before any spy replaces it: the grader's files are not the learner's saves
+
+
+def _keep(obs: FsdpRank, outdir: Path, file: int) -> None:
+    path = kept_path(outdir, file, obs.rank)
+    _SAVE(obs.to_wire(), path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)  # whole or absent: a rank can die at any moment
+
+
+def _observe(path: str, outdir: Path, file: int, device: torch.device, tag: str) -> FsdpRank:
+    """One file on this rank: part 2 (the wrapped ``train_step`` observes one step), then part 1. Part 2 comes
+    first and is kept before part 1 runs: part 1's collectives are the learner's own, on shards the learner
+    cut, where a wrong length aborts the process in gloo."""
     # Both before the import, so that ``from torch import save`` (and the state-dict calls) bind the spies.
     with SaveSpy() as saves, StateDictSpy(tag) as calls:
         learner = load_learner(path)
+        obs = FsdpRank(rank=dist.get_rank(), world=dist.get_world_size(), steps=0,
+                       zero1=Zero1(error=PART1_UNFINISHED))
+        _train_observed(obs, learner, outdir / f"full_state-{file}.pt", device, saves, calls, path)
+        _keep(obs, outdir, file)
         batches = rank_batches(dist.get_world_size(), dist.get_rank(), device)
+
+        def ranges_known(zero1: Zero1) -> None:
+            obs.zero1 = zero1
+            _keep(obs, outdir, file)
+
         with CapturedPrints() as out:
-            zero1 = observe_zero1(learner, path, batches, seed=SEED, lr=LR, device=device)
+            obs.zero1 = observe_zero1(learner, path, batches, seed=SEED, lr=LR, device=device, on_ranges=ranges_known)
         echo(out.lines)
-        obs = FsdpRank(rank=dist.get_rank(), world=dist.get_world_size(), steps=0, zero1=zero1)
-        _train_observed(obs, learner, export, device, saves, calls, path)
+        _keep(obs, outdir, file)
         return obs
 
 

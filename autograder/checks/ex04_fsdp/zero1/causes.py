@@ -156,13 +156,32 @@ def z1_all_reduce(run: Run) -> str | None:
             f"where each rank needs only its {run.z1_ref['c']}-element shard. Reduce-scatter the padded flat gradient")
 
 
+@mistake("ZeRO-1 shards of unequal length")
+def unequal_shards(run: Run) -> str | None:
+    """shard_range's slices of the model's parameters are not all of one length (its collectives' pieces)."""
+    got = run.z1[0].ranges.get(run.z1_ref["numel"])
+    lengths = [b - a for a, b in got] if got else []
+    if len(set(lengths)) < 2:
+        return None
+    long, short = max(range(len(lengths)), key=lengths.__getitem__), min(range(len(lengths)), key=lengths.__getitem__)
+    return (f"shard_range({run.z1_ref['numel']}, {run.world}, r) gave {got}: rank {long}'s slice has "
+            f"{lengths[long]} elements, rank {short}'s {lengths[short]}; the reduce-scatter and all-gather of ZeRO-1 "
+            "take one piece of the same length from every rank, so every slice must have c = ceil(numel / W) = "
+            f"{run.z1_ref['c']} elements, the last one padded with zeros")
+
+
 def z1_error(run: Run) -> str | None:
-    """Part 1 raised (or is not written yet): what, where, and the mistake a known error means."""
+    """Part 1 raised (or is not written yet, or the launch ended in it): what, where, and the mistake a known
+    error means."""
+    aborted = next((r for r in run.ranks if r.zero1.aborted), None)
+    if aborted is not None:
+        cause = unequal_shards(run)
+        return f"{cause + '. ' if cause else ''}The launch ended during part 1's training: {aborted.zero1.aborted}"
     r = next((r for r in run.ranks if r.zero1.error), None)
     if r is None:
         return None
     z = r.zero1
     if z.not_implemented:  # the first function still to write, in the file's order
         return f"not implemented yet ({z.ranges_unwritten or z.where})"
-    cause = padding_dropped(run) or z1_returned_none(run) or translate(z.error, KNOWN_ERRORS)
+    cause = padding_dropped(run) or unequal_shards(run) or z1_returned_none(run) or translate(z.error, KNOWN_ERRORS)
     return f"{cause + ': ' if cause else ''}rank {r.rank}'s part 1 raised {z.error}"

@@ -15,6 +15,8 @@ An error the learner's part 1 raises is recorded, not raised: part 2 (FSDP) is g
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -23,7 +25,7 @@ from torch.nn.utils import parameters_to_vector
 from distlab.resmlp import make_resmlp
 
 from ....rank import LineRecorder, learner_frame, raised
-from .observations import Collective, Holdings, Zero1
+from .observations import PART1_UNFINISHED, Collective, Holdings, Zero1
 
 # A model whose parameter count neither 2 nor 4 divides: 21489 parameters, padded by 1 at W=2 and by 3 at W=4.
 ZERO1_MODEL = dict(in_features=64, hidden=47, out_features=10, depth=2)
@@ -35,16 +37,19 @@ def zero1_numel() -> int:
 
 
 def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Tensor]], *, seed: int,
-                  lr: float, device: torch.device) -> Zero1:
-    """Part 1 on this rank: ``shard_range``'s answers, then ZeRO-1 training on ``batches`` (this rank's)."""
+                  lr: float, device: torch.device, on_ranges: Callable[[Zero1], None] = lambda z: None) -> Zero1:
+    """Part 1 on this rank: ``shard_range``'s answers, then ZeRO-1 training on ``batches`` (this rank's).
+    ``on_ranges`` sees the observation once the answers are in, before any collective of the learner's."""
     world = dist.get_world_size()
-    obs = Zero1()
+    obs = Zero1(error=PART1_UNFINISHED)
     try:
         obs.ranges = {n: [[int(v) for v in learner.shard_range(n, world, r)] for r in range(world)]
                       for n in (zero1_numel(), *SHARD_RANGE_SIZES)}
     except Exception as exc:  # noqa: BLE001 - the learner's error is feedback
         obs.ranges_error = _where(exc, path)
         obs.ranges_unwritten = str(learner_frame(exc, path) or "") if isinstance(exc, NotImplementedError) else ""
+    on_ranges(obs)
+    obs.error = None
     model = make_resmlp(seed=seed, **ZERO1_MODEL).to(device)  # the same start on every rank
     params = list(model.parameters())
     optimizer = None
