@@ -52,11 +52,28 @@ def load_learner(path: str | Path):
     return watched(import_path(path, name=f"learner_{Path(path).stem}"))
 
 
-class CapturedPrints(contextlib.AbstractContextManager):
-    """Captures what the learner's code prints on this rank (stdout and stderr)."""
+class _Located(io.StringIO):
+    """A buffer that remembers the learner's line of its first write (``path``'s innermost frame then)."""
 
-    def __init__(self):
-        self.buffer = io.StringIO()
+    def __init__(self, path: Path | None):
+        super().__init__()
+        self.path, self.first_at = path, None
+
+    def write(self, s: str) -> int:
+        if self.first_at is None and self.path is not None and s.strip():
+            from .spies import learner_line  # spies imports this module
+            found = learner_line(self.path)
+            if found is not None:
+                self.first_at = f"{Path(found[0]).name}:{found[1]}"
+        return super().write(s)
+
+
+class CapturedPrints(contextlib.AbstractContextManager):
+    """Captures what the learner's code prints on this rank (stdout and stderr); with ``path`` (the learner's
+    file), also where in it the first line was printed (:attr:`first_at`, ``"file.py:N"``)."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.buffer = _Located(Path(path).resolve() if path else None)
         self._stack = contextlib.ExitStack()
 
     def __enter__(self):
@@ -71,6 +88,10 @@ class CapturedPrints(contextlib.AbstractContextManager):
     @property
     def lines(self) -> list[str]:
         return [ln for ln in self.buffer.getvalue().splitlines() if ln.strip()]
+
+    @property
+    def first_at(self) -> str | None:
+        return self.buffer.first_at
 
 
 def echo(lines: list[str]) -> None:

@@ -3,6 +3,7 @@ is named in the learner's words with its numbers."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -180,6 +181,7 @@ def test_set_epoch_logging_and_saving_mistakes_are_named(graded):
     assert fails["[W=2] new shuffle every epoch"].startswith(
         "epoch 0 and epoch 1 read the samples in the same shuffled order: call sampler.set_epoch(epoch)")
     assert fails["[W=2] only rank 0 logs"].startswith("rank 1 printed 2 lines (first: 'epoch 0: mean loss")
+    assert re.search(r"\(rank 0 shard\)', printed at ex01_ddp\.py:\d+\): print only", fails["[W=2] only rank 0 logs"])
     assert fails["[W=2] rank 0 saves the model once"] == "torch.save was called on ranks [0, 1]: save on rank 0 only"
     assert "still initialised on ranks [0, 1]" in fails["[W=2] teardown destroys the process group"]
     assert fails[EVAL].startswith("rank 0 returned loss") and "the metric of only 20 of the 21 samples" in fails[EVAL]

@@ -165,11 +165,12 @@ def matches_reference(run: Run) -> Verdict:
 
 @criterion("[W={world}] only rank 0 logs", points=1)
 def only_rank0_logs(run: Run) -> Verdict:
-    noisy = [(r.rank, r.printed) for r in run.ranks[1:] if r.printed]
+    noisy = [r for r in run.ranks[1:] if r.printed]
     if noisy:
-        rank, lines = noisy[0]
-        return failed(f"rank {rank} printed {len(lines)} lines (first: {lines[0]!r}): print only where "
-                      "dist.get_rank() == 0")
+        r = noisy[0]
+        at = f", printed at {r.printed_at}" if r.printed_at else ""
+        return failed(f"rank {r.rank} printed {len(r.printed)} lines (first: {r.printed[0]!r}{at}): print only "
+                      "where dist.get_rank() == 0")
     if message := silent_rank0(run):
         return failed(message)
     return passed()

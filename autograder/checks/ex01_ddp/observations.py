@@ -54,6 +54,7 @@ class RankObservation(Observation):
     final: dict[str, torch.Tensor] = field(default_factory=dict)  # the weights train_ddp left (or returned)
     accessed: list[int] = field(default_factory=list)  # the training samples' indices, in the order read
     printed: list[str] = field(default_factory=list)   # the lines train_ddp printed on this rank
+    printed_at: str | None = None  # the learner's line that printed the first ("ex01_ddp.py:73"; None: unknown)
     saves: list[str] = field(default_factory=list)     # the path of every torch.save train_ddp made
     samplers_built: int = 0  # DistributedSamplers train_ddp built (a DataLoader may still read past them)
     forwards: list[Forward] = field(default_factory=list)  # every forward of the model, in order

@@ -75,11 +75,12 @@ def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy):
         saves.paths.clear()  # only what train_ddp saves counts
         samplers.built = 0  # and the samplers it builds
         probe = Probe(model, data, reduces, wrappers)
-        with CapturedPrints() as out, probe:
+        with CapturedPrints(learner.__file__) as out, probe:
             trained = learner.train_ddp(model, data, checkpoint_path=str(ckpt_dir / "model.pt"), **CONFIG)
     echo(out.lines)
     seen = RankObservation(rank=rank, initial=initial, final=cpu_state(trained if trained is not None else model),
-                           accessed=data.accessed, printed=out.lines, saves=saves.paths, samplers_built=samplers.built)
+                           accessed=data.accessed, printed=out.lines, printed_at=out.first_at, saves=saves.paths,
+                           samplers_built=samplers.built)
     probe.fill(seen)
     wrappers.wrapping.clear()  # the modules it held on to: freed below, with the learner's DDP
     # The learner's DDP holds the process group. Freed by the garbage collector at some later moment
