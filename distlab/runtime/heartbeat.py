@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .waits import DDPWatch, describe, watch_ddp
+from .waits import DDPWatch, describe, is_runtime, watch_ddp
 
 INTERVAL = 0.5  # seconds between two samples of a rank's stack
 
@@ -40,6 +40,24 @@ INTERVAL = 0.5  # seconds between two samples of a rank's stack
 # hosts (the tutorials' os.environ["MASTER_PORT"] = "12355"), so the launcher names the change.
 TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 _TORCHRUN_ENV: dict[str, str | None] = {}
+_SET_AT: dict[str, str] = {}  # where the job's own code last set each of them ("file.py:12")
+
+
+def _watch_environ() -> None:
+    """Note the line of the job's code (not a library's, not the runtime's) that sets one of torchrun's variables
+    through ``os.environ``, for :func:`env_note`."""
+    setitem = os._Environ.__setitem__
+
+    def noted(self, key, value):
+        if key in TORCHRUN_VARS:
+            frame = sys._getframe(1)
+            while frame is not None and is_runtime(frame.f_code.co_filename):
+                frame = frame.f_back
+            if frame is not None:
+                _SET_AT[key] = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
+        setitem(self, key, value)
+
+    os._Environ.__setitem__ = noted
 
 
 @contextlib.contextmanager
@@ -58,8 +76,10 @@ def torchrun_vars(**values: str):
 
 
 def changed_torchrun_vars() -> dict[str, list]:
-    """``{name: [torchrun's value, the value now]}`` for each of torchrun's variables the job changed."""
-    return {k: [v, os.environ.get(k)] for k, v in _TORCHRUN_ENV.items() if os.environ.get(k) != v}
+    """``{name: [torchrun's value, the value now]}`` for each of torchrun's variables the job changed, and the
+    line of the job's code that set it, where one did (``[was, now, "file.py:12"]``)."""
+    return {k: [v, os.environ.get(k), *([_SET_AT[k]] if k in _SET_AT else [])] for k, v in _TORCHRUN_ENV.items()
+            if os.environ.get(k) != v}
 
 
 class _Rank:
@@ -105,6 +125,7 @@ def start(outdir: str | os.PathLike, rank: int) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     _TORCHRUN_ENV.update({k: os.environ.get(k) for k in TORCHRUN_VARS})
+    _watch_environ()
     beat = _Rank(Path(outdir) / f"heartbeat-{rank}.json")
     register_optimizer_step_post_hook(beat.tick)
     backward, tensor_backward = torch.autograd.backward, torch.Tensor.backward
@@ -176,7 +197,8 @@ class Watch:
 
 def env_note(rank: int, changed: dict) -> str:
     """``rank 0 changed torchrun's MASTER_PORT (41234 -> 12355): ...``: the cause, when a job reset them."""
-    what = ", ".join(f"{k} ({old} -> {new})" for k, (old, new) in sorted(changed.items()))
+    what = ", ".join(f"{k} ({old} -> {new}{f', at {at[0]}' if at else ''})"
+                     for k, (old, new, *at) in sorted(changed.items()))
     return (f"rank {rank} changed torchrun's {what}: torchrun already sets MASTER_ADDR, MASTER_PORT, RANK and "
             "WORLD_SIZE for every rank, and setting them again points the ranks at a rendezvous nobody hosts; "
             "remove those os.environ lines")

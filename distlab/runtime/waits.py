@@ -35,7 +35,7 @@ _RUNTIME = tuple(str(Path(p).resolve()) + os.sep for p in (
 DDP_ALL_REDUCE = "DDP's all-reduce of the gradients"
 
 
-def _is_runtime(filename: str) -> bool:
+def is_runtime(filename: str) -> bool:
     """Library or grader code (the standard library, site-packages, distlab, autograder), not the learner's."""
     return "site-packages" in filename or filename.startswith(_RUNTIME) or filename.startswith("<")
 
@@ -43,7 +43,7 @@ def _is_runtime(filename: str) -> bool:
 def _collective(frames: list[tuple[str, int, str]]) -> str | None:
     """The innermost torch.distributed collective below the learner's innermost frame, named by the library
     that issued it there (a collective the learner calls inside a DDP model's forward is the learner's)."""
-    learner = [i for i, (path, _, _) in enumerate(frames) if not _is_runtime(path)]
+    learner = [i for i, (path, _, _) in enumerate(frames) if not is_runtime(path)]
     tail = frames[learner[-1] + 1:] if learner else frames
     inner = next((fn for path, _, fn in reversed(tail) if _DISTRIBUTED in path
                   and (fn in WAITS or (path.endswith(_C10D) and not fn.startswith("_")))), None)
@@ -74,7 +74,7 @@ def describe(frames: list[tuple[str, int, str]], ddp_reducing: bool = False) -> 
     waits = _collective(frames)
     if waits is None and ddp_reducing and in_backward(frames):
         waits = DDP_ALL_REDUCE
-    learner = [(p, n) for p, n, _ in frames if not _is_runtime(p)]
+    learner = [(p, n) for p, n, _ in frames if not is_runtime(p)]
     at, code = None, ""
     if learner:
         path, line = learner[-1]

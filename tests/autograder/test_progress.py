@@ -142,7 +142,7 @@ def test_a_correct_solution_gets_full_marks_on_a_machine_loaded_at_twice_its_cor
 
 
 def test_the_tutorials_fixed_master_port_is_named_not_a_minute_long_socket_timeout():
-    with pytest.raises(LaunchHang, match=r"rank \d changed torchrun's MASTER_PORT \(\d+ -> 12355\)"):
+    with pytest.raises(LaunchHang, match=r"rank \d changed torchrun's MASTER_PORT \(\d+ -> 12355, at ranks\.py:\d+\)"):
         torchrun(ranks.tutorial_master_port, 2, timeout=300, hang_after_s=3)
 
 
