@@ -39,6 +39,11 @@ PER_RANK_POSITION = {
     "        for first in range(used * BATCH_SIZE, len(order) - BATCH_SIZE + 1, BATCH_SIZE):\n",
     "            used += world * BATCH_SIZE\n": "            used += 1\n"}
 
+# The position derived from the step count (Hugging Face Trainer's resume): right at 2 ranks, another stream at 1
+FROM_STEPS = {'    epoch, used = position["epoch"], position["samples"]\n':
+              "    per_epoch = len(sampler) // BATCH_SIZE\n"
+              "    epoch, used = step // per_epoch, step % per_epoch * world * BATCH_SIZE\n"}
+
 
 @pytest.fixture(scope="module")
 def solution_and_independent(tmp_path_factory):
@@ -46,9 +51,10 @@ def solution_and_independent(tmp_path_factory):
     the CLI grades 2 -> 4): the independent one shares the reference and reshard launches (its restarts
     have a launch of their own), and so does a per-rank data position, in the reshard scenario only."""
     per_rank = mutant(tmp_path_factory.mktemp("per_rank"), "ex05_checkpoint.py", PER_RANK_POSITION)
-    return dict(zip(["solution", "independent", "per-rank position"], ex05_checkpoint.grade(
-        [SOLUTIONS / "ex05_checkpoint.py", independent.path(5), per_rank], reshard_world=1,
-        scenarios_of=[ex05_checkpoint.SCENARIOS] * 2 + [("reshard",)])))
+    from_steps = mutant(tmp_path_factory.mktemp("from_steps"), "ex05_checkpoint.py", FROM_STEPS)
+    return dict(zip(["solution", "independent", "per-rank position", "from steps"], ex05_checkpoint.grade(
+        [SOLUTIONS / "ex05_checkpoint.py", independent.path(5), per_rank, from_steps], reshard_world=1,
+        scenarios_of=[ex05_checkpoint.SCENARIOS] * 2 + [("reshard",)] * 2)))
 
 
 @pytest.mark.slow
@@ -75,6 +81,17 @@ def test_a_per_rank_data_position_is_named_at_another_world_size(solution_and_in
     assert said.startswith("the job at 1 rank began at sample 16 of epoch 1's stream, where the 2-rank run had "
                            "used 32"), said
     assert "the saved position counted this rank's own share" in said
+
+
+@pytest.mark.slow
+def test_a_position_from_the_step_count_is_named_at_another_world_size(solution_and_independent):
+    f = failed(solution_and_independent["from steps"])
+    assert list(f) == ["the data position means the same samples at world size 1"], f  # right at 2 ranks
+    assert f["the data position means the same samples at world size 1"].startswith(
+        "the job at 1 rank began at sample 144 of epoch 0's stream (rank 0 read "), f
+    assert "where 9 steps at 1 rank would have left it, but the 2-rank run's 9 steps had used 32 samples of " \
+        "epoch 1: the position was derived from the step count" in f["the data position means the same samples at " \
+                                                                   "world size 1"]
 
 
 MISSING_STATE = {

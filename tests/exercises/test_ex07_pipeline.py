@@ -46,6 +46,8 @@ MISTAKES = {
     "rank never looked up": {"    rank = dist.get_rank()\n": ""},
     # Part 2, 1F1B: every forward first (GPipe's order, GPipe's memory), sent with isend so nothing deadlocks.
     "1F1B in GPipe's order": {"    warm = min(p - 1 - rank, m)": "    warm = m"},
+    # no warm-up forward: every stage runs as the last one does (F0 B0 F1 B1 ...)
+    "1F1B without its warm-up": {"    warm = min(p - 1 - rank, m)": "    warm = 0"},
     # blocking sends: stage 0 sends micro-batch 1's activations while stage 1 sends micro-batch 0's gradient
     "1F1B with blocking sends": {
         "sends.append(dist.isend(out.detach().contiguous(), dst=rank + 1))":
@@ -275,6 +277,12 @@ def test_1f1b_in_gpipes_order_is_named_with_its_memory(reports):
     assert "F0 F1 B0 F2 B1 F3 B2 B3" in f[OFOB[1]]
     assert f[OFOB[2]].startswith("stage 0 held ") and "4 micro-batches'" in f[OFOB[2]]
     assert "1F1B keeps at most min(p - s, m) = 2 there" in f[OFOB[2]]
+
+
+def test_1f1b_without_its_warm_up_is_named(reports):
+    f = failed(reports["1F1B without its warm-up"])
+    assert f[OFOB[1]].startswith("stage 0 ran 1 forward(s) before its first backward (F0 B0 F1 B1 F2 B2 F3 B3); "
+                                 "1F1B runs min(p - 1 - s, m) = 1 warm-up forward(s) on stage 0 of 2"), f[OFOB[1]]
 
 
 def test_1f1b_with_blocking_sends_is_a_named_deadlock(reports):

@@ -6,6 +6,8 @@ one by DDP's join) rides in the same files: part 1's mutants keep part 2's marks
 One launch on 2 ranks grades every file."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from autograder.checks import ex09_hang as check
@@ -74,6 +76,10 @@ UNEVEN_MISTAKES = {
     "uneven: the rank out of data stops updating": {UPDATE: "                if batch is not None:\n    " + UPDATE},
     "uneven: the exit checked after the update": {EXIT: "", "                offset += p.numel()\n":
                                                    "                offset += p.numel()\n" + EXIT},
+    # the mean loss (not the sum) divided by the count again: every update 1/batch of one process's
+    "uneven: a mean divided again": {
+        '            nn.functional.cross_entropy(model(x), y, reduction="sum").backward()\n':
+        "            nn.functional.cross_entropy(model(x), y).backward()\n"},
     # a count all-reduced as an int64 where the rank has a batch, float32 where it has none (gloo aborts on it)
     "uneven: the count's dtype differs": {
         NEXT: NEXT + "        count = torch.tensor(len(batch[1])) if batch is not None else torch.tensor(0.0)\n"
@@ -208,6 +214,12 @@ def test_the_fixed_jobs_match_one_process_at_every_step_of_every_case(graded):
     for name in ("solution", "independent"):  # by hand, and DDP under Join
         m = graded[name].measurements
         assert max(m[f"uneven_{case}_max_abs_diff"] for case in ("uneven", "no_batch", "equal")) < 1e-5, (name, m)
+
+
+def test_a_mean_divided_again_is_named_by_its_scale(graded):
+    f = failed(graded["uneven: a mean divided again"])
+    assert re.search(r"rank 1's update was 0\.25x \(1/4\) one process's SGD step on the step's samples at every "
+                     r"step it shows", f[U_MATCHES]), f[U_MATCHES]
 
 
 def test_the_stub_says_train_uneven_is_not_implemented(graded):

@@ -53,6 +53,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | dcp.load of a key the checkpoint lacks | (RuntimeError "Missing key in checkpoint state_dict") "dcp.load fills ..." |
 | the data position counted per rank: another stream at another world size | "the job at 4 ranks began at ..." |
 | the epoch restarted at another world size | "the job at 4 ranks read the first samples of epoch 1 again ..." |
+| the data position recomputed from the step count | "... where 9 steps at 4 ranks would have left it, but ..." |
 """
 from __future__ import annotations
 

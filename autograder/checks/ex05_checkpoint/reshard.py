@@ -50,7 +50,23 @@ def epoch_restarted(run: Run, first: list[list[int]]) -> str | None:
             f"{first[0][:3]}...), where the {WORLD}-rank run had used {used} of them: continue from the saved position")
 
 
-RESHARD_DATA = [per_rank_position, epoch_restarted]
+@mistake("the data position recomputed from the step count")
+def position_from_steps(run: Run, first: list[list[int]]) -> str | None:
+    """The position the step count gives at the new world size (a step is another number of samples there)."""
+    world = run.reshard_world
+    epoch, used = position_after(RESHARD_FROM, world)
+    saved = position_after(RESHARD_FROM)
+    if (epoch, used) == saved or first != stream(world, 1, epoch, used)[0][2]:
+        return None
+    return (f"the job at {ranks(world)} began at sample {used} of epoch {epoch}'s stream (rank 0 read "
+            f"{first[0][:3]}...), where {RESHARD_FROM} steps at {ranks(world)} would have left it, but the "
+            f"{WORLD}-rank run's {RESHARD_FROM} steps had used {saved[1]} samples of epoch {saved[0]}: the position "
+            f"was derived from the step count, and a step is {WORLD * BATCH_SIZE} samples at {WORLD} ranks, "
+            f"{world * BATCH_SIZE} at {ranks(world)}. Restore the saved position (the samples all ranks together "
+            "used) instead")
+
+
+RESHARD_DATA = [per_rank_position, epoch_restarted, position_from_steps]
 
 
 def _reshard_start(run: Run) -> str | None:

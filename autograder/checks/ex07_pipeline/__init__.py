@@ -44,7 +44,7 @@ each stage held at once against ``min(p - s, m)`` micro-batches (Narayanan et al
 | 1F1B: GPipe's order instead | "stage 0 ran all 4 forwards before its first backward (F0 F1 F2 F3 ...) ..." |
 | 1F1B: a loss returned on a stage other than the last | "rank 0 returned 2.31; only the last stage computes ..." |
 | 1F1B: a send's Work never waited on | "stage 0's 4 isend(s) (the first at ...) were never waited on ..." |
-| 1F1B: the wrong number of warm-up forwards | "stage 0 ran 2 forward(s) before its first backward (...)" |
+| 1F1B: the wrong number of warm-up forwards | "stage 0 ran 1 forward(s) before its first backward (F0 B0 ...)" |
 | 1F1B: activations kept past their backward | "stage 0 held 40,960 bytes ..., although its forwards ..." |
 | 1F1B: a send held back past the stage's next forward or backward | "stage 0 sent micro-batch 0's ... only after ..." |
 """

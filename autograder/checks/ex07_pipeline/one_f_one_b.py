@@ -84,16 +84,19 @@ def gpipe_order(step: Run, part: str = "") -> str | None:
 
 @mistake("1F1B: the wrong number of warm-up forwards")
 def wrong_warmup(step: Run, part: str = "") -> str | None:
+    """Stage s's first backward comes after its warm-up forwards and the steady state's first forward: after
+    min(p - s, m) forwards (the last stage has no warm-up: F0 B0 ...)."""
     for stage in (0, 1):
         got, want = order(step, stage), schedule_order(stage)
         first_b = next((i for i, a in enumerate(got) if a.startswith("B")), None)
         if got == want or first_b is None or len(got) != len(want):
             continue
         warm = min(P - 1 - stage, MICRO)
-        if first_b != warm:
+        if first_b != min(warm + 1, MICRO):
             return (f"stage {stage} ran {first_b} forward(s) before its first backward ({' '.join(got)}); 1F1B runs "
                     f"min(p - 1 - s, m) = {warm} warm-up forward(s) on stage {stage} of {P}, then one forward and "
-                    f"one backward in turn: {' '.join(want)}")
+                    f"one backward in turn, so {min(warm + 1, MICRO)} forwards come before the first backward: "
+                    f"{' '.join(want)}")
     return None
 
 

@@ -35,6 +35,7 @@ all-reduced count of the step's samples written by hand are correct.
 | the weights never updated | "after 6 steps every rank's weights are still the initial ones ..." |
 | uneven: a rank that runs out of batches leaves the loop | "the job hangs with ranks with 2 and 4 batches: ..." |
 | uneven: the update divided by every rank's share, not the ranks with data | "at steps 2 and 3 only 1 of the 2 ..." |
+| uneven: every update scaled by one factor | "rank 1's update was 0.25x (1/4) one process's SGD step ..." |
 | uneven: the loop ends when the first rank runs out | "rank 1 ran 3 of its 4 batches through the model ..." |
 | uneven: a rank out of data sends a non-zero gradient | "rank 0 had run out of data (after its 2 ...), yet ..." |
 | uneven: a rank out of data stops updating its weights | "rank 0's weights after train_uneven are one ..." |

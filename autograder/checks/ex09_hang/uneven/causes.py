@@ -140,6 +140,23 @@ def divided_by_all(s: Scenario) -> str | None:
     return head + ". Divide by the samples of the ranks that had a batch at that step (an all-reduced count)"
 
 
+@mistake("uneven: every update scaled by one factor")
+def scaled_everywhere(s: Scenario) -> str | None:
+    """The same factor (not 1) at every step, whatever the ranks with data: a scale on top of the mean loss."""
+    seen = updates(s)
+    if len(seen) < 2 or any(rest > 0.02 for _, _, rest in seen):
+        return None
+    k = seen[0][1]
+    if abs(k - 1) < 0.02 or any(abs(ratio - k) > 0.02 * abs(k) for _, ratio, _ in seen):
+        return None
+    n = round(1 / k) if k > 0 else 0
+    frac = f" (1/{n})" if n > 1 and abs(1 / k - n) < 0.02 * n else ""
+    return (f"rank {s.longest}'s update was {k:.3g}x{frac} one process's SGD step on the step's samples at every "
+            f"step it shows ({_steps([t for t, _, _ in seen])}), whichever ranks had a batch: the loss or the gradient "
+            f"was scaled by {k:.3g} on top of the mean over the step's samples. Divide the summed gradient once, by "
+            "the samples of the ranks that had a batch")
+
+
 @mistake("uneven: the loop ends when the first rank runs out")
 def stopped_at_shortest(s: Scenario) -> str | None:
     if not s.finished:

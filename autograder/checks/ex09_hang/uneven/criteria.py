@@ -10,11 +10,12 @@ from ....grader.diagnosis import diagnose, translate
 from ....grader.parity import parity
 from ....grader.report import Verdict, criterion, failed, passed
 from .causes import (ATOL, RTOL, UNEVEN_ERRORS, divided_by_all, dtypes_differ, left_early, nan_after_last,
-                     no_gradient_sync, parted, stale_on_exhausted, stopped_at_shortest, stops_updating)
+                     no_gradient_sync, parted, scaled_everywhere, stale_on_exhausted, stopped_at_shortest,
+                     stops_updating)
 from .observations import SCENARIOS, Scenario, label
 
 # The causes each judgement asks for, most specific first.
-STEP_CAUSES = [no_gradient_sync, divided_by_all, stale_on_exhausted]
+STEP_CAUSES = [no_gradient_sync, divided_by_all, scaled_everywhere, stale_on_exhausted]
 FINAL_CAUSES = [nan_after_last, stops_updating, *STEP_CAUSES]
 FINISHES = "[W={world}] uneven batches: no rank leaves the others waiting, whichever runs out first"
 
