@@ -15,7 +15,8 @@ One machine, one course, as nbgrader's "Using nbgrader with JupyterHub" deploys 
 Every path and port is a setting (environment), so the tests run this same file with their own
 (tests/tiers/test_hub.py): DISTLAB_HUB_PREFIX, DISTLAB_HUB_STATE, DISTLAB_HUB_COURSE, DISTLAB_EXCHANGE,
 DISTLAB_HUB_IP and DISTLAB_HUB_PORT (where learners connect: 127.0.0.1:8000 by default; a class on a network
-puts the hub behind HTTPS), DISTLAB_HUB_API_PORT and DISTLAB_HUB_PROXY_API_PORT (on 127.0.0.1 only),
+puts the hub behind HTTPS), DISTLAB_HUB_API_PORT (and DISTLAB_HUB_API_IP, below), DISTLAB_HUB_PROXY_API_PORT
+(on 127.0.0.1 only),
 DISTLAB_HUB_MAX_SUBMISSION_KB (the most a submission may hold), DISTLAB_HUB_SPAWNER (where servers run: below).
 """
 import grp
@@ -36,7 +37,11 @@ venv = prefix / "venv"
 LEARNERS, INSTRUCTORS = "distlab-learners", "distlab-instructors"
 
 c.JupyterHub.bind_url = f"http://{env('DISTLAB_HUB_IP', '127.0.0.1')}:{env('DISTLAB_HUB_PORT', '8000')}"
-c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{env('DISTLAB_HUB_API_PORT', '8081')}"
+# The hub itself (its API, which servers call): on 127.0.0.1, where local servers and containers in the host's
+# network reach it. Servers on other hosts (Slurm nodes) need DISTLAB_HUB_API_IP, an address of this host that
+# they reach, and that only the cluster's network reaches (plain HTTP); the servers are told to connect there.
+api_url = f"http://{env('DISTLAB_HUB_API_IP', '127.0.0.1')}:{env('DISTLAB_HUB_API_PORT', '8081')}"
+c.JupyterHub.hub_bind_url = c.JupyterHub.hub_connect_url = api_url
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{env('DISTLAB_HUB_PROXY_API_PORT', '8001')}"
 c.ConfigurableHTTPProxy.command = [str(prefix / "node/node_modules/.bin/configurable-http-proxy")]
 c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"

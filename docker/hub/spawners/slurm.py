@@ -21,7 +21,8 @@ their server's terminal, finds the same cluster.
 The network, as batchspawner has it: the server listens on every address of its node (batchspawner's start()
 sets ``ip`` to 0.0.0.0 whatever is configured: the hub on another host must reach it), behind the hub's
 tokens as a local server is; the proxy reaches it at the node's name as ``squeue`` prints it; and it reaches
-the hub's API at the hub's ``hub_bind_url`` (127.0.0.1 in jupyterhub_config.py: nodes on this host only).
+the hub's API at the hub's ``hub_bind_url`` (127.0.0.1 unless DISTLAB_HUB_API_IP says otherwise: see
+jupyterhub_config.py).
 """
 from __future__ import annotations
 
