@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from pathlib import Path
 from typing import TypeVar
 
@@ -38,6 +37,7 @@ from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ...rank.observation import Observation
 from ...rank import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
+from ...rank.spies import learner_line
 from .accumulation import probes as accumulation
 from .accumulation.observations import Accumulation
 from .answers import ANSWERS  # the runtime's copies, resolved now: before any learner file is loaded
@@ -146,7 +146,7 @@ def _number(value) -> float | None:
 def _timing_spy(learner, calls: list[TimingCall]):
     """The learner's ``median_seconds``, recording each call's settings (its signature's defaults applied) and the
     learner's line it came from: ``compare`` must pass on the ``warmup`` and ``min_run_time`` it was given."""
-    real = learner.median_seconds
+    real, path = learner.median_seconds, Path(learner.__file__).resolve()
     try:
         signature = inspect.signature(real)
     except (TypeError, ValueError):
@@ -160,10 +160,8 @@ def _timing_spy(learner, calls: list[TimingCall]):
             got = {k: _number(bound.arguments.get(k)) for k in ("warmup", "min_run_time")}
         except TypeError:  # the call does not fit the signature: the call itself will raise
             got = {"warmup": None, "min_run_time": None}
-        caller = sys._getframe(1)
-        line = f"{Path(learner.__file__).name}:{caller.f_lineno}" if caller.f_code.co_filename == learner.__file__ \
-            else ""
-        calls.append(TimingCall(line=line, **got))
+        found = learner_line(path)
+        calls.append(TimingCall(line=f"{Path(found[0]).name}:{found[1]}" if found else "", **got))
         return real(*args, **kwargs)
     return spy
 

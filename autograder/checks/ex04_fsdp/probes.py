@@ -75,19 +75,17 @@ def _keep(obs: FsdpRank, outdir: Path, file: int) -> None:
 
 def _observe(path: str, outdir: Path, file: int, device: torch.device, tag: str) -> FsdpRank:
     """One file on this rank: part 2 (the wrapped ``train_step`` observes one step), then part 1. Part 2 comes
-    first and is kept before part 1 runs: part 1's collectives are the learner's own, on shards the learner
-    cut, where a wrong length aborts the process in gloo."""
+    first and is kept with shard_range's answers, before part 1's first collective: part 1's collectives are the
+    learner's own, on shards the learner cut, where a wrong length aborts the process in gloo."""
     # Both before the import, so that ``from torch import save`` (and the state-dict calls) bind the spies.
     with SaveSpy() as saves, StateDictSpy(tag) as calls:
         learner = load_learner(path)
-        obs = FsdpRank(rank=dist.get_rank(), world=dist.get_world_size(), steps=0,
-                       zero1=Zero1(error=PART1_UNFINISHED))
+        obs = FsdpRank(rank=dist.get_rank(), world=dist.get_world_size(), steps=0, zero1=Zero1())
         _train_observed(obs, learner, outdir / f"full_state-{file}.pt", device, saves, calls, path)
-        _keep(obs, outdir, file)
         batches = rank_batches(dist.get_world_size(), dist.get_rank(), device)
 
-        def ranges_known(zero1: Zero1) -> None:
-            obs.zero1 = zero1
+        def ranges_known(zero1: Zero1) -> None:  # kept as unfinished until part 1 returns
+            obs.zero1 = dataclasses.replace(zero1, error=PART1_UNFINISHED)
             _keep(obs, outdir, file)
 
         with CapturedPrints() as out:

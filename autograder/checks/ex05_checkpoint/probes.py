@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -40,6 +39,7 @@ from distlab.data import RecordingDataset, synthetic_classification
 from distlab.measure.memory import local_tensor
 
 from ...rank import CapturedPrints, Replace, echo, learner_frame, load_learner, trace
+from ...rank.spies import learner_line
 from .commit_kill import CommitKill, die
 from .observations import CallRecord, ErrorRecord, FinalState, PreStep, RankObservation, StepRecord
 
@@ -96,24 +96,17 @@ def _snapshot(optimizer, args, kwargs) -> None:
                           lr=float(optimizer.param_groups[0]["lr"]), rng=_rng_hash())
 
 
-def _learner_line() -> tuple[str, int] | None:
-    """The learner's file and line on the stack now (``None`` when the learner's code is not on it)."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename != _now.get("path"):
-        frame = frame.f_back
-    return (Path(frame.f_code.co_filename).name, frame.f_lineno) if frame is not None else None
-
-
 def _spy(name: str):
     def make(real):
         def spy(*args, **kwargs):
-            where = _learner_line() if name in ("torch.save", "dist.barrier") else None
+            found = learner_line(_now["path"]) if _now["log"] is not None else None  # inside a phase only
+            where = (Path(found[0]).name, found[1]) if found else None  # the learner's file and line, if on the stack
             if _now["log"] is not None and name != "dist.barrier" and (name != "torch.save" or where):
                 # logged before the call: a call that hangs or raises is on disk already; a save with what it held
                 call = CallRecord(call=name, after_step=_now["step"], attempt=_restart_count(), tag=_now["tag"])
                 if "save" in name or "load" in name:
                     call.held = trace.held(args[0] if args else kwargs.get("state_dict", kwargs.get("obj")))
-                    call.file, call.line = _learner_line() or (None, None)
+                    call.file, call.line = where or (None, None)
                 _now["log"].write(json.dumps(call.to_wire()) + "\n")
                 _now["log"].flush()
             commit = _now["commit"]
@@ -152,7 +145,7 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
     hook = register_optimizer_step_pre_hook(_snapshot)
     with open(outdir / f"{name}-rank{rank}.jsonl", "a") as log, \
             open(outdir / f"{name}-calls-rank{rank}.jsonl", "a") as calls, _killed_in_write(kill_write):
-        _now.update(path=learner.__file__, log=calls, tag=phase["tag"], step=0, pre=None,
+        _now.update(path=Path(learner.__file__).resolve(), log=calls, tag=phase["tag"], step=0, pre=None,
                     commit=CommitKill(phase, rank, attempt, outdir))
         try:
             with CapturedPrints() as out:

@@ -67,6 +67,11 @@ def summary(calls: list[Collective]) -> str:
     return f"{len(calls)} collective{'s' if len(calls) > 1 else ''}: {', '.join(each)}"
 
 
+def _alike(tensors: list[torch.Tensor | None]) -> bool:
+    """Every rank's tensor is there and equal to rank 0's (a collective's input that was the same everywhere)."""
+    return all(t is not None and torch.equal(t, tensors[0]) for t in tensors)
+
+
 def _ratio(got: torch.Tensor | None, ref: torch.Tensor) -> float | None:
     """``got`` over ``ref`` when ``got`` is a multiple of it (least squares), else ``None``."""
     if got is None or got.shape != ref.shape:
@@ -84,12 +89,12 @@ def swapped(run: Run, part: str) -> str | None:
     if not in_column or any(c.layer == "row" for c in forward):
         return None
     first = [next((c.input for c in run.calls(r, "forward", "all_reduce")), None) for r in range(run.world)]
-    same = all(t is not None and torch.equal(t, first[0]) for t in first)
+    same = _alike(first)
     said = (f"the forward's all-reduce ran in ColumnParallelLinear, on its {_shape(in_column[0].shape)} input"
             + (f" (the same x on every rank, so the layer computed with {run.world}·x)" if same else "")
             + ", and RowParallelLinear's partial sums were never added up")
     backward = [next((c.input for c in run.calls(r, "backward", "all_reduce")), None) for r in range(run.world)]
-    if all(t is not None and torch.equal(t, backward[0]) for t in backward):
+    if _alike(backward):
         said += "; the backward's all-reduce summed the output's gradient, the same on every rank"
     return (said + ": f and g are swapped. f = CopyToParallelRegion (identity forward, all-reduce backward) takes "
             "the column layer's input, g = ReduceFromParallelRegion (all-reduce forward, identity backward) the "
@@ -105,7 +110,7 @@ def f_reduces_forward(run: Run, part: str) -> str | None:
         return None
     first = [next((c.input for c in run.calls(r, "forward", "all_reduce") if c.layer == "column"), None)
              for r in range(run.world)]
-    same = all(t is not None and torch.equal(t, first[0]) for t in first)
+    same = _alike(first)
     backward = len(run.calls(0, "backward", "all_reduce"))
     made = "no all-reduce" if backward == 0 else f"{backward} all-reduce{'s' if backward > 1 else ''}"
     return (f"the forward made an all-reduce in ColumnParallelLinear, on its {_shape(in_column[0].shape)} input"
@@ -122,8 +127,7 @@ def g_reduces_backward(run: Run, part: str) -> str | None:
     if len({len(calls) for calls in reduces}) != 1 or len(reduces[0]) < 2:
         return None
     for i, call in enumerate(reduces[0]):
-        if call.input is not None and all(calls[i].input is not None and torch.equal(calls[i].input, call.input)
-                                          for calls in reduces):
+        if _alike([calls[i].input for calls in reduces]):
             return (f"the backward made {len(reduces[0])} all-reduces; its all-reduce {i + 1} summed a "
                     f"{_shape(call.shape)} gradient that was the same on every rank (the block output's), so "
                     f"everything below it is {run.world}x too large: ReduceFromParallelRegion (g) must be the "

@@ -25,7 +25,7 @@ from torch.nn.utils import parameters_to_vector
 from distlab.resmlp import make_resmlp
 
 from ....rank import LineRecorder, learner_frame, raised
-from .observations import PART1_UNFINISHED, Collective, Holdings, Zero1
+from .observations import Collective, Holdings, Zero1
 
 # A model whose parameter count neither 2 nor 4 divides: 21489 parameters, padded by 1 at W=2 and by 3 at W=4.
 ZERO1_MODEL = dict(in_features=64, hidden=47, out_features=10, depth=2)
@@ -41,7 +41,7 @@ def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Te
     """Part 1 on this rank: ``shard_range``'s answers, then ZeRO-1 training on ``batches`` (this rank's).
     ``on_ranges`` sees the observation once the answers are in, before any collective of the learner's."""
     world = dist.get_world_size()
-    obs = Zero1(error=PART1_UNFINISHED)
+    obs = Zero1()
     try:
         obs.ranges = {n: [[int(v) for v in learner.shard_range(n, world, r)] for r in range(world)]
                       for n in (zero1_numel(), *SHARD_RANGE_SIZES)}
@@ -49,7 +49,6 @@ def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Te
         obs.ranges_error = _where(exc, path)
         obs.ranges_unwritten = str(learner_frame(exc, path) or "") if isinstance(exc, NotImplementedError) else ""
     on_ranges(obs)
-    obs.error = None
     model = make_resmlp(seed=seed, **ZERO1_MODEL).to(device)  # the same start on every rank
     params = list(model.parameters())
     optimizer = None
