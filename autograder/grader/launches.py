@@ -48,16 +48,19 @@ def launch_timeout(exercise: Exercise, *, files: int = 1, launches: int = 1, sha
 
 
 def launch_files(rank_main: Callable, paths: Sequence[str | Path], *, world: int, timeout: Budget,
-                 args: tuple = ()) -> tuple[list[list], float]:
+                 args: tuple = (), untraced: Sequence[int] = ()) -> tuple[list[list], float]:
     """One launch of ``rank_main([paths], *args)`` on ``world`` ranks.
 
     Returns, for each path, every rank's observation of it (rank order), and the launch's seconds.
+    ``untraced``: the indexes of paths whose traces are not kept (a part of a file run again alone: its trace
+    has no counterpart in the reference's).
     """
     files = f" for {len(paths)} files" if len(paths) > 1 else ""
     with progress.step(f"[W={world}] torchrun, {world} ranks{files}"):
         target, first = (traced, (target_string(rank_main),)) if tracing() else (rank_main, ())
         run = torchrun(target, world, args=(*first, [str(p) for p in paths], *args), timeout=timeout)
-    results = [keep_traces(paths, got) for got in run.results]
+    traced_paths = [p for i, p in enumerate(paths) if i not in untraced]
+    results = [keep_traces(traced_paths, got) for got in run.results]
     return [[per_rank[i] for per_rank in results] for i in range(len(paths))], run.wall_s
 
 

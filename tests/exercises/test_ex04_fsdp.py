@@ -105,6 +105,8 @@ FSDP1_EXPORT = {
         "    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):\n"
         "        state = model.state_dict()\n",
 }
+MODULELIST = {  # fully_shard on the container (part 2 raises ValueError on every rank); ZeRO-1 right
+    "    for block in model.blocks:\n        fully_shard(block)  #": "    fully_shard(model.blocks)  #"}
 Z1_CLAMPED = {"    return rank * size, (rank + 1) * size\n":
               "    return min(rank * size, numel), min((rank + 1) * size, numel)\n"}
 FILES = {"mistakes": MISTAKES, "no_save_no_reshard_no_zero_grad": NO_SAVE_NO_RESHARD_NO_ZERO_GRAD,
@@ -127,6 +129,8 @@ def graded(tmp_path_factory) -> dict:
     for name, change in FILES.items():
         paths[name] = mutant(tmp_path_factory.mktemp(name), "ex04_fsdp.py", change)
     paths["independent"] = independent.path(4)
+    # next to last: part 2 raises on every rank and ends the launch; run again for part 1 alone, with the last
+    paths["modulelist_part2"] = mutant(tmp_path_factory.mktemp("modulelist"), "ex04_fsdp.py", MODULELIST)
     # last: its unequal shards end the launch in gloo (SIGABRT, as a rule); the files before it are graded
     # from what their ranks kept, and its own part 2 too
     paths["z1_clamped_last"] = mutant(tmp_path_factory.mktemp("clamped"), "ex04_fsdp.py", Z1_CLAMPED)
@@ -260,6 +264,20 @@ def test_unequal_shards_cost_part_1_only_even_when_gloo_aborts(graded):
                                        "has 10745 elements, rank 1's 10744"), fails[Z1_PARITY]
     for before in ("solution", "independent"):  # graded from what their ranks kept before the launch ended
         assert graded[before].score == graded[before].max_score, graded[before].feedback
+
+
+def test_a_crash_in_part_2_costs_part_2_only(graded):
+    report = graded["modulelist_part2"]
+    fails = failed(report)
+    part2 = [c.name for c in report.criteria if not c.name.startswith("[W=2] ZeRO-1")]
+    assert list(fails) == part2, report.feedback  # part 1, run again alone, at full marks
+    first, *rest = part2
+    assert fails[first].startswith("train_fsdp did not finish: fully_shard called on the ModuleList: fully_shard "
+                                   "needs a module with a forward"), fails[first]
+    assert "(rank 0 raised ValueError: fully_shard does not support containers" in fails[first] or \
+        "(rank 1 raised ValueError: fully_shard does not support containers" in fails[first]
+    assert "at ex04_fsdp.py line 163 in shard: fully_shard(model.blocks)" in fails[first], fails[first]
+    assert all(fails[name] == f"not checked: train_fsdp did not finish (see '{first}')" for name in rest)
 
 
 def test_gathered_shards_never_written_back_are_named(graded):

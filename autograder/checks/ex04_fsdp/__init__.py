@@ -6,7 +6,8 @@ grader's loop runs the learner's ``make_zero1_optimizer`` and ``zero1_step`` on 
 global batch (``zero1`` observes it). Graded: ``shard_range``'s padded slices; every rank's weights
 against one process's Adam on the whole batches (``reference.zero1_reference``, flat); the elements
 of each rank's Adam state (1/W); the collectives of each step, counted by the one recorder (one
-reduce-scatter, one all-gather, no all-reduce). A part 2 not written yet does not stop part 1's grading.
+reduce-scatter, one all-gather, no all-reduce). A part 2 not written yet does not stop part 1's grading, nor
+one that raises, hangs or aborts: part 1 is then run again alone (``_launches``).
 
 Part 2: every rank builds the same :class:`~distlab.resmlp.ResidualMLP` and trains it
 with the learner's ``train_fsdp`` on its slice of each global batch. The
@@ -70,7 +71,7 @@ from typing import Sequence
 
 import torch
 
-from distlab import LaunchError
+from distlab import LaunchError, LaunchTimeout
 from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT
 
 from ...grader.diagnosis import diagnose
@@ -288,6 +289,16 @@ CRITERIA = [*ZERO1_CRITERIA, sharded_on_dim0, optimizer_after_sharding, holds_it
 def _judge(report: ExerciseReport, run: Run, wall_s: float | None) -> None:
     """One file at one world size: the criteria, or "did not run" when neither part ran."""
     tag = f"[W={run.world}]"
+    if run.part2_ended:  # part 1 was run again alone: graded; part 2's criteria say how it ended, once in full
+        report.judge(ZERO1_CRITERIA, run, world=run.world)
+        first, *rest = CRITERIA[len(ZERO1_CRITERIA):]
+        said = first.rule.name.format(world=run.world)
+        report.check(said, first.rule.points, False, f"train_fsdp did not finish: {run.part2_ended}",
+                     key=first.__name__)
+        for fn in rest:
+            report.check(fn.rule.name.format(world=run.world), fn.rule.points, False,
+                         f"not checked: train_fsdp did not finish (see '{said}')", key=fn.__name__)
+        return
     if not run.stepped:
         r0 = run.ranks[0]
         unwritten = r0.not_implemented is not None
@@ -308,30 +319,60 @@ def _judge(report: ExerciseReport, run: Run, wall_s: float | None) -> None:
         report.measurements[f"W{run.world}_launch_s"] = round(wall_s, 2)
 
 
-def _kept(outdir: Path, paths: Sequence[Path], world: int, err: LaunchError) -> list[list[dict]]:
-    """Every file's observations as its ranks kept them (``probes.kept_path``) when the launch ended early: a
-    part 1 cut short says how the launch ended. ``err`` again unless every rank kept its part 2 of every file."""
+def _kept(outdir: Path, path: Path, file: int, world: int, err: LaunchError) -> list[dict] | None:
+    """File ``file``'s observations as its ranks kept them (``probes.kept_path``) when the launch ended early
+    (``None``: some rank kept none, so its part 2 had not finished): a part 1 cut short says how it ended."""
     from ...grader.main import explain
 
-    runs = []
-    for i, path in enumerate(paths):
-        kept = [kept_path(outdir, i, r) for r in range(world)]
-        if not all(f.is_file() for f in kept):
-            raise err
-        ranks = [torch.load(f, weights_only=True) for f in kept]
-        for obs in ranks:
-            if obs["zero1"].get("error") == PART1_UNFINISHED:
-                obs["zero1"].update(error=None, aborted=explain(err, Path(path), KNOWN_ERRORS))
-        runs.append(ranks)
-    return runs
+    kept = [kept_path(outdir, file, r) for r in range(world)]
+    if not all(f.is_file() for f in kept):
+        return None
+    ranks = [torch.load(f, weights_only=True) for f in kept]
+    for obs in ranks:
+        if obs["zero1"].get("error") == PART1_UNFINISHED:
+            obs["zero1"].update(error=None, aborted=explain(err, path, KNOWN_ERRORS))
+    return ranks
+
+
+def _launches(paths: Sequence[Path], world: int, folder: Path, timeout) -> tuple[list[Run], float | None]:
+    """Every file's run at one world size, in as many launches as it takes: a file whose part 2 ends a launch
+    (a native abort, a hang, an error) is run again for part 1 alone, with the files after it, so that a crash
+    in part 2 costs part 2 only (a crash in part 1 costs part 1 only: what the ranks kept is graded). The wall
+    seconds of the launch that graded every file at once (``None``: it took more than one)."""
+    from ...grader.main import explain
+
+    runs: dict[int, Run] = {}
+    ended: dict[int, str] = {}  # file -> how its part 2 ended a launch, in the learner's terms
+    todo, wall_s = list(range(len(paths))), None
+    for attempt in range(len(paths) + 1):
+        outdir = folder / f"W{world}-{attempt}"  # no file an earlier launch exported counts
+        outdir.mkdir()  # here, before the launch hands the scratch space to the learner user
+        part1_only = [j for j, i in enumerate(todo) if i in ended]
+        try:
+            got, wall_s = launch_files(rank_main, [paths[i] for i in todo], world=world, timeout=timeout,
+                                       args=(str(outdir), part1_only), untraced=part1_only)
+        except LaunchError as err:
+            kept = [_kept(outdir, paths[i], j, world, err) for j, i in enumerate(todo)]
+            first = next((j for j, k in enumerate(kept) if k is None), len(todo))
+            runs.update({i: Run.from_wire(kept[j], ended.get(i)) for j, i in enumerate(todo[:first])})
+            todo, wall_s = todo[first:], None
+            if not todo:
+                break
+            if todo[0] in ended or type(err) is LaunchTimeout:  # part 1 alone kept nothing, or out of time
+                raise err
+            ended[todo[0]] = explain(err, paths[todo[0]], KNOWN_ERRORS)
+            continue
+        runs.update({i: Run.from_wire(ranks, ended.get(i)) for i, ranks in zip(todo, got)})
+        break
+    return [runs[i] for i in range(len(paths))], wall_s
 
 
 def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> list[ExerciseReport]:
     """Grade the files at ``paths`` (tests pass fewer ``world_sizes`` to run faster); one report each.
 
     One launch per world size grades every file, one world size after the other (each needs W
-    devices on a GPU machine). Each world size's criteria are declared at full weight; scale_to
-    gives every world size an equal share.
+    devices on a GPU machine); a file whose part 2 ends the launch costs one more (:func:`_launches`). Each
+    world size's criteria are declared at full weight; scale_to gives every world size an equal share.
     """
     reports = [EXERCISE.new_report() for _ in paths]
     shares = sum(LAUNCH_SHARES[w] for w in world_sizes)
@@ -339,15 +380,10 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
         for world in world_sizes:
             if not any(r.ran for r in reports):
                 break  # nothing left to judge at a larger world size
-            outdir = Path(tmp) / f"W{world}"  # a folder per launch: no file an earlier one exported counts
-            outdir.mkdir()  # here, before the launch hands the scratch space to the learner user
             timeout = launch_timeout(EXERCISE, files=len(paths), share=LAUNCH_SHARES[world] / shares,
                                      per_extra_file_s=PER_EXTRA_FILE_S)
-            try:
-                runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeout, args=(str(outdir),))
-            except LaunchError as err:  # what the ranks kept is graded; a crash in part 1 costs part 1 only
-                runs, wall_s = _kept(outdir, paths, world, err), None
-            for report, ranks in zip(reports, runs):
+            runs, wall_s = _launches(paths, world, Path(tmp), timeout)
+            for report, run in zip(reports, runs):
                 if report.ran:
-                    _judge(report, Run.from_wire(ranks), wall_s)
+                    _judge(report, run, wall_s)
     return [r.scale_to() for r in reports]

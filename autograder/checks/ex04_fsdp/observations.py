@@ -98,14 +98,17 @@ class FsdpRank(Observation):
 
 @dataclass
 class Run:
-    """One file's run at one world size: every rank's observation (rank order)."""
+    """One file's run at one world size: every rank's observation (rank order), and, where part 2 ended its
+    launch (a native abort, a hang, an error on some ranks), how, in the learner's terms: part 1 was then run
+    again alone."""
 
     ranks: list[FsdpRank]
+    part2_ended: str | None = None
 
     @classmethod
-    def from_wire(cls, ranks: list[dict]) -> "Run":
+    def from_wire(cls, ranks: list[dict], part2_ended: str | None = None) -> "Run":
         """The run of what every rank's ``rank_main`` sent for one file (rank order)."""
-        return cls([FsdpRank.from_wire(r) for r in ranks])
+        return cls([FsdpRank.from_wire(r) for r in ranks], part2_ended)
 
     @property
     def world(self) -> int:

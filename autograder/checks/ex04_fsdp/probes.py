@@ -24,6 +24,7 @@ import functools
 import json
 import time
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -47,16 +48,18 @@ from .zero1.probes import observe_zero1
 STATE_DICT_CALLS = ("get_model_state_dict", "get_state_dict", "get_optimizer_state_dict")
 
 
-def rank_main(paths: list[str], outdir: str) -> list[dict]:
+def rank_main(paths: list[str], outdir: str, part1_only: Sequence[int] = ()) -> list[dict]:
     """Runs on every rank: each file in turn trains with the learner's code; one observation per file, as
     plain data (``FsdpRank.to_wire``), for the launcher's ``torch.load(weights_only=True)``.
 
     The grader makes the process group (the learner's file does not), so every file uses the same one. What
     is observed of a file is also kept on disk as it grows (:func:`kept_path`), so a rank that a native abort
     ends (gloo's SIGABRT on a collective of unequal pieces) leaves its parts observed so far to be graded.
+    ``part1_only``: the indexes of files whose part 2 ended an earlier launch, run again for part 1 alone.
     """
     device = init_distributed()
-    return [_observe(p, Path(outdir), i, device, tag=f"distlab/ex04/{i}").to_wire() for i, p in enumerate(paths)]
+    return [_observe(p, Path(outdir), i, device, tag=f"distlab/ex04/{i}", part2=i not in part1_only).to_wire()
+            for i, p in enumerate(paths)]
 
 
 def kept_path(outdir: Path, file: int, rank: int) -> Path:
@@ -73,15 +76,17 @@ def _keep(obs: FsdpRank, outdir: Path, file: int) -> None:
     path.with_suffix(".tmp").replace(path)  # whole or absent: a rank can die at any moment
 
 
-def _observe(path: str, outdir: Path, file: int, device: torch.device, tag: str) -> FsdpRank:
-    """One file on this rank: part 2 (the wrapped ``train_step`` observes one step), then part 1. Part 2 comes
-    first and is kept with shard_range's answers, before part 1's first collective: part 1's collectives are the
-    learner's own, on shards the learner cut, where a wrong length aborts the process in gloo."""
+def _observe(path: str, outdir: Path, file: int, device: torch.device, tag: str, part2: bool = True) -> FsdpRank:
+    """One file on this rank: part 2 (the wrapped ``train_step`` observes one step; not with ``part2=False``),
+    then part 1. Part 2 comes first and is kept with shard_range's answers, before part 1's first collective:
+    part 1's collectives are the learner's own, on shards the learner cut, where a wrong length aborts the
+    process in gloo."""
     # Both before the import, so that ``from torch import save`` (and the state-dict calls) bind the spies.
     with SaveSpy() as saves, StateDictSpy(tag) as calls:
         learner = load_learner(path)
         obs = FsdpRank(rank=dist.get_rank(), world=dist.get_world_size(), steps=0, zero1=Zero1())
-        _train_observed(obs, learner, outdir / f"full_state-{file}.pt", device, saves, calls, path)
+        if part2:
+            _train_observed(obs, learner, outdir / f"full_state-{file}.pt", device, saves, calls, path)
         batches = rank_batches(dist.get_world_size(), dist.get_rank(), device)
 
         def ranges_known(zero1: Zero1) -> None:  # kept as unfinished until part 1 returns
