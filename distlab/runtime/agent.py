@@ -103,6 +103,22 @@ def record_exits(outdir: str) -> None:
     MultiprocessContext.close = close
 
 
+def no_join_skew() -> None:
+    """No random sleep before the first rendezvous round. torchrun's c10d rendezvous sleeps 0 to 0.3 s there
+    so that many nodes' agents do not reach the store at once; a one-node job has one agent, and paid it
+    (0.15 s on average) at every launch, about a third of a trivial warm 2-rank launch. Its fixed delays
+    (polling a rendezvous still filling) are kept. Only this agent's process is patched: it runs one job."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    original = dynamic_rendezvous._delay
+
+    def delay(seconds: float | tuple[float, float]) -> None:
+        if not isinstance(seconds, tuple):  # the skew is its one randomised delay
+            original(seconds)
+
+    dynamic_rendezvous._delay = delay
+
+
 def run(request: dict) -> int:
     """The agent: torchrun's ``elastic_launch`` of :func:`distlab.runtime.worker.entry` on the request's spec.
 
@@ -117,7 +133,10 @@ def run(request: dict) -> int:
 
     record_exits(os.path.dirname(request["spec"]))
     try:
-        elastic_launch(launch_config(request["argv"]), entrypoint=entry)(request["spec"])
+        config = launch_config(request["argv"])
+        if config.max_nodes == 1:
+            no_join_skew()
+        elastic_launch(config, entrypoint=entry)(request["spec"])
     except ChildFailedError as exc:
         print(f"torch.distributed.elastic.multiprocessing.errors.ChildFailedError: {exc}", file=sys.stderr)
         return 1
