@@ -119,6 +119,22 @@ def no_join_skew() -> None:
     dynamic_rendezvous._delay = delay
 
 
+def cheap_event_names() -> None:
+    """The rendezvous's event names from the caller's frame. Each event it records (nine a launch, evaluated
+    even where no handler keeps them) is named by ``get_method_name``, which calls ``inspect.stack()`` twice:
+    that reads every frame's source file and searches ``sys.modules`` for each, which in a process that
+    imported torch took most of the agent's time before its ranks started. The name is the same."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    def get_method_name(depth: int = 2) -> str:
+        try:
+            return sys._getframe(depth).f_code.co_name  # inspect.stack()[depth].function, without the sources
+        except ValueError:
+            return "no_method_name"
+
+    dynamic_rendezvous.get_method_name = get_method_name
+
+
 def run(request: dict) -> int:
     """The agent: torchrun's ``elastic_launch`` of :func:`distlab.runtime.worker.entry` on the request's spec.
 
@@ -134,6 +150,7 @@ def run(request: dict) -> int:
     record_exits(os.path.dirname(request["spec"]))
     try:
         config = launch_config(request["argv"])
+        cheap_event_names()
         if config.max_nodes == 1:
             no_join_skew()
         elastic_launch(config, entrypoint=entry)(request["spec"])
