@@ -64,8 +64,8 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .accumulation.probes import INF_MICRO, K, WINDOWS, reference
 from .accumulation.causes import (backwards_not_k, broken as acc_broken, clipped_scaled as acc_clipped_scaled,
-                                  not_divided, steps_not_one as acc_steps_not_one, unscaled_per_micro,
-                                  updated_per_micro)
+                                  loss_not_the_windows, not_divided, steps_not_one as acc_steps_not_one,
+                                  unscaled_per_micro, updated_per_micro)
 from .causes import (KNOWN_ERRORS, broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing,
                      no_update, not_clipped, not_scaled, optimizer_stepped, real_missing, scaled_loss_returned,
                      step_skipped, steps_not_one, timing_not_passed)
@@ -82,9 +82,6 @@ RATIO_TOL = 0.10         # a reported ratio within 10% of the truth
 GPU_MIN_SPEEDUP = 1.5    # bf16 over fp32 on the real model, required on a GPU with bf16 tensor cores only
 RTOL, ATOL = 1e-4, 1e-5  # float32 step vs the single-process reference
 ACC_RTOL, ACC_ATOL = 1e-3, 1e-4  # fp16 windows vs the reference: other legal roundings, far from any mistake
-# the loss a window returned vs its own forwards' mean: the same values added in another order (5e-8 measured),
-# where the last micro-batch's loss alone was 2.3e-3 away
-ACC_LOSS_RTOL = 1e-5
 PER_EXTRA_FILE_S = 15.0  # one more file in a launch: every part, and the real model, measured again
 
 
@@ -230,17 +227,6 @@ def gpu_speedup(run: Run) -> Verdict:
     return failed(copied or real_missing(run) or f"your compare() measured {got:.2f}x on the GPU; bf16 tensor cores "
                   f"should give {GPU_MIN_SPEEDUP}x or more on this wide model: is the step under autocast, and is "
                   "time measured with sync() after each call?")
-
-
-def loss_not_the_windows(p: Windows) -> str | None:
-    """The loss returned against the window's own forwards (the same device and roundings: only the order of
-    the additions differs), where there was one forward per micro-batch."""
-    for w, (got, want) in enumerate(zip(p.losses, p.forward_means)):
-        if want is not None and abs(got - want) > ACC_LOSS_RTOL * max(1.0, abs(want)):
-            return (f"the loss returned for window {w + 1} is {got:.6g}, but the mean of its {K} micro-batches' "
-                    f"cross-entropies, as the model's forwards in it computed them, is {want:.6g}: return the "
-                    "mean of the micro-batches' losses, unscaled")
-    return None
 
 
 ORDER_CAUSES = [backwards_not_k, acc_steps_not_one, unscaled_per_micro, updated_per_micro]  # most specific first
