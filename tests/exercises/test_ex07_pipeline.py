@@ -4,6 +4,8 @@ test_selftest.py); each file runs in its own process group, so the mutants whose
 not match (one of them a deadlock, stopped by a short p2p timeout) cost only their own marks."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from autograder.checks import ex07_pipeline as check
@@ -77,6 +79,11 @@ BATCHED = {
     "dist.send(act.grad.contiguous(), dst=0)":
         "dist.batch_isend_irecv([dist.P2POp(dist.isend, act.grad.contiguous(), 0)])[0].wait()",
 }
+ABORTS = {  # the whole batch sent where a micro-batch's buffer waits: gloo aborts the receiving rank (SIGABRT)
+    "gpipe whole batch": {"            out = stage(x_i)\n            dist.send(": "            out = stage(x)\n"
+                                                                                 "            dist.send("},
+    "1f1b whole batch": {"            inp = xs[i]\n": "            inp = x\n"},
+}
 GRADS = "stage {} gradients match the unsplit model"
 OFOB = ("[1F1B] loss and gradients match the unsplit model",
         "[1F1B] each stage runs 1F1B's order and sends each result at once",
@@ -90,9 +97,13 @@ def reports(tmp_path_factory):
     paths = [SOLUTIONS / FILE, independent.path(7), mutant(tmp_path_factory.mktemp("batched"), FILE, BATCHED)]
     for i, (name, repl) in enumerate(MISTAKES.items()):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
+    # last: each sends a message larger than its peer's buffer, which aborts gloo and ends the launch; each is
+    # launched again for its other part (then the other one, for its own)
+    for name, repl in ABORTS.items():
+        paths.append(mutant(tmp_path_factory.mktemp(name), FILE, repl))
     graded = check.grade(paths, p2p_timeout_s=1.5)  # the deadlock's cost: 1.5 s x DISTLAB_TIME_SCALE
     return {"solution": graded[0], "independent": graded[1], "batched": graded[2],
-            **dict(zip(MISTAKES, graded[3:]))}
+            **dict(zip([*MISTAKES, *ABORTS], graded[3:]))}
 
 
 def test_solution_full_marks(reports):
@@ -304,3 +315,16 @@ def test_1f1b_loss_on_every_stage_and_unwaited_sends_are_named(reports):
     assert f[OFOB[0]] == "rank 0 returned 0; only the last stage computes the loss, and the others return None"
     assert f[OFOB[1]].startswith("stage 0's 4 isend(s) (the first at ex07_pipeline.py line ") and \
         "were never waited on before one_f_one_b_step returned" in f[OFOB[1]]
+
+
+@pytest.mark.parametrize("name, crashed, fn", [("gpipe whole batch", "gpipe", "gpipe_step"),
+                                               ("1f1b whole batch", "one_f_one_b", "one_f_one_b_step")])
+def test_a_part_that_aborts_gloo_costs_that_part_only(reports, name, crashed, fn):
+    r = reports[name]
+    f = failed(r)
+    gpipe = [c.name for c in r.criteria if not c.name.startswith("[1F1B]")]
+    mine = gpipe if crashed == "gpipe" else list(OFOB)
+    assert list(f) == mine, r.feedback  # the other part, run again alone, at full marks
+    assert re.fullmatch(rf"{fn} did not finish: rank \d was killed by signal 6 \(SIGABRT\).*", f[mine[0]], re.S), \
+        f[mine[0]]
+    assert all(f[c] == f"not checked: {fn} did not finish (see '{mine[0]}')" for c in mine[1:])

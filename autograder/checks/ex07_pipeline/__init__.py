@@ -57,7 +57,8 @@ import torch
 from torch import nn
 
 from ...grader.diagnosis import diagnose, translate
-from ...grader.launches import launch_files, launch_timeout
+from ...grader.launches import launch_timeout
+from ...grader.parts import launch_parts
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
@@ -65,8 +66,8 @@ from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, coun
                      gradients_not_sent, ignores_received, last_loss, loss_not_scaled, mean_of_scaled, no_microbatches,
                      pieces_of_n_rows, sent_after_loop, unmatched)
 from . import one_f_one_b
-from .observations import FileObservation, Run
-from .probes import BATCH, BOUNDARY, MICRO, P2P_TIMEOUT_S, batch, model, rank_main
+from .observations import RankObservation, Run
+from .probes import BATCH, BOUNDARY, MICRO, P2P_TIMEOUT_S, PARTS, batch, model, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
 
@@ -200,31 +201,40 @@ CRITERIA = [every_microbatch_once, loss_matches, stage0_grads_match, stage1_grad
 ONE_F_ONE_B_CRITERIA = one_f_one_b.CRITERIA
 
 
-def _judge(report: ExerciseReport, criteria: list, step: Run, fn: str) -> None:
-    """``criteria`` on one part's ``step``; a part whose function is not written yet is said once per criterion."""
-    unwritten = next((r for r in step.ranks if r.not_implemented), None)
-    if unwritten is None:
+def _judge(report: ExerciseReport, criteria: list, step: Run | str, fn: str) -> None:
+    """``criteria`` on one part's ``step``; a part whose function is not written yet, or that ended its launch
+    (``step``: how, in the learner's terms), is said once in full and then pointed to."""
+    unwritten = None if isinstance(step, str) else next((r for r in step.ranks if r.not_implemented), None)
+    if unwritten is None and not isinstance(step, str):
         report.judge(criteria, step)
         return
-    for c in criteria:
-        report.check(c.rule.name, c.rule.points, False, f"not implemented yet: {fn} raised NotImplementedError"
-                     + (f" at {unwritten.where}" if unwritten.where else ""), key=c.__name__)
+    if isinstance(step, str):
+        first = f"{fn} did not finish: {step}"
+        rest = f"not checked: {fn} did not finish (see '{criteria[0].rule.name}')"
+    else:
+        first = rest = (f"not implemented yet: {fn} raised NotImplementedError"
+                        + (f" at {unwritten.where}" if unwritten.where else ""))
+    for k, c in enumerate(criteria):
+        report.check(c.rule.name, c.rule.points, False, rest if k else first, key=c.__name__)
 
 
 def grade(paths: Sequence[Path], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[ExerciseReport]:
-    """Grade the files at ``paths`` in one 2-rank launch; one report each.
+    """Grade the files at ``paths`` in one 2-rank launch (one more for each part that ends one); one report each.
 
     Each file runs in its own process group: a send or recv with no partner is reported in its
-    feedback, and two ranks both waiting time out after ``p2p_timeout_s`` (tests pass less).
+    feedback, and two ranks both waiting time out after ``p2p_timeout_s`` (tests pass less). A message that
+    aborts gloo (larger than its receive buffer) costs its own part only (``grader.parts``).
     """
     reports = [EXERCISE.new_report() for _ in paths]
-    runs, wall_s = launch_files(rank_main, paths, world=2, timeout=launch_timeout(EXERCISE, files=len(paths)),
-                                args=(p2p_timeout_s,))
+    parted, wall_s = launch_parts(rank_main, paths, world=2, timeout=launch_timeout(EXERCISE, files=len(paths)),
+                                  parts=list(PARTS), args=(p2p_timeout_s,), known=KNOWN_ERRORS)
     ref_loss, ref_grads, ref_micro = _reference()
-    for report, ranks in zip(reports, runs):
-        files = [FileObservation.from_wire(r) for r in ranks]
-        _judge(report, CRITERIA, Run([f.gpipe for f in files], ref_loss, ref_grads, ref_micro), "gpipe_step")
-        _judge(report, ONE_F_ONE_B_CRITERIA, Run([f.one_f_one_b for f in files], ref_loss, ref_grads, ref_micro),
-               "one_f_one_b_step")
-        report.measurements["launch_s"] = round(wall_s, 2)
+    for report, file in zip(reports, parted):
+        for part, criteria in (("gpipe", CRITERIA), ("one_f_one_b", ONE_F_ONE_B_CRITERIA)):
+            ranks = file.part(part)
+            step = file.ended[part] if ranks is None else \
+                Run([RankObservation.from_wire(r) for r in ranks], ref_loss, ref_grads, ref_micro)
+            _judge(report, criteria, step, PARTS[part])
+        if wall_s is not None:
+            report.measurements["launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

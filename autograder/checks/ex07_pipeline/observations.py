@@ -1,7 +1,7 @@
-"""Exercise 7's observations: the typed record each rank returns for one file (:class:`FileObservation`: a
-:class:`RankObservation` for each part, GPipe and 1F1B; rank = stage; its forwards and backwards with their
-times, every send and recv, the returned loss, the gradients, the activations it held), and one file's step
-of one part on both ranks with the unsplit model's figures (:class:`Run`).
+"""Exercise 7's observations: the typed record each rank returns for each part of one file
+(:class:`RankObservation`, GPipe's and 1F1B's, each kept apart: ``rank.parts``; rank = stage; its forwards and
+backwards with their times, every send and recv, the returned loss, the gradients, the activations it held),
+and one file's step of one part on both ranks with the unsplit model's figures (:class:`Run`).
 """
 from __future__ import annotations
 
@@ -41,15 +41,6 @@ class RankObservation(Observation):
     not_implemented: bool = False  # the step raised NotImplementedError (``error`` and ``where`` say where)
     saved_peak: int = 0      # 1F1B: the most bytes of activations the stage held saved for backward at once
     saved_per_microbatch: int = 0  # 1F1B: what one micro-batch's forward saves, measured by the grader first
-
-
-@dataclass
-class FileObservation(Observation):
-    """One rank's record of one file: the GPipe step (``gpipe_step``), then the 1F1B step (``one_f_one_b_step``),
-    each in a process group of its own."""
-
-    gpipe: RankObservation
-    one_f_one_b: RankObservation
 
 
 @dataclass

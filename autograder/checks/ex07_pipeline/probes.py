@@ -29,8 +29,9 @@ from distlab.lab.pipeline.timeline import Delay, TimedStage
 from distlab.runtime.process import time_scale
 
 from ...rank import CapturedPrints, P2PSpy, echo, learner_frame, load_learner, own_rendezvous, raised
+from ...rank.parts import Parts
 from ...rank.errors import values_at
-from .observations import FileObservation, P2PCall, RankObservation, StageEvent
+from .observations import P2PCall, RankObservation, StageEvent
 
 BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 48, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
 # HIDDEN is not the 64 input features: a receive buffer shaped like the input micro-batch is caught
@@ -72,20 +73,26 @@ class StageProbe:
             out.register_hook(lambda g: self.out_grads.__setitem__(i, g.detach().cpu().clone()))
 
 
-def rank_main(paths: list[str], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[dict]:
+def rank_main(paths: list[str], p2p_timeout_s: float, outdir: str, skip: dict[str, list[str]]) -> list[dict]:
     """Runs on both ranks: each learner file in turn, imported once, its GPipe step then its 1F1B step, each in a
-    process group of its own (one part's broken send or recv cannot cost the other part its marks)."""
+    process group of its own (one part's broken send or recv cannot cost the other part its marks), each kept as
+    it returns (``rank.parts``: a part whose message aborts gloo costs its own marks only). ``skip``: the parts of
+    each file an earlier launch kept or ended. Returns per file ``{part: RankObservation as plain data}``."""
     observed = []
     for i, path in enumerate(paths):
-        parts = {}
+        kept = Parts(outdir, i, skip)
         with P2PSpy(dtype=DTYPE) as p2p:  # before the import: the send and recv it binds are spied on too
             learner = load_learner(path)
             for name, fn in PARTS.items():
-                with own_rendezvous(f"file{i}-{name}"):
-                    parts[name] = _observe(learner, path, p2p, p2p_timeout_s, fn, saved=name == "one_f_one_b")
-        if all(part.not_implemented for part in parts.values()):   # the stub: "not implemented yet", as any
+                if kept.wanted(name):
+                    with own_rendezvous(f"file{i}-{name}"):
+                        kept.keep(name, _observe(learner, path, p2p, p2p_timeout_s, fn,
+                                                 saved=name == "one_f_one_b").to_wire())
+        if kept.ran and all(part["not_implemented"] for part in kept.ran.values()) and not kept.skip:
+            # the stub: "not implemented yet", as any
             raise NotImplementedError(f"{Path(path).name}: {', '.join(PARTS.values())} still raise it")
-        observed.append(FileObservation(**parts).to_wire())
+        kept.finished()
+        observed.append(kept.ran)
     return observed
 
 

@@ -1,0 +1,100 @@
+"""Launches of files whose graded parts are isolated: a crash in one part costs that part's marks alone.
+
+Issue 37's rule: where an exercise grades several parts (GPipe and 1F1B, a ring's forward and backward), a
+native abort, a hang or an error in one leaves the others graded exactly as they would be alone. The ranks
+keep each part's observation on disk as it returns (:mod:`autograder.rank.parts`). When a launch ends early,
+:func:`launch_parts` reads what every rank kept, names the part that was running (the first of the file the
+launch ended in that not every rank kept) with the launch's error in the learner's terms
+(``grader.main.explain``), and launches that file again, and the files after it, without the parts already
+kept and without that one. A file whose parts were all kept but that did not finish (it raised after them: a
+stub's ``NotImplementedError``), and a launch out of time, still end the grading as before.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from distlab import LaunchError, LaunchTimeout
+from distlab.runtime.process import Budget
+
+from ..rank.parts import finished_path, kept_path
+from .launches import launch_files
+
+
+@dataclass
+class Parted:
+    """One file's parts at one world size: each rank's observation of each part (``None``: not observed, the
+    part ended a launch), and how each part that ended a launch ended, in the learner's terms."""
+
+    ranks: list[dict[str, Any]]
+    ended: dict[str, str] = field(default_factory=dict)
+
+    def part(self, name: str) -> list[Any] | None:
+        """Every rank's observation of part ``name`` (rank order), or ``None`` where it ended a launch."""
+        return None if name in self.ended else [r[name] for r in self.ranks]
+
+
+def _kept(outdir: Path, file: int, rank: int, parts: Sequence[str]) -> dict[str, Any]:
+    found = {p: kept_path(outdir, file, rank, p) for p in parts}
+    return {p: torch.load(f, weights_only=True) for p, f in found.items() if f.is_file()}
+
+
+def launch_parts(rank_main: Callable, paths: Sequence[str | Path], *, world: int, timeout: Budget,
+                 parts: Sequence[str], args: tuple = (), known: Sequence = ()) -> tuple[list[Parted], float | None]:
+    """Every file's parts on ``world`` ranks, in as many launches as it takes: ``rank_main(paths, *args, outdir,
+    skip)`` runs the parts of each file that ``skip`` (file number as a string -> part names) does not name,
+    through :class:`autograder.rank.parts.Parts`, and returns per file ``{part: observation}``. ``known``: the
+    check's ``KNOWN_ERRORS``, for the words of a part that ended a launch. Returns per file its
+    :class:`Parted`, and the seconds of the launch when one launch did it all (else ``None``)."""
+    from .main import explain
+
+    kept: dict[int, list[dict]] = {i: [{} for _ in range(world)] for i in range(len(paths))}
+    ended: dict[int, dict[str, str]] = {i: {} for i in range(len(paths))}
+    todo, wall_s = list(range(len(paths))), None
+    with tempfile.TemporaryDirectory(prefix="parts-") as tmp:
+        for attempt in range(len(paths) * len(parts) + 1):  # each launch but the last ends a part of a file
+            outdir = Path(tmp) / str(attempt)
+            outdir.mkdir()  # here, before the launch hands the scratch space to the learner user
+            skip = {str(j): sorted({*kept[i][0], *ended[i]}) for j, i in enumerate(todo) if kept[i][0] or ended[i]}
+            try:
+                got, wall_s = launch_files(rank_main, [paths[i] for i in todo], world=world, timeout=timeout,
+                                           args=(*args, str(outdir), skip), untraced=[int(j) for j in skip])
+            except LaunchError as err:
+                todo, wall_s = _after(err, outdir, todo, world, parts, kept, ended,
+                                      lambda i, e=err: explain(e, Path(paths[i]), known)), None
+                if todo:
+                    continue
+                break
+            for i, ranks in zip(todo, got):
+                for mine, ran in zip(kept[i], ranks):
+                    mine.update(ran)
+            wall_s = None if attempt else wall_s
+            break
+    return [Parted([{p: r.get(p) for p in parts} for r in kept[i]], ended[i]) for i in range(len(paths))], wall_s
+
+
+def _after(err: LaunchError, outdir: Path, todo: list[int], world: int, parts: Sequence[str],
+           kept: dict[int, list[dict]], ended: dict[int, dict[str, str]], explain: Callable[[int], str]) -> list[int]:
+    """A launch that ended early: what its ranks kept goes in ``kept``, the part that was running in
+    ``ended``; returns the files to launch again (from the one it ended in), or raises ``err`` where nothing
+    more can be graded."""
+    for j, i in enumerate(todo):
+        for rank in range(world):
+            kept[i][rank].update(_kept(outdir, j, rank, parts))
+        everywhere = {p for p in parts if all(p in kept[i][r] for r in range(world))}
+        for r in range(world):  # a part one rank kept and another did not is the one that ended the launch
+            kept[i][r] = {p: v for p, v in kept[i][r].items() if p in everywhere}
+        if all(finished_path(outdir, j, r).exists() for r in range(world)):
+            continue
+        running = next((p for p in parts if p not in everywhere and p not in ended[i]), None)
+        if running is None or type(err) is LaunchTimeout:  # it failed outside its parts, or out of time
+            raise err
+        ended[i][running] = explain(i)
+        if not everywhere and len(ended[i]) == len(parts) and len(set(ended[i].values())) == 1:
+            raise err  # no part of it ever ran, each time for the same reason: the file's own (its import)
+        return todo[j + (len(everywhere) + len(ended[i]) == len(parts)):]  # not the file again if nothing is left
+    return []
