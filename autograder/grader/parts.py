@@ -98,3 +98,13 @@ def _after(err: LaunchError, outdir: Path, todo: list[int], world: int, parts: S
             raise err  # no part of it ever ran, each time for the same reason: the file's own (its import)
         return todo[j + (len(everywhere) + len(ended[i]) == len(parts)):]  # not the file again if nothing is left
     return []
+
+
+def report_ended(report, criteria: Sequence, fn: str, how: str, **names) -> None:
+    """A part that ended its launch (``how``, in the learner's terms), on ``report``: its first criterion says
+    how, in full; the others point to it. ``names`` fill the criteria's names (``world=2``)."""
+    said = criteria[0].rule.name.format(**names)
+    for k, c in enumerate(criteria):
+        report.check(c.rule.name.format(**names), c.rule.points, False,
+                     f"not checked: {fn} did not finish (see '{said}')" if k else f"{fn} did not finish: {how}",
+                     key=c.__name__)

@@ -8,6 +8,8 @@ mutant of the forward's (no file of its own: no launch time of its own), and fai
 criteria. The stub's grading: tests/autograder/test_stubs.py (every untouched stub, at once)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from autograder.checks import ex10_ring_attention as check
@@ -62,6 +64,13 @@ BACKWARD = {
                    B_MASK: B_MASK.replace("owner == me", "owner >= me").replace(
                        "pos[None, :]", K_POS.replace("src", "owner") + "[None, :]")},
 }
+ABORTS = {  # a receive buffer smaller than its message: gloo aborts the process (SIGABRT)
+    "forward aborts": {"            buf = torch.empty_like(kv)\n": "            buf = torch.empty_like(k)\n"},
+    "backward aborts": {"send = moving if step < world - 1 else moving[2:].contiguous()":
+                        "send = moving  # every hop the same",
+                        "        recv = torch.empty_like(send)\n":
+                        "        recv = torch.empty_like(moving if step < world - 1 else moving[2:])\n"},
+}
 MISTAKES = {
     # independent mistakes: the plain average, an all_gather (which costs the ring's marks only), no backward
     "averaged, all_gather": {RESCALE: "        o.copy_(block_out if step == 0 else (o + block_out) / 2)\n",
@@ -111,8 +120,24 @@ def reports(tmp_path_factory):
     paths = [SOLUTIONS / FILE, independent.path(10)]
     for i, (name, repl) in enumerate(MISTAKES.items()):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
+    paths.append(_overflow_without_backward(tmp_path_factory.mktemp("overflow")))
+    # last: each sends more than its peer's buffer holds, which aborts gloo and ends the launch; each is launched
+    # again for its other ring
+    for name, repl in ABORTS.items():
+        paths.append(mutant(tmp_path_factory.mktemp(name.replace(" ", "_")), FILE, repl))
     graded = check.grade(paths, world_sizes=(4,), p2p_timeout_s=1.5)  # the two hangs: 1.5 s each x the time scale
-    return {"solution": graded[0], "independent": graded[1], **dict(zip(MISTAKES, graded[2:]))}
+    return {"solution": graded[0], "independent": graded[1],
+            **dict(zip([*MISTAKES, "overflow, backward raises", *ABORTS], graded[2:]))}
+
+
+def _overflow_without_backward(folder):
+    """The realistic family's merge without the max, with a backward that raises (its D of the wrong axes)."""
+    from benchmarks.realistic import family
+
+    (mistake,) = [m for m in family()[10][0] if m.name == "merge_without_max"]
+    source = mistake.apply((SOLUTIONS / FILE).read_text())
+    (folder / FILE).write_text(source.replace("    delta = (dout * out)", "    delta = (dout * out.transpose(-1, -3))"))
+    return folder / FILE
 
 
 def test_solution_and_independent_full_marks(reports):
@@ -256,15 +281,22 @@ def test_receives_never_waited_on_are_named_at_their_line_in_every_criterion_of_
         assert f[name].startswith("rank 0 never waited on 4 of its 4 receives, the first from rank 3"), f[name]
 
 
-@pytest.mark.slow  # a launch beyond the one per exercise that make test-fast keeps
-def test_a_merge_without_the_max_is_named_on_scores_past_exps_range(tmp_path):
+def test_a_merge_without_the_max_is_named_on_scores_past_exps_range_when_the_backward_raises(reports):
     """The realistic family's (benchmarks/realistic/ex10.py): right on the ordinary inputs, wrong once the scores
-    pass float32's exp() range, which the forward's second ring (queries times LARGE) reaches."""
-    from benchmarks.realistic import family
+    pass float32's exp() range, which the forward's second ring (queries times LARGE) reaches; it runs before
+    the backward, so a backward that raises does not hide it (it did: the verdict was "ok ... and on scores
+    past exp's float32 range", where none had run)."""
+    f = failed(reports["overflow, backward raises"])
+    assert f[OUTPUT].startswith("with the queries times 40 (scores up to ") and \
+        "though the same ring matched" in f[OUTPUT], f[OUTPUT]
+    assert "RuntimeError: The size of tensor a" in f[DQ] and "dout * out.transpose(-1, -3)" in f[DQ], f[DQ]
 
-    (mistake,) = [m for m in family()[10][0] if m.name == "merge_without_max"]
-    path = tmp_path / FILE
-    path.write_text(mistake.apply((SOLUTIONS / FILE).read_text()))
-    (report,) = check.grade([path])
-    said = failed(report)[OUTPUT]
-    assert said.startswith("with the queries times 40 (scores up to ") and "though the same ring matched" in said
+
+@pytest.mark.parametrize("name, fn, ring", [("forward aborts", "ring_attention", (OUTPUT, RING, WORK)),
+                                            ("backward aborts", "ring_attention_backward", (DQ, DKDV, BRING, BWORK))])
+def test_a_ring_that_aborts_gloo_costs_that_ring_only(reports, name, fn, ring):
+    f = failed(reports[name])
+    assert tuple(f) == ring, f  # the other ring, run again alone, at full marks
+    assert re.fullmatch(rf"{fn} did not finish: rank \d was killed by signal 6 \(SIGABRT\).*", f[ring[0]], re.S), \
+        f[ring[0]]
+    assert all(f[c] == f"not checked: {fn} did not finish (see '{ring[0]}')" for c in ring[1:])

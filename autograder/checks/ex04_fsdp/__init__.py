@@ -77,6 +77,7 @@ from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT
 from ...grader.diagnosis import diagnose
 from ...grader.launches import launch_files, launch_timeout
 from ...grader.parity import parity
+from ...grader.parts import report_ended
 from ...grader.registry import Exercise
 from distlab.measure.comm import label
 
@@ -291,13 +292,7 @@ def _judge(report: ExerciseReport, run: Run, wall_s: float | None) -> None:
     tag = f"[W={run.world}]"
     if run.part2_ended:  # part 1 was run again alone: graded; part 2's criteria say how it ended, once in full
         report.judge(ZERO1_CRITERIA, run, world=run.world)
-        first, *rest = CRITERIA[len(ZERO1_CRITERIA):]
-        said = first.rule.name.format(world=run.world)
-        report.check(said, first.rule.points, False, f"train_fsdp did not finish: {run.part2_ended}",
-                     key=first.__name__)
-        for fn in rest:
-            report.check(fn.rule.name.format(world=run.world), fn.rule.points, False,
-                         f"not checked: train_fsdp did not finish (see '{said}')", key=fn.__name__)
+        report_ended(report, CRITERIA[len(ZERO1_CRITERIA):], "train_fsdp", run.part2_ended, world=run.world)
         return
     if not run.stepped:
         r0 = run.ranks[0]

@@ -58,7 +58,7 @@ from torch import nn
 
 from ...grader.diagnosis import diagnose, translate
 from ...grader.launches import launch_timeout
-from ...grader.parts import launch_parts
+from ...grader.parts import launch_parts, report_ended
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
@@ -202,20 +202,18 @@ ONE_F_ONE_B_CRITERIA = one_f_one_b.CRITERIA
 
 
 def _judge(report: ExerciseReport, criteria: list, step: Run | str, fn: str) -> None:
-    """``criteria`` on one part's ``step``; a part whose function is not written yet, or that ended its launch
-    (``step``: how, in the learner's terms), is said once in full and then pointed to."""
-    unwritten = None if isinstance(step, str) else next((r for r in step.ranks if r.not_implemented), None)
-    if unwritten is None and not isinstance(step, str):
+    """``criteria`` on one part's ``step``; a part that ended its launch (``step``: how, in the learner's terms)
+    or whose function is not written yet is said once per criterion."""
+    if isinstance(step, str):
+        report_ended(report, criteria, fn, step)
+        return
+    unwritten = next((r for r in step.ranks if r.not_implemented), None)
+    if unwritten is None:
         report.judge(criteria, step)
         return
-    if isinstance(step, str):
-        first = f"{fn} did not finish: {step}"
-        rest = f"not checked: {fn} did not finish (see '{criteria[0].rule.name}')"
-    else:
-        first = rest = (f"not implemented yet: {fn} raised NotImplementedError"
-                        + (f" at {unwritten.where}" if unwritten.where else ""))
-    for k, c in enumerate(criteria):
-        report.check(c.rule.name, c.rule.points, False, rest if k else first, key=c.__name__)
+    for c in criteria:
+        report.check(c.rule.name, c.rule.points, False, f"not implemented yet: {fn} raised NotImplementedError"
+                     + (f" at {unwritten.where}" if unwritten.where else ""), key=c.__name__)
 
 
 def grade(paths: Sequence[Path], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[ExerciseReport]:

@@ -8,7 +8,8 @@ nothing), each ring with every send and receive recorded (the harness's ``P2PSpy
 ``dist.send/recv/isend/irecv`` and the ops of ``dist.batch_isend_irecv``, with their peers and what
 each receive got), every collective (``CollectiveRecorder``) and the FLOPs of its matrix products
 (``FlopCounterMode``). Each file runs in a process group of its own, so a ring that deadlocks times out
-(gloo) and costs only that file's marks. The grading process checks, against the single-process reference
+(gloo) and costs only that file's marks; each ring is kept as it returns, so one whose message aborts gloo
+(larger than its receive buffer) costs its own ring's marks only (``grader.parts``). The grading process checks, against the single-process reference
 (Liu et al. 2023, "Ring Attention with Blockwise Transformers"; the reference is
 ``F.scaled_dot_product_attention(is_causal=True)`` on the whole sequence):
 
@@ -61,13 +62,14 @@ from pathlib import Path
 from typing import Sequence
 
 from ...grader.diagnosis import diagnose, translate
-from ...grader.launches import launch_files, launch_timeout
+from ...grader.launches import launch_timeout
 from ...grader.parity import parity
+from ...grader.parts import Parted, launch_parts, report_ended
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, large_scores_overflow,
                      never_waited, not_home, unwritten)
-from .observations import Run
+from .observations import BackwardRing, ForwardRing, Run
 from .probes import P2P_TIMEOUT_S, rank_main
 from .reference import ATOL, GRADS, LARGE, RTOL, causal_reference, grad_reference
 from .work import backward_work_balanced, work_balanced
@@ -115,7 +117,8 @@ def output_matches(run: Run) -> Verdict:
         worst = max(worst or 0.0, p.max_abs_diff)
     if why := large_scores_overflow(run):
         return failed(why)
-    return passed(f"max abs difference {worst:.2g}, and on scores past exp's float32 range",
+    large = all(getattr(obs, "out_large", None) is not None for obs in run.ranks) and run.large
+    return passed(f"max abs difference {worst:.2g}" + (", and on scores past exp's float32 range" if large else ""),
                   **{f"W{run.world}_max_abs_diff": worst})
 
 
@@ -242,20 +245,38 @@ def backward_ring(run: Run) -> Verdict:
                   **{f"W{run.world}_backward_bytes_sent_per_rank": want})
 
 
-CRITERIA = [output_matches, ring_communication, work_balanced, dq_matches, dk_dv_match, backward_ring,
-            backward_work_balanced]
+FORWARD_CRITERIA = [output_matches, ring_communication, work_balanced]
+BACKWARD_CRITERIA = [dq_matches, dk_dv_match, backward_ring, backward_work_balanced]
+CRITERIA = [*FORWARD_CRITERIA, *BACKWARD_CRITERIA]
+RINGS = {"forward": ("ring_attention", FORWARD_CRITERIA), "backward": ("ring_attention_backward", BACKWARD_CRITERIA)}
+
+
+def _run(file: Parted, world: int) -> Run:
+    """The file's run at ``world`` ranks: each rank's forward ring with its backward's inside, as the criteria
+    read them (a ring that ended its launch stands as an empty one; its criteria are not judged)."""
+    forward, backward = ([Ring(rank=r, world=world).to_wire() for r in range(world)] if (got := file.part(name))
+                         is None else got for name, Ring in (("forward", ForwardRing), ("backward", BackwardRing)))
+    ranks = [{**f, "backward": b} for f, b in zip(forward, backward)]
+    return Run.from_wire(ranks, causal_reference(world), grad_reference(world), causal_reference(world, LARGE))
 
 
 def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
           p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[ExerciseReport]:
-    """Grade the files at ``paths``, one launch per world size (tests pass fewer ``world_sizes`` and a
-    shorter ``p2p_timeout_s``); one report each. Each world size's criteria get an equal share."""
+    """Grade the files at ``paths``, one launch per world size (one more for each ring that ends one:
+    ``grader.parts``; tests pass fewer ``world_sizes`` and a shorter ``p2p_timeout_s``); one report each. Each
+    world size's criteria get an equal share."""
     reports = [EXERCISE.new_report() for _ in paths]
     timeout = launch_timeout(EXERCISE, files=len(paths), launches=len(world_sizes))
     for world in world_sizes:
-        runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeout, args=(p2p_timeout_s,))
-        for report, ranks in zip(reports, runs):
-            report.judge(CRITERIA, Run.from_wire(ranks, causal_reference(world), grad_reference(world),
-                                                 causal_reference(world, LARGE)), world=world)
-            report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
+        parted, wall_s = launch_parts(rank_main, paths, world=world, timeout=timeout, parts=list(RINGS),
+                                      args=(p2p_timeout_s,), known=KNOWN_ERRORS)
+        for report, file in zip(reports, parted):
+            run = _run(file, world)
+            for name, (fn, criteria) in RINGS.items():
+                if name in file.ended:
+                    report_ended(report, criteria, fn, file.ended[name], world=world)
+                else:
+                    report.judge(criteria, run, world=world)
+            if wall_s is not None:
+                report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

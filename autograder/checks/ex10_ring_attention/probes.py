@@ -27,35 +27,51 @@ from distlab.measure.flops import flop_counter
 from distlab.runtime.process import time_scale
 
 from ...rank import CapturedPrints, P2PSpy, attempt, echo, learner_frame, load_learner, own_rendezvous, raised
+from ...rank.parts import Parts
 from .observations import BackwardRing, ForwardRing, P2PCall
 from .reference import GRADS, LARGE, backward_inputs, shard, whole
 
 P2P_TIMEOUT_S = 3.0  # x DISTLAB_TIME_SCALE: a healthy ring waits milliseconds for its neighbour
 
 
-def rank_main(paths: list[str], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[dict]:
-    """Runs on every rank: each learner file's two rings in turn, each file in its own process group. A file
-    whose two functions both raise ``NotImplementedError`` raises it (nothing was graded). Returns one
-    :class:`~.observations.ForwardRing` per file, as plain data."""
+def rank_main(paths: list[str], p2p_timeout_s: float, outdir: str, skip: dict[str, list[str]]) -> list[dict]:
+    """Runs on every rank: each learner file's two rings in turn, each file in its own process group, each ring
+    kept as it returns (``rank.parts``: a ring whose message aborts gloo costs its own marks only; ``skip``: the
+    rings of each file an earlier launch kept or ended). A file whose two functions both raise
+    ``NotImplementedError`` raises it (nothing was graded). Returns per file ``{"forward": ForwardRing,
+    "backward": BackwardRing}`` as plain data, those that ran."""
     observed = []
     for i, path in enumerate(paths):
+        kept, forward, backward = Parts(outdir, i, skip), None, None
         with P2PSpy() as p2p:  # before the import: the functions it binds are spied on too
             learner = load_learner(path)
             with own_rendezvous(f"file{i}"):
-                forward, f_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=False)
-                if same_group := _matched_everywhere(forward, [P2PCall.from_spy(c) for c in f_calls]):
+                if kept.wanted("forward"):
+                    forward = _ring(p2p, *_observe(learner, path, p2p, p2p_timeout_s, backward=False))
+                if same_group := forward is None or _matched_everywhere(forward, forward.p2p):
+                    if forward is not None:
+                        _large(learner, p2p, forward)
+                if forward is not None:
+                    kept.keep("forward", forward.to_wire())
+                if same_group and kept.wanted("backward"):
                     backward, b_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
-                    _large(learner, p2p, forward, backward)
-            if not same_group:
+            if not same_group and kept.wanted("backward"):
                 with own_rendezvous(f"file{i}/backward"):
                     backward, b_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
-        # what each receive held is known once the spy is left
-        forward.p2p, backward.p2p = ([P2PCall.from_spy(c) for c in calls] for calls in (f_calls, b_calls))
-        if forward.not_implemented and backward.not_implemented:
+        if backward is not None:
+            kept.keep("backward", _ring(p2p, backward, b_calls).to_wire())
+        if forward is not None and backward is not None and forward.not_implemented and backward.not_implemented:
             raise NotImplementedError(forward.not_implemented)
-        forward.backward = backward
-        observed.append(forward.to_wire())
+        kept.finished()
+        observed.append(kept.ran)
     return observed
+
+
+def _ring(p2p: P2PSpy, ring: ForwardRing | BackwardRing, calls: list[dict]) -> ForwardRing | BackwardRing:
+    """``ring`` with its sends and receives, each receive's value settled (what its buffer holds now)."""
+    p2p.settle()
+    ring.p2p = [P2PCall.from_spy(c) for c in calls]
+    return ring
 
 
 def _matched_everywhere(forward: ForwardRing, calls: list[P2PCall]) -> bool:
@@ -81,12 +97,12 @@ def _every_rank(key: str, mine) -> list:
     return [json.loads(store.get(f"distlab/ex10/{key}/{r}")) for r in range(world)]
 
 
-def _large(learner, p2p: P2PSpy, forward: ForwardRing, backward: BackwardRing) -> None:
+def _large(learner, p2p: P2PSpy, forward: ForwardRing) -> None:
     """The forward ring again, on queries times ``LARGE`` (scores past float32's exp range): its output only, its
-    sends and receives not graded (the first ring's are). Run only where, on every rank, both rings raised
-    nothing and the forward returned a tensor (agreed through the file's store, as the backward is)."""
+    sends and receives not graded (the first ring's are). Run only where, on every rank, the forward raised
+    nothing and returned a tensor (agreed through the file's store, as the backward is)."""
     rank, world, dev = forward.rank, forward.world, distlab.device()
-    ok = forward.out is not None and not (forward.error or forward.not_implemented or backward.error)
+    ok = forward.out is not None and not (forward.error or forward.not_implemented)
     if not all(_every_rank("large", ok)):
         return
     q, k, v = whole()
