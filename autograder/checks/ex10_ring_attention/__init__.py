@@ -9,9 +9,9 @@ nothing), each ring with every send and receive recorded (the harness's ``P2PSpy
 each receive got), every collective (``CollectiveRecorder``) and the FLOPs of its matrix products
 (``FlopCounterMode``). Each file runs in a process group of its own, so a ring that deadlocks times out
 (gloo) and costs only that file's marks; each ring is kept as it returns, so one whose message aborts gloo
-(larger than its receive buffer) costs its own ring's marks only (``grader.parts``). The grading process checks, against the single-process reference
-(Liu et al. 2023, "Ring Attention with Blockwise Transformers"; the reference is
-``F.scaled_dot_product_attention(is_causal=True)`` on the whole sequence):
+(larger than its receive buffer) costs its own ring's marks only (``grader.parts``). The grading process
+checks, against the single-process reference (Liu et al. 2023, "Ring Attention with Blockwise Transformers";
+the reference is ``F.scaled_dot_product_attention(is_causal=True)`` on the whole sequence):
 
 * parity: each rank's output is its rows of the whole sequence's causal attention;
 * the ring: each rank sent to one neighbour and received from the other, ``W - 1`` key/value shards
