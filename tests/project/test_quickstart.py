@@ -78,6 +78,10 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
 def course(tmp_path_factory) -> Path:
     """The repository's tracked files, a git repository of its own, with the stubs as released and this
     checkout's virtual environment (make finds it set up, and installs nothing)."""
+    # The copy's make finds this checkout's virtual environment set up only where this checkout's is, for these
+    # requirements: else its `make setup` ran `pip install -e .` in the copy, and this checkout's environment
+    # imported distlab from a temporary folder until the next setup (it did, after a change of pyproject.toml).
+    subprocess.run(["make", "--no-print-directory", "setup"], cwd=REPO, check=True, capture_output=True)
     root = tmp_path_factory.mktemp("course")
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True)
     for name in filter(None, tracked.stdout.split("\0")):
