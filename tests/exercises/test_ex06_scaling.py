@@ -86,6 +86,7 @@ MISTAKES = {
             "    dist.get_world_size() * batch_size * iters / elapsed.item()\n",
         "    device = x.device\n": ""},
 }
+STEP_RAISES = {"        opt.zero_grad(set_to_none=True)\n": "        optimizer.zero_grad(set_to_none=True)\n"}
 METHOD = "[W={}] throughput of the timed steps of every rank"
 FITTED = "α and β fitted to all-reduce times at several world sizes"
 PREDICTED = "efficiency predicted at unmeasured W, the all-reduce overlapping the backward"
@@ -99,8 +100,11 @@ def graded(tmp_path_factory):
     for i, repl in enumerate(MISTAKES.values()):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
     paths.append(independent.path(6))
+    # last: its real step raises on every rank, which ends the launch; it is launched again without its real run
+    paths.append(mutant(tmp_path_factory.mktemp("step_raises"), FILE, STEP_RAISES))
     reports = check.grade(paths, world_sizes=(1, 2), real=REAL_FEW_STEPS)
-    return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:-1])), "independent": reports[-1]}
+    return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:-2])), "independent": reports[-2],
+            "step raises": reports[-1]}
 
 
 @pytest.mark.slow
@@ -297,3 +301,18 @@ def test_errors_of_known_mistakes_are_translated(raised, name):
 def test_launch_timeouts_fit_the_time_limit():
     for sizes in ((1, 2, 4), (1, 2)):
         assert sum(b.nominal_s for b in check.launch_timeouts(sizes).values()) <= check.EXERCISE.time_limit - 10
+
+
+def test_a_real_step_that_raises_costs_the_real_run_only(graded):
+    """The audit's: a name the step's closure never had (NameError on every rank, in the real benchmark): the
+    method at every world size and the α-β part are graded as they would be alone."""
+    r = graded["step raises"]
+    f = failed(r)
+    assert list(f) == ["the real step trains with DDP", REAL], r.feedback
+    line = next(i for i, ln in enumerate((SOLUTIONS / FILE).read_text().splitlines(), 1) if "opt.zero_grad(" in ln)
+    assert f["the real step trains with DDP"] == (
+        "the real benchmark (make_ddp_step, then measure_throughput) did not finish: at 1 worker(s), your code "
+        "raised on rank 0: NameError: name 'optimizer' is not defined\n"
+        f"  at {FILE} line {line} in step: optimizer.zero_grad(set_to_none=True)"), f
+    assert f[REAL] == ("not checked: the real benchmark (make_ddp_step, then measure_throughput) did not finish "
+                       "(see 'the real step trains with DDP')")

@@ -95,7 +95,8 @@ from distlab.measure.timing import cpu_cores
 from distlab.runtime.process import Budget
 
 from ...grader.diagnosis import diagnose
-from ...grader.launches import launch_files, launch_timeout
+from ...grader.launches import launch_timeout
+from ...grader.parts import Parted, launch_parts, report_ended
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .alphabeta.reference import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
@@ -241,6 +242,8 @@ CRITERIA = [trains_with_ddp, real_run_counted, alpha_beta_fitted, efficiency_pre
 def _notes(report: ExerciseReport, bench: Benchmark) -> None:
     """The real figures, as notes: reported, never graded (speed depends on the machine)."""
     thr, backend, cores = bench.figures, bench.runs[-1].ranks[0].backend, cpu_cores()
+    if not thr:  # no real run returned a figure: its criteria say why
+        return
     report.measurements["real_samples_per_s"] = {str(k): round(v, 1) for k, v in thr.items()}
     report.notes.append("Your benchmark on the real model (reported, not graded: speed depends on the machine):")
     for w in sorted(thr):
@@ -261,15 +264,33 @@ def launch_timeouts(world_sizes: Sequence[int], files: int = 1) -> dict[int, Bud
     return {w: launch_timeout(EXERCISE, files=files, share=weight[w] / total) for w in world_sizes}
 
 
-def _launches(paths: Sequence[Path], world_sizes: Sequence[int],
-              real: dict) -> Iterator[tuple[int, list[list[dict]], float]]:
-    """One launch per world size, in order; the first also runs the α-β part (rank 0). Yields
-    ``(world, every file's ranks, seconds)``."""
+def _launches(paths: Sequence[Path], world_sizes: Sequence[int], real: dict) -> Iterator[tuple[int, list[Parted],
+                                                                                                float | None]]:
+    """One launch per world size, in order (one more for each part that ends one: ``grader.parts``); the first
+    also runs the α-β part (rank 0). Yields ``(world, every file's parts, seconds)``."""
     timeouts = launch_timeouts(world_sizes, files=len(paths))
     for world in world_sizes:
-        runs, wall_s = launch_files(rank_main, paths, world=world, timeout=timeouts[world],
-                                    args=(real, world == world_sizes[0]))
-        yield world, runs, wall_s
+        parts = ["model", "method", "real"] if world == world_sizes[0] else ["method", "real"]
+        parted, wall_s = launch_parts(rank_main, paths, world=world, timeout=timeouts[world], parts=parts,
+                                      args=(real, parts), known=KNOWN_ERRORS)
+        yield world, parted, wall_s
+
+
+def _run(file: Parted, world: int, cfg: dict) -> Run:
+    """The file's launch at ``world`` ranks as the criteria read it: each rank's method and real parts in one
+    observation (a part that ended its launch stands empty: its criteria are not judged)."""
+    method = file.part("method") or [RankObservation(rank=r, backend="", reported=None, returned=0.0,
+                                                     times=torch.empty(0, 2, dtype=torch.float64)).to_wire()
+                                     for r in range(world)]
+    real = file.part("real") or [{} for _ in range(world)]
+    model = file.ranks[0].get("model") if "model" not in file.ended else None
+    return Run([RankObservation.from_wire({**m, **f, "model": model if r == 0 else None})
+                for r, (m, f) in enumerate(zip(method, real))], cfg)
+
+
+# the criteria judged once, after every launch, by the part they read: the part's name where it ended
+ONCE = {"real": ("the real benchmark (make_ddp_step, then measure_throughput)", [trains_with_ddp, real_run_counted]),
+        "model": ("the α-β part (fit_alpha_beta, predict_efficiency)", [alpha_beta_fitted, efficiency_predicted])}
 
 
 def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
@@ -281,13 +302,24 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
     """
     reports = [EXERCISE.new_report() for _ in paths]
     benches = [Benchmark([]) for _ in paths]
+    ended: list[dict[str, str]] = [{} for _ in paths]  # part -> how it ended a launch, at its first world size
     cfg = {**REAL, **(real or {})}
-    for world, runs, wall_s in _launches(paths, world_sizes, cfg):
-        for report, bench, ranks in zip(reports, benches, runs):
-            bench.runs.append(Run([RankObservation.from_wire(r) for r in ranks], cfg))
-            report.judge(METHOD_CRITERIA, bench.runs[-1], world=world)
-            report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
-    for report, bench in zip(reports, benches):
-        report.judge(CRITERIA, bench)
+    for world, parted, wall_s in _launches(paths, world_sizes, cfg):
+        for report, bench, file, gone in zip(reports, benches, parted, ended):
+            bench.runs.append(_run(file, world, cfg))
+            for part, how in file.ended.items():
+                gone.setdefault(part, f"at {world} worker(s), {how}")
+            if "method" in file.ended:
+                report_ended(report, METHOD_CRITERIA, "measure_throughput", file.ended["method"], world=world)
+            else:
+                report.judge(METHOD_CRITERIA, bench.runs[-1], world=world)
+            if wall_s is not None:
+                report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
+    for report, bench, gone in zip(reports, benches, ended):
+        for part, (what, criteria) in ONCE.items():
+            if part in gone:
+                report_ended(report, criteria, what, gone[part])
+            else:
+                report.judge(criteria, bench)
         _notes(report, bench)
     return [r.scale_to() for r in reports]

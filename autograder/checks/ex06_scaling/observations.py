@@ -60,6 +60,12 @@ class RankObservation(Observation):
     model: ModelObservation | None = None  # the α-β part (rank 0, first launch only)
 
 
+# What the real benchmark fills in (the part "real", kept apart from the synthetic method's: ``rank.parts``).
+REAL_FIELDS = ("backend", "initial", "final", "step_error", "real", "real_method", "real_steps", "opt_steps",
+               "opt_steps_without_grad", "ddp_wrapped", "ddp_forwards", "ddp_built_in_make", "ddp_built_in_step",
+               "ddp_rounds")
+
+
 @dataclass(frozen=True)
 class Truth:
     """What a correct measurement reports, and the windows the classic mistakes time, from the step logs."""

@@ -28,9 +28,10 @@ import distlab
 from distlab.models import cpu_state, make_mlp
 
 from ...rank import CapturedPrints, DDPSpy, Replace, attempt, echo, load_learner, raised_at
+from ...rank.parts import Parts
 from .alphabeta.observations import Fit, ModelObservation, Number, Prediction
 from .alphabeta.reference import CASES, DATASETS
-from .observations import SYNTH, MethodEvent, RankObservation
+from .observations import REAL_FIELDS, SYNTH, MethodEvent, RankObservation
 
 # Rank r's timed steps take STEP_S * (1 + SLOWER_PER_RANK * r); the warm-up steps WARMUP_STEP_S, except
 # rank LATE_RANK's, LATE_WARMUP_S: that rank arrives at the timed steps last (a missing barrier before
@@ -135,20 +136,30 @@ class MethodSpy(Replace):
         return make
 
 
-def rank_main(paths: list[str], real: dict, model_part: bool) -> list[dict]:
-    """Runs on every rank: the synthetic method check, then the real benchmark, for each file; with
-    ``model_part`` (the first launch), rank 0 also runs the learner's α-β fit and prediction on the
-    grader's cases (pure functions: no launch of their own, and never in the grading process)."""
+def rank_main(paths: list[str], real: dict, parts: list[str], outdir: str, skip: dict[str, list[str]]) -> list[dict]:
+    """Runs on every rank, for each file, the ``parts`` that ``skip`` does not name (``rank.parts``: each kept as
+    it returns, so that one that ends the launch costs its own marks only): ``"model"`` (the first launch),
+    rank 0's run of the learner's α-β fit and prediction on the grader's cases (pure functions: first, and never
+    in the grading process; ``None`` on the other ranks); ``"method"``, the synthetic method check; ``"real"``,
+    the real benchmark (its fields of :class:`RankObservation`, :data:`REAL_FIELDS`). Returns per file
+    ``{part: plain data}``."""
     dev = distlab.init_distributed()  # the grader owns the process group: the learner's code never makes one
     rank, observed = dist.get_rank(), []
-    for path in paths:
+    for i, path in enumerate(paths):
+        kept = Parts(outdir, i, skip)
         with MethodSpy(path) as spy, DDPSpy() as ddp:  # before the import: names it binds are spied on too
             learner = load_learner(path)
-            obs = _observe_method(learner, rank, spy)
-            _observe_real(learner, obs, dev, real, spy, ddp)
-        if model_part and rank == 0:
-            obs.model = _observe_model(learner, path)
-        observed.append(obs.to_wire())
+            if "model" in parts and kept.wanted("model"):
+                kept.keep("model", _observe_model(learner, path).to_wire() if rank == 0 else None)
+            if kept.wanted("method"):
+                kept.keep("method", _observe_method(learner, rank, spy).to_wire())
+            if kept.wanted("real"):
+                obs = RankObservation(rank=rank, backend=dist.get_backend(), reported=None, returned=0.0,
+                                      times=torch.empty(0, 2, dtype=torch.float64))
+                _observe_real(learner, obs, dev, real, spy, ddp)
+                kept.keep("real", {k: v for k, v in obs.to_wire().items() if k in REAL_FIELDS})
+        kept.finished()
+        observed.append(kept.ran)
     distlab.shutdown()
     return observed
 
