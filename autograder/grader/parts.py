@@ -44,12 +44,15 @@ def _kept(outdir: Path, file: int, rank: int, parts: Sequence[str]) -> dict[str,
 
 
 def launch_parts(rank_main: Callable, paths: Sequence[str | Path], *, world: int, timeout: Budget,
-                 parts: Sequence[str], args: tuple = (), known: Sequence = ()) -> tuple[list[Parted], float | None]:
+                 parts: Sequence[str], args: tuple = (), known: Sequence = (),
+                 fatal: Sequence[str] = ()) -> tuple[list[Parted], float | None]:
     """Every file's parts on ``world`` ranks, in as many launches as it takes: ``rank_main(paths, *args, outdir,
     skip)`` runs the parts of each file that ``skip`` (file number as a string -> part names) does not name,
-    through :class:`autograder.rank.parts.Parts`, and returns per file ``{part: observation}``. ``known``: the
-    check's ``KNOWN_ERRORS``, for the words of a part that ended a launch. Returns per file its
-    :class:`Parted`, and the seconds of the launch when one launch did it all (else ``None``)."""
+    through :class:`autograder.rank.parts.Parts`, in the order of ``parts``, and returns per file ``{part:
+    observation}``. ``known``: the check's ``KNOWN_ERRORS``, for the words of a part that ended a launch;
+    ``fatal``: the parts every other needs (a set-up, run in every launch): one that ends a launch ends the
+    grading, as before. Returns per file its :class:`Parted`, and the seconds of the launch when one launch did
+    it all (else ``None``)."""
     from .main import explain
 
     kept: dict[int, list[dict]] = {i: [{} for _ in range(world)] for i in range(len(paths))}
@@ -65,7 +68,7 @@ def launch_parts(rank_main: Callable, paths: Sequence[str | Path], *, world: int
                                            args=(*args, str(outdir), skip), untraced=[int(j) for j in skip])
             except LaunchError as err:
                 todo, wall_s = _after(err, outdir, todo, world, parts, kept, ended,
-                                      lambda i, e=err: explain(e, Path(paths[i]), known)), None
+                                      lambda i, e=err: explain(e, Path(paths[i]), known), fatal), None
                 if todo:
                     continue
                 break
@@ -78,7 +81,8 @@ def launch_parts(rank_main: Callable, paths: Sequence[str | Path], *, world: int
 
 
 def _after(err: LaunchError, outdir: Path, todo: list[int], world: int, parts: Sequence[str],
-           kept: dict[int, list[dict]], ended: dict[int, dict[str, str]], explain: Callable[[int], str]) -> list[int]:
+           kept: dict[int, list[dict]], ended: dict[int, dict[str, str]], explain: Callable[[int], str],
+           fatal: Sequence[str]) -> list[int]:
     """A launch that ended early: what its ranks kept goes in ``kept``, the part that was running in
     ``ended``; returns the files to launch again (from the one it ended in), or raises ``err`` where nothing
     more can be graded."""
@@ -91,7 +95,7 @@ def _after(err: LaunchError, outdir: Path, todo: list[int], world: int, parts: S
         if all(finished_path(outdir, j, r).exists() for r in range(world)):
             continue
         running = next((p for p in parts if p not in everywhere and p not in ended[i]), None)
-        if running is None or type(err) is LaunchTimeout:  # it failed outside its parts, or out of time
+        if running is None or running in fatal or type(err) is LaunchTimeout:  # outside its parts, or out of time
             raise err
         ended[i][running] = explain(i)
         if not everywhere and len(ended[i]) == len(parts) and len(set(ended[i].values())) == 1:

@@ -13,7 +13,7 @@ from autograder.grader import divergence
 from autograder.checks import ex01_ddp
 from distlab.runtime.launch import time_scale
 from tests.exercises import independent
-from tests.helpers import REPO, SOLUTIONS, failed, solution_and_mutants
+from tests.helpers import REPO, SOLUTIONS, failed, mutant, solution_and_mutants
 
 
 @pytest.mark.slow
@@ -134,6 +134,11 @@ MUTANTS = {
         "zip(self.buckets, self.launched):": "((b, l) for b, l in zip(self.buckets, self.launched) if l):",
     },
 }
+
+
+BUCKET_ORDER_PER_RANK = {"        params = [p for p in module.parameters() if p.requires_grad][::-1]\n":
+                         "        params = [p for p in module.parameters() if p.requires_grad][::-1 if dist.get_rank() "
+                         "== 0 else 1]\n"}
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +345,8 @@ def test_averaging_the_ranks_means_is_named(graded):
 def test_a_rank_stuck_while_the_other_waits_in_ddps_all_reduce_is_a_hang_named_at_each_ranks_line(tmp_path):
     """Issue 37's measured case: the reference with rank 1 stuck at the start of its second epoch. Rank 0 waits
     in the all-reduce DDP's reducer issues from C++ during loss.backward(): a hang, named at both ranks'
-    lines, in the learner's terms: no store, no keys, no change of MASTER_PORT (that move is the grader's)."""
+    lines, in the learner's terms: no store, no keys, no change of MASTER_PORT (that move is the grader's); and it
+    costs train_ddp's marks only."""
     from autograder.grader.supervise import grade_one
     from tests.helpers import mutant
 
@@ -349,12 +355,26 @@ def test_a_rank_stuck_while_the_other_waits_in_ddps_all_reduce_is_a_hang_named_a
         "        sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's shuffle\n"
         "        if epoch == 1 and rank == 1:\n            import time\n            time.sleep(600)\n"})
     report = grade_one(ex01_ddp.EXERCISE, tmp_path)
-    assert report.score == 0 and not report.not_graded, report.feedback
-    assert "the job hung" in report.feedback
+    # train_ddp's marks only: the file is launched again without it, for evaluate_ddp, BucketedDDP and teardown
+    train = {c.name for c in report.criteria if c.key in {fn.__name__ for fn in ex01_ddp.CRITERIA[:6]}}
+    assert set(failed(report)) == train and not report.not_graded, report.feedback
+    assert "train_ddp did not finish: the job hung" in report.feedback
     assert "rank 0 waits in DDP's all-reduce of the gradients at ex01_ddp.py:" in report.feedback
     assert "(loss.backward())" in report.feedback and "(time.sleep(600))" in report.feedback
     for internal in ("distlab/grader", "DistStoreError", "MASTER_PORT", "keys:"):
         assert internal not in report.feedback, report.feedback
+
+
+@pytest.mark.slow  # a launch of its own: one that ends early keeps no trace of the files it graded before
+def test_a_bucketed_ddp_that_aborts_gloo_costs_its_own_marks_only(tmp_path):
+    """Its buckets differ between the ranks, and gloo aborts on the first all-reduce of unequal sizes (the
+    audit's mistake: the parameters ordered by a set); the file is launched again without BucketedDDP."""
+    (report,) = ex01_ddp.grade([mutant(tmp_path, "ex01_ddp.py", BUCKET_ORDER_PER_RANK)], world_sizes=(2,))
+    fails = failed(report)
+    assert list(fails) == list(BUCKETED), report.feedback  # train_ddp, evaluate_ddp and teardown at full marks
+    assert re.fullmatch(r"BucketedDDP did not finish: rank \d was killed by signal 6 \(SIGABRT\).*",
+                        fails[BUCKETED[0]], re.S), fails[BUCKETED[0]]
+    assert all(fails[c] == f"not checked: BucketedDDP did not finish (see '{BUCKETED[0]}')" for c in BUCKETED[1:])
 
 
 # -- part 2, BucketedDDP ---------------------------------------------------------------------------------------

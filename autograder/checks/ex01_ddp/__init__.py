@@ -17,6 +17,9 @@ Part 2 (``bucketed``): the learner's ``BucketedDDP``, DDP's buckets by hand (Li 
 grader's loop at four caps that make different buckets, then with a parameter the forward never uses; each
 gradient's "ready" and each collective are logged in order, so that the buckets and the overlap are judged
 from events, not wall-clock.
+Each part (``train_ddp``, ``evaluate_ddp``, ``BucketedDDP``, ``teardown``) is kept as it returns, and one that
+ends its launch (an error, a hang, gloo's abort on buckets of unequal sizes) is reported and the file launched
+again without it: it costs its own marks only (``grader.parts``; ``setup`` is every part's, and ends the grading).
 A failure names the first cause below that explains them:
 
 | mistake | message |
@@ -65,7 +68,7 @@ from __future__ import annotations
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import nn
@@ -84,7 +87,10 @@ from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, eval_c
 from .bucketed import causes as bucketed_causes  # noqa: F401 - its @mistake functions are the check's
 from .bucketed import criteria as bucketed_criteria
 from .observations import RankObservation, Run
-from .probes import ATOL, CONFIG, EVAL, MODEL, RTOL, rank_main
+from .probes import ATOL, CONFIG, EVAL, MODEL, RTOL, checkpoint_dir, rank_main
+
+if TYPE_CHECKING:  # imported where used: see grade
+    from ...grader.parts import Parted
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]
 
@@ -233,6 +239,33 @@ CRITERIA = [same_parameters, own_shard, reshuffled, matches_reference, only_rank
             evaluates_once, teardown_destroys, *BUCKETED_CRITERIA]
 
 
+# The parts of a file, in the order the ranks run them (probes._observe): setup is every other's.
+PARTS = ["setup", "train", "evaluate", "bucketed", "teardown"]
+# Each part's criteria, in CRITERIA's order, with the function it grades.
+JUDGED = {"train": ("train_ddp", CRITERIA[:6]), "evaluate": ("evaluate_ddp", [evaluates_once]),
+          "teardown": ("teardown", [teardown_destroys]), "bucketed": ("BucketedDDP", BUCKETED_CRITERIA)}
+
+
+def _ranks(file: Parted, world: int) -> list[RankObservation]:
+    """Each rank's observation, its parts in one (a part that ended its launch stands empty: not judged)."""
+    train = file.part("train") or [RankObservation(rank=r, initial={}).to_wire() for r in range(world)]
+    later = [file.part(p) or [{} for _ in range(world)] for p in ("evaluate", "teardown")]
+    bucketed = file.part("bucketed") or [None] * world
+    return [RankObservation.from_wire({**t, **e, **d, "bucketed": b})
+            for t, e, d, b in zip(train, *later, bucketed)]
+
+
+def _judge(report: ExerciseReport, file: Parted, run: Run, world: int) -> None:
+    """The criteria of each part, in CRITERIA's order; a part that ended its launch says how, once."""
+    from ...grader.parts import report_ended  # here: see grade
+
+    for part, (fn, criteria) in JUDGED.items():
+        if part in file.ended:
+            report_ended(report, criteria, fn, file.ended[part], world=world)
+        else:
+            report.judge(criteria, run, world=world)
+
+
 def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> list[ExerciseReport]:
     """Grade the files at ``paths`` (tests pass fewer ``world_sizes`` to run faster); one report each.
 
@@ -242,20 +275,23 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
     """
     # Here, not at the top: every rank imports this package to reach ``probes``, and the launcher's modules
     # (psutil, the warm server's client) cost each of the six ranks about 25 ms it has no use for.
-    from ...grader.launches import launch_files, launch_timeout
+    from ...grader.launches import launch_timeout
+    from ...grader.parts import launch_parts
 
     reports = [EXERCISE.new_report() for _ in paths]
     timeout = launch_timeout(EXERCISE, files=len(paths))  # the launches run side by side: each gets it all
     with tempfile.TemporaryDirectory(prefix="ex01-") as tmp, ThreadPoolExecutor(len(world_sizes)) as pool:
-        folders = {w: [Path(tmp) / f"W{w}" / str(i) for i in range(len(paths))] for w in world_sizes}
-        for folder in sum(folders.values(), []):
-            folder.mkdir(parents=True)  # here, before the launch hands the scratch space to the learner user
-        jobs = {w: pool.submit(launch_files, rank_main, paths, world=w, timeout=timeout,
-                               args=(str(Path(tmp) / f"W{w}"),)) for w in world_sizes}
         for world in world_sizes:
-            runs, wall_s = jobs[world].result()  # a failed launch raises here, as a sequential one would
-            for report, ranks, folder in zip(reports, runs, folders[world]):
-                run = Run([RankObservation.from_wire(r) for r in ranks], world, folder / "model.pt")
-                report.judge(CRITERIA, run, world=world)
-                report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
+            for path in paths:  # here, before the launch hands the scratch space to the learner user
+                checkpoint_dir(Path(tmp) / f"W{world}", path).mkdir(parents=True, exist_ok=True)
+        jobs = {w: pool.submit(launch_parts, rank_main, paths, world=w, timeout=timeout, parts=PARTS,
+                               args=(str(Path(tmp) / f"W{w}"),), known=KNOWN_ERRORS, fatal=["setup"])
+                for w in world_sizes}
+        for world in world_sizes:
+            parted, wall_s = jobs[world].result()  # a failed launch raises here, as a sequential one would
+            for report, path, file in zip(reports, paths, parted):
+                _judge(report, file, Run(_ranks(file, world), world,
+                                         checkpoint_dir(Path(tmp) / f"W{world}", path) / "model.pt"), world)
+                if wall_s is not None:
+                    report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

@@ -72,6 +72,11 @@ class RankObservation(Observation):
     bucketed: Bucketed | None = None  # part 2, BucketedDDP (None: not run, the rank stopped before it)
 
 
+# The fields of RankObservation that each part after ``train_ddp`` fills (kept apart: ``rank.parts``).
+EVAL_FIELDS = ("eval", "eval_returned", "eval_error", "eval_accessed")
+TEARDOWN_FIELDS = ("still_initialized", "teardown_error")
+
+
 @dataclass
 class Run:
     """One file's run at one world size: every rank's observation, and where rank 0 was told to save."""

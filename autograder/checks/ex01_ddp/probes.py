@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 from pathlib import Path
 
 import torch
@@ -22,16 +23,19 @@ from distlab.models import cpu_state, make_mlp
 
 from ...rank import (CapturedPrints, DDPSpy, Replace, SaveSpy, attempt, echo, load_learner, own_rendezvous, raised_at,
                      transparent)
+from ...rank.parts import Parts
 from .bucketed.probes import observe_bucketed
-from .observations import CONFIG, EVAL, MODEL, FirstStep, Forward, RankObservation
+from .observations import (CONFIG, EVAL, EVAL_FIELDS, MODEL, TEARDOWN_FIELDS, FirstStep, Forward,
+                           RankObservation)
 
 # The grader's tolerance against one process (ex01_ddp and causes both use it).
 RTOL, ATOL = 1e-4, 1e-5  # all-reduce sums in another order than one big batch's mean
 
 
-def rank_main(paths: list[str], ckpt_dir: str) -> list[dict]:
-    """Runs on every rank: each file in turn trains with the learner's code; returns what was observed
-    (one :class:`RankObservation` per file, as plain data)."""
+def rank_main(paths: list[str], ckpt_dir: str, outdir: str, skip: dict[str, list[str]]) -> list[dict]:
+    """Runs on every rank: each file in turn, its parts (``PARTS``) that ``skip`` does not name, each kept as it
+    returns (``rank.parts``: a part that ends the launch costs its own marks only). Returns per file
+    ``{part: plain data}``: ``"train"`` a :class:`RankObservation`, the others their fields of one."""
     # Each file's DDP is freed by a full collection on every rank (in _train and own_rendezvous): over the
     # ~250k objects torch and the server left in this fork, each took about 0.15 CPU-s, a third of a rank's
     # work. Frozen, they are not walked again; everything made from here on is collected as before.
@@ -39,36 +43,53 @@ def rank_main(paths: list[str], ckpt_dir: str) -> list[dict]:
     try:
         out = []
         for i, path in enumerate(paths):
+            kept = Parts(outdir, i, skip)
             with own_rendezvous(f"file{i}"):  # the learner's setup() makes the process group, once per file
-                out.append(_observe(path, Path(ckpt_dir) / str(i)).to_wire())
+                _observe(path, checkpoint_dir(ckpt_dir, path), kept)
+            kept.finished()
+            out.append(kept.ran)
         return out
     finally:
         gc.unfreeze()
 
 
-def _observe(path: str, ckpt_dir: Path) -> RankObservation:
+def checkpoint_dir(root: str | Path, path: str | Path) -> Path:
+    """Where the file at ``path`` is told to save, under ``root``: named after the path, not its place in the
+    launch (a launch that grades a file again, without a part that ended the first, numbers them anew)."""
+    return Path(root) / hashlib.sha1(str(path).encode()).hexdigest()[:16]
+
+
+def _observe(path: str, ckpt_dir: Path, kept: Parts) -> None:
+    """The file's parts on this rank, in order (``setup`` always: the others need its process group)."""
     # The spies go in before the import, so ``from torch import save`` (or all_reduce) binds them too.
     with AllReduceSpy() as reduces:
-        learner, seen = _train(path, ckpt_dir, reduces)
-        _evaluate(learner, path, seen)
-        seen.bucketed = observe_bucketed(learner, path, reduces)
-    try:  # a teardown that raises loses its own criterion only
-        learner.teardown()
-    except Exception as exc:  # noqa: BLE001 - any error is the learner's, reported as feedback
-        seen.teardown_error = raised_at(exc, path)
-    seen.still_initialized = dist.is_initialized()
-    return seen
+        learner, seen = _train(path, ckpt_dir, reduces, kept)
+        if kept.wanted("evaluate"):
+            _evaluate(learner, path, seen)
+            kept.keep("evaluate", {k: v for k, v in seen.to_wire().items() if k in EVAL_FIELDS})
+        if kept.wanted("bucketed"):
+            kept.keep("bucketed", observe_bucketed(learner, path, reduces).to_wire())
+    if kept.wanted("teardown"):
+        try:  # a teardown that raises loses its own criterion only
+            learner.teardown()
+        except Exception as exc:  # noqa: BLE001 - any error is the learner's, reported as feedback
+            seen.teardown_error = raised_at(exc, path)
+        seen.still_initialized = dist.is_initialized()
+        kept.keep("teardown", {k: v for k, v in seen.to_wire().items() if k in TEARDOWN_FIELDS})
 
 
-def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy):
-    """Load the learner's file, ``setup()``, and ``train_ddp`` from this rank's own initial weights: the learner
-    module and what was observed."""
+def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy, kept: Parts):
+    """Load the learner's file, ``setup()``, and (where wanted) ``train_ddp`` from this rank's own initial
+    weights: the learner module and what was observed."""
     with SaveSpy() as saves, DDPSpy(rounds=False) as wrappers, SamplerSpy() as samplers:
         learner = load_learner(path)
         learner.setup()
         if not dist.is_initialized():
             raise RuntimeError("setup() returned but no process group is initialised")
+        kept.keep("setup", None)
         rank = dist.get_rank()
+        if not kept.wanted("train"):
+            return learner, RankObservation(rank=rank, initial={})
         model = make_mlp(seed=1000 + rank, **MODEL).to(distlab.device())  # a different start on every rank
         initial = cpu_state(model)
         data = RecordingDataset(digits())
@@ -89,6 +110,7 @@ def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy):
     del trained, model, probe
     gc.collect()
     reduces.grads = []
+    kept.keep("train", seen.to_wire())
     return learner, seen
 
 
