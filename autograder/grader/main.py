@@ -53,7 +53,9 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
         return (f"{exc}. A collective that only some ranks reach, or that ranks reach in a different order, "
                 "waits forever.")
     if isinstance(exc, LaunchTimeout):
-        return f"{exc} Look for a collective (all_reduce, barrier) that only some ranks reach."
+        if exc.where and " waits in " not in exc.where:  # each rank was running code, none waited in a collective
+            return f"{exc}. No rank was waiting in a collective: the code where each was did not return in time."
+        return f"{exc}. Look for a collective (all_reduce, barrier) that only some ranks reach."
     return str(exc)
 
 

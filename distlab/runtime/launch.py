@@ -60,12 +60,14 @@ class RankFailure(LaunchError):
 
 
 class LaunchTimeout(LaunchError):
-    """The job ran past its time limit and was ended; ``unfinished`` lists ranks that never returned."""
+    """The job ran past its time limit and was ended; ``unfinished`` lists ranks that never returned, ``where``
+    where each rank was then (``heartbeat.Watch.report``: "rank 0 is at ex03_amp.py:104 (...)"; "": unknown)."""
 
-    def __init__(self, timeout: float, unfinished: list[int], output: str = ""):
-        who = f"; ranks {unfinished} never finished (a hang in a collective?)" if unfinished else ""
-        super().__init__(f"job ran past its {timeout:g} s limit and was ended{who}", output)
-        self.unfinished = unfinished
+    def __init__(self, timeout: float, unfinished: list[int], output: str = "", where: str = ""):
+        who = f"; ranks {unfinished} never finished" if unfinished else ""
+        at = f": {where}" if where else (" (a hang in a collective?)" if unfinished else "")
+        super().__init__(f"job ran past its {timeout:g} s limit and was ended{who}{at}", output)
+        self.unfinished, self.where = unfinished, where
 
 
 class LaunchHang(LaunchTimeout):
@@ -266,7 +268,8 @@ def collect(outdir: Path, nprocs: int, backend: str, finished: Finished, timeout
     if finished.timed_out and verdict == "slow":
         raise MachineTooSlow(timeout, finished.wall_s - timeout)
     if finished.timed_out:
-        raise LaunchTimeout(timeout, sorted(set(range(nprocs)) - done), output)
+        raise LaunchTimeout(timeout, sorted(set(range(nprocs)) - done), output,
+                            supervision.watch.report() if supervision else "")
     if finished.returncode != 0 or len(done) < nprocs:
         raise _failure(outdir, finished.returncode, nprocs, done, output)
     results = [torch.load(outdir / f"result-{r}.pt", weights_only=True) for r in range(nprocs)]

@@ -1,6 +1,7 @@
 """The launcher: results come back, failures are named, nothing survives, ports never collide."""
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -105,6 +106,9 @@ def test_a_hang_times_out_and_leaves_no_process(tmp_path, wait_for):
     # Both ranks were running and hung: only the time limit can have ended the job.
     assert info.type is LaunchTimeout, f"expected the time limit to end the job: {info.value!r}"
     assert info.value.unfinished == [0, 1]
+    # where each rank was when the limit came, from the heartbeats read by then: in its sleep, at its own line
+    for rank in filter(None, info.value.where.split("; ")):
+        assert re.fullmatch(r"rank [01] is at ranks\.py:\d+ \(time\.sleep\(600\)\)", rank), info.value.where
 
 
 @pytest.mark.slow
