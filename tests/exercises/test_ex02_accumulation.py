@@ -2,11 +2,13 @@
 with its own feedback. The solution and the mutants are graded in one launch (``grade``)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from autograder.checks import ex02_accumulation as check
 from tests.exercises import independent
-from tests.helpers import failed, feedback_of, solution_and_mutants
+from tests.helpers import failed, feedback_of, mutant, solution_and_mutants
 
 FILE = check.EXERCISE.filename
 # The solution's loss line, and a micro-batch's mean loss (what most mistakes start from).
@@ -55,8 +57,24 @@ MUTANTS = {
 def reports(tmp_path_factory) -> dict:
     paths = solution_and_mutants(tmp_path_factory.mktemp("ex02"), FILE, MUTANTS)
     paths["independent"] = independent.path(2)
+    # last: it raises in the padded sequences' scenario alone, which ends the launch; launched again without it
+    paths["tokens not flattened"] = mutant(tmp_path_factory.mktemp("flat"), FILE, TOKENS_NOT_FLATTENED)
     graded = dict(zip(paths, check.grade(list(paths.values()))))
     return graded
+
+
+TOKENS_NOT_FLATTENED = {  # the audit's: (batch, seq, classes) logits into cross_entropy as they are
+    "cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),": "cross_entropy(logits, y,"}
+
+
+def test_a_scenario_that_raises_costs_its_own_marks_only(reports):
+    r = reports["tokens not flattened"]
+    fails = failed(r)
+    (tokens,) = [c.name for c in r.criteria if c.name.startswith("[padded sequences")]
+    assert list(fails) == [tokens], r.feedback  # the three other scenarios, run again without it, at full marks
+    assert re.match(r"train_accumulated on padded sequences did not finish: your code raised on rank \d: "
+                    r"RuntimeError: .*\n  at ex02_accumulation\.py line \d+ in train_accumulated: ", fails[tokens]), \
+        fails[tokens]
 
 
 def test_solution_full_marks(reports):

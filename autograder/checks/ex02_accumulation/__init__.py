@@ -16,7 +16,8 @@ that counts all-reduces (DDP's reducer runs in C++, so wrapping
 ``dist.all_reduce`` would see nothing). The grader recomputes every window's
 gradient and the parameters from a single process on the concatenated global
 batch (CS336-style parity), and requires the ranks' gradients to *differ*
-mid-window (the negative check of huggingface/accelerate's ``test_sync.py``).
+mid-window (the negative check of huggingface/accelerate's ``test_sync.py``). Each scenario is kept as it
+returns: one whose run ends the launch (an error, a hang) costs its own criteria only (``grader.parts``).
 A failure names the first cause below that explains the observations:
 
 | mistake | message |
@@ -45,14 +46,15 @@ from typing import Sequence
 
 from ...grader.diagnosis import diagnose
 from ...grader.parity import parity
-from ...grader.launches import launch_files, launch_timeout
+from ...grader.launches import launch_timeout
+from ...grader.parts import launch_parts, report_ended
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, local_count, mean_of_means,
                      never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted,
                      step_every_micro_step, step_misplaced, window_in_words, zero_grad_before_step,
                      zero_grad_mid_window)
-from .observations import RankObservation, Run, Scenario
+from .observations import RankObservation, Run, Scenario, ScenarioObservation
 from .probes import rank_main
 from .reference import WORLD, reference
 from .scenarios import SCENARIOS, windows
@@ -176,15 +178,30 @@ CRITERIA = [first_window_gradient, equal_parameters, step_per_window, allreduce_
             unequal_parameters, short_window_parameters, token_parameters]
 
 
+# Each scenario's criteria (CRITERIA's order), and how its feedback names the run that ended its launch.
+BY_SCENARIO = {"equal": ("equal micro-batches", CRITERIA[:5]), "unequal": ("unequal micro-batches", CRITERIA[5:6]),
+               "short": ("a short final window", CRITERIA[6:7]), "tokens": ("padded sequences", CRITERIA[7:])}
+
+
 def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
-    """Grade the files at ``paths`` in one launch at world size 2 (every scenario); one report each.
+    """Grade the files at ``paths`` in one launch at world size 2 (every scenario; one more for each scenario
+    that ends one: ``grader.parts``); one report each.
 
     For one file the launch's timeout fits inside ``EXERCISE.time_limit``, so a hang is reported as a
     ``LaunchTimeout`` naming the ranks that never finished rather than killed by the outer limit.
     """
     reports = [EXERCISE.new_report() for _ in paths]
-    runs, wall_s = launch_files(rank_main, paths, world=WORLD, timeout=launch_timeout(EXERCISE, files=len(paths)))
-    for report, ranks in zip(reports, runs):
-        report.judge(CRITERIA, Run([RankObservation.from_wire(r) for r in ranks]))
-        report.measurements["launch_s"] = round(wall_s, 2)
+    parted, wall_s = launch_parts(rank_main, paths, world=WORLD, timeout=launch_timeout(EXERCISE, files=len(paths)),
+                                  parts=list(SCENARIOS), known=KNOWN_ERRORS)
+    empty = ScenarioObservation().to_wire()  # a scenario that ended its launch: not judged
+    for report, file in zip(reports, parted):
+        run = Run([RankObservation.from_wire({"scenarios": {n: r[n] if n not in file.ended else empty
+                                                            for n in SCENARIOS}}) for r in file.ranks])
+        for name, (words, criteria) in BY_SCENARIO.items():
+            if name in file.ended:
+                report_ended(report, criteria, f"train_accumulated on {words}", file.ended[name])
+            else:
+                report.judge(criteria, run)
+        if wall_s is not None:
+            report.measurements["launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

@@ -16,30 +16,39 @@ from distlab.measure.ddp_hooks import BucketLog
 from distlab.models import cpu_state, make_mlp
 
 from ...rank import CapturedPrints, echo, load_learner
-from .observations import RankObservation, ScenarioObservation, Step, ZeroGrad
+from ...rank.parts import Parts
+from .observations import ScenarioObservation, Step, ZeroGrad
 from .scenarios import LR, MODEL, SCENARIOS, micro_batches, token_batches
 
 # The grader's tolerance against one process (ex02_accumulation and causes both use it).
 RTOL, ATOL = 1e-4, 1e-6  # DDP averages per-rank sums: another order than one big mean
 
 
-def rank_main(paths: list[str]) -> list[dict]:
-    """Runs on every rank: observe each learner file in turn (tests grade several per launch).
+def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]]) -> list[dict]:
+    """Runs on every rank: observe each learner file in turn (tests grade several per launch), each scenario a
+    part kept as it returns (``rank.parts``: one that ends the launch costs its own marks only; ``skip``: those
+    an earlier launch kept or ended). Returns per file ``{scenario: ScenarioObservation as plain data}``.
 
     The grader makes the process group (the exercise is the loop, not the set-up), once for every file.
     """
     device = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
-    results = [_observe(p, device, rank, world).to_wire() for p in paths]
+    results = []
+    for i, path in enumerate(paths):
+        kept = Parts(outdir, i, skip)
+        _observe(path, device, rank, world, kept)
+        kept.finished()
+        results.append(kept.ran)
     shutdown()
     return results
 
 
-def _observe(path: str, device: torch.device, rank: int, world: int) -> RankObservation:
-    """Each scenario trains a fresh DDP model with the learner's loop; return what was observed."""
+def _observe(path: str, device: torch.device, rank: int, world: int, kept: Parts) -> None:
+    """Each scenario trains a fresh DDP model with the learner's loop; what was observed, kept."""
     learner = load_learner(path)
-    out = RankObservation()
     for name, (sizes, k) in SCENARIOS.items():
+        if not kept.wanted(name):
+            continue
         model = make_mlp(seed=5, **MODEL).to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         probe = Probe(model)
@@ -55,8 +64,7 @@ def _observe(path: str, device: torch.device, rank: int, world: int) -> RankObse
         echo(printed.lines)
         probe.seen.final = cpu_state(model)
         probe.seen.total_rounds.append(probe.rounds)
-        out.scenarios[name] = probe.seen
-    return out
+        kept.keep(name, probe.seen.to_wire())
 
 
 class Probe:
