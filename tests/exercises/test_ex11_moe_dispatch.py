@@ -3,6 +3,8 @@ score full marks, the stub 0, and each known mistake fails with its own feedback
 numbers; all of them graded in one 2-rank launch."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from autograder.checks import ex11_moe_dispatch as check
@@ -45,8 +47,43 @@ COMM = "[W=2] two all-to-alls in the forward and two in the backward, nothing el
 def graded(tmp_path_factory):
     paths = [SOLUTIONS / FILE, independent.path(11), EXERCISES / FILE]
     paths += [mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, c) for i, c in enumerate(MISTAKES.values())]
-    out = dict(zip(["solution", "independent", "stub", *MISTAKES], check.grade(paths)))
+    # last: its backward's all-to-all gets splits that do not match the peer's, and gloo aborts; the file is
+    # launched again without the backward
+    paths.append(mutant(tmp_path_factory.mktemp("own"), FILE, OWN_ALL_TO_ALL_BACKWARD_SPLITS))
+    out = dict(zip(["solution", "independent", "stub", *MISTAKES, "own all-to-all"], check.grade(paths)))
     return out
+
+
+OWN_ALL_TO_ALL_BACKWARD_SPLITS = {  # the audit's: a hand-written all-to-all Function, its backward's splits wrong
+    "def dispatch(x_slots": (
+        "class _AllToAll(torch.autograd.Function):\n"
+        "    @staticmethod\n"
+        "    def forward(ctx, x, output_split_sizes, input_split_sizes):\n"
+        "        ctx.splits = (output_split_sizes, input_split_sizes)\n"
+        "        out = x.new_empty(sum(output_split_sizes), *x.shape[1:])\n"
+        "        dist.all_to_all_single(out, x.contiguous(), output_split_sizes, input_split_sizes)\n"
+        "        return out\n\n"
+        "    @staticmethod\n"
+        "    def backward(ctx, grad):\n"
+        "        output_split_sizes, input_split_sizes = ctx.splits\n"
+        "        grad_x = grad.new_empty(sum(output_split_sizes), *grad.shape[1:])\n"
+        "        dist.all_to_all_single(grad_x, grad.contiguous(), output_split_sizes, output_split_sizes)\n"
+        "        return grad_x, None, None\n\n\n"
+        "def dispatch(x_slots"),
+    "    return all_to_all_single_autograd(x_slots[perm], output_split_sizes, input_split_sizes, dist.group.WORLD)":
+        "    return _AllToAll.apply(x_slots[perm], output_split_sizes, input_split_sizes)",
+}
+
+
+def test_a_backward_that_aborts_gloo_costs_the_backward_only(graded):
+    r = graded["own all-to-all"]
+    fails = failed(r)
+    backward = [c.name for c in r.criteria][3:]
+    assert list(fails) == backward, r.feedback  # the split and the forward, kept before the backward, at full marks
+    assert re.fullmatch(r"the backward through dispatch and combine did not finish: rank \d was killed by signal 6 "
+                        r"\(SIGABRT\).*", fails[backward[0]], re.S), fails[backward[0]]
+    assert fails[backward[1]] == ("not checked: the backward through dispatch and combine did not finish "
+                                  f"(see '{backward[0]}')")
 
 
 def test_solution_and_independent_full_marks(graded):

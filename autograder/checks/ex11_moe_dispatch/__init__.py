@@ -13,6 +13,10 @@ tokens with capacity per rank (GShard's groups; Lepikhin et al., 2020; Fedus et 
 * the all-to-alls counted (``CollectiveRecorder``): one in dispatch and one in combine in the forward,
   two in the backward, and no other collective.
 
+The split, the forward and the backward are each kept as they return: one that ends its launch (gloo's abort on
+an all-to-all whose splits disagree between the ranks, a hang) costs its own criteria, and the backward's where
+the forward ended (it goes through the forward's output), and no others (``grader.parts``).
+
 | mistake | message |
 |---|---|
 | capacity drop not applied: dropped slots sent | "rank 0's perm holds 48 slots, 3 of them dropped at capacity ..." |
@@ -32,8 +36,9 @@ from pathlib import Path
 from typing import Sequence
 
 from ...grader.diagnosis import diagnose, translate
-from ...grader.launches import launch_files, launch_timeout
+from ...grader.launches import launch_timeout
 from ...grader.parity import parity
+from ...grader.parts import Parted, launch_parts, report_ended
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, dropped_sent, edge_case_missed, no_exchange_collective, not_autograd, not_exchanged,
@@ -168,16 +173,41 @@ def all_to_alls(run: Run) -> Verdict:
 CRITERIA = [split_sizes, sizes_exchanged, output_matches, grads_match, all_to_alls]
 
 
+# The parts, in the order they run, with what each grades (the backward's criteria need the forward's output).
+PARTS = {"split": ("sort_by_expert and exchange_split_sizes", CRITERIA[:2]),
+         "forward": ("dispatch and combine", CRITERIA[2:3]),
+         "backward": ("the backward through dispatch and combine", CRITERIA[3:])}
+
+
 def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:
-    """Grade the files at ``paths`` in one ``world``-rank launch; one report each."""
+    """Grade the files at ``paths`` in one ``world``-rank launch (one more for each part that ends one:
+    ``grader.parts``); one report each."""
     reports = [EXERCISE.new_report() for _ in paths]
-    runs, wall_s = launch_files(rank_main, paths, world=world, timeout=launch_timeout(EXERCISE, files=len(paths)))
-    for report, ranks in zip(reports, runs):
-        run = Run.from_wire(ranks)
-        if stub := next((o.not_implemented for o in run.ranks if o.not_implemented), None):
+    parted, wall_s = launch_parts(rank_main, paths, world=world, timeout=launch_timeout(EXERCISE, files=len(paths)),
+                                  parts=list(PARTS), known=KNOWN_ERRORS)
+    for report, file in zip(reports, parted):
+        # each part's record holds what the ranks observed until then: the last one kept is the whole run
+        last = next((file.part(p) for p in reversed(PARTS) if file.part(p) and all(file.part(p))), None)
+        run = Run.from_wire(last)  # some part was kept: else launch_parts raised
+        if (stub := next((o.not_implemented for o in run.ranks if o.not_implemented), None)):
             report.did_not_run(f"not implemented yet ({stub})")
             continue
-        report.judge(CRITERIA, run, world=world)
-        report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
+        _judge(report, file, run, world)
+        if wall_s is not None:
+            report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]
 
+
+def _judge(report: ExerciseReport, file: Parted, run: Run, world: int) -> None:
+    """Each part's criteria; a part that ended its launch says how, once, and the backward that never ran for
+    want of a forward points to it."""
+    for part, (fn, criteria) in PARTS.items():
+        if part in file.ended:
+            report_ended(report, criteria, fn, file.ended[part], world=world)
+        elif part == "backward" and "forward" in file.ended:
+            said = PARTS["forward"][1][0].rule.name.format(world=world)
+            for c in criteria:
+                report.check(c.rule.name.format(world=world), c.rule.points, False,
+                             f"not checked: dispatch and combine did not finish (see '{said}')", key=c.__name__)
+        else:
+            report.judge(criteria, run, world=world)

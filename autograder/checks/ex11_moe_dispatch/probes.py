@@ -20,6 +20,7 @@ import distlab
 from distlab.measure.comm import CollectiveRecorder
 
 from ...rank import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
+from ...rank.parts import Parts
 from .answers import ANSWERS  # the runtime's copy, resolved now: before any learner file is loaded
 from .observations import Answers, Collective, EdgeCase, MoEStep, StageError
 from .reference import HIDDEN, T, data, moe, reference
@@ -84,17 +85,26 @@ def _everywhere(ok: bool) -> bool:
     return bool(flag.item())
 
 
-def rank_main(paths: list[str]) -> list[dict]:
-    """Runs on every rank: observe each learner file in turn (the tests grade several per launch)."""
+def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]]) -> list[dict]:
+    """Runs on every rank: observe each learner file in turn (the tests grade several per launch), in three parts
+    kept as they return (``rank.parts``: one that ends the launch costs its own marks only): ``"split"``
+    (sort_by_expert, exchange_split_sizes), ``"forward"`` (dispatch, combine), ``"backward"`` (through them).
+    Each kept :class:`MoEStep` holds everything observed until then; the backward runs only after a forward."""
     distlab.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        return [_observe(path, rank, world).to_wire() for path in paths]
+        out = []
+        for i, path in enumerate(paths):
+            kept = Parts(outdir, i, skip)
+            _observe(path, rank, world, kept)
+            kept.finished()
+            out.append(kept.ran)
+        return out
     finally:
         distlab.shutdown()
 
 
-def _observe(path: str, rank: int, world: int) -> MoEStep:
+def _observe(path: str, rank: int, world: int, kept: Parts) -> None:
     obs = MoEStep(rank=rank, world=world)
     layer, (x_all, grad_all) = moe(world), data(world)
     x = x_all[rank * T:(rank + 1) * T].clone().requires_grad_()
@@ -118,52 +128,83 @@ def _observe(path: str, rank: int, world: int) -> MoEStep:
             obs.returned_none.append(name)
         return out
 
+    def keep(part: str) -> None:  # everything observed so far
+        obs.comm = spy.calls
+        obs.answers = Answers(identified=identified, calls=[(d, chain) for d, chain in watch.calls])
+        kept.keep(part, obs.to_wire())
+
     with CapturedPrints() as printed:
-        got = stage("sort", learner.sort_by_expert, slots.expert, slots.keep, world)
-        perm, send = got if isinstance(got, tuple) and len(got) == 2 else (None, None)
-        obs.returned.perm = perm.detach().cpu().clone() if isinstance(perm, torch.Tensor) else repr(perm)[:80]
-        obs.returned.send = _ints(send) if _ints(send) is not None else repr(send)[:80]
-        if not valid_perm(perm, slots.expert, slots.keep) or _ints(send) != send_true:
-            obs.substituted.append("sort")
-            kept = slots.keep.nonzero().squeeze(1)
-            perm, send = kept[torch.argsort(slots.expert[kept], stable=True)], send_true
-        recv = stage("exchange", learner.exchange_split_sizes, list(send))
-        obs.returned.recv = _ints(recv) if _ints(recv) is not None else repr(recv)[:80]
-        if _ints(recv) != recv_true:
-            obs.substituted.append("exchange")
-            recv = recv_true
-        received = stage("dispatch", learner.dispatch, x[slots.token], perm, list(send), list(recv))
-        if _everywhere(isinstance(received, torch.Tensor) and tuple(received.shape) == (sum(recv), HIDDEN)):
-            obs.received_grad_fn = received.grad_fn is not None
-            y_slots = stage("combine", learner.combine, layer.experts[rank](received), perm, len(slots.token),
-                            list(send), list(recv))
-            _combined(obs, y_slots, slots, layer, x, grad_all[rank * T:(rank + 1) * T], spy, path)
-        else:
-            obs.returned.dispatch_shape = list(getattr(received, "shape", [])) or repr(received)[:80]
-        obs.edges = _edges(learner, world)  # no communication: each rank alone, after the step's collectives
+        if kept.wanted("split"):
+            perm, send, recv = _split(obs, stage, learner, slots, world, send_true, recv_true)
+            obs.edges = _edges(learner, world)  # no communication: each rank alone, after the split's collectives
+            keep("split")
+        else:  # the split ended an earlier launch: the forward runs on the grader's own
+            perm, send, recv = _sorted(slots), send_true, recv_true
+            obs.substituted += ["sort", "exchange"]
+        if kept.wanted("forward"):
+            received = stage("dispatch", learner.dispatch, x[slots.token], perm, list(send), list(recv))
+            y = None
+            if _everywhere(isinstance(received, torch.Tensor) and tuple(received.shape) == (sum(recv), HIDDEN)):
+                obs.received_grad_fn = received.grad_fn is not None
+                y = _combined(obs, stage("combine", learner.combine, layer.experts[rank](received), perm,
+                                         len(slots.token), list(send), list(recv)), slots, x)
+            else:
+                obs.returned.dispatch_shape = list(getattr(received, "shape", [])) or repr(received)[:80]
+            keep("forward")
+            if kept.wanted("backward"):
+                _backward(obs, y, layer, x, grad_all[rank * T:(rank + 1) * T], spy, path)
+                keep("backward")
     echo(printed.lines)
-    obs.x_grad = None if x.grad is None else x.grad.detach().clone()
-    router = layer.router.gate.weight.grad
-    obs.router_grad = None if router is None else router.detach().clone()
-    obs.expert_grads = {n: (None if p.grad is None else p.grad.detach().clone())
-                        for n, p in layer.experts[rank].named_parameters()}
-    obs.comm = spy.calls
-    obs.answers = Answers(identified=identified, calls=[(d, chain) for d, chain in watch.calls])
-    return obs
 
 
-def _combined(obs: MoEStep, y_slots, slots, layer, x: torch.Tensor, grad: torch.Tensor, spy: CommSpy,
-              path: str) -> None:
-    """What combine returned, and (where it has its shape on every rank) the layer's output and backward."""
+def _sorted(slots) -> torch.Tensor:
+    """The kept slots, sorted by expert: the grader's own permutation."""
+    kept = slots.keep.nonzero().squeeze(1)
+    return kept[torch.argsort(slots.expert[kept], stable=True)]
+
+
+def _split(obs: MoEStep, stage, learner, slots, world: int, send_true: list[int], recv_true: list[int]) -> tuple:
+    """sort_by_expert and exchange_split_sizes, observed into ``obs``; what the forward then runs on (the
+    grader's own values where the learner's are wrong, said in ``obs.substituted``)."""
+    got = stage("sort", learner.sort_by_expert, slots.expert, slots.keep, world)
+    perm, send = got if isinstance(got, tuple) and len(got) == 2 else (None, None)
+    obs.returned.perm = perm.detach().cpu().clone() if isinstance(perm, torch.Tensor) else repr(perm)[:80]
+    obs.returned.send = _ints(send) if _ints(send) is not None else repr(send)[:80]
+    if not valid_perm(perm, slots.expert, slots.keep) or _ints(send) != send_true:
+        obs.substituted.append("sort")
+        perm, send = _sorted(slots), send_true
+    recv = stage("exchange", learner.exchange_split_sizes, list(send))
+    obs.returned.recv = _ints(recv) if _ints(recv) is not None else repr(recv)[:80]
+    if _ints(recv) != recv_true:
+        obs.substituted.append("exchange")
+        recv = recv_true
+    return perm, send, recv
+
+
+def _combined(obs: MoEStep, y_slots, slots, x: torch.Tensor) -> torch.Tensor | None:
+    """What combine returned, and (where it has its shape on every rank) the layer's output, which the backward
+    goes through (``None``: it has not)."""
     if not _everywhere(isinstance(y_slots, torch.Tensor) and tuple(y_slots.shape) == (len(slots.token), HIDDEN)):
         obs.returned.combine_shape = list(getattr(y_slots, "shape", [])) or repr(y_slots)[:80]
-        return
+        return None
     obs.combined_grad_fn = y_slots.grad_fn is not None
     obs.y_slots = y_slots.detach().cpu().clone()
     y = torch.zeros_like(x).index_add(0, slots.token, slots.gate[:, None] * y_slots)
     obs.y = y.detach().cpu().clone()
-    spy.stage, spy.phase = "backward", "backward"
-    with spy:
-        _, exc = attempt(y.backward, grad)
-    if exc is not None:
-        obs.errors["backward"] = StageError(error=raised(exc), where=str(learner_frame(exc, path) or ""))
+    return y
+
+
+def _backward(obs: MoEStep, y: torch.Tensor | None, layer, x: torch.Tensor, grad: torch.Tensor, spy: CommSpy,
+              path: str) -> None:
+    """The backward through the layer's output (where there is one), and the gradients it left."""
+    if y is not None:
+        spy.stage, spy.phase = "backward", "backward"
+        with spy:
+            _, exc = attempt(y.backward, grad)
+        if exc is not None:
+            obs.errors["backward"] = StageError(error=raised(exc), where=str(learner_frame(exc, path) or ""))
+    obs.x_grad = None if x.grad is None else x.grad.detach().clone()
+    router = layer.router.gate.weight.grad
+    obs.router_grad = None if router is None else router.detach().clone()
+    obs.expert_grads = {n: (None if p.grad is None else p.grad.detach().clone())
+                        for n, p in layer.experts[obs.rank].named_parameters()}
