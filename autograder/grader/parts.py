@@ -4,10 +4,10 @@ Issue 37's rule: where an exercise grades several parts (GPipe and 1F1B, a ring'
 native abort, a hang or an error in one leaves the others graded exactly as they would be alone. The ranks
 keep each part's observation on disk as it returns (:mod:`autograder.rank.parts`). When a launch ends early,
 :func:`launch_parts` reads what every rank kept, names the part that was running (the first of the file the
-launch ended in that not every rank kept) with the launch's error in the learner's terms
+launch ended in that a rank began and not every rank kept) with the launch's error in the learner's terms
 (``grader.main.explain``), and launches that file again, and the files after it, without the parts already
-kept and without that one. A file whose parts were all kept but that did not finish (it raised after them: a
-stub's ``NotImplementedError``), and a launch out of time, still end the grading as before.
+kept and without that one. A launch that ended in a file before any of its parts began (its import, its
+set-up) or after all of them (a stub's ``NotImplementedError``), or out of time, still ends the grading.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 from distlab import LaunchError, LaunchTimeout
 from distlab.runtime.process import Budget
 
-from ..rank.parts import finished_path, kept_path
+from ..rank.parts import finished_path, kept_path, started_path
 from .launches import launch_files
 
 
@@ -44,15 +44,12 @@ def _kept(outdir: Path, file: int, rank: int, parts: Sequence[str]) -> dict[str,
 
 
 def launch_parts(rank_main: Callable, paths: Sequence[str | Path], *, world: int, timeout: Budget,
-                 parts: Sequence[str], args: tuple = (), known: Sequence = (),
-                 fatal: Sequence[str] = ()) -> tuple[list[Parted], float | None]:
+                 parts: Sequence[str], args: tuple = (), known: Sequence = ()) -> tuple[list[Parted], float | None]:
     """Every file's parts on ``world`` ranks, in as many launches as it takes: ``rank_main(paths, *args, outdir,
     skip)`` runs the parts of each file that ``skip`` (file number as a string -> part names) does not name,
-    through :class:`autograder.rank.parts.Parts`, in the order of ``parts``, and returns per file ``{part:
-    observation}``. ``known``: the check's ``KNOWN_ERRORS``, for the words of a part that ended a launch;
-    ``fatal``: the parts every other needs (a set-up, run in every launch): one that ends a launch ends the
-    grading, as before. Returns per file its :class:`Parted`, and the seconds of the launch when one launch did
-    it all (else ``None``)."""
+    through :class:`autograder.rank.parts.Parts`, and returns per file ``{part: observation}``. ``known``: the
+    check's ``KNOWN_ERRORS``, for the words of a part that ended a launch. Returns per file its
+    :class:`Parted`, and the seconds of the launch when one launch did it all (else ``None``)."""
     from .main import explain
 
     kept: dict[int, list[dict]] = {i: [{} for _ in range(world)] for i in range(len(paths))}
@@ -68,7 +65,7 @@ def launch_parts(rank_main: Callable, paths: Sequence[str | Path], *, world: int
                                            args=(*args, str(outdir), skip), untraced=[int(j) for j in skip])
             except LaunchError as err:
                 todo, wall_s = _after(err, outdir, todo, world, parts, kept, ended,
-                                      lambda i, e=err: explain(e, Path(paths[i]), known), fatal), None
+                                      lambda i, e=err: explain(e, Path(paths[i]), known)), None
                 if todo:
                     continue
                 break
@@ -81,8 +78,7 @@ def launch_parts(rank_main: Callable, paths: Sequence[str | Path], *, world: int
 
 
 def _after(err: LaunchError, outdir: Path, todo: list[int], world: int, parts: Sequence[str],
-           kept: dict[int, list[dict]], ended: dict[int, dict[str, str]], explain: Callable[[int], str],
-           fatal: Sequence[str]) -> list[int]:
+           kept: dict[int, list[dict]], ended: dict[int, dict[str, str]], explain: Callable[[int], str]) -> list[int]:
     """A launch that ended early: what its ranks kept goes in ``kept``, the part that was running in
     ``ended``; returns the files to launch again (from the one it ended in), or raises ``err`` where nothing
     more can be graded."""
@@ -94,12 +90,12 @@ def _after(err: LaunchError, outdir: Path, todo: list[int], world: int, parts: S
             kept[i][r] = {p: v for p, v in kept[i][r].items() if p in everywhere}
         if all(finished_path(outdir, j, r).exists() for r in range(world)):
             continue
-        running = next((p for p in parts if p not in everywhere and p not in ended[i]), None)
-        if running is None or running in fatal or type(err) is LaunchTimeout:  # outside its parts, or out of time
+        began = [p for p in parts if any(started_path(outdir, j, r, p).exists() for r in range(world))]
+        running = next((p for p in began if p not in everywhere), None)
+        # before any part began (its import, its set-up), after its parts, or out of time: as a launch always was
+        if running is None or type(err) is LaunchTimeout:
             raise err
         ended[i][running] = explain(i)
-        if not everywhere and len(ended[i]) == len(parts) and len(set(ended[i].values())) == 1:
-            raise err  # no part of it ever ran, each time for the same reason: the file's own (its import)
         return todo[j + (len(everywhere) + len(ended[i]) == len(parts)):]  # not the file again if nothing is left
     return []
 

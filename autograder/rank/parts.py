@@ -12,7 +12,7 @@ through it::
 
     kept = Parts(outdir, i, skip)
     for name, observe in PARTS.items():
-        if kept.wanted(name):
+        if kept.starts(name):
             kept.keep(name, observe(...).to_wire())
     kept.finished()
     observed.append(kept.ran)
@@ -33,6 +33,11 @@ def kept_path(outdir: str | Path, file: int, rank: int, part: str) -> Path:
     return Path(outdir) / f"file{file}-rank{rank}-{part}.pt"
 
 
+def started_path(outdir: str | Path, file: int, rank: int, part: str) -> Path:
+    """The mark that rank ``rank`` began part ``part`` of the launch's file number ``file``."""
+    return Path(outdir) / f"file{file}-rank{rank}-{part}.started"
+
+
 def finished_path(outdir: str | Path, file: int, rank: int) -> Path:
     """The mark that rank ``rank`` got past the end of the launch's file number ``file``."""
     return Path(outdir) / f"file{file}-rank{rank}.finished"
@@ -47,9 +52,14 @@ class Parts:
         self.skip = set((skip or {}).get(str(file), ()))
         self.ran: dict[str, Any] = {}
 
-    def wanted(self, part: str) -> bool:
-        """Whether ``part`` runs in this launch (not: it was kept by an earlier one, or it ended one)."""
-        return part not in self.skip
+    def starts(self, part: str) -> bool:
+        """Whether ``part`` runs now, in this launch (not: an earlier one kept it, or it ended one); if it does,
+        that is marked, so that a launch that ends before it is kept names it, and one that ends before any
+        part began is the file's own failure (its import, its set-up)."""
+        if part in self.skip:
+            return False
+        started_path(self.outdir, self.file, self.rank, part).touch()
+        return True
 
     def keep(self, part: str, wire: Any) -> Any:
         """``part``'s observation, as plain data: kept on disk whole or not at all (a rank can die at any

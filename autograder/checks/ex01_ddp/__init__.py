@@ -19,7 +19,7 @@ gradient's "ready" and each collective are logged in order, so that the buckets 
 from events, not wall-clock.
 Each part (``train_ddp``, ``evaluate_ddp``, ``BucketedDDP``, ``teardown``) is kept as it returns, and one that
 ends its launch (an error, a hang, gloo's abort on buckets of unequal sizes) is reported and the file launched
-again without it: it costs its own marks only (``grader.parts``; ``setup`` is every part's, and ends the grading).
+again without it: it costs its own marks only (``grader.parts``; a ``setup`` that ends it ends the grading).
 A failure names the first cause below that explains them:
 
 | mistake | message |
@@ -239,8 +239,8 @@ CRITERIA = [same_parameters, own_shard, reshuffled, matches_reference, only_rank
             evaluates_once, teardown_destroys, *BUCKETED_CRITERIA]
 
 
-# The parts of a file, in the order the ranks run them (probes._observe): setup is every other's.
-PARTS = ["setup", "train", "evaluate", "bucketed", "teardown"]
+# The parts of a file, in the order the ranks run them (probes._observe), after the learner's setup().
+PARTS = ["train", "evaluate", "bucketed", "teardown"]
 # Each part's criteria, in CRITERIA's order, with the function it grades.
 JUDGED = {"train": ("train_ddp", CRITERIA[:6]), "evaluate": ("evaluate_ddp", [evaluates_once]),
           "teardown": ("teardown", [teardown_destroys]), "bucketed": ("BucketedDDP", BUCKETED_CRITERIA)}
@@ -285,7 +285,7 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
             for path in paths:  # here, before the launch hands the scratch space to the learner user
                 checkpoint_dir(Path(tmp) / f"W{world}", path).mkdir(parents=True, exist_ok=True)
         jobs = {w: pool.submit(launch_parts, rank_main, paths, world=w, timeout=timeout, parts=PARTS,
-                               args=(str(Path(tmp) / f"W{w}"),), known=KNOWN_ERRORS, fatal=["setup"])
+                               args=(str(Path(tmp) / f"W{w}"),), known=KNOWN_ERRORS)
                 for w in world_sizes}
         for world in world_sizes:
             parted, wall_s = jobs[world].result()  # a failed launch raises here, as a sequential one would

@@ -60,16 +60,16 @@ def checkpoint_dir(root: str | Path, path: str | Path) -> Path:
 
 
 def _observe(path: str, ckpt_dir: Path, kept: Parts) -> None:
-    """The file's parts on this rank, in order (``setup`` always: the others need its process group)."""
+    """The file's parts on this rank, in order, after ``setup()`` (every launch: they need its process group)."""
     # The spies go in before the import, so ``from torch import save`` (or all_reduce) binds them too.
     with AllReduceSpy() as reduces:
         learner, seen = _train(path, ckpt_dir, reduces, kept)
-        if kept.wanted("evaluate"):
+        if kept.starts("evaluate"):
             _evaluate(learner, path, seen)
             kept.keep("evaluate", {k: v for k, v in seen.to_wire().items() if k in EVAL_FIELDS})
-        if kept.wanted("bucketed"):
+        if kept.starts("bucketed"):
             kept.keep("bucketed", observe_bucketed(learner, path, reduces).to_wire())
-    if kept.wanted("teardown"):
+    if kept.starts("teardown"):
         try:  # a teardown that raises loses its own criterion only
             learner.teardown()
         except Exception as exc:  # noqa: BLE001 - any error is the learner's, reported as feedback
@@ -86,9 +86,8 @@ def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy, kept: Parts):
         learner.setup()
         if not dist.is_initialized():
             raise RuntimeError("setup() returned but no process group is initialised")
-        kept.keep("setup", None)
         rank = dist.get_rank()
-        if not kept.wanted("train"):
+        if not kept.starts("train"):
             return learner, RankObservation(rank=rank, initial={})
         model = make_mlp(seed=1000 + rank, **MODEL).to(distlab.device())  # a different start on every rank
         initial = cpu_state(model)

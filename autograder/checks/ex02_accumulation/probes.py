@@ -47,7 +47,7 @@ def _observe(path: str, device: torch.device, rank: int, world: int, kept: Parts
     """Each scenario trains a fresh DDP model with the learner's loop; what was observed, kept."""
     learner = load_learner(path)
     for name, (sizes, k) in SCENARIOS.items():
-        if not kept.wanted(name):
+        if not kept.starts(name):
             continue
         model = make_mlp(seed=5, **MODEL).to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)

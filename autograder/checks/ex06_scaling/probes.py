@@ -149,11 +149,11 @@ def rank_main(paths: list[str], real: dict, parts: list[str], outdir: str, skip:
         kept = Parts(outdir, i, skip)
         with MethodSpy(path) as spy, DDPSpy() as ddp:  # before the import: names it binds are spied on too
             learner = load_learner(path)
-            if "model" in parts and kept.wanted("model"):
+            if "model" in parts and kept.starts("model"):
                 kept.keep("model", _observe_model(learner, path).to_wire() if rank == 0 else None)
-            if kept.wanted("method"):
+            if kept.starts("method"):
                 kept.keep("method", _observe_method(learner, rank, spy).to_wire())
-            if kept.wanted("real"):
+            if kept.starts("real"):
                 obs = RankObservation(rank=rank, backend=dist.get_backend(), reported=None, returned=0.0,
                                       times=torch.empty(0, 2, dtype=torch.float64))
                 _observe_real(learner, obs, dev, real, spy, ddp)

@@ -84,7 +84,7 @@ def rank_main(paths: list[str], p2p_timeout_s: float, outdir: str, skip: dict[st
         with P2PSpy(dtype=DTYPE) as p2p:  # before the import: the send and recv it binds are spied on too
             learner = load_learner(path)
             for name, fn in PARTS.items():
-                if kept.wanted(name):
+                if kept.starts(name):
                     with own_rendezvous(f"file{i}-{name}"):
                         kept.keep(name, _observe(learner, path, p2p, p2p_timeout_s, fn,
                                                  saved=name == "one_f_one_b").to_wire())

@@ -46,16 +46,16 @@ def rank_main(paths: list[str], p2p_timeout_s: float, outdir: str, skip: dict[st
         with P2PSpy() as p2p:  # before the import: the functions it binds are spied on too
             learner = load_learner(path)
             with own_rendezvous(f"file{i}"):
-                if kept.wanted("forward"):
+                if kept.starts("forward"):
                     forward = _ring(p2p, *_observe(learner, path, p2p, p2p_timeout_s, backward=False))
                 if same_group := forward is None or _matched_everywhere(forward, forward.p2p):
                     if forward is not None:
                         _large(learner, p2p, forward)
                 if forward is not None:
                     kept.keep("forward", forward.to_wire())
-                if same_group and kept.wanted("backward"):
+                if same_group and kept.starts("backward"):
                     backward, b_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
-            if not same_group and kept.wanted("backward"):
+            if not same_group and kept.starts("backward"):
                 with own_rendezvous(f"file{i}/backward"):
                     backward, b_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
         if backward is not None:

@@ -134,14 +134,14 @@ def _observe(path: str, rank: int, world: int, kept: Parts) -> None:
         kept.keep(part, obs.to_wire())
 
     with CapturedPrints() as printed:
-        if kept.wanted("split"):
+        if kept.starts("split"):
             perm, send, recv = _split(obs, stage, learner, slots, world, send_true, recv_true)
             obs.edges = _edges(learner, world)  # no communication: each rank alone, after the split's collectives
             keep("split")
         else:  # the split ended an earlier launch: the forward runs on the grader's own
             perm, send, recv = _sorted(slots), send_true, recv_true
             obs.substituted += ["sort", "exchange"]
-        if kept.wanted("forward"):
+        if kept.starts("forward"):
             received = stage("dispatch", learner.dispatch, x[slots.token], perm, list(send), list(recv))
             y = None
             if _everywhere(isinstance(received, torch.Tensor) and tuple(received.shape) == (sum(recv), HIDDEN)):
@@ -151,7 +151,7 @@ def _observe(path: str, rank: int, world: int, kept: Parts) -> None:
             else:
                 obs.returned.dispatch_shape = list(getattr(received, "shape", [])) or repr(received)[:80]
             keep("forward")
-            if kept.wanted("backward"):
+            if kept.starts("backward"):
                 _backward(obs, y, layer, x, grad_all[rank * T:(rank + 1) * T], spy, path)
                 keep("backward")
     echo(printed.lines)
