@@ -3,8 +3,8 @@
 Issue 37's rule: where an exercise grades several parts (GPipe and 1F1B, a ring's forward and backward), a
 native abort, a hang or an error in one leaves the others graded exactly as they would be alone. The ranks
 keep each part's observation on disk as it returns (:mod:`autograder.rank.parts`). When a launch ends early,
-:func:`launch_parts` reads what every rank kept, names the part that was running (the first of the file the
-launch ended in that a rank began and not every rank kept) with the launch's error in the learner's terms
+:func:`launch_parts` reads what every rank kept, names the part that was running (where a rank failed, the part
+it began and did not keep; where all waited, the first a rank began and not all kept) in the learner's terms
 (``grader.main.explain``), and launches that file again, and the files after it, without the parts already
 kept and without that one. A launch that ended in a file before any of its parts began (its import, its
 set-up) or after all of them (a stub's ``NotImplementedError``), or out of time, still ends the grading.
@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from distlab import LaunchError, LaunchTimeout
+from distlab import LaunchError, LaunchTimeout, RankFailure
+from distlab.runtime.launch import RankKilled
 from distlab.runtime.process import Budget
 
 from ..rank.parts import finished_path, kept_path, started_path
@@ -85,19 +86,33 @@ def _after(err: LaunchError, outdir: Path, todo: list[int], world: int, parts: S
     for j, i in enumerate(todo):
         for rank in range(world):
             kept[i][rank].update(_kept(outdir, j, rank, parts))
+        running = _running(err, outdir, j, world, parts, kept[i])
         everywhere = {p for p in parts if all(p in kept[i][r] for r in range(world))}
-        for r in range(world):  # a part one rank kept and another did not is the one that ended the launch
+        for r in range(world):  # what one rank kept and another did not runs again
             kept[i][r] = {p: v for p, v in kept[i][r].items() if p in everywhere}
         if all(finished_path(outdir, j, r).exists() for r in range(world)):
             continue
-        began = [p for p in parts if any(started_path(outdir, j, r, p).exists() for r in range(world))]
-        running = next((p for p in began if p not in everywhere), None)
         # before any part began (its import, its set-up), after its parts, or out of time: as a launch always was
         if running is None or type(err) is LaunchTimeout:
             raise err
         ended[i][running] = explain(i)
         return todo[j + (len(everywhere) + len(ended[i]) == len(parts)):]  # not the file again if nothing is left
     return []
+
+
+def _running(err: LaunchError, outdir: Path, file: int, world: int, parts: Sequence[str],
+             kept: list[dict]) -> str | None:
+    """The part that was running when the launch ended in file ``file``: where one rank failed (it raised, a
+    signal killed it), the part it began and did not keep; where all waited (a hang), the first part a rank
+    began and not every rank kept. ``None``: the failing rank was in none (its import, its set-up)."""
+    def began(rank: int, part: str) -> bool:
+        return started_path(outdir, file, rank, part).exists()
+
+    rank = err.rank if isinstance(err, (RankFailure, RankKilled)) else None
+    if rank is not None and 0 <= rank < world:
+        return next((p for p in parts if began(rank, p) and p not in kept[rank]), None)
+    return next((p for p in parts if any(began(r, p) for r in range(world))
+                 and not all(p in kept[r] for r in range(world))), None)
 
 
 def report_ended(report, criteria: Sequence, fn: str, how: str, **names) -> None:

@@ -59,6 +59,16 @@ class RankFailure(LaunchError):
         self.env_changed: dict = {}  # torchrun's variables the rank had set again: {name: [was, now]}
 
 
+class RankKilled(LaunchError):
+    """A rank died by a signal without raising a Python exception (gloo's SIGABRT, the OOM killer): ``rank``,
+    ``signal``."""
+
+    def __init__(self, rank: int, signum: int, output: str = ""):
+        super().__init__(f"rank {rank} was killed by signal {signum} ({_signal_name(signum)}) "
+                         "without raising a Python exception", output)
+        self.rank, self.signal = rank, signum
+
+
 class LaunchTimeout(LaunchError):
     """The job ran past its time limit and was ended; ``unfinished`` lists ranks that never returned, ``where``
     where each rank was then (``heartbeat.Watch.report``: "rank 0 is at ex03_amp.py:104 (...)"; "": unknown)."""
@@ -293,10 +303,7 @@ def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output:
             if int(c) < 0 and int(c) != -signal.SIGTERM}
     silent = sorted(r for r in died if r not in {e["rank"] for e in errors})
     if silent:
-        r = silent[0]
-        return LaunchError(
-            f"rank {r} was killed by signal {-died[r]} ({_signal_name(-died[r])}) "
-            "without raising a Python exception", output)
+        return RankKilled(silent[0], -died[silent[0]], output)
     if errors:
         first = min(errors, key=lambda r: r["time"])
         # When several ranks fail the same way (an import error, say), name the lowest, not a race winner.
