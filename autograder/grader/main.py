@@ -15,10 +15,12 @@ from typing import Sequence
 
 from distlab import LaunchError, LaunchHang, LaunchTimeout, MachineTooSlow, RankFailure
 from distlab.runtime import costs
+from distlab.runtime.launch import RankKilled
 from distlab.runtime.process import PROGRESS_VAR, note_progress
 from distlab.runtime.sandbox import SandboxError
 
 from . import divergence
+from .aborts import abort_details
 from .diagnosis import KnownError, translate
 from ..rank.errors import learner_frame, values_noted
 from .registry import check_module
@@ -49,6 +51,8 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
                     "functions, so nothing was graded; remove the exit (and any code that runs at import "
                     "outside a function or an `if __name__ == '__main__':` block)")
         return f"your code raised on rank {exc.rank}: {raw}{at}"
+    if isinstance(exc, RankKilled):  # no exception to show: what it printed, its line and gloo's sizes
+        return f"{exc}{abort_details(exc.output, path)}"
     if isinstance(exc, LaunchHang):
         return (f"{exc}. A collective that only some ranks reach, or that ranks reach in a different order, "
                 "waits forever.")

@@ -51,6 +51,10 @@ def session_processes() -> list:
     return found
 
 
+# How the launcher names a rank that gloo ended (SIGABRT; at times SIGSEGV, as the abort unwinds), as a regex.
+ABORTED = r"rank \d was killed by signal (6 \(SIGABRT\)|11 \(SIGSEGV\)) without raising a Python exception"
+
+
 def failed(report) -> dict[str, str]:
     """``{criterion name: feedback}`` for every criterion of ``report`` that lost points."""
     return {c.name: c.feedback for c in report.criteria if c.earned < c.points}

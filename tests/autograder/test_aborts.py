@@ -1,0 +1,37 @@
+"""What a rank that gloo aborted was doing, read from the job's output (``autograder.grader.aborts``): its line
+and gloo's sizes where the output holds one abort, nothing where it holds two (their lines interleave)."""
+from __future__ import annotations
+
+from autograder.grader.aborts import abort_details
+
+GLOO = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+        "  what():  [enforce fail at /gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. 8192 vs 4096. "
+        "Received data size doesn't match expected size.\n")
+
+
+def _stack(path) -> str:
+    return ("Fatal Python error: Aborted\n\nThread 0x01 (most recent call first):\n"
+            '  File "/x/distlab/runtime/heartbeat.py", line 119 in run\n\n'
+            "Thread 0x02 (most recent call first):\n"
+            '  File "/x/torch/distributed/distributed_c10d.py", line 2799 in recv\n'
+            f'  File "{path}", line 3 in stage\n'
+            f'  File "{path}", line 6 in step\n'
+            '  File "/x/autograder/checks/ex07_pipeline/probes.py", line 120 in _observe\n')
+
+
+def test_the_learners_innermost_line_and_gloos_sizes_are_said(tmp_path):
+    path = tmp_path / "ex07_pipeline.py"
+    path.write_text("def stage(buf):\n    import torch.distributed as dist\n    dist.recv(buf, src=0)\n\n"
+                    "def step(buf):\n    stage(buf)\n")
+    said = abort_details("[rank0] loss 2.3\n" + GLOO + _stack(path), path)
+    assert said == ("\n  at ex07_pipeline.py line 3 in stage: dist.recv(buf, src=0)"
+                    "\n  gloo received a message of 8,192 bytes into a buffer of 4,096 bytes and aborted the process: "
+                    "a send and its receive, and a collective on every rank, move tensors of one size")
+
+
+def test_two_aborts_or_another_file_say_nothing_they_cannot_be_sure_of(tmp_path):
+    path = tmp_path / "ex07_pipeline.py"
+    path.write_text("\n" * 10)
+    assert abort_details(GLOO + GLOO + _stack(path) + _stack(path), path) == ""  # whose line, whose sizes?
+    assert abort_details(_stack(tmp_path / "other.py"), path) == ""  # no frame of the learner's file
+    assert abort_details("Segmentation fault\n", path) == ""
