@@ -123,3 +123,13 @@ def report_ended(report, criteria: Sequence, fn: str, how: str, **names) -> None
         report.check(c.rule.name.format(**names), c.rule.points, False,
                      f"not checked: {fn} did not finish (see '{said}')" if k else f"{fn} did not finish: {how}",
                      key=c.__name__)
+
+
+def judge_parts(report, parts: dict[str, tuple[str, Sequence]], ended: dict[str, str], subject, **names) -> None:
+    """Each part's criteria on ``subject`` (``parts``: part -> (the function it grades, its criteria), in the
+    report's order), or, for a part that ended its launch (``ended``), how it ended (:func:`report_ended`)."""
+    for part, (fn, criteria) in parts.items():
+        if part in ended:
+            report_ended(report, criteria, fn, ended[part], **names)
+        else:
+            report.judge(criteria, subject, **names)

@@ -255,17 +255,6 @@ def _ranks(file: Parted, world: int) -> list[RankObservation]:
             for t, e, d, b in zip(train, *later, bucketed)]
 
 
-def _judge(report: ExerciseReport, file: Parted, run: Run, world: int) -> None:
-    """The criteria of each part, in CRITERIA's order; a part that ended its launch says how, once."""
-    from ...grader.parts import report_ended  # here: see grade
-
-    for part, (fn, criteria) in JUDGED.items():
-        if part in file.ended:
-            report_ended(report, criteria, fn, file.ended[part], world=world)
-        else:
-            report.judge(criteria, run, world=world)
-
-
 def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> list[ExerciseReport]:
     """Grade the files at ``paths`` (tests pass fewer ``world_sizes`` to run faster); one report each.
 
@@ -276,7 +265,7 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
     # Here, not at the top: every rank imports this package to reach ``probes``, and the launcher's modules
     # (psutil, the warm server's client) cost each of the six ranks about 25 ms it has no use for.
     from ...grader.launches import launch_timeout
-    from ...grader.parts import launch_parts
+    from ...grader.parts import judge_parts, launch_parts
 
     reports = [EXERCISE.new_report() for _ in paths]
     timeout = launch_timeout(EXERCISE, files=len(paths))  # the launches run side by side: each gets it all
@@ -290,8 +279,8 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
         for world in world_sizes:
             parted, wall_s = jobs[world].result()  # a failed launch raises here, as a sequential one would
             for report, path, file in zip(reports, paths, parted):
-                _judge(report, file, Run(_ranks(file, world), world,
-                                         checkpoint_dir(Path(tmp) / f"W{world}", path) / "model.pt"), world)
+                run = Run(_ranks(file, world), world, checkpoint_dir(Path(tmp) / f"W{world}", path) / "model.pt")
+                judge_parts(report, JUDGED, file.ended, run, world=world)
                 if wall_s is not None:
                     report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

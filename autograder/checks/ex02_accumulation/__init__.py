@@ -47,7 +47,7 @@ from typing import Sequence
 from ...grader.diagnosis import diagnose
 from ...grader.parity import parity
 from ...grader.launches import launch_timeout
-from ...grader.parts import launch_parts, report_ended
+from ...grader.parts import judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, local_count, mean_of_means,
@@ -179,8 +179,10 @@ CRITERIA = [first_window_gradient, equal_parameters, step_per_window, allreduce_
 
 
 # Each scenario's criteria (CRITERIA's order), and how its feedback names the run that ended its launch.
-BY_SCENARIO = {"equal": ("equal micro-batches", CRITERIA[:5]), "unequal": ("unequal micro-batches", CRITERIA[5:6]),
-               "short": ("a short final window", CRITERIA[6:7]), "tokens": ("padded sequences", CRITERIA[7:])}
+BY_SCENARIO = {"equal": ("train_accumulated on equal micro-batches", CRITERIA[:5]),
+               "unequal": ("train_accumulated on unequal micro-batches", CRITERIA[5:6]),
+               "short": ("train_accumulated on a short final window", CRITERIA[6:7]),
+               "tokens": ("train_accumulated on padded sequences", CRITERIA[7:])}
 
 
 def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
@@ -197,11 +199,7 @@ def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
     for report, file in zip(reports, parted):
         run = Run([RankObservation.from_wire({"scenarios": {n: r[n] if n not in file.ended else empty
                                                             for n in SCENARIOS}}) for r in file.ranks])
-        for name, (words, criteria) in BY_SCENARIO.items():
-            if name in file.ended:
-                report_ended(report, criteria, f"train_accumulated on {words}", file.ended[name])
-            else:
-                report.judge(criteria, run)
+        judge_parts(report, BY_SCENARIO, file.ended, run)
         if wall_s is not None:
             report.measurements["launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

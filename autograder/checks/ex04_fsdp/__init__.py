@@ -78,6 +78,7 @@ from ...grader.diagnosis import diagnose
 from ...grader.launches import launch_files, launch_timeout
 from ...grader.parity import parity
 from ...grader.parts import report_ended
+from ...rank.parts import kept_path
 from ...grader.registry import Exercise
 from distlab.measure.comm import label
 
@@ -88,7 +89,7 @@ from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, gr
 from .zero1.causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather,
                            z1_no_reduce_scatter, z1_not_written, z1_optimizer_full, z1_shard_a_view, z1_wrong_offset)
 from .observations import PARTS, Run
-from .probes import kept_path, rank_main
+from .probes import OBSERVED, rank_main
 from .workloads import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS
 from .reference import reference
 from .zero1.observations import PART1_UNFINISHED
@@ -315,11 +316,11 @@ def _judge(report: ExerciseReport, run: Run, wall_s: float | None) -> None:
 
 
 def _kept(outdir: Path, path: Path, file: int, world: int, err: LaunchError) -> list[dict] | None:
-    """File ``file``'s observations as its ranks kept them (``probes.kept_path``) when the launch ended early
+    """File ``file``'s observations as its ranks kept them (``probes.OBSERVED``) when the launch ended early
     (``None``: some rank kept none, so its part 2 had not finished): a part 1 cut short says how it ended."""
     from ...grader.main import explain
 
-    kept = [kept_path(outdir, file, r) for r in range(world)]
+    kept = [kept_path(outdir, file, r, OBSERVED) for r in range(world)]
     if not all(f.is_file() for f in kept):
         return None
     ranks = [torch.load(f, weights_only=True) for f in kept]

@@ -40,6 +40,7 @@ from distlab.resmlp import make_resmlp
 
 from ...rank import (CapturedPrints, Replace, SaveSpy, echo, frames, grad_norm, learner_frame, load_learner,
                         on_backward_start, raised)
+from ...rank.parts import Parts
 from .observations import FsdpRank, MeasuredStep, PeakBound, StateDictCall, TrainingError
 from .workloads import LR, MEASURE_STEP, MICRO_BATCH, MODEL, SEED, STEPS, rank_batches
 from .zero1.observations import PART1_UNFINISHED, Zero1
@@ -53,7 +54,7 @@ def rank_main(paths: list[str], outdir: str, part1_only: Sequence[int] = ()) -> 
     plain data (``FsdpRank.to_wire``), for the launcher's ``torch.load(weights_only=True)``.
 
     The grader makes the process group (the learner's file does not), so every file uses the same one. What
-    is observed of a file is also kept on disk as it grows (:func:`kept_path`), so a rank that a native abort
+    is observed of a file is also kept on disk as it grows (:data:`OBSERVED`), so a rank that a native abort
     ends (gloo's SIGABRT on a collective of unequal pieces) leaves its parts observed so far to be graded.
     ``part1_only``: the indexes of files whose part 2 ended an earlier launch, run again for part 1 alone.
     """
@@ -62,18 +63,7 @@ def rank_main(paths: list[str], outdir: str, part1_only: Sequence[int] = ()) -> 
             for i, p in enumerate(paths)]
 
 
-def kept_path(outdir: Path, file: int, rank: int) -> Path:
-    """Where a rank keeps what it observed so far of file ``file`` (``FsdpRank.to_wire``)."""
-    return outdir / f"observed-{file}-rank{rank}.pt"
-
-
-_SAVE = torch.save  # torch's own, bound before any spy replaces it: the grader's files are not the learner's saves
-
-
-def _keep(obs: FsdpRank, outdir: Path, file: int) -> None:
-    path = kept_path(outdir, file, obs.rank)
-    _SAVE(obs.to_wire(), path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)  # whole or absent: a rank can die at any moment
+OBSERVED = "observed"  # the one record a rank keeps of a file as it grows (``rank.parts``: written whole or not at all)
 
 
 def _observe(path: str, outdir: Path, file: int, device: torch.device, tag: str, part2: bool = True) -> FsdpRank:
@@ -81,6 +71,7 @@ def _observe(path: str, outdir: Path, file: int, device: torch.device, tag: str,
     then part 1. Part 2 comes first and is kept with shard_range's answers, before part 1's first collective:
     part 1's collectives are the learner's own, on shards the learner cut, where a wrong length aborts the
     process in gloo."""
+    kept = Parts(outdir, file)
     # Both before the import, so that ``from torch import save`` (and the state-dict calls) bind the spies.
     with SaveSpy() as saves, StateDictSpy(tag) as calls:
         learner = load_learner(path)
@@ -91,12 +82,12 @@ def _observe(path: str, outdir: Path, file: int, device: torch.device, tag: str,
 
         def ranges_known(zero1: Zero1) -> None:  # kept as unfinished until part 1 returns
             obs.zero1 = dataclasses.replace(zero1, error=PART1_UNFINISHED)
-            _keep(obs, outdir, file)
+            kept.keep(OBSERVED, obs.to_wire())
 
         with CapturedPrints() as out:
             obs.zero1 = observe_zero1(learner, path, batches, seed=SEED, lr=LR, device=device, on_ranges=ranges_known)
         echo(out.lines)
-        _keep(obs, outdir, file)
+        kept.keep(OBSERVED, obs.to_wire())
         return obs
 
 

@@ -96,7 +96,7 @@ from distlab.runtime.process import Budget
 
 from ...grader.diagnosis import diagnose
 from ...grader.launches import launch_timeout
-from ...grader.parts import Parted, launch_parts, report_ended
+from ...grader.parts import Parted, judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .alphabeta.reference import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
@@ -309,17 +309,11 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
             bench.runs.append(_run(file, world, cfg))
             for part, how in file.ended.items():
                 gone.setdefault(part, f"at {world} worker(s), {how}")
-            if "method" in file.ended:
-                report_ended(report, METHOD_CRITERIA, "measure_throughput", file.ended["method"], world=world)
-            else:
-                report.judge(METHOD_CRITERIA, bench.runs[-1], world=world)
+            judge_parts(report, {"method": ("measure_throughput", METHOD_CRITERIA)}, file.ended, bench.runs[-1],
+                        world=world)
             if wall_s is not None:
                 report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     for report, bench, gone in zip(reports, benches, ended):
-        for part, (what, criteria) in ONCE.items():
-            if part in gone:
-                report_ended(report, criteria, what, gone[part])
-            else:
-                report.judge(criteria, bench)
+        judge_parts(report, ONCE, gone, bench)
         _notes(report, bench)
     return [r.scale_to() for r in reports]

@@ -64,7 +64,7 @@ from typing import Sequence
 from ...grader.diagnosis import diagnose, translate
 from ...grader.launches import launch_timeout
 from ...grader.parity import parity
-from ...grader.parts import Parted, launch_parts, report_ended
+from ...grader.parts import Parted, judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (BACKWARD_RING, GRADIENTS, KNOWN_ERRORS, OUTPUT, PROTOCOL, gathered, large_scores_overflow,
@@ -254,8 +254,8 @@ RINGS = {"forward": ("ring_attention", FORWARD_CRITERIA), "backward": ("ring_att
 def _run(file: Parted, world: int) -> Run:
     """The file's run at ``world`` ranks: each rank's forward ring with its backward's inside, as the criteria
     read them (a ring that ended its launch stands as an empty one; its criteria are not judged)."""
-    forward, backward = ([Ring(rank=r, world=world).to_wire() for r in range(world)] if (got := file.part(name))
-                         is None else got for name, Ring in (("forward", ForwardRing), ("backward", BackwardRing)))
+    forward, backward = (file.part(name) or [Ring(rank=r, world=world).to_wire() for r in range(world)]
+                         for name, Ring in (("forward", ForwardRing), ("backward", BackwardRing)))
     ranks = [{**f, "backward": b} for f, b in zip(forward, backward)]
     return Run.from_wire(ranks, causal_reference(world), grad_reference(world), causal_reference(world, LARGE))
 
@@ -271,12 +271,7 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
         parted, wall_s = launch_parts(rank_main, paths, world=world, timeout=timeout, parts=list(RINGS),
                                       args=(p2p_timeout_s,), known=KNOWN_ERRORS)
         for report, file in zip(reports, parted):
-            run = _run(file, world)
-            for name, (fn, criteria) in RINGS.items():
-                if name in file.ended:
-                    report_ended(report, criteria, fn, file.ended[name], world=world)
-                else:
-                    report.judge(criteria, run, world=world)
+            judge_parts(report, RINGS, file.ended, _run(file, world), world=world)
             if wall_s is not None:
                 report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

@@ -39,7 +39,7 @@ class Holdings(Observation):
     shard_element_bytes: int = 0  # the bytes of one of its elements
 
 
-# Zero1.error of an observation kept before part 1's training ended (``probes.kept_path``): the grader puts the
+# Zero1.error of an observation kept before part 1's training ended (``probes.OBSERVED``): the grader puts the
 # launch's own end in its place when that is all there is of the rank.
 PART1_UNFINISHED = "part 1's training did not finish"
 
