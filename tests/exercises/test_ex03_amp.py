@@ -138,6 +138,14 @@ MUTANTS = {
         "    times = []\n    while sum(times) < min_run_time:\n        start = perf_counter()\n        fn()\n"
         "        sync()\n        times.append(perf_counter() - start)\n    return statistics.median(times)\n",
     },
+    # The rank dies inside median_seconds (it kills itself here, as gloo's abort or the OOM killer would): the
+    # measuring ended the launch, so its criteria say how and the real model (measured by it) is not run; the
+    # launch that runs the rest of this file (last of the mutants: the files after it run in it too) grades
+    # accumulated_step, and train_step's runs, kept before, are graded as they are.
+    "killed_in_median_seconds": {
+        "    for _ in range(warmup):\n        fn()\n        sync()\n":
+        "    import os\n    import signal\n\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+    },
 }
 SPEEDUP_CRITERIA = [f"measuring: {t}" for t in check.CASE_TITLES.values()]  # earned by median_seconds
 MEMORY_CRITERION = "measuring: saved-activation bytes and memory ratio"     # earned by saved_bytes
@@ -180,6 +188,16 @@ def test_stub_not_implemented(reports):
     report = reports["stub"]
     assert report.score == 0
     assert "not implemented yet" in report.feedback
+
+
+def test_a_rank_killed_in_the_measuring_costs_the_measuring_only(reports):
+    r = reports["killed_in_median_seconds"]
+    lost = failed(r)
+    assert set(lost) == {*SPEEDUP_CRITERIA, MEMORY_CRITERION}, lost
+    assert lost[SPEEDUP_CRITERIA[0]].startswith("compare did not finish: rank 0 was killed by signal 9 (SIGKILL)")
+    assert all(lost[c] == f"not checked: compare did not finish (see '{SPEEDUP_CRITERIA[0]}')"
+               for c in [*SPEEDUP_CRITERIA[1:], MEMORY_CRITERION])
+    assert "real-model measurement not available: compare did not finish" in r.notes
 
 
 def test_missing_warmup(reports):

@@ -24,6 +24,10 @@ references computed here:
   called by ``compare`` instead of the learner's own) earns none of its function's criteria, and the
   real model is then not measured (its seconds would be the runtime's).
 
+The parts (``train_step``'s runs, the measuring, the real model, ``accumulated_step``) are each kept as they
+return (``grader.parts``): one that ends its launch (a loop that never returns, a rank killed) costs its own
+criteria, and the real model's where ``train_step`` or the measuring ended (it runs both), and no others.
+
 A failure names the first cause below that explains the observations (each has a mutant in
 ``tests/exercises/test_ex03_amp.py``); errors PyTorch raises are translated, and the other parts keep their marks:
 
@@ -58,8 +62,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ...grader.diagnosis import diagnose
-from ...grader.launches import launch_files, launch_timeout
+from ...grader.launches import launch_timeout
 from ...grader.parity import parity
+from ...grader.parts import Parted, judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .accumulation.probes import INF_MICRO, K, WINDOWS, reference
@@ -69,9 +74,9 @@ from .accumulation.causes import (backwards_not_k, broken as acc_broken, clipped
 from .causes import (KNOWN_ERRORS, broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing,
                      no_update, not_clipped, not_scaled, optimizer_stepped, real_missing, scaled_loss_returned,
                      step_skipped, steps_not_one, timing_not_passed)
-from .accumulation.observations import Windows
-from .observations import AmpObservation, Run
-from .probes import REAL_MODEL, rank_main
+from .accumulation.observations import Accumulation, Windows
+from .observations import AmpObservation, Answers, Autocast, Measure, Parity, RealModel, Run, Scaler
+from .probes import PARTS, REAL_MODEL, rank_main
 from .workloads import CASE_TITLES, CASES_TRUTH, MAX_NORM, MEMORY_TRUTH, STEPS, reference_fp32
 
 __all__ = ["EXERCISE", "KNOWN_ERRORS", "criteria", "grade"]
@@ -301,8 +306,19 @@ def criteria(run: Run) -> list[Callable]:
     return CRITERIA + [gpu_speedup] if run.gpu_speedup_graded else CRITERIA
 
 
-def real_model_notes(run: Run) -> tuple[list[str], dict]:
+def parts(run: Run) -> dict[str, tuple[str, list[Callable]]]:
+    """The parts, in the report's order: the function each grades, and its criteria (:func:`criteria`'s)."""
+    real = [gpu_speedup] if run.gpu_speedup_graded else []  # on a CPU the real model is notes only
+    return {"train": ("train_step", CRITERIA[:5]), "measure": ("compare", CRITERIA[5:10]),
+            "accumulation": ("accumulated_step", CRITERIA[10:]), "real": ("compare on the real model", real)}
+
+
+def real_model_notes(run: Run, file: Parted | None = None) -> tuple[list[str], dict]:
     """What the learner's compare() measured on the real model: notes for the report, and its numbers."""
+    if file is not None and (how := file.ended.get("real")):
+        return [f"real-model measurement not available: compare on the real model did not finish: {how}"], {}
+    if file is not None and (needed := file.unrun.get("real")):
+        return [f"real-model measurement not available: {parts(run)[needed][0]} did not finish"], {}
     r = run.obs.real
     if r.skipped:
         return [f"real-model measurement skipped: {run.copied[r.skipped]}"], {}
@@ -323,20 +339,38 @@ def real_model_notes(run: Run) -> tuple[list[str], dict]:
     return notes, {f"real_{k}": v for k, v in r.numbers().items()}
 
 
+def observation(file: Parted) -> AmpObservation:
+    """The one rank's parts as one observation: a part not kept (it ended a launch, or needed one that did) is
+    its record's defaults, which no criterion reads (:func:`judge_parts` says how it ended instead)."""
+    kept = [w for p in PARTS if (w := (file.part(p) or [None])[0]) is not None]
+    calls = [c for w in kept for c in w["answers"]["calls"]]
+    wire = {"capability": next((w["capability"] for w in kept), None),
+            "answers": Answers(identified=next((w["answers"]["identified"] for w in kept), {}),
+                               calls=[c for k, c in enumerate(calls) if c not in calls[:k]]).to_wire()}
+    for w in kept:
+        wire.update({k: v for k, v in w.items() if k not in ("capability", "answers")})
+    defaults = AmpObservation(capability=None, autocast=Autocast(), parity=Parity(), scaler=Scaler(),
+                              measure=Measure(), accumulation=Accumulation(), real=RealModel(), answers=Answers())
+    return AmpObservation.from_wire({**defaults.to_wire(), **wire})
+
+
 def grade(paths: Sequence[Path], real_models: dict[str, dict] = REAL_MODEL) -> list[ExerciseReport]:
-    """Grade the files at ``paths`` in one launch on one rank; one report each.
+    """Grade the files at ``paths`` in one launch on one rank (one more for each part that ends one:
+    ``grader.parts``); one report each.
 
     ``real_models`` (tests only): the real model's sizes per device type, e.g. a smaller CPU model,
     where its speedup is reported but not graded. For one file the launch's timeout fits inside
-    ``EXERCISE.time_limit``, so a hang is reported as a ``LaunchTimeout`` rather than cut by the outer limit.
+    ``EXERCISE.time_limit``, so a loop that never returns is a ``LaunchTimeout`` that ends its part, rather
+    than the whole grading cut by the outer limit.
     """
     reports = [EXERCISE.new_report() for _ in paths]
     timeout = launch_timeout(EXERCISE, files=len(paths), per_extra_file_s=PER_EXTRA_FILE_S)
-    runs, wall_s = launch_files(rank_main, paths, world=1, timeout=timeout, args=(real_models,))
-    for report, (wire,) in zip(reports, runs):
-        run = Run(AmpObservation.from_wire(wire))
-        report.judge(criteria(run), run)
-        notes, measured = real_model_notes(run)
+    parted, wall_s = launch_parts(rank_main, paths, world=1, timeout=timeout, parts=PARTS, args=(real_models,),
+                                  known=KNOWN_ERRORS, needs={"real": ("train", "measure")})
+    for report, file in zip(reports, parted):
+        run = Run(observation(file))
+        judge_parts(report, parts(run), file.ended, run, unrun=file.unrun)
+        notes, measured = real_model_notes(run, file)
         report.notes += notes
-        report.measurements.update(measured, launch_s=round(wall_s, 2))
+        report.measurements.update(measured, **({"launch_s": round(wall_s, 2)} if wall_s is not None else {}))
     return [r.scale_to() for r in reports]

@@ -37,11 +37,12 @@ from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ...rank.observation import Observation
 from ...rank import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
+from ...rank.parts import Parts
 from ...rank.spies import learner_line
 from .accumulation import probes as accumulation
 from .accumulation.observations import Accumulation
 from .answers import ANSWERS  # the runtime's copies, resolved now: before any learner file is loaded
-from .observations import (AmpObservation, Answers, Autocast, Compared, Measure, Parity, PrecisionRun, RealModel,
+from .observations import (Answers, Autocast, Compared, Measure, Parity, PrecisionRun, RealModel,
                            Scaler, TimingCall)
 from .workloads import (CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, RecordingScaler, RecordingSGD,
                         SharedViews, batches)
@@ -209,11 +210,19 @@ def _real(learner, device, watch, cfg: dict) -> RealModel:
                      device=name, model=sizes)
 
 
-def observe(learner, device: torch.device, real_model: dict, clocks: Clocks) -> AmpObservation:
-    """Every part of the exercise, each under its own instruments.
+# The parts, in the order they run, each kept as it returns (``rank.parts``: one that ends the launch, a loop that
+# never returns, costs its own criteria only). The real model right after the measuring: it is measured only with
+# the learner's own ``median_seconds``, which the measure part's calls show, so it runs only in a launch where the
+# measure part runs (the grading process's ``needs``).
+PARTS = ("train", "measure", "real", "accumulation")
 
-    ``answers``: which graded functions *are* the runtime's copies (before any call), and which
-    copies ran during the learner's ``compare`` calls (the watch is entered around those only).
+
+def observe(learner, device: torch.device, real_model: dict, clocks: Clocks, kept: Parts) -> None:
+    """Every part of the exercise that ``kept`` runs now, each under its own instruments, each kept as a dict of
+    :class:`AmpObservation`'s fields it fills, with ``capability`` and its ``answers``.
+
+    ``answers``: which graded functions *are* the runtime's copies (before any call), and which copies ran
+    during the learner's ``compare`` calls in this part (the watch is entered around those only).
 
     The real model is only measured with the learner's own ``median_seconds`` (its seconds would be
     the runtime's otherwise, and they take the longest to measure): ``RealModel(skipped="median_seconds")``.
@@ -223,34 +232,47 @@ def observe(learner, device: torch.device, real_model: dict, clocks: Clocks) -> 
     capability = list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     identified = ANSWERS.identify(learner)
     watch = ANSWERS.watch(learner)
-    autocast = _part(lambda: _autocast(learner, device), Autocast)
-    parity = _part(lambda: _parity(learner, device), Parity)
-    scaler = _part(lambda: _scaler(learner, device), Scaler)
-    measure = _part(lambda: _measure(learner, watch, clocks), Measure)
-    accumulated = _part(lambda: accumulation.observe(learner, device), Accumulation)
-    timed_by_runtime = "median_seconds" in identified or any(  # the measure part's calls: real comes after it
-        dotted in ANSWERS.graded["median_seconds"] for dotted, _ in watch.calls)
-    real = (RealModel(skipped="median_seconds") if timed_by_runtime
-            else _part(lambda: _real(learner, device, watch, real_model), RealModel))
-    return AmpObservation(capability=capability, autocast=autocast, parity=parity, scaler=scaler, measure=measure,
-                          accumulation=accumulated, real=real,
-                          answers=Answers(identified=identified, calls=[(d, chain) for d, chain in watch.calls]))
+
+    def keep(part: str, since: int, **records: Observation) -> None:
+        calls = [(d, chain) for d, chain in watch.calls[since:]]
+        kept.keep(part, {"capability": capability, "answers": Answers(identified=identified, calls=calls).to_wire(),
+                         **{name: record.to_wire() for name, record in records.items()}})
+
+    if kept.starts("train"):
+        keep("train", len(watch.calls), autocast=_part(lambda: _autocast(learner, device), Autocast),
+             parity=_part(lambda: _parity(learner, device), Parity),
+             scaler=_part(lambda: _scaler(learner, device), Scaler))
+    if kept.starts("measure"):
+        since = len(watch.calls)
+        keep("measure", since, measure=_part(lambda: _measure(learner, watch, clocks), Measure))
+        timed_by_runtime = "median_seconds" in identified or any(
+            dotted in ANSWERS.graded["median_seconds"] for dotted, _ in watch.calls[since:])
+        if kept.starts("real"):
+            since = len(watch.calls)
+            keep("real", since, real=RealModel(skipped="median_seconds") if timed_by_runtime
+                 else _part(lambda: _real(learner, device, watch, real_model), RealModel))
+    if kept.starts("accumulation"):
+        keep("accumulation", len(watch.calls),
+             accumulation=_part(lambda: accumulation.observe(learner, device), Accumulation))
 
 
-def rank_main(paths: list[str], real_models: dict[str, dict] = REAL_MODEL) -> list[dict]:
-    """Runs on the one rank: observe each learner file (tests grade several per launch); each observation
-    as plain data (``AmpObservation.to_wire``), for the launcher's ``torch.load(weights_only=True)``.
+def rank_main(paths: list[str], real_models: dict[str, dict], outdir: str, skip: dict[str, list[str]]) -> list[dict]:
+    """Runs on the one rank: observe each learner file (tests grade several per launch), the parts ``skip`` does
+    not name (``rank.parts``), each kept as plain data (see :func:`observe`) for the launcher's
+    ``torch.load(weights_only=True)``.
 
     ``real_models``: the real model's sizes per device type (``REAL_MODEL``; tests: a smaller CPU one).
     """
     device = rank_device()
     out = []
-    for path in paths:
+    for i, path in enumerate(paths):
+        kept = Parts(outdir, i, skip)
         clocks = Clocks()
         with clocks.replaced():  # before the import: a clock the file binds then is the virtual one too
             learner = load_learner(path)
             with CapturedPrints() as printed:
-                obs = observe(learner, device, real_models["cuda" if device.type == "cuda" else "cpu"], clocks)
+                observe(learner, device, real_models["cuda" if device.type == "cuda" else "cpu"], clocks, kept)
         echo(printed.lines)
-        out.append(obs.to_wire())
+        kept.finished()
+        out.append(kept.ran)
     return out

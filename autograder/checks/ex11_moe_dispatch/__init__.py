@@ -38,7 +38,7 @@ from typing import Sequence
 from ...grader.diagnosis import diagnose, translate
 from ...grader.launches import launch_timeout
 from ...grader.parity import parity
-from ...grader.parts import Parted, launch_parts, report_ended
+from ...grader.parts import judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, dropped_sent, edge_case_missed, no_exchange_collective, not_autograd, not_exchanged,
@@ -184,7 +184,7 @@ def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:
     ``grader.parts``); one report each."""
     reports = [EXERCISE.new_report() for _ in paths]
     parted, wall_s = launch_parts(rank_main, paths, world=world, timeout=launch_timeout(EXERCISE, files=len(paths)),
-                                  parts=list(PARTS), known=KNOWN_ERRORS)
+                                  parts=list(PARTS), known=KNOWN_ERRORS, needs={"backward": ("forward",)})
     for report, file in zip(reports, parted):
         # each part's record holds what the ranks observed until then: the last one kept is the whole run
         last = next((file.part(p) for p in reversed(PARTS) if file.part(p) and all(file.part(p))), None)
@@ -192,22 +192,8 @@ def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:
         if (stub := next((o.not_implemented for o in run.ranks if o.not_implemented), None)):
             report.did_not_run(f"not implemented yet ({stub})")
             continue
-        _judge(report, file, run, world)
+        judge_parts(report, PARTS, file.ended, run, unrun=file.unrun, world=world)
         if wall_s is not None:
             report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]
 
-
-def _judge(report: ExerciseReport, file: Parted, run: Run, world: int) -> None:
-    """Each part's criteria; a part that ended its launch says how, once, and the backward that never ran for
-    want of a forward points to it."""
-    for part, (fn, criteria) in PARTS.items():
-        if part in file.ended:
-            report_ended(report, criteria, fn, file.ended[part], world=world)
-        elif part == "backward" and "forward" in file.ended:
-            said = PARTS["forward"][1][0].rule.name.format(world=world)
-            for c in criteria:
-                report.check(c.rule.name.format(world=world), c.rule.points, False,
-                             f"not checked: dispatch and combine did not finish (see '{said}')", key=c.__name__)
-        else:
-            report.judge(criteria, run, world=world)
