@@ -29,7 +29,7 @@ NOT_CALLED = [re.compile(p) for p in (
 )]
 # "FILE:N (code)", "(FILE:N: `code`)", "FILE line N in function: code"
 QUOTED_LINE = [re.compile(p) for p in (
-    r"(?P<file>[\w.-]+\.py):(?P<line>\d+) \((?P<code>[^()\n]*(?:\([^()\n]*\)[^()\n]*)*)\)",
+    r"(?P<file>[\w.-]+\.py):(?P<line>\d+)(?: in \w+)? \((?P<code>[^()\n]*(?:\([^()\n]*\)[^()\n]*)*)\)",
     r"\((?P<file>[\w.-]+\.py):(?P<line>\d+): `(?P<code>[^`\n]+)`\)",
     r"(?P<file>[\w.-]+\.py) line (?P<line>\d+) in \w+: (?P<code>[^\n]+)",
 )]

@@ -182,7 +182,7 @@ class Watch:
         return any(b.get("waits_in") for b in self.beats.values())
 
     def report(self) -> str:
-        """``rank 0 waits in all_reduce at ex01_ddp.py:57; rank 1 is at ex01_ddp.py:112 (time.sleep(60))``."""
+        """``rank 0 waits in all_reduce at ex01_ddp.py:57; rank 1 is at ex01_ddp.py:112 in train (time.sleep(60))``."""
         parts = [env_note(rank, b["env_changed"]) for rank, b in sorted(self.beats.items())
                  if isinstance(b.get("env_changed"), dict) and b["env_changed"]][:1]
         for rank in sorted(self.beats):
@@ -190,8 +190,9 @@ class Watch:
             where = f" at {b['at']}" if b.get("at") else ""
             # the line, unless it names what the rank waits in ("dist.all_reduce(t)"); "loss.backward()" it does not
             code = f" ({b['code']})" if b.get("code") and str(b.get("waits_in")) not in b["code"] else ""
+            within = f" in {b['function']}" if where and b.get("function") else ""
             parts.append(f"rank {rank} waits in {b['waits_in']}{where}{code}" if b.get("waits_in")
-                         else f"rank {rank} is{where or ' outside your code'}{code}")
+                         else f"rank {rank} is{where + within or ' outside your code'}{code}")
         return "; ".join(parts)
 
 

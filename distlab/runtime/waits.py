@@ -69,19 +69,21 @@ def in_backward(frames: list[tuple[str, int, str]]) -> bool:
 
 
 def describe(frames: list[tuple[str, int, str]], ddp_reducing: bool = False) -> dict:
-    """``{"at": "file.py:57", "code": "...", "waits_in": "all_reduce" | None}`` for a stack (outermost first);
+    """``{"at": "file.py:57", "function": "train", "code": "...", "waits_in": "all_reduce" | None}`` for a stack
+    (outermost first): the innermost frame of the job's own code (``function``: "" at a module's top level);
     ``ddp_reducing``: every gradient of a DDP model is in (:meth:`DDPWatch.all_in`)."""
     waits = _collective(frames)
     if waits is None and ddp_reducing and in_backward(frames):
         waits = DDP_ALL_REDUCE
-    learner = [(p, n) for p, n, _ in frames if not is_runtime(p)]
-    at, code = None, ""
+    learner = [(p, n, f) for p, n, f in frames if not is_runtime(p)]
+    at, function, code = None, "", ""
     if learner:
-        path, line = learner[-1]
+        path, line, function = learner[-1]
         at, code = f"{os.path.basename(path)}:{line}", linecache.getline(path, line).strip()
+        function = "" if function.startswith("<") else function  # <module>, <lambda>, <listcomp>
         if waits is None and ".wait(" in code:
             waits = "wait"
-    return {"at": at, "code": code, "waits_in": waits}
+    return {"at": at, "function": function, "code": code, "waits_in": waits}
 
 
 class DDPWatch:

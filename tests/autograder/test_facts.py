@@ -42,9 +42,12 @@ def test_a_call_the_trace_does_not_record_is_not_judged():
 
 def test_a_quoted_line_must_hold_the_code_quoted():
     true = _report("rank 0 waits in DDP's all-reduce of the gradients at ex03_amp.py:41 (loss.backward())",
-                   "your code raised on rank 0: ValueError\n  at ex03_amp.py line 41 in train: loss.backward()")
+                   "your code raised on rank 0: ValueError\n  at ex03_amp.py line 41 in train: loss.backward()",
+                   "rank 0 is at ex03_amp.py:41 in train (loss.backward())")
     assert contradictions(true, [[TRACE]], SOURCE, "ex03_amp.py") == []
-    false = _report("(ex03_amp.py:40: `loss.backward()`)", "at ex03_amp.py:99 (scaler.step(optimizer))")
+    false = _report("(ex03_amp.py:40: `loss.backward()`)", "at ex03_amp.py:99 (scaler.step(optimizer))",
+                    "rank 0 is at ex03_amp.py:40 in train (loss.backward())")
     assert contradictions(false, [[TRACE]], SOURCE, "ex03_amp.py") == [
         "criterion 0: quotes ex03_amp.py:40 as `loss.backward()`, but that line is `line 40`",
-        "criterion 1: quotes ex03_amp.py:99 as `scaler.step(optimizer)`, but that line is `None`"]
+        "criterion 1: quotes ex03_amp.py:99 as `scaler.step(optimizer)`, but that line is `None`",
+        "criterion 2: quotes ex03_amp.py:40 as `loss.backward()`, but that line is `line 40`"]

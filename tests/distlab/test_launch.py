@@ -108,7 +108,7 @@ def test_a_hang_times_out_and_leaves_no_process(tmp_path, wait_for):
     assert info.value.unfinished == [0, 1]
     # where each rank was when the limit came, from the heartbeats read by then: in its sleep, at its own line
     for rank in filter(None, info.value.where.split("; ")):
-        assert re.fullmatch(r"rank [01] is at ranks\.py:\d+ \(time\.sleep\(600\)\)", rank), info.value.where
+        assert re.fullmatch(r"rank [01] is at ranks\.py:\d+ in \w+ \(time\.sleep\(600\)\)", rank), info.value.where
 
 
 @pytest.mark.slow
