@@ -79,7 +79,8 @@ def launch_config(argv: list[str]):
 
 
 def record_exits(outdir: str) -> None:
-    """Write each rank's exit code when torchrun closes a failed attempt: ``exits-<pid>-<n>.json``.
+    """Write each rank's exit code when torchrun closes a failed attempt: ``exits-<pid>-<attempt>-<n>.json``
+    (``attempt``: its ``TORCHELASTIC_RESTART_COUNT``; ``n``: the agent's n-th close, as it may close one twice).
 
     torchrun's summary for function entry points names only the first failure it noticed, and with
     two ranks down in one poll (one killed, its peer then losing the connection) that may be the
@@ -95,7 +96,8 @@ def record_exits(outdir: str) -> None:
         exits = {int(self.envs[i].get("RANK", i)): p.exitcode
                  for i, p in enumerate(getattr(self._pc, "processes", None) or [])}
         attempts.append(1)
-        path = os.path.join(outdir, f"exits-{os.getpid()}-{len(attempts)}.json")
+        attempt = int(self.envs[0].get("TORCHELASTIC_RESTART_COUNT", 0)) if self.envs else 0
+        path = os.path.join(outdir, f"exits-{os.getpid()}-{attempt}-{len(attempts)}.json")
         with open(path, "w") as f:
             json.dump({str(r): c for r, c in exits.items() if c is not None}, f)
         return original(self, *args, **kwargs)

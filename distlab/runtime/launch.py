@@ -287,15 +287,12 @@ def collect(outdir: Path, nprocs: int, backend: str, finished: Finished, timeout
 
 
 def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output: str) -> LaunchError:
-    """Name the root cause: a rank that died without a Python exception (a signal, the
-    OOM killer) comes first, since its peers then fail with "connection reset";
-    otherwise the earliest exception by time."""
-    errors = []
-    for p in outdir.glob("error-*.json"):
-        try:
-            errors.append(json.loads(p.read_text()))
-        except (OSError, ValueError):
-            continue
+    """Name the root cause of the job's last attempt: a rank that died without a Python exception (a signal, the
+    OOM killer) comes first, since its peers then fail with "connection reset"; otherwise the earliest
+    exception by time. An earlier attempt's failures are not it: a job restarted by ``--max-restarts`` after a
+    kill fails, if it does, for what its last attempt tripped on."""
+    errors, last = _attempts(outdir)
+    errors = [e for e in errors if e["attempt"] == last]
     # torchrun's failure summary has "rank : N (local_rank: N)" then "exitcode : -9 (pid: …)".
     # Its "Root Cause" is whichever exit it noticed first, which can be a peer's "connection
     # reset"; a rank killed by a signal other than the SIGTERM torchrun sends peers is the cause.
@@ -319,12 +316,40 @@ def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output:
         f"Last lines:\n{tail}", output)
 
 
-def _recorded_exits(outdir: Path) -> list[tuple[str, int]]:
-    """(rank, exit code) pairs a warm launch's agent wrote (:func:`distlab.runtime.agent.record_exits`)."""
-    pairs = []
+def _attempts(outdir: Path) -> tuple[list[dict], int]:
+    """Every rank's recorded exception (``error-<rank>-<attempt>.json``, with its ``attempt``), and the job's
+    last attempt: the latest the agent closed (:func:`_exit_files`), else the latest with an exception."""
+    errors = []
+    for p in outdir.glob("error-*.json"):
+        try:
+            errors.append({**json.loads(p.read_text()), "attempt": int(p.stem.rsplit("-", 1)[1])})
+        except (OSError, ValueError, IndexError, TypeError):
+            continue
+    closed = [attempt for _, attempt in _exit_files(outdir)]
+    last = max(closed) if closed else max((e["attempt"] for e in errors), default=0)
+    return errors, last
+
+
+def _exit_files(outdir: Path) -> list[tuple[Path, int]]:
+    """The agents' ``exits-<pid>-<attempt>-<n>.json`` files, each with its torchrun attempt."""
+    found = []
     for p in outdir.glob("exits-*.json"):
         try:
-            pairs += [(r, int(c)) for r, c in json.loads(p.read_text()).items()]
+            found.append((p, int(p.stem.split("-")[2])))
+        except (ValueError, IndexError):
+            continue
+    return found
+
+
+def _recorded_exits(outdir: Path) -> list[tuple[str, int]]:
+    """(rank, exit code) pairs of the job's last attempt, as a warm launch's agent wrote them
+    (:func:`distlab.runtime.agent.record_exits`)."""
+    files = _exit_files(outdir)
+    last = max((n for _, n in files), default=None)
+    pairs = []
+    for p, n in files:
+        try:
+            pairs += [(r, int(c)) for r, c in json.loads(p.read_text()).items()] if n == last else []
         except (OSError, ValueError):
             continue
     return pairs

@@ -117,6 +117,10 @@ def test_a_killed_rank_is_named_and_elastic_restart_recovers():
         torchrun(ranks.sigkill_first_attempt, 2, timeout=60)
     run = torchrun(ranks.sigkill_first_attempt, 2, timeout=90, max_restarts=1)
     assert run.results == [1, 1], "both ranks should finish on the second attempt"
+    # a restarted job that fails again fails for its last attempt's reason, not the kill before it (nor the
+    # peer's lost connection then)
+    with pytest.raises(RankFailure, match=r"rank 0 failed: ValueError: attempt 1 went wrong"):
+        torchrun(ranks.killed_then_raises, 2, timeout=90, max_restarts=1)
 
 
 @pytest.mark.slow

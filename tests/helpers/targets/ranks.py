@@ -101,6 +101,20 @@ def sigkill_first_attempt() -> int:
     return attempt
 
 
+def killed_then_raises() -> None:
+    """Rank 1 kills itself on the first attempt (its peer then loses the connection); on the second, rank 0
+    raises: the job's failure is the second attempt's."""
+    distlab.init_distributed()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0:
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), 9)
+        dist.barrier()
+    if dist.get_rank() == 0:
+        raise ValueError(f"attempt {attempt} went wrong")
+    dist.barrier()
+
+
 def return_unloadable():
     """Returns an object ``torch.load(weights_only=True)`` refuses."""
     import fractions
