@@ -7,6 +7,7 @@ what differs. "Not implemented yet" goes through the same code path as exercise 
 so no launch is spent on it here."""
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -135,6 +136,13 @@ FRESH_ONLY = {
 # the second (after DCP's save, before rank 1's RNG file): the restart scenario alone.
 IN_PLACE = {"    staged = staging_path(root, step)\n": "    staged = final_path(root, step)\n",
             "        commit(root, step)  # atomic rename: a crash before this leaves only a .tmp- directory\n": ""}
+# A fresh job that crashes, with a restart scenario that is right: the fresh job's crash costs the fresh job only
+# (the restart scenario runs again alone, its kills where they belong). Rank 0 removes the staging directory of the
+# write a crash interrupted, which the fresh job (stopped between saves) never has.
+FRESH_CRASH = {"from pathlib import Path\n": "import shutil\nfrom pathlib import Path\n",
+               "        step, position = resumed\n":
+               "        step, position = resumed\n        if dist.get_rank() == 0:  # drop the interrupted write\n"
+               "            shutil.rmtree(staging_path(root, step + save_every))\n"}
 FRESH = "a fresh job resumes exactly"
 REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 
@@ -143,10 +151,10 @@ REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 # reference launch for the five files, one resume launch (three process starts, for the restarts).
 @pytest.fixture(scope="module")
 def mutants(tmp_path_factory):
-    changes = {"missing state": MISSING_STATE, "in place": IN_PLACE, **FRESH_ONLY}
+    changes = {"missing state": MISSING_STATE, "in place": IN_PLACE, "fresh crash": FRESH_CRASH, **FRESH_ONLY}
     paths = [mutant(tmp_path_factory.mktemp(f"m{i}"), "ex05_checkpoint.py", c) for i, c in enumerate(changes.values())]
-    reports = ex05_checkpoint.grade(paths, scenarios_of=[("fresh", "restart"), ("restart",)] +
-                                    [("fresh",)] * len(FRESH_ONLY))
+    scenarios = [("fresh", "restart"), ("restart",), ("fresh", "restart", "reshard")] + [("fresh",)] * len(FRESH_ONLY)
+    reports = ex05_checkpoint.grade(paths, scenarios_of=scenarios)
     return dict(zip(changes, reports))
 
 
@@ -196,6 +204,36 @@ def test_a_commit_before_a_ranks_own_files_is_named_from_the_directory(tmp_path)
     assert ex05_checkpoint.causes.committed_under_a_rank(run, err).startswith(
         "rank 1 wrote into step 3's staging directory (A/.tmp-step_00000003) after rank 0 had committed it "
         "(renamed it to step_00000003)")
+
+
+def test_a_fresh_job_that_crashes_costs_the_fresh_job_only(mutants):
+    # it crashes at another world size too (its reshard scenario resumes between saves): those two criteria go,
+    # and the restart scenario in between is graded as it would be alone
+    fails = failed(mutants["fresh crash"])
+    reshard = "resumes at world size 4 from a 2-rank checkpoint"
+    assert set(fails) == {FRESH, reshard, "the data position means the same samples at world size 4"}, fails
+    assert re.search(r"the fresh job failed: attempt 0, rank 0 raised FileNotFoundError: .*\.tmp-step_00000006.*, at "
+                     r"ex05_checkpoint\.py line \d+ in train: shutil\.rmtree", fails[FRESH]), fails[FRESH]
+    assert "raised FileNotFoundError" in fails[reshard] and "shutil.rmtree" in fails[reshard]
+    assert "DCP reshards" not in fails[reshard]  # the load is not in question: the failure's line is another call
+
+
+def test_the_checkpoint_a_restart_read_is_judged_from_its_loads(tmp_path):
+    # The first restart read step 3's checkpoint, the last committed before the killed write, and then failed
+    # before training a step: the write was not loaded, whatever failed after. Read from a staging directory, it was.
+    from autograder.checks.ex05_checkpoint.causes import interrupted_write_loaded
+    from autograder.checks.ex05_checkpoint.observations import CallRecord, Run
+
+    run = Run(tmp_path, 4)
+    for name, verdict in (("step_00000003", None), (".tmp-step_00000006", "it read the staging directory "
+                                                    ".tmp-step_00000006, whose write had not finished, and never "
+                                                    "trained again. Load only")):
+        for r in range(2):
+            (tmp_path / f"B-began-rank{r}").write_text("0")
+            record = CallRecord(call="dcp.load", after_step=0, attempt=1, tag="restart", checkpoint=name)
+            (tmp_path / f"B-calls-rank{r}.jsonl").write_text(json.dumps(record.to_wire()) + "\n")
+        said = interrupted_write_loaded(run)
+        assert said is None if verdict is None else verdict in said, said
 
 
 def test_a_step_counter_off_by_one_is_named_alone(mutants):

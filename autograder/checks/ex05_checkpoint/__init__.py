@@ -20,6 +20,9 @@ Scenarios, in three torchrun launches (``scenarios``; the rank side is in ``prob
 
 The reference, the fresh job alone and the reshard launches take several files
 at once (tests); a file with the restart scenario has a resume launch of its own.
+Where a fresh job in that launch failed, the restart scenario began in a later
+attempt than its kills are scheduled from: it is launched again alone, so that
+the fresh job's crash costs the fresh job's criterion only (issue 37).
 On the CPU, reduction order is fixed, so resumed runs must match the
 uninterrupted one bit for bit (``torch.equal``); on a GPU within assert_close's tolerance.
 Where they do not, what each step started from (weights, Adam state, learning
@@ -127,7 +130,7 @@ def fresh_job_resumes(run: Run) -> Verdict:
     if run.reached != FRESH_STOP:
         why = f"the run to be stopped after step {FRESH_STOP} stopped at step {run.reached}"
     elif got is None:
-        cause = one_sided_collective(run, "C", tag="resume") or run.phase_error("C") or run.resume_error
+        cause = one_sided_collective(run, "C", tag="resume") or run.phase_error("C") or run.fresh_error
         why = f"the fresh job failed: {cause}"
     else:
         why = diagnose_resume(run, run.records("C", tag="resume")) or why
@@ -203,8 +206,10 @@ def grade(paths: Sequence[Path], scenarios: tuple[str, ...] = SCENARIOS, reshard
         runs = [Run(Path(tmp) / f"file{i}", reshard_world) for i in range(len(paths))]
         launched = run_scenarios([str(p) for p in paths], [str(r.out) for r in runs], wanted, reshard_world, _timeout)
         for path, report, run, sc, got in zip(paths, reports, runs, wanted, launched):
+            run.path = Path(path)
             report.measurements.update({k: v for k, v in got.items() if k.endswith("_s")})
             run.resume_error, run.reshard_error = got.get("resume"), got.get("reshard")
+            run.fresh_error = got.get("fresh", run.resume_error)  # the guests' fresh jobs: in a "resume" launch
             if run.load_reference():
                 report.judge(criteria(sc), run, world=WORLD, reshard_world=reshard_world)
             else:

@@ -75,12 +75,19 @@ def committed_under_a_rank(run: Run, err: LaunchError | None) -> str | None:
             "files are written, and have rank 0 commit only after it")
 
 
+def said(run: Run, err: LaunchError | str) -> str:
+    """A launch's failure in the learner's terms (``grader.main.explain``: the line of the learner's file, gloo's
+    sizes where it aborted a rank)."""
+    from ...grader.main import explain
+    return explain(err, run.path, KNOWN_ERRORS) if isinstance(err, LaunchError) and run.path else str(err)
+
+
 def restart_error(run: Run) -> str | LaunchError | None:
     """What stopped the restart scenario: what a restarted attempt tripped on, not the kill before it."""
     err = run.resume_error
     if err is not None:
-        err = one_sided_collective(run, "B", attempt=1) or run.phase_error("B", first_attempt=1) or err
-    if not run.records("B")[0]:
+        err = one_sided_collective(run, "B", attempt=1) or run.phase_error("B", first_attempt=1) or said(run, err)
+    if not any((run.out / f"B-began-rank{r}").is_file() for r in range(WORLD)):  # B never began
         err = f"the job failed before it reached this scenario: {run.phase_error('C') or err}"
     return err
 
@@ -259,17 +266,23 @@ def not_pruned(run: Run) -> str | None:
 
 @mistake("an interrupted write loaded (no staging and commit)")
 def interrupted_write_loaded(run: Run) -> str | None:
+    """The first restart (attempt 1) read another checkpoint than the last one committed before the killed
+    write: judged from the directories its ``dcp.load`` calls read, where they were given one, else from the
+    step it resumed at (so a restart that read the right one and failed later is not this mistake)."""
     att1 = run.attempt_steps(1)
-    if att1 and att1[0] == RESUMED_FROM + 1:
+    loaded = sorted({c.checkpoint for rank in run.calls("B", attempt=1, call="dcp.load") for c in rank} - {None})
+    if loaded == [final_path(Path(), RESUMED_FROM).name] or not loaded and att1 and att1[0] == RESUMED_FROM + 1:
         return None
     err = restart_error(run)
     head = (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, which "
             f"should resume from step {RESUMED_FROM}, but")
-    if staging := re.search(r"\.tmp-step_(\d+)", str(err or "")):  # the resume read a staging directory
+    staging = re.search(r"\.tmp-step_(\d+)", " ".join(loaded) or str(err or ""))
+    if staging:  # the resume read a staging directory
+        then = f"and resumed at step {att1[0]}" if att1 else "and never trained again" + (f" ({err})" if err else "")
         return (f"{head} it read the staging directory .tmp-step_{staging.group(1)}, whose write had not finished, "
-                f"and never trained again ({err}). Load only the checkpoint latest_complete() returns: it never "
-                "returns a .tmp- directory")
-    seen = f"it resumed at step {att1[0]}" if att1 else f"it never trained again ({err})" if err else "no steps ran"
+                f"{then}. Load only the checkpoint latest_complete() returns: it never returns a .tmp- directory")
+    then = f"it resumed at step {att1[0]}" if att1 else f"it never trained again ({err})" if err else "no steps ran"
+    seen = f"it loaded {' and '.join(loaded)}, and {then.removeprefix('it ')}" if loaded else then
     return (f"{head} {seen}. A checkpoint may look complete only once every rank's files are in it: write into "
             "staging_path(), and have rank 0 commit it only after a dist.barrier(); load only the checkpoint "
             "latest_complete() returns")

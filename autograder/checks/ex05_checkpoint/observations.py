@@ -59,6 +59,7 @@ class CallRecord(Observation):
     held: list[str] | str | None = None  # a save's or load's state: its keys (``outer.inner``), or its type
     file: str | None = None  # the learner's file the call came from (a save or load; None: not on the stack)
     line: int | None = None  # and its line there
+    checkpoint: str | None = None  # a DCP save's or load's directory, by name ("step_3"; None: not given by path)
 
 
 @dataclass
@@ -113,12 +114,14 @@ class Run:
 
     out: Path
     reshard_world: int
+    path: Path | None = None       # the learner's file (for a failure's line in it)
     ref: FinalState | None = None  # A's final state: the uninterrupted run
     ref_rec: list[list[StepRecord]] = field(default_factory=list)  # A's records, per rank
     checkpoints: list[str] = field(default_factory=list)  # what A's directory held after the run
     committed: list[int] = field(default_factory=list)    # the steps of its complete checkpoints
     reached: int = 0               # the last step rank 1 recorded in C before the job stopped
-    resume_error: LaunchError | None = None
+    fresh_error: LaunchError | None = None   # what ended the launch the fresh job resumed in (None: nothing)
+    resume_error: LaunchError | None = None  # what ended the restart scenario's launch
     reshard_error: LaunchError | None = None
 
     def load_reference(self) -> bool:

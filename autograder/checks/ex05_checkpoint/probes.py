@@ -107,6 +107,8 @@ def _spy(name: str):
                 if "save" in name or "load" in name:
                     call.held = trace.held(args[0] if args else kwargs.get("state_dict", kwargs.get("obj")))
                     call.file, call.line = where or (None, None)
+                if name.startswith("dcp."):
+                    call.checkpoint = _checkpoint_name(args, kwargs)
                 _now["log"].write(json.dumps(call.to_wire()) + "\n")
                 _now["log"].flush()
             commit = _now["commit"]
@@ -118,6 +120,16 @@ def _spy(name: str):
             return result
         return spy
     return make
+
+
+def _checkpoint_name(args: tuple, kwargs: dict) -> str | None:
+    """The directory a DCP save or load was given (``checkpoint_id``, or its storage's ``path``), by its name
+    (``step_3``, ``.tmp-step_6``): which checkpoint a resumed job read."""
+    where = kwargs.get("checkpoint_id")
+    if where is None:
+        storage = kwargs.get("storage_writer", kwargs.get("storage_reader"))
+        where = getattr(storage, "path", None)
+    return Path(str(where)).name if where is not None else None
 
 
 def _collective_spies() -> Replace:
@@ -139,6 +151,8 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
     rank, attempt, name = dist.get_rank(), _restart_count(), phase["name"]
     if phase.get("once") and ((outdir / f"{name}-final.pt").exists() or (outdir / f"{name}-errors.jsonl").exists()):
         return  # a torchrun restart replays the launch: this phase already ran in an earlier attempt
+    if not (began := outdir / f"{name}-began-rank{rank}").exists():
+        began.write_text(str(attempt))  # the attempt the phase began in: its kills are scheduled from attempt 0
     data = RecordingDataset(synthetic_classification(DATA_SIZE, 64, 10, seed=3))
     kill_step = phase.get("kill_step", {}).get(str(attempt)) if rank == 1 else None
     kill_write = phase.get("kill_write", {}).get(str(attempt)) if rank == 1 else None

@@ -7,10 +7,11 @@ changes); and the named ways to lose the stream.
 from __future__ import annotations
 
 import math
+import re
 
 from ...grader.diagnosis import mistake
 from ...grader.report import Verdict, criterion, failed, passed
-from .causes import one_sided_collective
+from .causes import one_sided_collective, said
 from .observations import WORLD, Run
 from .probes import RESHARD_FROM, RUN
 from .reference import BATCH_SIZE, contract_batch, position_after, stream
@@ -91,20 +92,36 @@ def _reshard_start(run: Run) -> str | None:
     return None
 
 
+def _failed(run: Run, err) -> str:
+    """Why the job at the other world size failed: a collective some ranks skipped, what a rank raised (at the
+    learner's line), else the launch's failure as the learner's."""
+    return one_sided_collective(run, "R", run.reshard_world) or run.phase_error("R") or said(run, err)
+
+
 @criterion("resumes at world size {reshard_world} from a {world}-rank checkpoint", points=2)
 def reshards(run: Run) -> Verdict:
-    got, err = run.final("R"), run.reshard_error
+    got, err, world = run.final("R"), run.reshard_error, run.reshard_world
+    steps = sorted({x.step for recs in run.records("R", world) for x in recs})
+    if err is not None and steps:  # it loaded and trained: the failure came after the load
+        start = _reshard_start(run) or (f"step {RESHARD_FROM + 1} started from the {WORLD}-rank run's weights, Adam "
+                                        "state and learning rate")
+        return failed(f"the job at {ranks(world)} resumed from the {WORLD}-rank run's checkpoint of step "
+                      f"{RESHARD_FROM}: {start}; it trained steps {steps[0]}-{steps[-1]}, then failed: "
+                      f"{_failed(run, err)}")
     why = None
     if err is not None:
-        why = f"the job failed: {one_sided_collective(run, 'R', run.reshard_world) or err}"
+        why = f"the job failed: {_failed(run, err)}"
     elif got is None:
         why = "the job did not finish"
     elif (got.step, got.lr) != (run.ref.step, run.ref.lr):
         why = f"it ended at step {got.step} with lr {got.lr:.6g}, expected step {run.ref.step} and lr {run.ref.lr:.6g}"
     if why := why or _reshard_start(run):
+        # the advice where the load is in question: not for a failure at a line of another call
+        about_dcp = err is None or re.search(r"dcp\.|state_dict|Checkpoint|Size mismatch|Missing key", why)
         return failed(f"loading the {WORLD}-rank run's checkpoint of step {RESHARD_FROM} with "
-                      f"{ranks(run.reshard_world)}: {why}. DCP reshards when you dcp.load into get_state_dict's "
-                      "(DTensor) state of the new model")
+                      f"{ranks(run.reshard_world)}: {why}" + (". DCP reshards when you dcp.load into "
+                                                              "get_state_dict's (DTensor) state of the new model"
+                                                              if about_dcp else ""))
     return passed(f"step {RESHARD_FROM + 1} started from the {WORLD}-rank run's weights, Adam state and learning "
                   f"rate, and the job finished at step {got.step}")
 
