@@ -71,7 +71,7 @@ from typing import Sequence
 
 import torch
 
-from distlab import LaunchError, LaunchTimeout
+from distlab import LaunchError
 from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT
 
 from ...grader.diagnosis import diagnose
@@ -332,9 +332,10 @@ def _kept(outdir: Path, path: Path, file: int, world: int, err: LaunchError) -> 
 
 def _launches(paths: Sequence[Path], world: int, folder: Path, timeout) -> tuple[list[Run], float | None]:
     """Every file's run at one world size, in as many launches as it takes: a file whose part 2 ends a launch
-    (a native abort, a hang, an error) is run again for part 1 alone, with the files after it, so that a crash
-    in part 2 costs part 2 only (a crash in part 1 costs part 1 only: what the ranks kept is graded). The wall
-    seconds of the launch that graded every file at once (``None``: it took more than one)."""
+    (a native abort, a hang, a loop that never returns, an error) is run again for part 1 alone, with the files
+    after it, so that a crash in part 2 costs part 2 only (a crash in part 1 costs part 1 only: what the ranks
+    kept is graded). The wall seconds of the launch that graded every file at once (``None``: it took more than
+    one)."""
     from ...grader.main import explain
 
     runs: dict[int, Run] = {}
@@ -354,7 +355,7 @@ def _launches(paths: Sequence[Path], world: int, folder: Path, timeout) -> tuple
             todo, wall_s = todo[first:], None
             if not todo:
                 break
-            if todo[0] in ended or type(err) is LaunchTimeout:  # part 1 alone kept nothing, or out of time
+            if todo[0] in ended:  # part 1 alone kept nothing
                 raise err
             ended[todo[0]] = explain(err, paths[todo[0]], KNOWN_ERRORS)
             continue
