@@ -92,23 +92,31 @@ COUNT, LOSS, OVERLAP = ("each stage processes every micro-batch once", "loss mat
                         "stages overlap in time")
 
 
+# 1F1B with its neighbours written as numbers, as in a 2-stage GPipe step: right at 2 stages, wrong at 4
+FOR_2_STAGES = {"dist.recv(inp, src=rank - 1)": "dist.recv(inp, src=0)", "dst=rank + 1)": "dst=1)",
+                "dist.recv(grad, src=rank + 1)": "dist.recv(grad, src=1)", "dst=rank - 1)": "dst=0)"}
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    paths = [SOLUTIONS / FILE, independent.path(7), mutant(tmp_path_factory.mktemp("batched"), FILE, BATCHED)]
-    for i, (name, repl) in enumerate(MISTAKES.items()):
-        paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
+    # the correct styles, and a step right at 2 stages only, graded as a learner's file is: 1F1B at 2 stages and 4
+    whole = [SOLUTIONS / FILE, independent.path(7), mutant(tmp_path_factory.mktemp("batched"), FILE, BATCHED),
+             mutant(tmp_path_factory.mktemp("two"), FILE, FOR_2_STAGES)]
+    paths = [mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl) for i, repl in enumerate(MISTAKES.values())]
     # last: each sends a message larger than its peer's buffer, which aborts gloo and ends the launch; each is
     # launched again for its other part (then the other one, for its own)
     for name, repl in ABORTS.items():
         paths.append(mutant(tmp_path_factory.mktemp(name), FILE, repl))
-    graded = check.grade(paths, p2p_timeout_s=1.5)  # the deadlock's cost: 1.5 s x DISTLAB_TIME_SCALE
-    return {"solution": graded[0], "independent": graded[1], "batched": graded[2],
-            **dict(zip([*MISTAKES, *ABORTS], graded[3:]))}
+    # the mistakes at 2 stages only (what they show, they show there): one launch of 2 ranks for them all
+    graded = check.grade(whole, p2p_timeout_s=1.5) + check.grade(paths, p2p_timeout_s=1.5, deeper=None)
+    return {"solution": graded[0], "independent": graded[1], "batched": graded[2], "for 2 stages": graded[3],
+            **dict(zip([*MISTAKES, *ABORTS], graded[4:]))}
 
 
 def test_solution_full_marks(reports):
     r = reports["solution"]
     assert r.score == r.max_score, r.feedback
+    assert "[1F1B] loss and gradients match the unsplit model: loss 2.3082, at 2 and 4 stages" in r.feedback
     # The only timing verdict of this file. It compares timestamps, but the check fixes the timeline
     # with sleeps (Delay: 30 ms per stage-0 forward), so stage 1 starts about three of stage 0's four
     # forwards before stage 0 is done: -92 to -103 ms measured on 2 cores at load 6.5, while a
@@ -264,7 +272,7 @@ def test_a_receive_buffer_of_another_shape_or_dtype_is_named_at_the_learners_lin
         (tmp_path / name).mkdir()
         paths.append(tmp_path / name / check.EXERCISE.filename)
         paths[-1].write_text(mistake.apply((SOLUTIONS / check.EXERCISE.filename).read_text()))
-    shape, dtype = check.grade(paths)
+    shape, dtype = check.grade(paths, deeper=None)  # the GPipe part's mistakes: 2 stages say it
     assert shape.score < shape.max_score
     assert "mat1 and mat2 shapes cannot be multiplied (16x64 and 48x48)" in shape.feedback
     assert "float64[16, 64]" in shape.feedback  # the received activation, at the learner's line
@@ -274,6 +282,12 @@ def test_a_receive_buffer_of_another_shape_or_dtype_is_named_at_the_learners_lin
 
 
 # -- part 2, 1F1B ---------------------------------------------------------------------------------------------
+def test_a_1f1b_step_written_for_2_stages_fails_at_4_at_the_learners_line(reports):
+    f = failed(reports["for 2 stages"])
+    assert set(f) == set(OFOB), f   # GPipe's part, and 1F1B at 2 stages, are right
+    assert f[OFOB[0]].startswith("at 4 stages, where stages 1 and 2 each receive and send both ways: stage 1 of 4 "
+                                 "sent to rank 1 (ex07_pipeline.py line ")
+    assert "dist.isend(out.detach().contiguous(), dst=1)" in f[OFOB[0]] and "rank 0 and rank 2" in f[OFOB[0]]
 def test_gpipe_mistakes_leave_the_1f1b_part_its_marks(reports):
     for name in MISTAKES:
         if not name.startswith("1F1B"):

@@ -1,4 +1,4 @@
-"""Exercise 7 check: a hand-written 2-stage GPipe step, then a 1F1B step, graded on 2 ranks.
+"""Exercise 7 check: a hand-written 2-stage GPipe step, then a 1F1B step, graded on 2 ranks and on 4.
 
 The grader builds the stages itself and wraps each in a
 :class:`distlab.lab.pipeline.timeline.TimedStage`, which logs every forward and backward
@@ -22,7 +22,9 @@ the ranks return, the grading process checks:
 Part 2 (``one_f_one_b``): the learner's ``one_f_one_b_step`` on the same stages, in a process group of its
 own, with a saved-tensor counter around each stage's layers: parity; each stage's order of forwards and
 backwards against 1F1B's, and each send before the stage's next forward or backward; and the activations
-each stage held at once against ``min(p - s, m)`` micro-batches (Narayanan et al., 2021).
+each stage held at once against ``min(p - s, m)`` micro-batches (Narayanan et al., 2021). Each of these holds
+again at 4 stages (a launch of 4 ranks), where stages 1 and 2 receive and send both ways: a step written for 2
+stages alone fails there, and the first point where that run departs is said.
 
 | mistake | message |
 |---|---|
@@ -47,6 +49,7 @@ each stage held at once against ``min(p - s, m)`` micro-batches (Narayanan et al
 | 1F1B: the wrong number of warm-up forwards | "stage 0 ran 1 forward(s) before its first backward (F0 B0 ...)" |
 | 1F1B: activations kept past their backward | "stage 0 held 40,960 bytes ..., although its forwards ..." |
 | 1F1B: a send held back past the stage's next forward or backward | "stage 0 sent micro-batch 0's ... only after ..." |
+| 1F1B: neighbours' ranks written as numbers (src=0, dst=1) | "at 4 stages, ...: stage 1 of 4 sent to rank 1 ..." |
 """
 from __future__ import annotations
 
@@ -67,7 +70,7 @@ from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, coun
                      pieces_of_n_rows, sent_after_loop, unmatched)
 from . import one_f_one_b
 from .observations import RankObservation, Run
-from .probes import BATCH, BOUNDARY, MICRO, P2P_TIMEOUT_S, PARTS, batch, model, rank_main
+from .probes import BATCH, MICRO, P2P_TIMEOUT_S, PARTS, STAGES, batch, model, rank_main
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
 
@@ -75,16 +78,17 @@ EXERCISE = Exercise(number=7, name="pipeline", filename="ex07_pipeline.py", max_
 RTOL, ATOL = 1e-5, 1e-6
 
 
-def _reference() -> tuple[torch.Tensor, list[list[torch.Tensor]], list[float]]:
-    """The unsplit model's loss on the batch, each stage's parameters' gradients, each micro-batch's loss."""
+def _reference(p: int = 2) -> tuple[torch.Tensor, list[list[torch.Tensor]], list[float]]:
+    """The unsplit model's loss on the batch, each of ``p`` stages' parameters' gradients, each micro-batch's
+    loss."""
     net = model()
     x, y = batch()
     loss = nn.functional.cross_entropy(net(x), y)
     loss.backward()
     with torch.no_grad():
         micro = [nn.functional.cross_entropy(net(xi), yi).item() for xi, yi in zip(x.chunk(MICRO), y.chunk(MICRO))]
-    return loss.detach(), [[p.grad for p in net[:BOUNDARY].parameters()],
-                           [p.grad for p in net[BOUNDARY:].parameters()]], micro
+    cuts = STAGES[p]
+    return loss.detach(), [[q.grad for q in net[a:b].parameters()] for a, b in zip(cuts, cuts[1:])], micro
 
 
 def _raised(step: Run) -> str:
@@ -216,23 +220,44 @@ def _judge(report: ExerciseReport, criteria: list, step: Run | str, fn: str) -> 
                      + (f" at {unwritten.where}" if unwritten.where else ""), key=c.__name__)
 
 
-def grade(paths: Sequence[Path], p2p_timeout_s: float = P2P_TIMEOUT_S) -> list[ExerciseReport]:
+def grade(paths: Sequence[Path], p2p_timeout_s: float = P2P_TIMEOUT_S, deeper: int | None = 4) -> list[ExerciseReport]:
     """Grade the files at ``paths`` in one 2-rank launch (one more for each part that ends one); one report each.
+    Then each file whose 1F1B step ran at 2 stages runs it again at ``deeper`` stages (4; ``None``: not, as most
+    tests), in one launch: its criteria hold at both, so a step written for 2 stages alone (``src=0``, ``dst=1``)
+    fails at 4, where the middle stages receive and send both ways.
 
     Each file runs in its own process group: a send or recv with no partner is reported in its
     feedback, and two ranks both waiting time out after ``p2p_timeout_s`` (tests pass less). A message that
     aborts gloo (larger than its receive buffer) costs its own part only (``grader.parts``).
     """
     reports = [EXERCISE.new_report() for _ in paths]
-    parted, wall_s = launch_parts(rank_main, paths, world=2, timeout=launch_timeout(EXERCISE, files=len(paths)),
-                                  parts=list(PARTS), args=(p2p_timeout_s,), known=KNOWN_ERRORS)
-    ref_loss, ref_grads, ref_micro = _reference()
-    for report, file in zip(reports, parted):
+    timeout = launch_timeout(EXERCISE, files=len(paths), launches=2 if deeper else 1)
+    parted, wall_s = launch_parts(rank_main, paths, world=2, timeout=timeout, parts=list(PARTS),
+                                  args=(p2p_timeout_s, list(PARTS)), known=KNOWN_ERRORS)
+    ref = _reference()
+    steps = [{part: file.ended[part] if file.part(part) is None else
+              Run([RankObservation.from_wire(r) for r in file.part(part)], *ref) for part in PARTS} for file in parted]
+    if deeper:
+        _deeper(paths, steps, deeper, timeout, p2p_timeout_s)
+    for report, file_steps in zip(reports, steps):
         for part, criteria in (("gpipe", CRITERIA), ("one_f_one_b", ONE_F_ONE_B_CRITERIA)):
-            ranks = file.part(part)
-            step = file.ended[part] if ranks is None else \
-                Run([RankObservation.from_wire(r) for r in ranks], ref_loss, ref_grads, ref_micro)
-            _judge(report, criteria, step, PARTS[part])
+            _judge(report, criteria, file_steps[part], PARTS[part])
         if wall_s is not None:
             report.measurements["launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]
+
+
+def _deeper(paths: Sequence[Path], steps: list[dict], p: int, timeout, p2p_timeout_s: float) -> None:
+    """The 1F1B step of each file whose 2-stage one ran whole (no rank stopped by NotImplementedError) again on
+    ``p`` ranks, each kept as its 2-stage run's ``deeper``."""
+    ran = [i for i, s in enumerate(steps) if isinstance(s["one_f_one_b"], Run)
+           and not any(r.not_implemented for r in s["one_f_one_b"].ranks)]
+    if not ran:
+        return
+    parted, _ = launch_parts(rank_main, [paths[i] for i in ran], world=p, timeout=timeout, parts=["one_f_one_b"],
+                             args=(p2p_timeout_s, ["one_f_one_b"]), known=KNOWN_ERRORS)
+    ref = _reference(p)
+    for i, file in zip(ran, parted):
+        ranks = file.part("one_f_one_b")
+        steps[i]["one_f_one_b"].deeper = file.ended["one_f_one_b"] if ranks is None else \
+            Run([RankObservation.from_wire(r) for r in ranks], *ref)

@@ -51,6 +51,8 @@ class Run:
     ref_loss: torch.Tensor
     ref_grads: list[list[torch.Tensor]]
     ref_micro: list[float]
+    # 1F1B's step again at 4 stages (None: not run; a str: how it ended its launch, in the learner's terms)
+    deeper: Run | str | None = None
 
     def events(self, stage: int, kind: str) -> list[StageEvent]:
         """The stage's logged forwards (``"F"``) or backwards (``"B"``), in the order they started."""

@@ -16,7 +16,8 @@ from .causes import (activation_without_grad, backward_order, count_scales, grad
 from .observations import Run
 from .probes import MICRO
 
-P = 2   # the stages the check runs
+P = 2   # the stages the check runs first; its criteria hold again at ``Run.deeper``'s 4 (where the causes are not
+# said: they are written for 2 stages, and the first point where the deeper run departs is said instead)
 RTOL, ATOL = 1e-5, 1e-6
 
 
@@ -25,14 +26,15 @@ def order(step: Run, stage: int) -> list[str]:
     return [f"{e.kind}{e.mb}" for e in sorted(step.ranks[stage].events, key=lambda e: e.start)]
 
 
-def schedule_order(stage: int, schedule: str = "1f1b") -> list[str]:
-    """``schedule``'s order of forwards and backwards on stage ``stage``, written as :func:`order` writes it."""
-    return [f"{k}{i}" for k, i in schedule_orders(P, MICRO, schedule)[stage]]
+def schedule_order(stage: int, p: int = P, schedule: str = "1f1b") -> list[str]:
+    """``schedule``'s order of forwards and backwards on stage ``stage`` of ``p``, written as :func:`order` writes
+    it."""
+    return [f"{k}{i}" for k, i in schedule_orders(p, MICRO, schedule)[stage]]
 
 
-def bound(stage: int) -> int:
-    """Micro-batches stage ``stage`` may hold at once under 1F1B: ``min(p - s, m)``."""
-    return min(P - stage, MICRO)
+def bound(stage: int, p: int = P) -> int:
+    """Micro-batches stage ``stage`` of ``p`` may hold at once under 1F1B: ``min(p - s, m)``."""
+    return min(p - stage, MICRO)
 
 
 def _raised(step: Run) -> str:
@@ -74,7 +76,7 @@ def send_not_waited(step: Run, part: str = "") -> str | None:
 
 @mistake("1F1B: GPipe's order instead")
 def gpipe_order(step: Run, part: str = "") -> str | None:
-    gpipe = schedule_order(0, "gpipe")
+    gpipe = schedule_order(0, P, "gpipe")
     if order(step, 0) != gpipe:
         return None
     return (f"stage 0 ran all {MICRO} forwards before its first backward ({' '.join(gpipe)}), GPipe's order, and so "
@@ -86,15 +88,16 @@ def gpipe_order(step: Run, part: str = "") -> str | None:
 def wrong_warmup(step: Run, part: str = "") -> str | None:
     """Stage s's first backward comes after its warm-up forwards and the steady state's first forward: after
     min(p - s, m) forwards (the last stage has no warm-up: F0 B0 ...)."""
-    for stage in (0, 1):
-        got, want = order(step, stage), schedule_order(stage)
+    p = len(step.ranks)
+    for stage in range(p):
+        got, want = order(step, stage), schedule_order(stage, p)
         first_b = next((i for i, a in enumerate(got) if a.startswith("B")), None)
         if got == want or first_b is None or len(got) != len(want):
             continue
-        warm = min(P - 1 - stage, MICRO)
+        warm = min(p - 1 - stage, MICRO)
         if first_b != min(warm + 1, MICRO):
             return (f"stage {stage} ran {first_b} forward(s) before its first backward ({' '.join(got)}); 1F1B runs "
-                    f"min(p - 1 - s, m) = {warm} warm-up forward(s) on stage {stage} of {P}, then one forward and "
+                    f"min(p - 1 - s, m) = {warm} warm-up forward(s) on stage {stage} of {p}, then one forward and "
                     f"one backward in turn, so {min(warm + 1, MICRO)} forwards come before the first backward: "
                     f"{' '.join(want)}")
     return None
@@ -102,21 +105,26 @@ def wrong_warmup(step: Run, part: str = "") -> str | None:
 
 @mistake("1F1B: activations kept past their backward")
 def kept_past_backward(step: Run, part: str = "") -> str | None:
+    p = len(step.ranks)
     for r in step.ranks:
         one = r.saved_per_microbatch
-        if one and r.saved_peak > bound(r.rank) * one and order(step, r.rank) == schedule_order(r.rank):
+        if one and r.saved_peak > bound(r.rank, p) * one and order(step, r.rank) == schedule_order(r.rank, p):
             return (f"stage {r.rank} held {r.saved_peak:,} bytes of activations at once, {r.saved_peak / one:.3g} "
                     f"micro-batches' ({one:,} bytes each), although its forwards and backwards ran in 1F1B's "
-                    f"order, which keeps at most min(p - s, m) = {bound(r.rank)}: a micro-batch's saved activations "
+                    f"order, which keeps at most min(p - s, m) = {bound(r.rank, p)}: a micro-batch's saved activations "
                     "outlived its backward (backward(retain_graph=True) keeps them)")
     return None
 
 
 @mistake("1F1B: a send held back past the stage's next forward or backward")
 def send_held_back(step: Run, part: str = "") -> str | None:
-    for stage, kind in ((0, "F"), (1, "B")):   # stage 0 sends activations, stage 1 input gradients
+    p = len(step.ranks)
+    # each stage sends a forward's activations to the next, and a backward's input gradient to the one before
+    for stage, kind, peer in [(r.rank, k, r.rank + d) for r in step.ranks for k, d in (("F", 1), ("B", -1))]:
+        if not 0 <= peer < p:
+            continue
         events = sorted(step.ranks[stage].events, key=lambda e: e.start)
-        sends = [c for c in step.ranks[stage].p2p if c.op == "send"]
+        sends = [c for c in step.ranks[stage].p2p if c.op == "send" and c.peer == peer]
         done = [e for e in events if e.kind == kind]
         for i, (event, send) in enumerate(zip(done, sends)):
             after = [e for e in events if e.start > event.start and e is not event]
@@ -125,6 +133,89 @@ def send_held_back(step: Run, part: str = "") -> str | None:
                 return (f"stage {stage} sent micro-batch {i}'s {thing} ({send.where}) only after its next "
                         f"{'forward' if after[0].kind == 'F' else 'backward'} ({after[0].kind}{after[0].mb}) had "
                         "started: the neighbour waits for it meanwhile; send each as soon as it is computed")
+    return None
+
+
+@mistake("1F1B: neighbours' ranks written as numbers (src=0, dst=1), right for 2 stages only")
+def fixed_peer(step: Run, part: str = "") -> str | None:
+    """A send or receive with a rank that is not a neighbour of the stage's (``s - 1``, ``s + 1``): at 2 stages
+    the numbers 0 and 1 are the neighbours, at 4 they are not."""
+    p = len(step.ranks)
+    for r in step.ranks:
+        near = [n for n in (r.rank - 1, r.rank + 1) if 0 <= n < p]
+        if bad := next((c for c in r.p2p if c.peer not in near), None):
+            said = " and ".join(f"rank {n}" for n in near)
+            return (f"stage {r.rank} of {p} {'sent to' if bad.op == 'send' else 'received from'} rank {bad.peer} "
+                    f"({bad.where}), but a stage sends to and receives from its neighbours only, {said}: write "
+                    "them as rank - 1 and rank + 1 (rank = dist.get_rank()), not as the numbers that are right for "
+                    "2 stages")
+    return None
+
+
+def _at(p: int) -> str:
+    return f"at {p} stages, where stages {' and '.join(map(str, range(1, p - 1)))} each receive and send both ways"
+
+
+def _deeper(step: Run, check, first: bool) -> str | None:
+    """The deeper run's (``step.deeper``: 4 stages) failure of ``check`` (what it returns: the first point where the
+    run departs, no cause), said as such; how the run ended its launch, in full where ``first`` (the first
+    criterion), else pointing to it. ``None``: it holds there too, or no deeper run was made."""
+    deep = step.deeper
+    if deep is None:
+        return None
+    if isinstance(deep, str):  # said in full by the first criterion where it got that far (it held at 2 stages)
+        return (f"{_at(4)}: one_f_one_b_step did not finish: {deep}" if first or _matches(step) else
+                f"{_at(4)}: not checked: one_f_one_b_step did not finish (see '{ofob_matches.rule.name}')")
+    why = fixed_peer(deep) or check(deep)
+    return f"{_at(len(deep.ranks))}: {why}" if why else None
+
+
+def _matches(step: Run) -> str | None:
+    """The loss (on the last stage only) and every stage's gradients against the unsplit model's, with no cause."""
+    last = step.ranks[-1]
+    if last.loss is None or last.loss.numel() != 1 or not parity(last.loss.reshape(()), step.ref_loss, rtol=RTOL,
+                                                                    atol=ATOL):
+        got = "no loss" if last.loss is None or last.loss.numel() != 1 else f"loss {last.loss.item():.6g}"
+        return (f"rank {last.rank} (the last stage) returned {got}; the unsplit model's is "
+                f"{step.ref_loss.item():.6g}" + _raised(step))
+    if early := next((r for r in step.ranks[:-1] if r.loss is not None), None):
+        return (f"rank {early.rank} returned {early.loss.reshape(-1)[0].item():.6g}; only the last stage computes "
+                "the loss, and the others return None")
+    for r in step.ranks:
+        if any(g is None for g in r.grads):
+            return f"stage {r.rank}'s parameters have no gradient after the step" + _raised(step)
+        names = [f"parameter {i} of stage {r.rank}" for i in range(len(r.grads))]
+        same = parity(dict(zip(names, r.grads)), dict(zip(names, step.ref_grads[r.rank])), rtol=RTOL, atol=ATOL)
+        if not same:
+            return (f"stage {r.rank}'s gradients differ from the unsplit model's (max abs difference "
+                    f"{same.max_abs_diff:.3g} in {same.worst})" + _raised(step))
+    return None
+
+
+def _ordered(step: Run) -> str | None:
+    """Each stage's forwards and backwards in 1F1B's order, each send at once and waited on, with no cause."""
+    p = len(step.ranks)
+    for stage in range(p):
+        got, want = order(step, stage), schedule_order(stage, p)
+        if got != want:
+            return (f"stage {stage} ran {' '.join(got) or 'nothing'}; 1F1B's order for stage {stage} of {p} with "
+                    f"{MICRO} micro-batches is {' '.join(want)}" + _raised(step))
+    return send_held_back(step) or send_not_waited(step)
+
+
+def _held(step: Run) -> str | None:
+    """Each stage's activations held at once within ``min(p - s, m)`` micro-batches'."""
+    done = [(len([e for e in r.events if e.kind == k]) == MICRO) for r in step.ranks for k in "FB"]
+    if not all(done) or any(r.error for r in step.ranks):
+        return "not checked: the step did not run every micro-batch forward and backward on every stage" + \
+            _raised(step)
+    p = len(step.ranks)
+    for r in step.ranks:
+        one = r.saved_per_microbatch
+        if one and r.saved_peak > bound(r.rank, p) * one:
+            return (f"stage {r.rank} held {r.saved_peak:,} bytes of activations at once, {r.saved_peak / one:.3g} "
+                    f"micro-batches' ({one:,} bytes each); 1F1B keeps at most min(p - s, m) = {bound(r.rank, p)} "
+                    f"there: run micro-batch i's backward before the forward of micro-batch i + {bound(r.rank, p)}")
     return None
 
 
@@ -150,7 +241,10 @@ def ofob_matches(step: Run) -> Verdict:
             why = diagnose([count_scales, loss_not_scaled, backward_order], step, f"grads{stage}")
             return failed(f"stage {stage}'s gradients differ from the unsplit model's (max abs difference "
                           f"{p.max_abs_diff:.3g} in {p.worst})" + (f": {why}" if why else _raised(step)))
-    return passed(f"loss {step.ref_loss.item():.5g}")
+    if deeper := _deeper(step, _matches, first=True):
+        return failed(deeper)
+    return passed(f"loss {step.ref_loss.item():.5g}" + (f", at {P} and {len(step.deeper.ranks)} stages"
+                                                        if isinstance(step.deeper, Run) else ""))
 
 
 @criterion("[1F1B] each stage runs 1F1B's order and sends each result at once", points=2, trace=False)
@@ -161,9 +255,10 @@ def ofob_order(step: Run) -> Verdict:
             return failed(diagnose([blocking_deadlock, gpipe_order, wrong_warmup], step, "1f1b") or
                           f"stage {stage} ran {' '.join(got) or 'nothing'}; 1F1B's order for stage {stage} of {P} "
                           f"with {MICRO} micro-batches is {' '.join(want)}" + _raised(step))
-    if message := send_held_back(step) or send_not_waited(step):
+    if message := send_held_back(step) or send_not_waited(step) or _deeper(step, _ordered, first=False):
         return failed(message)
-    return passed(" | ".join(" ".join(order(step, s)) for s in (0, 1)))
+    return passed(" | ".join(" ".join(order(step, s)) for s in (0, 1)) + (
+        f"; and at {len(step.deeper.ranks)} stages" if isinstance(step.deeper, Run) else ""))
 
 
 @criterion("[1F1B] stage s keeps at most min(p - s, m) micro-batches' activations", points=1, trace=False)
@@ -182,8 +277,11 @@ def ofob_memory(step: Run) -> Verdict:
                           f"{r.saved_peak / one:.3g} micro-batches' ({one:,} bytes each); 1F1B keeps at most "
                           f"min(p - s, m) = {bound(r.rank)} there: run micro-batch i's backward before the forward "
                           f"of micro-batch i + {bound(r.rank)}", **measured)
+    if deeper := _deeper(step, _held, first=False):
+        return failed(deeper, **measured)
     return passed(", ".join(f"stage {r.rank}: {r.saved_peak / max(r.saved_per_microbatch, 1):.3g} micro-batches"
-                            for r in step.ranks), **measured)
+                            for r in step.ranks) + (f"; and within min(p - s, m) at {len(step.deeper.ranks)} stages"
+                                                    if isinstance(step.deeper, Run) else ""), **measured)
 
 
 CRITERIA = [ofob_matches, ofob_order, ofob_memory]

@@ -35,7 +35,10 @@ from .observations import P2PCall, RankObservation, StageEvent
 
 BATCH, MICRO, HIDDEN, BOUNDARY = 64, 4, 48, 4   # MLP depth 3: Linear,ReLU,Linear,ReLU | Linear,ReLU,Linear
 # HIDDEN is not the 64 input features: a receive buffer shaped like the input micro-batch is caught
-DELAYS = (0.03, 0.015)                           # seconds of "compute" per forward, stage 0 and stage 1
+# The layers of each stage, per number of stages: GPipe's 2, and 1F1B's p = 4 too, where stages 1 and 2 each
+# receive and send both ways (code written for 2 stages, src=0 and dst=1, passes p = 2 unseen).
+STAGES = {2: (0, BOUNDARY, 7), 4: (0, 2, 4, 6, 7)}
+DELAYS = {2: (0.03, 0.015), 4: (0.03, 0.02, 0.02, 0.015)}  # seconds of "compute" per forward, per stage
 P2P_TIMEOUT_S = 3.0                              # x DISTLAB_TIME_SCALE: two ranks both waiting is a deadlock
 PARTS = {"gpipe": "gpipe_step", "one_f_one_b": "one_f_one_b_step"}   # the graded functions, in the order run
 
@@ -73,22 +76,25 @@ class StageProbe:
             out.register_hook(lambda g: self.out_grads.__setitem__(i, g.detach().cpu().clone()))
 
 
-def rank_main(paths: list[str], p2p_timeout_s: float, outdir: str, skip: dict[str, list[str]]) -> list[dict]:
-    """Runs on both ranks: each learner file in turn, imported once, its GPipe step then its 1F1B step, each in a
-    process group of its own (one part's broken send or recv cannot cost the other part its marks), each kept as
-    it returns (``rank.parts``: a part whose message aborts gloo costs its own marks only). ``skip``: the parts of
-    each file an earlier launch kept or ended. Returns per file ``{part: RankObservation as plain data}``."""
+def rank_main(paths: list[str], p2p_timeout_s: float, only: list[str], outdir: str,
+              skip: dict[str, list[str]]) -> list[dict]:
+    """Runs on every rank: each learner file in turn, imported once, its GPipe step then its 1F1B step (``only``:
+    the parts this launch runs; 1F1B alone at 4 ranks), each in a process group of its own (one part's broken send
+    or recv cannot cost the other part its marks), each kept as it returns (``rank.parts``: a part whose message
+    aborts gloo costs its own marks only). ``skip``: the parts of each file an earlier launch kept or ended.
+    Returns per file ``{part: RankObservation as plain data}``."""
     observed = []
     for i, path in enumerate(paths):
         kept = Parts(outdir, i, skip)
         with P2PSpy(dtype=DTYPE) as p2p:  # before the import: the send and recv it binds are spied on too
             learner = load_learner(path)
             for name, fn in PARTS.items():
-                if kept.starts(name):
+                if name in only and kept.starts(name):
                     with own_rendezvous(f"file{i}-{name}"):
                         kept.keep(name, _observe(learner, path, p2p, p2p_timeout_s, fn,
                                                  saved=name == "one_f_one_b").to_wire())
-        if kept.ran and all(part["not_implemented"] for part in kept.ran.values()) and not kept.skip:
+        if len(only) == len(PARTS) and kept.ran and all(part["not_implemented"] for part in kept.ran.values()) \
+                and not kept.skip:
             # the stub: "not implemented yet", as any
             raise NotImplementedError(f"{Path(path).name}: {', '.join(PARTS.values())} still raise it")
         kept.finished()
@@ -96,12 +102,12 @@ def rank_main(paths: list[str], p2p_timeout_s: float, outdir: str, skip: dict[st
     return observed
 
 
-def _stage(rank: int, dev: torch.device, saved: bool) -> tuple[TimedStage, nn.Sequential, SavedBytes | None]:
-    """This rank's stage as the learner gets it (the layers after a fixed delay, timed), the layers, and the
+def _stage(rank: int, p: int, dev: torch.device, saved: bool) -> tuple[TimedStage, nn.Sequential, SavedBytes | None]:
+    """Stage ``rank`` of ``p`` as the learner gets it (the layers after a fixed delay, timed), the layers, and the
     counter of the activations they keep for backward (``saved``: 1F1B's part)."""
-    layers = (model()[:BOUNDARY] if rank == 0 else model()[BOUNDARY:]).to(dev)
+    layers = model()[STAGES[p][rank]:STAGES[p][rank + 1]].to(dev)
     counted = SavedBytes(layers) if saved else None
-    return TimedStage(nn.Sequential(Delay(DELAYS[rank]), counted or layers), rank, sync=dev.type == "cuda"), \
+    return TimedStage(nn.Sequential(Delay(DELAYS[p][rank]), counted or layers), rank, sync=dev.type == "cuda"), \
         layers, counted
 
 
@@ -121,11 +127,11 @@ def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float, fn: str, sav
     # timeout is the p2p timeout (NCCL's watchdog would abort the job instead: it keeps the default).
     short = timedelta(seconds=p2p_timeout_s * time_scale()) if distlab.backend() == "gloo" else None
     dev = distlab.init_distributed(timeout=short)
-    rank = dist.get_rank()
-    if dist.get_world_size() != 2:
-        raise RuntimeError("exercise 7 is a 2-stage pipeline: run it on 2 ranks")
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if p not in STAGES or (fn == PARTS["gpipe"] and p != 2):
+        raise RuntimeError("exercise 7's GPipe step is a 2-stage pipeline, its 1F1B step 2 or 4: run it on so many")
     x, y = (t.to(dev) for t in batch())
-    stage, layers, counted = _stage(rank, dev, saved)
+    stage, layers, counted = _stage(rank, p, dev, saved)
     one = _per_microbatch(counted, rank, x) if counted else 0
     probe = StageProbe(stage)
     loss = error = where = None
