@@ -59,6 +59,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from distlab import LaunchError
+
 from ...grader.diagnosis import diagnose, translate
 from ...grader.launches import launch_timeout
 from ...grader.parts import launch_parts, report_ended
@@ -254,8 +256,14 @@ def _deeper(paths: Sequence[Path], steps: list[dict], p: int, timeout, p2p_timeo
            and not any(r.not_implemented for r in s["one_f_one_b"].ranks)]
     if not ran:
         return
-    parted, _ = launch_parts(rank_main, [paths[i] for i in ran], world=p, timeout=timeout, parts=["one_f_one_b"],
-                             args=(p2p_timeout_s, ["one_f_one_b"]), known=KNOWN_ERRORS)
+    try:
+        parted, _ = launch_parts(rank_main, [paths[i] for i in ran], world=p, timeout=timeout,
+                                 parts=["one_f_one_b"], args=(p2p_timeout_s, ["one_f_one_b"]), known=KNOWN_ERRORS)
+    except LaunchError as err:  # before the step began (it did at 2 stages): said as the 4-stage run's end
+        from ...grader.main import explain
+        for i in ran:
+            steps[i]["one_f_one_b"].deeper = explain(err, Path(paths[i]), KNOWN_ERRORS)
+        return
     ref = _reference(p)
     for i, file in zip(ran, parted):
         ranks = file.part("one_f_one_b")
