@@ -92,9 +92,15 @@ def first_divergence(ref: Sequence[dict], got: Sequence[dict], rank: int = 0) ->
     return None
 
 
+# What makes two events the same act, where the event has it: a collective of one kind on one shape in one group,
+# a send to one peer of one shape, a forward of one module (not: the step, the line, the values it held)
+IDENTITY = ("event", "kind", "shape", "group", "peer", "module")
+
+
 def _later(ref: dict, rest: Sequence[dict]) -> str:
-    """Where, after the divergence, the learner's code does what the reference did there."""
-    j = next((j for j, e in enumerate(rest) if e.get("event") == ref.get("event")), None)
+    """Where, after the divergence, the learner's code does what the reference did there (the same act:
+    :data:`IDENTITY`, so DDP's all-reduce of the gradients is not a count's all-reduce of one number)."""
+    j = next((j for j, e in enumerate(rest) if all(e.get(f) == ref.get(f) for f in IDENTITY if f in ref)), None)
     if j is None:
         return "; your code never does"
     return f"; yours does that {j + 1} event(s) later{_at(rest[j])}"
@@ -167,7 +173,7 @@ def describe(d: Divergence) -> str:
     ref, got = d.ref, d.got
     step = (got or ref or {}).get("step", 0)
     who = f"rank {d.rank}, " if d.rank else ""
-    when = f"after {step} optimizer step(s)" if step else "before any optimizer step"
+    when = f"after {step} optimizer.step() call(s)" if step else "before any optimizer.step() call"  # torch.optim's
     head = f"first difference from the reference ({who}{when}, event {d.index + 1}): "
     if d.fields == ("event",):
         if got is None:

@@ -38,10 +38,25 @@ def test_an_event_out_of_order_names_the_line_and_where_it_happens_later():
     assert "yours does that 1 event(s) later (ex05_checkpoint.py:20" in msg
 
 
+def test_a_collective_of_another_tensor_is_not_the_one_the_reference_made():
+    # the audit's exercise 2: the count's all-reduce (one number) left out; DDP's all-reduce of the gradients comes
+    # next in the learner's run, but it is not the count's: "your code never does", not "8 event(s) later"
+    def reduce(shape, line):
+        return {"event": "collective", "kind": "all_reduce", "shape": shape, "group": 2, "step": 0,
+                "file": "ex02_accumulation.py", "line": line, "code": "..."}
+
+    step = _step(1, 0.1)
+    ref = [reduce([], 90), step, reduce([3466], 105)]
+    msg = first_divergence(ref, [step, reduce([3466], 105)]).message()
+    assert msg.endswith("; your code never does"), msg
+    assert "yours does that 1 event(s) later (ex02_accumulation.py:90" in first_divergence(
+        ref, [step, reduce([], 90), reduce([3466], 105)]).message()
+
+
 def test_a_value_that_differs_is_shown_both_sides():
     got = [REF[0], _sched(1, 0.05), _step(2, 0.05, params=2.5), REF[3]]
     msg = first_divergence(REF, got).message()
-    assert "after 2 optimizer step(s), event 3" in msg
+    assert "after 2 optimizer.step() call(s), event 3" in msg
     assert "the parameters' sum after the step 2.5 vs the reference's 1" in msg
 
 
@@ -65,7 +80,7 @@ def test_annotate_only_failures_that_name_no_cause():
     assert annotate(report, [[REF[:3] + [_sched(2, 0.5)]]], [[REF]])
     named, symptom, _ = report.criteria
     assert "first difference" not in named.feedback
-    assert "first difference from the reference (after 2 optimizer step(s), event 4)" in symptom.feedback
+    assert "first difference from the reference (after 2 optimizer.step() call(s), event 4)" in symptom.feedback
 
 
 SOLUTION = textwrap.dedent('''

@@ -33,7 +33,7 @@ def test_scheduler_step_skipped_is_named_at_its_line(tmp_path):
     line = mutant.splitlines().index("                scheduler.step()") + 1
     (report,) = divergence.grade(ex05_checkpoint, [path], with_reference=True, scenarios=())
     assert not report.passed
-    assert "first difference from the reference (after 1 optimizer step(s)" in report.feedback
+    assert "first difference from the reference (after 1 optimizer.step() call(s)" in report.feedback
     assert "where the reference stepped the LR scheduler (to lr 0.00294889); yours does that" in report.feedback
     assert f"(ex05_checkpoint.py:{line}: `scheduler.step()`)" in report.feedback
 
