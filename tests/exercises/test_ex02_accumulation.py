@@ -49,6 +49,8 @@ MUTANTS = {
     },
     # no_sync() on the window's last micro-step too: DDP never averages.
     "never_synced": {"contextlib.nullcontext() if boundary else model.no_sync()": "model.no_sync()"},
+    # off by one: the first micro-step of each window synced, not the last (one all-reduce per window all the same)
+    "synced_first_micro_step": {"boundary = i == window[-1]": "boundary = i == window[0]"},
     "no_backward": {"                loss.backward()\n": ""},
 }
 
@@ -112,7 +114,17 @@ def test_allreduce_every_micro_step(reports):
     report = reports["not_divided_no_sync"]
     allreduce = feedback_of(report, "all-reduced once")
     assert "[4, 4, 4] times per window of 4 micro-steps" in allreduce and "model.no_sync()" in allreduce
-    assert "identical gradients" in feedback_of(report, "still differ inside a window")
+    assert "during micro-step(s) [1, 2, 3, 4] of its 4 (counted with a comm hook" in feedback_of(
+        report, "still differ inside a window")
+    assert "which costs an all-reduce per micro-step" in feedback_of(report, "still differ inside a window")
+
+
+def test_a_window_synced_on_its_first_micro_step_is_named_not_as_one_per_micro_step(reports):
+    report = reports["synced_first_micro_step"]
+    inside = feedback_of(report, "still differ inside a window")
+    assert inside.startswith("in window 1 DDP all-reduced the gradients during micro-step(s) [1] of its 4"), inside
+    assert "per micro-step" not in inside  # one all-reduce per window: only not on the window's last micro-step
+    assert "all-reduced once" not in " ".join(failed(report))
 
 
 def test_zero_grad_every_micro_step(reports):

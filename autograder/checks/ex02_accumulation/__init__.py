@@ -29,6 +29,7 @@ A failure names the first cause below that explains the observations:
 | gradients never zeroed between windows | "at the start of window 1 the gradients still held the previous ..." |
 | no backward: the gradients stay zero | "at all 3 optimizer steps the gradients were zero on rank 0 ..." |
 | every micro-step inside no_sync | "DDP never all-reduced the gradients of window 0 (0 all-reduce rounds ..." |
+| no_sync on the wrong micro-steps: DDP synced inside the window | "in window 1 DDP all-reduced ... [1] ..." |
 | loss not divided | "the gradient of window 0 (...) is the micro-batch gradients not divided, not the mean ..." |
 | loss divided by accumulation_steps | "... divided by accumulation_steps=4, not the mean over its N=16 samples ..." |
 | micro-batches weighted equally | "... divided by the 3 micro-batches (equal weights), not the mean ..." |
@@ -53,7 +54,7 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, local_count, mean_of_means,
                      never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted,
                      step_every_micro_step, step_misplaced, window_in_words, zero_grad_before_step,
-                     zero_grad_mid_window)
+                     synced_mid_window, zero_grad_mid_window)
 from .observations import RankObservation, Run, Scenario, ScenarioObservation
 from .probes import rank_main
 from .reference import WORLD, reference
@@ -66,7 +67,7 @@ EXERCISE = Exercise(number=2, name="accumulation", filename="ex02_accumulation.p
 # Most specific first: a broken schedule explains wrong gradients, not the other way round.
 SCHEDULE = [zero_grad_mid_window, zero_grad_before_step, step_every_micro_step, step_misplaced, never_zeroed]
 CAUSES = SCHEDULE + [no_backward, never_synced, not_divided, mean_of_means, divided_by_k, equal_weights, over_world,
-                     local_count, padding_counted]
+                     local_count, padding_counted, synced_mid_window]
 
 
 def _first_wrong_step(s: Scenario) -> str:
@@ -152,9 +153,10 @@ def differ_inside_window(run: Run) -> Verdict:
     gap = parity(mid0, mid1).max_abs_diff
     if gap > 1e-6:
         return passed(f"max abs difference between ranks {gap:.2g}")
-    return failed("on a micro-step that does not end a window the two ranks already had identical gradients: "
-                  "DDP averaged them, which costs an all-reduce per micro-step; use model.no_sync() until the "
-                  "last micro-batch of the window")
+    # why they are equal: zeroed there (both all zero), or synced there (the comm hook's count says when)
+    return failed(diagnose([*SCHEDULE, synced_mid_window], run.scenarios["equal"]) or
+                  "on a micro-step that does not end a window the two ranks already had identical gradients: use "
+                  "model.no_sync() until the last micro-batch of the window")
 
 
 @criterion(f"[unequal sizes {UNEQUAL_SIZES}, k={UNEQUAL_K}] parameters equal the big-batch run", points=1.5)

@@ -106,6 +106,24 @@ def never_synced(s: Scenario) -> str | None:
             "outside model.no_sync()")
 
 
+@mistake("no_sync on the wrong micro-steps: DDP synced inside the window")
+def synced_mid_window(s: Scenario) -> str | None:
+    """A window whose gradients DDP all-reduced during a micro-step other than its last (counted with a comm
+    hook: the rounds at each micro-step's forward), however many times."""
+    total = s.obs.total_rounds
+    for w, window in enumerate(windows(len(s.sizes), s.k)):
+        if window.stop >= len(total):
+            break
+        synced = [i - window.start + 1 for i in window if total[i + 1] > total[i]]
+        if synced and synced != [len(window)]:
+            every = ", which costs an all-reduce per micro-step" if len(synced) == len(window) else ""
+            return (f"in window {w + 1} DDP all-reduced the gradients during micro-step(s) {synced} of its "
+                    f"{len(window)} (counted with a comm hook: their backward ran outside model.no_sync()), so the "
+                    f"ranks' gradients were averaged before the window's last micro-step{every}: run every "
+                    "micro-step's backward inside model.no_sync() but the window's last one")
+    return None
+
+
 def first_wrong(s: Scenario) -> tuple[int, float] | None:
     """The first optimizer step whose gradient is not its window's big-batch gradient, and by how much."""
     for w, (step, ref) in enumerate(zip(s.obs.steps, s.references)):
