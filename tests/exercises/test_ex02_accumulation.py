@@ -38,6 +38,8 @@ MUTANTS = {
     "equal_weights": {LOSS: MEAN + " / len(window)"},
     # Each rank divides by its own token count: right while every rank has as many labels.
     "local_count": {"        dist.all_reduce(count)\n": "", LOSS: "loss = summed / count.item()"},
+    # The count not all-reduced, DDP's average undone all the same: the ranks' own means summed, in every scenario.
+    "local_count_times_world": {"        dist.all_reduce(count)\n": ""},
     # The global count, but DDP's average over the ranks not undone.
     "over_world": {LOSS: "loss = summed / count.item()"},
     "padding_counted": {"(micro_batches[i][1] != IGNORE_INDEX).sum()": "micro_batches[i][1].numel()"},
@@ -222,6 +224,13 @@ def test_local_token_count_is_named(reports):
     assert "normalised by each rank's own token count" in feedback_of(report, TOKENS)
     assert "all_reduce the window's token count" in feedback_of(report, TOKENS)
     assert list(failed(report)) == [name for name in failed(report) if TOKENS in name]  # equal counts: right
+
+
+def test_a_local_count_times_the_world_size_is_named_in_every_scenario(reports):
+    report = reports["local_count_times_world"]
+    assert len(failed(report)) >= 4, failed(report)
+    for name, why in failed(report).items():
+        assert "normalised by each rank's own count and multiplied by the world size (2)" in why, (name, why)
 
 
 def test_padding_counted_is_named(reports):

@@ -35,6 +35,7 @@ A failure names the first cause below that explains the observations:
 | micro-batches weighted equally | "... divided by the 3 micro-batches (equal weights), not the mean ..." |
 | per-micro-batch token means averaged | "... (equal weights), not the mean over its N=29 tokens ...: averaging ..." |
 | local token count not all-reduced | "... normalised by each rank's own token count, not the mean ..." |
+| local count not all-reduced, times the world size | "... own count and multiplied by the world size ..." |
 | padding tokens counted | "... normalised with padding included (64 labels), not the mean over its N=29 ..." |
 | loss divided by the world size on top of DDP's average | "... averaged by DDP over 2 ranks (1/2 of the mean) ..." |
 | no_sync called on model.module | "no_sync() is a method of the DistributedDataParallel wrapper ..." (raised) |
@@ -51,7 +52,8 @@ from ...grader.launches import launch_timeout
 from ...grader.parts import judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, local_count, mean_of_means,
+from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, local_count,
+                     local_count_times_world, mean_of_means,
                      never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted,
                      step_every_micro_step, step_misplaced, window_in_words, zero_grad_before_step,
                      synced_mid_window, zero_grad_mid_window)
@@ -67,7 +69,7 @@ EXERCISE = Exercise(number=2, name="accumulation", filename="ex02_accumulation.p
 # Most specific first: a broken schedule explains wrong gradients, not the other way round.
 SCHEDULE = [zero_grad_mid_window, zero_grad_before_step, step_every_micro_step, step_misplaced, never_zeroed]
 CAUSES = SCHEDULE + [no_backward, never_synced, not_divided, mean_of_means, divided_by_k, equal_weights, over_world,
-                     local_count, padding_counted, synced_mid_window]
+                     local_count, local_count_times_world, padding_counted, synced_mid_window]
 
 
 def _first_wrong_step(s: Scenario) -> str:

@@ -197,9 +197,17 @@ def mean_of_means(s: Scenario) -> str | None:
 
 @mistake("local token count not all-reduced")
 def local_count(s: Scenario) -> str | None:
-    return _normalisation(s, "normalised by each rank's", "each rank divided by its own token count, so a "
-                          "token of the rank with fewer weighs more; all_reduce the window's token count before its "
-                          "first backward and divide by that global N")
+    return _normalisation(s, "normalised by each rank's own token count", "each rank divided by its own token "
+                          "count, so a token of the rank with fewer weighs more; all_reduce the window's token count "
+                          "before its first backward and divide by that global N")
+
+
+@mistake("local count not all-reduced, times the world size")
+def local_count_times_world(s: Scenario) -> str | None:
+    return _normalisation(s, "normalised by each rank's own count and", "each rank divided by its own count (of "
+                          "samples, or of tokens) and multiplied by the world size, so DDP's average is the sum of the "
+                          "ranks' means; all_reduce the window's count before its first backward and divide by that "
+                          "global N")
 
 
 @mistake("padding tokens counted")

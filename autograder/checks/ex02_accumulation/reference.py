@@ -61,9 +61,12 @@ def window_gradients(scenario: str, w: int, params: dict) -> dict[str, dict]:
                {name: t / len(win) for name, t in total.items()},
            f"summed over the labels, divided by N and then averaged by DDP over {WORLD} ranks (1/{WORLD} of the mean)":
                {name: b / WORLD for name, b in big.items()}}
+    # each rank's own count (not all-reduced), times the world size as for the global one: the ranks' means summed
+    own = ddp_mean(lambda r, name: sum(nj * gj[name] for nj, gj in zip(n[r], g[r])) / sum(n[r]))
+    out[f"normalised by each rank's own count and multiplied by the world size ({WORLD})"] = {
+        name: WORLD * v for name, v in own.items()}
     if scenario == "tokens":
-        out["normalised by each rank's own token count"] = ddp_mean(
-            lambda r, name: sum(nj * gj[name] for nj, gj in zip(n[r], g[r])) / sum(n[r]))
+        out["normalised by each rank's own token count"] = own
         tokens = sum(map(sum, n))
         out[f"normalised with padding included ({pad} labels)"] = {name: b * tokens / pad for name, b in big.items()}
     return out

@@ -182,8 +182,8 @@ def stale_on_exhausted(s: Scenario) -> str | None:
             total = sum(c.input_abs for c in nonzero)
             return (f"rank {r.rank} had run out of data (after its {r.batches} batches), yet all-reduced tensors "
                     f"whose |values| sum to {total:.3g} ({len(nonzero)} all-reduces at {_lines(nonzero)}): a rank "
-                    "without a batch adds nothing to the step's sum, a zero gradient (a gradient left in .grad by "
-                    "its last batch is summed again at every later step)")
+                    "without a batch adds nothing to the step's sum: send zeros, not a gradient of an earlier batch "
+                    "(one left in .grad, or one computed again on a batch it already had)")
     return None
 
 
