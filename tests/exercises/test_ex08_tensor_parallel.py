@@ -48,6 +48,15 @@ MISTAKES = {
                                   ROW_FORWARD: "dist_nn.all_reduce(F.linear(x, self.weight)) + self.bias"},
     "bias split over the ranks": {ROW_FORWARD: "ReduceFromParallelRegion.apply(F.linear(x, self.weight, "
                                   "self.bias / dist.get_world_size()))"},
+    # The blind audit's: shards taken every W-th row and column (the bias, placed right, is judged so), and the
+    # input's gradient divided by the world size after f's all-reduce (DDP's habit)
+    "strided shards": {"linear.weight.detach().chunk(world_size, dim=0)[rank].clone()":
+                       "linear.weight.detach()[rank::world_size].clone()",
+                       "linear.bias.detach().chunk(world_size, dim=0)[rank].clone()":
+                       "linear.bias.detach()[rank::world_size].clone()",
+                       "linear.weight.detach().chunk(world_size, dim=1)[rank].clone()":
+                       "linear.weight.detach()[:, rank::world_size].clone()"},
+    "f divides after its all-reduce": {F_REDUCE: F_REDUCE + "        grad /= dist.get_world_size()\n"},
     # Right numbers, one collective too many: no cause to name, the count by kind says it.
     "input broadcast first": {COLUMN_FORWARD: "        with torch.no_grad():\n            dist.broadcast(x, src=0)\n"
                               + COLUMN_FORWARD},
@@ -289,6 +298,8 @@ W4_SAYS = {
     "f reduces in the forward": "the column layer computed with 4·x), besides g's in RowParallelLinear",
     "g by torch.distributed.nn": "was the same on every rank (the block output's), so everything below it is 4x",
     "bias split over the ranks": "(rank 0's 0.25x, rank 1's 0.25x, rank 2's 0.25x, rank 3's 0.25x)",
+    "strided shards": "ColumnParallelLinear.weight (24x16) is not rows 0:24 of the unsplit 96x16 weight",
+    "f divides after its all-reduce": "x.grad is 0.25x what the backward's all-reduce produced, its sum divided by",
 }
 
 
@@ -298,3 +309,15 @@ def test_every_mistake_is_named_with_its_numbers_at_w4(w4, name):
     r = w4[name]
     assert r.score < r.max_score
     assert any(W4_SAYS[name] in said for said in failed(r).values()), r.feedback
+
+
+def test_strided_shards_lose_the_shards_not_the_bias(w2):
+    fails = failed(w2["strided shards"])
+    assert HOLDS in fails and BIAS not in fails, fails  # the bias is added once, after the all-reduce: its own shards
+
+
+def test_a_division_after_fs_all_reduce_is_said_as_such(w2):
+    fails = failed(w2["f divides after its all-reduce"])
+    assert fails[BWD_COMM] == ("rank 0's x.grad is 0.50x what the backward's all-reduce produced, its sum divided by "
+                               "the world size (2): each rank's part is one share of the input's gradient, so their "
+                               "sum is it; return the all-reduced gradient as it is"), fails[BWD_COMM]

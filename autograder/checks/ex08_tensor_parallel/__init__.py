@@ -50,7 +50,7 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, averaged, bias_in_partial_sums, bias_on_every_rank, describe,
                      f_reduces_forward, forward_returned_nothing, g_reduces_backward, gradient_stopped,
                      input_not_replicated, no_backward_reduce, no_forward_reduce, not_own_shard, summary, swapped,
-                     unsplit_kept, view_kept, wrong_dimension)
+                     multiple_of, unsplit_kept, view_kept, wrong_dimension)
 from .observations import Run
 from .probes import rank_main
 from .reference import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
@@ -158,9 +158,11 @@ def bias_once(run: Run) -> Verdict:
                       "its forward, so where its bias goes could not be seen: add it once, after "
                       "ReduceFromParallelRegion")
     if not fit.fits:
-        return failed(diagnose([input_not_replicated, averaged], run, "bias") or "not checked: the output differs from "
-                      "the unsplit block's by more than a multiple of the bias, so the bias's share cannot be measured "
-                      f"(see '{OUTPUT.format(world=run.world)}')")
+        what = ("the partial sum it handed to the all-reduce differs from its hidden features times its row "
+                "shard's" if "partial" in fit.unfit else "the output differs from the unsplit block's")
+        return failed(diagnose([input_not_replicated, averaged], run, "bias") or f"not checked: {fit.unfit}: {what} "
+                      "by more than a multiple of the bias, so the bias's share cannot be measured (see "
+                      f"'{OUTPUT.format(world=run.world)}')")
     before, total = fit.before, fit.total
     if max(abs(k) for k in before) < 1e-3 and abs(total - 1) < 1e-3:  # float32 leaves ~1e-7; a misplaced bias >= 1/W
         return passed("no rank's partial sum holds the bias; the output holds it once")
@@ -184,7 +186,8 @@ def forward_communication(run: Run) -> Verdict:
 
 @criterion(INPUT_GRAD, points=1)
 def input_grad_matches(run: Run) -> Verdict:
-    causes = [*SHARDS, input_not_replicated, swapped, no_backward_reduce, averaged, gradient_stopped]
+    causes = [*SHARDS, input_not_replicated, swapped, g_reduces_backward, no_backward_reduce, averaged,
+              gradient_stopped]
     if stop := _blocked(run, "backward", owner=True, causes=causes):
         return stop
     ref = run.ref.x_grad
@@ -215,7 +218,7 @@ def shard_grads_match(run: Run) -> Verdict:
                           "self.weight, ...))")
         p = parity(got, {part: run.expected(part, r, of="grads") for part in PARTS}, rtol=RTOL, atol=ATOL)
         if not p.ok:
-            return failed(diagnose([*SHARDS, input_not_replicated, swapped], run, "grads") or
+            return failed(diagnose([*SHARDS, input_not_replicated, swapped, g_reduces_backward], run, "grads") or
                           f"rank {r}'s gradients differ from the matching slices of the unsplit block's (max abs "
                           f"difference {p.max_abs_diff:.3g} in {p.worst}, tolerance rtol={RTOL}, atol={ATOL})")
         worst = max(worst, p.max_abs_diff)
@@ -237,6 +240,11 @@ def backward_communication(run: Run) -> Verdict:
     for obs in run.ranks:
         p = None if obs.x_grad is None else parity(obs.x_grad, summed, rtol=RTOL, atol=ATOL)
         if not p:
+            ratio = None if obs.x_grad is None else multiple_of(obs.x_grad, summed)
+            if ratio is not None and abs(ratio * run.world - 1) < 1e-3:  # the sum, divided after the all-reduce
+                return failed(f"rank {obs.rank}'s x.grad is {ratio:.2f}x what the backward's all-reduce produced, "
+                              f"its sum divided by the world size ({run.world}): each rank's part is one share of "
+                              "the input's gradient, so their sum is it; return the all-reduced gradient as it is")
             return failed(diagnose([swapped, gradient_stopped], run, "communication") or
                           f"rank {obs.rank}'s x.grad is not what the backward's all-reduce produced"
                           + (f" (max abs difference {p.max_abs_diff:.3g})" if p else "") +

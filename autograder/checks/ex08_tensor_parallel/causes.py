@@ -72,7 +72,7 @@ def _alike(tensors: list[torch.Tensor | None]) -> bool:
     return all(t is not None and torch.equal(t, tensors[0]) for t in tensors)
 
 
-def _ratio(got: torch.Tensor | None, ref: torch.Tensor) -> float | None:
+def multiple_of(got: torch.Tensor | None, ref: torch.Tensor) -> float | None:
     """``got`` over ``ref`` when ``got`` is a multiple of it (least squares), else ``None``."""
     if got is None or got.shape != ref.shape:
         return None
@@ -273,11 +273,11 @@ def unsplit_kept(run: Run, part: str) -> str | None:
 @mistake("averaged instead of summed")
 def averaged(run: Run, part: str) -> str | None:
     if part == "x_grad":
-        ratio, what = _ratio(run.ranks[0].x_grad, run.ref.x_grad), "the input's gradient"
+        ratio, what = multiple_of(run.ranks[0].x_grad, run.ref.x_grad), "the input's gradient"
     else:
         bias = run.ref.weights["row.bias"]
         out = run.ranks[0].out
-        ratio = _ratio(None if out is None else out - bias, run.ref.out - bias)
+        ratio = multiple_of(None if out is None else out - bias, run.ref.out - bias)
         what = "the output minus the bias"
     if ratio is None or abs(ratio * run.world - 1) > 1e-3:
         return None

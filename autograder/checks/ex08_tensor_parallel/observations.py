@@ -106,7 +106,16 @@ class Run:
         return shard(getattr(self.ref, of)[part], part, rank, self.world)
 
     def partial(self, rank: int) -> torch.Tensor:
-        """What rank ``rank``'s row layer should hand to the all-reduce: its hidden features times its columns."""
+        """What rank ``rank``'s row layer should hand to the all-reduce, before any bias: the hidden features its
+        column shard holds times its row shard's columns. Its own shards where its column shard is rows of the
+        unsplit block's (in any order: strided, say), so that the bias is judged apart from the sharding; else
+        the contiguous shards of the contract."""
+        obs, full = self.ranks[rank], self.ref.weights["column.weight"]
+        col, row = (obs.param(part) if obs.layers else None for part in ("column.weight", "row.weight"))
+        if col is not None and row is not None and col.value.dim() == 2 and col.value.shape[1] == full.shape[1]:
+            found = [(full == r).all(dim=1).nonzero().flatten().tolist() for r in col.value]
+            if all(len(f) == 1 for f in found) and list(row.value.shape) == [full.shape[1], len(found)]:
+                return self.ref.hidden.double()[:, [f[0] for f in found]] @ row.value.double().T
         cols = self.ref.hidden.double().chunk(self.world, dim=1)[rank]
         return cols @ self.expected("row.weight", rank).double().T
 
@@ -122,20 +131,24 @@ class Run:
         the output holds (``total``); ``fits`` is False when a tensor differs by more than bias multiples.
         ``None`` when RowParallelLinear made no all-reduce in its forward."""
         bias, ref = self.ref.weights["row.bias"], self.ref.out.double()
-        before, totals, fits = [], [], True
+        before, totals = [], []
         for obs in self.ranks:
             reduces = [c for c in self.calls(obs.rank, "forward", "all_reduce") if c.layer == "row"]
             if not reduces:
                 return None
             got, want = reduces[-1].input, self.partial(obs.rank)
-            if got.shape != want.shape or obs.out is None or obs.out.shape != ref.shape:
-                return BiasFit(fits=False)
+            if got.shape != want.shape:
+                return BiasFit(fits=False, unfit=f"rank {obs.rank}'s partial sum (of shape {list(got.shape)})")
+            if obs.out is None or obs.out.shape != ref.shape:
+                return BiasFit(fits=False, unfit=f"rank {obs.rank}'s output")
             k, left = _multiple(got.double() - want, bias)
             total, left_out = _multiple(obs.out.double() - (ref - bias.double()), bias)
-            fits &= max(left, left_out) <= FIT_TOL * (1 + float(ref.abs().max()))
+            tol = FIT_TOL * (1 + float(ref.abs().max()))
+            if max(left, left_out) > tol:
+                return BiasFit(fits=False, unfit=f"rank {obs.rank}'s " + ("partial sum" if left > tol else "output"))
             before.append(k)
             totals.append(total)
-        return BiasFit(fits=fits, before=before, total=sum(totals) / len(totals))
+        return BiasFit(fits=True, before=before, total=sum(totals) / len(totals))
 
 
 @dataclass
@@ -143,6 +156,7 @@ class BiasFit:
     """How many row biases the ranks' tensors hold (:meth:`Run.bias_fit`; the grader's figure, not a rank's)."""
 
     fits: bool                 # False when a tensor differs by more than bias multiples (then nothing else)
+    unfit: str = ""            # which ("rank 1's partial sum", "rank 0's output"), where one does
     before: list[float] = field(default_factory=list)  # per rank: biases in what it put into the all-reduce
     total: float = 0.0         # biases in the output (the ranks' mean)
 
