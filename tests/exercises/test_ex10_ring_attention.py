@@ -78,6 +78,8 @@ MISTAKES = {
                              "    kv = torch.stack([k, v])\n    dist.all_gather([torch.empty_like(kv) for _ in "
                              "range(world)], kv)\n", **BACKWARD["not written"]},
     "max without rescale": {MERGE: "new = torch.maximum(m, block_lse)", **BACKWARD["D per block"]},
+    # the blind audit's: the forward's scores not scaled (its backward, right for scaled scores, fails with it)
+    "forward not scaled": {"cols, :].transpose(-1, -2)) * scale": "cols, :].transpose(-1, -2))"},
     "local mask": {BLOCKS: "        rows, cols = slice(None), slice(None)\n",
                    "        if src == rank:\n            scores = scores.masked_fill(pos[:, None] < pos[None, :]":
                    "        if True:\n            scores = scores.masked_fill(torch.arange(2 * c)[:, None] < "
@@ -162,7 +164,7 @@ def test_solution_and_independent_full_marks(reports):
     ("masked shard merged", "NaN in 8 of its 16 (head, position) rows"),
     ("contiguous rule", "what the contiguous layout's causal ring gives"),
     ("no mask", "is the non-causal attention"),
-    ("lse set before the rescale", "when lse is set to the new logaddexp(lse, lse_block) before out is rescaled"),
+    ("lse set before the rescale", "when the old partial output keeps its whole weight at each step"),
     ("lse never kept", "is the last block's alone, what the merge gives when the running lse stays at its initial"),
 ])
 def test_a_wrong_merge_or_mask_fails_parity_and_is_named(reports, name, words):
@@ -236,6 +238,11 @@ def test_a_blocking_ring_is_a_named_deadlock(reports):
 def test_receiving_from_the_rank_it_sends_to_is_named(reports):
     f = failed(reports["wrong neighbour"])
     assert "sent to rank 1 and also waited for a shard from rank 1" in f[RING], f[RING]
+
+
+def test_a_forward_without_the_scale_is_named(reports):
+    said = failed(reports["forward not scaled"])[OUTPUT]
+    assert "output is the causal attention of q @ k^T not multiplied by 1/sqrt(head_dim) = 0.3536" in said, said
 
 
 def test_forwarding_its_own_shard_is_named(reports):

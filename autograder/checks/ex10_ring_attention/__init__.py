@@ -43,6 +43,7 @@ the reference is ``F.scaled_dot_product_attention(is_causal=True)`` on the whole
 | shards computed whole: work hidden by the mask, unbalanced | "the ranks computed rank 0 16, rank 1 14, ..." |
 | the shard's two chunks taken in the other order | "rank 0's output is what a ring gives that takes ..." |
 | no causal mask | "rank 0's output is the non-causal attention (every key seen) ..." |
+| the forward's scores not scaled by 1/sqrt(head_dim) | "rank 1's output is the causal attention of q @ k^T ..." |
 | gathered the whole sequence with a collective | "the ring called all_gather: a collective that gathers ..." |
 | a receive never waited on | "rank 0 never waited on 3 of its 3 receives, the first from rank 3 ..." |
 | a send/recv deadlock in the ring | (gloo's "Timed out waiting 3000ms for send") "every rank waited for ..." |
@@ -112,7 +113,8 @@ def output_matches(run: Run) -> Verdict:
         if not p.ok:
             return failed(diagnose(OUTPUT, run) or f"rank {obs.rank}'s output differs from its rows of the "
                           f"whole sequence's causal attention (max abs difference {p.max_abs_diff:.3g}, rtol={RTOL}, "
-                          f"atol={ATOL}): check the merge and the mask against a single-process replay"
+                          f"atol={ATOL}): compare each block (which keys each chunk of queries saw, the scale, "
+                          "the mask, the merge) with a single-process replay"
                           + _raised(run))
         worst = max(worst or 0.0, p.max_abs_diff)
     if why := large_scores_overflow(run):

@@ -143,9 +143,10 @@ def lse_first(run: Run) -> str | None:
     ranks = _is(run, replay(run.world, merge="lse first"))
     if not ranks:
         return None
-    return (f"rank {ranks[-1]}'s output is what the merge gives when lse is set to the new logaddexp(lse, lse_block) "
-            "before out is rescaled: exp(lse - new) is then exp(0) = 1 and the old partial output keeps its whole "
-            "weight. Rescale out with the old lse, then keep the new one")
+    return (f"rank {ranks[-1]}'s output is what the merge gives when the old partial output keeps its whole weight "
+            "at each step (out never rescaled, or rescaled by exp(lse - new) after lse was set to the new "
+            "logaddexp(lse, lse_block), which is exp(0) = 1). Rescale out by exp(old lse - new lse), then keep the "
+            "new one")
 
 
 @mistake("the merged lse never kept")
@@ -185,6 +186,16 @@ def contiguous_rule(run: Run) -> str | None:
             "of later ranks skipped whole): in the zig-zag layout rank r holds chunk r and chunk 2W - 1 - r, so its "
             "late chunk comes after every rank's early chunk, a later rank's included. Build each shard's global "
             "positions from its two chunks, and skip only what they hide")
+
+
+@mistake("the forward's scores not scaled by 1/sqrt(head_dim)")
+def unscaled(run: Run) -> str | None:
+    ranks = _is(run, replay(run.world, scale=1.0))
+    if not ranks:
+        return None
+    return (f"rank {ranks[-1]}'s output is the causal attention of q @ k^T not multiplied by 1/sqrt(head_dim) = "
+            f"{HEAD_DIM ** -0.5:.4g}: the softmax is then sharper than the reference's. Scale the scores of every "
+            "block before its softmax and its log-sum-exp")
 
 
 @mistake("the shard's two chunks taken in the other order")
@@ -330,7 +341,7 @@ def backward_nan(run: Run) -> str | None:
 
 PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
 OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept, local_mask,
-          contiguous_rule, chunks_swapped, no_mask]
+          contiguous_rule, chunks_swapped, no_mask, unscaled]
 GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse,
              backward_no_mask, no_scale]
 BACKWARD_RING = [*PROTOCOL, not_home]

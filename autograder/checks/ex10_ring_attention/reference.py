@@ -116,7 +116,8 @@ def _merge(out, lse, has, b_out, b_lse, vis, merge: str):
 
 
 @lru_cache(maxsize=16)  # as replay_backward's
-def replay(world: int, *, merge: str = "lse", mask: str = "global", skip_later: bool = False) -> list[torch.Tensor]:
+def replay(world: int, *, merge: str = "lse", mask: str = "global", skip_later: bool = False,
+           scale: float = HEAD_DIM ** -0.5) -> list[torch.Tensor]:
     """Each rank's output of a ring that visits the shards in ring order ``r, r - 1, ...``, masks each ``n x n``
     block by ``mask`` (``"global"`` positions; ``"local"``: each block's own indices, as ``is_causal=True`` per
     block does; ``"contiguous"``: the positions a contiguous layout would give, ``r n + i``), merges only the
@@ -124,7 +125,8 @@ def replay(world: int, *, merge: str = "lse", mask: str = "global", skip_later: 
     ``"max"``: ``lse = max(lse, lse_b)`` with no rescale of the sum; ``"lse first"``: ``lse`` replaced by the
     merged one before ``out`` is rescaled by it; ``"lse kept"``: the merged ``lse`` never kept, the first block's
     staying; ``"lse unset"``: never kept, the initial ``-inf`` staying, so each block replaces the output).
-    ``skip_later``: the shards of later ranks skipped whole (a contiguous layout's rule)."""
+    ``skip_later``: the shards of later ranks skipped whole (a contiguous layout's rule); ``scale``: what the scores
+    are multiplied by (``1``: not scaled)."""
     q, k, v = whole()
     n, outs = SEQ // world, []
     where = {"global": lambda r: positions(r, world), "local": lambda r: torch.arange(n),
@@ -138,7 +140,7 @@ def replay(world: int, *, merge: str = "lse", mask: str = "global", skip_later: 
             if skip_later and src > r:
                 continue
             hidden = where(r)[:, None] < where(src)[None, :]
-            s = ((qs @ shard(k, src, world).transpose(-1, -2)) * HEAD_DIM ** -0.5).masked_fill(hidden, float("-inf"))
+            s = ((qs @ shard(k, src, world).transpose(-1, -2)) * scale).masked_fill(hidden, float("-inf"))
             vis = ~hidden.all(-1, keepdim=True)
             b_lse = torch.logsumexp(s, -1, keepdim=True)
             b_out = torch.exp(s - b_lse.masked_fill(~vis, 0.0)) @ shard(v, src, world)
