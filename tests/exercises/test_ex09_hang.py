@@ -20,6 +20,9 @@ FIX = ("        # No branch on this rank's data before a collective: an empty se
 SKIP = "        if not keep.any():\n            continue\n"
 MISTAKES = {
     "the unfixed job": {FIX: SKIP},
+    # the blind audit's: the update guarded by this rank's own data, so the rank that kept nothing skips it
+    "the update guarded by the rank's own data": {"                if count > 0:  # the same on every rank":
+                                                  "                if keep.any():  # this rank's own data"},
     "a barrier in its place": {FIX: "        if not keep.any():\n            dist.barrier()\n            continue\n"},
     "the collectives removed": {FIX: SKIP, "        dist.all_reduce(count)\n": "",
                                 "                dist.all_reduce(grad)\n": ""},
@@ -179,6 +182,12 @@ def test_a_count_or_gradients_left_local_are_named(graded):
     said = failed(graded["the gradients kept local"])[MATCHES]
     assert "no rank all-reduced a gradient in 6 steps: rank 0's 6 all-reduces were all of [] tensors" in said
     assert "(dist.all_reduce(count))" in said and "all-reduce the count" not in said  # it was
+
+
+def test_an_update_guarded_by_the_ranks_own_data_is_named(graded):
+    said = failed(graded["the update guarded by the rank's own data"])[MATCHES]
+    assert said.startswith("the ranks ended with different weights (rank 0's and rank 1's differ by up to "), said
+    assert "rank 1 kept no sample at step(s) [1]" in said and "guard the update with the global count" in said
 
 
 def test_an_update_that_only_rebinds_the_name_is_named(graded):

@@ -33,6 +33,7 @@ all-reduced count of the step's samples written by hand are correct.
 | zero gradients all-reduced by a rank that kept samples | "rank 0 kept 6 samples at step 0, yet every gradient ..." |
 | the count never all-reduced: each rank divides by its own | "at step 0 every all-reduce was of a gradient ..." |
 | the weights never updated | "after 6 steps every rank's weights are still the initial ones ..." |
+| a rank with no kept sample skips the step's update | "the ranks ended with different weights (rank 0's ..." |
 | uneven: a rank that runs out of batches leaves the loop | "the job hangs with ranks with 2 and 4 batches: ..." |
 | uneven: the update divided by every rank's share, not the ranks with data | "at steps 2 and 3 only 1 of the 2 ..." |
 | uneven: every update scaled by one factor | "rank 1's update was 0.25x (1/4) one process's SGD step ..." |
@@ -55,8 +56,8 @@ from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, count_not_reduced, divided_by_zero_count, grads_not_reduced,
-                     no_all_reduce, no_update, parted, skipped_everywhere, skipped_on_empty, stale_gradient,
-                     zero_gradients)
+                     no_all_reduce, no_update, parted, ranks_disagree, skipped_everywhere, skipped_on_empty,
+                     stale_gradient, zero_gradients)
 from .observations import RankObservation, Run
 from .probes import ATOL, RTOL, STEPS, rank_main
 from .uneven import causes as uneven_causes  # its @mistake functions are the check's
@@ -100,7 +101,7 @@ def matches_reference(run: Run) -> Verdict:
     if all(d.ok for d in diffs):
         return passed(f"max abs difference {worst.max_abs_diff:.2g}", **measured)
     return failed(diagnose([no_all_reduce, grads_not_reduced, divided_by_zero_count, zero_gradients,
-                            skipped_everywhere, stale_gradient, count_not_reduced, no_update], run)
+                            skipped_everywhere, stale_gradient, count_not_reduced, no_update, ranks_disagree], run)
                   or f"the weights differ from one process's SGD on the mean loss over every rank's kept samples "
                   f"(max abs difference {worst.max_abs_diff:.3g} in '{worst.worst}', tolerance rtol={RTOL}, "
                   f"atol={ATOL}): one process steps by lr x (the sum of every rank's kept samples' gradients) / "

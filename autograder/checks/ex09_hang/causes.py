@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 from ...grader.diagnosis import mistake
+from ...grader.parity import parity
 from .observations import Collective, Run
 from .partings import Fingerprint
-from .probes import STEPS
+from .probes import ATOL, RTOL, STEPS
 from .uneven.causes import UNEVEN_ERRORS
 
 KNOWN_ERRORS: list = [*UNEVEN_ERRORS]  # part 2's: what grader.main.explain translates too
@@ -175,6 +176,25 @@ def count_not_reduced(run: Run) -> str | None:
                 f"by its own count ({', '.join(f'rank {r} kept {k}' for r, k in enumerate(kept))}) where one "
                 f"process divides by all {sum(kept)}: all-reduce the count as well, before dividing by it")
     return None
+
+
+
+@mistake("a rank with no kept sample skips the step's update")
+def ranks_disagree(run: Run) -> str | None:
+    """The ranks end with different weights, and one of them kept no sample at some step: an update guarded by
+    the rank's own data (the all-reduced gradient and count are the same on every rank, the update must be too)."""
+    first = run.ranks[0].final
+    apart = [(r.rank, parity(r.final, first, rtol=RTOL, atol=ATOL)) for r in run.ranks[1:]]
+    apart = [(rank, p) for rank, p in apart if not p.ok]
+    empty = sorted({r for r, _ in run.empty_steps()})
+    if not apart or not empty:
+        return None
+    rank, p = apart[0]
+    steps = [s for r, s in run.empty_steps() if r == empty[0]]
+    return (f"the ranks ended with different weights (rank 0's and rank {rank}'s differ by up to {p.max_abs_diff:.3g} "
+            f"in '{p.worst}'), and rank {empty[0]} kept no sample at step(s) {steps}. The all-reduced gradient and "
+            "count are the same on every rank, so every rank applies every step's update, also where it kept no "
+            "sample itself: guard the update with the global count, not with this rank's own data")
 
 
 @mistake("the weights never updated")
