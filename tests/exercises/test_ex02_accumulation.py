@@ -53,6 +53,9 @@ MUTANTS = {
     "never_synced": {"contextlib.nullcontext() if boundary else model.no_sync()": "model.no_sync()"},
     # off by one: the first micro-step of each window synced, not the last (one all-reduce per window all the same)
     "synced_first_micro_step": {"boundary = i == window[-1]": "boundary = i == window[0]"},
+    # every micro-step synced: the sum of averages is the average of the sum, so only the communication is wrong
+    "synced_every_micro_step": {"contextlib.nullcontext() if boundary else model.no_sync()":
+                                "contextlib.nullcontext()"},
     "no_backward": {"                loss.backward()\n": ""},
 }
 
@@ -119,6 +122,13 @@ def test_allreduce_every_micro_step(reports):
     assert "during micro-step(s) [1, 2, 3, 4] of its 4 (counted with a comm hook" in feedback_of(
         report, "still differ inside a window")
     assert "which costs an all-reduce per micro-step" in feedback_of(report, "still differ inside a window")
+
+
+def test_a_sync_at_every_micro_step_costs_the_communication_criteria_only(reports):
+    fails = failed(reports["synced_every_micro_step"])
+    assert len(fails) == 2 and all("[equal sizes" in name for name in fails), fails  # once per window; inside it
+    assert all("during micro-step(s) [1, 2, 3, 4] of its 4" in why or "[4, 4, 4] times per window" in why
+               for why in fails.values()), fails
 
 
 def test_a_window_synced_on_its_first_micro_step_is_named_not_as_one_per_micro_step(reports):

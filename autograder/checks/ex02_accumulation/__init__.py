@@ -52,7 +52,7 @@ from ...grader.launches import launch_timeout
 from ...grader.parts import judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, local_count,
+from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, last_not_synced, local_count,
                      local_count_times_world, mean_of_means,
                      never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted,
                      step_every_micro_step, step_misplaced, window_in_words, zero_grad_before_step,
@@ -69,7 +69,7 @@ EXERCISE = Exercise(number=2, name="accumulation", filename="ex02_accumulation.p
 # Most specific first: a broken schedule explains wrong gradients, not the other way round.
 SCHEDULE = [zero_grad_mid_window, zero_grad_before_step, step_every_micro_step, step_misplaced, never_zeroed]
 CAUSES = SCHEDULE + [no_backward, never_synced, not_divided, mean_of_means, divided_by_k, equal_weights, over_world,
-                     local_count, local_count_times_world, padding_counted, synced_mid_window]
+                     local_count, local_count_times_world, padding_counted, last_not_synced]
 
 
 def _first_wrong_step(s: Scenario) -> str:

@@ -106,22 +106,37 @@ def never_synced(s: Scenario) -> str | None:
             "outside model.no_sync()")
 
 
-@mistake("no_sync on the wrong micro-steps: DDP synced inside the window")
-def synced_mid_window(s: Scenario) -> str | None:
-    """A window whose gradients DDP all-reduced during a micro-step other than its last (counted with a comm
-    hook: the rounds at each micro-step's forward), however many times."""
+def _synced_early(s: Scenario) -> tuple[int, list[int], int] | None:
+    """The first window whose gradients DDP all-reduced during a micro-step other than its last (counted with a
+    comm hook: the rounds at each micro-step's forward): the window, those micro-steps (from 1), its length."""
     total = s.obs.total_rounds
     for w, window in enumerate(windows(len(s.sizes), s.k)):
         if window.stop >= len(total):
             break
         synced = [i - window.start + 1 for i in window if total[i + 1] > total[i]]
         if synced and synced != [len(window)]:
-            every = ", which costs an all-reduce per micro-step" if len(synced) == len(window) else ""
-            return (f"in window {w + 1} DDP all-reduced the gradients during micro-step(s) {synced} of its "
-                    f"{len(window)} (counted with a comm hook: their backward ran outside model.no_sync()), so the "
-                    f"ranks' gradients were averaged before the window's last micro-step{every}: run every "
-                    "micro-step's backward inside model.no_sync() but the window's last one")
+            return w, synced, len(window)
     return None
+
+
+@mistake("no_sync on the wrong micro-steps: DDP synced inside the window")
+def synced_mid_window(s: Scenario) -> str | None:
+    if (found := _synced_early(s)) is None:
+        return None
+    w, synced, n = found
+    every = ", which costs an all-reduce per micro-step" if len(synced) == n else ""
+    return (f"in window {w + 1} DDP all-reduced the gradients during micro-step(s) {synced} of its {n} (counted "
+            "with a comm hook: their backward ran outside model.no_sync()), so the ranks' gradients were averaged "
+            f"before the window's last micro-step{every}: run every micro-step's backward inside model.no_sync() "
+            "but the window's last one")
+
+
+@mistake("no_sync on the wrong micro-steps: the window's last one not synced")
+def last_not_synced(s: Scenario) -> str | None:
+    """:func:`synced_mid_window` where it makes the gradient wrong: the window's last micro-step not all-reduced
+    (all-reduced at every micro-step, the sum of averages is the average of the sum: right, and only costly)."""
+    found = _synced_early(s)
+    return synced_mid_window(s) if found is not None and found[2] not in found[1] else None
 
 
 def first_wrong(s: Scenario) -> tuple[int, float] | None:
