@@ -271,7 +271,11 @@ def interrupted_write_loaded(run: Run) -> str | None:
     step it resumed at (so a restart that read the right one and failed later is not this mistake)."""
     att1 = run.attempt_steps(1)
     loaded = sorted({c.checkpoint for rank in run.calls("B", attempt=1, call="dcp.load") for c in rank} - {None})
-    if loaded == [final_path(Path(), RESUMED_FROM).name] or not loaded and att1 and att1[0] == RESUMED_FROM + 1:
+    read = [re.fullmatch(r"(\.tmp-)?step_0*(\d+)", name) for name in loaded]  # final_path's and staging_path's
+    if loaded and all(read):  # the directories say which step, and whether a staging one
+        if all(not m[1] and int(m[2]) == RESUMED_FROM for m in read):
+            return None
+    elif att1 and att1[0] == RESUMED_FROM + 1:  # names of the learner's own: the step it resumed at
         return None
     err = restart_error(run)
     head = (f"rank 1 was killed while writing step {INTERRUPTED}'s checkpoint and torchrun restarted the job, which "
