@@ -143,7 +143,7 @@ def fixed_peer(step: Run, part: str = "") -> str | None:
     p = len(step.ranks)
     for r in step.ranks:
         near = [n for n in (r.rank - 1, r.rank + 1) if 0 <= n < p]
-        if bad := next((c for c in r.p2p if c.peer not in near), None):
+        if bad := next((c for c in r.p2p if c.peer is not None and c.peer not in near), None):  # None: unread
             said = " and ".join(f"rank {n}" for n in near)
             return (f"stage {r.rank} of {p} {'sent to' if bad.op == 'send' else 'received from'} rank {bad.peer} "
                     f"({bad.where}), but a stage sends to and receives from its neighbours only, {said}: write "
