@@ -13,8 +13,8 @@ from autograder.checks.ex07_pipeline import EXERCISE
 from autograder.grader.supervise import grade_one
 from tests.helpers import hostile
 
-# Each test grades exercise 7 (one launch of 2 ranks: the cheapest full grading); what is contained
-# is the same for every exercise, since every launch goes through the one supervisor.
+# Each test grades exercise 7 (a launch of 2 ranks, then its 1F1B step's of 4: a cheap full grading); what is
+# contained is the same for every exercise, since every launch goes through the one supervisor.
 pytestmark = pytest.mark.slow
 FILE = EXERCISE.filename
 
@@ -33,7 +33,7 @@ def test_background_helpers_cost_no_marks_and_do_not_survive(tmp_path, pids, wai
     report = grade_one(EXERCISE, tmp_path / "sub")
     assert report.score == report.max_score, report.feedback
     started = hostile.started(pids)
-    assert len(started["detached"]) == 1 and len(started["daemon"]) == 1  # by rank 0
+    assert len(started["detached"]) == 2 and len(started["daemon"]) == 2  # by rank 0 of each launch
     assert wait_for(lambda: hostile.alive(started["detached"] + started["daemon"]) == [], timeout=10)
     assert leftover_processes() == []
 

@@ -30,6 +30,7 @@ A failure names the first cause below that explains the observations:
 | no backward: the gradients stay zero | "at all 3 optimizer steps the gradients were zero on rank 0 ..." |
 | every micro-step inside no_sync | "DDP never all-reduced the gradients of window 0 (0 all-reduce rounds ..." |
 | no_sync on the wrong micro-steps: DDP synced inside the window | "in window 1 DDP all-reduced ... [1] ..." |
+| no_sync on the wrong micro-steps: the window's last one not synced | (the same words) |
 | loss not divided | "the gradient of window 0 (...) is the micro-batch gradients not divided, not the mean ..." |
 | loss divided by accumulation_steps | "... divided by accumulation_steps=4, not the mean over its N=16 samples ..." |
 | micro-batches weighted equally | "... divided by the 3 micro-batches (equal weights), not the mean ..." |

@@ -136,7 +136,7 @@ def send_held_back(step: Run, part: str = "") -> str | None:
     return None
 
 
-@mistake("1F1B: neighbours' ranks written as numbers (src=0, dst=1), right for 2 stages only")
+@mistake("1F1B: neighbours' ranks written as numbers (src=0, dst=1)")
 def fixed_peer(step: Run, part: str = "") -> str | None:
     """A send or receive with a rank that is not a neighbour of the stage's (``s - 1``, ``s + 1``): at 2 stages
     the numbers 0 and 1 are the neighbours, at 4 they are not."""
