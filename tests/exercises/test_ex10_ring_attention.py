@@ -80,6 +80,9 @@ MISTAKES = {
     "max without rescale": {MERGE: "new = torch.maximum(m, block_lse)", **BACKWARD["D per block"]},
     # the blind audit's: the forward's scores not scaled (its backward, right for scaled scores, fails with it)
     "forward not scaled": {"cols, :].transpose(-1, -2)) * scale": "cols, :].transpose(-1, -2))"},
+    # the blind audit's: of a later rank's shard, the late queries see the early chunk only
+    "later shard's early chunk only": {"if src < rank else (slice(c, None), slice(None))\n":
+                                       "if src < rank else (slice(c, None), slice(0, c))\n"},
     "local mask": {BLOCKS: "        rows, cols = slice(None), slice(None)\n",
                    "        if src == rank:\n            scores = scores.masked_fill(pos[:, None] < pos[None, :]":
                    "        if True:\n            scores = scores.masked_fill(torch.arange(2 * c)[:, None] < "
@@ -243,6 +246,11 @@ def test_receiving_from_the_rank_it_sends_to_is_named(reports):
 def test_a_forward_without_the_scale_is_named(reports):
     said = failed(reports["forward not scaled"])[OUTPUT]
     assert "output is the causal attention of q @ k^T not multiplied by 1/sqrt(head_dim) = 0.3536" in said, said
+
+
+def test_a_later_shard_seen_in_part_is_named(reports):
+    said = failed(reports["later shard's early chunk only"])[OUTPUT]
+    assert "when the late chunk of its queries sees only the early chunk of a later rank's shard" in said, said
 
 
 def test_forwarding_its_own_shard_is_named(reports):

@@ -198,6 +198,16 @@ def unscaled(run: Run) -> str | None:
             "block before its softmax and its log-sum-exp")
 
 
+@mistake("a later rank's shard: its early chunk alone")
+def later_early_only(run: Run) -> str | None:
+    ranks = _is(run, replay_sliced(run.world, later_early_only=True))
+    if not ranks:
+        return None
+    return (f"rank {ranks[0]}'s output is what the ring gives when the late chunk of its queries sees only the early "
+            "chunk of a later rank's shard: that shard's late chunk, 2W - 1 - src, comes before this rank's late "
+            "chunk, 2W - 1 - r, in the sequence (src > r), so those queries see the whole of a later rank's shard")
+
+
 @mistake("the shard's two chunks taken in the other order")
 def chunks_swapped(run: Run) -> str | None:
     ranks = _is(run, replay_sliced(run.world, swapped=True))
@@ -341,7 +351,7 @@ def backward_nan(run: Run) -> str | None:
 
 PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
 OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept, local_mask,
-          contiguous_rule, chunks_swapped, no_mask, unscaled]
+          contiguous_rule, chunks_swapped, no_mask, unscaled, later_early_only]
 GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse,
              backward_no_mask, no_scale]
 BACKWARD_RING = [*PROTOCOL, not_home]

@@ -150,11 +150,13 @@ def replay(world: int, *, merge: str = "lse", mask: str = "global", skip_later: 
 
 
 @lru_cache(maxsize=4)
-def replay_sliced(world: int, *, mask: str = "global", swapped: bool = False) -> list[torch.Tensor]:
+def replay_sliced(world: int, *, mask: str = "global", swapped: bool = False,
+                  later_early_only: bool = False) -> list[torch.Tensor]:
     """Each rank's output of the reference's ring, blocks and all (its own shard whole, an earlier rank's early
     chunk for every query, a later rank's shard for the late chunk of queries), merged by log-sum-exp, with
     ``mask="local"``: a causal triangle on every block computed, in the block's own indices; ``swapped``: the
-    shard taken to hold its late chunk first (the positions, and the halves kept, the other way round)."""
+    shard taken to hold its late chunk first (the positions, and the halves kept, the other way round);
+    ``later_early_only``: of a later rank's shard, its early chunk alone (its late chunk left out)."""
     q, k, v = whole()
     c, outs = SEQ // (2 * world), []
     early, late = slice(0, c), slice(c, None)
@@ -168,7 +170,7 @@ def replay_sliced(world: int, *, mask: str = "global", swapped: bool = False) ->
         for step in range(world):
             src = (r - step) % world
             rows, cols = (slice(None), slice(None)) if src == r else (slice(None), early) if src < r else \
-                (late, slice(None))
+                (late, early if later_early_only else slice(None))
             s = (qs[..., rows, :] @ shard(k, src, world)[..., cols, :].transpose(-1, -2)) * HEAD_DIM ** -0.5
             if mask == "local":
                 s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
