@@ -296,7 +296,7 @@ def _failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output:
     # torchrun's failure summary has "rank : N (local_rank: N)" then "exitcode : -9 (pid: …)".
     # Its "Root Cause" is whichever exit it noticed first, which can be a peer's "connection
     # reset"; a rank killed by a signal other than the SIGTERM torchrun sends peers is the cause.
-    died = {int(r): int(c) for r, c in [*_EXIT_RE.findall(output), *_recorded_exits(outdir)]
+    died = {int(r): int(c) for r, c in [*_EXIT_RE.findall(output), *_recorded_exits(outdir, last)]
             if int(c) < 0 and int(c) != -signal.SIGTERM}
     silent = sorted(r for r in died if r not in {e["rank"] for e in errors})
     if silent:
@@ -341,15 +341,13 @@ def _exit_files(outdir: Path) -> list[tuple[Path, int]]:
     return found
 
 
-def _recorded_exits(outdir: Path) -> list[tuple[str, int]]:
-    """(rank, exit code) pairs of the job's last attempt, as a warm launch's agent wrote them
+def _recorded_exits(outdir: Path, attempt: int) -> list[tuple[str, int]]:
+    """(rank, exit code) pairs of the job's attempt ``attempt``, as a warm launch's agent wrote them
     (:func:`distlab.runtime.agent.record_exits`)."""
-    files = _exit_files(outdir)
-    last = max((n for _, n in files), default=None)
     pairs = []
-    for p, n in files:
+    for p, n in _exit_files(outdir):
         try:
-            pairs += [(r, int(c)) for r, c in json.loads(p.read_text()).items()] if n == last else []
+            pairs += [(r, int(c)) for r, c in json.loads(p.read_text()).items()] if n == attempt else []
         except (OSError, ValueError):
             continue
     return pairs

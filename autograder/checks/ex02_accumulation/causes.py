@@ -119,10 +119,7 @@ def _synced_early(s: Scenario) -> tuple[int, list[int], int] | None:
     return None
 
 
-@mistake("no_sync on the wrong micro-steps: DDP synced inside the window")
-def synced_mid_window(s: Scenario) -> str | None:
-    if (found := _synced_early(s)) is None:
-        return None
+def _synced_said(found: tuple[int, list[int], int]) -> str:
     w, synced, n = found
     every = ", which costs an all-reduce per micro-step" if len(synced) == n else ""
     return (f"in window {w + 1} DDP all-reduced the gradients during micro-step(s) {synced} of its {n} (counted "
@@ -131,12 +128,18 @@ def synced_mid_window(s: Scenario) -> str | None:
             "but the window's last one")
 
 
+@mistake("no_sync on the wrong micro-steps: DDP synced inside the window")
+def synced_mid_window(s: Scenario) -> str | None:
+    found = _synced_early(s)
+    return _synced_said(found) if found is not None else None
+
+
 @mistake("no_sync on the wrong micro-steps: the window's last one not synced")
 def last_not_synced(s: Scenario) -> str | None:
     """:func:`synced_mid_window` where it makes the gradient wrong: the window's last micro-step not all-reduced
     (all-reduced at every micro-step, the sum of averages is the average of the sum: right, and only costly)."""
     found = _synced_early(s)
-    return synced_mid_window(s) if found is not None and found[2] not in found[1] else None
+    return _synced_said(found) if found is not None and found[2] not in found[1] else None
 
 
 def first_wrong(s: Scenario) -> tuple[int, float] | None:

@@ -301,16 +301,17 @@ CRITERIA = [autocast_dtypes, float32_parity, losses_close, scaler_order, inf_ste
             accumulation_order, accumulation_overflow]
 
 
-def criteria(run: Run) -> list[Callable]:
-    """The criteria this run is judged by: the real speedup only on a GPU with bf16 tensor cores."""
-    return CRITERIA + [gpu_speedup] if run.gpu_speedup_graded else CRITERIA
-
-
 def parts(run: Run) -> dict[str, tuple[str, list[Callable]]]:
-    """The parts, in the report's order: the function each grades, and its criteria (:func:`criteria`'s)."""
-    real = [gpu_speedup] if run.gpu_speedup_graded else []  # on a CPU the real model is notes only
+    """The parts, in the report's order: the function each grades, and its criteria (the real speedup only on a
+    GPU with bf16 tensor cores; on a CPU the real model is notes only)."""
+    real = [gpu_speedup] if run.gpu_speedup_graded else []
     return {"train": ("train_step", CRITERIA[:5]), "measure": ("compare", CRITERIA[5:10]),
             "accumulation": ("accumulated_step", CRITERIA[10:]), "real": ("compare on the real model", real)}
+
+
+def criteria(run: Run) -> list[Callable]:
+    """The criteria this run is judged by, every part's in the report's order."""
+    return [c for _, judged in parts(run).values() for c in judged]
 
 
 def real_model_notes(run: Run, file: Parted | None = None) -> tuple[list[str], dict]:

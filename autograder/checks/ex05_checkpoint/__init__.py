@@ -71,7 +71,7 @@ from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, against_reference, committed_under_a_rank, complete_too_early, diagnose_resume,
-                     exact, interrupted_write_loaded, not_pruned, one_sided_collective, restart_error)
+                     exact, interrupted_write_loaded, not_pruned, one_sided_collective, restart_error, said)
 from .observations import WORLD, FinalState, Run
 from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL
 from .reshard import reshards, stream_continues
@@ -178,9 +178,8 @@ def criteria(scenarios: Sequence[str] = SCENARIOS) -> list:
     return [keeps_last_k, matches_reference] + [fn for s in SCENARIOS if s in scenarios for fn in SCENARIO_CRITERIA[s]]
 
 
-def _failure(run: Run, path: Path, err: LaunchError | None) -> str:
+def _failure(run: Run, err: LaunchError | None) -> str:
     """Why the uninterrupted run failed: a one-sided collective, else the error as grader.main explains it."""
-    from ...grader.main import explain
     cause = committed_under_a_rank(run, err) or one_sided_collective(run, "A") or \
         one_sided_collective(run, "C", tag="first")
     if err is None:
@@ -189,7 +188,7 @@ def _failure(run: Run, path: Path, err: LaunchError | None) -> str:
         raw = f"rank {err.rank} raised {err.exc_type}: {err.exc_message.strip()[:300]}" if isinstance(
             err, RankFailure) else str(err)
         return f"{cause}\n  ({raw})"
-    return explain(err, path, KNOWN_ERRORS)
+    return said(run, err)
 
 
 def grade(paths: Sequence[Path], scenarios: tuple[str, ...] = SCENARIOS, reshard_world: int = RESHARD_WORLD,
@@ -213,5 +212,5 @@ def grade(paths: Sequence[Path], scenarios: tuple[str, ...] = SCENARIOS, reshard
             if run.load_reference():
                 report.judge(criteria(sc), run, world=WORLD, reshard_world=reshard_world)
             else:
-                report.did_not_run(_failure(run, Path(path), got.get("reference")))
+                report.did_not_run(_failure(run, got.get("reference")))
     return [r.scale_to() for r in reports]

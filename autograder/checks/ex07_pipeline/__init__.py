@@ -240,7 +240,7 @@ def grade(paths: Sequence[Path], p2p_timeout_s: float = P2P_TIMEOUT_S, deeper: i
     steps = [{part: file.ended[part] if file.part(part) is None else
               Run([RankObservation.from_wire(r) for r in file.part(part)], *ref) for part in PARTS} for file in parted]
     if deeper:
-        _deeper(paths, steps, deeper, timeout, p2p_timeout_s)
+        _launch_deeper(paths, steps, deeper, timeout, p2p_timeout_s)
     for report, file_steps in zip(reports, steps):
         for part, criteria in (("gpipe", CRITERIA), ("one_f_one_b", ONE_F_ONE_B_CRITERIA)):
             _judge(report, criteria, file_steps[part], PARTS[part])
@@ -249,7 +249,7 @@ def grade(paths: Sequence[Path], p2p_timeout_s: float = P2P_TIMEOUT_S, deeper: i
     return [r.scale_to() for r in reports]
 
 
-def _deeper(paths: Sequence[Path], steps: list[dict], p: int, timeout, p2p_timeout_s: float) -> None:
+def _launch_deeper(paths: Sequence[Path], steps: list[dict], p: int, timeout, p2p_timeout_s: float) -> None:
     """The 1F1B step of each file whose 2-stage one ran whole (no rank stopped by NotImplementedError) again on
     ``p`` ranks, each kept as its 2-stage run's ``deeper``."""
     ran = [i for i, s in enumerate(steps) if isinstance(s["one_f_one_b"], Run)

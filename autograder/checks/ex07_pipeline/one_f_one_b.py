@@ -192,23 +192,33 @@ def _matches(step: Run) -> str | None:
     return None
 
 
-def _ordered(step: Run) -> str | None:
-    """Each stage's forwards and backwards in 1F1B's order, each send at once and waited on, with no cause."""
+def _out_of_order(step: Run) -> str | None:
+    """The first stage whose forwards and backwards are not in 1F1B's order, with no cause."""
     p = len(step.ranks)
     for stage in range(p):
         got, want = order(step, stage), schedule_order(stage, p)
         if got != want:
             return (f"stage {stage} ran {' '.join(got) or 'nothing'}; 1F1B's order for stage {stage} of {p} with "
                     f"{MICRO} micro-batches is {' '.join(want)}" + _raised(step))
-    return send_held_back(step) or send_not_waited(step)
+    return None
 
 
-def _held(step: Run) -> str | None:
-    """Each stage's activations held at once within ``min(p - s, m)`` micro-batches'."""
+def _ordered(step: Run) -> str | None:
+    """Each stage's forwards and backwards in 1F1B's order, each send at once and waited on, with no cause."""
+    return _out_of_order(step) or send_held_back(step) or send_not_waited(step)
+
+
+def _unfinished(step: Run) -> str | None:
+    """Where some stage did not run every micro-batch forward and backward, or raised: nothing held is judged."""
     done = [(len([e for e in r.events if e.kind == k]) == MICRO) for r in step.ranks for k in "FB"]
-    if not all(done) or any(r.error for r in step.ranks):
-        return "not checked: the step did not run every micro-batch forward and backward on every stage" + \
-            _raised(step)
+    if all(done) and not any(r.error for r in step.ranks):
+        return None
+    stages = "both stages" if len(step.ranks) == 2 else "every stage"
+    return f"not checked: the step did not run every micro-batch forward and backward on {stages}" + _raised(step)
+
+
+def _over_bound(step: Run) -> str | None:
+    """The first stage that held more than ``min(p - s, m)`` micro-batches' activations at once."""
     p = len(step.ranks)
     for r in step.ranks:
         one = r.saved_per_microbatch
@@ -217,6 +227,11 @@ def _held(step: Run) -> str | None:
                     f"micro-batches' ({one:,} bytes each); 1F1B keeps at most min(p - s, m) = {bound(r.rank, p)} "
                     f"there: run micro-batch i's backward before the forward of micro-batch i + {bound(r.rank, p)}")
     return None
+
+
+def _held(step: Run) -> str | None:
+    """Each stage's activations held at once within ``min(p - s, m)`` micro-batches'."""
+    return _unfinished(step) or _over_bound(step)
 
 
 @criterion("[1F1B] loss and gradients match the unsplit model", points=2, trace=False)
@@ -249,12 +264,8 @@ def ofob_matches(step: Run) -> Verdict:
 
 @criterion("[1F1B] each stage runs 1F1B's order and sends each result at once", points=2, trace=False)
 def ofob_order(step: Run) -> Verdict:
-    for stage in (0, 1):
-        got, want = order(step, stage), schedule_order(stage)
-        if got != want:
-            return failed(diagnose([blocking_deadlock, gpipe_order, wrong_warmup], step, "1f1b") or
-                          f"stage {stage} ran {' '.join(got) or 'nothing'}; 1F1B's order for stage {stage} of {P} "
-                          f"with {MICRO} micro-batches is {' '.join(want)}" + _raised(step))
+    if why := _out_of_order(step):
+        return failed(diagnose([blocking_deadlock, gpipe_order, wrong_warmup], step, "1f1b") or why)
     if message := send_held_back(step) or send_not_waited(step) or _deeper(step, _ordered, first=False):
         return failed(message)
     return passed(" | ".join(" ".join(order(step, s)) for s in (0, 1)) + (
@@ -264,21 +275,10 @@ def ofob_order(step: Run) -> Verdict:
 @criterion("[1F1B] stage s keeps at most min(p - s, m) micro-batches' activations", points=1, trace=False)
 def ofob_memory(step: Run) -> Verdict:
     measured = {f"one_f_one_b_stage{r.rank}_saved_peak_bytes": r.saved_peak for r in step.ranks}
-    done = [(len([e for e in r.events if e.kind == k]) == MICRO) for r in step.ranks for k in "FB"]
-    if not all(done) or any(r.error for r in step.ranks):
-        return failed("not checked: the step did not run every micro-batch forward and backward on both stages"
-                      + _raised(step))
-    if message := kept_past_backward(step):
+    if why := _unfinished(step):
+        return failed(why)
+    if message := kept_past_backward(step) or _over_bound(step) or _deeper(step, _held, first=False):
         return failed(message, **measured)
-    for r in step.ranks:
-        one = r.saved_per_microbatch
-        if one and r.saved_peak > bound(r.rank) * one:
-            return failed(f"stage {r.rank} held {r.saved_peak:,} bytes of activations at once, "
-                          f"{r.saved_peak / one:.3g} micro-batches' ({one:,} bytes each); 1F1B keeps at most "
-                          f"min(p - s, m) = {bound(r.rank)} there: run micro-batch i's backward before the forward "
-                          f"of micro-batch i + {bound(r.rank)}", **measured)
-    if deeper := _deeper(step, _held, first=False):
-        return failed(deeper, **measured)
     return passed(", ".join(f"stage {r.rank}: {r.saved_peak / max(r.saved_per_microbatch, 1):.3g} micro-batches"
                             for r in step.ranks) + (f"; and within min(p - s, m) at {len(step.deeper.ranks)} stages"
                                                     if isinstance(step.deeper, Run) else ""), **measured)

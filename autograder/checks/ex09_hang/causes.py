@@ -186,13 +186,14 @@ def ranks_disagree(run: Run) -> str | None:
     first = run.ranks[0].final
     apart = [(r.rank, parity(r.final, first, rtol=RTOL, atol=ATOL)) for r in run.ranks[1:]]
     apart = [(rank, p) for rank, p in apart if not p.ok]
-    empty = sorted({r for r, _ in run.empty_steps()})
+    empty = run.empty_steps()
     if not apart or not empty:
         return None
     rank, p = apart[0]
-    steps = [s for r, s in run.empty_steps() if r == empty[0]]
+    idle = min(r for r, _ in empty)
+    steps = [s for r, s in empty if r == idle]
     return (f"the ranks ended with different weights (rank 0's and rank {rank}'s differ by up to {p.max_abs_diff:.3g} "
-            f"in '{p.worst}'), and rank {empty[0]} kept no sample at step(s) {steps}. The all-reduced gradient and "
+            f"in '{p.worst}'), and rank {idle} kept no sample at step(s) {steps}. The all-reduced gradient and "
             "count are the same on every rank, so every rank applies every step's update, also where it kept no "
             "sample itself: guard the update with the global count, not with this rank's own data")
 

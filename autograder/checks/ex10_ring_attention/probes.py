@@ -48,10 +48,10 @@ def rank_main(paths: list[str], p2p_timeout_s: float, outdir: str, skip: dict[st
             with own_rendezvous(f"file{i}"):
                 if kept.starts("forward"):
                     forward = _ring(p2p, *_observe(learner, path, p2p, p2p_timeout_s, backward=False))
-                if same_group := forward is None or _matched_everywhere(forward, forward.p2p):
-                    if forward is not None:
-                        _large(learner, p2p, forward)
+                same_group = forward is None or _matched_everywhere(forward, forward.p2p)
                 if forward is not None:
+                    if same_group:
+                        _large(learner, p2p, forward)
                     kept.keep("forward", forward.to_wire())
                 if same_group and kept.starts("backward"):
                     backward, b_calls = _observe(learner, path, p2p, p2p_timeout_s, backward=True)
