@@ -16,6 +16,7 @@ part that was running like a hang does. One whose ranks were still advancing is 
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,20 +55,23 @@ def _kept(outdir: Path, file: int, rank: int, parts: Sequence[str]) -> dict[str,
 
 def launch_parts(rank_main: Callable, paths: Sequence[str | Path], *, world: int, timeout: Budget,
                  parts: Sequence[str], args: tuple = (), known: Sequence = (),
-                 needs: Mapping[str, Sequence[str]] | None = None) -> tuple[list[Parted], float | None]:
+                 needs: Mapping[str, Sequence[str]] | None = None,
+                 scratch: str | Path | None = None) -> tuple[list[Parted], float | None]:
     """Every file's parts on ``world`` ranks, in as many launches as it takes: ``rank_main(paths, *args, outdir,
     skip)`` runs the parts of each file that ``skip`` (file number as a string -> part names) does not name,
     through :class:`autograder.rank.parts.Parts`, and returns per file ``{part: observation}``. ``known``: the
     check's ``KNOWN_ERRORS``, for the words of a part that ended a launch. ``needs``: part -> the parts it cannot
-    run without (where one of those ends a launch, it is not run again). Returns per file its :class:`Parted`,
-    and the seconds of the launch when one launch did it all (else ``None``)."""
+    run without (where one of those ends a launch, it is not run again). ``scratch``: an existing folder for the
+    launches' ``outdir`` (``scratch/<launch>``), which the caller removes, where the files the ranks write there
+    (an export) are read after the grading; by default a temporary folder, removed on return. Returns per file
+    its :class:`Parted`, and the seconds of the launch when one launch did it all (else ``None``)."""
     from .main import explain
 
     kept: dict[int, list[dict]] = {i: [{} for _ in range(world)] for i in range(len(paths))}
     ended: dict[int, dict[str, str]] = {i: {} for i in range(len(paths))}
     unrun: dict[int, dict[str, str]] = {i: {} for i in range(len(paths))}
     todo, wall_s = list(range(len(paths))), None
-    with tempfile.TemporaryDirectory(prefix="parts-") as tmp:
+    with contextlib.nullcontext(scratch) if scratch else tempfile.TemporaryDirectory(prefix="parts-") as tmp:
         for attempt in range(len(paths) * len(parts) + 1):  # each launch but the last ends a part of a file
             outdir = Path(tmp) / str(attempt)
             outdir.mkdir()  # here, before the launch hands the scratch space to the learner user

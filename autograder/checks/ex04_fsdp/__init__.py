@@ -7,7 +7,8 @@ global batch (``zero1`` observes it). Graded: ``shard_range``'s padded slices; e
 against one process's Adam on the whole batches (``reference.zero1_reference``, flat); the elements
 of each rank's Adam state (1/W); the collectives of each step, counted by the one recorder (one
 reduce-scatter, one all-gather, no all-reduce). A part 2 not written yet does not stop part 1's grading, nor
-one that raises, hangs or aborts: part 1 is then run again alone (``_launches``).
+one that raises, hangs or aborts (``grader.parts.launch_parts``: part 1 is then run again alone); nor does a
+part 1 whose collectives abort stop part 2's, nor take ``shard_range``'s answers with it.
 
 Part 2: every rank builds the same :class:`~distlab.resmlp.ResidualMLP` and trains it
 with the learner's ``train_fsdp`` on its slice of each global batch. The
@@ -71,14 +72,12 @@ from typing import Sequence
 
 import torch
 
-from distlab import LaunchError
 from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT
 
 from ...grader.diagnosis import diagnose
-from ...grader.launches import launch_files, launch_timeout
+from ...grader.launches import launch_timeout
 from ...grader.parity import parity
-from ...grader.parts import report_ended
-from ...rank.parts import kept_path
+from ...grader.parts import launch_parts, report_ended
 from ...grader.registry import Exercise
 from distlab.measure.comm import label
 
@@ -89,10 +88,9 @@ from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, gr
 from .zero1.causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather,
                            z1_no_reduce_scatter, z1_not_written, z1_optimizer_full, z1_shard_a_view, z1_wrong_offset)
 from .observations import PARTS, Run
-from .probes import OBSERVED, rank_main
+from .probes import FILE_PARTS, NEEDS, rank_main
 from .workloads import LR, MEASURE_STEP, MICRO_BATCH, MODEL, STEPS
 from .reference import reference
-from .zero1.observations import PART1_UNFINISHED
 from .zero1.probes import ZERO1_MODEL
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "MODEL", "WORLD_SIZES", "ZERO1_MODEL", "grade"]
@@ -291,84 +289,36 @@ CRITERIA = [*ZERO1_CRITERIA, sharded_on_dim0, optimizer_after_sharding, holds_it
 def _judge(report: ExerciseReport, run: Run, wall_s: float | None) -> None:
     """One file at one world size: the criteria, or "did not run" when neither part ran."""
     tag = f"[W={run.world}]"
-    if run.part2_ended:  # part 1 was run again alone: graded; part 2's criteria say how it ended, once in full
+    unwritten = run.ranks[0].not_implemented is not None and not run.part2_ended
+    if unwritten and run.z1[0].not_implemented:  # neither part written: the first function still to write is named
+        report.notes.clear()  # what an earlier world size measured is not shown beside "did not run"
+        report.did_not_run(f"{tag} {z1_error(run)}")
+        return
+    if run.ranges_ended:  # shard_range never returned: part 1's training, which calls it, did not run either
+        report_ended(report, ZERO1_CRITERIA, "shard_range", run.ranges_ended, world=run.world)
+    else:
         report.judge(ZERO1_CRITERIA, run, world=run.world)
-        report_ended(report, CRITERIA[len(ZERO1_CRITERIA):], "train_fsdp", run.part2_ended, world=run.world)
-        return
-    if not run.stepped:
-        r0 = run.ranks[0]
-        unwritten = r0.not_implemented is not None
-        why = (f"not implemented yet ({r0.not_implemented})" if unwritten
+    part2 = CRITERIA[len(ZERO1_CRITERIA):]
+    if run.part2_ended:  # part 1 was run again alone; part 2's criteria say how it ended, once in full
+        report_ended(report, part2, "train_fsdp", run.part2_ended, world=run.world)
+    elif not run.stepped:
+        why = (f"not implemented yet ({run.ranks[0].not_implemented})" if unwritten
                else f"train_fsdp returned without calling train_step {MEASURE_STEP} times (it called it "
-               f"{r0.steps} times for {STEPS} micro-batches)")
-        if run.z1[0].not_implemented:  # neither part written: the first function still to write is named
-            report.notes.clear()  # what an earlier world size measured is not shown beside "did not run"
-            report.did_not_run(f"{tag} {z1_error(run) if unwritten else why}")
-            return
-        report.judge(ZERO1_CRITERIA, run, world=run.world)  # part 1 is graded; part 2 scores 0
-        for fn in CRITERIA[len(ZERO1_CRITERIA):]:
+               f"{run.ranks[0].steps} times for {STEPS} micro-batches)")
+        for fn in part2:
             report.check(fn.rule.name.format(world=run.world), fn.rule.points, False, f"part 2: {why}", key=fn.__name__)
-        return
-    report.judge(CRITERIA, run, world=run.world)
-    report.notes.append(f"{tag} {run.bytes_summary()}")
-    if wall_s is not None:  # None: the launch ended early (a native abort in part 1)
+    else:
+        report.judge(part2, run, world=run.world)
+        report.notes.append(f"{tag} {run.bytes_summary()}")
+    if wall_s is not None:  # None: a part ended a launch, and the file took more than one
         report.measurements[f"W{run.world}_launch_s"] = round(wall_s, 2)
-
-
-def _kept(outdir: Path, path: Path, file: int, world: int, err: LaunchError) -> list[dict] | None:
-    """File ``file``'s observations as its ranks kept them (``probes.OBSERVED``) when the launch ended early
-    (``None``: some rank kept none, so its part 2 had not finished): a part 1 cut short says how it ended."""
-    from ...grader.main import explain
-
-    kept = [kept_path(outdir, file, r, OBSERVED) for r in range(world)]
-    if not all(f.is_file() for f in kept):
-        return None
-    ranks = [torch.load(f, weights_only=True) for f in kept]
-    for obs in ranks:
-        if obs["zero1"].get("error") == PART1_UNFINISHED:
-            obs["zero1"].update(error=None, aborted=explain(err, path, KNOWN_ERRORS))
-    return ranks
-
-
-def _launches(paths: Sequence[Path], world: int, folder: Path, timeout) -> tuple[list[Run], float | None]:
-    """Every file's run at one world size, in as many launches as it takes: a file whose part 2 ends a launch
-    (a native abort, a hang, a loop that never returns, an error) is run again for part 1 alone, with the files
-    after it, so that a crash in part 2 costs part 2 only (a crash in part 1 costs part 1 only: what the ranks
-    kept is graded). The wall seconds of the launch that graded every file at once (``None``: it took more than
-    one)."""
-    from ...grader.main import explain
-
-    runs: dict[int, Run] = {}
-    ended: dict[int, str] = {}  # file -> how its part 2 ended a launch, in the learner's terms
-    todo, wall_s = list(range(len(paths))), None
-    for attempt in range(len(paths) + 1):
-        outdir = folder / f"W{world}-{attempt}"  # no file an earlier launch exported counts
-        outdir.mkdir()  # here, before the launch hands the scratch space to the learner user
-        part1_only = [j for j, i in enumerate(todo) if i in ended]
-        try:
-            got, wall_s = launch_files(rank_main, [paths[i] for i in todo], world=world, timeout=timeout,
-                                       args=(str(outdir), part1_only), untraced=part1_only)
-        except LaunchError as err:
-            kept = [_kept(outdir, paths[i], j, world, err) for j, i in enumerate(todo)]
-            first = next((j for j, k in enumerate(kept) if k is None), len(todo))
-            runs.update({i: Run.from_wire(kept[j], ended.get(i)) for j, i in enumerate(todo[:first])})
-            todo, wall_s = todo[first:], None
-            if not todo:
-                break
-            if todo[0] in ended:  # part 1 alone kept nothing
-                raise err
-            ended[todo[0]] = explain(err, paths[todo[0]], KNOWN_ERRORS)
-            continue
-        runs.update({i: Run.from_wire(ranks, ended.get(i)) for i, ranks in zip(todo, got)})
-        break
-    return [runs[i] for i in range(len(paths))], wall_s
 
 
 def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> list[ExerciseReport]:
     """Grade the files at ``paths`` (tests pass fewer ``world_sizes`` to run faster); one report each.
 
     One launch per world size grades every file, one world size after the other (each needs W
-    devices on a GPU machine); a file whose part 2 ends the launch costs one more (:func:`_launches`). Each
+    devices on a GPU machine); a file whose part ends the launch costs one more (``launch_parts``). Each
     world size's criteria are declared at full weight; scale_to gives every world size an equal share.
     """
     reports = [EXERCISE.new_report() for _ in paths]
@@ -379,8 +329,11 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
                 break  # nothing left to judge at a larger world size
             timeout = launch_timeout(EXERCISE, files=len(paths), share=LAUNCH_SHARES[world] / shares,
                                      per_extra_file_s=PER_EXTRA_FILE_S)
-            runs, wall_s = _launches(paths, world, Path(tmp), timeout)
-            for report, run in zip(reports, runs):
+            scratch = Path(tmp) / f"W{world}"  # kept until the exports are judged; each launch its own folder
+            scratch.mkdir()
+            files, wall_s = launch_parts(rank_main, paths, world=world, timeout=timeout, parts=FILE_PARTS,
+                                         known=KNOWN_ERRORS, needs=NEEDS, scratch=scratch)
+            for report, file in zip(reports, files):
                 if report.ran:
-                    _judge(report, run, wall_s)
+                    _judge(report, Run.from_parted(file), wall_s)
     return [r.scale_to() for r in reports]

@@ -7,9 +7,11 @@ Imported by the probes (rank side) and the grading process alike: nothing here i
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +20,9 @@ from distlab.lab.fsdp_memory import unsharded_bytes
 from ...rank.observation import Observation
 from .reference import zero1_reference
 from .zero1.observations import Zero1
+
+if TYPE_CHECKING:  # the grading process's type: the rank side imports nothing of it
+    from ...grader.parts import Parted
 
 PARTS = ("params", "grads", "optimizer")  # what each rank holds: the bytes of each, against 1/W of the whole
 
@@ -74,13 +79,13 @@ class StateDictCall(Observation):
 
 @dataclass
 class FsdpRank(Observation):
-    """One rank's observation of one file: part 1, then part 2's training (its fields left at their defaults
-    where ``train_fsdp`` was not written yet: ``not_implemented``)."""
+    """One rank's observation of one file: part 2's training (its fields left at their defaults where
+    ``train_fsdp`` was not written yet, ``not_implemented``, or ended its launch), and part 1's."""
 
     rank: int
     world: int
     steps: int    # train_step calls train_fsdp made
-    zero1: Zero1  # part 1, ZeRO-1 by hand
+    zero1: Zero1 = field(default_factory=Zero1)  # part 1, ZeRO-1 by hand (joined by the grading process)
     not_implemented: str | None = None  # where train_fsdp raised NotImplementedError before training (None: it ran)
     shapes: dict[str, list[int]] = field(default_factory=dict)  # every parameter's unsharded shape, by name
     final: dict[str, torch.Tensor] = field(default_factory=dict)  # rank 0: the trained full state dict ({} else)
@@ -98,17 +103,28 @@ class FsdpRank(Observation):
 
 @dataclass
 class Run:
-    """One file's run at one world size: every rank's observation (rank order), and, where part 2 ended its
-    launch (a native abort, a hang, an error on some ranks), how, in the learner's terms: part 1 was then run
-    again alone."""
+    """One file's run at one world size: every rank's observation (rank order), and how each part that ended its
+    launch (a native abort, a hang, an error on some ranks) ended, in the learner's terms: part 2's
+    (``part2_ended``, "fsdp"), ``shard_range``'s (``ranges_ended``); part 1's training is ``Zero1.aborted``."""
 
     ranks: list[FsdpRank]
     part2_ended: str | None = None
+    ranges_ended: str | None = None
 
     @classmethod
-    def from_wire(cls, ranks: list[dict], part2_ended: str | None = None) -> "Run":
-        """The run of what every rank's ``rank_main`` sent for one file (rank order)."""
-        return cls([FsdpRank.from_wire(r) for r in ranks], part2_ended)
+    def from_parted(cls, parted: Parted) -> "Run":
+        """The run of what every rank kept of one file's parts (``probes.PARTS``), joined: part 1's answers and
+        training in one :class:`Zero1` (``aborted``: how a launch ended in its training)."""
+        world, ranks = len(parted.ranks), []
+        for rank, kept in enumerate(parted.ranks):
+            obs = FsdpRank.from_wire(kept["fsdp"]) if kept.get("fsdp") else FsdpRank(rank=rank, world=world, steps=0)
+            ranges = Zero1.from_wire(kept["ranges"]) if kept.get("ranges") else Zero1()
+            trained = Zero1.from_wire(kept["zero1"]) if kept.get("zero1") else Zero1(
+                aborted=parted.ended.get("zero1", ""))
+            obs.zero1 = dataclasses.replace(trained, ranges=ranges.ranges, ranges_error=ranges.ranges_error,
+                                            ranges_unwritten=ranges.ranges_unwritten)
+            ranks.append(obs)
+        return cls(ranks, parted.ended.get("fsdp"), parted.ended.get("ranges"))
 
     @property
     def world(self) -> int:

@@ -1,8 +1,8 @@
 """Rank-side instruments of the exercise 4 check, and the data and sizes it grades with.
 
-Everything here observes; verdicts are computed in ``ex04_fsdp``. Part 1 (ZeRO-1 by hand) is observed
-by :mod:`.zero1`, first, on the same micro-batches. Then the learner's ``train_fsdp`` trains
-a :class:`~distlab.resmlp.ResidualMLP` on every rank; around it:
+Everything here observes; verdicts are computed in ``ex04_fsdp``. Each file's parts run in the order of
+:data:`FILE_PARTS`: the learner's ``train_fsdp`` trains a :class:`~distlab.resmlp.ResidualMLP` on every rank, then
+part 1 (ZeRO-1 by hand) is observed by :mod:`.zero1` on the same micro-batches. Around ``train_fsdp``:
 
 * the wrapped ``train_step`` measures step ``MEASURE_STEP``: the placements and storage bytes of the
   parameters, gradients and Adam state, the peak of live tensor storage during the step, which
@@ -24,7 +24,6 @@ import functools
 import json
 import time
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,52 +42,51 @@ from ...rank import (CapturedPrints, Replace, SaveSpy, echo, frames, grad_norm, 
 from ...rank.parts import Parts
 from .observations import FsdpRank, MeasuredStep, PeakBound, StateDictCall, TrainingError
 from .workloads import LR, MEASURE_STEP, MICRO_BATCH, MODEL, SEED, STEPS, rank_batches
-from .zero1.observations import PART1_UNFINISHED, Zero1
-from .zero1.probes import observe_zero1
+from .zero1.probes import observe_ranges, observe_zero1
 
 STATE_DICT_CALLS = ("get_model_state_dict", "get_state_dict", "get_optimizer_state_dict")
 
 
-def rank_main(paths: list[str], outdir: str, part1_only: Sequence[int] = ()) -> list[dict]:
-    """Runs on every rank: each file in turn trains with the learner's code; one observation per file, as
-    plain data (``FsdpRank.to_wire``), for the launcher's ``torch.load(weights_only=True)``.
+def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]] | None = None) -> list[dict]:
+    """Runs on every rank: each file in turn, its parts (:data:`FILE_PARTS`) that ``skip`` does not name, each kept
+    on disk as it returns (``rank.parts``: ``grader.parts.launch_parts`` reads them and runs the file again
+    without a part that ended the launch); one ``{part: observation}`` per file, as plain data, for the
+    launcher's ``torch.load(weights_only=True)``. ``train_fsdp`` exports into ``outdir`` too.
 
-    The grader makes the process group (the learner's file does not), so every file uses the same one. What
-    is observed of a file is also kept on disk as it grows (:data:`OBSERVED`), so a rank that a native abort
-    ends (gloo's SIGABRT on a collective of unequal pieces) leaves its parts observed so far to be graded.
-    ``part1_only``: the indexes of files whose part 2 ended an earlier launch, run again for part 1 alone.
+    The grader makes the process group (the learner's file does not), so every file uses the same one.
     """
     device = init_distributed()
-    return [_observe(p, Path(outdir), i, device, tag=f"distlab/ex04/{i}", part2=i not in part1_only).to_wire()
+    return [_observe(p, Parts(outdir, i, skip), device, tag=f"distlab/ex04/{i}")
             for i, p in enumerate(paths)]
 
 
-OBSERVED = "observed"  # the one record a rank keeps of a file as it grows (``rank.parts``: written whole or not at all)
+# A file's parts, in the order they run. Part 2 (FSDP, "fsdp") comes first, then shard_range's answers, then
+# part 1's training: its collectives are the learner's own, on shards the learner cut, where a wrong length
+# aborts the process in gloo, and a pure function's answers are kept before them.
+FILE_PARTS = ("fsdp", "ranges", "zero1")
+NEEDS = {"zero1": ("ranges",)}  # a shard_range that never returns would hang the training's first call of it
 
 
-def _observe(path: str, outdir: Path, file: int, device: torch.device, tag: str, part2: bool = True) -> FsdpRank:
-    """One file on this rank: part 2 (the wrapped ``train_step`` observes one step; not with ``part2=False``),
-    then part 1. Part 2 comes first and is kept with shard_range's answers, before part 1's first collective:
-    part 1's collectives are the learner's own, on shards the learner cut, where a wrong length aborts the
-    process in gloo."""
-    kept = Parts(outdir, file)
+def _observe(path: str, kept: Parts, device: torch.device, tag: str) -> dict:
+    """One file on this rank: what ``kept`` says to run of :data:`FILE_PARTS`, each kept as it returns."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     # Both before the import, so that ``from torch import save`` (and the state-dict calls) bind the spies.
     with SaveSpy() as saves, StateDictSpy(tag) as calls:
         learner = load_learner(path)
-        obs = FsdpRank(rank=dist.get_rank(), world=dist.get_world_size(), steps=0, zero1=Zero1())
-        if part2:
-            _train_observed(obs, learner, outdir / f"full_state-{file}.pt", device, saves, calls, path)
-        batches = rank_batches(dist.get_world_size(), dist.get_rank(), device)
-
-        def ranges_known(zero1: Zero1) -> None:  # kept as unfinished until part 1 returns
-            obs.zero1 = dataclasses.replace(zero1, error=PART1_UNFINISHED)
-            kept.keep(OBSERVED, obs.to_wire())
-
-        with CapturedPrints() as out:
-            obs.zero1 = observe_zero1(learner, path, batches, seed=SEED, lr=LR, device=device, on_ranges=ranges_known)
-        echo(out.lines)
-        kept.keep(OBSERVED, obs.to_wire())
-        return obs
+        if kept.starts("fsdp"):
+            obs = FsdpRank(rank=rank, world=world, steps=0)
+            _train_observed(obs, learner, kept.outdir / f"full_state-{kept.file}.pt", device, saves, calls, path)
+            kept.keep("fsdp", obs.to_wire())
+        if kept.starts("ranges"):
+            kept.keep("ranges", observe_ranges(learner, path).to_wire())
+        if kept.starts("zero1"):
+            with CapturedPrints() as out:
+                zero1 = observe_zero1(learner, path, rank_batches(world, rank, device), seed=SEED, lr=LR,
+                                      device=device)
+            echo(out.lines)
+            kept.keep("zero1", zero1.to_wire())
+    kept.finished()
+    return kept.ran
 
 
 def _error(exc: BaseException, path: str) -> TrainingError:

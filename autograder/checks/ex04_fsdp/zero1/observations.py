@@ -39,22 +39,19 @@ class Holdings(Observation):
     shard_element_bytes: int = 0  # the bytes of one of its elements
 
 
-# Zero1.error of an observation kept before part 1's training ended (``probes.OBSERVED``): the grader puts the
-# launch's own end in its place when that is all there is of the rank.
-PART1_UNFINISHED = "part 1's training did not finish"
-
-
 @dataclass
 class Zero1(Observation):
     """Part 1 on one rank: ``shard_range``'s answers, then ZeRO-1 training on this rank's micro-batches
-    (filled as it goes: a step that raises leaves the rest at its defaults)."""
+    (filled as it goes: a step that raises leaves the rest at its defaults). The rank keeps the two apart
+    (``probes.observe_ranges``, ``probes.observe_zero1``); the grading process joins them
+    (``..observations.Run.from_parted``)."""
 
     # for each parameter count asked, shard_range(n, W, r)'s [start, stop) for r = 0..W-1, keyed by the count
     ranges: dict[int, list[list[int]]] = field(default_factory=dict)
     ranges_error: str | None = None  # what shard_range raised, "Type: message (at the learner's line)"
     ranges_unwritten: str = ""       # where shard_range raised NotImplementedError ("" if it did not)
     error: str | None = None         # what make_zero1_optimizer or zero1_step raised
-    aborted: str = ""                # how the launch ended while part 1 trained (the grader's: a native abort)
+    aborted: str = ""                # how the launch ended while part 1 trained (a native abort, a hang)
     where: str = ""                  # the learner's line that raised it ("" if none of the file's lines)
     not_implemented: bool = False    # whether that error is NotImplementedError
     steps: list[list[Collective]] = field(default_factory=list)  # per step, its collectives in order

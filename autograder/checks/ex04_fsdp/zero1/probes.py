@@ -5,7 +5,8 @@ The grader runs its own copy of the learner file's ``train_zero1`` loop around t
 ``make_zero1_optimizer`` and ``zero1_step``, so that each step's collectives are recorded apart
 (the one recorder, :class:`~distlab.measure.comm.CollectiveRecorder`), and notes:
 
-* ``shard_range``'s slices for the model's parameter count and two small ones, at this world size;
+* ``shard_range``'s slices for the model's parameter count and two small ones, at this world size (apart:
+  :func:`observe_ranges`);
 * the shard the learner made (its size, dtype, first values: which slice of the flat parameters it copies)
   and which tensors its optimizer holds (the model's own parameters or not);
 * the gradient the optimizer saw at its first step (an optimizer step pre-hook: what was averaged);
@@ -14,8 +15,6 @@ The grader runs its own copy of the learner file's ``train_zero1`` loop around t
 An error the learner's part 1 raises is recorded, not raised: part 2 (FSDP) is graded all the same.
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -36,10 +35,9 @@ def zero1_numel() -> int:
     return sum(p.numel() for p in make_resmlp(seed=0, **ZERO1_MODEL).parameters())
 
 
-def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Tensor]], *, seed: int,
-                  lr: float, device: torch.device, on_ranges: Callable[[Zero1], None] = lambda z: None) -> Zero1:
-    """Part 1 on this rank: ``shard_range``'s answers, then ZeRO-1 training on ``batches`` (this rank's).
-    ``on_ranges`` sees the observation once the answers are in, before any collective of the learner's."""
+def observe_ranges(learner, path: str) -> Zero1:
+    """``shard_range``'s answers on this rank (a pure function: kept apart from the training, so that a rank
+    that part 1's collectives end leaves them to be graded)."""
     world = dist.get_world_size()
     obs = Zero1()
     try:
@@ -48,7 +46,15 @@ def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Te
     except Exception as exc:  # noqa: BLE001 - the learner's error is feedback
         obs.ranges_error = _where(exc, path)
         obs.ranges_unwritten = str(learner_frame(exc, path) or "") if isinstance(exc, NotImplementedError) else ""
-    on_ranges(obs)
+    return obs
+
+
+def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Tensor]], *, seed: int,
+                  lr: float, device: torch.device) -> Zero1:
+    """Part 1's ZeRO-1 training on ``batches`` (this rank's), with the learner's optimizer factory and step
+    (``shard_range``'s answers are :func:`observe_ranges`')."""
+    world = dist.get_world_size()
+    obs = Zero1()
     model = make_resmlp(seed=seed, **ZERO1_MODEL).to(device)  # the same start on every rank
     params = list(model.parameters())
     optimizer = None
