@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from autograder.checks import ex03_amp as check
+from autograder.checks.ex03_amp.accumulation.causes import unscaled_per_micro, updated_per_micro
+from autograder.checks.ex03_amp.accumulation.criteria import ACC_ATOL, ACC_RTOL
 from autograder.checks.ex03_amp.accumulation.observations import Accumulation, Windows
+from autograder.checks.ex03_amp.accumulation.probes import K, WINDOWS
 from autograder.checks.ex03_amp.observations import (AmpObservation, Answers, Autocast, Measure, Parity, PrecisionRun,
                                                      RealModel, Scaler)
 from autograder.checks.ex03_amp.workloads import STEPS
@@ -301,7 +304,7 @@ def test_missing_scaler_update_named_and_other_parts_keep_their_marks(reports):
     assert feedback_of(report, "losses within").startswith("scaler.update() not called: ")
     assert set(failed(report)) == {"fp16 GradScaler order: scale, backward, unscale_, clip, step, update",
                                    "fp16 step with inf gradients is skipped", MEMORY_CRITERION,
-                                   ACC_PARITY + f" ({check.WINDOWS} windows)", ACC_ORDER, ACC_OVERFLOW,
+                                   ACC_PARITY + f" ({WINDOWS} windows)", ACC_ORDER, ACC_OVERFLOW,
                                    f"bf16 and fp16 losses within {check.LOSS_TOL} of float32 over {STEPS} "
                                    "steps"}, failed(report)
 
@@ -417,7 +420,7 @@ def test_step_count_and_unscaled_loss_named():
     assert check.not_scaled(Scaler(events=["scale"], grad_norm=0.05)) is None
 
 
-ACC_PARITY = f"fp16 accumulation over {check.K} micro-batches matches the reference"
+ACC_PARITY = f"fp16 accumulation over {K} micro-batches matches the reference"
 ACC_ORDER = "accumulation: scale per micro-batch; unscale_, clip, step, update once per window"
 ACC_OVERFLOW = "accumulation: one overflowing micro-batch skips the window, the scale halves once"
 
@@ -472,7 +475,7 @@ def test_accumulation_reference_is_the_whole_batch_step():
 
     model = make_mlp(seed=3, **MODEL)
     opt, scaler = torch.optim.SGD(model.parameters(), lr=LR), torch.amp.GradScaler("cpu")
-    for x, y in batches(torch.device("cpu"))[:check.WINDOWS]:
+    for x, y in batches(torch.device("cpu"))[:WINDOWS]:
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.float16):
             loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -481,7 +484,7 @@ def test_accumulation_reference_is_the_whole_batch_step():
         scaler.update()
     whole, ref = cpu_state(model), accumulation.reference()
     for name, value in ref["state"].items():
-        torch.testing.assert_close(whole[name], value, rtol=check.ACC_RTOL / 10, atol=check.ACC_ATOL / 10)
+        torch.testing.assert_close(whole[name], value, rtol=ACC_RTOL / 10, atol=ACC_ATOL / 10)
     assert all(n < accumulation.NO_CLIP / 2 ** 16 for n in ref["norms"]), ref["norms"]
 
 
@@ -509,8 +512,8 @@ def test_accumulation_unscale_and_update_per_micro_batch_named(reports):
 def test_accumulation_update_per_micro_batch_cause_on_observations():
     """No launch: the cause that names an update inside the window, on a window's calls."""
     window = ["scale", "backward", "update", "scale", "backward", "unscale_", "step", "optimizer.step", "update"]
-    fb = check.updated_per_micro(Windows(events=[window]))
+    fb = updated_per_micro(Windows(events=[window]))
     assert fb.startswith("window 1 called scaler.update() 2 times"), fb
-    right = ["scale", "backward"] * check.K + ["unscale_", "step", "optimizer.step", "update"]
-    assert check.updated_per_micro(Windows(events=[right])) is None
-    assert check.unscaled_per_micro(Windows(events=[right])) is None
+    right = ["scale", "backward"] * K + ["unscale_", "step", "optimizer.step", "update"]
+    assert updated_per_micro(Windows(events=[right])) is None
+    assert unscaled_per_micro(Windows(events=[right])) is None

@@ -13,10 +13,11 @@ references computed here:
   saved tensor (or each view's own size) instead of each storage fail deterministically on any
   machine (within ``RATIO_TOL``); then on the real model, whose speedup is reported, and required
   only on a GPU with bf16 tensor cores (compute capability 8.0 or newer, ``GPU_MIN_SPEEDUP``);
-* ``accumulated_step`` (the part notebook 03 does not show, ``accumulation``): float16 over ``K``
-  micro-batches with a GradScaler, against the same window written the right way in one process (weights
-  within ``ACC_RTOL``/``ACC_ATOL``, losses within ``LOSS_TOL``), the scaler's calls per window and the
-  clipped norm, and a window whose one micro-batch overflows skipped whole, the scale halved once;
+* ``accumulated_step`` (the part notebook 03 does not show, ``accumulation``, its criteria in
+  ``accumulation.criteria``): float16 over ``K`` micro-batches with a GradScaler, against the same window
+  written the right way in one process (weights within ``ACC_RTOL``/``ACC_ATOL``, losses within
+  ``LOSS_TOL``), the scaler's calls per window and the clipped norm, and a window whose one micro-batch
+  overflows skipped whole, the scale halved once;
 * ``distlab.measure.timing.median_seconds`` and ``distlab.measure.memory.saved_tensor_bytes`` (and
   ``distributed_median_seconds``), which the notebooks use, are working copies of the graded
   ``median_seconds`` and ``saved_bytes`` (:mod:`autograder.rank.runtime_copies`). A copy handed in (imported,
@@ -67,26 +68,21 @@ from ...grader.parity import parity
 from ...grader.parts import Parted, judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .accumulation.probes import INF_MICRO, K, WINDOWS, reference
-from .accumulation.causes import (backwards_not_k, broken as acc_broken, clipped_scaled as acc_clipped_scaled,
-                                  loss_not_the_windows, not_divided, steps_not_one as acc_steps_not_one,
-                                  unscaled_per_micro, updated_per_micro)
+from .accumulation.criteria import accumulation_order, accumulation_overflow, accumulation_parity
 from .causes import (KNOWN_ERRORS, broken, clipped_scaled, counted_tensors, grads_not_zeroed, loss_summed, missing,
                      no_update, not_clipped, not_scaled, optimizer_stepped, real_missing, scaled_loss_returned,
                      step_skipped, steps_not_one, timing_not_passed)
-from .accumulation.observations import Accumulation, Windows
+from .accumulation.observations import Accumulation
 from .observations import AmpObservation, Answers, Autocast, Measure, Parity, RealModel, Run, Scaler
 from .probes import PARTS, REAL_MODEL, rank_main
-from .workloads import CASE_TITLES, CASES_TRUTH, MAX_NORM, MEMORY_TRUTH, STEPS, reference_fp32
+from .workloads import CASE_TITLES, CASES_TRUTH, LOSS_TOL, MAX_NORM, MEMORY_TRUTH, STEPS, reference_fp32
 
 __all__ = ["EXERCISE", "KNOWN_ERRORS", "criteria", "grade"]
 
 EXERCISE = Exercise(number=3, name="amp", filename="ex03_amp.py", max_score=10, time_limit=90)
-LOSS_TOL = 0.01          # |loss - fp32 reference loss| <= LOSS_TOL * max(1, |reference|), every step
 RATIO_TOL = 0.10         # a reported ratio within 10% of the truth
 GPU_MIN_SPEEDUP = 1.5    # bf16 over fp32 on the real model, required on a GPU with bf16 tensor cores only
 RTOL, ATOL = 1e-4, 1e-5  # float32 step vs the single-process reference
-ACC_RTOL, ACC_ATOL = 1e-3, 1e-4  # fp16 windows vs the reference: other legal roundings, far from any mistake
 PER_EXTRA_FILE_S = 15.0  # one more file in a launch: every part, and the real model, measured again
 
 
@@ -232,68 +228,6 @@ def gpu_speedup(run: Run) -> Verdict:
     return failed(copied or real_missing(run) or f"your compare() measured {got:.2f}x on the GPU; bf16 tensor cores "
                   f"should give {GPU_MIN_SPEEDUP}x or more on this wide model: is the step under autocast, and is "
                   "time measured with sync() after each call?")
-
-
-ORDER_CAUSES = [backwards_not_k, acc_steps_not_one, unscaled_per_micro, updated_per_micro]  # most specific first
-
-
-@criterion(f"fp16 accumulation over {K} micro-batches matches the reference ({WINDOWS} windows)", points=1.5)
-def accumulation_parity(run: Run) -> Verdict:
-    a = run.obs.accumulation
-    p = a.parity or Windows(error=a.error)
-    if why := acc_broken(p, "accumulated_step"):
-        return failed(why)
-    ref = reference()
-    same = parity(p.state, ref["state"], rtol=ACC_RTOL, atol=ACC_ATOL)
-    gaps = [abs(got - want) / max(1.0, abs(want)) for got, want in zip(p.losses, ref["losses"])]
-    if why := loss_not_the_windows(p):
-        return failed(why)
-    if same.ok and max(gaps) <= LOSS_TOL:
-        return passed(f"max abs difference {same.max_abs_diff:.2g}, loss gap {max(gaps):.2g}")
-    if cause := diagnose([*ORDER_CAUSES, not_divided], p):
-        return failed(cause)
-    if not same.ok:
-        return failed(f"after {WINDOWS} windows the weights differ from the whole batch's mean gradient stepped "
-                      f"once per window (max abs difference {same.max_abs_diff:.3g} in {same.worst}; stepped "
-                      f"gradient norms {[round(n, 4) for n in p.norms]}, the reference's "
-                      f"{[round(n, 4) for n in ref['norms']]})")
-    step = gaps.index(max(gaps))
-    return failed(f"the loss returned for window {step + 1} is {p.losses[step]:.4g}, the whole batch's mean "
-                  f"cross-entropy is {ref['losses'][step]:.4g}: return the mean of the micro-batches' losses, unscaled")
-
-
-@criterion("accumulation: scale per micro-batch; unscale_, clip, step, update once per window", points=1)
-def accumulation_order(run: Run) -> Verdict:
-    a = run.obs.accumulation
-    c = a.clipped or Windows(error=a.error)
-    if why := acc_broken(c, "accumulated_step with max_norm"):
-        return failed(why)
-    if cause := diagnose([*ORDER_CAUSES, acc_clipped_scaled], c):
-        return failed(cause)
-    norm = c.norms[0] if c.norms else float("nan")
-    if abs(norm - MAX_NORM) <= 1e-3 * MAX_NORM:
-        return passed()
-    return failed(f"the optimizer stepped with a gradient norm of {norm:.3g} where clipping the window's true "
-                  f"gradient gives max_norm={MAX_NORM}: clip with torch.nn.utils.clip_grad_norm_ after unscale_")
-
-
-@criterion("accumulation: one overflowing micro-batch skips the window, the scale halves once", points=0.5)
-def accumulation_overflow(run: Run) -> Verdict:
-    a = run.obs.accumulation
-    o = a.overflow or Windows(error=a.error)
-    if why := acc_broken(o, "accumulated_step with an inf in one micro-batch"):
-        return failed(why)
-    (before, after), = o.scales
-    if o.unchanged and after == before / 2:
-        return passed()
-    where = f"micro-batch {INF_MICRO + 1} of {K} held an inf"
-    if cause := diagnose(ORDER_CAUSES, o):
-        return failed(cause)
-    if not o.unchanged:
-        return failed(f"{where} and the weights changed: the whole window must be skipped, through one "
-                      "scaler.step(optimizer) after the last micro-batch")
-    return failed(f"{where} and the scale went from {before:g} to {after:g}, where one scaler.update() per "
-                  f"window halves it ({before / 2:g})")
 
 
 CRITERIA = [autocast_dtypes, float32_parity, losses_close, scaler_order, inf_step_skipped, steady_speedup,

@@ -27,6 +27,7 @@ from distlab.measure.timing import SimulatedWorkload, VirtualClock
 from ...rank import Replace
 
 STEPS, BATCH, LR, MAX_NORM = 12, 64, 0.1, 0.05  # MAX_NORM: small enough that every step clips
+LOSS_TOL = 0.01  # |loss - fp32 reference loss| <= LOSS_TOL * max(1, |reference|), every step (and every window)
 MODEL = dict(hidden=64)
 # compare's warmup and min_run_time (WARMUP slow calls in the "warmup" case). WARMUP is not median_seconds'
 # default (3): a compare that does not pass it on times two slow calls there.
