@@ -23,7 +23,8 @@ from autograder.checks.ex01_ddp import EXERCISE, MODEL, WORLD_SIZES
 from autograder.grader.supervise import grade_one
 from benchmarks import Row
 from distlab.runtime.importing import REPO_ROOT
-from distlab.runtime.launch import LaunchTimeout, time_scale
+from distlab.runtime.failures import LaunchTimeout
+from distlab.runtime.launch import time_scale
 from distlab.models import make_mlp
 
 REPEATS = 3

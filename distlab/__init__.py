@@ -24,9 +24,9 @@ _WHERE = {
     "backend": "runtime.distributed", "device": "runtime.distributed", "init_distributed": "runtime.distributed",
     "pick_backend": "runtime.distributed", "rank": "runtime.distributed", "shutdown": "runtime.distributed",
     "world_size": "runtime.distributed",
-    "LaunchError": "runtime.launch", "LaunchHang": "runtime.launch", "LaunchTimeout": "runtime.launch",
-    "MachineTooSlow": "runtime.launch",
-    "RankFailure": "runtime.launch", "RunResult": "runtime.launch",
+    "LaunchError": "runtime.failures", "LaunchHang": "runtime.failures", "LaunchTimeout": "runtime.failures",
+    "MachineTooSlow": "runtime.failures",
+    "RankFailure": "runtime.failures", "RunResult": "runtime.launch",
     "torchrun": "runtime.launch",
 }
 __all__ = sorted(_WHERE)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from distlab import LaunchError, LaunchHang, LaunchTimeout, MachineTooSlow, RankFailure
 from distlab.runtime import costs
-from distlab.runtime.launch import RankKilled
+from distlab.runtime.failures import RankKilled
 from distlab.runtime.process import PROGRESS_VAR, note_progress
 from distlab.runtime.sandbox import SandboxError
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from distlab import LaunchError, RankFailure
-from distlab.runtime.launch import RankKilled
+from distlab.runtime.failures import RankKilled
 from distlab.runtime.process import Budget
 
 from ..rank.parts import finished_path, kept_path, started_path

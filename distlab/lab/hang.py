@@ -33,7 +33,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from distlab.runtime.launch import LaunchError, time_scale, torchrun
+from distlab.runtime.failures import LaunchError
+from distlab.runtime.launch import time_scale, torchrun
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # py-spy colours its output when a kernel's environment asks for colour
 BLOCKING = re.compile(r"^\[rank(\d+)\] blocking in (\S+): pid (\d+)$")

@@ -85,7 +85,7 @@ def record_exits(outdir: str) -> None:
     torchrun's summary for function entry points names only the first failure it noticed, and with
     two ranks down in one poll (one killed, its peer then losing the connection) that may be the
     peer. Before torchrun signals the survivors, every rank that has already exited has its code:
-    the launcher then names a rank killed by a signal (:func:`distlab.runtime.launch.collect`), as it does
+    the launcher then names a rank killed by a signal (:func:`distlab.runtime.failures.failure`), as it does
     from the CLI's summary of every failed process.
     """
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext

@@ -21,7 +21,8 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from distlab.runtime.launch import LaunchError, torchrun
+from distlab.runtime.failures import LaunchError
+from distlab.runtime.launch import torchrun
 
 
 class TorchrunCellError(RuntimeError):
