@@ -39,6 +39,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils._pytree import tree_leaves
 from torch.utils.data.distributed import DistributedSampler
 
 from distlab import checkpoint
@@ -67,19 +68,31 @@ def _group_size(func, args: tuple, kwargs: dict | None) -> int | None:
         return dist.get_world_size() if dist.is_initialized() else None
 
 
+def _contributed(func, args: tuple, kwargs: dict | None) -> torch.Tensor | None:
+    """The first tensor an operator takes as its input (``input``, ``input_tensor(s)``, ``inputs``: what this rank
+    contributes), where its schema names one; ``None`` where it names none (an in-place op: all_reduce's, a
+    broadcast's one tensor both holds and receives). Not the output buffer that c10d's ``alltoall_base_``,
+    ``_allgather_base_`` or ``_reduce_scatter_base_`` take first: its values are whatever ``torch.empty`` left."""
+    named = dict(zip((a.name for a in func._schema.arguments), args), **(kwargs or {}))
+    given = next((v for k, v in named.items() if k.startswith("input")), None)
+    return next((t for t in tree_leaves(given) if isinstance(t, torch.Tensor)), None) if given is not None else None
+
+
 class _Comm(CollectiveRecorder):
     """The collective recorder, tagged: each op becomes an event of the trace (with the peer of a send)."""
 
     def __init__(self, tracer: "Tracer"):
         super().__init__()
-        self.tracer, self._peer, self._group = tracer, None, None
+        self.tracer, self._peer, self._group, self._input = tracer, None, None, None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace not in NAMESPACES:  # an aten op: no peer, no group
+        if func.namespace not in NAMESPACES:  # an aten op: no peer, no group, no input of a collective
+            self._input = None
             return super().__torch_dispatch__(func, types, args, kwargs)
         ints = [a for a in args if type(a) is int]  # c10d::send(tensors, group, dstRank, tag): the peer first
         self._peer = ints[0] if ints else None
         self._group = _group_size(func, args, kwargs)
+        self._input = _contributed(func, args, kwargs)
         if func._opname in ("send", "recv_") and self._peer is not None and self._group and \
                 not 0 <= self._peer < self._group:  # gloo's own error for it crashes the process under this mode
             raise ValueError(f"{'dst' if func._opname == 'send' else 'src'}={self._peer} names no rank: "
@@ -95,10 +108,11 @@ class _Comm(CollectiveRecorder):
         elif tensors and tensors[0].dtype == torch.uint8:
             pass  # a pickled object (broadcast_object_list, DCP's plans): its length is that of paths, not the run's
         elif kind != "barrier" or tensors:
-            small = tensors and tensors[0].numel() <= SMALL and not tensors[0].dtype.is_complex
+            given = self._input if self._input is not None else tensors[0]
+            small = given.numel() <= SMALL and not given.dtype.is_complex
             # what this rank contributed, where the learner's line called it (a metric's sums), not what a
             # library sends for itself (DDP's shape check, DCP's pickled plans: their bytes are paths and memory)
-            values = {"held": summary(tensors[0])} if small and self.tracer.called_directly() else {}
+            values = {"held": summary(given)} if small and self.tracer.called_directly() else {}
             self.tracer.add("collective", kind=kind, shape=shape, group=self._group, **values)
         return {}
 
@@ -111,9 +125,10 @@ CALLS = [(dist, "init_process_group", "init_process_group"), (dist, "destroy_pro
          (DistributedSampler, "set_epoch", "set_epoch"),
          (torch.optim.Optimizer, "zero_grad", "zero_grad"), (torch.nn.Module, "zero_grad", "zero_grad"),
          (checkpoint, "commit", "commit"), (checkpoint, "prune", "prune")]
-# The files between a learner's call of a collective and the recorder: the API, its logger and decorators, us.
+# The files between a learner's call of a collective and the recorder: the API, its logger and decorators (the
+# @deprecated of all_gather_into_tensor and reduce_scatter_tensor, torch 2.13: typing_extensions' or warnings'), us.
 _DISPATCHING = ("distributed_c10d.py", "c10d_logger.py", "eval_frame.py", "_compile.py", "_ops.py",
-                "_python_dispatch.py", "comm.py", "trace.py")
+                "_python_dispatch.py", "comm.py", "trace.py", "typing_extensions.py", "warnings.py")
 
 
 class _Replace(Replace):

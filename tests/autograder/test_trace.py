@@ -173,3 +173,37 @@ def test_a_functional_collectives_group_is_its_size(tmp_path):
         dist.destroy_process_group()
     (event,) = [e for e in tracer.traces[str(path)] if e["event"] == "collective"]
     assert (event["kind"], event["shape"], event["group"], event["line"]) == ("all_to_all", [4], 1, 8)
+
+
+OUTPUT_FIRST = textwrap.dedent("""
+    import torch
+    import torch.distributed as dist
+
+
+    def exchange(counts):
+        recv = torch.full_like(counts, 7e13)  # what torch.empty_like may leave: not this rank's
+        dist.all_to_all_single(recv, counts)
+        gathered = torch.full((2 * counts.numel(),), -1.0)
+        dist.all_gather_into_tensor(gathered[:counts.numel()], counts)
+        return recv
+""")
+
+
+def test_a_collective_holds_what_the_rank_sends_not_its_output_buffer(tmp_path):
+    """c10d's all_to_all_single and all_gather_into_tensor take the output buffer first: the event's values are
+    the input's (what this rank contributed), never the buffer's, whose values torch.empty leaves undefined
+    (exercise 11's audit: a divergence quoted 9.4e+13 from a correct exchange_split_sizes)."""
+    import torch.distributed as dist
+
+    path = tmp_path / "ex96_output_first.py"
+    path.write_text(OUTPUT_FIRST)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with Tracer() as tracer:
+            tracer.begin(str(path))
+            learner = import_path(path, name="learner_ex96_output_first")
+            assert learner.exchange(torch.tensor([3.0, 5.0])).tolist() == [3.0, 5.0]
+    finally:
+        dist.destroy_process_group()
+    events = [e for e in tracer.traces[str(path)] if e["event"] == "collective"]
+    assert [(e["kind"], e["held"]) for e in events] == [("all_to_all", [3.0, 5.0]), ("all_gather", [3.0, 5.0])]
