@@ -335,5 +335,5 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
                                          known=KNOWN_ERRORS, needs=NEEDS, scratch=scratch)
             for report, file in zip(reports, files):
                 if report.ran:
-                    _judge(report, Run.from_parted(file), wall_s)
+                    _judge(report, Run.from_parts(file.ranks, file.ended), wall_s)
     return [r.scale_to() for r in reports]

@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,9 +19,6 @@ from distlab.lab.fsdp_memory import unsharded_bytes
 from ...rank.observation import Observation
 from .reference import zero1_reference
 from .zero1.observations import Zero1
-
-if TYPE_CHECKING:  # the grading process's type: the rank side imports nothing of it
-    from ...grader.parts import Parted
 
 PARTS = ("params", "grads", "optimizer")  # what each rank holds: the bytes of each, against 1/W of the whole
 
@@ -112,19 +108,20 @@ class Run:
     ranges_ended: str | None = None
 
     @classmethod
-    def from_parted(cls, parted: Parted) -> "Run":
-        """The run of what every rank kept of one file's parts (``probes.PARTS``), joined: part 1's answers and
-        training in one :class:`Zero1` (``aborted``: how a launch ended in its training)."""
-        world, ranks = len(parted.ranks), []
-        for rank, kept in enumerate(parted.ranks):
+    def from_parts(cls, kept_ranks: list[dict], ended: dict[str, str]) -> "Run":
+        """The run of what every rank kept of one file's parts (``probes.FILE_PARTS``: ``grader.parts.Parted``'s
+        ``ranks``, ``ended``), joined: part 1's answers and training in one :class:`Zero1` (``aborted``: how a
+        launch ended in its training)."""
+        world, ranks = len(kept_ranks), []
+        for rank, kept in enumerate(kept_ranks):
             obs = FsdpRank.from_wire(kept["fsdp"]) if kept.get("fsdp") else FsdpRank(rank=rank, world=world, steps=0)
             ranges = Zero1.from_wire(kept["ranges"]) if kept.get("ranges") else Zero1()
             trained = Zero1.from_wire(kept["zero1"]) if kept.get("zero1") else Zero1(
-                aborted=parted.ended.get("zero1", ""))
+                aborted=ended.get("zero1", ""))
             obs.zero1 = dataclasses.replace(trained, ranges=ranges.ranges, ranges_error=ranges.ranges_error,
                                             ranges_unwritten=ranges.ranges_unwritten)
             ranks.append(obs)
-        return cls(ranks, parted.ended.get("fsdp"), parted.ended.get("ranges"))
+        return cls(ranks, ended.get("fsdp"), ended.get("ranges"))
 
     @property
     def world(self) -> int:

@@ -44,7 +44,7 @@ class Zero1(Observation):
     """Part 1 on one rank: ``shard_range``'s answers, then ZeRO-1 training on this rank's micro-batches
     (filled as it goes: a step that raises leaves the rest at its defaults). The rank keeps the two apart
     (``probes.observe_ranges``, ``probes.observe_zero1``); the grading process joins them
-    (``..observations.Run.from_parted``)."""
+    (``..observations.Run.from_parts``)."""
 
     # for each parameter count asked, shard_range(n, W, r)'s [start, stop) for r = 0..W-1, keyed by the count
     ranges: dict[int, list[list[int]]] = field(default_factory=dict)
