@@ -118,8 +118,9 @@ print(f"experts of all {c.layers} MoE layers: {c.total_ffn_parameters() / 1e9:.0
 # slots into a buffer of `W · C` rows (`C` per expert, zeros where it has fewer), so every split is
 # `C` rows and `all_to_all_single` needs no sizes. The all-to-all must be autograd-aware
 # (`torch.distributed._functional_collectives.all_to_all_single_autograd`; the older
-# `torch.distributed.nn.functional.all_to_all_single` is deprecated in 2.13) or no gradient
-# reaches the experts. `ep_job` compares output and gradients with the single-process MoE, and
+# `torch.distributed.nn.functional.all_to_all_single` is deprecated in 2.13) or the backward stops
+# at it: through combine's, the experts get no gradient; through dispatch's, the tokens get none but
+# the router's. `ep_job` compares output and gradients with the single-process MoE, and
 # also does the **exchange of counts** that uneven splits need: one all-to-all of `W` integers.
 
 # %%

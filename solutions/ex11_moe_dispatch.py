@@ -14,9 +14,10 @@ splits are uneven, and they must be known on both sides before the tokens move:
 4. ``combine``: the expert's outputs back the same way (the splits swapped), then the inverse
    permutation, so that each slot gets its own row back.
 
-``moe_forward`` (given, not graded; the grader assembles the layer the same way) puts them together
-with the course's router and capacity (``distlab.lab.expert_parallel``). The process group is set up
-and every rank is a rank of expert parallelism. Check your work with ``make grade`` or
+``moe_forward`` (given, not graded) puts them together with the course's router and capacity
+(``distlab.lab.expert_parallel``). The grader assembles the layer the same way, one function at a time:
+where one returns a wrong result, its own goes on in its place, so that each is graded alone. The
+process group is set up and every rank is a rank of expert parallelism. Check your work with ``make grade`` or
 ``.venv/bin/python -m autograder grade --exercise 11``, or with ``check(11)`` in ``course/11_expert_parallel``.
 """
 from __future__ import annotations

@@ -35,11 +35,23 @@ MISTAKES = {
                            "    return exchange_counts(torch.tensor(input_split_sizes)).tolist()"},
     "counts never sent": {"    recv = torch.empty_like(send)\n": "    recv = torch.zeros_like(send)\n",
                           "    dist.all_to_all_single(recv, send)  # rank j's element `rank` lands at recv[j]\n": ""},
+    # a blind audit's: positions in the kept list, not slots; dispatch's splits swapped; combine's inverse wrong
+    "perm in kept": {"perm = kept[torch.argsort(expert[kept], stable=True)]":
+                     "perm = torch.argsort(expert[kept], stable=True)"},
+    "dispatch splits swapped": {A2A: A2A.replace("output_split_sizes, input_split_sizes",
+                                                 "input_split_sizes, output_split_sizes")},
+    "counts dropped too": {"torch.bincount(expert[kept], minlength=world_size)":
+                           "torch.bincount(expert, minlength=world_size)"},
+    "combine inverse wrong": {"index_copy(0, perm, back)": "index_copy(0, torch.argsort(perm), back)"},
+    "combine splits not swapped": {
+        "back = all_to_all_single_autograd(y_recv, input_split_sizes, output_split_sizes, dist.group.WORLD)":
+        "back = all_to_all_single_autograd(y_recv, output_split_sizes, input_split_sizes, dist.group.WORLD)"},
 }
 SPLITS, EXCHANGED = ("[W=2] the kept slots sorted by expert, and the split sizes exact",
                      "[W=2] the split sizes exchanged, by one all-to-all of counts")
-OUTPUT, GRADS = ("[W=2] the layer's output matches the single-process MoE",
-                 "[W=2] the gradients of the input, the router and the expert match")
+DISPATCH, COMBINE = ("[W=2] dispatch: each expert's rank receives the rows sent to it, in rank order",
+                     "[W=2] combine: every slot gets its expert's output back, zeros for the dropped")
+GRADS = "[W=2] the gradients of the input, the router and the expert match"
 COMM = "[W=2] two all-to-alls in the forward and two in the backward, nothing else"
 
 
@@ -78,7 +90,7 @@ OWN_ALL_TO_ALL_BACKWARD_SPLITS = {  # the audit's: a hand-written all-to-all Fun
 def test_a_backward_that_aborts_gloo_costs_the_backward_only(graded):
     r = graded["own all-to-all"]
     fails = failed(r)
-    backward = [c.name for c in r.criteria][3:]
+    backward = [c.name for c in r.criteria][4:]
     assert list(fails) == backward, r.feedback  # the split and the forward, kept before the backward, at full marks
     assert re.fullmatch(rf"the backward through dispatch and combine did not finish: {ABORTED}.*", fails[backward[0]],
                         re.S), fails[backward[0]]
@@ -109,8 +121,10 @@ def test_splits_not_exchanged_names_what_the_other_rank_sends(graded):
 
 def test_permutation_not_inverted_is_named(graded):
     f = failed(graded["not inverted"])
-    assert set(f) == {OUTPUT, GRADS, COMM}
-    assert "in the order they were sent (by expert): row k belongs to slot perm[k]" in f[OUTPUT]
+    assert set(f) == {COMBINE, GRADS, COMM}  # dispatch is graded alone: right
+    assert "in the order they were sent (by expert): row k belongs to slot perm[k]" in f[COMBINE]
+    assert f[GRADS] == f[COMM] == (f"not checked: the layer went through the grader's combine in place of yours "
+                                   f"(see '{COMBINE}')")
 
 
 def test_wrong_sort_key_is_located(graded):
@@ -160,3 +174,33 @@ def test_the_runtimes_copy_of_the_count_exchange_is_named(graded):
     assert list(f) == [EXCHANGED], f   # everything else is the solution's, and the copy's result is right
     assert f[EXCHANGED] == ("exchange_split_sizes is distlab's copy (it calls "
                             "distlab.lab.expert_parallel.dispatch.exchange_counts): write your own"), f[EXCHANGED]
+
+
+def test_a_perm_of_positions_in_the_kept_list_is_named_not_taken_for_dropped_slots(graded):
+    f = failed(graded["perm in kept"])
+    assert set(f) == {SPLITS}, f  # the layer runs on the grader's perm: dispatch and combine are graded alone
+    assert f[SPLITS].startswith("rank 0's perm holds positions 0..21 in the list of its 22 kept slots, not the "
+                                "slots' own indices"), f[SPLITS]
+    assert "dropped at capacity" not in f[SPLITS]
+    f = failed(graded["counts dropped too"])
+    assert set(f) == {SPLITS}, f
+    assert f[SPLITS].startswith("rank 0's input_split_sizes is [7, 17], the slots per expert dropped ones included; "
+                                "it sends only the kept ones, [7, 15] per expert"), f[SPLITS]
+
+
+def test_dispatch_and_combine_are_graded_apart_each_named(graded):
+    # dispatch's splits swapped: combine, given the right rows, is right
+    f = failed(graded["dispatch splits swapped"])
+    assert DISPATCH in f and COMBINE not in f, f
+    assert "dispatch returned 22 rows, the number it sends (the sum of input_split_sizes), not the 20 it receives" \
+        in f[DISPATCH], f[DISPATCH]
+    assert f[GRADS] == f"not checked: the layer went through the grader's dispatch in place of yours (see '{DISPATCH}')"
+    # combine's inverse permutation wrong: dispatch is right
+    f = failed(graded["combine inverse wrong"])
+    assert set(f) == {COMBINE, GRADS, COMM}, f
+    assert re.match(r"rank [01]'s combine put the expert's outputs in the wrong slots: slot \d+ holds slot \d+'s",
+                    f[COMBINE]), f[COMBINE]
+    # combine's all-to-all with dispatch's splits: it raises, and dispatch keeps its mark
+    f = failed(graded["combine splits not swapped"])
+    assert DISPATCH not in f and COMBINE in f, f
+    assert "combine sends those back, so its two lists swap places" in f[COMBINE], f[COMBINE]

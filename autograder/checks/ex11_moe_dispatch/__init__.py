@@ -8,8 +8,11 @@ tokens with capacity per rank (GShard's groups; Lepikhin et al., 2020; Fedus et 
 
 * the split sizes, exactly: the kept slots in expert order, and each expert's count;
 * the sizes exchanged: each rank's ``output_split_sizes`` is what the others send it, by one all-to-all;
-* the layer's output on each rank's tokens, and the gradients of the input, the router and the
-  rank's expert (``assert_close``: the router's gradient is summed over the ranks, another order);
+* dispatch's rows, exactly (an all-to-all copies), against the grader's own all-to-all of the same rows; then
+  combine's, given the right rows, against the grader's all-to-all back and inverse permutation. Where one
+  is wrong, the grader's own goes on in its place, so that the other is graded alone;
+* the gradients of the input, the router and the rank's expert, through the learner's dispatch and combine
+  (``assert_close``: the router's gradient is summed over the ranks, another order);
 * the all-to-alls counted (``CollectiveRecorder``): one in dispatch and one in combine in the forward,
   two in the backward, and no other collective.
 
@@ -29,11 +32,17 @@ the forward ended (it goes through the forward's output), and no others (``grade
 | split sizes exchanged by no collective | "rank 0's exchange_split_sizes made no collective and returned ..." |
 | split sizes that do not add up to the rows sent | ("Split sizes doesn't match total dim 0 size") "..." |
 | exchange_split_sizes handed in as the runtime's copy | "exchange_split_sizes is distlab's copy (it calls ...) ..." |
+| perm indexes the list of kept slots, not the slots | "rank 0's perm holds positions 0..21 in the list of its 22 ..." |
+| dispatch's split sizes swapped | "rank 0's dispatch returned 22 rows, the number it sends ..., not the 20 ..." |
+| split sizes count the dropped slots | "rank 0's input_split_sizes is [7, 17], the slots per expert dropped ones ..." |
+| combine puts rows in the wrong slots | "rank 0's combine put the expert's outputs in the wrong slots: slot 3 ..." |
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Sequence
+
+import torch
 
 from ...grader.diagnosis import diagnose, translate
 from ...grader.launches import launch_timeout
@@ -41,8 +50,9 @@ from ...grader.parity import parity
 from ...grader.parts import judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, dropped_sent, edge_case_missed, no_exchange_collective, not_autograd, not_exchanged,
-                     not_inverted, returned_none, runtime_copy, wrong_order)
+from .causes import (KNOWN_ERRORS, counted_dropped, dropped_sent, edge_case_missed, no_exchange_collective,
+                     not_autograd, not_exchanged, not_inverted, perm_in_kept, returned_none, rows_differ, runtime_copy,
+                     splits_swapped, wrong_order, wrong_slots)
 from .observations import Run
 from .probes import rank_main
 from .reference import ATOL, RTOL
@@ -62,6 +72,9 @@ def _raised(run: Run, stage: str) -> str | None:
             + (f" at {err.where}" if err.where else "") + (f": {known}" if known else ""))
 
 
+SORT_CAUSES = [perm_in_kept, dropped_sent, counted_dropped, wrong_order]  # most specific first
+
+
 @criterion("[W={world}] the kept slots sorted by expert, and the split sizes exact", points=2)
 def split_sizes(run: Run) -> Verdict:
     if why := _raised(run, "sort"):
@@ -70,7 +83,7 @@ def split_sizes(run: Run) -> Verdict:
         if "sort" in obs.substituted:
             r, got = obs.rank, obs.returned
             want = run.slots(r).send
-            return failed(returned_none(run, "sort") or diagnose([dropped_sent, wrong_order], run) or (
+            return failed(returned_none(run, "sort") or diagnose(SORT_CAUSES, run) or (
                 f"rank {r}'s input_split_sizes is {got.send}, its kept slots per expert {want}"
                 if got.send != want else f"rank {r}'s perm is not the {sum(want)} kept slots' indices "
                 "(int64, 1-D, each once) in expert order"))
@@ -100,40 +113,67 @@ def sizes_exchanged(run: Run) -> Verdict:
             return failed(f"rank {r}'s exchange_split_sizes made {len(calls)} collective(s) "
                           f"({', '.join(c.kind for c in calls) or 'none'}): the counts take one all_to_all_single "
                           f"of {run.world} integers")
-    return passed("one all-to-all of the counts on every rank")
+    return passed(f"one all-to-all of the counts on every rank{_given(run, 'exchange')}")
 
 
-def _output(run: Run) -> tuple[str | None, float]:
-    for stage in ("dispatch", "combine"):
-        if why := _raised(run, stage):
-            return why, 0.0
-    worst = 0.0
+def _given(run: Run, stage: str) -> str:
+    """What the grader handed ``stage`` in place of a wrong result of the functions before it, said once."""
+    before = {"exchange": ("sort",), "dispatch": ("sort", "exchange"),
+              "combine": ("sort", "exchange", "dispatch"), "backward": ("sort", "exchange")}[stage]
+    mine = sorted({s for o in run.ranks for s in o.substituted if s in before}, key=before.index)
+    names = {"sort": "perm and input_split_sizes", "exchange": "output_split_sizes", "dispatch": "dispatched rows"}
+    return f" (given the grader's {' and '.join(names[s] for s in mine)}: yours are wrong, see above)" if mine else ""
+
+
+@criterion("[W={world}] dispatch: each expert's rank receives the rows sent to it, in rank order", points=1)
+def dispatch_rows(run: Run) -> Verdict:
+    if why := _raised(run, "dispatch"):
+        return failed(why)
     for obs in run.ranks:
-        r = obs.rank
-        if obs.y is None:
-            shown = obs.returned.dispatch_shape is not None
-            got = obs.returned.dispatch_shape if shown else obs.returned.combine_shape
-            which = "dispatch" if shown else "combine"
-            return (returned_none(run, which)
-                    or f"rank {r}'s {which} returned {got}, not the shape its contract gives"), 0.0
-        p = parity(obs.y, run.ref.y[run.rows(r)], rtol=RTOL, atol=ATOL)
+        r, got, want = obs.rank, obs.returned.dispatched, obs.dispatch_want
+        if got is None:
+            return failed(returned_none(run, "dispatch") or diagnose([splits_swapped], run) or
+                          f"rank {r}'s dispatch returned {obs.returned.dispatch_shape}, where its contract gives "
+                          f"({len(want)}, {want.shape[1]}): the rows its expert receives")
+        if not torch.equal(got, want):
+            return failed(rows_differ(run, r))
+    return passed(f"{[len(o.dispatch_want) for o in run.ranks]} rows received{_given(run, 'dispatch')}")
+
+
+@criterion("[W={world}] combine: every slot gets its expert's output back, zeros for the dropped", points=1)
+def combine_rows(run: Run) -> Verdict:
+    if why := _raised(run, "combine"):
+        return failed(why)
+    for obs in run.ranks:
+        r, got, want = obs.rank, obs.y_slots, obs.y_slots_want
+        if got is None:
+            return failed(returned_none(run, "combine") or
+                          f"rank {r}'s combine returned {obs.returned.combine_shape}, where its contract gives "
+                          f"({len(want)}, {want.shape[1]}): one row per slot")
+        p = parity(got, want, rtol=1e-5, atol=1e-6)
         if not p.ok:
-            return diagnose([not_inverted], run) or (f"rank {r}'s output differs from the single-process MoE's by "
-                                                     f"up to {p.max_abs_diff:.3g}"), 0.0
-        worst = max(worst, p.max_abs_diff)
-    return None, worst
+            return failed(diagnose([not_inverted, wrong_slots], run) or
+                          f"rank {r}'s combine returned rows that differ from the expert's outputs put back in "
+                          f"their slots by up to {p.max_abs_diff:.3g}{_given(run, 'combine')}")
+    worst = max(float((o.y - run.ref.y[run.rows(o.rank)]).abs().max()) for o in run.ranks)
+    return passed(f"the layer's output is the single-process MoE's to {worst:.2g}{_given(run, 'combine')}",
+                  **{f"W{run.world}_y_max_abs_diff": worst})
 
 
-@criterion("[W={world}] the layer's output matches the single-process MoE", points=2)
-def output_matches(run: Run) -> Verdict:
-    why, diff = _output(run)
-    return failed(why) if why else passed(f"max abs difference {diff:.2g}", **{f"W{run.world}_y_max_abs_diff": diff})
+def _replaced(run: Run) -> str | None:
+    """Where the backward goes through the grader's dispatch or combine, not the learner's: what to say."""
+    mine = [s for s in ("dispatch", "combine") if any(s in o.substituted for o in run.ranks)]
+    if not mine:
+        return None
+    said = dispatch_rows if mine[0] == "dispatch" else combine_rows
+    return (f"not checked: the layer went through the grader's {' and '.join(mine)} in place of yours (see "
+            f"'{said.rule.name.format(world=run.world)}')")
 
 
 @criterion("[W={world}] the gradients of the input, the router and the expert match", points=2)
 def grads_match(run: Run) -> Verdict:
-    if why := _output(run)[0] or _raised(run, "backward"):
-        return failed(f"not checked: {why}" if not why.startswith("rank") or "raised" not in why else why)
+    if why := _replaced(run) or _raised(run, "backward"):
+        return failed(why)
     if why := diagnose([not_autograd], run):
         return failed(why)
     worst, ref = 0.0, run.ref
@@ -150,13 +190,14 @@ def grads_match(run: Run) -> Verdict:
         if not p.ok:
             return failed(f"{what} differs from the single-process MoE's by up to {p.max_abs_diff:.3g}")
         worst = max(worst, p.max_abs_diff)
-    return passed(f"max abs difference {worst:.2g}", **{f"W{run.world}_grad_max_abs_diff": worst})
+    return passed(f"max abs difference {worst:.2g}{_given(run, 'backward')}",
+                  **{f"W{run.world}_grad_max_abs_diff": worst})
 
 
 @criterion("[W={world}] two all-to-alls in the forward and two in the backward, nothing else", points=2)
 def all_to_alls(run: Run) -> Verdict:
-    if why := _output(run)[0]:
-        return failed(f"not checked: {why}")
+    if why := _replaced(run):
+        return failed(why)
     want = {"dispatch": 1, "combine": 1, "backward": 2}
     for obs in run.ranks:
         r = obs.rank
@@ -167,16 +208,16 @@ def all_to_alls(run: Run) -> Verdict:
                               f"rank {r}'s {stage} made {', '.join(c.kind for c in calls) or 'no collective'}; "
                               f"it takes {n} all-to-all{'s' if n > 1 else ''}")
     rows = [sum(run.slots(r).send) for r in range(run.world)]
-    return passed(f"4 all-to-alls per rank, of {rows} rows (no padding)")
+    return passed(f"4 all-to-alls per rank, of {rows} rows (no padding){_given(run, 'backward')}")
 
 
-CRITERIA = [split_sizes, sizes_exchanged, output_matches, grads_match, all_to_alls]
+CRITERIA = [split_sizes, sizes_exchanged, dispatch_rows, combine_rows, grads_match, all_to_alls]
 
 
 # The parts, in the order they run, with what each grades (the backward's criteria need the forward's output).
 PARTS = {"split": ("sort_by_expert and exchange_split_sizes", CRITERIA[:2]),
-         "forward": ("dispatch and combine", CRITERIA[2:3]),
-         "backward": ("the backward through dispatch and combine", CRITERIA[3:])}
+         "forward": ("dispatch and combine", CRITERIA[2:4]),
+         "backward": ("the backward through dispatch and combine", CRITERIA[4:])}
 
 
 def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:

@@ -14,8 +14,10 @@ from .observations import Run
 KNOWN_ERRORS = [
     KnownError("split sizes that do not add up to the rows sent",
                r"[Ss]plit sizes? .*(sum|doesn't match)|split_sizes",
-               "the all-to-all's input_split_sizes must add up to the rows you send (the kept slots), and its "
-               "output_split_sizes to the rows you receive (what exchange_split_sizes returned)"),
+               "an all-to-all's input_split_sizes add up to the rows it sends, its output_split_sizes to the rows "
+               "it receives: dispatch sends the kept slots (input_split_sizes) and receives output_split_sizes; "
+               "combine sends those back, so its two lists swap places (all_to_all_single_autograd takes "
+               "output_split_sizes first, and reports a mismatch where its result is first used)"),
 ]
 
 
@@ -51,6 +53,31 @@ def dropped_sent(run: Run) -> str | None:
             return (f"rank {r}'s perm holds {len(perm)} slots, {n} of them dropped at capacity (keep is False for "
                     f"slots {dropped.tolist()[:5]}): send only the slots where keep is True, and count only those "
                     "in input_split_sizes")
+    return None
+
+
+@mistake("perm indexes the list of kept slots, not the slots")
+def perm_in_kept(run: Run) -> str | None:
+    for obs in run.ranks:
+        perm, r = obs.returned.perm, obs.rank
+        kept = _kept(run, r)
+        dropped = len(kept) < len(run.slots(r).keep)  # else positions in the kept list are the slots themselves
+        if dropped and isinstance(perm, torch.Tensor) and sorted(perm.tolist()) == list(range(len(kept))):
+            k = next(int(p) for p in perm if int(kept[p]) != int(p))  # a position that is not its slot
+            return (f"rank {r}'s perm holds positions 0..{len(kept) - 1} in the list of its {len(kept)} kept slots, "
+                    f"not the slots' own indices (position {k} there is slot {int(kept[k])}): index that list with "
+                    "them, kept[order], where kept = keep.nonzero().squeeze(1)")
+    return None
+
+
+@mistake("split sizes count the dropped slots")
+def counted_dropped(run: Run) -> str | None:
+    for obs in run.ranks:
+        r, send, slots = obs.rank, obs.returned.send, run.slots(obs.rank)
+        every = torch.bincount(slots.expert, minlength=run.world).tolist()
+        if isinstance(send, list) and send == every != slots.send:
+            return (f"rank {r}'s input_split_sizes is {send}, the slots per expert dropped ones included; it sends "
+                    f"only the kept ones, {slots.send} per expert: count the slots where keep is True")
     return None
 
 
@@ -96,16 +123,61 @@ def not_inverted(run: Run) -> str | None:
     return None
 
 
+@mistake("dispatch's split sizes swapped")
+def splits_swapped(run: Run) -> str | None:
+    for obs in run.ranks:
+        r, shape = obs.rank, obs.returned.dispatch_shape
+        sent, received = sum(run.slots(r).send), len(obs.dispatch_want)
+        if isinstance(shape, list) and shape[:1] == [sent] and sent != received:
+            return (f"rank {r}'s dispatch returned {sent} rows, the number it sends (the sum of input_split_sizes), "
+                    f"not the {received} it receives (the sum of output_split_sizes): all_to_all_single_autograd("
+                    "input, output_split_sizes, input_split_sizes, group) takes the output's sizes first")
+    return None
+
+
+def rows_differ(run: Run, rank: int) -> str:
+    """Rank ``rank``'s dispatch returned the right number of rows, not the right ones: the first that differs,
+    and the rank it comes from."""
+    got, want = run.ranks[rank].returned.dispatched, run.ranks[rank].dispatch_want
+    k = int((got != want).any(dim=1).nonzero()[0])
+    counts = [run.slots(j).send[rank] for j in range(run.world)]
+    src = next(j for j in range(run.world) if k < sum(counts[:j + 1]))
+    elsewhere = next((i for i in range(len(want)) if torch.equal(want[i], got[k])), None)
+    where = (f"it is the row that belongs at {elsewhere}" if elsewhere is not None
+             else "it is none of the rows the ranks send")
+    return (f"rank {rank}'s dispatch returned {len(got)} rows, the right number, but row {k} (of rank {src}'s "
+            f"{counts[src]}) is not rank {src}'s row for it: {where}; send x_slots[perm], cut by input_split_sizes, "
+            "in that order")
+
+
+@mistake("combine puts rows in the wrong slots")
+def wrong_slots(run: Run) -> str | None:
+    for obs in run.ranks:
+        r, got, want = obs.rank, obs.y_slots, obs.y_slots_want
+        if got is None or got.shape != want.shape:
+            continue
+        kept = _kept(run, r).tolist()
+        if not all(any(torch.allclose(got[i], want[j], atol=1e-6) for j in kept) for i in kept):
+            continue
+        i = next(i for i in kept if not torch.allclose(got[i], want[i], atol=1e-6))
+        j = next(j for j in kept if torch.allclose(got[i], want[j], atol=1e-6))
+        return (f"rank {r}'s combine put the expert's outputs in the wrong slots: slot {i} holds slot {j}'s; the "
+                "row that comes back k-th belongs to slot perm[k] (out.index_copy(0, perm, rows), or "
+                "out[perm] = rows)")
+    return None
+
+
 @mistake("all-to-all not autograd-aware: no gradient through it")
 def not_autograd(run: Run) -> str | None:
     for obs in run.ranks:
         for stage, grad_fn in (("dispatch", obs.received_grad_fn), ("combine", obs.combined_grad_fn)):
             if grad_fn is False:
+                lost = ("the tokens' rows (x) get no gradient back through it, only the router's" if stage == "dispatch"
+                        else "the expert's parameters get no gradient, nor do the tokens' rows back through dispatch")
                 return (f"rank {obs.rank}'s {stage} returned a tensor with no grad_fn: dist.all_to_all_single "
-                        "writes into a buffer autograd cannot see through, so no gradient reaches the expert "
-                        f"{'or x' if stage == 'dispatch' else 'from the output'}; use the autograd-aware "
-                        "all_to_all_single_autograd (torch.distributed._functional_collectives) or "
-                        "torch.distributed.nn.functional.all_to_all_single")
+                        f"writes into a buffer autograd cannot see through, so the backward stops there: {lost}; use "
+                        "the autograd-aware all_to_all_single_autograd (torch.distributed._functional_collectives; "
+                        "torch.distributed.nn.functional.all_to_all_single is deprecated in torch 2.13)")
     return None
 
 

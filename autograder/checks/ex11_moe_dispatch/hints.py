@@ -21,7 +21,15 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "`dist.all_to_all_single(output, input)` of one int64 count per rank (your input_split_sizes as a tensor), "
         "into an empty tensor of the same shape; its values are your output_split_sizes.",
     ),
-    "output_matches": (
+    "dispatch_rows": (
+        "Each expert lives on one rank: the rows routed to it must reach that rank, from every rank, as a block "
+        "per sender, rank 0's first.",
+        "Send x_slots in perm's order, cut by input_split_sizes (block j to rank j); receive output_split_sizes "
+        "rows from each rank, in rank order.",
+        "all_to_all_single_autograd(x_slots[perm], output_split_sizes, input_split_sizes, group): the output's "
+        "sizes come first.",
+    ),
+    "combine_rows": (
         "The rows come back in the order they were sent, which is not the order of the slots.",
         "combine sends the expert's rows back with the splits swapped; the k-th row it gets back is slot "
         "perm[k]'s, and the dropped slots get zeros.",
@@ -34,7 +42,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "An all-to-all whose backward is the all-to-all with the splits swapped carries the gradient; "
         "dist.all_to_all_single writes into a buffer and has no backward.",
         "torch.distributed._functional_collectives.all_to_all_single_autograd(rows, output_split_sizes, "
-        "input_split_sizes, group), or torch.distributed.nn.functional.all_to_all_single.",
+        "input_split_sizes, group) (torch.distributed.nn.functional.all_to_all_single is deprecated in 2.13).",
     ),
     "all_to_alls": (
         "Expert parallelism moves tokens, twice each way, in every MoE layer of every step: an exchange more than "

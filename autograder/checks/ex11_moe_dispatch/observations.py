@@ -42,6 +42,7 @@ class Returned(Observation):
     perm: torch.Tensor | str | None = None  # sort_by_expert's perm (a copy), or the repr of what came instead
     send: list[int] | str | None = None     # its input_split_sizes (Python ints), or the repr of what came
     recv: list[int] | str | None = None     # exchange_split_sizes' output_split_sizes, or the repr of what came
+    dispatched: torch.Tensor | None = None  # dispatch's rows (a copy), where it returned the shape they have
     # set when dispatch returned no tensor of the shape the split sizes give: its shape (or its repr)
     dispatch_shape: list[int] | str | None = None
     combine_shape: list[int] | str | None = None   # the same for combine
@@ -72,7 +73,9 @@ class MoEStep(Observation):
     returned_none: list[str] = field(default_factory=list)  # the stages whose function returned None
     received_grad_fn: bool | None = None  # whether dispatch's rows have a grad_fn (None: no such rows)
     combined_grad_fn: bool | None = None  # whether combine's rows have a grad_fn (None: no such rows)
+    dispatch_want: torch.Tensor | None = None  # what dispatch must return: the grader's all-to-all of the same rows
     y_slots: torch.Tensor | None = None   # combine's rows, one per slot
+    y_slots_want: torch.Tensor | None = None  # what combine must return, given the rows it was given
     y: torch.Tensor | None = None         # the layer's output on this rank's T tokens
     x_grad: torch.Tensor | None = None    # the input's gradient
     router_grad: torch.Tensor | None = None  # the router's gate weight's gradient (this rank's tokens' share)

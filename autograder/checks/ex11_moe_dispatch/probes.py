@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 import distlab
 from distlab.measure.comm import CollectiveRecorder
@@ -142,14 +143,10 @@ def _observe(path: str, rank: int, world: int, kept: Parts) -> None:
             perm, send, recv = _sorted(slots), send_true, recv_true
             obs.substituted += ["sort", "exchange"]
         if kept.starts("forward"):
-            received = stage("dispatch", learner.dispatch, x[slots.token], perm, list(send), list(recv))
-            y = None
-            if _everywhere(isinstance(received, torch.Tensor) and tuple(received.shape) == (sum(recv), HIDDEN)):
-                obs.received_grad_fn = received.grad_fn is not None
-                y = _combined(obs, stage("combine", learner.combine, layer.experts[rank](received), perm,
-                                         len(slots.token), list(send), list(recv)), slots, x)
-            else:
-                obs.returned.dispatch_shape = list(getattr(received, "shape", [])) or repr(received)[:80]
+            received = _dispatched(obs, stage, learner, x[slots.token], perm, send, recv)
+            rows = _combined(obs, stage, learner, layer.experts[rank](received), perm, len(slots.token), send, recv)
+            y = torch.zeros_like(x).index_add(0, slots.token, slots.gate[:, None] * rows)
+            obs.y = y.detach().cpu().clone()
             keep("forward")
             if kept.starts("backward"):
                 _backward(obs, y, layer, x, grad_all[rank * T:(rank + 1) * T], spy, path)
@@ -181,17 +178,65 @@ def _split(obs: MoEStep, stage, learner, slots, world: int, send_true: list[int]
     return perm, send, recv
 
 
-def _combined(obs: MoEStep, y_slots, slots, x: torch.Tensor) -> torch.Tensor | None:
-    """What combine returned, and (where it has its shape on every rank) the layer's output, which the backward
-    goes through (``None``: it has not)."""
-    if not _everywhere(isinstance(y_slots, torch.Tensor) and tuple(y_slots.shape) == (len(slots.token), HIDDEN)):
-        obs.returned.combine_shape = list(getattr(y_slots, "shape", [])) or repr(y_slots)[:80]
-        return None
-    obs.combined_grad_fn = y_slots.grad_fn is not None
-    obs.y_slots = y_slots.detach().cpu().clone()
-    y = torch.zeros_like(x).index_add(0, slots.token, slots.gate[:, None] * y_slots)
-    obs.y = y.detach().cpu().clone()
-    return y
+def _fits(value, rows: int) -> bool:
+    return isinstance(value, torch.Tensor) and tuple(value.shape) == (rows, HIDDEN)
+
+
+def _matches(obs: MoEStep, name: str, got, want: torch.Tensor, rows: int, exact: bool) -> bool:
+    """Whether ``got`` (what the learner's ``name`` returned) is ``want``: exactly (an all-to-all copies), or
+    within float32's rounding. A functional collective's error surfaces where its result is first read (here,
+    for a result the learner's code did not read): it is the stage's own."""
+    if not _fits(got, rows):
+        return False
+    try:
+        same = torch.equal(got.detach(), want) if exact else torch.allclose(got.detach(), want, rtol=1e-5, atol=1e-6)
+    except Exception as exc:  # noqa: BLE001 - the learner's collective failed: its error is feedback
+        obs.errors.setdefault(name, StageError(error=raised(exc), where=""))
+        return False
+    return bool(same)
+
+
+def _dispatched(obs: MoEStep, stage, learner, x_slots: torch.Tensor, perm: torch.Tensor, send: list[int],
+                recv: list[int]) -> torch.Tensor:
+    """The learner's dispatch, and what it must return: the grader's own autograd-aware all-to-all of the same
+    rows (run on every rank after it). Where the learner's differs on some rank, the grader's goes on to the
+    expert and combine (``obs.substituted``), so that combine is graded on the right rows."""
+    got = stage("dispatch", learner.dispatch, x_slots, perm, list(send), list(recv))
+    want = all_to_all_single_autograd(x_slots[perm], list(recv), list(send), dist.group.WORLD)
+    want = want.wait() if hasattr(want, "wait") else want
+    obs.dispatch_want = want.detach().cpu().clone()
+    right = _matches(obs, "dispatch", got, want.detach(), sum(recv), exact=True)
+    if _fits(got, sum(recv)) and "dispatch" not in obs.errors:
+        obs.received_grad_fn = got.grad_fn is not None
+        obs.returned.dispatched = got.detach().cpu().clone()
+    else:
+        obs.returned.dispatch_shape = list(getattr(got, "shape", [])) or repr(got)[:80]
+    if _everywhere(right):
+        return got
+    obs.substituted.append("dispatch")
+    return want
+
+
+def _combined(obs: MoEStep, stage, learner, y_recv: torch.Tensor, perm: torch.Tensor, n_slots: int,
+              send: list[int], recv: list[int]) -> torch.Tensor:
+    """The learner's combine, and what it must return: the grader's own all-to-all back, then row ``k`` into slot
+    ``perm[k]``. Where the learner's differs on some rank, the grader's makes the layer's output
+    (``obs.substituted``)."""
+    got = stage("combine", learner.combine, y_recv, perm, n_slots, list(send), list(recv))
+    back = all_to_all_single_autograd(y_recv, list(send), list(recv), dist.group.WORLD)
+    back = back.wait() if hasattr(back, "wait") else back
+    want = back.new_zeros(n_slots, HIDDEN).index_copy(0, perm, back)
+    obs.y_slots_want = want.detach().cpu().clone()
+    right = _matches(obs, "combine", got, want.detach(), n_slots, exact=False)
+    if _fits(got, n_slots) and "combine" not in obs.errors:
+        obs.combined_grad_fn = got.grad_fn is not None
+        obs.y_slots = got.detach().cpu().clone()
+    else:
+        obs.returned.combine_shape = list(getattr(got, "shape", [])) or repr(got)[:80]
+    if _everywhere(right):
+        return got
+    obs.substituted.append("combine")
+    return want
 
 
 def _backward(obs: MoEStep, y: torch.Tensor | None, layer, x: torch.Tensor, grad: torch.Tensor, spy: CommSpy,
