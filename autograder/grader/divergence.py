@@ -46,10 +46,11 @@ def _close(a, b) -> bool:
 
 
 def differing(ref: dict, got: dict, rng: bool = True) -> list[str]:
-    """The fields in which two events differ ("event" first: then nothing else is compared); ``rng``: the RNG
-    state too."""
-    if ref.get("event") != got.get("event"):
-        return ["event"]
+    """The fields in which two events differ ("event" first, and for a return the function it returns from: then
+    nothing else is compared); ``rng``: the RNG state too."""
+    if ref.get("event") != got.get("event") or (ref.get("event") == "return" and
+                                                  ref.get("function") != got.get("function")):
+        return ["event"]  # a return from another function is another act, not another value
     fields = [k for k in sorted(EXACT - {"event"}) if ref.get(k) != got.get(k)]
     fields += [k for k in sorted(NUMERIC) if not _close(ref.get(k), got.get(k))]
     if rng and not fields and ref.get("rng") != got.get("rng"):
@@ -100,7 +101,8 @@ IDENTITY = ("event", "kind", "shape", "group", "peer", "module")
 def _later(ref: dict, rest: Sequence[dict]) -> str:
     """Where, after the divergence, the learner's code does what the reference did there (the same act:
     :data:`IDENTITY`, so DDP's all-reduce of the gradients is not a count's all-reduce of one number)."""
-    j = next((j for j, e in enumerate(rest) if all(e.get(f) == ref.get(f) for f in IDENTITY if f in ref)), None)
+    same = IDENTITY + (("function",) if ref.get("event") == "return" else ())
+    j = next((j for j, e in enumerate(rest) if all(e.get(f) == ref.get(f) for f in same if f in ref)), None)
     if j is None:
         return "; your code never does"
     return f"; yours does that {j + 1} event(s) later{_at(rest[j])}"

@@ -53,6 +53,22 @@ def test_a_collective_of_another_tensor_is_not_the_one_the_reference_made():
         ref, [step, reduce([], 90), reduce([3466], 105)]).message()
 
 
+def test_a_return_from_another_function_is_another_act_not_another_value():
+    # a blind audit's exercise 4: the optimizer built before sharding; "what it returned Adam vs the reference's
+    # FSDPResidualMLP" compared make_optimizer's return with shard's
+    def ret(function, returned, line):
+        return {"event": "return", "step": 0, "function": function, "returned": returned, "file": "ex04_fsdp.py",
+                "line": line, "code": "return ..."}
+
+    ref = [ret("shard", "FSDPResidualMLP", 170), ret("make_optimizer", "Adam", 178)]
+    d = first_divergence(ref, [ret("make_optimizer", "Adam", 178), ret("shard", "FSDPResidualMLP", 170)])
+    assert d.fields == ("event",), d
+    msg = d.message()
+    assert "your code returned Adam from make_optimizer() (ex04_fsdp.py:178" in msg, msg
+    assert "where the reference returned FSDPResidualMLP from shard(); yours does that 1 event(s) later " \
+        "(ex04_fsdp.py:170" in msg, msg
+
+
 def test_a_value_that_differs_is_shown_both_sides():
     got = [REF[0], _sched(1, 0.05), _step(2, 0.05, params=2.5), REF[3]]
     msg = first_divergence(REF, got).message()

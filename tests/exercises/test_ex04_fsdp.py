@@ -345,6 +345,17 @@ def test_causes_without_a_launch():
         assert cause(_run()) is None, cause
 
 
+def test_a_peak_over_the_bound_with_the_optimizer_built_first_says_so():
+    # a blind audit's: the optimizer built before sharding, alone; the peak's message said only "though every
+    # block is its own fully_shard unit and reshards after forward"
+    run = _run(opt_foreign=36, peak=3 * 2**20, bound=PeakBound(state=2**20, unit=2**17, activations=2**18,
+                                                              bound=2 * 2**20))
+    said = ex04_fsdp.peak_within_bound(run).feedback
+    assert said.endswith("reshards after forward; but the optimizer was built before sharding (see '[W=2] "
+                         "optimizer built after sharding'): this step is not the one the bound describes, so fix "
+                         "that first"), said
+
+
 @pytest.mark.parametrize("raised,name", [  # PyTorch 2.13's words, as the ranks raise them
     ("ValueError: fully_shard does not support containers that do not implement forward: ModuleList(",
      "fully_shard called on the ModuleList"),

@@ -241,7 +241,10 @@ def peak_within_bound(run: Run) -> Verdict:
     return failed(nothing_sharded(run) or diagnose([root_only, some_blocks], run, worst.step, explain) or
                   root_not_sharded(run, explain) or
                   no_reshard(run, worst.step, explain) or
-                  f"{explain}, though every block is its own fully_shard unit and reshards after forward",
+                  f"{explain}, though every block is its own fully_shard unit and reshards after forward"
+                  + (f"; but the optimizer was built before sharding (see "
+                     f"'{optimizer_after_sharding.rule.name.format(world=run.world)}'): this step is not the one the "
+                     "bound describes, so fix that first" if optimizer_first(run) else ""),
                   **measured)
 
 
