@@ -31,6 +31,7 @@ A failure names the first cause below that explains them:
 | samplers seeded differently on each rank | "ranks 0 and 1 shared 436 samples in epoch 0 ..." |
 | DistributedSampler built with shuffle=False | "rank 0 read its shard in index order (0, 2, 4, ...) ..." |
 | sampler.set_epoch not called | "epoch 0 and epoch 1 read the samples in the same shuffled order: ..." |
+| sampler not given the seed | "rank 0 read epoch 0's samples in the order ... with seed=0, its default, not ..." |
 | batch_size treated as global | "each rank read 16 samples per step, not batch_size=32: batch_size is per rank ..." |
 | learning rate changed | "the optimizer's learning rate was 0.4, 2x the lr=0.2 given ..." |
 | gradients all-reduced by hand on top of DDP | "... 2x the reference's: the gradients were also summed by hand ..." |
@@ -83,7 +84,7 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, eval_close, eval_drop_last,
                      eval_mean_of_means, eval_not_reduced, eval_padding_counted, eval_whole_set, inner_forward,
                      loss_over_world, loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised,
-                     not_wrapped, seeded_apart, silent_rank0, unshuffled)
+                     not_wrapped, sampler_order, seed_not_given, seeded_apart, silent_rank0, unshuffled)
 from .bucketed import causes as bucketed_causes  # noqa: F401 - its @mistake functions are the check's
 from .bucketed import criteria as bucketed_criteria
 from .observations import RankObservation, Run
@@ -133,11 +134,18 @@ def own_shard(run: Run) -> Verdict:
     return passed()
 
 
-@criterion("[W={world}] new shuffle every epoch", points=1, requires=[own_shard])
+@criterion("[W={world}] shuffled by the given seed, anew every epoch", points=1, requires=[own_shard])
 def reshuffled(run: Run) -> Verdict:
-    if run.epoch(0, 0) != run.epoch(0, 1):
-        return passed()
-    return failed(diagnose(SHUFFLE, run) or "epoch 0 and epoch 1 read the samples in the same order")
+    if run.epoch(0, 0) == run.epoch(0, 1):
+        return failed(diagnose(SHUFFLE, run) or "epoch 0 and epoch 1 read the samples in the same order")
+    seed = CONFIG["seed"]
+    for e in range(CONFIG["epochs"]):
+        for r in range(run.world):
+            if run.epoch(r, e) != sampler_order(run.world, r, e, seed):
+                return failed(diagnose([seed_not_given], run) or
+                              f"rank {r} read epoch {e}'s samples in another order than DistributedSampler(dataset, "
+                              f"shuffle=True, seed={seed}) with set_epoch({e}) gives")
+    return passed()
 
 
 def _reference(initial: dict, global_batches: list[list[int]]) -> dict:

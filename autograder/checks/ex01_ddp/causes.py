@@ -6,6 +6,7 @@ for them in four groups (ranks apart, shards, shuffle, step), most specific firs
 from __future__ import annotations
 
 import torch
+from torch.utils.data.distributed import DistributedSampler
 
 from distlab.data import digits
 
@@ -97,6 +98,26 @@ def unshuffled(run: Run) -> str | None:
         return None
     return ("rank 0 read its shard in index order (0, {}, {}, ...) in both epochs: the DistributedSampler was "
             "built with shuffle=False; build it with shuffle=True, seed=seed").format(run.world, 2 * run.world)
+
+
+def sampler_order(world: int, rank: int, epoch: int, seed: int) -> list[int]:
+    """The indices rank ``rank`` reads in ``epoch`` from ``DistributedSampler(dataset, shuffle=True, seed=seed)``
+    with ``set_epoch(epoch)``: the contract's order (the sampler needs only the data set's length)."""
+    sampler = DistributedSampler(range(len(digits())), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+@mistake("sampler not given the seed")
+def seed_not_given(run: Run) -> str | None:
+    seed = CONFIG["seed"]
+    for e in range(CONFIG["epochs"]):
+        for r in range(run.world):
+            if run.epoch(r, e) == sampler_order(run.world, r, e, 0) != sampler_order(run.world, r, e, seed):
+                return (f"rank {r} read epoch {e}'s samples in the order DistributedSampler(dataset, shuffle=True) "
+                        f"gives with seed=0, its default, not with seed={seed}, the seed train_ddp was given: pass "
+                        "seed=seed, so that a run is shuffled the way its caller asked")
+    return None
 
 
 @mistake("sampler.set_epoch not called")
