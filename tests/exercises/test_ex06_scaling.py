@@ -50,10 +50,12 @@ MISTAKES = {
     "no DDP, own figure per rank": {
         "ddp = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)": "ddp = model",
         "dist.broadcast(elapsed, src=0)": "None", **FIT["no (W-1)/W"], **PREDICT["latency once"]},
-    # the warm-up steps' samples counted (not timed)
+    # the warm-up steps' samples counted (not timed); and a blind audit's step that never clears the gradients
+    # (10 of 10 before: the parameters changed and agreed)
     "warm-up samples": {
         "return dist.get_world_size() * batch_size * iters / elapsed.item()":
             "return dist.get_world_size() * batch_size * (warmup + iters) / elapsed.item()",
+        "        opt.zero_grad(set_to_none=True)\n": "",
         **FIT["seconds"], **PREDICT["algorithm bandwidth"]},
     # and two more: the clocks all-reduced with the default SUM, and the forward on the inner module
     "summed clocks, inner forward": {"dist.broadcast(elapsed, src=0)": "dist.all_reduce(elapsed)",
@@ -167,9 +169,13 @@ def test_a_figure_per_rank_fails_the_same_figure_clause(graded):
 @pytest.mark.slow
 def test_counting_the_warmup_samples_is_named(graded):
     f = failed(graded["warm-up samples"])
-    assert set(f) == {METHOD.format(1), METHOD.format(2), FITTED, PREDICTED}
+    assert set(f) == {METHOD.format(1), METHOD.format(2), "the real step trains with DDP", REAL, FITTED, PREDICTED}
     for w in (1, 2):
         assert "that is (2 + 8) / 8: you counted the samples of the 2 warm-up steps too" in f[METHOD.format(w)]
+    assert f["the real step trains with DDP"].startswith(
+        "at 1 worker(s) rank 0's weights after 7 calls of step() are those that steps whose gradients are never "
+        "cleared leave"), f["the real step trains with DDP"]
+    assert f[REAL] == NOT_CHECKED
 
 
 @pytest.mark.slow

@@ -79,6 +79,7 @@ figure's ratio to the truth only where the evidence is missing.
 | the prediction's bandwidth term without (W-1)/W | "... with 2 * bytes * β: the ring's factor is 2(W-1)/W = 1.75 ..." |
 | make_ddp_step returned no step function | "make_ddp_step returned None, not a function, so the benchmark ..." |
 | the optimizer stepped with no gradient (before backward, or after zero_grad) | "opt.step() ran 7 times in 7 ..." |
+| gradients never cleared in the step | "at 2 worker(s) rank 0's weights after 35 calls of step() are those ..." |
 | optimizer.step() not called in the step | "in 7 calls of step() no optimizer stepped (DDP all-reduced the ..." |
 | a Python float passed to a collective | (TypeError "Expected parameter `tensor` ...") "collectives work on tensors" |
 | the process group initialised again in the benchmark | (ValueError "... initialize ... twice") "..." |
@@ -95,6 +96,7 @@ from distlab.measure.timing import cpu_cores
 from distlab.runtime.process import Budget
 
 from ...grader.diagnosis import diagnose
+from ...grader.parity import parity
 from ...grader.launches import launch_timeout
 from ...grader.parts import Parted, judge_parts, launch_parts
 from ...grader.registry import Exercise
@@ -102,11 +104,13 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .alphabeta.reference import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
 from .alphabeta.observations import Fit, Prediction
 from .alphabeta.causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returned_nothing
-from .causes import (KNOWN_ERRORS, REAL_CAUSES, cpu_clock, figure_per_rank, inner_forward, no_barrier, no_ddp,
+from .causes import (ATOL, KNOWN_ERRORS, REAL_CAUSES, RTOL, cpu_clock, figure_per_rank, grads_accumulate, inner_forward,
+                     no_barrier, no_ddp,
                      no_figure, no_optimizer_step, no_start_barrier, no_step_function, one_rank_samples,
                      stepped_without_grad, summed_clocks, warmup_samples, warmup_timed)
 from .observations import REAL, SYNTH, Benchmark, RankObservation, Run
 from .probes import TOL, rank_main
+from .reference import real_reference
 
 READ_SLACK = 0.002  # the window against the clock reads' brackets: float rounding only
 
@@ -170,10 +174,26 @@ def _untrained(run: Run) -> str:
     return diagnose([no_ddp, inner_forward], run) or ""
 
 
+def _off_reference(run: Run) -> str:
+    """'' if the real step's weights are one process's SGD on the mean of the ranks' gradients, else how not."""
+    r0 = run.ranks[0]
+    if not r0.real_steps:
+        return ""
+    match = parity(r0.final, real_reference(run), rtol=RTOL, atol=ATOL)
+    if match.ok:
+        return ""
+    return diagnose([grads_accumulate], run) or (
+        f"at {run.world} worker(s), after {r0.real_steps} calls of step() rank 0's weights differ from one "
+        f"process's SGD (lr={run.real['lr']}) on the mean of the {run.world} ranks' gradients, from rank 0's start "
+        f"(max abs difference {match.max_abs_diff:.3g} in '{match.worst}'): each call is one forward, backward "
+        "and step on this rank's batch, on the mean cross-entropy")
+
+
 @criterion("the real step trains with DDP", points=2)
 def trains_with_ddp(bench: Benchmark) -> Verdict:
-    problems = [p for p in map(_untrained, bench.runs) if p]
-    return failed(problems[0]) if problems else passed("parameters changed and agree on every rank")
+    problems = [p for run in bench.runs if (p := _untrained(run) or _off_reference(run))]
+    return failed(problems[0]) if problems else passed("parameters agree on every rank with one process's SGD on "
+                                                       "the mean of the ranks' gradients")
 
 
 @criterion("the real run: one DDP wrapper, one all-reduce per step, the steps after the warm-up timed", points=2,

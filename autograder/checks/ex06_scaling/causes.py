@@ -14,6 +14,9 @@ from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
 from .observations import SYNTH, MethodEvent, RankObservation, Run
 from .probes import TOL
+from .reference import real_reference
+
+RTOL, ATOL = 1e-4, 1e-6  # the real step against one process's SGD: DDP averages in another order than one mean
 
 
 KNOWN_ERRORS = [
@@ -268,6 +271,21 @@ def no_step_function(run: Run) -> str | None:
         return None
     return ("make_ddp_step returned None, not a function, so the benchmark had no step to run and the model was "
             "never trained: end make_ddp_step with `return step`, the inner function itself (not its result)")
+
+
+@mistake("gradients never cleared in the step")
+def grads_accumulate(run: Run) -> str | None:
+    first = run.ranks[0]
+    if not first.real_steps or first.real_steps < 2:
+        return None
+    kept = parity(first.final, real_reference(run, zero_grad=False), rtol=RTOL, atol=ATOL)
+    if not kept.ok:
+        return None
+    return (f"at {run.world} worker(s) rank 0's weights after {first.real_steps} calls of step() are those that "
+            f"steps whose gradients are never cleared leave (max abs difference {kept.max_abs_diff:.2g}): .grad "
+            "adds each backward to what it holds until zero_grad() clears it, so every step after the first "
+            "stepped with the sum of all the gradients so far. In each step: zero_grad(), then loss.backward(), "
+            "then opt.step()")
 
 
 @mistake("the optimizer stepped with no gradient (before backward, or after zero_grad)")

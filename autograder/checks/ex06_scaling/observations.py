@@ -19,6 +19,13 @@ SYNTH = dict(batch_size=32, warmup=2, iters=8)  # the synthetic step's measure_t
 REAL = dict(batch_size=128, hidden=256, warmup=5, iters=30, lr=0.01)
 
 
+def real_batch(rank: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s batch of the real step, ``(x, y)`` on the CPU: its own, from a generator seeded by the
+    rank (the probes hand it to ``make_ddp_step``; the reference replays it)."""
+    gen = torch.Generator().manual_seed(rank)
+    return torch.randn(batch_size, 64, generator=gen), torch.randint(0, 10, (batch_size,), generator=gen)
+
+
 @dataclass
 class MethodEvent(Observation):
     """One clock the learner's file read, or one collective it called, while a run was watched."""

@@ -31,7 +31,7 @@ from ...rank import CapturedPrints, DDPSpy, Replace, attempt, echo, load_learner
 from ...rank.parts import Parts
 from .alphabeta.observations import Fit, ModelObservation, Number, Prediction
 from .alphabeta.reference import CASES, DATASETS
-from .observations import REAL_FIELDS, SYNTH, MethodEvent, RankObservation
+from .observations import REAL_FIELDS, SYNTH, MethodEvent, RankObservation, real_batch
 
 # Rank r's timed steps take STEP_S * (1 + SLOWER_PER_RANK * r); the warm-up steps WARMUP_STEP_S, except
 # rank LATE_RANK's, LATE_WARMUP_S: that rank arrives at the timed steps last (a missing barrier before
@@ -187,9 +187,7 @@ def _observe_real(learner, obs: RankObservation, dev: torch.device, real: dict, 
     rank = obs.rank
     model = make_mlp(seed=1000 + rank, hidden=real["hidden"]).to(dev)
     obs.initial = cpu_state(model)
-    gen = torch.Generator().manual_seed(rank)
-    x = torch.randn(real["batch_size"], 64, generator=gen).to(dev)
-    y = torch.randint(0, 10, (real["batch_size"],), generator=gen).to(dev)
+    x, y = (t.to(dev) for t in real_batch(rank, real["batch_size"]))
     dist.barrier()
     wrapped, ddp.rounds, ddp.built_in_step = ddp.wrapped, 0, 0
     step, exc = attempt(learner.make_ddp_step, model, x, y, lr=real["lr"])  # raised: costs only its own marks

@@ -1,0 +1,34 @@
+"""Exercise 6's real step, replayed in one process: what ``make_ddp_step``'s step must leave in the model.
+
+DDP starts every rank from rank 0's weights and averages the ranks' gradients, so ``n`` steps of DDP on ``W``
+ranks, each on its own batch (``observations.real_batch``), are ``n`` steps of SGD in one process on the mean
+of the ``W`` batches' mean cross-entropy gradients (Li et al., 2020: DDP is mathematically equivalent to local
+training on the global batch). The grading process compares the ranks' final weights with it; a variant of the
+step (gradients never zeroed) replays a mistake, for its cause.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from distlab.models import cpu_state, make_mlp
+
+from .observations import Run, real_batch
+
+
+def real_reference(run: Run, *, zero_grad: bool = True) -> dict[str, torch.Tensor]:
+    """The weights ``run``'s step calls (``real_steps``) of a correct step leave, from rank 0's start;
+    ``zero_grad=False``: of a step that never clears the gradients, so that each adds to the last ones'."""
+    model = make_mlp(seed=0, hidden=run.real["hidden"])
+    model.load_state_dict(run.ranks[0].initial)
+    batches = [real_batch(r, run.real["batch_size"]) for r in range(run.world)]
+    opt = torch.optim.SGD(model.parameters(), lr=run.real["lr"])
+    for _ in range(run.ranks[0].real_steps or 0):
+        if zero_grad:
+            opt.zero_grad(set_to_none=True)
+        # the mean over ranks of each rank's mean loss: DDP's average of their gradients
+        loss = sum(nn.functional.cross_entropy(model(x), y) for x, y in batches) / run.world
+        loss.backward()
+        opt.step()
+    return cpu_state(model)
+
