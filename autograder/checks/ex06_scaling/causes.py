@@ -70,10 +70,26 @@ def one_rank_samples(run: Run) -> str | None:
     return None
 
 
+def _start_read(run: Run) -> MethodEvent | None:
+    """The clock read of rank 0's that started the window its figure implies: the earlier read of the last pair
+    whose readings, each between its ``before`` and ``after``, can differ by that window (a file may read the
+    clock more than twice: each warm-up step timed for a log). The first read where no pair fits (or where the
+    reads were not bracketed)."""
+    reads, window = run.events("clock"), _window(run)
+    for j in range(len(reads) - 1, 0, -1):
+        b = reads[j]
+        for a in reversed(reads[:j]):
+            if None in (a.before, a.after, b.before, b.after):
+                continue
+            if (b.before - a.after) * (1 - TOL) <= window <= (b.after - a.before) * (1 + TOL):
+                return a
+    return reads[0] if reads else None
+
+
 @mistake("warm-up steps timed")
 def warmup_timed(run: Run) -> str | None:
-    t, reads, k = run.truth(), run.events("clock"), SYNTH["warmup"]
-    started = reads[0].steps if reads else None
+    t, start, k = run.truth(), _start_read(run), SYNTH["warmup"]
+    started = start.steps if start else None
     looks_so = _near(run.ranks[0].reported, t.samples / t.with_warmup, TOL)
     if run.ratio() < 1 - TOL and (started is not None and started < k or started is None and looks_so):
         slow = k - (started or 0)
