@@ -16,6 +16,7 @@ import functools
 import hashlib
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -45,14 +46,16 @@ def _close(a, b) -> bool:
     return a == b
 
 
-def differing(ref: dict, got: dict, rng: bool = True) -> list[str]:
+def differing(ref: dict, got: dict, rng: bool = True, measured: frozenset[str] = frozenset()) -> list[str]:
     """The fields in which two events differ ("event" first, and for a return the function it returns from: then
-    nothing else is compared); ``rng``: the RNG state too."""
+    nothing else is compared); ``rng``: the RNG state too. ``measured``: the functions that measure time (a
+    throughput), whose values no two runs share: what their events hold, send or return is not compared."""
     if ref.get("event") != got.get("event") or (ref.get("event") == "return" and
                                                   ref.get("function") != got.get("function")):
         return ["event"]  # a return from another function is another act, not another value
+    numeric = NUMERIC - {"returned", "held", "value"} if ref.get("function") in measured else NUMERIC
     fields = [k for k in sorted(EXACT - {"event"}) if ref.get(k) != got.get(k)]
-    fields += [k for k in sorted(NUMERIC) if not _close(ref.get(k), got.get(k))]
+    fields += [k for k in sorted(numeric) if not _close(ref.get(k), got.get(k))]
     if rng and not fields and ref.get("rng") != got.get("rng"):
         fields.append("rng")
     return fields
@@ -81,11 +84,13 @@ class Divergence:
         return describe(self)
 
 
-def first_divergence(ref: Sequence[dict], got: Sequence[dict], rank: int = 0) -> Divergence | None:
-    """The first event where ``got`` (the learner's trace) differs from ``ref`` (the reference's)."""
+def first_divergence(ref: Sequence[dict], got: Sequence[dict], rank: int = 0,
+                     measured: frozenset[str] = frozenset()) -> Divergence | None:
+    """The first event where ``got`` (the learner's trace) differs from ``ref`` (the reference's); ``measured``:
+    as :func:`differing`'s."""
     rng = _same_start(ref, got)
     for i, (r, g) in enumerate(zip(ref, got)):
-        if fields := differing(r, g, rng):
+        if fields := differing(r, g, rng, measured):
             return Divergence(i, rank, r, g, tuple(fields), _later(r, got[i + 1:]) if fields == ["event"] else "")
     if len(ref) != len(got):
         i = min(len(ref), len(got))
@@ -108,9 +113,10 @@ def _later(ref: dict, rest: Sequence[dict]) -> str:
     return f"; yours does that {j + 1} event(s) later{_at(rest[j])}"
 
 
-def first_of_ranks(ref: Sequence[Sequence[dict]], got: Sequence[Sequence[dict]]) -> Divergence | None:
+def first_of_ranks(ref: Sequence[Sequence[dict]], got: Sequence[Sequence[dict]],
+                   measured: frozenset[str] = frozenset()) -> Divergence | None:
     """The earliest divergence over the ranks (rank order breaks ties)."""
-    found = [d for rank, (r, g) in enumerate(zip(ref, got)) if (d := first_divergence(r, g, rank))]
+    found = [d for rank, (r, g) in enumerate(zip(ref, got)) if (d := first_divergence(r, g, rank, measured))]
     return min(found, key=lambda d: (d.index, d.rank)) if found else None
 
 
@@ -200,15 +206,23 @@ def unnamed_failures(report, skip: set[str] = frozenset()) -> list:
             and not c.feedback.startswith(("not checked", "not judged")) and " raised " not in c.feedback]  # an error
 
 
-def annotate(report, traces: Sequence, reference: Sequence, skip: set[str] = frozenset()) -> bool:
+def _world(name: str) -> int | None:
+    """The world size a criterion's name says it judged ("[W=2] ..."), or ``None`` (all of them, or none)."""
+    m = re.match(r"\[W=(\d+)\]", name)
+    return int(m.group(1)) if m else None
+
+
+def annotate(report, traces: Sequence, reference: Sequence, skip: set[str] = frozenset(),
+             measured: frozenset[str] = frozenset()) -> bool:
     """Add the first divergence of ``traces`` (per launch, per rank) from ``reference`` to the first failing
-    criterion of ``report`` that names no cause (and is not in ``skip``). Whether it did."""
+    criterion of ``report`` that names no cause (and is not in ``skip``) and judged that launch's world size (or
+    names none): a launch at 1 worker does not explain a criterion at 2. ``measured``: as :func:`differing`'s.
+    Whether it did."""
     failing = unnamed_failures(report, skip)
-    if not failing:
-        return False
     for launch_ref, launch_got in paired(reference, traces):
-        if d := first_of_ranks(launch_ref, launch_got):
-            failing[0].feedback += f"\n  {d.message()}"
+        here = [c for c in failing if _world(c.name) in (None, len(launch_got))]
+        if here and (d := first_of_ranks(launch_ref, launch_got, measured)):
+            here[0].feedback += f"\n  {d.message()}"
             return True
     return False
 
@@ -346,7 +360,8 @@ def grade(check, paths: Sequence, *, localise: bool = False, with_reference: boo
         if not unnamed_failures(report, untraced(check)):
             continue
         if traces:
-            annotate(report, traces, reference_traces(check, **kwargs), untraced(check))
+            annotate(report, traces, reference_traces(check, **kwargs), untraced(check),
+                     frozenset(getattr(check, "MEASURED_RETURNS", ())))
         if localise and (where := swap(check, path, report, solution_path(check), **kwargs)):
             report.notes.append(where)
     return reports
