@@ -48,8 +48,10 @@ MISTAKES = {
     "rank never looked up": {"    rank = dist.get_rank()\n": ""},
     # Part 2, 1F1B: every forward first (GPipe's order, GPipe's memory), sent with isend so nothing deadlocks.
     "1F1B in GPipe's order": {"    warm = min(p - 1 - rank, m)": "    warm = m"},
-    # no warm-up forward: every stage runs as the last one does (F0 B0 F1 B1 ...)
-    "1F1B without its warm-up": {"    warm = min(p - 1 - rank, m)": "    warm = 0"},
+    # no warm-up forward: every stage runs as the last one does (F0 B0 F1 B1 ...); and a blind audit's GPipe step
+    # returning its loss undetached (10 of 10 before)
+    "1F1B without its warm-up": {"    warm = min(p - 1 - rank, m)": "    warm = 0",
+                                 "return torch.stack(losses).sum().detach()": "return torch.stack(losses).sum()"},
     # blocking sends: stage 0 sends micro-batch 1's activations while stage 1 sends micro-batch 0's gradient
     "1F1B with blocking sends": {
         "sends.append(dist.isend(out.detach().contiguous(), dst=rank + 1))":
@@ -306,6 +308,10 @@ def test_1f1b_in_gpipes_order_is_named_with_its_memory(reports):
 
 def test_1f1b_without_its_warm_up_is_named(reports):
     f = failed(reports["1F1B without its warm-up"])
+    assert f["loss matches the unsplit model"] == (
+        "rank 1 returned the right loss, but still requiring grad (its grad_fn is SumBackward0): the contract "
+        "returns a detached scalar, so that a caller that keeps it (a running total, a log) keeps no autograd graph "
+        "with it; return it .detach()ed"), f
     assert f[OFOB[1]].startswith("stage 0 ran 1 forward(s) before its first backward (F0 B0 F1 B1 F2 B2 F3 B3); "
                                  "1F1B runs min(p - 1 - s, m) = 1 warm-up forward(s) on stage 0 of 2"), f[OFOB[1]]
 

@@ -185,3 +185,13 @@ def sent_after_loop(step: Run, part: str) -> str | None:
                 "not start before stage 0 had finished: send each micro-batch's output right after computing it, "
                 "inside the forward loop")
     return None
+
+
+@mistake("the loss returned still requires grad")
+def loss_not_detached(step: Run) -> str | None:
+    last = step.ranks[-1]
+    if not last.loss_grad_fn:
+        return None
+    return (f"rank {last.rank} returned the right loss, but still requiring grad (its grad_fn is "
+            f"{last.loss_grad_fn}): the contract returns a detached scalar, so that a caller that keeps it (a running "
+            "total, a log) keeps no autograd graph with it; return it .detach()ed")
