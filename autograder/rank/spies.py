@@ -172,9 +172,9 @@ class P2PSpy(Replace):
         if self.dtype is not None and tensor.dtype != self.dtype:
             what = "receive into" if "recv" in op else "send of"
             raise TypeError(f"dist.{op}: a {what} a {str(tensor.dtype).removeprefix('torch.')} tensor, where every "
-                            f"tensor of this pipeline is {str(self.dtype).removeprefix('torch.')} (the dtype of x): "
-                            "the peer's bytes would be read as another type (gloo aborts the process on such a "
-                            "receive). Make each buffer with dtype=x.dtype")
+                            f"tensor of this pipeline is {str(self.dtype).removeprefix('torch.')} (the dtype of x), "
+                            "stopped here by the grader: the peer's bytes would be read as another type, and gloo "
+                            "aborts the process on such a receive. Make each buffer with dtype=x.dtype")
 
     def _spy(self, name: str, real):
         def spy(tensor, *args, **kwargs):

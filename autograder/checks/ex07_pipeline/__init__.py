@@ -70,7 +70,8 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, count_scales, deadlock,
                      gradients_not_sent, ignores_received, last_loss, loss_not_detached, loss_not_scaled,
-                     mean_of_scaled, no_microbatches, pieces_of_n_rows, sent_after_loop, unmatched)
+                     mean_of_scaled, no_microbatches, peers_gone, pieces_of_n_rows, raised_first, sent_after_loop,
+                     unmatched)
 from . import one_f_one_b
 from .observations import RankObservation, Run
 from .probes import BATCH, MICRO, P2P_TIMEOUT_S, PARTS, STAGES, batch, model, rank_main
@@ -96,13 +97,13 @@ def _reference(p: int = 2) -> tuple[torch.Tensor, list[list[torch.Tensor]], list
 
 def _raised(step: Run) -> str:
     """What the ranks raised that no cause explains, with the learner's line and the known translation."""
+    own, gone = raised_first(step)
     out = []
-    for r in step.ranks:
-        if r.error:
-            known = translate(r.error, KNOWN_ERRORS)
-            out.append(f" (rank {r.rank} raised {r.error}" + (f" at {r.where}" if r.where else "")
-                       + (f": {known}" if known else "") + ")")
-    return "".join(out)
+    for r in own:
+        known = translate(r.error, KNOWN_ERRORS)
+        out.append(f" (rank {r.rank} raised {r.error}" + (f" at {r.where}" if r.where else "")
+                   + (f": {known}" if known else "") + ")")
+    return "".join(out) + peers_gone(gone)
 
 
 def _advice(step: Run, text: str) -> str:

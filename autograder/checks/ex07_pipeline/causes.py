@@ -195,3 +195,20 @@ def loss_not_detached(step: Run) -> str | None:
     return (f"rank {last.rank} returned the right loss, but still requiring grad (its grad_fn is "
             f"{last.loss_grad_fn}): the contract returns a detached scalar, so that a caller that keeps it (a running "
             "total, a log) keeps no autograd graph with it; return it .detach()ed")
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")  # gloo's words where the peer went away
+
+
+def raised_first(step: Run) -> tuple[list, list[int]]:
+    """The ranks whose error is their own, and the ranks that only lost their connection to one of them (gloo's
+    "Connection closed by peer" on a rank whose peer stopped): a consequence, said in a word, not in full."""
+    failed = [r for r in step.ranks if r.error]
+    own = [r for r in failed if not any(words in r.error for words in _PEER_GONE)] or failed
+    return own, [r.rank for r in failed if r not in own]
+
+
+def peers_gone(ranks: list[int]) -> str:
+    """The words for the ranks that lost their connection to a rank that stopped ("" for none)."""
+    return f" (then rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} lost the connection to it)" \
+        if ranks else ""

@@ -12,7 +12,7 @@ from ...grader.diagnosis import diagnose, mistake
 from ...grader.parity import parity
 from ...grader.report import Verdict, criterion, failed, passed
 from .causes import (activation_without_grad, backward_order, count_scales, gradients_not_sent, last_loss,
-                     loss_not_detached, loss_not_scaled, mean_of_scaled)
+                     loss_not_detached, loss_not_scaled, mean_of_scaled, peers_gone, raised_first)
 from .observations import Run
 from .probes import MICRO
 
@@ -40,8 +40,9 @@ def bound(stage: int, p: int = P) -> int:
 def _raised(step: Run) -> str:
     """What the ranks raised, at their lines: the GPipe part's ``_raised`` without its translations of known errors,
     which advise GPipe's order (all forwards, then all backwards)."""
+    own, gone = raised_first(step)
     return "".join(f" (rank {r.rank} raised {r.error}" + (f" at {r.where}" if r.where else "") + ")"
-                   for r in step.ranks if r.error)
+                   for r in own) + peers_gone(gone)
 
 
 @mistake("1F1B: blocking sends in the steady state: a deadlock")
