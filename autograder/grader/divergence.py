@@ -182,7 +182,10 @@ def describe(d: Divergence) -> str:
     step = (got or ref or {}).get("step", 0)
     who = f"rank {d.rank}, " if d.rank else ""
     when = f"after {step} optimizer.step() call(s)" if step else "before any optimizer.step() call"  # torch.optim's
-    head = f"first difference from the reference ({who}{when}, event {d.index + 1}): "
+    # the function it happened in: a step count runs over the whole file, whose parts may each step an optimizer
+    fn = (got or ref or {}).get("function")
+    within = f", in {fn}()" if fn and (got or ref or {}).get("event") != "return" else ""
+    head = f"first difference from the reference ({who}{when}, event {d.index + 1}{within}): "
     if d.fields == ("event",):
         if got is None:
             return head + f"your run ended where the reference {action(ref)}"

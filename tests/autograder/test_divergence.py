@@ -86,6 +86,15 @@ def test_a_measurement_of_time_is_not_compared_and_a_launch_explains_its_own_wor
     assert annotate(report, [[[ret(1062.09)], [ret(1.0)]]], [[[ret(1059.6)], [ret(1.0)]]])  # at 2: it explains it
 
 
+def test_the_function_it_happened_in_is_said():
+    # a blind audit's exercise 4: "after 4 optimizer.step() call(s)" counted the FSDP part's steps, where the
+    # difference was in ZeRO-1's first step
+    ref = [dict(_step(5, 0.1), function="zero1_step")]
+    msg = first_divergence(ref, [dict(ref[0], lr=[0.2])]).message()
+    assert msg.startswith("first difference from the reference (after 5 optimizer.step() call(s), event 1, in "
+                          "zero1_step()): "), msg
+
+
 def test_a_value_that_differs_is_shown_both_sides():
     got = [REF[0], _sched(1, 0.05), _step(2, 0.05, params=2.5), REF[3]]
     msg = first_divergence(REF, got).message()
