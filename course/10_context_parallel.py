@@ -205,8 +205,9 @@ for r, run in enumerate(runs):
 # reasons: with grouped-query attention `k` and `v` are a fraction of `q` (8 heads of 128 against 32 in Llama
 # 3 8B), any mask works (documents packed in one sequence), and the gather is one collective a library
 # tunes. PyTorch's `context_parallel` all-gathers by default too. The same cell ran both variants on the
-# same shards (`distlab.lab.context_parallel.allgather`: `all_gather_into_tensor` forward,
-# `reduce_scatter_tensor` backward; the ring forward only), and the weights that make `q`, `k`, `v` from
+# same shards (`distlab.lab.context_parallel.allgather`: `all_gather_single` forward,
+# `reduce_scatter_single` backward, torch 2.13's names for `all_gather_into_tensor` and
+# `reduce_scatter_tensor`; the ring forward only), and the weights that make `q`, `k`, `v` from
 # each rank's positions, through the all-gather variant:
 
 # %%

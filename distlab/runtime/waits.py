@@ -20,8 +20,8 @@ import os
 import threading
 from pathlib import Path
 
-WAITS = {"init_process_group", "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
-         "reduce_scatter",
+WAITS = {"init_process_group", "all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor",
+         "all_gather_object", "reduce_scatter", "reduce_scatter_single",
          "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "recv",
          "send", "gather", "scatter", "reduce", "all_to_all", "all_to_all_single", "wait", "batch_isend_irecv"}
 _DISTRIBUTED = f"{os.sep}torch{os.sep}distributed{os.sep}"

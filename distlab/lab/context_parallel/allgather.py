@@ -38,13 +38,13 @@ class _GatherKV(torch.autograd.Function):
     def forward(ctx, kv: torch.Tensor) -> torch.Tensor:
         world = dist.get_world_size()
         gathered = kv.new_empty((world * kv.shape[0], *kv.shape[1:]))  # ranks' tensors one after another
-        dist.all_gather_into_tensor(gathered, kv.contiguous())
+        dist.all_gather_single(gathered, kv.contiguous())  # torch 2.13's all_gather_into_tensor
         return gathered.view(world, *kv.shape)
 
     @staticmethod
     def backward(ctx, dgathered: torch.Tensor) -> torch.Tensor:
         mine = dgathered.new_empty(dgathered.shape[1:])
-        dist.reduce_scatter_tensor(mine, dgathered.flatten(0, 1).contiguous(), op=dist.ReduceOp.SUM)
+        dist.reduce_scatter_single(mine, dgathered.flatten(0, 1).contiguous(), op=dist.ReduceOp.SUM)
         return mine
 
 
