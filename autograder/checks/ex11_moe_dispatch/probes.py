@@ -196,6 +196,20 @@ def _matches(obs: MoEStep, name: str, got, want: torch.Tensor, rows: int, exact:
     return bool(same)
 
 
+def _judged(obs: MoEStep, name: str, got, want: torch.Tensor, rows: int, exact: bool) -> tuple:
+    """What goes on from the learner's ``name``: its result where it is ``want`` on every rank, else ``want``
+    (``obs.substituted``); with what was observed of the result: a copy and whether it has a grad_fn where it
+    has the contract's shape, else its shape (or repr)."""
+    right = _matches(obs, name, got, want.detach(), rows, exact)
+    fits = _fits(got, rows) and name not in obs.errors
+    seen = ((got.detach().cpu().clone(), got.grad_fn is not None, None) if fits
+            else (None, None, list(getattr(got, "shape", [])) or repr(got)[:80]))
+    if _everywhere(right):
+        return (got, *seen)
+    obs.substituted.append(name)
+    return (want, *seen)
+
+
 def _dispatched(obs: MoEStep, stage, learner, x_slots: torch.Tensor, perm: torch.Tensor, send: list[int],
                 recv: list[int]) -> torch.Tensor:
     """The learner's dispatch, and what it must return: the grader's own autograd-aware all-to-all of the same
@@ -205,16 +219,9 @@ def _dispatched(obs: MoEStep, stage, learner, x_slots: torch.Tensor, perm: torch
     want = all_to_all_single_autograd(x_slots[perm], list(recv), list(send), dist.group.WORLD)
     want = want.wait() if hasattr(want, "wait") else want
     obs.dispatch_want = want.detach().cpu().clone()
-    right = _matches(obs, "dispatch", got, want.detach(), sum(recv), exact=True)
-    if _fits(got, sum(recv)) and "dispatch" not in obs.errors:
-        obs.received_grad_fn = got.grad_fn is not None
-        obs.returned.dispatched = got.detach().cpu().clone()
-    else:
-        obs.returned.dispatch_shape = list(getattr(got, "shape", [])) or repr(got)[:80]
-    if _everywhere(right):
-        return got
-    obs.substituted.append("dispatch")
-    return want
+    received, obs.returned.dispatched, obs.received_grad_fn, obs.returned.dispatch_shape = _judged(
+        obs, "dispatch", got, want, sum(recv), exact=True)
+    return received
 
 
 def _combined(obs: MoEStep, stage, learner, y_recv: torch.Tensor, perm: torch.Tensor, n_slots: int,
@@ -227,16 +234,9 @@ def _combined(obs: MoEStep, stage, learner, y_recv: torch.Tensor, perm: torch.Te
     back = back.wait() if hasattr(back, "wait") else back
     want = back.new_zeros(n_slots, HIDDEN).index_copy(0, perm, back)
     obs.y_slots_want = want.detach().cpu().clone()
-    right = _matches(obs, "combine", got, want.detach(), n_slots, exact=False)
-    if _fits(got, n_slots) and "combine" not in obs.errors:
-        obs.combined_grad_fn = got.grad_fn is not None
-        obs.y_slots = got.detach().cpu().clone()
-    else:
-        obs.returned.combine_shape = list(getattr(got, "shape", [])) or repr(got)[:80]
-    if _everywhere(right):
-        return got
-    obs.substituted.append("combine")
-    return want
+    rows, obs.y_slots, obs.combined_grad_fn, obs.returned.combine_shape = _judged(
+        obs, "combine", got, want, n_slots, exact=False)
+    return rows
 
 
 def _backward(obs: MoEStep, y: torch.Tensor | None, layer, x: torch.Tensor, grad: torch.Tensor, spy: CommSpy,
