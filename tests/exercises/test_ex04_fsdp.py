@@ -15,6 +15,7 @@ tested on observations, without a launch."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -105,6 +106,10 @@ FSDP1_EXPORT = {
         "    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):\n"
         "        state = model.state_dict()\n",
 }
+# a blind audit's: train_step's loss made a float before the backward (it raises on every rank); the export, the
+# sharding and the optimizer are right, and keep their marks
+ITEM_BEFORE_BACKWARD = {"    loss = nn.functional.cross_entropy(model(x), y)\n    loss.backward()":
+                        "    loss = nn.functional.cross_entropy(model(x), y).item()\n    loss.backward()"}
 MODULELIST = {  # fully_shard on the container (part 2 raises ValueError on every rank); ZeRO-1 right
     "    for block in model.blocks:\n        fully_shard(block)  #": "    fully_shard(model.blocks)  #"}
 Z1_CLAMPED = {"    return rank * size, (rank + 1) * size\n":
@@ -114,7 +119,7 @@ FILES = {"mistakes": MISTAKES, "no_save_no_reshard_no_zero_grad": NO_SAVE_NO_RES
          "fsdp1_export": FSDP1_EXPORT, "z1_padding_no_part2": Z1_PADDING_NO_PART2,
          "z1_not_written_no_part2": Z1_NOT_WRITTEN_NO_PART2,
          "z1_no_reduce_scatter_no_part2": Z1_NO_REDUCE_SCATTER_NO_PART2,
-         "z1_returns_none_no_part2": Z1_RETURNS_NONE_NO_PART2}
+         "z1_returns_none_no_part2": Z1_RETURNS_NONE_NO_PART2, "item_before_backward": ITEM_BEFORE_BACKWARD}
 EXPORT = "[W=2] rank 0 exports the full state dict once"
 Z1_RANGE = "[W=2] ZeRO-1: shard_range cuts W equal, padded, contiguous slices"
 Z1_PARITY = "[W=2] ZeRO-1: every rank's weights match single-process Adam"
@@ -278,6 +283,17 @@ def test_a_crash_in_part_2_costs_part_2_only(graded):
         "(rank 1 raised ValueError: fully_shard does not support containers" in fails[first]
     assert "at ex04_fsdp.py line 163 in shard: fully_shard(model.blocks)" in fails[first], fails[first]
     assert all(fails[name] == f"not checked: train_fsdp did not finish (see '{first}')" for name in rest)
+
+
+def test_a_train_step_that_raises_costs_the_step_only(graded):
+    report = graded["item_before_backward"]
+    fails = failed(report)
+    step, peak = "[W=2] matches single-process training", "[W=2] peak memory within the per-block bound"
+    assert set(fails) == {step, peak}, report.feedback  # the sharding, the optimizer, the bytes, the export: graded
+    assert re.match(r"train_step raised on rank \d: AttributeError: 'float' object has no attribute 'backward' \(line "
+                    r"\d+: loss.backward\(\)\); the grader's own step went on in its place", fails[step]), fails[step]
+    assert fails[peak] == ("not checked: the step measured was the grader's, in place of your train_step, which "
+                           f"raised (see '{step}')")
 
 
 def test_gathered_shards_never_written_back_are_named(graded):

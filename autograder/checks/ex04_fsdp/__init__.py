@@ -57,6 +57,7 @@ training is still graded:
 | export saved nothing | "nothing was saved to ...: get_model_state_dict ran 1 time(s) on rank 0, but no rank ..." |
 | full state dict on every rank | "get_model_state_dict(...) returned the full state dict ... on rank 1 too ..." |
 | fully_shard called on the ModuleList | "fully_shard needs a module with a forward ..." (raised) |
+| train_step raised | "train_step raised on rank 0: AttributeError: ...; the grader's own step went on ..." |
 | fully_shard applied twice to one module | "fully_shard ran twice on the same module ..." (raised) |
 | root sharded before its blocks | "fully_shard(model) ran before fully_shard(block) ..." (raised) |
 | state-dict collective on rank 0 only, not completed | "a collective ... ran on rank 0 only ..." (raised) |
@@ -84,7 +85,7 @@ from distlab.measure.comm import label
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_backward,
                      no_reshard, nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded, root_only,
-                     saved_everywhere, saved_nothing, some_blocks, steps_not_one)
+                     saved_everywhere, saved_nothing, some_blocks, steps_not_one, train_step_raised)
 from .zero1.causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather,
                            z1_no_reduce_scatter, z1_not_written, z1_optimizer_full, z1_shard_a_view, z1_wrong_offset)
 from .observations import PARTS, Run
@@ -218,7 +219,9 @@ def holds_its_share(run: Run) -> Verdict:
             if got != exp:
                 wrong.append(f"rank {r.rank} {part}: expected {exp} B, measured {got} B")
     if not wrong:
-        return passed(run.bytes_summary(), **measured)
+        after = " (after the grader's step, in place of your train_step, which raised)" if train_step_raised(run) \
+            else ""
+        return passed(run.bytes_summary() + after, **measured)
     why = diagnose([no_backward, optimizer_first, nothing_sharded, root_not_sharded], run)
     return failed("; ".join(wrong[:4]) + (f": {why}" if why else " (expected = ceil(rows/W) padded rows per param "
                   "and grad, the rank's real rows for exp_avg and exp_avg_sq, 4 B for each step)"), **measured)
@@ -226,6 +229,9 @@ def holds_its_share(run: Run) -> Verdict:
 
 @criterion("[W={world}] peak memory within the per-block bound", points=2)
 def peak_within_bound(run: Run) -> Verdict:
+    if train_step_raised(run):
+        return failed(f"not checked: the step measured was the grader's, in place of your train_step, which raised "
+                      f"(see '{matches_reference.rule.name.format(world=run.world)}')")
     measured = {}
     for r in run.ranks:
         measured[f"W{run.world}_rank{r.rank}_peak_bytes"] = r.step.peak
@@ -250,6 +256,8 @@ def peak_within_bound(run: Run) -> Verdict:
 
 @criterion("[W={world}] matches single-process training", points=2)
 def matches_reference(run: Run) -> Verdict:
+    if why := train_step_raised(run):
+        return failed(why)
     par = parity(run.ranks[0].final, reference(run.world), rtol=RTOL, atol=ATOL)
     measured = {f"W{run.world}_max_abs_diff_vs_reference": par.max_abs_diff}
     if par.ok:

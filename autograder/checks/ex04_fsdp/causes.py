@@ -60,6 +60,17 @@ def optimizer_first(run: Run) -> str | None:
             "Build the optimizer after shard(model)")
 
 
+@mistake("train_step raised")
+def train_step_raised(run: Run) -> str | None:
+    r = next((r for r in run.ranks if r.train_step_error), None)
+    if r is None:
+        return None
+    e = r.train_step_error
+    return (f"train_step raised on rank {r.rank}: {e.error} ({e.where}); the grader's own step went on in its "
+            "place, so that shard, make_optimizer and the export are still graded, but these weights are not your "
+            "step's")
+
+
 @mistake("nothing sharded")
 def nothing_sharded(run: Run) -> str | None:
     s = run.ranks[0].step

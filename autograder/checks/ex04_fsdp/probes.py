@@ -102,7 +102,7 @@ def _train_observed(obs: FsdpRank, learner, export: Path, device: torch.device, 
     model = make_resmlp(seed=SEED, **MODEL).to(device)  # the same start on every rank
     shapes = full_shapes(model)
     batches = rank_batches(obs.world, obs.rank, device)
-    held = _observe_step(learner, device, obs)
+    held = _observe_step(learner, device, obs, path)
     returned = None
     with CapturedPrints() as out:
         try:
@@ -128,12 +128,24 @@ def _train_observed(obs: FsdpRank, learner, export: Path, device: torch.device, 
     obs.state_dict_calls = [StateDictCall(**call) for call in calls.calls]
 
 
-def _observe_step(learner, device: torch.device, obs: FsdpRank) -> dict:
+def _observe_step(learner, device: torch.device, obs: FsdpRank, path: str) -> dict:
     """Wrap the learner's ``train_step`` so that its calls are counted into ``obs`` and step ``MEASURE_STEP``
     is measured (``obs.step``); returns what it holds (the optimizer, for a state-dict call made for another
     rank)."""
     held: dict = {}
-    real_step = learner.train_step
+    learners_step = learner.train_step
+
+    def real_step(model, optimizer, x, y):
+        """The learner's step; once it raised (not NotImplementedError), the grader's, so that what the other
+        functions did (shard, make_optimizer, the export) is still graded (``obs.train_step_error``)."""
+        if obs.train_step_error is None:
+            try:
+                return learners_step(model, optimizer, x, y)
+            except NotImplementedError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the learner's error is feedback; its own criteria say it
+                obs.train_step_error = _error(exc, path)
+        return _grader_step(model, optimizer, x, y)
 
     def observed_step(model, optimizer, x, y):
         obs.steps += 1
@@ -154,6 +166,15 @@ def _observe_step(learner, device: torch.device, obs: FsdpRank) -> dict:
 
     learner.train_step = observed_step  # train_fsdp looks it up in its module when it calls it
     return held
+
+
+def _grader_step(model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """train_step's contract, the grader's: in place of a learner's step that raised."""
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
 
 
 class _StepProbe:
