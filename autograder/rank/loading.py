@@ -6,6 +6,7 @@ tensors, lists, strings) and the verdict is computed in the grading process.
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import gc
 import importlib.abc
@@ -38,6 +39,24 @@ class _NoSolutions(importlib.abc.MetaPathFinder):
         return None
 
 
+# The grader's own code, which the ranks have imported already (so no finder sees a second import of it): its
+# checks hold a reference for many a graded function (a sort, a step, Adam on a flat shard).
+_GRADERS = ("autograder.checks", "autograder.grader", "autograder.rank")
+_LEARNER = "learner_"  # the prefix of a learner module's name (load_learner's)
+
+
+def _guarded(real):
+    """``builtins.__import__`` that refuses the grader's own modules to code of a learner's module (the naive
+    copy, as :class:`_NoSolutions` refuses ``solutions``): an ``import`` the ranks' own code makes is unchanged."""
+    def __import__(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and str((globals or {}).get("__name__", "")).startswith(_LEARNER) and \
+                any(name == g or name.startswith(g + ".") for g in _GRADERS):
+            raise ImportError("the grader's own code cannot be imported while grading")
+        return real(name, globals, locals, fromlist, level)
+    __import__.guarded = True
+    return __import__
+
+
 def load_learner(path: str | Path):
     """Import the learner's exercise file by path (never from ``sys.path``).
 
@@ -48,6 +67,8 @@ def load_learner(path: str | Path):
         sys.meta_path.insert(0, _NoSolutions())
         for name in [m for m in sys.modules if m == "solutions" or m.startswith("solutions.")]:
             del sys.modules[name]
+    if not getattr(builtins.__import__, "guarded", False):
+        builtins.__import__ = _guarded(builtins.__import__)
     trace.begin(path)  # the tracer around rank_main, if any: this file's events start here
     return watched(import_path(path, name=f"learner_{Path(path).stem}"))
 

@@ -155,3 +155,22 @@ def test_make_lab_binds_to_this_machine_takes_a_port_and_extra_arguments_and_sta
     root = os.getuid() == 0
     assert ("--allow-root" in lab) == root
     assert ('echo "make lab: running as root: JupyterLab gets --allow-root"' in proc.stdout) == root
+
+
+def test_the_graders_own_code_is_refused_to_a_learners_file(tmp_path, monkeypatch):
+    """In the rank: the grader's modules are imported already, so no finder sees the learner's import of them;
+    the import statement itself refuses them to a learner's module (its reference step, sort, Adam...)."""
+    import builtins
+    import sys
+
+    from autograder.rank.loading import load_learner
+
+    monkeypatch.setattr(builtins, "__import__", builtins.__import__)  # put back after the test
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    copied = tmp_path / "ex04_fsdp.py"
+    copied.write_text("from autograder.checks.ex04_fsdp.probes import _grader_step as train_step\n")
+    with pytest.raises(ImportError, match="the grader's own code cannot be imported while grading"):
+        load_learner(copied)
+    allowed = tmp_path / "ex01_ddp.py"
+    allowed.write_text("import torch\nfrom autograder import check\n")  # the public API, and anything else
+    assert load_learner(allowed).check is not None
