@@ -189,6 +189,7 @@ OUTPUT_FIRST = textwrap.dedent("""
 """)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.distributed.all_gather_into_tensor` is deprecated:FutureWarning")
 def test_a_collective_holds_what_the_rank_sends_not_its_output_buffer(tmp_path):
     """c10d's all_to_all_single and all_gather_into_tensor take the output buffer first: the event's values are
     the input's (what this rank contributed), never the buffer's, whose values torch.empty leaves undefined
