@@ -119,6 +119,7 @@ class P2PCall(Observation):
     value: torch.Tensor | None        # a receive: what its buffer held once the spy exited; None for a send
     where: str                        # the learner's line that posted it: "file.py line N (`code`)"
     waited: bool | None = None        # an async op: whether the learner waited on its Work; None: no Work
+    buffer: int = 0                   # where its tensor's storage lives (data_ptr): two ops' equal, one tensor
 
     @classmethod
     def from_spy(cls, call: dict) -> P2PCall:
@@ -181,7 +182,8 @@ class P2PSpy(Replace):
             self._check_dtype(name, tensor)
             peer = kwargs.get("dst", kwargs.get("src", args[0] if args else None))
             call = {"op": name.lstrip("i"), "async": name[0] == "i", "peer": peer, "shape": list(tensor.shape),
-                    "t0": time.perf_counter(), "t1": None, "value": None, "where": _caller()}
+                    "t0": time.perf_counter(), "t1": None, "value": None, "where": _caller(),
+                    "buffer": tensor.untyped_storage().data_ptr()}
             self.calls.append(call)
             result = real(tensor, *args, **kwargs)
             call["t1"] = time.perf_counter()
@@ -244,7 +246,8 @@ class P2PSpy(Replace):
                 send = self._unspied(op.op) is isend
                 self._check_dtype("isend" if send else "irecv", op.tensor)
                 calls.append({"op": "send" if send else "recv", "async": True, "peer": op.peer,
-                              "shape": list(op.tensor.shape), "t0": now, "t1": None, "value": None, "where": where})
+                              "shape": list(op.tensor.shape), "t0": now, "t1": None, "value": None, "where": where,
+                              "buffer": op.tensor.untyped_storage().data_ptr()})
                 if not send:
                     self._async_recv.append((calls[-1], op.tensor))
             self.calls.extend(calls)

@@ -52,8 +52,14 @@ MISTAKES = {
     # returning its loss undetached (10 of 10 before)
     "1F1B without its warm-up": {"    warm = min(p - 1 - rank, m)": "    warm = 0",
                                  "return torch.stack(losses).sum().detach()": "return torch.stack(losses).sum()"},
-    # blocking sends: stage 0 sends micro-batch 1's activations while stage 1 sends micro-batch 0's gradient
+    # blocking sends: stage 0 sends micro-batch 1's activations while stage 1 sends micro-batch 0's gradient; and
+    # a blind audit's GPipe stage 1 receiving every micro-batch into one buffer (Megatron-style reuse)
     "1F1B with blocking sends": {
+        "    inputs, losses = [], []\n    for y_i in y.chunk(m):\n"
+        "        act = torch.empty(y_i.shape[0], hidden, dtype=x.dtype, device=x.device)\n":
+            "    inputs, losses = [], []\n"
+            "    act = torch.empty(y.shape[0] // m, hidden, dtype=x.dtype, device=x.device)\n"
+            "    for y_i in y.chunk(m):\n",
         "sends.append(dist.isend(out.detach().contiguous(), dst=rank + 1))":
             "dist.send(out.detach().contiguous(), dst=rank + 1)",
         "sends.append(dist.isend(inp.grad.contiguous(), dst=rank - 1))":
@@ -318,6 +324,10 @@ def test_1f1b_without_its_warm_up_is_named(reports):
 
 def test_1f1b_with_blocking_sends_is_a_named_deadlock(reports):
     f = failed(reports["1F1B with blocking sends"])
+    for stage in (0, 1):
+        said = f[f"stage {stage} gradients match the unsplit model"]
+        assert "stage 1 received all 4 micro-batches' activations into one tensor (ex07_pipeline.py line" in said
+        assert "Stage 0 received, for micro-batch 1, the sum of micro-batches 0 and 1's gradients" in said, said
     assert f[OFOB[0]].startswith("both stages were waiting in a blocking dist.send at once"), f[OFOB[0]]
     assert "Post sends with dist.isend" in f[OFOB[0]]
 

@@ -50,6 +50,7 @@ stages alone fails there, and the first point where that run departs is said.
 | 1F1B: activations kept past their backward | "stage 0 held 40,960 bytes ..., although its forwards ..." |
 | 1F1B: a send held back past the stage's next forward or backward | "stage 0 sent micro-batch 0's ... only after ..." |
 | 1F1B: neighbours' ranks written as numbers (src=0, dst=1) | "at 4 stages, ...: stage 1 of 4 sent to rank 1 ..." |
+| one receive buffer for every micro-batch | "stage 1 received all 4 micro-batches' activations into one tensor ..." |
 | the loss returned still requires grad | "rank 1 returned the right loss, but still requiring grad (its ..." |
 """
 from __future__ import annotations
@@ -70,8 +71,8 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, count_scales, deadlock,
                      gradients_not_sent, ignores_received, last_loss, loss_not_detached, loss_not_scaled,
-                     mean_of_scaled, no_microbatches, peers_gone, pieces_of_n_rows, raised_first, sent_after_loop,
-                     unmatched)
+                     mean_of_scaled, no_microbatches, one_buffer, peers_gone, pieces_of_n_rows, raised_first,
+                     sent_after_loop, unmatched)
 from . import one_f_one_b
 from .observations import RankObservation, Run
 from .probes import BATCH, MICRO, P2P_TIMEOUT_S, PARTS, STAGES, batch, model, rank_main
@@ -113,7 +114,7 @@ def _advice(step: Run, text: str) -> str:
 
 
 # The causes (causes) the criteria ask for, most specific first.
-PROTOCOL = [activation_without_grad, gradients_not_sent, deadlock, unmatched]  # explain any failure: first
+PROTOCOL = [activation_without_grad, one_buffer, gradients_not_sent, deadlock, unmatched]  # explain any failure: first
 SCALE = [count_scales, loss_not_scaled]
 
 

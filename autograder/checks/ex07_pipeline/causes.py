@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 
 import torch
+from torch import nn
 
 from ...grader.diagnosis import KnownError, mistake
 from .observations import P2PCall, Run
-from .probes import BATCH, MICRO
+from .probes import BATCH, MICRO, STAGES, batch, model
 
 
 KNOWN_ERRORS = [KnownError(
@@ -212,3 +213,34 @@ def peers_gone(ranks: list[int]) -> str:
     """The words for the ranks that lost their connection to a rank that stopped ("" for none)."""
     return f" (then rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} lost the connection to it)" \
         if ranks else ""
+
+
+def cut_grads() -> list[torch.Tensor]:
+    """Each micro-batch's gradient at the cut between the 2 stages, in the unsplit model (its loss divided by the
+    micro-batch count): what stage 1 sends back for it."""
+    net, (x, y), cut = model(), batch(), STAGES[2][1]
+    grads = []
+    for xi, yi in zip(x.chunk(MICRO), y.chunk(MICRO)):
+        act = net[:cut](xi).detach().requires_grad_()
+        (nn.functional.cross_entropy(net[cut:](act), yi) / MICRO).backward()
+        grads.append(act.grad)
+    return grads
+
+
+@mistake("one receive buffer for every micro-batch")
+def one_buffer(step: Run, part: str) -> str | None:
+    recvs = step.p2p(1, "recv")
+    if part not in ("grads0", "grads1") or len(recvs) < 2 or not recvs[0].buffer or \
+            len({c.buffer for c in recvs}) > 1:
+        return None
+    sent = [c.value for c in step.p2p(0, "recv") if c.value is not None]
+    want = cut_grads()
+    summed = len(sent) >= 2 and all(g.shape == w.shape for g, w in zip(sent, want)) and \
+        torch.allclose(sent[1], want[0] + want[1], rtol=1e-5, atol=1e-8)
+    added = (" Stage 0 received, for micro-batch 1, the sum of micro-batches 0 and 1's gradients "
+             f"({float(sent[1].sum()):.6g}, where micro-batch 1's own is {float(want[1].sum()):.6g})."
+             if summed else "")
+    return (f"stage 1 received all {len(recvs)} micro-batches' activations into one tensor ({recvs[0].where}): a "
+            "receive writes it in place, unseen by autograd, so each changes the activations the earlier "
+            "micro-batches' forwards saved for their backward, and its .grad adds each backward to the last "
+            f"ones'.{added} Receive each micro-batch into a new tensor (torch.empty inside the loop)")
