@@ -14,6 +14,7 @@ Each is used only where the output holds exactly one of it: two ranks aborting a
 """
 from __future__ import annotations
 
+import ast
 import linecache
 import re
 from pathlib import Path
@@ -25,7 +26,8 @@ _FATAL = re.compile(r"Fatal Python error: (Aborted|Segmentation fault)")  # what
 
 
 def abort_details(output: str, path: Path) -> str:
-    """The learner's line a rank aborted at, and what gloo said of the message (``""``: nothing certain)."""
+    """The learner's line a rank aborted at (and the ``if`` on the rank it is inside, where it is a collective),
+    and what gloo said of the message (``""``: nothing certain)."""
     lines = output.splitlines()
     where = _learner_line(lines, path) if sum(bool(_FATAL.search(line)) for line in lines) == 1 else ""
     sizes = [m for line in lines for m in _TOO_LONG.finditer(line)]
@@ -42,9 +44,36 @@ def _learner_line(lines: list[str], path: Path) -> str:
     learner's file of the aborting rank's stack (faulthandler prints the most recent call first)."""
     start = next(i for i, line in enumerate(lines) if _FATAL.search(line))
     target = Path(path).resolve()
+    linecache.checkcache(str(target))  # a file graded again in this process may have changed since
     for line in lines[start + 1:]:
         m = _FRAME.match(line)
         if m and Path(m["file"]).resolve() == target:
             code = linecache.getline(str(target), int(m["line"])).strip()
-            return f"\n  at {target.name} line {m['line']} in {m['fn']}" + (f": {code}" if code else "")
+            return (f"\n  at {target.name} line {m['line']} in {m['fn']}" + (f": {code}" if code else "")
+                    + _rank_guard(target, int(m["line"])))
     return ""
+
+
+# A collective's call in a line of source (not a send or a receive, which run on some ranks by design)
+_COLLECTIVE = re.compile(r"\b(all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|all_to_all\w*|"
+                         r"gather|scatter|reduce)\s*\(")
+
+
+def _rank_guard(target: Path, line: int) -> str:
+    """Where line ``line`` of ``target`` calls a collective inside an ``if`` whose test reads the rank (``if rank
+    == 0:``): that fact, from the learner's source (``""`` where it does not)."""
+    if not _COLLECTIVE.search(linecache.getline(str(target), line)):
+        return ""
+    try:
+        source = target.read_text()
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError):
+        return ""
+    guards = [node for node in ast.walk(tree) if isinstance(node, ast.If) and node.test.lineno < line
+              <= node.end_lineno and "rank" in (ast.get_source_segment(source, node.test) or "")]
+    if not guards:
+        return ""
+    guard = max(guards, key=lambda node: node.lineno)  # the innermost
+    return (f"\n  that collective is inside `if {ast.get_source_segment(source, guard.test)}:` (line "
+            f"{guard.lineno}): only the ranks that test lets through call it, and on them it meets whatever "
+            "collective the others make next")

@@ -35,3 +35,19 @@ def test_two_aborts_or_another_file_say_nothing_they_cannot_be_sure_of(tmp_path)
     assert abort_details(GLOO + GLOO + _stack(path) + _stack(path), path) == ""  # whose line, whose sizes?
     assert abort_details(_stack(tmp_path / "other.py"), path) == ""  # no frame of the learner's file
     assert abort_details("Segmentation fault\n", path) == ""
+
+
+def test_a_collective_inside_an_if_on_the_rank_is_said_so(tmp_path):
+    # a blind audit's exercise 1: the log's all_reduce inside `if rank == 0:` met DDP's all-reduce of the
+    # gradients on rank 1; the feedback named gloo's sizes only
+    path = tmp_path / "ex01_ddp.py"
+    path.write_text("def stage(buf):\n    import torch.distributed as dist\n    if dist.get_rank() == 0:\n"
+                    "        dist.all_reduce(buf)\n\ndef step(buf):\n    stage(buf)\n")
+    stack = _stack(path).replace(", line 3 in stage", ", line 4 in stage")
+    said = abort_details(GLOO + stack, path)
+    assert said.startswith("\n  at ex01_ddp.py line 4 in stage: dist.all_reduce(buf)\n  that collective is inside "
+                           "`if dist.get_rank() == 0:` (line 3): only the ranks that test lets through call it"), said
+    # a receive inside such an if is a pipeline's design: nothing more is said
+    path.write_text("def stage(buf):\n    import torch.distributed as dist\n    if dist.get_rank() == 1:\n"
+                    "        dist.recv(buf, src=0)\n\ndef step(buf):\n    stage(buf)\n")
+    assert "inside" not in abort_details(GLOO + stack, path)
