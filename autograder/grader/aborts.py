@@ -50,7 +50,7 @@ def _learner_line(lines: list[str], path: Path) -> str:
         if m and Path(m["file"]).resolve() == target:
             code = linecache.getline(str(target), int(m["line"])).strip()
             return (f"\n  at {target.name} line {m['line']} in {m['fn']}" + (f": {code}" if code else "")
-                    + _rank_guard(target, int(m["line"])))
+                    + rank_guard(target, int(m["line"])))
     return ""
 
 
@@ -59,7 +59,7 @@ _COLLECTIVE = re.compile(r"\b(all_reduce|all_gather\w*|reduce_scatter\w*|broadca
                          r"gather|scatter|reduce)\s*\(")
 
 
-def _rank_guard(target: Path, line: int) -> str:
+def rank_guard(target: Path, line: int) -> str:
     """Where line ``line`` of ``target`` calls a collective inside an ``if`` whose test reads the rank (``if rank
     == 0:``): that fact, from the learner's source (``""`` where it does not)."""
     if not _COLLECTIVE.search(linecache.getline(str(target), line)):

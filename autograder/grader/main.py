@@ -8,6 +8,7 @@ it launches. Verdicts are computed here from what the ranks returned.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from distlab.runtime.process import PROGRESS_VAR, note_progress
 from distlab.runtime.sandbox import SandboxError
 
 from . import divergence
-from .aborts import abort_details
+from .aborts import abort_details, rank_guard
 from .diagnosis import KnownError, translate
 from ..rank.errors import learner_frame, values_noted
 from .registry import check_module
@@ -54,8 +55,10 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
     if isinstance(exc, RankKilled):  # no exception to show: what it printed, its line and gloo's sizes
         return f"{exc}{abort_details(exc.output, path)}"
     if isinstance(exc, LaunchHang):
+        waits = re.finditer(rf"waits in \S+ at {re.escape(path.name)}:(\d+)", exc.where or "")
+        guard = next((said for w in waits if (said := rank_guard(path.resolve(), int(w[1])))), "")
         return (f"{exc}. A collective that only some ranks reach, or that ranks reach in a different order, "
-                "waits forever.")
+                f"waits forever.{guard}")
     if isinstance(exc, LaunchTimeout):
         if exc.where and " waits in " not in exc.where:  # each rank was running code, none waited in a collective
             return f"{exc}. No rank was waiting in a collective: the code where each was did not return in time."

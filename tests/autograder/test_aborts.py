@@ -51,3 +51,17 @@ def test_a_collective_inside_an_if_on_the_rank_is_said_so(tmp_path):
     path.write_text("def stage(buf):\n    import torch.distributed as dist\n    if dist.get_rank() == 1:\n"
                     "        dist.recv(buf, src=0)\n\ndef step(buf):\n    stage(buf)\n")
     assert "inside" not in abort_details(GLOO + stack, path)
+
+
+def test_a_hang_in_a_collective_inside_an_if_on_the_rank_is_said_so(tmp_path):
+    from autograder.grader.main import explain
+    from distlab.runtime.failures import LaunchHang
+
+    path = tmp_path / "ex01_ddp.py"
+    path.write_text("import torch.distributed as dist\n\ndef train(t):\n    if dist.get_rank() == 0:\n"
+                    "        dist.all_reduce(t)\n    dist.barrier()\n")
+    hang = LaunchHang(10, "rank 0 waits in all_reduce at ex01_ddp.py:5; rank 1 waits in barrier at ex01_ddp.py:6")
+    said = explain(hang, path)
+    assert said.endswith("waits forever.\n  that collective is inside `if dist.get_rank() == 0:` (line 4): only the "
+                         "ranks that test lets through call it, and on them it meets whatever collective the "
+                         "others make next"), said
