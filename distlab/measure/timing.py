@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 import timeit
@@ -85,33 +86,46 @@ class VirtualClock:
     """A clock that only moves when a simulated workload says so.
 
     ``with clock.installed():`` makes every name bound to ``time.perf_counter``, ``time.monotonic``,
-    ``time.time``, ``time.process_time`` (and their ``_ns`` forms) read this clock, and puts them
-    back on exit: the ``time`` module's own, ``timeit.default_timer`` (what ``torch.utils.benchmark``
+    ``time.time``, ``time.process_time``, ``time.thread_time`` (and their ``_ns`` forms) read this clock, and
+    puts them back on exit: the ``time`` module's own, ``timeit.default_timer`` (what ``torch.utils.benchmark``
     reads), and those of the ``__main__`` namespace (a notebook's), where ``from time import
     perf_counter`` bound the real clock before the block began. Other modules keep theirs: a
     thread (``threading``, ``queue``) waiting on a clock that never moves would wait for ever.
+
+    The CPU clocks (``process_time``, ``thread_time``) read :attr:`cpu`, the host's own seconds: a wait in
+    :meth:`sync` for queued device work moves the wall clocks only, as a real process's CPU time does not
+    count the time it waits.
     """
 
-    _NAMES = ("perf_counter", "monotonic", "time", "process_time")
+    _WALL = ("perf_counter", "monotonic", "time")
+    _CPU = ("process_time", "thread_time")
+    _NAMES = _WALL + _CPU
 
     def __init__(self) -> None:
         self.now = 1000.0
+        self.cpu = 10.0     # the host's CPU seconds: not the waits
         self.pending = 0.0  # queued "device" work that sync() has not waited for yet
 
     def advance(self, seconds: float) -> None:
+        """The host works ``seconds``: every clock moves."""
         self.now += seconds
+        self.cpu += seconds
 
     def sync(self) -> None:
-        """The simulated device's synchronise: wait for the queued work."""
+        """The simulated device's synchronise: wait for the queued work (the wall clocks move, the CPU's not)."""
         self.now += self.pending
         self.pending = 0.0
 
+    def read(self, name: str) -> float:
+        """What clock ``name`` (one of :attr:`_NAMES`) reads now."""
+        return self.cpu if name in self._CPU else self.now
+
     @contextlib.contextmanager
     def installed(self) -> Iterator["VirtualClock"]:
-        read = lambda: self.now  # noqa: E731
-        read_ns = lambda: int(self.now * 1e9)  # noqa: E731
-        stand_in = {id(getattr(time, n)): read for n in self._NAMES}
-        stand_in.update({id(getattr(time, n + "_ns")): read_ns for n in self._NAMES})
+        stand_in = {}
+        for n in self._NAMES:
+            stand_in[id(getattr(time, n))] = functools.partial(self.read, n)
+            stand_in[id(getattr(time, n + "_ns"))] = lambda n=n: int(self.read(n) * 1e9)
         main = sys.modules.get("__main__")
         saved = []
         try:

@@ -36,6 +36,16 @@ MUTANTS = {
         "    import statistics\n    import time\n\n    times = []\n    while sum(times) < min_run_time:\n"
         "        start = time.perf_counter()\n        fn()\n        sync()\n"
         "        times.append(time.perf_counter() - start)\n    return statistics.median(times)"},
+    # a blind audit's: the same loop on time.process_time(), which does not count the waits in sync() (it scored
+    # 10 of 10 while the virtual clocks moved every clock alike)
+    "cpu_clock_loop": {
+        "    timer = benchmark.Timer(stmt=\"fn(); sync()\", globals={\"fn\": fn, \"sync\": sync},\n"
+        "                            num_threads=torch.get_num_threads())\n"
+        "    return timer.blocked_autorange(min_run_time=min_run_time).median":
+        "    import statistics\n    import time\n\n    times = []\n    while sum(times) < min_run_time:\n"
+        "        start = time.process_time()\n        fn()\n        sync()\n"
+        "        times.append(time.process_time() - start)\n"
+        "    return statistics.median(times)"},
     # four independent mistakes: each simulated workload exposes exactly one of the first three
     "no_warmup_no_sync_mean_clip_scaled": {
         "    for _ in range(warmup):\n        fn()\n        sync()\n": "",
@@ -167,6 +177,13 @@ def reports(tmp_path_factory) -> dict:
     paths["independent"] = independent.path(3)
     graded = dict(zip(paths, check.grade(list(paths.values()), real_models=REAL_MODELS)))
     return graded
+
+
+def test_a_cpu_clock_is_named_on_the_asynchronous_workload(reports):
+    fails = failed(reports["cpu_clock_loop"])
+    assert list(fails) == ["measuring: asynchronous work is synchronised"], fails
+    assert next(iter(fails.values())).startswith("you timed with time.process_time(), which counts this process's "
+                                                 "CPU time: the time it waits in sync()")
 
 
 def test_solution_full_marks(reports):

@@ -73,6 +73,17 @@ def timing_not_passed(m: Measure) -> str | None:
     return None
 
 
+@mistake("CPU time measured instead of wall-clock time")
+def cpu_clock(m: Measure) -> str | None:
+    """The workloads' clocks: a CPU clock does not count the waits in sync() (``VirtualClock.cpu``)."""
+    cpu = [name for name in m.clocks if name in ("process_time", "thread_time")]
+    if not cpu:
+        return None
+    return (f"you timed with time.{cpu[0]}(), which counts this process's CPU time: the time it waits in sync() "
+            "for the device's queued work is not in it, and that is most of a GPU step's. Time with "
+            "time.perf_counter() (or torch.utils.benchmark.Timer)")
+
+
 @mistake("saved_bytes counts tensors, not storages")
 def counted_tensors(steady: Compared) -> str | None:
     """The steady candidate keeps one storage alive through views of a quarter of it each (SharedViews)."""

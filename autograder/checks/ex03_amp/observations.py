@@ -97,6 +97,7 @@ class Measure(Observation):
     cases: dict[str, Compared] = field(default_factory=dict)  # keyed by workload ("steady", "warmup", ...)
     error: str = ""                                           # what compare raised ("" if it ran)
     timing_calls: list[TimingCall] = field(default_factory=list)  # compare's calls of median_seconds
+    clocks: list[str] = field(default_factory=list)  # the clocks read on the workloads ("perf_counter", ...)
 
 
 # The grader's own entries of the real model's observation, beside what compare returned.

@@ -178,6 +178,7 @@ def _measure(learner, watch, clocks: Clocks) -> Measure:
     finally:
         if callable(real_timing):
             learner.median_seconds = real_timing
+        out.clocks = sorted(clocks.read_names)
     return out
 
 

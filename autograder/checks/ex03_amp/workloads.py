@@ -111,14 +111,16 @@ class Clocks:
     def __init__(self) -> None:
         self.clock: VirtualClock | None = None
         self._thread = threading.get_ident()
+        self.read_names: set[str] = set()  # the clocks read on a case's virtual clock ("process_time", ...)
 
-    def _reader(self, ns: bool) -> Callable[[Callable], Callable]:
+    def _reader(self, name: str, ns: bool) -> Callable[[Callable], Callable]:
         def make(real: Callable) -> Callable:
             def read():
                 clock = self.clock
                 if clock is None or threading.get_ident() != self._thread:
                     return real()
-                return int(clock.now * 1e9) if ns else clock.now
+                self.read_names.add(name)
+                return int(clock.read(name) * 1e9) if ns else clock.read(name)
             read.__name__ = getattr(real, "__name__", "clock")
             return read
         return make
@@ -132,9 +134,9 @@ class Clocks:
         return init
 
     def replaced(self) -> Replace:
-        targets = {(time, n): self._reader(False) for n in VirtualClock._NAMES}
-        targets.update({(time, n + "_ns"): self._reader(True) for n in VirtualClock._NAMES})
-        targets[(timeit, "default_timer")] = self._reader(False)
+        targets = {(time, n): self._reader(n, False) for n in VirtualClock._NAMES}
+        targets.update({(time, n + "_ns"): self._reader(n, True) for n in VirtualClock._NAMES})
+        targets[(timeit, "default_timer")] = self._reader("perf_counter", False)
         targets[(timeit.Timer, "__init__")] = self._timer_init
         return Replace(targets)
 
