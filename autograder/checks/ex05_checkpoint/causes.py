@@ -210,6 +210,13 @@ def other_ranks_rng(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | Non
 def rng_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
     if "rng" not in _differs(x, a) or other_ranks_rng(run, x, a, r):
         return None
+    first = run.ref_at(r, 1)  # the state the run's own seeding makes, before step 1 drew anything
+    if first is not None and x.pre.rng == first.pre.rng and x.step > 1:
+        where = saved(run, "rng", r)
+        return (f"rank {r}'s RNG state, the first step after the resume, is the one the run's seeding makes "
+                "before step 1 (torch.manual_seed(seed + rank)), not the one saved with the checkpoint"
+                + (f", which holds it in {where}" if where else "") + ": it was not restored, or a seeding after "
+                "the restore replaced it. Restore it with torch.set_rng_state(), after any torch.manual_seed")
     return (f"rank {r}'s RNG state differs from the uninterrupted run's, so dropout drew other masks"
             + _advice(run, "rng", r, ": save each rank's torch.get_rng_state() and restore it",
                       "torch.set_rng_state() with it on resume"))
