@@ -165,18 +165,19 @@ def zero_gradients(run: Run) -> str | None:
 
 @mistake("the count never all-reduced: each rank divides by its own")
 def count_not_reduced(run: Run) -> str | None:
-    for step in range(STEPS):
-        if not all(run.grad_reduces(r, step) for r in range(run.world)):
-            continue
-        if any(run.count_reduces(r, step) for r in range(run.world)):
-            return None
-        kept = [run.kept(r, step) for r in range(run.world)]
-        return (f"at step {step} every all-reduce was of a gradient ({len(run.grad_reduces(0, step))} on rank 0, "
-                "shaped like the parameters), none of the count: each rank divided the global sum of gradients "
-                f"by its own count ({', '.join(f'rank {r} kept {k}' for r, k in enumerate(kept))}) where one "
-                f"process divides by all {sum(kept)}: all-reduce the count as well, before dividing by it")
-    return None
-
+    """No count all-reduced at a step whose gradients were: named at the first such step where the ranks kept
+    different counts (where dividing by a rank's own count, or by the world size, is not one process's mean)."""
+    steps = [s for s in range(STEPS) if all(run.grad_reduces(r, s) for r in range(run.world))]
+    if not steps or any(run.count_reduces(r, s) for s in steps for r in range(run.world)):
+        return None
+    kept = {s: [run.kept(r, s) for r in range(run.world)] for s in steps}
+    step = next((s for s in steps if len(set(kept[s])) > 1), steps[0])
+    each = ", ".join(f"rank {r} kept {k}" for r, k in enumerate(kept[step]))
+    return (f"at step {step} every all-reduce was of a gradient ({len(run.grad_reduces(0, step))} on rank 0, "
+            "shaped like the parameters), none of the count: one process divides the sum of the kept samples' "
+            f"gradients by all {sum(kept[step])} of them ({each}), a number only an all-reduce of the counts gives "
+            "each rank; a rank's own count, or the world size (the mean of the ranks' means), is that only where "
+            "every rank kept as many. All-reduce the count as well, before dividing by it")
 
 
 @mistake("a rank with no kept sample skips the step's update")
