@@ -97,9 +97,9 @@ def test_the_independent_solution_scores_full_marks(reports):
 
 def test_loss_not_divided(reports):
     report = reports["not_divided_no_sync"]
-    msg = "is the micro-batch gradients not divided, not the mean over its N={} samples"
-    assert msg.format(32) in feedback_of(report, "after 4 micro-batches")
-    assert msg.format(24) in feedback_of(report, "unequal sizes")
+    msg = "is the micro-batch gradients not divided, not the mean over its N={} samples on all ranks"
+    assert msg.format(64) in feedback_of(report, "after 4 micro-batches")  # the contract's N: every rank's
+    assert msg.format(48) in feedback_of(report, "unequal sizes")
 
 
 def test_short_window_divided_by_k(reports):
@@ -134,7 +134,7 @@ def test_a_sync_at_every_micro_step_costs_the_communication_criteria_only(report
 def test_a_window_synced_on_its_first_micro_step_is_named_not_as_one_per_micro_step(reports):
     report = reports["synced_first_micro_step"]
     inside = feedback_of(report, "still differ inside a window")
-    assert inside.startswith("in window 1 DDP all-reduced the gradients during micro-step(s) [1] of its 4"), inside
+    assert inside.startswith("in window 0 DDP all-reduced the gradients during micro-step(s) [1] of its 4"), inside
     assert "per micro-step" not in inside  # one all-reduce per window: only not on the window's last micro-step
     assert "all-reduced once" not in " ".join(failed(report))
 
@@ -177,7 +177,7 @@ def test_zero_grad_before_step_is_named(reports):
 def test_equal_weights_for_unequal_micro_batches(reports):
     report = reports["equal_weights"]
     unequal = feedback_of(report, "unequal sizes")
-    assert "is the micro-batch gradients divided by the 3 micro-batches (equal weights), not the mean over its N=24" \
+    assert "is the micro-batch gradients divided by the 3 micro-batches (equal weights), not the mean over its N=48" \
         in unequal and "its share of the window's samples n_i / N" in unequal
     # With equal sizes dividing by the number of micro-batches is right, and so is the short window (2 of 8 each).
     assert list(failed(report)) == [name for name in failed(report) if "unequal sizes" in name or "padded" in name]
@@ -252,6 +252,6 @@ def test_padding_counted_is_named(reports):
 def test_ddp_average_not_undone_is_named(reports):
     report = reports["over_world"]
     msg = "averaged by DDP over 2 ranks (1/2 of the mean), not the mean over its N={}"
-    assert msg.format(32) in feedback_of(report, "after 4 micro-batches")
+    assert msg.format(64) in feedback_of(report, "after 4 micro-batches")
     assert msg.format("29 tokens") in feedback_of(report, TOKENS)
     assert "multiplied by the world size" in feedback_of(report, TOKENS)

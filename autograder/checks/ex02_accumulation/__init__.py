@@ -29,10 +29,10 @@ A failure names the first cause below that explains the observations:
 | gradients never zeroed between windows | "at the start of window 1 the gradients still held the previous ..." |
 | no backward: the gradients stay zero | "at all 3 optimizer steps the gradients were zero on rank 0 ..." |
 | every micro-step inside no_sync | "DDP never all-reduced the gradients of window 0 (0 all-reduce rounds ..." |
-| no_sync on the wrong micro-steps: DDP synced inside the window | "in window 1 DDP all-reduced ... [1] ..." |
+| no_sync on the wrong micro-steps: DDP synced inside the window | "in window 0 DDP all-reduced ... [1] ..." |
 | no_sync on the wrong micro-steps: the window's last one not synced | (the same words) |
 | loss not divided | "the gradient of window 0 (...) is the micro-batch gradients not divided, not the mean ..." |
-| loss divided by accumulation_steps | "... divided by accumulation_steps=4, not the mean over its N=16 samples ..." |
+| loss divided by accumulation_steps | "... divided by accumulation_steps=4, not the mean over its N=32 samples ..." |
 | micro-batches weighted equally | "... divided by the 3 micro-batches (equal weights), not the mean ..." |
 | per-micro-batch token means averaged | "... (equal weights), not the mean over its N=29 tokens ...: averaging ..." |
 | local token count not all-reduced | "... normalised by each rank's own token count, not the mean ..." |
@@ -79,7 +79,7 @@ def _first_wrong_step(s: Scenario) -> str:
         return ""
     w, diff = first
     what, n = window_in_words(s, w)
-    total = f"{n} non-padding tokens on all ranks" if s.name == "tokens" else f"{WORLD * n} global samples"
+    total = f"{n} non-padding tokens on all ranks" if s.name == "tokens" else f"{n} global samples"
     return (f"the gradient at optimizer step {w} ({what}) differs from one batch of the window's {total} (max abs "
             f"difference {diff:.3g})")
 

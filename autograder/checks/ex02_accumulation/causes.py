@@ -122,10 +122,11 @@ def _synced_early(s: Scenario) -> tuple[int, list[int], int] | None:
 def _synced_said(found: tuple[int, list[int], int]) -> str:
     w, synced, n = found
     every = ", which costs an all-reduce per micro-step" if len(synced) == n else ""
-    return (f"in window {w + 1} DDP all-reduced the gradients during micro-step(s) {synced} of its {n} (counted "
-            "with a comm hook: their backward ran outside model.no_sync()), so the ranks' gradients were averaged "
-            f"before the window's last micro-step{every}: run every micro-step's backward inside model.no_sync() "
-            "but the window's last one")
+    return (f"in window {w} DDP all-reduced the gradients during micro-step(s) {synced} of its {n} (counted "
+            "with a comm hook), so the ranks' gradients were averaged before the window's last micro-step"
+            f"{every}: DDP syncs a micro-step whose forward ran outside model.no_sync(), whatever the backward's "
+            "context; run every micro-step but the window's last, its forward and its backward, inside "
+            "model.no_sync()")
 
 
 @mistake("no_sync on the wrong micro-steps: DDP synced inside the window")
@@ -152,10 +153,12 @@ def first_wrong(s: Scenario) -> tuple[int, float] | None:
 
 
 def window_in_words(s: Scenario, w: int) -> tuple[str, int]:
-    """Window ``w``'s micro-batches in words, and its ``N``: this rank's samples, or every rank's tokens."""
+    """Window ``w``'s micro-batches in words, and its ``N`` (the contract's: summed over the window's micro-batches
+    and over the ranks): every rank's samples, or every rank's tokens."""
     win = windows(len(s.sizes), s.k)[w]
     if s.name != "tokens":
-        return f"{[s.sizes[i] for i in win]} samples per micro-batch on each rank", sum(s.sizes[i] for i in win)
+        return (f"{[s.sizes[i] for i in win]} samples per micro-batch on each rank",
+                len(s.ranks) * sum(s.sizes[i] for i in win))
     counts = [[sum(TOKEN_LENGTHS[r][i]) for i in win] for r in sorted(TOKEN_LENGTHS)]
     return (f"non-padding tokens per micro-batch {counts[0]} on rank 0 and {counts[1]} on rank 1",
             sum(map(sum, counts)))
@@ -174,7 +177,7 @@ def _normalisation(s: Scenario, wrong: str, advice: str) -> str | None:
         advice = ("this window is shorter than accumulation_steps: normalise the final, shorter window over its "
                   "own samples (n_i / N), not by accumulation_steps")
     what, n = window_in_words(s, w)
-    unit = "tokens on all ranks" if s.name == "tokens" else "samples"
+    unit = "tokens on all ranks" if s.name == "tokens" else "samples on all ranks"
     return (f"the gradient of window {w} ({what}) is the micro-batch gradients {label[w]}, not the mean over its "
             f"N={n} {unit} (max abs difference {diff:.3g}): {advice}")
 
