@@ -45,7 +45,10 @@ MUTANTS = {
         "    import statistics\n    import time\n\n    times = []\n    while sum(times) < min_run_time:\n"
         "        start = time.process_time()\n        fn()\n        sync()\n"
         "        times.append(time.process_time() - start)\n"
-        "    return statistics.median(times)"},
+        "    return statistics.median(times)",
+        # and another of the audit's: the cross-entropy outside autocast, on float16 logits (every step overflows)
+        "        loss = nn.functional.cross_entropy(model(x), y)\n    if scaler is None:":
+        "        logits = model(x)\n    loss = nn.functional.cross_entropy(logits, y)\n    if scaler is None:"},
     # four independent mistakes: each simulated workload exposes exactly one of the first three
     "no_warmup_no_sync_mean_clip_scaled": {
         "    for _ in range(warmup):\n        fn()\n        sync()\n": "",
@@ -179,11 +182,15 @@ def reports(tmp_path_factory) -> dict:
     return graded
 
 
-def test_a_cpu_clock_is_named_on_the_asynchronous_workload(reports):
+def test_a_cpu_clock_and_a_loss_outside_autocast_are_named(reports):
     fails = failed(reports["cpu_clock_loop"])
-    assert list(fails) == ["measuring: asynchronous work is synchronised"], fails
-    assert next(iter(fails.values())).startswith("you timed with time.process_time(), which counts this process's "
-                                                 "CPU time: the time it waits in sync()")
+    order, wait = "fp16 GradScaler order: scale, backward, unscale_, clip, step, update", \
+        "measuring: asynchronous work is synchronised"
+    assert set(fails) == {order, wait}, fails
+    assert fails[wait].startswith("you timed with time.process_time(), which counts this process's CPU time: the "
+                                  "time it waits in sync()")
+    assert "the loss given to scaler.scale() was float16, so the cross-entropy ran in float16 (under autocast it " \
+        "runs in float32)" in fails[order], fails[order]
 
 
 def test_solution_full_marks(reports):

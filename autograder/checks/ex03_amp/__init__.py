@@ -39,10 +39,10 @@ A failure names the first cause below that explains the observations (each has a
 | optimizer.zero_grad() not called | "when the backward of step 2 began, .grad still held gradients of norm 0.05 ..." |
 | optimizer.step() not called once per step | "train_step called optimizer.step() 2 times in step 1 ..." |
 | gradients not clipped to max_norm | "the optimizer stepped with a gradient norm of 11.6 at step 1, where ..." |
-| scaler.update() not called | "one fp16 step called [...] and never scaler.update(): ..." (also raised) |
+| scaler.update() not called | "one fp16 step's GradScaler calls ... were [...] and never scaler.update() ..." |
 | optimizer.step() instead of scaler.step() | "... 'optimizer.step' but not scaler.step(optimizer), which ..." |
 | loss not scaled | "... never scaler.scale(loss): call scaler.scale(loss).backward() ..." |
-| first fp16 step skipped | "one fp16 step called [...]: scaler.step skipped optimizer.step because ..." |
+| first fp16 step skipped | "one fp16 step's GradScaler calls ... were [...]: scaler.step skipped ..." |
 | clipped before unscale_ | "... a gradient norm of 7.6e-07 ...: you clipped the scaled gradients ..." |
 | scaler.unscale_ called twice in one step | "unscale_(optimizer) ran twice before one scaler.step() ..." (raised) |
 | model cast to float16 | "the parameters, so their gradients, are float16 ..." (raised) |
@@ -70,9 +70,9 @@ from ...grader.parts import Parted, judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .accumulation.criteria import accumulation_order, accumulation_overflow, accumulation_parity
-from .causes import (KNOWN_ERRORS, broken, clipped_scaled, counted_tensors, cpu_clock, grads_not_zeroed, loss_summed,
-                     missing, no_update, not_clipped, not_scaled, optimizer_stepped, real_missing, scaled_loss_returned,
-                     step_skipped, steps_not_one, timing_not_passed)
+from .causes import (KNOWN_ERRORS, broken, calls, clipped_scaled, counted_tensors, cpu_clock, grads_not_zeroed,
+                     loss_summed, missing, no_update, not_clipped, not_scaled, optimizer_stepped, real_missing,
+                     scaled_loss_returned, step_skipped, steps_not_one, timing_not_passed)
 from .accumulation.observations import Accumulation
 from .observations import AmpObservation, Answers, Autocast, Measure, Parity, RealModel, Run, Scaler
 from .probes import PARTS, REAL_MODEL, rank_main
@@ -163,7 +163,7 @@ def scaler_order(run: Run) -> Verdict:
     losses = run.kind("fp16").losses
     return failed(diagnose([not_scaled, optimizer_stepped, no_update], s) or step_skipped(s, losses) or
                   clipped_scaled(s) or (
-        f"one fp16 step called {s.events}; expected {expected}: scaler.scale(loss).backward(), "
+        f"{calls(s)}; expected {expected}: scaler.scale(loss).backward(), "
         "scaler.unscale_(optimizer), clip, scaler.step(optimizer), scaler.update()" if s.events != expected else
         f"the optimizer stepped with a gradient norm of {s.grad_norm:.3g}, but clipping the true gradients "
         f"gives max_norm={MAX_NORM}: clip with torch.nn.utils.clip_grad_norm_ after scaler.unscale_"))

@@ -57,6 +57,12 @@ def real_missing(run: Run) -> str:
     return "" if r.error or r.skipped else missing(r.keys(), ("speedup", "baseline_s", "candidate_s", "memory_ratio"))
 
 
+def calls(s: Scaler) -> str:
+    """What the recording scaler saw of one fp16 step, in words (it records the scaler's calls, the backward and
+    the optimizer's step: not a clip)."""
+    return f"one fp16 step's GradScaler calls, backward and optimizer steps were {s.events}"
+
+
 @mistake("compare does not pass its timing settings on")
 def timing_not_passed(m: Measure) -> str | None:
     """A call of median_seconds from compare with other settings than compare was given (both known numbers)."""
@@ -153,7 +159,7 @@ def not_clipped(p: PrecisionRun) -> str | None:
 def no_update(s: Scaler) -> str | None:
     if "update" in s.events:
         return None
-    return (f"one fp16 step called {s.events} and never scaler.update(): the scale never adapts (it must drop "
+    return (f"{calls(s)} and never scaler.update(): the scale never adapts (it must drop "
             "after a step with inf gradients) and the next step's unscale_ raises: call scaler.update() after "
             "scaler.step(optimizer), every step")
 
@@ -162,7 +168,7 @@ def no_update(s: Scaler) -> str | None:
 def optimizer_stepped(s: Scaler) -> str | None:
     if "step" in s.events or "optimizer.step" not in s.events:
         return None
-    return (f"one fp16 step called {s.events}: 'optimizer.step' but not scaler.step(optimizer), which skips "
+    return (f"{calls(s)}: 'optimizer.step' but not scaler.step(optimizer), which skips "
             "steps with inf/NaN gradients (and unscales them if unscale_ was not called): call "
             "scaler.step(optimizer) instead of optimizer.step()")
 
@@ -171,7 +177,7 @@ def optimizer_stepped(s: Scaler) -> str | None:
 def not_scaled(s: Scaler) -> str | None:
     if "scale" in s.events:
         return None
-    return (f"one fp16 step called {s.events}, never scaler.scale(loss): small float16 gradients underflow "
+    return (f"{calls(s)}, never scaler.scale(loss): small float16 gradients underflow "
             "to zero unless the loss is scaled; call scaler.scale(loss).backward()")
 
 
@@ -180,8 +186,13 @@ def step_skipped(s: Scaler, fp16_losses: list[float]) -> str | None:
     if "step" not in s.events or "optimizer.step" in s.events:
         return None
     why = loss_summed("fp16", fp16_losses) if fp16_losses else None
-    return (f"one fp16 step called {s.events}: scaler.step skipped optimizer.step because the scaled gradients "
-            "overflowed float16, which this model's do not at the default scale" + (f"; {why}" if why else ""))
+    if s.scaled_dtype == "float16":
+        why = ("the loss given to scaler.scale() was float16, so the cross-entropy ran in float16 (under autocast "
+               "it runs in float32), and its gradient times the scale overflows float16: compute the loss inside "
+               "the autocast block") + (f"; {why}" if why else "")
+    return (f"{calls(s)}: scaler.step skipped "
+            "optimizer.step because the scaled gradients overflowed float16, which this model's do not at the "
+            "default scale" + (f"; {why}" if why else ""))
 
 
 @mistake("clipped before unscale_")

@@ -63,6 +63,7 @@ class Scaler(Observation):
     scale_after_inf: float = 0.0         # and after it
     inf_params_unchanged: bool = False   # whether the inf step left every weight as it was
     error: str = ""                      # what the first step raised ("" if it ran)
+    scaled_dtype: str = ""               # the dtype of the loss the first step gave scaler.scale() ("": none)
 
 
 @dataclass

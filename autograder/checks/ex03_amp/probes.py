@@ -124,7 +124,8 @@ def _scaler(learner, device) -> Scaler:
     opt, scaler = RecordingSGD(model.parameters(), LR, on_step), RecordingScaler(device.type, events)
     (x, y), (x2, y2) = batches(device)[:2]
     learner.train_step(model, opt, x, y, amp_dtype=torch.float16, scaler=scaler, max_norm=MAX_NORM)
-    out = Scaler(events=list(events), grad_norm=norms[0] if norms else float("nan"))
+    out = Scaler(events=list(events), grad_norm=norms[0] if norms else float("nan"),
+                 scaled_dtype=scaler.scaled[0] if scaler.scaled else "")
     bad = x2.clone()
     bad[0, 0] = float("inf")
     before, out.scale_before_inf = cpu_state(model), scaler.get_scale()

@@ -59,9 +59,12 @@ class RecordingScaler(torch.amp.GradScaler):
     def __init__(self, device: str, events: list[str]) -> None:
         super().__init__(device)
         self.events = events
+        self.scaled: list[str] = []  # the dtype of each tensor given to scale() ("float32", "float16")
 
     def scale(self, outputs):
         self.events.append("scale")
+        if isinstance(outputs, torch.Tensor):
+            self.scaled.append(str(outputs.dtype).removeprefix("torch."))
         return super().scale(outputs)
 
     def unscale_(self, optimizer):
