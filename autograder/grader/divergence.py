@@ -79,6 +79,7 @@ class Divergence:
     got: dict | None
     fields: tuple[str, ...]
     later: str = ""  # where the learner's code does what the reference did here, if it does at all
+    stepping: bool = True  # whether the reference's run steps an optimizer at all (else no step count is said)
 
     def message(self) -> str:
         return describe(self)
@@ -89,12 +90,15 @@ def first_divergence(ref: Sequence[dict], got: Sequence[dict], rank: int = 0,
     """The first event where ``got`` (the learner's trace) differs from ``ref`` (the reference's); ``measured``:
     as :func:`differing`'s."""
     rng = _same_start(ref, got)
+    stepping = any(e.get("event") == "optimizer.step" for e in ref)
     for i, (r, g) in enumerate(zip(ref, got)):
         if fields := differing(r, g, rng, measured):
-            return Divergence(i, rank, r, g, tuple(fields), _later(r, got[i + 1:]) if fields == ["event"] else "")
+            return Divergence(i, rank, r, g, tuple(fields), _later(r, got[i + 1:]) if fields == ["event"] else "",
+                              stepping)
     if len(ref) != len(got):
         i = min(len(ref), len(got))
-        return Divergence(i, rank, ref[i] if i < len(ref) else None, got[i] if i < len(got) else None, ("event",))
+        return Divergence(i, rank, ref[i] if i < len(ref) else None, got[i] if i < len(got) else None, ("event",),
+                          stepping=stepping)
     return None
 
 
@@ -181,11 +185,12 @@ def describe(d: Divergence) -> str:
     ref, got = d.ref, d.got
     step = (got or ref or {}).get("step", 0)
     who = f"rank {d.rank}, " if d.rank else ""
-    when = f"after {step} optimizer.step() call(s)" if step else "before any optimizer.step() call"  # torch.optim's
+    when = f"after {step} optimizer.step() call(s), " if step else "before any optimizer.step() call, "  # torch.optim's
+    when = when if d.stepping else ""  # a file whose functions step no optimizer: no count to give
     # the function it happened in: a step count runs over the whole file, whose parts may each step an optimizer
     fn = (got or ref or {}).get("function")
     within = f", in {fn}()" if fn and (got or ref or {}).get("event") != "return" else ""
-    head = f"first difference from the reference ({who}{when}, event {d.index + 1}{within}): "
+    head = f"first difference from the reference ({who}{when}event {d.index + 1}{within}): "
     if d.fields == ("event",):
         if got is None:
             return head + f"your run ended where the reference {action(ref)}"

@@ -95,6 +95,14 @@ def test_the_function_it_happened_in_is_said():
                           "zero1_step()): "), msg
 
 
+def test_no_step_count_where_nothing_steps_an_optimizer():
+    # a blind audit's exercise 8 (tensor parallelism, no optimizer): "before any optimizer.step() call" was said
+    ref = [{"event": "collective", "kind": "all_reduce", "shape": [4], "group": 2, "held": [1.0], "step": 0,
+            "function": "forward", "file": "ex08_tensor_parallel.py", "line": 55, "code": "dist.all_reduce(x)"}]
+    msg = first_divergence(ref, [dict(ref[0], held=[2.0])]).message()
+    assert msg.startswith("first difference from the reference (event 1, in forward()): "), msg
+
+
 def test_a_value_that_differs_is_shown_both_sides():
     got = [REF[0], _sched(1, 0.05), _step(2, 0.05, params=2.5), REF[3]]
     msg = first_divergence(REF, got).message()
