@@ -53,9 +53,13 @@ def solution_and_independent(tmp_path_factory):
     have a launch of their own), and so does a per-rank data position, in the reshard scenario only."""
     per_rank = mutant(tmp_path_factory.mktemp("per_rank"), "ex05_checkpoint.py", PER_RANK_POSITION)
     from_steps = mutant(tmp_path_factory.mktemp("from_steps"), "ex05_checkpoint.py", FROM_STEPS)
-    return dict(zip(["solution", "independent", "per-rank position", "from steps"], ex05_checkpoint.grade(
-        [SOLUTIONS / "ex05_checkpoint.py", independent.path(5), per_rank, from_steps], reshard_world=1,
-        scenarios_of=[ex05_checkpoint.SCENARIOS] * 2 + [("reshard",)] * 2)))
+    # a blind audit's: each epoch's last full batch skipped (its reshard was charged with a per-rank position)
+    last_skipped = mutant(tmp_path_factory.mktemp("last_skipped"), "ex05_checkpoint.py",
+                          {"len(order) - BATCH_SIZE + 1, BATCH_SIZE)": "len(order) - BATCH_SIZE, BATCH_SIZE)"})
+    return dict(zip(["solution", "independent", "per-rank position", "from steps", "last batch skipped"],
+                    ex05_checkpoint.grade([SOLUTIONS / "ex05_checkpoint.py", independent.path(5), per_rank, from_steps,
+                                           last_skipped], reshard_world=1,
+                                          scenarios_of=[ex05_checkpoint.SCENARIOS] * 2 + [("reshard",)] * 3)))
 
 
 @pytest.mark.slow
@@ -82,6 +86,15 @@ def test_a_per_rank_data_position_is_named_at_another_world_size(solution_and_in
     assert said.startswith("the job at 1 rank began at sample 16 of epoch 1's stream, where the 2-rank run had "
                            "used 32"), said
     assert "the saved position counted this rank's own share" in said
+
+
+@pytest.mark.slow
+def test_an_epochs_last_batch_skipped_is_named_and_not_charged_to_the_reshard(solution_and_independent):
+    f = failed(solution_and_independent["last batch skipped"])
+    own = f["[W=2] the uninterrupted run matches a single-process reference"]
+    assert "where step 8 is batch 7 of epoch 0, its last: the epoch's last full batch was skipped" in own, own
+    assert f["the data position means the same samples at world size 1"].startswith(
+        "not judged: the 2-rank run itself read samples "), f
 
 
 @pytest.mark.slow

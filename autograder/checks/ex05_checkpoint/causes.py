@@ -361,6 +361,11 @@ def samples_not_contract(run: Run, xs: list[StepRecord], a: ReferenceStep, refs:
     elif len(got) != BATCH_SIZE:  # the sampler may well be the contract's: the batch is not
         advice = (f"a batch of {len(got)} samples, not BATCH_SIZE={BATCH_SIZE}: a batch is BATCH_SIZE consecutive "
                   "indices of the sampler's order")
+    elif found and s > 1 and batch == per_epoch - 1 and found == (epoch + 1, 0):  # the epoch's last batch skipped
+        advice = (f"the contract sampler's batch 0 of epoch {epoch + 1}, where step {s} is batch {batch} of epoch "
+                  f"{epoch}, its last: the epoch's last full batch was skipped. A rank's share of an epoch holds "
+                  f"{per_epoch} batches of {BATCH_SIZE} ({DATA_SIZE // WORLD} indices): a loop that stops before "
+                  "len - BATCH_SIZE leaves the last one out; it runs while offset + BATCH_SIZE <= len")
     elif found and s > 1:  # at step 1 another seed looks the same (seed + 1's epoch 0 is seed's epoch 1)
         advice = (f"the contract sampler's batch {found[1]} of epoch {found[0]}, where step {s} is batch {batch} of "
                   f"epoch {epoch}: the data position (epoch, offset) moved wrongly; the next batch is offset + 1, "

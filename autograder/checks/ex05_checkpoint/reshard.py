@@ -126,11 +126,28 @@ def reshards(run: Run) -> Verdict:
                   f"rate, and the job finished at step {got.step}")
 
 
+def _own_stream_differs(run: Run) -> str | None:
+    """Where the 2-rank run itself left the contract's stream before its checkpoint of step ``RESHARD_FROM``, what
+    it read there: the job at the other world size continues that run's position, which is not the contract's, so
+    its samples say nothing of the position's meaning (the uninterrupted run's criterion names the mistake)."""
+    for k, (epoch, used, batch) in enumerate(stream(WORLD, RESHARD_FROM, 0, 0)):
+        for r, recs in enumerate(run.records("A", WORLD)):
+            rec = next((x for x in recs if x.step == k + 1), None)
+            if rec is not None and rec.data != batch[r]:
+                return (f"not judged: the {WORLD}-rank run itself read samples {rec.data[:3]}... on rank {r} at step "
+                        f"{k + 1}, where the contract's stream has {batch[r][:3]}... (sample {used} of epoch "
+                        f"{epoch}; the uninterrupted run's criterion says why), and the job at "
+                        f"{ranks(run.reshard_world)} continues that run's position, not the contract's")
+    return None
+
+
 @criterion("the data position means the same samples at world size {reshard_world}", points=2)
 def stream_continues(run: Run) -> Verdict:
     world, got = run.reshard_world, run.records("R", run.reshard_world)
     if run.reshard_error is not None and not any(got):
         return failed("not judged: the job at the other world size failed before its first step")
+    if own := _own_stream_differs(run):
+        return failed(own)
     want = reshard_stream(world)
     first = [[x.data for x in recs if x.step == RESHARD_FROM + 1] for recs in got]
     for k, (epoch, used, batch) in enumerate(want):
