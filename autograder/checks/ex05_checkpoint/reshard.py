@@ -108,16 +108,21 @@ def reshards(run: Run) -> Verdict:
         return failed(f"the job at {ranks(world)} resumed from the {WORLD}-rank run's checkpoint of step "
                       f"{RESHARD_FROM}: {start}; it trained steps {steps[0]}-{steps[-1]}, then failed: "
                       f"{_failed(run, err)}")
-    why = None
+    why, start = None, None
     if err is not None:
         why = f"the job failed: {_failed(run, err)}"
     elif got is None:
         why = "the job did not finish"
+    elif start := _reshard_start(run):  # the first step's state, before how the job ended
+        why = start
     elif (got.step, got.lr) != (run.ref.step, run.ref.lr):
-        why = f"it ended at step {got.step} with lr {got.lr:.6g}, expected step {run.ref.step} and lr {run.ref.lr:.6g}"
-    if why := why or _reshard_start(run):
-        # the advice where the load is in question: not for a failure at a line of another call
-        about_dcp = err is None or re.search(r"dcp\.|state_dict|Checkpoint|Size mismatch|Missing key", why)
+        why = (f"step {RESHARD_FROM + 1} started from the {WORLD}-rank run's weights, Adam state and learning rate, "
+               f"but the job ended at step {got.step} with lr {got.lr:.6g}, expected step {run.ref.step} and lr "
+               f"{run.ref.lr:.6g}: the schedule went on from another state than the one saved")
+    if why:
+        # the advice where the load is in question: the weights or Adam's state, or an error of DCP's
+        about_dcp = (start is not None and "started from other" in start) or \
+            re.search(r"dcp\.|state_dict|Checkpoint|Size mismatch|Missing key", why)
         return failed(f"loading the {WORLD}-rank run's checkpoint of step {RESHARD_FROM} with "
                       f"{ranks(run.reshard_world)}: {why}" + (". DCP reshards when you dcp.load into "
                                                               "get_state_dict's (DTensor) state of the new model"
