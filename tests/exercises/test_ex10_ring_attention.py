@@ -83,6 +83,8 @@ MISTAKES = {
     # the blind audit's: of a later rank's shard, the late queries see the early chunk only
     "later shard's early chunk only": {"if src < rank else (slice(c, None), slice(None))\n":
                                        "if src < rank else (slice(c, None), slice(0, c))\n"},
+    # a blind audit's: the shard in hand taken for rank + step's (right at W=2, wrong at 4)
+    "the other direction": {"        src = (rank - step) % world": "        src = (rank + step) % world"},
     "local mask": {BLOCKS: "        rows, cols = slice(None), slice(None)\n",
                    "        if src == rank:\n            scores = scores.masked_fill(pos[:, None] < pos[None, :]":
                    "        if True:\n            scores = scores.masked_fill(torch.arange(2 * c)[:, None] < "
@@ -251,6 +253,12 @@ def test_a_forward_without_the_scale_is_named(reports):
 def test_a_later_shard_seen_in_part_is_named(reports):
     said = failed(reports["later shard's early chunk only"])[OUTPUT]
     assert "when the late chunk of its queries sees only the early chunk of a later rank's shard" in said, said
+
+
+def test_the_shard_taken_for_the_other_sides_is_named(reports):
+    said = failed(reports["the other direction"])[OUTPUT]
+    assert "takes the shard in hand at step s for rank (rank + s) % W's: each step the shard comes from rank - 1" \
+        in said, said
 
 
 def test_forwarding_its_own_shard_is_named(reports):

@@ -45,6 +45,7 @@ the reference is ``F.scaled_dot_product_attention(is_causal=True)`` on the whole
 | no causal mask | "rank 0's output is the non-causal attention (every key seen) ..." |
 | the forward's scores not scaled by 1/sqrt(head_dim) | "rank 1's output is the causal attention of q @ k^T ..." |
 | a later rank's shard: its early chunk alone | "rank 0's output is what the ring gives when the late chunk ..." |
+| the shard in hand taken for the one from the other side of the ring | "rank 1's output is what a ring gives ..." |
 | gathered the whole sequence with a collective | "the ring called all_gather: a collective that gathers ..." |
 | a receive never waited on | "rank 0 never waited on 3 of its 3 receives, the first from rank 3 ..." |
 | a send/recv deadlock in the ring | (gloo's "Timed out waiting 3000ms for send") "every rank waited for ..." |

@@ -208,6 +208,19 @@ def later_early_only(run: Run) -> str | None:
             "chunk, 2W - 1 - r, in the sequence (src > r), so those queries see the whole of a later rank's shard")
 
 
+@mistake("the shard in hand taken for the one from the other side of the ring")
+def other_direction(run: Run) -> str | None:
+    if run.world < 3:  # at 2 ranks both sides are one rank
+        return None
+    ranks = _is(run, replay_sliced(run.world, mislabelled=True))
+    if not ranks:
+        return None
+    return (f"rank {ranks[0]}'s output is what a ring gives that takes the shard in hand at step s for rank "
+            f"(rank + s) % W's: each step the shard comes from rank - 1, so at step s it started at rank (rank - s) "
+            f"% W. At {run.world} ranks the two differ (at 2 they are one rank), and the blocks were cut and masked "
+            "for another rank's positions")
+
+
 @mistake("the shard's two chunks taken in the other order")
 def chunks_swapped(run: Run) -> str | None:
     ranks = _is(run, replay_sliced(run.world, swapped=True))
@@ -351,7 +364,7 @@ def backward_nan(run: Run) -> str | None:
 
 PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
 OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept, local_mask,
-          contiguous_rule, chunks_swapped, no_mask, unscaled, later_early_only]
+          contiguous_rule, chunks_swapped, no_mask, unscaled, later_early_only, other_direction]
 GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse,
              backward_no_mask, no_scale]
 BACKWARD_RING = [*PROTOCOL, not_home]

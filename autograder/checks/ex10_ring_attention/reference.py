@@ -150,13 +150,14 @@ def replay(world: int, *, merge: str = "lse", mask: str = "global", skip_later: 
 
 
 @lru_cache(maxsize=4)
-def replay_sliced(world: int, *, mask: str = "global", swapped: bool = False,
-                  later_early_only: bool = False) -> list[torch.Tensor]:
+def replay_sliced(world: int, *, mask: str = "global", swapped: bool = False, later_early_only: bool = False,
+                  mislabelled: bool = False) -> list[torch.Tensor]:
     """Each rank's output of the reference's ring, blocks and all (its own shard whole, an earlier rank's early
     chunk for every query, a later rank's shard for the late chunk of queries), merged by log-sum-exp, with
     ``mask="local"``: a causal triangle on every block computed, in the block's own indices; ``swapped``: the
     shard taken to hold its late chunk first (the positions, and the halves kept, the other way round);
-    ``later_early_only``: of a later rank's shard, its early chunk alone (its late chunk left out)."""
+    ``later_early_only``: of a later rank's shard, its early chunk alone (its late chunk left out); ``mislabelled``:
+    the shard in hand at step ``s`` (rank ``r - s``'s) cut and masked as rank ``r + s``'s, the other direction."""
     q, k, v = whole()
     c, outs = SEQ // (2 * world), []
     early, late = slice(0, c), slice(c, None)
@@ -168,17 +169,18 @@ def replay_sliced(world: int, *, mask: str = "global", swapped: bool = False,
         qs = shard(q, r, world)
         out, lse = torch.zeros_like(qs), torch.full((*qs.shape[:-1], 1), float("-inf"))
         for step in range(world):
-            src = (r - step) % world
+            held = (r - step) % world  # whose shard is in hand
+            src = (r + step) % world if mislabelled else held  # whose the code takes it for
             rows, cols = (slice(None), slice(None)) if src == r else (slice(None), early) if src < r else \
                 (late, early if later_early_only else slice(None))
-            s = (qs[..., rows, :] @ shard(k, src, world)[..., cols, :].transpose(-1, -2)) * HEAD_DIM ** -0.5
+            s = (qs[..., rows, :] @ shard(k, held, world)[..., cols, :].transpose(-1, -2)) * HEAD_DIM ** -0.5
             if mask == "local":
                 s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
             elif src == r:
                 s = s.masked_fill(pos[:, None] < pos[None, :], float("-inf"))
             b_lse = torch.logsumexp(s, -1, keepdim=True)
             new = torch.logaddexp(lse[..., rows, :], b_lse)
-            b_out = torch.exp(s - b_lse) @ shard(v, src, world)[..., cols, :]
+            b_out = torch.exp(s - b_lse) @ shard(v, held, world)[..., cols, :]
             out[..., rows, :] = torch.exp(lse[..., rows, :] - new) * out[..., rows, :] + torch.exp(b_lse - new) * b_out
             lse[..., rows, :] = new
         outs.append(out)
