@@ -204,3 +204,24 @@ def test_dispatch_and_combine_are_graded_apart_each_named(graded):
     f = failed(graded["combine splits not swapped"])
     assert DISPATCH not in f and COMBINE in f, f
     assert "combine sends those back, so its two lists swap places" in f[COMBINE], f[COMBINE]
+
+
+def test_the_causes_explain_nothing_they_cannot_see_on_crafted_runs():
+    """No launch: a perm of positions where they are the slots themselves (rank 1 drops none), and a combine whose
+    kept slots are all right, explain nothing, and raise nothing."""
+    import torch
+
+    from autograder.checks.ex11_moe_dispatch.causes import perm_in_kept, wrong_slots
+    from autograder.checks.ex11_moe_dispatch.observations import MoEStep, Run
+
+    ranks = [MoEStep(rank=r, world=2) for r in range(2)]
+    run = Run(ranks)
+    assert run.slots(1).keep.all()  # rank 1 keeps every slot: its positions in the kept list are its slots
+    ranks[1].returned.perm = torch.arange(len(run.slots(1).keep)).flip(0)
+    assert perm_in_kept(run) is None
+    want = torch.randn(len(run.slots(0).keep), 8)
+    dropped = int((~run.slots(0).keep).nonzero()[0])
+    got = want.clone()
+    got[dropped] += 1.0  # a dropped slot not zero: no kept slot holds another's row
+    ranks[0].y_slots, ranks[0].y_slots_want = got, want
+    assert wrong_slots(run) is None

@@ -7,6 +7,7 @@ the protocol's first.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
@@ -215,6 +216,7 @@ def peers_gone(ranks: list[int]) -> str:
         if ranks else ""
 
 
+@functools.cache  # the same for every file: computed once per grading process (read, never written)
 def cut_grads() -> list[torch.Tensor]:
     """Each micro-batch's gradient at the cut between the 2 stages, in the unsplit model (its loss divided by the
     micro-batch count): what stage 1 sends back for it."""

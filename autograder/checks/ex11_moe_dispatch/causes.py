@@ -61,8 +61,9 @@ def perm_in_kept(run: Run) -> str | None:
     for obs in run.ranks:
         perm, r = obs.returned.perm, obs.rank
         kept = _kept(run, r)
-        dropped = len(kept) < len(run.slots(r).keep)  # else positions in the kept list are the slots themselves
-        if dropped and isinstance(perm, torch.Tensor) and sorted(perm.tolist()) == list(range(len(kept))):
+        # where no slot before the last kept one was dropped, the positions in the kept list are the slots
+        apart = kept.tolist() != list(range(len(kept)))
+        if apart and isinstance(perm, torch.Tensor) and sorted(perm.tolist()) == list(range(len(kept))):
             k = next(int(p) for p in perm if int(kept[p]) != int(p))  # a position that is not its slot
             return (f"rank {r}'s perm holds positions 0..{len(kept) - 1} in the list of its {len(kept)} kept slots, "
                     f"not the slots' own indices (position {k} there is slot {int(kept[k])}): index that list with "
@@ -159,7 +160,9 @@ def wrong_slots(run: Run) -> str | None:
         kept = _kept(run, r).tolist()
         if not all(any(torch.allclose(got[i], want[j], atol=1e-6) for j in kept) for i in kept):
             continue
-        i = next(i for i in kept if not torch.allclose(got[i], want[i], atol=1e-6))
+        i = next((i for i in kept if not torch.allclose(got[i], want[i], atol=1e-6)), None)
+        if i is None:  # every kept slot holds its own row: what differs is elsewhere (a dropped slot's zeros)
+            continue
         j = next(j for j in kept if torch.allclose(got[i], want[j], atol=1e-6))
         return (f"rank {r}'s combine put the expert's outputs in the wrong slots: slot {i} holds slot {j}'s; the "
                 "row that comes back k-th belongs to slot perm[k] (out.index_copy(0, perm, rows), or "
