@@ -18,6 +18,8 @@ Scenarios, in three torchrun launches (``scenarios``; the rank side is in ``prob
    state and continue the same global sample stream (the data position counts the samples all ranks
    together used, so it keeps its meaning when each rank's share changes).
 
+Launches 2 and 3 need only the first's directories and touch none of each other's, so they run side by side.
+
 The reference, the fresh job alone and the reshard launches take several files
 at once (tests); a file with the restart scenario has a resume launch of its own.
 Where a fresh job in that launch failed, the restart scenario began in a later

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -64,10 +65,15 @@ def _batch(files: Sequence[int], paths, outdirs, phases: Callable[[int], list[di
 
 def run_scenarios(paths: Sequence[str], outdirs: Sequence[str], wanted: Sequence[tuple[str, ...]],
                   reshard_world: int, timeout: Callable[[str, int], float]) -> list[dict]:
-    """The launches, in order: the reference (and the job stopped for the fresh scenario), the resumes (the
-    fresh jobs, then the restarts: one launch per file, the fresh jobs of the others ride in the first),
-    the reshard (from a copy of A's directory without its last checkpoint). Returns, per file, the error of each
-    launch that died in its phases and the seconds."""
+    """The launches: the reference (and the job stopped for the fresh scenario), then, side by side, the
+    resumes (the fresh jobs, then the restarts: one launch per file, the fresh jobs of the others ride in
+    the first) and the reshard (from a copy of A's directory without its last checkpoint). Returns, per file,
+    the error of each launch that died in its phases and the seconds.
+
+    The resumes read C and write B, the reshard reads and writes R only, so neither waits for the other: on
+    this machine most of a launch is its ranks waiting on each other and on process starts, which two launches
+    overlap (as exercise 1's two world sizes). A kill is scheduled by step, never by time.
+    """
     n, out = len(paths), [{} for _ in paths]
 
     def phase(i: int, d: str, **kw) -> dict:
@@ -77,6 +83,21 @@ def run_scenarios(paths: Sequence[str], outdirs: Sequence[str], wanted: Sequence
         [phase(i, "C", tag="first", stop_step=FRESH_STOP)] if "fresh" in wanted[i] else []),
         WORLD, "reference", timeout, out)
     live = [i for i in range(n) if (Path(outdirs[i]) / "A-final.pt").exists()]
+    reshard = [i for i in live if "reshard" in wanted[i]]
+    for i in reshard:  # before either launch starts: the copy of A is the reshard's alone
+        _reshard_dir(Path(outdirs[i]))
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(_resumes, live, paths, outdirs, wanted, phase, timeout, out),
+                pool.submit(_batch, reshard, paths, outdirs, lambda i: [phase(i, "R", tag="reshard")],
+                            reshard_world, "reshard", timeout, out)]
+        for job in jobs:
+            job.result()  # a launch that could not start raises here, as a sequential one would
+    return out
+
+
+def _resumes(live: list[int], paths, outdirs, wanted, phase: Callable, timeout: Callable[[str, int], float],
+             out: list[dict]) -> None:
+    """The fresh jobs' resumes and the restart scenario's launches (``--max-restarts=2``), in ``out``."""
     fresh = [i for i in live if "fresh" in wanted[i] and (Path(outdirs[i]) / "C-stopped").exists()]
     restart = [i for i in live if "restart" in wanted[i]]
     guests = [i for i in fresh if i not in restart]
@@ -102,11 +123,6 @@ def run_scenarios(paths: Sequence[str], outdirs: Sequence[str], wanted: Sequence
         out[j]["resume"], out[j]["resume_launch_s"] = err, wall_s
     if guests and not restart:
         _batch(guests, paths, outdirs, resume, WORLD, "resume", timeout, out)
-    reshard = [i for i in live if "reshard" in wanted[i]]
-    for i in reshard:
-        _reshard_dir(Path(outdirs[i]))
-    _batch(reshard, paths, outdirs, lambda i: [phase(i, "R", tag="reshard")], reshard_world, "reshard", timeout, out)
-    return out
 
 
 def _began_first(outdir: Path, name: str) -> bool:
