@@ -120,9 +120,12 @@ def test_every_declared_mistake_is_in_the_docstring_table(number):
 
 # -- hints ---------------------------------------------------------------------------------------------
 def _criterion_names(check: ModuleType) -> set[str]:
-    """The criterion functions a check package declares (``@criterion``), in it and its modules."""
-    modules = [check] + [m for m in vars(check).values()
-                         if isinstance(m, ModuleType) and m.__name__.startswith(f"{check.__name__}.")]
+    """The criterion functions a check package declares (``@criterion``), in it and its modules, at any depth."""
+    modules, todo = [], [check]
+    while todo:
+        modules.append(m := todo.pop())
+        todo += [sub for sub in vars(m).values() if isinstance(sub, ModuleType) and sub not in modules
+                 and sub.__name__.startswith(f"{m.__name__}.")]
     return {fn.__name__ for m in modules for fn in vars(m).values() if callable(fn) and hasattr(fn, "rule")}
 
 
