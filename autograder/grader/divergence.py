@@ -41,8 +41,8 @@ CALLED = {"init_process_group": "dist.init_process_group", "destroy_process_grou
 def _close(a, b) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=RTOL, abs_tol=1e-9)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):  # a NaN where the reference has one: the same
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=RTOL, abs_tol=1e-9)
     return a == b
 
 

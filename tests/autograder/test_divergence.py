@@ -26,6 +26,10 @@ REF = [_step(1, 0.1), _sched(1, 0.05), _step(2, 0.05), _sched(2, 0.025)]
 def test_same_traces_do_not_diverge():
     assert first_divergence(REF, [dict(e) for e in REF]) is None
     assert first_divergence(REF, [dict(REF[0], params=1.0 + 1e-9)] + REF[1:]) is None  # within rtol
+    # a blind audit's exercise 3: a step that overflows in float16 returns NaN in both runs ("[nan] vs [nan]")
+    nan = [dict(REF[0], params=float("nan"))] + REF[1:]
+    assert first_divergence(nan, [dict(e) for e in nan]) is None
+    assert first_divergence(REF, nan).fields == ("params",)
 
 
 def test_an_event_out_of_order_names_the_line_and_where_it_happens_later():

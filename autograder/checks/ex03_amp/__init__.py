@@ -262,8 +262,8 @@ def real_model_notes(run: Run, file: Parted | None = None) -> tuple[list[str], d
         return [f"real-model measurement not available: {why}"], {}
     got = r.returned  # compare's dict: the contract's keys, real_missing made sure
     notes = [f"On this machine ({r.device}, {r.model}), your compare() measured bf16 autocast "
-             f"{got['speedup']:.2f}x the speed of float32 ({got['baseline_s'] * 1e3:.2f} ms vs "
-             f"{got['candidate_s'] * 1e3:.2f} ms per step) and {got['memory_ratio']:.2f}x its saved-activation "
+             f"{got['speedup']:.2f}x the speed of float32 ({got['candidate_s'] * 1e3:.2f} ms per step vs "
+             f"float32's {got['baseline_s'] * 1e3:.2f} ms) and {got['memory_ratio']:.2f}x its saved-activation "
              f"bytes. The grader's own memory measurement: {r.peak_ratio:.2f}x, by {r.peak_method}."]
     if not run.capability:
         notes.append("On a CPU the speedup is reported, not graded: bf16 matmuls are only fast where "
