@@ -43,6 +43,8 @@ MISTAKES = {
     "counts dropped too": {"torch.bincount(expert[kept], minlength=world_size)":
                            "torch.bincount(expert, minlength=world_size)"},
     "combine inverse wrong": {"index_copy(0, perm, back)": "index_copy(0, torch.argsort(perm), back)"},
+    # a blind audit's: the dropped slots' rows left as new_empty made them (tiny values: within the tolerance)
+    "combine rows not zeroed": {"back.new_zeros(n_slots, back.shape[1])": "back.new_empty(n_slots, back.shape[1])"},
     "combine splits not swapped": {
         "back = all_to_all_single_autograd(y_recv, input_split_sizes, output_split_sizes, dist.group.WORLD)":
         "back = all_to_all_single_autograd(y_recv, output_split_sizes, input_split_sizes, dist.group.WORLD)"},
@@ -200,6 +202,10 @@ def test_dispatch_and_combine_are_graded_apart_each_named(graded):
     assert set(f) == {COMBINE, GRADS, COMM}, f
     assert re.match(r"rank [01]'s combine put the expert's outputs in the wrong slots: slot \d+ holds slot \d+'s",
                     f[COMBINE]), f[COMBINE]
+    # combine's dropped rows left unwritten: fresh memory holds NaN in the grader's runs, whatever it held before
+    f = failed(graded["combine rows not zeroed"])
+    assert DISPATCH not in f and COMBINE in f, f
+    assert re.match(r"rank [01]'s combine returned NaN in the rows of the \d+ dropped slots \[", f[COMBINE]), f[COMBINE]
     # combine's all-to-all with dispatch's splits: it raises, and dispatch keeps its mark
     f = failed(graded["combine splits not swapped"])
     assert DISPATCH not in f and COMBINE in f, f

@@ -36,6 +36,7 @@ the forward ended (it goes through the forward's output), and no others (``grade
 | dispatch's split sizes swapped | "rank 0's dispatch returned 22 rows, the number it sends ..., not the 20 ..." |
 | split sizes count the dropped slots | "rank 0's input_split_sizes is [7, 17], the slots per expert dropped ones ..." |
 | combine puts rows in the wrong slots | "rank 0's combine put the expert's outputs in the wrong slots: slot 3 ..." |
+| combine leaves the dropped slots' rows unwritten | "rank 0's combine returned NaN in the rows of the 2 dropped ..." |
 """
 from __future__ import annotations
 
@@ -50,9 +51,9 @@ from ...grader.parity import parity
 from ...grader.parts import judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, counted_dropped, dropped_sent, edge_case_missed, no_exchange_collective,
-                     not_autograd, not_exchanged, not_inverted, perm_in_kept, returned_none, rows_differ, runtime_copy,
-                     splits_swapped, wrong_order, wrong_slots)
+from .causes import (KNOWN_ERRORS, counted_dropped, dropped_sent, dropped_unwritten, edge_case_missed,
+                     no_exchange_collective, not_autograd, not_exchanged, not_inverted, perm_in_kept, returned_none,
+                     rows_differ, runtime_copy, splits_swapped, wrong_order, wrong_slots)
 from .observations import Run
 from .probes import rank_main
 from .reference import ATOL, RTOL
@@ -152,7 +153,7 @@ def combine_rows(run: Run) -> Verdict:
                           f"({len(want)}, {want.shape[1]}): one row per slot")
         p = parity(got, want, rtol=1e-5, atol=1e-6)
         if not p.ok:
-            return failed(diagnose([not_inverted, wrong_slots], run) or
+            return failed(diagnose([dropped_unwritten, not_inverted, wrong_slots], run) or
                           f"rank {r}'s combine returned rows that differ from the expert's outputs put back in "
                           f"their slots by up to {p.max_abs_diff:.3g}{_given(run, 'combine')}")
     worst = max(float((o.y - run.ref.y[run.rows(o.rank)]).abs().max()) for o in run.ranks)

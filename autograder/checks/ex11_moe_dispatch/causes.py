@@ -124,6 +124,21 @@ def not_inverted(run: Run) -> str | None:
     return None
 
 
+@mistake("combine leaves the dropped slots' rows unwritten")
+def dropped_unwritten(run: Run) -> str | None:
+    for obs in run.ranks:
+        r, got, want = obs.rank, obs.y_slots, obs.y_slots_want
+        dropped = ~run.slots(r).keep
+        if got is None or not dropped.any() or not torch.isnan(got[dropped]).all():
+            continue
+        if torch.allclose(got[~dropped], want[~dropped], rtol=1e-5, atol=1e-6):
+            slots = dropped.nonzero().squeeze(1).tolist()
+            return (f"rank {r}'s combine returned NaN in the rows of the {len(slots)} dropped slots {slots[:5]}, "
+                    "where the contract gives zeros: the grader's runs fill fresh memory with NaN, so that a row "
+                    "torch.empty or new_empty leaves unwritten shows; start from new_zeros")
+    return None
+
+
 @mistake("dispatch's split sizes swapped")
 def splits_swapped(run: Run) -> str | None:
     for obs in run.ranks:

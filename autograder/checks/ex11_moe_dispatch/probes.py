@@ -13,6 +13,9 @@ tagged with the stage (the learner function) and the phase (forward or backward)
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single_autograd
@@ -78,6 +81,19 @@ def _ints(value) -> list | None:
     return list(value) if ok else None
 
 
+@contextmanager
+def fresh_memory_nan() -> Iterator[None]:
+    """torch.empty and new_empty leave whatever bytes the allocator had, often zeros: a combine that leaves the
+    dropped slots' rows unwritten would pass by luck. In deterministic mode torch fills fresh memory with NaN (an
+    integer dtype's largest value), so every read of a row never written shows, in every run alike."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # warn_only: no op of the learner's raises for it
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
 def _everywhere(ok: bool) -> bool:
     """Whether ``ok`` on every rank: the backward runs the all-to-alls' backward on all of them, or none
     (one rank whose combine raised would leave the others waiting in it)."""
@@ -118,7 +134,7 @@ def _observe(path: str, rank: int, world: int, kept: Parts) -> None:
 
     def stage(name, fn, *args):
         spy.stage = name
-        with spy, watch:   # the learner's calls only: the runtime's copy run from them is seen
+        with spy, watch, fresh_memory_nan():   # the learner's calls only: the runtime's copy run from them is seen
             out, exc = attempt(fn, *args)
         spy.stage = None
         if isinstance(exc, NotImplementedError):
