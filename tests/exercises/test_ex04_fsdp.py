@@ -361,6 +361,22 @@ def test_causes_without_a_launch():
         assert cause(_run()) is None, cause
 
 
+def test_the_exports_return_is_the_contracts_on_every_rank():
+    # a blind audit's: the dict returned on every rank (the contract returns None off rank 0) got full marks
+    def run(*returned):
+        out = _run()
+        for rank, got in zip(out.ranks, returned):
+            rank.export_returned = got
+        return out
+
+    assert ex04_fsdp.export_returned(run("a dict of 36 entries", "a dict of 0 entries")) == (
+        "export_full_state_dict returned a dict of 0 entries on rank 1, where its contract returns None there")
+    assert ex04_fsdp.export_returned(run("None", "None")) == (
+        "export_full_state_dict returned None on rank 0, where its contract returns the dict it saved there")
+    for right in (run("a dict of 36 entries", "None"), run(None, None)):  # None: never called by its name
+        assert ex04_fsdp.export_returned(right) is None
+
+
 def test_a_peak_over_the_bound_with_the_optimizer_built_first_says_so():
     # a blind audit's: the optimizer built before sharding, alone; the peak's message said only "though every
     # block is its own fully_shard unit and reshards after forward"

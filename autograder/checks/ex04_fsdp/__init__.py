@@ -54,6 +54,7 @@ training is still graded:
 | FSDP1 state_dict_type on an FSDP2 model | "FullyShardedDataParallel.state_dict_type (FSDP1) does not apply ..." |
 | export raised | "the export (after training) raised ...; the training was graded, the export was not" |
 | export saved on several ranks | "torch.save was called on ranks [0, 1]: every rank must call ..." |
+| the export returns the dict off rank 0 too | "export_full_state_dict returned a dict of 0 entries on rank 1, ..." |
 | export saved nothing | "nothing was saved to ...: get_model_state_dict ran 1 time(s) on rank 0, but no rank ..." |
 | full state dict on every rank | "get_model_state_dict(...) returned the full state dict ... on rank 1 too ..." |
 | fully_shard called on the ModuleList | "fully_shard needs a module with a forward ..." (raised) |
@@ -82,9 +83,9 @@ from ...grader.parity import parity
 from ...grader.parts import launch_parts, report_ended
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, export_raised, fsdp1_api, full_everywhere, grads_not_zeroed, mib, no_backward,
-                     no_reshard, nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded, root_only,
-                     saved_everywhere, saved_nothing, some_blocks, steps_not_one, train_step_raised)
+from .causes import (KNOWN_ERRORS, export_raised, export_returned, fsdp1_api, full_everywhere, grads_not_zeroed, mib,
+                     no_backward, no_reshard, nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded,
+                     root_only, saved_everywhere, saved_nothing, some_blocks, steps_not_one, train_step_raised)
 from .observations import PARTS, Run
 from .probes import FILE_PARTS, NEEDS, rank_main
 from .workloads import ATOL, LR, MEASURE_STEP, MICRO_BATCH, MODEL, RTOL, STEPS
@@ -208,7 +209,7 @@ def exports_once(run: Run) -> Verdict:
                       "(full_state_dict=True, cpu_offload=True) so it holds plain tensors")
     if any(not torch.equal(saved[k], final[k]) for k in final):
         return failed("the saved weights differ from the trained model's: export after training")
-    return failed(why) if (why := full_everywhere(run)) else passed()
+    return failed(why) if (why := full_everywhere(run) or export_returned(run)) else passed()
 
 
 CRITERIA = [*ZERO1_CRITERIA, sharded_on_dim0, optimizer_after_sharding, holds_its_share, peak_within_bound,

@@ -187,6 +187,16 @@ def full_everywhere(run: Run) -> str | None:
             "StateDictOptions(full_state_dict=True, cpu_offload=True): only rank 0 then receives it, on the CPU")
 
 
+@mistake("the export returns the dict off rank 0 too")
+def export_returned(run: Run) -> str | None:
+    for r in run.ranks:
+        got = r.export_returned  # None: train_fsdp never called export_full_state_dict by its name
+        if got is not None and (got == "None") != (r.rank != 0):
+            want = "the dict it saved" if r.rank == 0 else "None"
+            return f"export_full_state_dict returned {got} on rank {r.rank}, where its contract returns {want} there"
+    return None
+
+
 @mistake("export saved on several ranks")
 def saved_everywhere(run: Run) -> str | None:
     savers = [r.rank for r in run.ranks if r.saves]

@@ -91,6 +91,7 @@ class FsdpRank(Observation):
     device: str = ""  # "cpu" or "cuda"
     export: str = ""  # the export_path train_fsdp was given
     after_training_error: TrainingError | None = None  # what the export raised (None: nothing)
+    export_returned: str | None = None  # what export_full_state_dict returned here, said ("None"; None: not called)
     train_step_error: TrainingError | None = None  # what train_step first raised: the grader's step went on
     state_dict_calls: list[StateDictCall] = field(default_factory=list)  # this rank's own, in order
     partnered: list[StateDictCall] = field(default_factory=list)  # those its spy made for a rank waiting in one

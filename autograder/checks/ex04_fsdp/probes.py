@@ -103,6 +103,7 @@ def _train_observed(obs: FsdpRank, learner, export: Path, device: torch.device, 
     shapes = full_shapes(model)
     batches = rank_batches(obs.world, obs.rank, device)
     held = _observe_step(learner, device, obs, path)
+    _observe_export(learner, obs)
     returned = None
     with CapturedPrints() as out:
         try:
@@ -166,6 +167,20 @@ def _observe_step(learner, device: torch.device, obs: FsdpRank, path: str) -> di
 
     learner.train_step = observed_step  # train_fsdp looks it up in its module when it calls it
     return held
+
+
+def _observe_export(learner, obs: FsdpRank) -> None:
+    """Wrap the learner's ``export_full_state_dict`` so that what it returns on this rank is seen: its contract
+    returns the dict on rank 0 and ``None`` on the others (``obs.export_returned``)."""
+    learners_export = learner.export_full_state_dict
+
+    def observed_export(model, path):
+        got = learners_export(model, path)
+        obs.export_returned = ("None" if got is None else f"a dict of {len(got)} entries" if isinstance(got, dict)
+                               else f"a {type(got).__name__}")
+        return got
+
+    learner.export_full_state_dict = observed_export  # train_fsdp looks it up in its module when it calls it
 
 
 def _grader_step(model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
