@@ -162,6 +162,11 @@ FRESH_CRASH = {"from pathlib import Path\n": "import shutil\nfrom pathlib import
                "        step, position = resumed\n":
                "        step, position = resumed\n        if dist.get_rank() == 0:  # drop the interrupted write\n"
                "            shutil.rmtree(staging_path(root, step + save_every))\n"}
+# A blind audit's: the samples of a step counted after its checkpoint is saved (its feedback said the position
+# "was not restored"; at 4 ranks, "continue from the saved position", which the code did)
+POSITION_SAVED_FIRST = {"            used += world * BATCH_SIZE\n": "",
+                        "keep)\n            if on_step":
+                        "keep)\n            used += world * BATCH_SIZE\n            if on_step"}
 FRESH = "a fresh job resumes exactly"
 REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 
@@ -170,9 +175,11 @@ REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 # reference launch for the five files, one resume launch (three process starts, for the restarts).
 @pytest.fixture(scope="module")
 def mutants(tmp_path_factory):
-    changes = {"missing state": MISSING_STATE, "in place": IN_PLACE, "fresh crash": FRESH_CRASH, **FRESH_ONLY}
+    changes = {"missing state": MISSING_STATE, "in place": IN_PLACE, "fresh crash": FRESH_CRASH,
+               "position saved first": POSITION_SAVED_FIRST, **FRESH_ONLY}
     paths = [mutant(tmp_path_factory.mktemp(f"m{i}"), "ex05_checkpoint.py", c) for i, c in enumerate(changes.values())]
-    scenarios = [("fresh", "restart"), ("restart",), ("fresh", "restart", "reshard")] + [("fresh",)] * len(FRESH_ONLY)
+    scenarios = [("fresh", "restart"), ("restart",), ("fresh", "restart", "reshard"), ("fresh", "reshard")] + \
+        [("fresh",)] * len(FRESH_ONLY)
     reports = ex05_checkpoint.grade(paths, scenarios_of=scenarios)
     return dict(zip(changes, reports))
 
@@ -271,6 +278,16 @@ def test_another_ranks_rng_state_is_named(mutants):
     assert "rank 0's RNG state, the first step after the resume, is the one the run's seeding makes before step 1 " \
         "(torch.manual_seed(seed + rank)), not the one saved with the checkpoint" in fresh, fresh
     assert "a seeding after the restore replaced it" in fresh
+
+
+def test_a_position_saved_before_the_steps_samples_are_counted_is_named_at_both_world_sizes(mutants):
+    f = failed(mutants["position saved first"])
+    assert set(f) == {FRESH, "the data position means the same samples at world size 4"}, f
+    assert "those of step 3 again, the step whose checkpoint it resumed from: the data position it resumed with is " \
+        "where step 3 began, not where it ended" in f[FRESH], f[FRESH]
+    assert "not restored" not in f[FRESH], f[FRESH]
+    assert f["the data position means the same samples at world size 4"].startswith(
+        "the job at 4 ranks began where the 2-rank run's step 9 began (rank 0 read ["), f
 
 
 def test_model_optimizer_and_scheduler_not_restored_are_named_not_the_rest(mutants):

@@ -41,6 +41,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | step counter off after resuming | "the first step after resuming was numbered 5, but it trained ... step 4 ..." |
 | model not restored | "rank 0 resumed with other weights than ... before step 4 (sum ... vs ...): ..." |
 | optimizer state not restored | "Adam's step count was 0 where the uninterrupted run's was 3: ..." |
+| data position saved before the step's samples were counted | "rank 0 read samples [..]... at step 4, ..." |
 | data position not restored | "rank 0 read samples [..]... instead of [..]... (the samples of step 1): ..." |
 | scheduler not restored | "the learning rate it set for step 5 was 0.0025 instead of 0.00225 (...): ..." |
 | another rank's RNG state restored | "rank 1's RNG state is rank 0's, so dropout drew rank 0's masks: ..." |
@@ -57,6 +58,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | a checkpoint written on some ranks only | (RuntimeError "Parent directory ... does not exist") "... dcp.save ..." |
 | dcp.load of a key the checkpoint lacks | (RuntimeError "Missing key in checkpoint state_dict") "dcp.load fills ..." |
 | the data position counted per rank: another stream at another world size | "the job at 4 ranks began at ..." |
+| the data position saved one step behind, read at another world size | "the job at 4 ranks began where the ..." |
 | the epoch restarted at another world size | "the job at 4 ranks read the first samples of epoch 1 again ..." |
 | the data position recomputed from the step count | "... where 9 steps at 4 ranks would have left it, but ..." |
 """

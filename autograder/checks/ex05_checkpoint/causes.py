@@ -165,9 +165,34 @@ def optimizer_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> st
                           "dcp.load it into get_state_dict's tensors, then set_state_dict")
 
 
+def read_again(run: Run, x: StepRecord, r: int) -> bool:
+    """Whether rank ``r``'s step ``x`` read the samples of the step before it, a step a checkpoint was saved after."""
+    before = run.ref_at(r, x.step - 1)
+    return before is not None and x.data == before.data and (x.step - 1) % RUN["save_every"] == 0
+
+
+@mistake("data position saved before the step's samples were counted")
+def position_behind(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
+    if x.data == a.data or not read_again(run, x, r):
+        return None
+    return (f"rank {r} read samples {x.data[:3]}..., those of step {x.step - 1} again, the step whose checkpoint it "
+            f"resumed from: the data position it resumed with is where step {x.step - 1} began, not "
+            "where it ended. Count a step's samples before saving its checkpoint")
+
+
+def resumed_behind(run: Run) -> int | None:
+    """The step at which a 2-rank resume read the samples of its checkpoint's step again (:func:`position_behind`)."""
+    for recs in (run.records("C", tag="resume"), run.records("B", attempt=1)):
+        for r, mine in enumerate(recs):
+            if mine and mine[0].data != getattr(run.ref_at(r, mine[0].step), "data", None) and \
+                    read_again(run, mine[0], r):
+                return mine[0].step
+    return None
+
+
 @mistake("data position not restored")
 def data_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
-    if x.data == a.data:
+    if x.data == a.data or read_again(run, x, r):  # position_behind's
         return None
     same = [y.step for y in run.ref_rec[r] if y.data == x.data]
     return (f"rank {r} read samples {x.data[:3]}... instead of {a.data[:3]}..."
@@ -222,7 +247,7 @@ def rng_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | No
                       "torch.set_rng_state() with it on resume"))
 
 
-COMPONENTS = [model_not_restored, optimizer_not_restored, data_not_restored, scheduler_not_restored,
+COMPONENTS = [model_not_restored, optimizer_not_restored, position_behind, data_not_restored, scheduler_not_restored,
               other_ranks_rng, rng_not_restored]
 
 

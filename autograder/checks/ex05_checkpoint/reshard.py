@@ -11,7 +11,7 @@ import re
 
 from ...grader.diagnosis import mistake
 from ...grader.report import Verdict, criterion, failed, passed
-from .causes import one_sided_collective, said
+from .causes import one_sided_collective, resumed_behind, said
 from .observations import WORLD, Run
 from .probes import RESHARD_FROM, RUN
 from .reference import BATCH_SIZE, contract_batch, position_after, stream
@@ -42,6 +42,17 @@ def per_rank_position(run: Run, first: list[list[int]]) -> str | None:
             "together used, and start each rank at that number / W of its sampler's indices")
 
 
+@mistake("the data position saved one step behind, read at another world size")
+def reshard_behind(run: Run, first: list[list[int]]) -> str | None:
+    """The 2-rank resumes read their checkpoint's step again, and this job began where step ``RESHARD_FROM`` began."""
+    if (step := resumed_behind(run)) is None or first != stream(run.reshard_world, 1,
+                                                               *position_after(RESHARD_FROM - 1))[0][2]:
+        return None
+    return (f"the job at {ranks(run.reshard_world)} began where the {WORLD}-rank run's step {RESHARD_FROM} began "
+            f"(rank 0 read {first[0][:3]}...), not where it ended: the saved data position is one step behind, as "
+            f"the {WORLD}-rank resume at step {step} shows. Count a step's samples before saving its checkpoint")
+
+
 @mistake("the epoch restarted at another world size")
 def epoch_restarted(run: Run, first: list[list[int]]) -> str | None:
     epoch, used = position_after(RESHARD_FROM)
@@ -67,7 +78,7 @@ def position_from_steps(run: Run, first: list[list[int]]) -> str | None:
             "used) instead")
 
 
-RESHARD_DATA = [per_rank_position, epoch_restarted, position_from_steps]
+RESHARD_DATA = [per_rank_position, reshard_behind, epoch_restarted, position_from_steps]
 
 
 def _reshard_start(run: Run) -> str | None:
