@@ -146,6 +146,18 @@ FRESH_ONLY = {
         "    torch.manual_seed(seed + dist.get_rank())\n": "    torch.manual_seed(seed)\n",
         "DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)":
             "DistributedSampler(dataset, shuffle=True, seed=seed + 1, drop_last=True)"},
+    # A blind audit's legal-looking variant: a DataLoader over the rank's indices, without generator=, which draws
+    # from the global RNG each time it is iterated (its feedback said the ranks were not seeded, and the RNG state
+    # not restored: both were)
+    "DataLoader without a generator": {
+        "        for first in range(used // world, len(order) - BATCH_SIZE + 1, BATCH_SIZE):\n": (
+            "        loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH_SIZE,\n"
+            "                                             sampler=order[used // world:], drop_last=True)\n"
+            "        for x, y in loader:\n"),
+        "            batch = [dataset[i] for i in order[first:first + BATCH_SIZE]]\n"
+        "            x = torch.stack([s[0] for s in batch]).to(device)\n"
+        "            y = torch.stack([s[1] for s in batch]).to(device)\n":
+            "            x, y = x.to(device), y.to(device)\n"},
     # A generated mutant (bench_feedback: a literal changed): the steps numbered from 2.
     "first step numbered 2": {"    step, position = 0, {": "    step, position = 1, {"},
     "dcp.save on rank 0 only": {"    dcp.save(state, checkpoint_id=staged)\n":
@@ -311,6 +323,15 @@ def test_mistakes_both_runs_share_are_named_against_the_reference(mutants):
     assert "rank 0 read samples" in msg
     assert "use DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)" in msg
     assert "set_epoch" not in msg  # it was called
+
+
+def test_a_dataloader_without_a_generator_is_named_not_the_seeding_or_the_restore(mutants):
+    f = failed(mutants["DataLoader without a generator"])
+    assert set(f) == {REFERENCE, FRESH}, f
+    assert re.search(r"rank [01]'s RNG state at step 1 is not the reference's, so dropout drew other masks: your "
+                     r"DataLoader, iterated at ex05_checkpoint\.py:\d+, has no generator=", f[REFERENCE]), f[REFERENCE]
+    assert "the resumed job iterated its DataLoader (at ex05_checkpoint.py:" in f[FRESH], f[FRESH]
+    assert "manual_seed" not in f[REFERENCE] + f[FRESH] and "not restored" not in f[FRESH], f
 
 
 def test_steps_numbered_from_2_are_named(mutants):

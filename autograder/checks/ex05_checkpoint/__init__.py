@@ -45,8 +45,10 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | data position not restored | "rank 0 read samples [..]... instead of [..]... (the samples of step 1): ..." |
 | scheduler not restored | "the learning rate it set for step 5 was 0.0025 instead of 0.00225 (...): ..." |
 | another rank's RNG state restored | "rank 1's RNG state is rank 0's, so dropout drew rank 0's masks: ..." |
+| a DataLoader without a generator draws from the global RNG after a restore | "... iterated its DataLoader ..." |
 | RNG state not restored | "rank 0's RNG state differs ...: save each rank's torch.get_rng_state() ..." |
 | scheduler stepped before the optimizer | "step 1 trained with a learning rate of 0.00295, the schedule's ..." |
+| a DataLoader without a generator draws from the global RNG | "... your DataLoader, iterated at ..." |
 | every rank's RNG not seeded with seed + rank | "rank 1's RNG state at step 1 is not torch.manual_seed(seed + 1)'s" |
 | samples not the contract's sampler | "rank 0 read samples [..]... at step 1 where the contract's gives [..]...: ..." |
 | steps not reported to on_step as numbered | "the first step the uninterrupted run reported ... was step 2 ..." |

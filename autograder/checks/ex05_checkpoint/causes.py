@@ -231,9 +231,35 @@ def other_ranks_rng(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | Non
     return None
 
 
+LOADER_ADVICE = ("each time it is iterated it draws its base seed from the global RNG, which dropout draws from "
+                 "too. Pass generator=torch.Generator() to the DataLoader: the data loading then draws from its own")
+
+
+PHASE_OF_TAG = {"resume": "C", "restart": "B"}  # the resumed phases (scenarios): a step record's tag, its phase
+
+
+def loader_drew(run: Run, phase: str, r: int, **match) -> str | None:
+    """Where rank ``r`` iterated a DataLoader without ``generator=`` in ``phase`` ("ex05_checkpoint.py:180")."""
+    calls = [c for c in run.calls(phase, **match)[r] if c.call == "DataLoader iterated"]
+    return f"{calls[0].file}:{calls[0].line}" if calls else None
+
+
+@mistake("a DataLoader without a generator draws from the global RNG after a restore")
+def loader_after_restore(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
+    phase = PHASE_OF_TAG.get(x.tag)
+    if "rng" not in _differs(x, a) or not phase or not (where := loader_drew(run, phase, r, attempt=x.attempt,
+                                                                            tag=x.tag)):
+        return None
+    if loader_drew(run, "A", r, after_step=x.step - 1):  # the uninterrupted run drew there too
+        return None
+    return (f"rank {r}'s RNG state differs from the uninterrupted run's: the resumed job iterated its DataLoader "
+            f"(at {where}) before step {x.step}, where the uninterrupted run did not; it has no generator=, so "
+            + LOADER_ADVICE)
+
+
 @mistake("RNG state not restored")
 def rng_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
-    if "rng" not in _differs(x, a) or other_ranks_rng(run, x, a, r):
+    if "rng" not in _differs(x, a) or other_ranks_rng(run, x, a, r) or loader_after_restore(run, x, a, r):
         return None
     first = run.ref_at(r, 1)  # the state the run's own seeding makes, before step 1 drew anything
     if first is not None and x.pre.rng == first.pre.rng and x.step > 1:
@@ -248,7 +274,7 @@ def rng_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | No
 
 
 COMPONENTS = [model_not_restored, optimizer_not_restored, position_behind, data_not_restored, scheduler_not_restored,
-              other_ranks_rng, rng_not_restored]
+              other_ranks_rng, loader_after_restore, rng_not_restored]
 
 
 def diagnose_resume(run: Run, got: list[list[StepRecord]]) -> str:
@@ -357,10 +383,22 @@ def scheduler_first(run: Run, xs: list[StepRecord], a: ReferenceStep, refs: list
             "so every step used the next step's rate. Call optimizer.step(), then scheduler.step()")
 
 
+@mistake("a DataLoader without a generator draws from the global RNG")
+def loader_rng(run: Run, xs: list[StepRecord], a: ReferenceStep, refs: list[ReferenceStep]) -> str | None:
+    if not exact(WORLD):
+        return None
+    bad = [r for r, x in enumerate(xs) if x.pre.rng != a.pre.rng[r] and loader_drew(run, "A", r, after_step=0)]
+    if not bad:
+        return None
+    return (f"rank {bad[0]}'s RNG state at step {a.step} is not the reference's, so dropout drew other masks: your "
+            f"DataLoader, iterated at {loader_drew(run, 'A', bad[0], after_step=0)}, has no generator=, so "
+            + LOADER_ADVICE)
+
+
 @mistake("every rank's RNG not seeded with seed + rank")
 def rng_not_per_rank(run: Run, xs: list[StepRecord], a: ReferenceStep, refs: list[ReferenceStep]) -> str | None:
-    if not exact(WORLD):  # under NCCL dropout draws from CUDA's generator, which the reference does not play
-        return None
+    if not exact(WORLD) or loader_rng(run, xs, a, refs):  # NCCL: dropout draws from CUDA's, which the reference
+        return None                                             # does not play
     bad = [r for r, x in enumerate(xs) if x.pre.rng != a.pre.rng[r]]
     if not bad:
         return None
@@ -402,7 +440,7 @@ def samples_not_contract(run: Run, xs: list[StepRecord], a: ReferenceStep, refs:
             f"{a.data[r][:3]}...: {advice}")
 
 
-CONTRACT = [scheduler_first, samples_not_contract, rng_not_per_rank]
+CONTRACT = [scheduler_first, samples_not_contract, loader_rng, rng_not_per_rank]
 
 
 def _step_symptom(xs: list[StepRecord], a: ReferenceStep) -> str:

@@ -33,6 +33,7 @@ import torch.distributed.checkpoint.state_dict_loader as dcp_loader
 import torch.distributed.checkpoint.state_dict_saver as dcp_saver
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.data import dataloader
 
 from distlab import init_distributed
 from distlab.data import RecordingDataset, synthetic_classification
@@ -59,6 +60,9 @@ COLLECTIVES = [(dcp, n, f"dcp.{n}") for n in ("save", "load", "async_save")] + [
     (dcp_state, n, n) for n in ("get_state_dict", "set_state_dict", "get_model_state_dict", "get_optimizer_state_dict",
                                 "set_model_state_dict", "set_optimizer_state_dict")]
 TORCH_SAVES = [(torch, "save", "torch.save"), (torch.serialization, "save", "torch.save")]  # logged, not collectives
+# logged where the learner's code iterates a DataLoader without generator=: each iteration draws its base seed
+# (and a RandomSampler its seed) from the global RNG, which dropout draws from too
+LOADERS = [(dataloader._BaseDataLoaderIter, "__init__", "DataLoader iterated")]
 # watched, not logged: where the restart scenario's second kill lands (commit_kill)
 BARRIERS = [(dist, "barrier", "dist.barrier"), (dist.distributed_c10d, "barrier", "dist.barrier")]
 # the phase running: the learner's file, its call log, tag, last step, snapshot
@@ -122,6 +126,20 @@ def _spy(name: str):
     return make
 
 
+def _loader_spy(label: str):
+    def make(real):
+        def spy(self, loader, *args, **kwargs):
+            found = learner_line(_now["path"]) if _now["log"] is not None else None
+            if found and getattr(loader, "generator", None) is None:
+                call = CallRecord(call=label, after_step=_now["step"], attempt=_restart_count(), tag=_now["tag"],
+                                  file=Path(found[0]).name, line=found[1])
+                _now["log"].write(json.dumps(call.to_wire()) + "\n")
+                _now["log"].flush()
+            return real(self, loader, *args, **kwargs)
+        return spy
+    return make
+
+
 def _checkpoint_name(args: tuple, kwargs: dict) -> str | None:
     """The directory a DCP save or load was given (``checkpoint_id``, or its storage's ``path``), by its name
     (``step_3``, ``.tmp-step_6``): which checkpoint a resumed job read."""
@@ -136,8 +154,9 @@ def _collective_spies() -> Replace:
     """Entered before the learner's file is imported, so ``from ... import get_state_dict`` (or
     ``state_dict_saver.save``) binds the spy too (:class:`~autograder.rank.Replace`); the learner's own
     ``torch.save`` calls (each rank's RNG state) are logged too, with what they held (not a collective)."""
-    return Replace({(module, name): _spy(label) for module, name, label in COLLECTIVES + TORCH_SAVES + BARRIERS
-                    if getattr(module, name, None) is not None})
+    return Replace({**{(module, name): _spy(label) for module, name, label in COLLECTIVES + TORCH_SAVES + BARRIERS
+                       if getattr(module, name, None) is not None},
+                    **{(owner, name): _loader_spy(label) for owner, name, label in LOADERS}})
 
 
 def _full_state(model, optimizer) -> tuple[dict, dict]:
