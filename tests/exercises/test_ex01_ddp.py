@@ -81,6 +81,8 @@ MUTANTS = {
     # evaluate_ddp's mistakes (the training in these files is the solution's).
     "eval_padding_counted": {"real = position < len(dataset)": "real = position >= 0"},
     "eval_not_reduced": {"    dist.all_reduce(totals)": "    pass"},
+    # a blind audit's (its feedback said to combine the results "with a collective": it did, with dist.reduce)
+    "eval_reduced_to_rank_0": {"    dist.all_reduce(totals)": "    dist.reduce(totals, dst=0)"},
     "eval_mean_of_means": {"    dist.all_reduce(totals)": "    totals = totals / totals[2]\n"
                                                           "    dist.all_reduce(totals)",
                            # and a blind audit's (10 of 10 before): the sampler left at its default seed
@@ -339,6 +341,10 @@ def test_counting_the_samplers_padding_is_named(graded):
 def test_a_metric_not_reduced_is_named(graded):
     msg = _only(graded["eval_not_reduced"], EVAL[6:])
     assert msg.startswith("the ranks returned different metrics (each its own shard's): rank 0 returned loss")
+    assert "your evaluate_ddp made no collective, so each rank saw only its shard" in msg, msg
+    msg = _only(graded["eval_reduced_to_rank_0"], EVAL[6:])
+    assert re.search(r"your evaluate_ddp called dist\.reduce at line \d+ \(`dist\.reduce\(totals, dst=0\)`\), which "
+                     "leaves the result on its dst rank only", msg), msg
 
 
 def test_averaging_the_ranks_means_and_a_sampler_without_the_seed_are_named(graded):

@@ -10,6 +10,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from distlab.data import digits
 
+from distlab.measure.comm import label
+
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
 from .observations import Run
@@ -230,8 +232,18 @@ def eval_not_reduced(run: Run) -> str | None:
     own = [r for r in range(run.world) if any(eval_close(got[r], run.eval_candidates[f"rank {r}'s shard{w}"])
                                               for w in ("", " without its repeats"))]
     what = " (each its own shard's)" if len(own) == run.world else ""
-    return (f"the ranks returned different metrics{what}: {_returned(run, 0)}, {_returned(run, 1)[5:]}: each rank "
-            "saw only its shard; combine the ranks' results with a collective so every rank returns the data set's")
+    said = f"the ranks returned different metrics{what}: {_returned(run, 0)}, {_returned(run, 1)[5:]}: "
+    ops = run.ranks[0].eval_collectives
+    rooted = next(((kind, where) for kind, where in ops if kind in ("reduce", "gather")), None)
+    if rooted:
+        return said + (f"your evaluate_ddp called dist.{rooted[0]} at {rooted[1]}, which leaves the result on its "
+                       "dst rank only; dist.all_reduce gives every rank the sums, so every rank returns the data set's")
+    if ops:
+        made = ", ".join(f"{label(kind)} at {where}" if where else label(kind) for kind, where in ops)
+        return said + (f"your evaluate_ddp made {made}, yet the ranks' results differ: reduce every part of the "
+                       "metric (the sums and the count) so that every rank returns the data set's")
+    return said + ("your evaluate_ddp made no collective, so each rank saw only its shard: all-reduce the sums and "
+                   "the count so every rank returns the data set's")
 
 
 @mistake("the ranks' means averaged")

@@ -67,13 +67,14 @@ class RankObservation(Observation):
     eval_returned: str = ""     # the type name of what evaluate_ddp returned
     eval_error: str | None = None  # what evaluate_ddp raised, at the learner's line (None: nothing)
     eval_accessed: list[int] = field(default_factory=list)  # the evaluation samples this rank read
+    eval_collectives: list[list[str]] = field(default_factory=list)  # evaluate_ddp's ops: [kind, "line N (`code`)"]
     still_initialized: bool = False  # dist.is_initialized() after teardown()
     teardown_error: str = ""   # what teardown() raised, at the learner's line ("": nothing)
     bucketed: Bucketed | None = None  # part 2, BucketedDDP (None: not run, the rank stopped before it)
 
 
 # The fields of RankObservation that each part after ``train_ddp`` fills (kept apart: ``rank.parts``).
-EVAL_FIELDS = ("eval", "eval_returned", "eval_error", "eval_accessed")
+EVAL_FIELDS = ("eval", "eval_returned", "eval_error", "eval_accessed", "eval_collectives")
 TEARDOWN_FIELDS = ("still_initialized", "teardown_error")
 
 

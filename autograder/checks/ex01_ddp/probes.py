@@ -21,8 +21,8 @@ import distlab
 from distlab.data import RecordingDataset, digits
 from distlab.models import cpu_state, make_mlp
 
-from ...rank import (CapturedPrints, DDPSpy, Replace, SaveSpy, attempt, echo, load_learner, own_rendezvous, raised_at,
-                     transparent)
+from ...rank import (CapturedPrints, DDPSpy, LineRecorder, Replace, SaveSpy, attempt, echo, load_learner,
+                     own_rendezvous, raised_at, transparent)
 from ...rank.parts import Parts
 from .bucketed.probes import observe_bucketed
 from .observations import (CONFIG, EVAL, EVAL_FIELDS, MODEL, TEARDOWN_FIELDS, FirstStep, Forward,
@@ -118,9 +118,10 @@ def _evaluate(learner, path: str, seen: RankObservation) -> None:
     returned (or raised) and which samples this rank read, into ``seen``."""
     data = RecordingDataset(Subset(digits(), range(EVAL["n"])))
     model = make_mlp(seed=EVAL["seed"], **MODEL).to(distlab.device())
-    with CapturedPrints() as out:
+    with CapturedPrints() as out, LineRecorder(dist.get_world_size(), path) as ops:
         got, exc = attempt(learner.evaluate_ddp, model, data, batch_size=EVAL["batch_size"])
     echo(out.lines)
+    seen.eval_collectives = [[op.kind, op.tags["at"]] for op in ops.ops]
     ok = isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(v, (int, float)) for v in got)
     seen.eval = (float(got[0]), float(got[1])) if ok else None
     seen.eval_returned, seen.eval_error, seen.eval_accessed = type(got).__name__, raised_at(exc, path), data.accessed
