@@ -48,6 +48,9 @@ MISTAKES = {
                                   ROW_FORWARD: "dist_nn.all_reduce(F.linear(x, self.weight)) + self.bias"},
     "bias split over the ranks": {ROW_FORWARD: "ReduceFromParallelRegion.apply(F.linear(x, self.weight, "
                                   "self.bias / dist.get_world_size()))"},
+    # a blind audit's: the bias inside rank 0's partial sum only (rank 1's bias then gets no gradient at all)
+    "bias on rank 0 only": {ROW_FORWARD: "ReduceFromParallelRegion.apply(F.linear(x, self.weight, "
+                            "self.bias if dist.get_rank() == 0 else None))"},
     # The blind audit's: shards taken every W-th row and column (the bias, placed right, is judged so), and the
     # input's gradient divided by the world size after f's all-reduce (DDP's habit)
     "strided shards": {"linear.weight.detach().chunk(world_size, dim=0)[rank].clone()":
@@ -154,6 +157,11 @@ def test_f_in_the_forward_g_in_the_backward_and_a_split_bias_are_named(w2):
     assert "its all-reduce 1 summed a 12x16 gradient that was the same on every rank" in g[BWD_COMM]
     bias = failed(w2["bias split over the ranks"])[BIAS]
     assert "(rank 0's 0.50x, rank 1's 0.50x)" in bias and "once, after ReduceFromParallelRegion" in bias
+    rank0 = failed(w2["bias on rank 0 only"])
+    assert "(rank 0's 1.00x, rank 1's 0.00x)" in rank0[BIAS], rank0
+    assert rank0["[W=2] each shard's gradient matches the unsplit block's"] == (
+        "rank 1's RowParallelLinear.bias has no gradient after the backward: its forward did not use self.bias on this "
+        f"rank (see '{BIAS}')")
 
 
 def test_a_shard_cut_along_the_wrong_dimension_is_located(w2):
@@ -298,6 +306,7 @@ W4_SAYS = {
     "f reduces in the forward": "the column layer computed with 4·x), besides g's in RowParallelLinear",
     "g by torch.distributed.nn": "was the same on every rank (the block output's), so everything below it is 4x",
     "bias split over the ranks": "(rank 0's 0.25x, rank 1's 0.25x, rank 2's 0.25x, rank 3's 0.25x)",
+    "bias on rank 0 only": "(rank 0's 1.00x, rank 1's 0.00x, rank 2's 0.00x, rank 3's 0.00x)",
     "strided shards": "ColumnParallelLinear.weight (24x16) is not rows 0:24 of the unsplit 96x16 weight",
     "f divides after its all-reduce": "x.grad is 0.25x what the backward's all-reduce produced, its sum divided by",
 }

@@ -213,9 +213,12 @@ def shard_grads_match(run: Run) -> Verdict:
         missing = [p for p in PARTS if got[p] is None]
         if missing:
             layer, name = missing[0].split(".")
+            bias = bias_once.rule.name.format(world=run.world)
+            unused = (f"its forward did not use self.bias on this rank (see '{bias}')" if name == "bias" and not
+                      bias_once(run).ok else "use the shard parameters themselves in forward (F.linear(..., "
+                      "self.weight, ...))")
             return failed(gradient_stopped(run, "grads") or f"rank {r}'s {LAYER_CLASS[layer]}.{name} has no gradient "
-                          "after the backward: use the shard parameters themselves in forward (F.linear(..., "
-                          "self.weight, ...))")
+                          f"after the backward: {unused}")
         p = parity(got, {part: run.expected(part, r, of="grads") for part in PARTS}, rtol=RTOL, atol=ATOL)
         if not p.ok:
             return failed(diagnose([*SHARDS, input_not_replicated, swapped, g_reduces_backward], run, "grads") or
