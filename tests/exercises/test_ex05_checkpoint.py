@@ -135,6 +135,10 @@ FRESH_ONLY = {
                                    "    if resumed is not None:\n        step, position = resumed\n"
                                    "        if dist.get_rank() == 0:\n"
                                    "            torch.manual_seed(seed + dist.get_rank())\n"},
+    # a blind audit's (its feedback said the state "was not restored, or a seeding after the restore replaced it")
+    "RNG saved on rank 0 only": {'    torch.save(rng, staged / f"rng-rank{dist.get_rank()}.pt")\n':
+                                 '    if dist.get_rank() == 0:\n'
+                                 '        torch.save(rng, staged / f"rng-rank{dist.get_rank()}.pt")\n'},
     "rebuilt after loading": {
         "        step, position = resumed\n":
             "        step, position = resumed\n        model, optimizer, scheduler = build(steps, seed)\n"},
@@ -332,6 +336,14 @@ def test_a_dataloader_without_a_generator_is_named_not_the_seeding_or_the_restor
                      r"DataLoader, iterated at ex05_checkpoint\.py:\d+, has no generator=", f[REFERENCE]), f[REFERENCE]
     assert "the resumed job iterated its DataLoader (at ex05_checkpoint.py:" in f[FRESH], f[FRESH]
     assert "manual_seed" not in f[REFERENCE] + f[FRESH] and "not restored" not in f[FRESH], f
+
+
+def test_an_rng_state_saved_on_rank_0_only_is_named(mutants):
+    f = failed(mutants["RNG saved on rank 0 only"])
+    assert set(f) == {FRESH}, f
+    assert "rank 1 never saved its RNG state. In the uninterrupted run only rank(s) [0] saved one, 'cpu' (torch.save " \
+        "at ex05_checkpoint.py:" in f[FRESH], f[FRESH]
+    assert "not restored" not in f[FRESH], f[FRESH]
 
 
 def test_steps_numbered_from_2_are_named(mutants):

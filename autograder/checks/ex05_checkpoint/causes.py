@@ -264,6 +264,12 @@ def rng_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | No
     first = run.ref_at(r, 1)  # the state the run's own seeding makes, before step 1 drew anything
     if first is not None and x.pre.rng == first.pre.rng and x.step > 1:
         where = saved(run, "rng", r)
+        others = [q for q in range(len(run.ref_rec)) if q != r and saved(run, "rng", q)]
+        if where is None and others:
+            return (f"rank {r}'s RNG state, the first step after the resume, is the one the run's seeding makes "
+                    f"before step 1: rank {r} never saved its RNG state. In the uninterrupted run only rank(s) "
+                    f"{others} saved one, {saved(run, 'rng', others[0])}, so rank {r} had none to restore: every rank "
+                    "saves its own torch.get_rng_state() (rng-rank{R}.pt), since the states differ per rank")
         return (f"rank {r}'s RNG state, the first step after the resume, is the one the run's seeding makes "
                 "before step 1 (torch.manual_seed(seed + rank)), not the one saved with the checkpoint"
                 + (f", which holds it in {where}" if where else "") + ": it was not restored, or a seeding after "
