@@ -16,8 +16,10 @@ splits are uneven, and they must be known on both sides before the tokens move:
 
 ``moe_forward`` (given, not graded) puts them together with the course's router and capacity
 (``distlab.lab.expert_parallel``). The grader assembles the layer the same way, one function at a time:
-where one returns a wrong result, its own goes on in its place, so that each is graded alone. The
-process group is set up and every rank is a rank of expert parallelism. Check your work with ``make grade`` or
+where one returns a wrong result, its own goes on in its place, so that the functions after it are graded on
+the right inputs. The backward's gradients and its all-to-alls are graded where the layer ran through your own
+dispatch and combine. The process group is set up and every rank is a rank of expert parallelism. Check your
+work with ``make grade`` or
 ``.venv/bin/python -m autograder grade --exercise 11``, or with ``check(11)`` in ``course/11_expert_parallel``.
 """
 from __future__ import annotations
