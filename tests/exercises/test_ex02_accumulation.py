@@ -33,6 +33,11 @@ MUTANTS = {
         "        optimizer.step()\n        optimizer.zero_grad()\n":
             "        optimizer.zero_grad()\n        optimizer.step()\n",
     },
+    # A blind audit's (full marks before): zero_grad at each window's start, so the last window's gradients are
+    # still in .grad when it returns
+    "zero_grad_at_window_start": {
+        "        optimizer.step()\n        optimizer.zero_grad()\n": "        optimizer.step()\n",
+        "        window_loss = 0.0\n": "        window_loss = 0.0\n        optimizer.zero_grad()\n"},
     # Every micro-batch weighs the same, whatever its size: right for equal sizes only.
     # and, over padded sequences, the mean of the micro-batches' token means (the 2024 accumulation bug).
     "equal_weights": {LOSS: MEAN + " / len(window)"},
@@ -164,6 +169,14 @@ def test_never_zeroed_is_named_and_the_first_window_still_passes(reports):
     assert msg in feedback_of(report, "parameters after 3 optimizer steps")
     # The first window's gradient, its all-reduce and the ranks' difference mid-window were right.
     assert not any(k in name for name in failed(report) for k in ("gradient after", "all-reduced", "still differ"))
+
+
+def test_zero_grad_at_each_windows_start_is_named_from_the_gradients_left(reports):
+    report = reports["zero_grad_at_window_start"]
+    assert list(failed(report)) == ["[equal sizes, k=4] one optimizer step and zero_grad per window"], report.feedback
+    assert feedback_of(report, "one optimizer step and zero_grad per window").startswith(
+        "optimizer.zero_grad() ran at the start of each window, before its first forward, not after its step: "
+        "train_accumulated returned with the last window's gradients still in .grad")
 
 
 def test_zero_grad_before_step_is_named(reports):

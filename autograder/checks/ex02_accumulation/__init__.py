@@ -23,6 +23,7 @@ A failure names the first cause below that explains the observations:
 | mistake | message |
 |---|---|
 | zero_grad inside a window | "optimizer.zero_grad() ran in the middle of a window (after micro-step 1 of 4) ..." |
+| gradients left in .grad when it returns: zero_grad at a window's start | "optimizer.zero_grad() ran at the ..." |
 | zero_grad between the last backward and step | "... so 3 of 3 steps saw all-zero gradients ..." |
 | optimizer.step() every micro-step | "optimizer.step() ran 12 times for 12 micro-batches ..." |
 | optimizer.step() missing or misplaced | "... ran after [4, 4] micro-batches; the windows have [4, 4, 2] ..." |
@@ -53,7 +54,8 @@ from ...grader.launches import launch_timeout
 from ...grader.parts import judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, last_not_synced, local_count,
+from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, grads_left, last_not_synced,
+                     local_count,
                      local_count_times_world, mean_of_means,
                      never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted,
                      step_every_micro_step, step_misplaced, window_in_words, zero_grad_before_step,
@@ -127,10 +129,11 @@ def step_per_window(run: Run) -> Verdict:
     # Passes only on what was seen: a step after every K micro-steps, and .grad zero at every later window's start.
     s = run.scenarios["equal"]
     cleared = s.obs.start_cleared
-    if s.micro == s.expected_micro and cleared == [True] * (s.n_windows - 1) and not diagnose(SCHEDULE, s):
+    if s.micro == s.expected_micro and cleared == [True] * (s.n_windows - 1) and not diagnose(SCHEDULE, s) and \
+            s.obs.end_cleared:
         return passed(f"zero_grad() ran {len(s.obs.zero_grads)} times in {s.n_windows} windows")
-    return failed(diagnose(SCHEDULE, s) or f"optimizer.step() ran after {s.micro} micro-batches; expected "
-                  f"{s.expected_micro}, with the gradients zeroed at the start of every window")
+    return failed(diagnose(SCHEDULE + [grads_left], s) or f"optimizer.step() ran after {s.micro} micro-batches; "
+                  f"expected {s.expected_micro}, with the gradients zeroed at the start of every window")
 
 
 @criterion(f"{EQUAL} gradients all-reduced once per window", points=1)

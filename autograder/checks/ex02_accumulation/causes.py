@@ -44,6 +44,18 @@ def zero_grad_mid_window(s: Scenario) -> str | None:
             "away the gradients accumulated so far: zero the gradients only after optimizer.step(), once per window")
 
 
+@mistake("gradients left in .grad when it returns: zero_grad at a window's start")
+def grads_left(s: Scenario) -> str | None:
+    if s.obs.end_cleared or not s.obs.steps:
+        return None
+    at_starts = [z.steps for z in s.obs.zero_grads if z.micro == 0] == list(range(s.n_windows))  # before step 1 too
+    where = ("optimizer.zero_grad() ran at the start of each window, before its first forward, not after its step: "
+             if at_starts and len(s.obs.zero_grads) == s.n_windows else "")
+    return (f"{where}train_accumulated returned with the last window's gradients still in .grad, where the contract "
+            "leaves them zero, as they were on entry: call optimizer.step(), then optimizer.zero_grad(), at the end "
+            "of each window")
+
+
 @mistake("zero_grad between the last backward and step")
 def zero_grad_before_step(s: Scenario) -> str | None:
     zeroed = [step for step in s.obs.steps if not any(g.any() for g in step.grads.values())]

@@ -62,6 +62,7 @@ def _observe(path: str, device: torch.device, rank: int, world: int, kept: Parts
         with CapturedPrints() as printed:
             learner.train_accumulated(ddp, opt, batches, accumulation_steps=k)
         echo(printed.lines)
+        probe.seen.end_cleared = probe.cleared()
         probe.seen.final = cpu_state(model)
         probe.seen.total_rounds.append(probe.rounds)
         kept.keep(name, probe.seen.to_wire())
