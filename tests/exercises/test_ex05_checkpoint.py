@@ -162,6 +162,12 @@ FRESH_ONLY = {
         "            x = torch.stack([s[0] for s in batch]).to(device)\n"
         "            y = torch.stack([s[1] for s in batch]).to(device)\n":
             "            x, y = x.to(device), y.to(device)\n"},
+    # A blind audit's (full marks before): on_step called before the step's save
+    "on_step before the save": {
+        "            if step % save_every == 0:\n": "            if on_step is not None:\n"
+                                                    "                on_step(step, optimizer)\n"
+                                                    "            if step % save_every == 0:\n",
+        "keep)\n            if on_step is not None:\n                on_step(step, optimizer)\n": "keep)\n"},
     # A generated mutant (bench_feedback: a literal changed): the steps numbered from 2.
     "first step numbered 2": {"    step, position = 0, {": "    step, position = 1, {"},
     "dcp.save on rank 0 only": {"    dcp.save(state, checkpoint_id=staged)\n":
@@ -344,6 +350,13 @@ def test_an_rng_state_saved_on_rank_0_only_is_named(mutants):
     assert "rank 1 never saved its RNG state. In the uninterrupted run only rank(s) [0] saved one, 'cpu' (torch.save " \
         "at ex05_checkpoint.py:" in f[FRESH], f[FRESH]
     assert "not restored" not in f[FRESH], f[FRESH]
+
+
+def test_on_step_before_the_save_is_named(mutants):
+    f = failed(mutants["on_step before the save"])
+    assert set(f) == {REFERENCE}, f
+    assert f[REFERENCE].startswith("on_step(3) ran before step 3's save_checkpoint (its dcp.save began after the "
+                                   "report)"), f[REFERENCE]
 
 
 def test_steps_numbered_from_2_are_named(mutants):

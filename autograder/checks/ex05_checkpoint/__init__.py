@@ -51,6 +51,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | a DataLoader without a generator draws from the global RNG | "... your DataLoader, iterated at ..." |
 | every rank's RNG not seeded with seed + rank | "rank 1's RNG state at step 1 is not torch.manual_seed(seed + 1)'s" |
 | samples not the contract's sampler | "rank 0 read samples [..]... at step 1 where the contract's gives [..]...: ..." |
+| on_step called before the step's checkpoint is saved | "on_step(3) ran before step 3's save_checkpoint ..." |
 | steps not reported to on_step as numbered | "the first step the uninterrupted run reported ... was step 2 ..." |
 | checkpoints not pruned | "after 12 steps saving every 3 with keep=2 the directory holds [...]: ..." |
 | an interrupted write loaded (no staging and commit) | "rank 1 was killed while writing step 6's checkpoint ..." |

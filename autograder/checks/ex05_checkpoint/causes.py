@@ -466,6 +466,23 @@ def _step_symptom(xs: list[StepRecord], a: ReferenceStep) -> str:
             "cross-entropy, backward, optimizer.step(), scheduler.step()")
 
 
+@mistake("on_step called before the step's checkpoint is saved")
+def reported_before_save(run: Run) -> str | None:
+    """A save step ``s`` whose first DCP save ran after ``on_step(s)`` had reported it (the contract: save, then
+    on_step); a save of the same step again later (after the run, say) is not the step's first."""
+    first: dict[int, int] = {}  # step saved -> the last step reported when its first dcp.save ran
+    for call in run.calls("A")[0]:
+        name = re.search(r"(\d+)$", call.checkpoint or "") if call.call in ("dcp.save", "dcp.async_save") else None
+        if name:
+            first.setdefault(int(name.group(1)), call.after_step)
+    late = sorted(s for s, reported in first.items() if reported >= s)
+    if not late:
+        return None
+    return (f"on_step({late[0]}) ran before step {late[0]}'s save_checkpoint (its dcp.save began after the report): "
+            f"after step s, save first, then call on_step(s), so that whatever on_step does (a job stopped or killed "
+            "there, as the grader's are) finds step s's checkpoint")
+
+
 @mistake("steps not reported to on_step as numbered")
 def steps_not_reported(run: Run, step: int) -> str | None:
     """No rank called ``on_step``, or the first step it reported is not step 1."""
@@ -507,4 +524,4 @@ def against_reference(run: Run) -> str:
     if same is not None and not same.ok:
         return (f"after the last step the weights differ from the reference's (max abs difference "
                 f"{same.max_abs_diff:.3g} in {same.worst})")
-    return ""
+    return reported_before_save(run) or ""
