@@ -254,6 +254,20 @@ def test_a_commit_before_a_ranks_own_files_is_named_from_the_directory(tmp_path)
         "(renamed it to step_00000003)")
 
 
+def test_a_commit_on_every_rank_is_named_from_the_directory(tmp_path):
+    """No launch: a blind audit's commit on every rank (0 of 10, said as the FileNotFoundError of the rename)."""
+    from distlab import RankFailure
+
+    run = ex05_checkpoint.Run(tmp_path, 4)
+    staged, final = checkpoint.staging_path(tmp_path / "A", 3), checkpoint.final_path(tmp_path / "A", 3)
+    err = RankFailure(1, "FileNotFoundError", f"[Errno 2] No such file or directory: '{staged}' -> '{final}'", "")
+    assert ex05_checkpoint.causes.committed_twice(run, err) is None  # nothing committed: not this cause
+    final.mkdir(parents=True)
+    assert ex05_checkpoint.causes.committed_twice(run, err).startswith(
+        "commit ran on more than one rank: rank 1's found no .tmp-step_00000003 to rename, another rank's had "
+        "already renamed it to step_00000003")
+
+
 def test_a_fresh_job_that_crashes_costs_the_fresh_job_only(mutants):
     # it crashes at another world size too (its reshard scenario resumes between saves): those two criteria go,
     # and the restart scenario in between is graded as it would be alone

@@ -56,6 +56,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | checkpoints not pruned | "after 12 steps saving every 3 with keep=2 the directory holds [...]: ..." |
 | an interrupted write loaded (no staging and commit) | "rank 1 was killed while writing step 6's checkpoint ..." |
 | a checkpoint complete before every rank's files are in it | "... inside step 9's save_checkpoint, ..." |
+| commit on every rank | "commit ran on more than one rank: rank 1's found no .tmp-step_00000003 to rename, ..." |
 | a checkpoint committed before every rank's files are in it | "rank 1 wrote into ... after rank 0 had committed it" |
 | a checkpoint collective called on some ranks only | "dcp.save ran on rank 0 (at step 3) but not on rank 1: ..." |
 | a checkpoint written on some ranks only | (RuntimeError "Parent directory ... does not exist") "... dcp.save ..." |
@@ -77,8 +78,9 @@ from ...grader.launches import launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, against_reference, committed_under_a_rank, complete_too_early, diagnose_resume,
-                     exact, interrupted_write_loaded, not_pruned, one_sided_collective, restart_error, said)
+from .causes import (KNOWN_ERRORS, against_reference, committed_twice, committed_under_a_rank, complete_too_early,
+                     diagnose_resume, exact, interrupted_write_loaded, not_pruned, one_sided_collective, restart_error,
+                     said)
 from .observations import WORLD, FinalState, Run
 from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL
 from .reshard import reshards, stream_continues
@@ -187,7 +189,7 @@ def criteria(scenarios: Sequence[str] = SCENARIOS) -> list:
 
 def _failure(run: Run, err: LaunchError | None) -> str:
     """Why the uninterrupted run failed: a one-sided collective, else the error as grader.main explains it."""
-    cause = committed_under_a_rank(run, err) or one_sided_collective(run, "A") or \
+    cause = committed_under_a_rank(run, err) or committed_twice(run, err) or one_sided_collective(run, "A") or \
         one_sided_collective(run, "C", tag="first")
     if err is None:
         return cause or "the uninterrupted run returned no final state"

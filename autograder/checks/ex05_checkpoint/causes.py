@@ -75,6 +75,20 @@ def committed_under_a_rank(run: Run, err: LaunchError | None) -> str | None:
             "files are written, and have rank 0 commit only after it")
 
 
+@mistake("commit on every rank")
+def committed_twice(run: Run, err: LaunchError | None) -> str | None:
+    """A rank's rename of a staging directory that failed because another rank's commit had renamed it already."""
+    found = re.search(r"No such file or directory: '(\S*)\.tmp-step_(\d+)' -> ", str(getattr(err, "exc_message", "")))
+    if not (isinstance(err, RankFailure) and found):
+        return None
+    root, step = Path(found.group(1)), int(found.group(2))
+    if not final_path(root, step).is_dir():
+        return None
+    return (f"commit ran on more than one rank: rank {err.rank}'s found no .tmp-step_{step:08d} to rename, another "
+            f"rank's had already renamed it to step_{step:08d}. Commit (and prune) on rank 0 only, between the two "
+            "barriers: `if dist.get_rank() == 0:`")
+
+
 def said(run: Run, err: LaunchError | str) -> str:
     """A launch's failure in the learner's terms (``grader.main.explain``: the line of the learner's file, gloo's
     sizes where it aborted a rank)."""
