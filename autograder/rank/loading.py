@@ -15,6 +15,7 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Iterator
 
 import torch.distributed as dist
 
@@ -173,3 +174,29 @@ def _wait_for_the_others(agent: dist.TCPStore, key: str, world: int, timeout: ti
         late = [r for r in range(world) if not agent.check([f"{key}/done/{r}"])]
         raise RuntimeError(f"rank(s) {', '.join(map(str, late))} had not finished the graded code "
                            f"{timeout.total_seconds():g} s after rank 0 had") from None
+
+
+def every_rank_says(tag: str, what: str, timeout: timedelta) -> bool:
+    """Whether every rank says ``what`` under ``tag`` within ``timeout`` (each rank that calls this says it), on the
+    store of :func:`own_rendezvous`'s block: no process group is needed, since the one to make may have failed."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)
+    key = f"distlab/grader/{tag}/{what}"
+    store.set(f"{key}/{rank}", "1")
+    try:
+        store.wait([f"{key}/{r}" for r in range(world)])
+    except dist.DistStoreError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def grader_group(tag: str) -> Iterator[None]:
+    """The grader's own process group, in a store of its own (:func:`own_rendezvous`), for the block: in place of
+    one the learner's setup failed to make on every rank alike, so that its other functions are still graded."""
+    from distlab import init_distributed
+
+    with own_rendezvous(f"{tag}/grader-group"):
+        init_distributed()
+        yield

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from autograder.grader import divergence
 from autograder.checks import ex01_ddp
@@ -81,6 +82,8 @@ MUTANTS = {
     # evaluate_ddp's mistakes (the training in these files is the solution's).
     "eval_padding_counted": {"real = position < len(dataset)": "real = position >= 0"},
     "eval_not_reduced": {"    dist.all_reduce(totals)": "    pass"},
+    # a blind audit's (0 of 10 before: setup raised on every rank, and nothing else was graded): NCCL named
+    "setup_nccl": {"backend=distlab.backend()": 'backend="nccl"'},
     # a blind audit's (its feedback said to combine the results "with a collective": it did, with dist.reduce)
     "eval_reduced_to_rank_0": {"    dist.all_reduce(totals)": "    dist.reduce(totals, dst=0)"},
     "eval_mean_of_means": {"    dist.all_reduce(totals)": "    totals = totals / totals[2]\n"
@@ -188,13 +191,14 @@ def test_set_epoch_logging_and_saving_mistakes_are_named(graded):
     report = graded["epoch_logging_saving"]
     fails = failed(report)
     assert set(fails) == {"[W=2] shuffled by the given seed, anew every epoch", "[W=2] only rank 0 logs",
-                          "[W=2] rank 0 saves the model once", "[W=2] teardown destroys the process group", EVAL}
+                          "[W=2] rank 0 saves the model once",
+                          "[W=2] setup() makes the process group, teardown() destroys it", EVAL}
     assert fails["[W=2] shuffled by the given seed, anew every epoch"].startswith(
         "epoch 0 and epoch 1 read the samples in the same shuffled order: call sampler.set_epoch(epoch)")
     assert fails["[W=2] only rank 0 logs"].startswith("rank 1 printed 2 lines (first: 'epoch 0: mean loss")
     assert re.search(r"\(rank 0 shard\)', printed at ex01_ddp\.py:\d+\): print only", fails["[W=2] only rank 0 logs"])
     assert fails["[W=2] rank 0 saves the model once"] == "torch.save was called on ranks [0, 1]: save on rank 0 only"
-    assert "still initialised on ranks [0, 1]" in fails["[W=2] teardown destroys the process group"]
+    assert "still initialised on ranks [0, 1]" in fails["[W=2] setup() makes the process group, teardown() destroys it"]
     assert fails[EVAL].startswith("rank 0 returned loss") and "the metric of only 20 of the 21 samples" in fails[EVAL]
     # The parts that are right still earn their marks.
     assert report.score == 6.67 and report.max_score == 10   # 12 of 18 points: part 2 (BucketedDDP) is right
@@ -330,6 +334,16 @@ def test_the_save_and_all_reduce_spies_see_every_import_style(tmp_path, imported
     finally:
         dist.destroy_process_group()
 
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL is there: the setup does not raise")
+def test_a_setup_that_raises_on_every_rank_costs_its_own_criterion_only(graded):
+    fails = failed(graded["setup_nccl"])
+    said = fails.pop("[W=2] setup() makes the process group, teardown() destroys it")
+    assert not fails, fails  # training, evaluation and BucketedDDP graded on the grader's group
+    assert said.startswith("setup() raised on every rank, on rank ") and "NCCL" in said, said
+    assert said.endswith("(distlab.backend() names gloo where there is no GPU); the grader made the process group "
+                         "in its place, so that your other functions were graded"), said
 
 
 def test_counting_the_samplers_padding_is_named(graded):

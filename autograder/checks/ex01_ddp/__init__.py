@@ -210,8 +210,12 @@ def rank0_saves_once(run: Run) -> Verdict:
     return passed()
 
 
-@criterion("[W={world}] teardown destroys the process group", points=1)
+@criterion("[W={world}] setup() makes the process group, teardown() destroys it", points=1)
 def teardown_destroys(run: Run) -> Verdict:
+    if raised := [(r.rank, r.setup_error) for r in run.ranks if r.setup_error]:
+        backend = " (distlab.backend() names gloo where there is no GPU)" if "NCCL" in raised[0][1] else ""
+        return failed(f"setup() raised on every rank, on rank {raised[0][0]}: {raised[0][1]}{backend}; the grader "
+                      "made the process group in its place, so that your other functions were graded")
     if raised := [(r.rank, r.teardown_error) for r in run.ranks if r.teardown_error]:
         return failed(f"teardown() raised on rank {raised[0][0]}: {raised[0][1]}")
     left_open = [r.rank for r in run.ranks if r.still_initialized]

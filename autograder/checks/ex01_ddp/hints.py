@@ -48,10 +48,13 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "Read DistributedSampler.__iter__ to see which positions are the repeats; dist.all_reduce sums tensors.",
     ),
     "teardown_destroys": (
-        "A process group holds sockets and threads (on GPUs, communicators) until it is closed: a job that leaves it "
-        "open can hang at exit, or leak it into the next run in the same process, as a notebook's kernel does.",
-        "Leave the group you joined in setup().",
-        "torch.distributed's destroy_process_group, with no arguments.",
+        "Every rank joins one process group before its first collective, with the backend its machine has (gloo on "
+        "CPUs, NCCL on GPUs); the group holds sockets and threads (on GPUs, communicators) until it is closed: a job "
+        "that leaves it open can hang at exit, or leak it into the next run in the same process, as a notebook's "
+        "kernel does.",
+        "setup() joins with the backend distlab.backend() picks; teardown() leaves the group setup() joined.",
+        "torch.distributed's init_process_group(backend=distlab.backend(), timeout=...) and destroy_process_group, "
+        "with no arguments.",
     ),
     "bucketed_matches": (
         "A data-parallel step is only one process's step if every rank starts from the same weights and steps with "

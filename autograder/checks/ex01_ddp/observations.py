@@ -70,12 +70,13 @@ class RankObservation(Observation):
     eval_collectives: list[list[str]] = field(default_factory=list)  # evaluate_ddp's ops: [kind, "line N (`code`)"]
     still_initialized: bool = False  # dist.is_initialized() after teardown()
     teardown_error: str = ""   # what teardown() raised, at the learner's line ("": nothing)
+    setup_error: str = ""      # what setup() raised on every rank, at the learner's line: the grader's group went on
     bucketed: Bucketed | None = None  # part 2, BucketedDDP (None: not run, the rank stopped before it)
 
 
 # The fields of RankObservation that each part after ``train_ddp`` fills (kept apart: ``rank.parts``).
 EVAL_FIELDS = ("eval", "eval_returned", "eval_error", "eval_accessed", "eval_collectives")
-TEARDOWN_FIELDS = ("still_initialized", "teardown_error")
+TEARDOWN_FIELDS = ("still_initialized", "teardown_error", "setup_error")
 
 
 @dataclass

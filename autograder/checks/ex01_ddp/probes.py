@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -20,9 +21,10 @@ from torch.utils.data import Subset
 import distlab
 from distlab.data import RecordingDataset, digits
 from distlab.models import cpu_state, make_mlp
+from distlab.runtime.launch import time_scale
 
-from ...rank import (CapturedPrints, DDPSpy, LineRecorder, Replace, SaveSpy, attempt, echo, load_learner,
-                     own_rendezvous, raised_at, transparent)
+from ...rank import (CapturedPrints, DDPSpy, LineRecorder, Replace, SaveSpy, attempt, echo, every_rank_says,
+                     grader_group, load_learner, own_rendezvous, raised_at, transparent)
 from ...rank.parts import Parts
 from .bucketed.probes import observe_bucketed
 from .observations import (CONFIG, EVAL, EVAL_FIELDS, MODEL, TEARDOWN_FIELDS, FirstStep, Forward,
@@ -45,7 +47,7 @@ def rank_main(paths: list[str], ckpt_dir: str, outdir: str, skip: dict[str, list
         for i, path in enumerate(paths):
             kept = Parts(outdir, i, skip)
             with own_rendezvous(f"file{i}"):  # the learner's setup() makes the process group, once per file
-                _observe(path, checkpoint_dir(ckpt_dir, path), kept)
+                _observe(path, checkpoint_dir(ckpt_dir, path), kept, f"file{i}")
             kept.finished()
             out.append(kept.ran)
         return out
@@ -59,11 +61,32 @@ def checkpoint_dir(root: str | Path, path: str | Path) -> Path:
     return Path(root) / hashlib.sha1(str(path).encode()).hexdigest()[:16]
 
 
-def _observe(path: str, ckpt_dir: Path, kept: Parts) -> None:
+def _observe(path: str, ckpt_dir: Path, kept: Parts, tag: str) -> None:
     """The file's parts on this rank, in order, after ``setup()`` (every launch: they need its process group)."""
+    with contextlib.ExitStack() as group:  # the grader's process group, where the learner's setup() failed
+        _observe_parts(path, ckpt_dir, kept, tag, group)
+
+
+def _setup(learner, path: str, tag: str, group: contextlib.ExitStack) -> str:
+    """The learner's ``setup()``. Where it raised on every rank alike without making a group (NCCL named on a
+    machine without it, say), the grader's group goes on in its place (until ``group`` closes), so that the other
+    functions are still graded (issue 37); what it raised, at the learner's line ("" where nothing)."""
+    try:
+        learner.setup()
+        return ""
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the learner's error is feedback; its criterion says it
+        if dist.is_initialized() or not every_rank_says(tag, "setup-raised", timedelta(seconds=10 * time_scale())):
+            raise  # some rank got past it, or made a group: nothing stands in for that
+        group.enter_context(grader_group(tag))
+        return raised_at(exc, path) or f"{type(exc).__name__}: {exc}"
+
+
+def _observe_parts(path: str, ckpt_dir: Path, kept: Parts, tag: str, group: contextlib.ExitStack) -> None:
     # The spies go in before the import, so ``from torch import save`` (or all_reduce) binds them too.
     with AllReduceSpy() as reduces:
-        learner, seen = _train(path, ckpt_dir, reduces, kept)
+        learner, seen = _train(path, ckpt_dir, reduces, kept, lambda lrn: _setup(lrn, path, tag, group))
         if kept.starts("evaluate"):
             _evaluate(learner, path, seen)
             kept.keep("evaluate", {k: v for k, v in seen.to_wire().items() if k in EVAL_FIELDS})
@@ -78,17 +101,17 @@ def _observe(path: str, ckpt_dir: Path, kept: Parts) -> None:
         kept.keep("teardown", {k: v for k, v in seen.to_wire().items() if k in TEARDOWN_FIELDS})
 
 
-def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy, kept: Parts):
-    """Load the learner's file, ``setup()``, and (where wanted) ``train_ddp`` from this rank's own initial
-    weights: the learner module and what was observed."""
+def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy, kept: Parts, setup):
+    """Load the learner's file, ``setup()`` (``setup(learner)``: what it raised), and (where wanted) ``train_ddp``
+    from this rank's own initial weights: the learner module and what was observed."""
     with SaveSpy() as saves, DDPSpy(rounds=False) as wrappers, SamplerSpy() as samplers:
         learner = load_learner(path)
-        learner.setup()
+        setup_error = setup(learner)
         if not dist.is_initialized():
             raise RuntimeError("setup() returned but no process group is initialised")
         rank = dist.get_rank()
         if not kept.starts("train"):
-            return learner, RankObservation(rank=rank, initial={})
+            return learner, RankObservation(rank=rank, initial={}, setup_error=setup_error)
         model = make_mlp(seed=1000 + rank, **MODEL).to(distlab.device())  # a different start on every rank
         initial = cpu_state(model)
         data = RecordingDataset(digits())
@@ -100,7 +123,7 @@ def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy, kept: Parts):
     echo(out.lines)
     seen = RankObservation(rank=rank, initial=initial, final=cpu_state(trained if trained is not None else model),
                            accessed=data.accessed, printed=out.lines, printed_at=out.first_at, saves=saves.paths,
-                           samplers_built=samplers.built)
+                           samplers_built=samplers.built, setup_error=setup_error)
     probe.fill(seen)
     wrappers.wrapping.clear()  # the modules it held on to: freed below, with the learner's DDP
     # The learner's DDP holds the process group. Freed by the garbage collector at some later moment
