@@ -83,6 +83,9 @@ UNEVEN_MISTAKES = {
     "uneven: a mean divided again": {
         '            nn.functional.cross_entropy(model(x), y, reduction="sum").backward()\n':
         "            nn.functional.cross_entropy(model(x), y).backward()\n"},
+    # a blind audit's (full marks before): the whole stream read up front
+    "uneven: the stream read up front": {
+        "    stream = iter(batches)\n": "    stream = iter(list(batches))\n"},
     # a count all-reduced as an int64 where the rank has a batch, float32 where it has none (gloo aborts on it)
     "uneven: the count's dtype differs": {
         NEXT: NEXT + "        count = torch.tensor(len(batch[1])) if batch is not None else torch.tensor(0.0)\n"
@@ -230,6 +233,13 @@ def test_a_mean_divided_again_is_named_by_its_scale(graded):
     f = failed(graded["uneven: a mean divided again"])
     assert re.search(r"rank 1's update was 0\.25x \(1/4\) one process's SGD step on the step's samples at every "
                      r"step it shows", f[U_MATCHES]), f[U_MATCHES]
+
+
+def test_a_stream_read_up_front_is_named(graded):
+    f = failed(graded["uneven: the stream read up front"])
+    assert list(f) == [U_EQUAL], f
+    assert f[U_EQUAL].startswith("with ranks with 2 and 4 batches, rank 1 had taken 3 batches past the one going "
+                                 "through the model (of its 4)"), f[U_EQUAL]
 
 
 def test_the_stub_says_train_uneven_is_not_implemented(graded):

@@ -42,6 +42,7 @@ all-reduced count of the step's samples written by hand are correct.
 | uneven: a rank out of data stops updating its weights | "rank 0's weights after train_uneven are one ..." |
 | uneven: gradients never all-reduced | "no rank all-reduced a gradient with ranks with 2 and 4 batches ..." |
 | uneven: the round after the last batch divided by a count of 0 | "every rank's weights were finite ... NaN ..." |
+| uneven: the stream read ahead, not one batch per step | "with ..., rank 1 had taken 3 batches past the one ..." |
 | uneven: join() called on a model that is not wrapped in DDP | "join() is a method of DistributedDataParallel" |
 | a collective's dtype differs between ranks | "rank 0's collective 3 is all_reduce of int64[1] ... float32[1]" |
 """

@@ -230,3 +230,14 @@ def nan_after_last(s: Scenario) -> str | None:
             "and NaN when train_uneven returned: after the last step the loop made one more round, in which no "
             "rank had a batch, and its update divided by a count of 0. Leave the loop when the step's all-reduced "
             "count is 0, before any update")
+
+
+@mistake("uneven: the stream read ahead, not one batch per step")
+def read_ahead(s: Scenario) -> str | None:
+    ahead = max(s.ranks, key=lambda r: r.read_ahead)
+    if ahead.read_ahead <= 1:  # one batch ahead: a look-ahead that tells the last batch, as a loader's prefetch does
+        return None
+    return (f"with {s.label}, rank {ahead.rank} had taken {ahead.read_ahead} batches past the one going through the "
+            f"model (of its {ahead.batches}): the stream is read once, one batch per step, since a data loader's "
+            "may be endless or larger than memory (list(batches) reads it all up front); take the next batch at each "
+            "step")

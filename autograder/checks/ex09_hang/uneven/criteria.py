@@ -9,7 +9,7 @@ from __future__ import annotations
 from ....grader.diagnosis import diagnose, translate
 from ....grader.parity import parity
 from ....grader.report import Verdict, criterion, failed, passed
-from .causes import (ATOL, RTOL, UNEVEN_ERRORS, divided_by_all, dtypes_differ, left_early, nan_after_last,
+from .causes import (ATOL, RTOL, UNEVEN_ERRORS, divided_by_all, dtypes_differ, left_early, nan_after_last, read_ahead,
                      no_gradient_sync, parted, scaled_everywhere, stale_on_exhausted, stopped_at_shortest,
                      stops_updating)
 from .observations import SCENARIOS, Scenario, label
@@ -104,7 +104,9 @@ def uneven_no_batch(run) -> Verdict:
 @criterion(f"[W={{world}}] equal lengths ({label(SCENARIOS['equal'])}): one process's SGD, one step per batch",
            points=2, trace=False)
 def uneven_equal(run) -> Verdict:
-    return _matches(run, "equal")
+    matched = _matches(run, "equal")
+    ahead = next((why for s in scenarios(run).values() if (why := read_ahead(s))), None)  # "one step per batch"
+    return failed(ahead) if matched.ok and ahead else matched
 
 
 CRITERIA = [uneven_finishes, uneven_matches, uneven_no_batch, uneven_equal]

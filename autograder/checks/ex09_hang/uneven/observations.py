@@ -77,6 +77,7 @@ class ScenarioRun(Observation):
     forwarded: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     direct: int = 0      # forwards of a batch that called the model itself while a DDP wrapper of it existed
     taken: int = 0       # batches the learner took from the stream
+    read_ahead: int = 0  # the most batches taken past the one going through the forward (1: a look-ahead)
     exhausted: bool = False  # the learner asked for a batch past the last
     calls: list[UnevenCall] = field(default_factory=list)  # every collective made, in order
     mismatch: Parting | None = None  # where the ranks' collectives parted (None: they never did)

@@ -98,8 +98,9 @@ class Forwards:
     """The weights when each of this rank's batches first went through the model's forward (its values name it),
     and the forwards of a batch that called the model itself while a DDP wrapper of it existed."""
 
-    def __init__(self, net: torch.nn.Module, rank: int, count: int, ddps: DDPSpy):
-        self.net, self.ddps = net, ddps
+    def __init__(self, net: torch.nn.Module, rank: int, count: int, ddps: DDPSpy, stream: Stream):
+        self.net, self.ddps, self.stream = net, ddps, stream
+        self.ahead = 0  # the most batches taken from the stream past the one going through the forward
         self.xs = [uneven_batch(rank, i)[0] for i in range(count)]
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self.direct = 0
@@ -115,6 +116,8 @@ class Forwards:
             return
         if any(m is self.net for m, _ in self.ddps.wrapping) and not _through_ddp():
             self.direct += 1
+        if index not in self.snapshots:
+            self.ahead = max(self.ahead, self.stream.taken - (index + 1))
         self.snapshots.setdefault(index, cpu_state(module))
 
 
@@ -133,7 +136,7 @@ def _scenario(learner, path: str, tag: str, name: str, load_error: Exception | N
     if learner is not None and fn is None:
         error = NotImplementedError(f"{Path(path).name} has no train_uneven (part 2 of the exercise)")
     with JoinSpy() as joins, DDPSpy(rounds=False) as ddps:
-        forwards = Forwards(net, rank, lengths[rank], ddps)
+        forwards = Forwards(net, rank, lengths[rank], ddps, stream)
         with CapturedPrints() as out:
             if error is None:
                 with ledger:
@@ -145,7 +148,8 @@ def _scenario(learner, path: str, tag: str, name: str, load_error: Exception | N
     parting = ledger.parting
     return ScenarioRun(
         rank=rank, scenario=name, batches=lengths[rank], final=cpu_state(net), forwarded=forwards.snapshots,
-        direct=forwards.direct, taken=stream.taken, exhausted=stream.exhausted, calls=ledger.uneven_calls,
+        direct=forwards.direct, read_ahead=forwards.ahead, taken=stream.taken, exhausted=stream.exhausted,
+        calls=ledger.uneven_calls,
         mismatch=parting, error=None if parting or error is None else raised(error, path),
         where=str(learner_frame(error, path) or "") if error is not None and not parting else "",
         not_implemented=isinstance(error, NotImplementedError), wrapped=wrapped, joins=joins.made,
