@@ -11,10 +11,10 @@ They observe; they never decide. Each rank returns what they saw (plain tensors,
 the verdict is computed in the grading process.
 """
 from .errors import Frame, attempt, frames, learner_frame, raised, raised_at
-from .loading import CapturedPrints, echo, every_rank_says, grader_group, load_learner, own_rendezvous
+from .loading import CapturedPrints, echo, every_rank_says, every_rank_tells, grader_group, load_learner, own_rendezvous
 from .replace import Replace, transparent, watched
 from .spies import DDPSpy, LineRecorder, P2PSpy, SaveSpy, Watched, grad_norm, on_backward_start
 
 __all__ = ["CapturedPrints", "DDPSpy", "Frame", "LineRecorder", "P2PSpy", "Replace", "SaveSpy", "Watched", "attempt",
-           "echo", "every_rank_says", "frames", "grad_norm", "grader_group", "learner_frame", "load_learner",
-           "on_backward_start", "own_rendezvous", "raised", "raised_at", "transparent", "watched"]
+           "echo", "every_rank_says", "every_rank_tells", "frames", "grad_norm", "grader_group", "learner_frame",
+           "load_learner", "on_backward_start", "own_rendezvous", "raised", "raised_at", "transparent", "watched"]

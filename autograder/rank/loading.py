@@ -176,19 +176,25 @@ def _wait_for_the_others(agent: dist.TCPStore, key: str, world: int, timeout: ti
                            f"{timeout.total_seconds():g} s after rank 0 had") from None
 
 
-def every_rank_says(tag: str, what: str, timeout: timedelta) -> bool:
-    """Whether every rank says ``what`` under ``tag`` within ``timeout`` (each rank that calls this says it), on the
-    store of :func:`own_rendezvous`'s block: no process group is needed, since the one to make may have failed."""
+def every_rank_tells(tag: str, what: str, value: str, timeout: timedelta) -> list[str] | None:
+    """Every rank's ``value`` of ``what`` under ``tag``, in rank order, or ``None`` where some rank did not tell it
+    within ``timeout``; on the job's store (:func:`own_rendezvous`'s in its block), with no process group: the one
+    to make may have failed, and a collective could pair with one a peer still waits in."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
                           timeout=timeout)
     key = f"distlab/grader/{tag}/{what}"
-    store.set(f"{key}/{rank}", "1")
+    store.set(f"{key}/{rank}", value)
     try:
         store.wait([f"{key}/{r}" for r in range(world)])
     except dist.DistStoreError:
-        return False
-    return True
+        return None
+    return [store.get(f"{key}/{r}").decode() for r in range(world)]
+
+
+def every_rank_says(tag: str, what: str, timeout: timedelta) -> bool:
+    """Whether every rank says ``what`` under ``tag`` within ``timeout`` (each rank that calls this says it)."""
+    return every_rank_tells(tag, what, "1", timeout) is not None
 
 
 @contextlib.contextmanager

@@ -14,6 +14,11 @@ huggingface/picotron's ``tensor_parallel.py``) the check verifies:
 * exactly one all-reduce in the forward (in the row layer) and one in the backward (of the input's
   gradient), and no other collective.
 
+Where the step raised on every rank and a layer does not hold its shard (a weight cut along the wrong
+dimension fails on a shape), the grader steps again with its own layer in place of that one, calling the
+learner's ``f`` and ``g`` (``stand_ins``): the shards' criterion costs what the layer got wrong, and the
+others, each saying so, judge ``f``, ``g`` and the other layer (issue 37: a crash in one part never costs another).
+
 | mistake | message |
 |---|---|
 | f and g swapped: the all-reduce in the wrong operator | "the forward's all-reduce ran in ColumnParallelLinear ..." |
@@ -259,13 +264,28 @@ CRITERIA = [holds_its_shard, output_matches, bias_once, forward_communication, i
             backward_communication]
 
 
+def _stood_in(run: Run) -> tuple[str, str]:
+    """What the grader put in place of the learner's layers, where it did (``probes._stand_ins``): in full (said
+    once), and in short."""
+    obs = next((o for o in run.ranks if o.substituted), None)
+    if obs is None:
+        return "", ""
+    short = f" (with the grader's {' and '.join(LAYER_CLASS[k] for k in obs.substituted)} in place of yours)"
+    return (f"{short[:-1]}, which does not hold its shard (see '{HOLDS.format(world=run.world)}'): with it your step "
+            f"raised {obs.replaced})", short)
+
+
 def _judge(report: ExerciseReport, run: Run, wall_s: float) -> None:
     """One file at one world size: the criteria, or "did not run" when some of it is not written yet."""
     if stub := next((obs.not_implemented for obs in run.ranks if obs.not_implemented), None):
         report.notes.clear()
         report.did_not_run(f"not implemented yet ({stub})")
         return
+    judged = len(report.criteria)
     report.judge(CRITERIA, run, world=run.world)
+    full, short = _stood_in(run)  # each criterion judged on the step the grader's layer made says so
+    for i, c in enumerate(c for c in report.criteria[judged:] if full and c.key != holds_its_shard.__name__):
+        c.feedback += full if i == 0 else short
     report.measurements[f"W{run.world}_launch_s"] = round(wall_s, 2)
 
 

@@ -74,6 +74,10 @@ class StepObservation(Observation):
     comm: list[Collective] = field(default_factory=list)  # every collective, in order
     # by layer: the shape of what its forward returned (None: not a tensor)
     shapes: dict[str, list[int] | None] = field(default_factory=dict)
+    # the layers the grader's stood in for ("column", "row"): the step raised on every rank and they did not hold
+    # their shards; out, x_grad, grads and comm are then the second step's, ``replaced`` what the first raised
+    substituted: list[str] = field(default_factory=list)
+    replaced: str = ""
 
     def param(self, part: str) -> Param | None:
         """The learner's tensor for ``part`` (``"row.bias"``: RowParallelLinear's ``bias``); ``None`` when the

@@ -21,16 +21,20 @@ under gloo with torch 2.13: the mode stays active in the backward).
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 import distlab
 from distlab.measure.comm import CollectiveRecorder
+from distlab.runtime.launch import time_scale
 
-from ...rank import CapturedPrints, echo, learner_frame, load_learner, raised
+from ...rank import CapturedPrints, echo, every_rank_tells, learner_frame, load_learner, raised
 from .observations import Collective, Held, Holdings, Param, StepObservation
 from .reference import PARTS, block, data
+from .stand_ins import off_shard, stand_in
 
 
 class CommSpy(CollectiveRecorder):
@@ -45,7 +49,7 @@ class CommSpy(CollectiveRecorder):
         self.layer: str | None = None   # the learner's layer whose forward is running
         self.shapes: dict[str, list[int] | None] = {}
 
-    def watch(self, module: nn.Module, layer: str) -> None:
+    def watch(self, module: nn.Module, layer: str) -> list:
         """Tag the collectives issued during ``module``'s forward with ``layer``; note its output's shape."""
         def before(mod, args):
             self.layer = layer
@@ -54,8 +58,7 @@ class CommSpy(CollectiveRecorder):
             self.layer = None
             self.shapes[layer] = list(out.shape) if isinstance(out, torch.Tensor) else None
 
-        module.register_forward_pre_hook(before)
-        module.register_forward_hook(after)
+        return [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
 
     def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
         copy = tensors[0].detach().cpu().clone() if kind == "all_reduce" and tensors else None
@@ -122,40 +125,77 @@ def rank_main(paths: list[str]) -> list[dict]:
     dev = distlab.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        return [_observe(path, dev, rank, world).to_wire() for path in paths]
+        return [_observe(path, dev, rank, world, f"ex08/W{world}/file{i}").to_wire() for i, path in enumerate(paths)]
     finally:
         distlab.shutdown()
 
 
-def _observe(path: str, dev: torch.device, rank: int, world: int) -> StepObservation:
+def _observe(path: str, dev: torch.device, rank: int, world: int, tag: str) -> StepObservation:
     obs = StepObservation(rank=rank, world=world)
     unsplit = block().to(dev)
     x, grad_out = (t.to(dev) for t in data())
-    x.requires_grad_()
-    spy, layers = CommSpy(), {}
+    layers = {}
     learner = load_learner(path)  # an import error ends the launch, which names it, as for any exercise
     with CapturedPrints() as printed:
         try:
             layers = {"column": learner.ColumnParallelLinear(unsplit[0], rank, world),
                       "row": learner.RowParallelLinear(unsplit[2], rank, world)}
             obs.layers = {k: holdings(m, unsplit[0 if k == "column" else 2]) for k, m in layers.items()}
-            tp = nn.Sequential(layers["column"], unsplit[1], layers["row"])
-            for name, module in layers.items():
-                spy.watch(module, name)
-            with spy:
-                obs.stage = spy.phase = "forward"
-                out = tp(x)
-                obs.out = out.detach().cpu().clone()
-                obs.stage = spy.phase = "backward"
-                out.backward(grad_out)
-            obs.stage = None
-            obs.x_grad = None if x.grad is None else x.grad.detach().cpu().clone()
+            _step(obs, layers, unsplit, x, grad_out)
         except NotImplementedError as exc:
             obs.not_implemented = str(learner_frame(exc, path) or f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - reported, so that what did run is still judged
             obs.error, obs.where = raised(exc), str(learner_frame(exc, path) or "")
+        if obs.error and obs.stage in ("forward", "backward"):
+            layers = _stand_ins(obs, learner, layers, unsplit, (x, grad_out), tag, path)
     echo(printed.lines)
     if len(layers) == 2:
         obs.grads = _grads(layers)
-    obs.comm, obs.shapes = spy.collectives, spy.shapes
     return obs
+
+
+def _step(obs: StepObservation, layers: dict[str, nn.Module], unsplit: nn.Sequential, x: torch.Tensor,
+          grad_out: torch.Tensor) -> None:
+    """One forward and backward of the block assembled from ``layers``, as ``parallelize_mlp`` does, into ``obs``:
+    the output, the input's gradient, the collectives (raises what the learner's code raised)."""
+    spy, x = CommSpy(), x.detach().clone().requires_grad_()
+    hooks = [h for name, module in layers.items() for h in spy.watch(module, name)]
+    tp = nn.Sequential(layers["column"], unsplit[1], layers["row"])
+    try:
+        with spy:
+            obs.stage = spy.phase = "forward"
+            out = tp(x)
+            obs.out = out.detach().cpu().clone()
+            obs.stage = spy.phase = "backward"
+            out.backward(grad_out)
+        obs.stage = None
+        obs.x_grad = None if x.grad is None else x.grad.detach().cpu().clone()
+    finally:
+        obs.comm, obs.shapes = spy.collectives, spy.shapes
+        for h in hooks:
+            h.remove()
+
+
+def _stand_ins(obs: StepObservation, learner, layers: dict[str, nn.Module], unsplit: nn.Sequential, batch: tuple,
+               tag: str, path: str) -> dict[str, nn.Module]:
+    """Where the step raised on every rank and a layer does not hold its shard (on any rank), the step again with
+    the grader's layer in its place (``stand_ins``), so that ``f``, ``g`` and the other layer are still graded:
+    the layers that step used. A rank whose step got through does not tell: no stand-in then, as before."""
+    told = every_rank_tells(tag, "off-shard", ",".join(off_shard(layers, unsplit, obs.rank, obs.world)),
+                            timedelta(seconds=10 * time_scale()))
+    wrong = sorted({name for said in told or [] for name in said.split(",") if name})
+    if not wrong:
+        return layers
+    try:
+        mixed = {k: stand_in(k, unsplit, obs.rank, obs.world, learner) if k in wrong else m for k, m in layers.items()}
+    except AttributeError:  # no f or g to put in it: nothing stands in
+        return layers
+    for module in layers.values():
+        module.zero_grad(set_to_none=True)  # what the first step's backward left
+    obs.replaced, obs.substituted = f"{obs.error}" + (f" at {obs.where}" if obs.where else ""), wrong
+    obs.error = obs.where = None
+    try:
+        _step(obs, mixed, unsplit, *batch)
+    except Exception as exc:  # noqa: BLE001 - reported, so that what did run is still judged
+        obs.error, obs.where = raised(exc), str(learner_frame(exc, path) or "")
+    return mixed
