@@ -268,6 +268,29 @@ def test_a_commit_on_every_rank_is_named_from_the_directory(tmp_path):
         "already renamed it to step_00000003")
 
 
+def test_a_rank_that_returns_before_rank_0_commits_is_named_by_the_order_of_events(tmp_path):
+    """No launch: rank 0's commit held until rank 1 waits in a barrier rank 0 has not passed (the contract's second
+    barrier) or has returned from save_checkpoint (a blind audit's save without it got full marks)."""
+    from autograder.checks.ex05_checkpoint.commit_order import CommitOrder
+
+    phase = {"name": "A", "tag": "ref"}
+    rank0, rank1 = CommitOrder(phase, 0, tmp_path), CommitOrder(phase, 1, tmp_path)
+    rank1.barrier(entering=True)  # the first barrier, which both pass
+    rank0.barrier(entering=True)
+    rank0.barrier(entering=False)
+    rank1.barrier(entering=True)  # rank 1 waits in the second
+    rank0.before_commit(3)
+    run = ex05_checkpoint.Run(tmp_path, 4)
+    assert ex05_checkpoint.causes.ran_ahead(run) is None
+    rank1.barrier(entering=True)  # the next save's first barrier, and none after its commit
+    rank0.barrier(entering=False)
+    rank0.barrier(entering=False)
+    rank1.returned(6)
+    rank0.before_commit(6)
+    assert ex05_checkpoint.causes.ran_ahead(run).startswith(
+        "rank 1 returned from step 6's save_checkpoint while rank 0 had not yet committed it")
+
+
 def test_a_fresh_job_that_crashes_costs_the_fresh_job_only(mutants):
     # it crashes at another world size too (its reshard scenario resumes between saves): those two criteria go,
     # and the restart scenario in between is graded as it would be alone

@@ -10,6 +10,7 @@ other causes themselves.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -73,6 +74,18 @@ def committed_under_a_rank(run: Run, err: LaunchError | None) -> str | None:
             f"rank 0 had committed it (renamed it to step_{step:08d}), so its own file never got there: rank 0 "
             "committed before every rank had written its files. Call dist.barrier() on every rank once its own "
             "files are written, and have rank 0 commit only after it")
+
+
+@mistake("no barrier after the commit: a rank goes on while rank 0 commits")
+def ran_ahead(run: Run) -> str | None:
+    record = run.out / "A-commit-order.json"  # commit_order: the first save rank 1 returned from first
+    if not record.is_file():
+        return None
+    step = json.loads(record.read_text())["step"]
+    return (f"rank 1 returned from step {step}'s save_checkpoint while rank 0 had not yet committed it (the grader "
+            "held rank 0's commit until rank 1 either waited in a barrier or went on): end save_checkpoint with a "
+            "second dist.barrier(), after rank 0's commit and prune, so that no rank goes on, or is stopped, before "
+            "the checkpoint it saved exists")
 
 
 @mistake("commit on every rank")

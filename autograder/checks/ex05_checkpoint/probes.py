@@ -35,13 +35,14 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data import dataloader
 
-from distlab import init_distributed
+from distlab import checkpoint, init_distributed
 from distlab.data import RecordingDataset, synthetic_classification
 from distlab.measure.memory import local_tensor
 
 from ...rank import CapturedPrints, Replace, echo, learner_frame, load_learner, trace
 from ...rank.spies import learner_line
 from .commit_kill import CommitKill, die
+from .commit_order import CommitOrder, commit_spy, watch_saves
 from .observations import CallRecord, ErrorRecord, FinalState, PreStep, RankObservation, StepRecord
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
@@ -66,7 +67,7 @@ LOADERS = [(dataloader._BaseDataLoaderIter, "__init__", "DataLoader iterated")]
 # watched, not logged: where the restart scenario's second kill lands (commit_kill)
 BARRIERS = [(dist, "barrier", "dist.barrier"), (dist.distributed_c10d, "barrier", "dist.barrier")]
 # the phase running: the learner's file, its call log, tag, last step, snapshot
-_now = {"path": None, "log": None, "tag": "", "step": 0, "pre": None, "commit": None}
+_now = {"path": None, "log": None, "tag": "", "step": 0, "pre": None, "commit": None, "order": None}
 
 
 class Stopped(BaseException):
@@ -115,10 +116,14 @@ def _spy(name: str):
                     call.checkpoint = _checkpoint_name(args, kwargs)
                 _now["log"].write(json.dumps(call.to_wire()) + "\n")
                 _now["log"].flush()
-            commit = _now["commit"]
+            commit, order = _now["commit"], _now["order"]
             if commit is not None and where:
                 commit.reached(name, f"{where[0]}:{where[1]}")  # rank 1 may die here (commit_kill)
+            if order is not None and where and name == "dist.barrier":
+                order.barrier(entering=True)
             result = real(*args, **kwargs)
+            if order is not None and where and name == "dist.barrier":
+                order.barrier(entering=False)
             if commit is not None and name in ("dcp.save", "dcp.async_save"):
                 commit.dcp_saved()
             return result
@@ -156,7 +161,8 @@ def _collective_spies() -> Replace:
     ``torch.save`` calls (each rank's RNG state) are logged too, with what they held (not a collective)."""
     return Replace({**{(module, name): _spy(label) for module, name, label in COLLECTIVES + TORCH_SAVES + BARRIERS
                        if getattr(module, name, None) is not None},
-                    **{(owner, name): _loader_spy(label) for owner, name, label in LOADERS}})
+                    **{(owner, name): _loader_spy(label) for owner, name, label in LOADERS},
+                    (checkpoint, "commit"): commit_spy(lambda: _now["order"])})
 
 
 def _full_state(model, optimizer) -> tuple[dict, dict]:
@@ -179,7 +185,7 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
     with open(outdir / f"{name}-rank{rank}.jsonl", "a") as log, \
             open(outdir / f"{name}-calls-rank{rank}.jsonl", "a") as calls, _killed_in_write(kill_write):
         _now.update(path=Path(learner.__file__).resolve(), log=calls, tag=phase["tag"], step=0, pre=None,
-                    commit=CommitKill(phase, rank, attempt, outdir))
+                    commit=CommitKill(phase, rank, attempt, outdir), order=CommitOrder(phase, rank, outdir))
         try:
             with CapturedPrints() as out:
                 returned = learner.train(phase["dir"], data, steps=phase["steps"], save_every=RUN["save_every"],
@@ -194,7 +200,7 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
             _record_error(outdir / f"{name}-errors.jsonl", exc, learner.__file__)
             raise
         finally:
-            _now["log"] = _now["commit"] = None
+            _now["log"] = _now["commit"] = _now["order"] = None
             hook.remove()
     echo(out.lines)
     if not (isinstance(returned, (tuple, list)) and len(returned) == 4):
@@ -274,6 +280,7 @@ def rank_main(paths: list[str], outdirs: list[str], phases: list[list[dict]]) ->
         for path, outdir, file_phases in zip(paths, outdirs, phases):
             Path(outdir).mkdir(parents=True, exist_ok=True)
             learner = load_learner(path)
+            watch_saves(learner, lambda: _now["order"])
             for phase in file_phases:
                 _run_phase(learner, phase, Path(outdir))
             trace.dump(path, Path(outdir) / f"trace-rank{dist.get_rank()}.pt")  # if traced: its events so far
