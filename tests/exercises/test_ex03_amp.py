@@ -49,6 +49,12 @@ MUTANTS = {
         # and another of the audit's: the cross-entropy outside autocast, on float16 logits (every step overflows)
         "        loss = nn.functional.cross_entropy(model(x), y)\n    if scaler is None:":
         "        logits = model(x)\n    loss = nn.functional.cross_entropy(logits, y)\n    if scaler is None:"},
+    # two blind audit's look-alikes: CUDA's autocast (on the CPU it casts nothing) and clipping by value
+    "cuda_autocast_clip_by_value": {
+        "    with torch.autocast(device_type=x.device.type, dtype=amp_dtype or torch.bfloat16,\n":
+        "    with torch.cuda.amp.autocast(dtype=amp_dtype or torch.bfloat16,\n",
+        "        loss.backward()\n        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n":
+        "        loss.backward()\n        torch.nn.utils.clip_grad_value_(model.parameters(), max_norm)\n"},
     # four independent mistakes: each simulated workload exposes exactly one of the first three
     "no_warmup_no_sync_mean_clip_scaled": {
         "    for _ in range(warmup):\n        fn()\n        sync()\n": "",
@@ -262,6 +268,15 @@ def test_wrong_ratio_direction(reports):
     report = reports["inverted_ratios_scaled_loss_returned"]
     assert "its inverse: speedup = baseline_s / candidate_s" in feedback_of(report, "steady workload")
     assert "its inverse" in feedback_of(report, "memory ratio")
+
+
+def test_look_alikes_are_named_at_their_lines(reports):
+    report = reports["cuda_autocast_clip_by_value"]
+    assert re.search(r"you clipped with torch\.nn\.utils\.clip_grad_value_ \(ex03_amp\.py:\d+\), which clamps each "
+                     "gradient element", feedback_of(report, "float32 step")), report.feedback
+    if not torch.cuda.is_available():
+        assert re.search(r"you entered torch\.cuda\.amp\.autocast \(ex03_amp\.py:\d+\), which autocasts CUDA ops "
+                         "only", feedback_of(report, "bf16 autocast")), report.feedback
 
 
 def test_no_autocast_and_unscaled_step(reports):

@@ -39,6 +39,8 @@ A failure names the first cause below that explains the observations (each has a
 | optimizer.zero_grad() not called | "when the backward of step 2 began, .grad still held gradients of norm 0.05 ..." |
 | optimizer.step() not called once per step | "train_step called optimizer.step() 2 times in step 1 ..." |
 | gradients not clipped to max_norm | "the optimizer stepped with a gradient norm of 11.6 at step 1, where ..." |
+| gradients clipped by value, not by norm | "...: you clipped with torch.nn.utils.clip_grad_value_ ..." |
+| CUDA's autocast on the CPU | "you entered torch.cuda.amp.autocast (ex03_amp.py:61), which autocasts ..." |
 | scaler.update() not called | "one fp16 step's GradScaler calls ... were [...] and never scaler.update() ..." |
 | optimizer.step() instead of scaler.step() | "... 'optimizer.step' but not scaler.step(optimizer), which ..." |
 | loss not scaled | "... never scaler.scale(loss): call scaler.scale(loss).backward() ..." |
@@ -70,9 +72,9 @@ from ...grader.parts import Parted, judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .accumulation.criteria import accumulation_order, accumulation_overflow, accumulation_parity
-from .causes import (KNOWN_ERRORS, broken, calls, clipped_scaled, counted_tensors, cpu_clock, grads_not_zeroed,
-                     loss_summed, missing, no_update, not_clipped, not_scaled, optimizer_stepped, real_missing,
-                     scaled_loss_returned, step_skipped, steps_not_one, timing_not_passed)
+from .causes import (KNOWN_ERRORS, broken, calls, clipped_scaled, counted_tensors, cpu_clock, cuda_autocast,
+                     grads_not_zeroed, loss_summed, missing, no_update, not_clipped, not_scaled, optimizer_stepped,
+                     real_missing, scaled_loss_returned, step_skipped, steps_not_one, timing_not_passed, value_clipped)
 from .accumulation.observations import Accumulation
 from .observations import AmpObservation, Answers, Autocast, Measure, Parity, RealModel, Run, Scaler
 from .probes import PARTS, REAL_MODEL, rank_main
@@ -112,8 +114,8 @@ def autocast_dtypes(run: Run) -> Verdict:
                       f"{sorted(set(grads))}: keep the model in float32 (do not call model.to(torch.bfloat16)); "
                       "autocast casts per op")
     if any(d != "torch.bfloat16" for d in outs):
-        return failed(f"the nn.Linear outputs were {outs}: run the forward pass and the loss inside "
-                      "torch.autocast(device_type=x.device.type, dtype=amp_dtype)")
+        return failed(cuda_autocast(run) or f"the nn.Linear outputs were {outs}: run the forward pass and the loss "
+                      "inside torch.autocast(device_type=x.device.type, dtype=amp_dtype)")
     return passed()
 
 
@@ -125,7 +127,7 @@ def float32_parity(run: Run) -> Verdict:
     same = parity(p.state, reference_fp32()[1], rtol=RTOL, atol=ATOL)
     if same.ok:
         return passed(f"max abs difference {same.max_abs_diff:.2g}")
-    return failed(diagnose(STEP_CAUSES, p) or
+    return failed(value_clipped(run) or diagnose(STEP_CAUSES, p) or
                   f"after {STEPS} float32 steps the weights differ from zero_grad, cross-entropy, backward, "
                   f"clip_grad_norm_(max_norm={MAX_NORM}), step (max abs difference {same.max_abs_diff:.3g} "
                   f"in {same.worst})")

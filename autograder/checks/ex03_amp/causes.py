@@ -155,6 +155,26 @@ def not_clipped(p: PrecisionRun) -> str | None:
             "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) after backward, before the step")
 
 
+@mistake("gradients clipped by value, not by norm")
+def value_clipped(run) -> str | None:
+    where = run.obs.lookalikes.calls.get("clip_grad_value_")
+    if where is None or not not_clipped(run.kind("fp32")):
+        return None
+    return (f"{not_clipped(run.kind('fp32')).split(': call')[0]}: you clipped with torch.nn.utils.clip_grad_value_ "
+            f"({where}), which clamps each gradient element to ±max_norm, not their norm: call "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)")
+
+
+@mistake("CUDA's autocast on the CPU")
+def cuda_autocast(run) -> str | None:
+    where = run.obs.lookalikes.calls.get("torch.cuda.amp.autocast")
+    if where is None or run.obs.capability is not None:  # on a GPU it autocasts (under a deprecated name)
+        return None
+    return (f"you entered torch.cuda.amp.autocast ({where}), which autocasts CUDA ops only: on the CPU it casts "
+            "nothing, so the nn.Linear outputs stayed float32 (its name is deprecated too); use "
+            "torch.autocast(device_type=x.device.type, dtype=amp_dtype)")
+
+
 @mistake("scaler.update() not called")
 def no_update(s: Scaler) -> str | None:
     if "update" in s.events:

@@ -128,6 +128,15 @@ class RealModel(Observation):
 
 
 @dataclass
+class LookAlikes(Observation):
+    """Calls of functions that look like the contract's and do something else, each with the learner's first line
+    ("ex03_amp.py:61"): ``clip_grad_value_`` (each element clamped, not the norm) and ``torch.cuda.amp.autocast``
+    (CUDA's only: on the CPU it casts nothing)."""
+
+    calls: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class AmpObservation(Observation):
     """One learner file, every part observed on the one rank."""
 
@@ -139,6 +148,7 @@ class AmpObservation(Observation):
     accumulation: Accumulation
     real: RealModel
     answers: Answers
+    lookalikes: LookAlikes = field(default_factory=LookAlikes)  # in the train part
 
 
 @dataclass

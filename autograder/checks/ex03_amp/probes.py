@@ -42,7 +42,8 @@ from ...rank.spies import learner_line
 from .accumulation import probes as accumulation
 from .accumulation.observations import Accumulation
 from .answers import ANSWERS  # the runtime's copies, resolved now: before any learner file is loaded
-from .observations import (Answers, Autocast, Compared, Measure, Parity, PrecisionRun, RealModel,
+from .lookalikes import LookAlikeSpy
+from .observations import (Answers, Autocast, Compared, LookAlikes, Measure, Parity, PrecisionRun, RealModel,
                            Scaler, TimingCall)
 from .workloads import (CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, RecordingScaler, RecordingSGD,
                         SharedViews, batches)
@@ -241,9 +242,11 @@ def observe(learner, device: torch.device, real_model: dict, clocks: Clocks, kep
                          **{name: record.to_wire() for name, record in records.items()}})
 
     if kept.starts("train"):
-        keep("train", len(watch.calls), autocast=_part(lambda: _autocast(learner, device), Autocast),
-             parity=_part(lambda: _parity(learner, device), Parity),
-             scaler=_part(lambda: _scaler(learner, device), Scaler))
+        with LookAlikeSpy(learner) as seen:
+            records = dict(autocast=_part(lambda: _autocast(learner, device), Autocast),
+                           parity=_part(lambda: _parity(learner, device), Parity),
+                           scaler=_part(lambda: _scaler(learner, device), Scaler))
+        keep("train", len(watch.calls), lookalikes=LookAlikes(calls=seen.calls), **records)
     if kept.starts("measure"):
         since = len(watch.calls)
         keep("measure", since, measure=_part(lambda: _measure(learner, watch, clocks), Measure))
