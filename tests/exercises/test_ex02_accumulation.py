@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from autograder.checks import ex02_accumulation as check
 from tests.exercises import independent
@@ -38,6 +39,9 @@ MUTANTS = {
     "zero_grad_at_window_start": {
         "        optimizer.step()\n        optimizer.zero_grad()\n": "        optimizer.step()\n",
         "        window_loss = 0.0\n": "        window_loss = 0.0\n        optimizer.zero_grad()\n"},
+    # A blind audit's GPU habit: the world size from the GPUs (1 on a machine without them)
+    "world_from_gpus": {"world = dist.get_world_size() if dist.is_initialized() else 1":
+                        "world = max(torch.cuda.device_count(), 1)"},
     # Every micro-batch weighs the same, whatever its size: right for equal sizes only.
     # and, over padded sequences, the mean of the micro-batches' token means (the 2024 accumulation bug).
     "equal_weights": {LOSS: MEAN + " / len(window)"},
@@ -177,6 +181,13 @@ def test_zero_grad_at_each_windows_start_is_named_from_the_gradients_left(report
     assert feedback_of(report, "one optimizer step and zero_grad per window").startswith(
         "optimizer.zero_grad() ran at the start of each window, before its first forward, not after its step: "
         "train_accumulated returned with the last window's gradients still in .grad")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="with a GPU a rank, the GPUs are the ranks")
+def test_a_world_size_from_the_gpus_is_named_at_its_line(reports):
+    said = feedback_of(reports["world_from_gpus"], "gradient after 4 micro-batches")
+    assert re.search(r"your code called torch\.cuda\.device_count\(\) \(ex02_accumulation\.py:\d+\), which counts "
+                     r"this machine's GPUs \(\d+ here\), not the ranks \(2\)", said), said
 
 
 def test_zero_grad_before_step_is_named(reports):

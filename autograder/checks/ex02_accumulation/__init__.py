@@ -23,6 +23,7 @@ A failure names the first cause below that explains the observations:
 | mistake | message |
 |---|---|
 | zero_grad inside a window | "optimizer.zero_grad() ran in the middle of a window (after micro-step 1 of 4) ..." |
+| the world size taken from torch.cuda.device_count() | "...: your code called torch.cuda.device_count() ..." |
 | gradients left in .grad when it returns: zero_grad at a window's start | "optimizer.zero_grad() ran at the ..." |
 | zero_grad between the last backward and step | "... so 3 of 3 steps saw all-zero gradients ..." |
 | optimizer.step() every micro-step | "optimizer.step() ran 12 times for 12 micro-batches ..." |
@@ -57,7 +58,7 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wrong, grads_left, last_not_synced,
                      local_count,
                      local_count_times_world, mean_of_means,
-                     never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted,
+                     never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted, world_from_gpus,
                      step_every_micro_step, step_misplaced, window_in_words, zero_grad_before_step,
                      synced_mid_window, zero_grad_mid_window)
 from .observations import RankObservation, Run, Scenario, ScenarioObservation
@@ -71,8 +72,9 @@ EXERCISE = Exercise(number=2, name="accumulation", filename="ex02_accumulation.p
 
 # Most specific first: a broken schedule explains wrong gradients, not the other way round.
 SCHEDULE = [zero_grad_mid_window, zero_grad_before_step, step_every_micro_step, step_misplaced, never_zeroed]
-CAUSES = SCHEDULE + [no_backward, never_synced, not_divided, mean_of_means, divided_by_k, equal_weights, over_world,
-                     local_count, local_count_times_world, padding_counted, last_not_synced]
+CAUSES = SCHEDULE + [no_backward, never_synced, not_divided, mean_of_means, divided_by_k, equal_weights,
+                     world_from_gpus, over_world, local_count, local_count_times_world, padding_counted,
+                     last_not_synced]
 
 
 def _first_wrong_step(s: Scenario) -> str:

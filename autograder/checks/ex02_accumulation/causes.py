@@ -5,6 +5,8 @@ fails; each tests one scenario's observations (:class:`~.observations.Scenario`)
 """
 from __future__ import annotations
 
+import torch
+
 from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
 from .observations import Scenario
@@ -216,6 +218,16 @@ def over_world(s: Scenario) -> str | None:
     return _normalisation(s, "summed over the labels, divided by N and then", "DDP averages the ranks' "
                           "gradients (their sum over the world size): a loss summed over this rank's labels and "
                           "divided by the global N must be multiplied by the world size to give the global mean")
+
+
+@mistake("the world size taken from torch.cuda.device_count()")
+def world_from_gpus(s: Scenario) -> str | None:
+    if not s.obs.device_count_at or not (said := over_world(s)):
+        return None
+    gpus = torch.cuda.device_count()
+    return (said.split(": DDP averages")[0] + ": your code called torch.cuda.device_count() "
+            f"({s.obs.device_count_at}), which counts this machine's GPUs ({gpus} here), not the ranks "
+            f"({len(s.ranks)}): the world size is dist.get_world_size()")
 
 
 @mistake("per-micro-batch token means averaged")

@@ -43,6 +43,7 @@ class ScenarioObservation(Observation):
     zero_grads: list[ZeroGrad] = field(default_factory=list)  # every zero_grad() call, in order
     start_cleared: list[bool] = field(default_factory=list)  # each window's but the first: .grad zero at its start?
     end_cleared: bool = True  # .grad zero (or None) when train_accumulated returned, as on entry
+    device_count_at: str = ""  # where train_accumulated first called torch.cuda.device_count() ("": nowhere)
     # DDP's all-reduce rounds so far at each micro-step's forward, then the rounds at the end
     total_rounds: list[int] = field(default_factory=list)
 

@@ -16,6 +16,7 @@ from distlab.measure.ddp_hooks import BucketLog
 from distlab.models import cpu_state, make_mlp
 
 from ...rank import CapturedPrints, echo, load_learner
+from ...rank.first_calls import FirstCalls
 from ...rank.parts import Parts
 from .observations import ScenarioObservation, Step, ZeroGrad
 from .scenarios import LR, MODEL, SCENARIOS, micro_batches, token_batches
@@ -43,6 +44,10 @@ def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]]) -> list
     return results
 
 
+# a GPU habit: the number of processes taken for the number of GPUs (0 on a machine without them)
+GPU_HABITS = [(torch.cuda, "device_count", "torch.cuda.device_count")]
+
+
 def _observe(path: str, device: torch.device, rank: int, world: int, kept: Parts) -> None:
     """Each scenario trains a fresh DDP model with the learner's loop; what was observed, kept."""
     learner = load_learner(path)
@@ -59,9 +64,10 @@ def _observe(path: str, device: torch.device, rank: int, world: int, kept: Parts
         opt = _recording_sgd(probe, ddp.parameters(), LR)
         batches = [(x.to(device), y.to(device)) for x, y in
                    (token_batches(rank) if name == "tokens" else micro_batches(sizes, rank, world))]
-        with CapturedPrints() as printed:
+        with CapturedPrints() as printed, FirstCalls(path, GPU_HABITS) as habits:
             learner.train_accumulated(ddp, opt, batches, accumulation_steps=k)
         echo(printed.lines)
+        probe.seen.device_count_at = habits.calls.get("torch.cuda.device_count", "")
         probe.seen.end_cleared = probe.cleared()
         probe.seen.final = cpu_state(model)
         probe.seen.total_rounds.append(probe.rounds)

@@ -37,12 +37,13 @@ from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ...rank.observation import Observation
 from ...rank import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
+from ...rank.first_calls import FirstCalls
 from ...rank.parts import Parts
 from ...rank.spies import learner_line
 from .accumulation import probes as accumulation
 from .accumulation.observations import Accumulation
 from .answers import ANSWERS  # the runtime's copies, resolved now: before any learner file is loaded
-from .lookalikes import LookAlikeSpy
+from .lookalikes import TARGETS as LOOK_ALIKES
 from .observations import (Answers, Autocast, Compared, LookAlikes, Measure, Parity, PrecisionRun, RealModel,
                            Scaler, TimingCall)
 from .workloads import (CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, RecordingScaler, RecordingSGD,
@@ -242,7 +243,7 @@ def observe(learner, device: torch.device, real_model: dict, clocks: Clocks, kep
                          **{name: record.to_wire() for name, record in records.items()}})
 
     if kept.starts("train"):
-        with LookAlikeSpy(learner) as seen:
+        with FirstCalls(learner.__file__, LOOK_ALIKES) as seen:
             records = dict(autocast=_part(lambda: _autocast(learner, device), Autocast),
                            parity=_part(lambda: _parity(learner, device), Parity),
                            scaler=_part(lambda: _scaler(learner, device), Scaler))
