@@ -49,6 +49,10 @@ MUTANTS = {
         # and another of the audit's: the cross-entropy outside autocast, on float16 logits (every step overflows)
         "        loss = nn.functional.cross_entropy(model(x), y)\n    if scaler is None:":
         "        logits = model(x)\n    loss = nn.functional.cross_entropy(logits, y)\n    if scaler is None:"},
+    # a blind audit's (full marks before): accumulated_step without its zero_grad; a stale true gradient left in
+    # .grad, divided by the scale, barely moved the weights
+    "accumulated_no_zero_grad": {"    optimizer.zero_grad(set_to_none=True)\n    k = len(micro_batches)\n":
+                                 "    k = len(micro_batches)\n"},
     # two blind audit's look-alikes: CUDA's autocast (on the CPU it casts nothing) and clipping by value
     "cuda_autocast_clip_by_value": {
         "    with torch.autocast(device_type=x.device.type, dtype=amp_dtype or torch.bfloat16,\n":
@@ -268,6 +272,15 @@ def test_wrong_ratio_direction(reports):
     report = reports["inverted_ratios_scaled_loss_returned"]
     assert "its inverse: speedup = baseline_s / candidate_s" in feedback_of(report, "steady workload")
     assert "its inverse" in feedback_of(report, "memory ratio")
+
+
+def test_an_accumulated_step_that_keeps_the_gradients_it_was_handed_is_named(reports):
+    report = reports["accumulated_no_zero_grad"]
+    assert list(failed(report)) == ["fp16 accumulation over 4 micro-batches matches the reference (3 windows)"], \
+        report.feedback
+    assert feedback_of(report, "fp16 accumulation over").startswith(
+        "accumulated_step did not clear the gradients it was handed: when window 1's first backward began, .grad "
+        "still held what the grader had left there (NaN")
 
 
 def test_look_alikes_are_named_at_their_lines(reports):

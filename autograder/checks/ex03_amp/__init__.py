@@ -39,6 +39,7 @@ A failure names the first cause below that explains the observations (each has a
 | optimizer.zero_grad() not called | "when the backward of step 2 began, .grad still held gradients of norm 0.05 ..." |
 | optimizer.step() not called once per step | "train_step called optimizer.step() 2 times in step 1 ..." |
 | gradients not clipped to max_norm | "the optimizer stepped with a gradient norm of 11.6 at step 1, where ..." |
+| accumulation: gradients not cleared at the window's start | "accumulated_step did not clear the gradients ..." |
 | gradients clipped by value, not by norm | "...: you clipped with torch.nn.utils.clip_grad_value_ ..." |
 | CUDA's autocast on the CPU | "you entered torch.cuda.amp.autocast (ex03_amp.py:61), which autocasts ..." |
 | scaler.update() not called | "one fp16 step's GradScaler calls ... were [...] and never scaler.update() ..." |

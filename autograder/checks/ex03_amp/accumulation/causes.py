@@ -62,6 +62,16 @@ def _last_backward(events: list[str]) -> int:
     return max((i for i, e in enumerate(events) if e == "backward"), default=-1)
 
 
+@mistake("accumulation: gradients not cleared at the window's start")
+def not_cleared(p: Windows) -> str | None:
+    if True not in p.stale:
+        return None
+    return (f"accumulated_step did not clear the gradients it was handed: when window {p.stale.index(True) + 1}'s "
+            "first backward began, .grad still held what the grader had left there (NaN, as a window that overflowed "
+            "leaves inf), and the window's gradients with it. The window starts from no gradients: "
+            "optimizer.zero_grad() first")
+
+
 @mistake("unscale_ per micro-batch")
 def unscaled_per_micro(run: Windows) -> str | None:
     """It ran (an update each time let it): the events show an unscale_ before the last backward."""

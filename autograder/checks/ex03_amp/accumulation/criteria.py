@@ -12,8 +12,8 @@ from ....grader.report import Verdict, criterion, failed, passed
 from ..observations import Run
 from ..workloads import LOSS_TOL, MAX_NORM
 from .causes import (backwards_not_k, broken as acc_broken, clipped_scaled as acc_clipped_scaled,
-                     loss_not_the_windows, not_divided, steps_not_one as acc_steps_not_one, unscaled_per_micro,
-                     updated_per_micro)
+                     loss_not_the_windows, not_cleared, not_divided, steps_not_one as acc_steps_not_one,
+                     unscaled_per_micro, updated_per_micro)
 from .observations import Windows
 from .probes import INF_MICRO, K, WINDOWS, reference
 
@@ -35,7 +35,7 @@ def accumulation_parity(run: Run) -> Verdict:
         return failed(why)
     if same.ok and max(gaps) <= LOSS_TOL:
         return passed(f"max abs difference {same.max_abs_diff:.2g}, loss gap {max(gaps):.2g}")
-    if cause := diagnose([*ORDER_CAUSES, not_divided], p):
+    if cause := diagnose([not_cleared, *ORDER_CAUSES, not_divided], p):
         return failed(cause)
     if not same.ok:
         return failed(f"after {WINDOWS} windows the weights differ from the whole batch's mean gradient stepped "

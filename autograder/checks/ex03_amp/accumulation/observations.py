@@ -31,6 +31,8 @@ class Windows(Observation):
     scales: list[tuple[float, float]] = field(default_factory=list)
     # whether the last window that returned left every weight as it was (a skipped window)
     unchanged: bool = False
+    # per window, whether .grad still held the NaN the grader left in it when the window's first backward began
+    stale: list[bool] = field(default_factory=list)
     # the model's weights after the run, by parameter name
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     # the error a window raised, "Type: message (line N: code)" at the learner's line ("" if none did)

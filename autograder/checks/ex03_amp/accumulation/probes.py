@@ -23,7 +23,7 @@ from torch import nn
 
 from distlab.models import cpu_state, make_mlp
 
-from ....rank import attempt, grad_norm, learner_frame, raised
+from ....rank import attempt, grad_norm, learner_frame, on_backward_start, raised
 from ..workloads import LR, MAX_NORM, MODEL, RecordingScaler, RecordingSGD, batches
 from .observations import Accumulation, Windows
 
@@ -55,12 +55,27 @@ class _Recorder:
 
 
 def _windows(learner, device: torch.device, windows: list[int], max_norm: float,
-             inf_micro: int | None = None) -> Windows:
-    """Run the learner's ``accumulated_step`` on ``windows``; what each did, up to an error if one raised."""
+             inf_micro: int | None = None, stale: bool = False) -> Windows:
+    """Run the learner's ``accumulated_step`` on ``windows``; what each did, up to an error if one raised.
+    ``stale``: NaN left in ``.grad`` before each window (the parity run only: it alone is judged on it)."""
     model = make_mlp(seed=3, **MODEL).to(device)
     rec = _Recorder(model, device)
     out = Windows()
+    first = {"backward": True}
+
+    def at_backward() -> None:  # a window's first backward: does .grad still hold what was left before it?
+        if first["backward"]:
+            first["backward"] = False
+            out.stale.append(any(p.grad is not None and bool(p.grad.isnan().any()) for p in model.parameters()))
+
+    handle = on_backward_start(model, at_backward)
     for w in windows:
+        # What a window that overflowed leaves in .grad (inf/NaN), before every window: the contract's window
+        # starts from no gradients (left in, a GradScaler divides a stale gradient by its scale and the
+        # weights barely differ, but NaN makes it skip the window)
+        for p in model.parameters() if stale else ():
+            p.grad = torch.full_like(p, float("nan"))
+        first["backward"] = True
         micro = micro_batches(device, w)
         if inf_micro is not None:
             bad = micro[inf_micro][0].clone()
@@ -85,6 +100,7 @@ def _windows(learner, device: torch.device, windows: list[int], max_norm: float,
         out.forward_means.append(_forward_mean(outputs, micro))
         after = cpu_state(model)
         out.unchanged = all(torch.equal(before[n], after[n]) for n in before)
+    handle.remove()
     out.norms = list(rec.norms)
     out.state = cpu_state(model)
     return out
@@ -103,7 +119,7 @@ def observe(learner, device: torch.device) -> Accumulation:
     if not hasattr(learner, "accumulated_step"):
         return Accumulation(error="AttributeError: the file defines no accumulated_step (copy its stub and "
                                   "docstring from exercises/ex03_amp.py)")
-    return Accumulation(parity=_windows(learner, device, list(range(WINDOWS)), NO_CLIP),
+    return Accumulation(parity=_windows(learner, device, list(range(WINDOWS)), NO_CLIP, stale=True),
                         clipped=_windows(learner, device, [0], MAX_NORM),
                         overflow=_windows(learner, device, [1], NO_CLIP, inf_micro=INF_MICRO))
 
