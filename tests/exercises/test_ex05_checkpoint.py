@@ -162,6 +162,9 @@ FRESH_ONLY = {
         "            x = torch.stack([s[0] for s in batch]).to(device)\n"
         "            y = torch.stack([s[1] for s in batch]).to(device)\n":
             "            x, y = x.to(device), y.to(device)\n"},
+    # A blind audit's (its feedback said the scheduler was not restored: it was): set_state_dict left out
+    "set_state_dict left out": {
+        '    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])\n': ""},
     # A blind audit's (full marks before): on_step called before the step's save
     "on_step before the save": {
         "            if step % save_every == 0:\n": "            if on_step is not None:\n"
@@ -387,6 +390,13 @@ def test_an_rng_state_saved_on_rank_0_only_is_named(mutants):
     assert "rank 1 never saved its RNG state. In the uninterrupted run only rank(s) [0] saved one, 'cpu' (torch.save " \
         "at ex05_checkpoint.py:" in f[FRESH], f[FRESH]
     assert "not restored" not in f[FRESH], f[FRESH]
+
+
+def test_param_groups_not_set_back_after_dcp_load_are_named(mutants):
+    f = failed(mutants["set_state_dict left out"])
+    assert set(f) == {FRESH}, f
+    assert "the resumed job called dcp.load but neither set_state_dict nor set_optimizer_state_dict" in f[FRESH]
+    assert "scheduler.load_state_dict" not in f[FRESH] and "started over" not in f[FRESH], f[FRESH]
 
 
 def test_on_step_before_the_save_is_named(mutants):

@@ -43,6 +43,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | optimizer state not restored | "Adam's step count was 0 where the uninterrupted run's was 3: ..." |
 | data position saved before the step's samples were counted | "rank 0 read samples [..]... at step 4, ..." |
 | data position not restored | "rank 0 read samples [..]... instead of [..]... (the samples of step 1): ..." |
+| optimizer's param_groups not set back after dcp.load | "... the resumed job called dcp.load but neither ..." |
 | scheduler not restored | "the learning rate it set for step 5 was 0.0025 instead of 0.00225 (...): ..." |
 | another rank's RNG state restored | "rank 1's RNG state is rank 0's, so dropout drew rank 0's masks: ..." |
 | a DataLoader without a generator draws from the global RNG after a restore | "... iterated its DataLoader ..." |

@@ -228,9 +228,31 @@ def data_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | N
                       "continue from the epoch and samples used that load_checkpoint returned"))
 
 
+def loaded_without_set(run: Run, phase: str, r: int, world: int = WORLD, **match) -> bool:
+    """Whether rank ``r`` called dcp.load in ``phase`` and neither set_state_dict nor set_optimizer_state_dict."""
+    calls = {c.call for c in run.calls(phase, world, **match)[r]}
+    return "dcp.load" in calls and not {"set_state_dict", "set_optimizer_state_dict"} & calls
+
+
+PARAM_GROUPS = ("dcp.load fills get_state_dict's tensors in place (the weights, Adam's moments), but an optimizer's "
+                "param_groups, its learning rate among them, come back only with set_state_dict(model, optimizer, "
+                "model_state_dict=..., optim_state_dict=...)")
+
+
+@mistake("optimizer's param_groups not set back after dcp.load")
+def groups_not_set(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
+    phase = PHASE_OF_TAG.get(x.tag)
+    if "scheduler" not in _differs(x, a) or x.pre.lr == a.pre.lr or phase is None:
+        return None
+    if not loaded_without_set(run, phase, r, attempt=x.attempt, tag=x.tag):
+        return None
+    return (f"the learning rate was {x.pre.lr:.6g} instead of {a.pre.lr:.6g}: the resumed job called dcp.load but "
+            f"neither set_state_dict nor set_optimizer_state_dict. {PARAM_GROUPS}")
+
+
 @mistake("scheduler not restored")
 def scheduler_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
-    if "scheduler" not in _differs(x, a):
+    if "scheduler" not in _differs(x, a) or groups_not_set(run, x, a, r):
         return None
     advice = _advice(run, "scheduler", r, ": save scheduler.state_dict() and load it on resume",
                      "scheduler.load_state_dict() it on resume")
@@ -306,8 +328,8 @@ def rng_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | No
                       "torch.set_rng_state() with it on resume"))
 
 
-COMPONENTS = [model_not_restored, optimizer_not_restored, position_behind, data_not_restored, scheduler_not_restored,
-              other_ranks_rng, loader_after_restore, rng_not_restored]
+COMPONENTS = [model_not_restored, optimizer_not_restored, position_behind, data_not_restored, groups_not_set,
+              scheduler_not_restored, other_ranks_rng, loader_after_restore, rng_not_restored]
 
 
 def diagnose_resume(run: Run, got: list[list[StepRecord]]) -> str:

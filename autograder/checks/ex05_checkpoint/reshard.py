@@ -11,7 +11,7 @@ import re
 
 from ...grader.diagnosis import mistake
 from ...grader.report import Verdict, criterion, failed, passed
-from .causes import one_sided_collective, resumed_behind, said
+from .causes import PARAM_GROUPS, loaded_without_set, one_sided_collective, resumed_behind, said
 from .observations import WORLD, Run
 from .probes import RESHARD_FROM, RUN
 from .reference import BATCH_SIZE, contract_batch, position_after, stream
@@ -99,7 +99,10 @@ def _reshard_start(run: Run) -> str | None:
             return f"step {first} started from other {names[k]} (sum {mine:.10g} vs {ref:.10g})"
     for k, what in (("adam_step", "Adam's step count"), ("lr", "the learning rate")):
         if getattr(got[0].pre, k) != getattr(want[0].pre, k):
-            return f"step {first} started with {what} {getattr(got[0].pre, k):.6g}, not {getattr(want[0].pre, k):.6g}"
+            why = (f": the job called dcp.load but neither set_state_dict nor set_optimizer_state_dict. {PARAM_GROUPS}"
+                   if k == "lr" and loaded_without_set(run, "R", 0, run.reshard_world) else "")
+            return (f"step {first} started with {what} {getattr(got[0].pre, k):.6g}, not "
+                    f"{getattr(want[0].pre, k):.6g}{why}")
     return None
 
 
