@@ -47,7 +47,9 @@ MISTAKES = {
     "whole batch's labels on stage 1": {"cross_entropy(stage(act), y_i) / m": "cross_entropy(stage(act), y) / m"},
     "rank never looked up": {"    rank = dist.get_rank()\n": ""},
     # Part 2, 1F1B: every forward first (GPipe's order, GPipe's memory), sent with isend so nothing deadlocks.
-    "1F1B in GPipe's order": {"    warm = min(p - 1 - rank, m)": "    warm = m"},
+    # and a blind audit's GPipe step returning its loss as a Python float (10 of 10 before)
+    "1F1B in GPipe's order": {"    warm = min(p - 1 - rank, m)": "    warm = m",
+                              "return torch.stack(losses).sum().detach()": "return torch.stack(losses).sum().item()"},
     # no warm-up forward: every stage runs as the last one does (F0 B0 F1 B1 ...); and a blind audit's GPipe step
     # returning its loss undetached (10 of 10 before)
     "1F1B without its warm-up": {"    warm = min(p - 1 - rank, m)": "    warm = 0",
@@ -304,7 +306,9 @@ def test_gpipe_mistakes_leave_the_1f1b_part_its_marks(reports):
 
 def test_1f1b_in_gpipes_order_is_named_with_its_memory(reports):
     f = failed(reports["1F1B in GPipe's order"])
-    assert set(f) == set(OFOB[1:]), f   # the maths is right: only the schedule and its memory are not
+    assert set(f) == {LOSS, *OFOB[1:]}, f   # the maths is right: only the schedule and its memory are not
+    assert f[LOSS].startswith("rank 1 returned the right loss, but as a Python float: the contract returns a "
+                              "detached scalar tensor"), f[LOSS]
     assert f[OFOB[1]].startswith("stage 0 ran all 4 forwards before its first backward (F0 F1 F2 F3 B0 B1 B2 B3), "
                                  "GPipe's order")
     assert "F0 F1 B0 F2 B1 F3 B2 B3" in f[OFOB[1]]

@@ -52,6 +52,7 @@ stages alone fails there, and the first point where that run departs is said.
 | 1F1B: neighbours' ranks written as numbers (src=0, dst=1) | "at 4 stages, ...: stage 1 of 4 sent to rank 1 ..." |
 | one receive buffer for every micro-batch | "stage 1 received all 4 micro-batches' activations into one tensor ..." |
 | the loss returned still requires grad | "rank 1 returned the right loss, but still requiring grad (its ..." |
+| the loss returned as a Python number, not a tensor | "rank 1 returned the right loss, but as a Python float ..." |
 """
 from __future__ import annotations
 
@@ -70,9 +71,9 @@ from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, count_scales, deadlock,
-                     gradients_not_sent, ignores_received, last_loss, loss_not_detached, loss_not_scaled,
-                     mean_of_scaled, no_microbatches, one_buffer, peers_gone, pieces_of_n_rows, raised_first,
-                     sent_after_loop, unmatched)
+                     gradients_not_sent, ignores_received, last_loss, loss_not_a_tensor, loss_not_detached,
+                     loss_not_scaled, mean_of_scaled, no_microbatches, one_buffer, peers_gone, pieces_of_n_rows,
+                     raised_first, sent_after_loop, unmatched)
 from . import one_f_one_b
 from .observations import RankObservation, Run
 from .probes import BATCH, MICRO, P2P_TIMEOUT_S, PARTS, STAGES, batch, model, rank_main
@@ -142,7 +143,8 @@ def loss_matches(step: Run) -> Verdict:
         return failed(diagnose(PROTOCOL, step, "loss") or "rank 1 (the last stage) returned no loss"
                       + _advice(step, "return the batch's mean loss there") + _raised(step))
     if parity(loss.reshape(()), ref, rtol=RTOL, atol=ATOL).ok:
-        return failed(why) if (why := loss_not_detached(step)) else passed(f"loss {ref.item():.5g}")
+        why = loss_not_a_tensor(step) or loss_not_detached(step)
+        return failed(why) if why else passed(f"loss {ref.item():.5g}")
     return failed(diagnose([*SCALE, last_loss, mean_of_scaled], step, "loss") or
                   f"rank 1 returned loss {loss.item():.6g}; the unsplit model's is {ref.item():.6g} "
                   f"(ratio {loss.item() / ref.item():.3g})")

@@ -189,6 +189,16 @@ def sent_after_loop(step: Run, part: str) -> str | None:
     return None
 
 
+@mistake("the loss returned as a Python number, not a tensor")
+def loss_not_a_tensor(step: Run) -> str | None:
+    last = step.ranks[-1]
+    if last.loss_type not in ("float", "int"):
+        return None
+    return (f"rank {last.rank} returned the right loss, but as a Python {last.loss_type}: the contract returns a "
+            "detached scalar tensor (a .item() there waits for the device on a GPU, every step); return "
+            "the tensor .detach()ed")
+
+
 @mistake("the loss returned still requires grad")
 def loss_not_detached(step: Run) -> str | None:
     last = step.ranks[-1]

@@ -39,6 +39,7 @@ class RankObservation(Observation):
     grads: list[torch.Tensor | None] = field(default_factory=list)  # the stage's parameters' .grad, in order
     loss: torch.Tensor | None = None  # what the step returned, as a float64 tensor (None: not a tensor or float)
     loss_grad_fn: str = ""  # the returned tensor's grad_fn, where it still required grad ("": detached, or none)
+    loss_type: str = ""  # the type of what the step returned, where it is not a tensor ("float"; "": a tensor)
     not_implemented: bool = False  # the step raised NotImplementedError (``error`` and ``where`` say where)
     saved_peak: int = 0      # 1F1B: the most bytes of activations the stage held saved for backward at once
     saved_per_microbatch: int = 0  # 1F1B: what one micro-batch's forward saves, measured by the grader first

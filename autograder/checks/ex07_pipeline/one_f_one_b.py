@@ -12,7 +12,7 @@ from ...grader.diagnosis import diagnose, mistake
 from ...grader.parity import parity
 from ...grader.report import Verdict, criterion, failed, passed
 from .causes import (activation_without_grad, backward_order, count_scales, gradients_not_sent, last_loss,
-                     loss_not_detached, loss_not_scaled, mean_of_scaled, peers_gone, raised_first)
+                     loss_not_a_tensor, loss_not_detached, loss_not_scaled, mean_of_scaled, peers_gone, raised_first)
 from .observations import Run
 from .probes import MICRO
 
@@ -179,7 +179,7 @@ def _matches(step: Run) -> str | None:
         got = "no loss" if last.loss is None or last.loss.numel() != 1 else f"loss {last.loss.item():.6g}"
         return (f"rank {last.rank} (the last stage) returned {got}; the unsplit model's is "
                 f"{step.ref_loss.item():.6g}" + _raised(step))
-    if why := loss_not_detached(step):
+    if why := loss_not_a_tensor(step) or loss_not_detached(step):
         return why
     if early := next((r for r in step.ranks[:-1] if r.loss is not None), None):
         return (f"rank {early.rank} returned {early.loss.reshape(-1)[0].item():.6g}; only the last stage computes "

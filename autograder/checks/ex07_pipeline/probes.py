@@ -154,6 +154,7 @@ def _observe(learner, path: str, p2p: P2PSpy, p2p_timeout_s: float, fn: str, sav
         grads=[None if p.grad is None else p.grad.detach().cpu().clone() for p in layers.parameters()],
         loss=torch.as_tensor(loss).detach().cpu().double() if isinstance(loss, (torch.Tensor, float)) else None,
         loss_grad_fn=type(loss.grad_fn).__name__ if isinstance(loss, torch.Tensor) and loss.requires_grad else "",
+        loss_type="" if isinstance(loss, torch.Tensor) or error is not None else type(loss).__name__,
         not_implemented=error is not None and error.startswith("NotImplementedError"),
         saved_peak=counted.peak if counted else 0, saved_per_microbatch=one,
     )
