@@ -48,6 +48,8 @@ MISTAKES = {
                                   ROW_FORWARD: "dist_nn.all_reduce(F.linear(x, self.weight)) + self.bias"},
     "bias split over the ranks": {ROW_FORWARD: "ReduceFromParallelRegion.apply(F.linear(x, self.weight, "
                                   "self.bias / dist.get_world_size()))"},
+    # a blind audit's: y = x W in the row layer's forward (its shard right): the forward raises on every rank
+    "row forward without the transpose": {ROW_FORWARD: "ReduceFromParallelRegion.apply(x @ self.weight) + self.bias"},
     # a blind audit's: the bias inside rank 0's partial sum only (rank 1's bias then gets no gradient at all)
     "bias on rank 0 only": {ROW_FORWARD: "ReduceFromParallelRegion.apply(F.linear(x, self.weight, "
                             "self.bias if dist.get_rank() == 0 else None))"},
@@ -72,7 +74,6 @@ FWD_COMM = "[W=2] one all-reduce in the forward, in RowParallelLinear"
 X_GRAD = "[W=2] the input's gradient matches the unsplit block"
 GRADS = "[W=2] each shard's gradient matches the unsplit block's"
 BWD_COMM = "[W=2] one all-reduce in the backward, of the input's gradient"
-RAISED = "not checked: the forward raised (see '[W=2] the output matches the unsplit block')"
 
 
 def _grade(tmp_path_factory, world: int, stub: bool) -> dict:
@@ -191,9 +192,18 @@ def test_an_input_split_across_the_ranks_is_named(w2):
         assert "ColumnParallelLinear returned 6 rows for the 12-row input on rank" in batch[name]
         assert "splits the weights, not the batch" in batch[name]
     assert "Mismatch in shape" in batch[X_GRAD]  # what the backward raised, after the cause
-    assert HOLDS not in features and features[BIAS] == RAISED
+    assert set(features) == {OUTPUT}, features  # the grader's ColumnParallelLinear stood in: f, g and the row layer
     assert "ColumnParallelLinear's matmul got a 12x8 input on rank" in features[OUTPUT]
     assert "8 of x's 16 features" in features[OUTPUT] and "(12x8 and 16x48)" in features[OUTPUT]
+
+
+def test_a_forward_that_raises_though_its_layer_holds_its_shard_costs_the_output_only(w2):
+    # a blind audit's y = x W in RowParallelLinear (2 of 10 before, said as "a shard or the input cut wrong")
+    f = failed(w2["row forward without the transpose"])
+    assert set(f) == {OUTPUT}, f
+    assert f[OUTPUT].startswith("RowParallelLinear.forward raised on rank ") and "though the layer holds its shard: " \
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (12x48 and 16x48)" in f[OUTPUT], f[OUTPUT]
+    assert f[OUTPUT].endswith("(with the grader's RowParallelLinear in place of yours)"), f[OUTPUT]
 
 
 def test_a_shard_that_is_not_the_ranks_own_is_located(w2):
@@ -315,6 +325,7 @@ W4_SAYS = {
     "g by torch.distributed.nn": "was the same on every rank (the block output's), so everything below it is 4x",
     "bias split over the ranks": "(rank 0's 0.25x, rank 1's 0.25x, rank 2's 0.25x, rank 3's 0.25x)",
     "bias on rank 0 only": "(rank 0's 1.00x, rank 1's 0.00x, rank 2's 0.00x, rank 3's 0.00x)",
+    "row forward without the transpose": "mat1 and mat2 shapes cannot be multiplied (12x24 and 16x24)",
     "strided shards": "ColumnParallelLinear.weight (24x16) is not rows 0:24 of the unsplit 96x16 weight",
     "f divides after its all-reduce": "x.grad is 0.25x what the backward's all-reduce produced, its sum divided by",
 }

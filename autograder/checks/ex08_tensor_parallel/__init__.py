@@ -15,9 +15,10 @@ huggingface/picotron's ``tensor_parallel.py``) the check verifies:
   gradient), and no other collective.
 
 Where the step raised on every rank and a layer does not hold its shard (a weight cut along the wrong
-dimension fails on a shape), the grader steps again with its own layer in place of that one, calling the
-learner's ``f`` and ``g`` (``stand_ins``): the shards' criterion costs what the layer got wrong, and the
-others, each saying so, judge ``f``, ``g`` and the other layer (issue 37: a crash in one part never costs another).
+dimension fails on a shape) or its forward raised, the grader steps again with its own layer in place of that
+one, calling the learner's ``f`` and ``g`` (``stand_ins``): the shards' criterion, or the output's, costs what
+the layer got wrong, and the others, each saying so, judge ``f``, ``g`` and the other layer (issue 37: a crash
+in one part never costs another).
 
 | mistake | message |
 |---|---|
@@ -137,6 +138,11 @@ def holds_its_shard(run: Run) -> Verdict:
 def output_matches(run: Run) -> Verdict:
     if stop := _blocked(run, "forward", owner=True, causes=FORWARD):
         return stop
+    raised = next((o for o in run.ranks if o.raised_in in o.substituted and o.raised_in not in o.off_shard), None)
+    if raised is not None:  # a forward that raised though its layer held its shard: the forward's own mistake
+        named = input_not_replicated(run, "forward")
+        return failed(f"{named} (then {raised.replaced})" if named else f"{LAYER_CLASS[raised.raised_in]}.forward "
+                      f"raised on rank {raised.rank}, though the layer holds its shard: {raised.replaced}")
     ref = run.ref.out
     for obs in run.ranks:
         p = parity(obs.out, ref, rtol=RTOL, atol=ATOL)
@@ -271,6 +277,8 @@ def _stood_in(run: Run) -> tuple[str, str]:
     if obs is None:
         return "", ""
     short = f" (with the grader's {' and '.join(LAYER_CLASS[k] for k in obs.substituted)} in place of yours)"
+    if not obs.off_shard:  # its forward raised: the output's criterion says so
+        return short, short
     return (f"{short[:-1]}, which does not hold its shard (see '{HOLDS.format(world=run.world)}'): with it your step "
             f"raised {obs.replaced})", short)
 

@@ -238,7 +238,8 @@ def input_not_replicated(run: Run, part: str) -> str | None:
             return (f"ColumnParallelLinear returned {rows} rows for the {B}-row input on rank {obs.rank}: each rank "
                     f"took its part of the batch, but tensor parallelism splits the weights, not the batch: every "
                     "rank applies its shard to the whole input x (f hands it over unchanged)")
-        m = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", obs.error or "")
+        m = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)",
+                      obs.error or obs.replaced)  # replaced: what the step raised before a stand-in stepped again
         if m and int(m[2]) < D and int(m[3]) == D:
             return (f"ColumnParallelLinear's matmul got a {m[1]}x{m[2]} input on rank {obs.rank}, {m[2]} of x's {D} "
                     f"features: every rank needs the whole input, since its weight shard has all {D} input features "

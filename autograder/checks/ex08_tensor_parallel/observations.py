@@ -78,6 +78,8 @@ class StepObservation(Observation):
     # their shards; out, x_grad, grads and comm are then the second step's, ``replaced`` what the first raised
     substituted: list[str] = field(default_factory=list)
     replaced: str = ""
+    raised_in: str = ""  # the learner's layer whose forward was running when the (first) step raised ("": none)
+    off_shard: list[str] = field(default_factory=list)  # where the first step raised: its layers not holding shards
 
     def param(self, part: str) -> Param | None:
         """The learner's tensor for ``part`` (``"row.bias"``: RowParallelLinear's ``bias``); ``None`` when the

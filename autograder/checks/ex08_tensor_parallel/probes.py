@@ -170,6 +170,9 @@ def _step(obs: StepObservation, layers: dict[str, nn.Module], unsplit: nn.Sequen
             out.backward(grad_out)
         obs.stage = None
         obs.x_grad = None if x.grad is None else x.grad.detach().cpu().clone()
+    except Exception:
+        obs.raised_in = spy.layer or ""  # the layer whose forward was running, if one was
+        raise
     finally:
         obs.comm, obs.shapes = spy.collectives, spy.shapes
         for h in hooks:
@@ -178,11 +181,12 @@ def _step(obs: StepObservation, layers: dict[str, nn.Module], unsplit: nn.Sequen
 
 def _stand_ins(obs: StepObservation, learner, layers: dict[str, nn.Module], unsplit: nn.Sequential, batch: tuple,
                tag: str, path: str) -> dict[str, nn.Module]:
-    """Where the step raised on every rank and a layer does not hold its shard (on any rank), the step again with
-    the grader's layer in its place (``stand_ins``), so that ``f``, ``g`` and the other layer are still graded:
-    the layers that step used. A rank whose step got through does not tell: no stand-in then, as before."""
-    told = every_rank_tells(tag, "off-shard", ",".join(off_shard(layers, unsplit, obs.rank, obs.world)),
-                            timedelta(seconds=10 * time_scale()))
+    """Where the step raised on every rank, and a layer does not hold its shard or its forward raised (on any rank),
+    the step again with the grader's layer in its place (``stand_ins``), so that ``f``, ``g`` and the other layer
+    are still graded: the layers that step used. A rank whose step got through does not tell: no stand-in then."""
+    obs.off_shard = off_shard(layers, unsplit, obs.rank, obs.world)
+    mine = obs.off_shard + ([obs.raised_in] if obs.raised_in and obs.stage == "forward" else [])
+    told = every_rank_tells(tag, "stand-ins", ",".join(mine), timedelta(seconds=10 * time_scale()))
     wrong = sorted({name for said in told or [] for name in said.split(",") if name})
     if not wrong:
         return layers
