@@ -55,6 +55,9 @@ def commit(root: str | os.PathLike, step: int) -> Path:
     """Make the staged checkpoint of ``step`` visible, atomically. Call on ONE rank, once every rank's
     files are written (after ``dcp.save`` returns, or a barrier after files written later)."""
     staged, final = staging_path(root, step), final_path(root, step)
+    if not staged.is_dir():  # never written, or removed since (prune removes every staging directory)
+        raise FileNotFoundError(f"{staged} does not exist: nothing was staged for step {step}, or it was removed "
+                                "before commit (prune removes staging directories: commit first, then prune)")
     if not (staged / METADATA).is_file():
         raise FileNotFoundError(f"{staged} has no {METADATA}: the write did not finish, not committing")
     if final.exists():  # a re-run of the same step after a crash: replace the old copy

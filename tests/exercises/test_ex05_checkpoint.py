@@ -32,6 +32,10 @@ def test_commit_is_atomic_and_prune_keeps_the_last_k(tmp_path):
     assert checkpoint.latest_complete(tmp_path)[0] == 3
     checkpoint.prune(tmp_path, keep=2)
     assert sorted(os.listdir(tmp_path)) == ["step_00000002", "step_00000003"]
+    # a blind audit's prune before commit: the staging directory gone, said so (not "the write did not finish")
+    with pytest.raises(FileNotFoundError, match="does not exist: nothing was staged for step 5, or it was removed "
+                                                 r"before commit \(prune removes staging directories"):
+        checkpoint.commit(tmp_path, 5)
 
 
 # The data position as this rank's batch count (the habit of tutorials): right at 2 ranks, another stream at 1
