@@ -56,9 +56,14 @@ P = TypeVar("P", bound=Observation)
 
 
 def _error(exc: Exception) -> str:
-    """The error, and the line that raised it."""
-    last = frames(exc)[-1]
-    return f"{raised(exc)} (line {last.lineno}: {last.line})"
+    """The error, and the learner's line it came through (else the innermost line, with its file's name: a
+    library's line 275 is not the learner's)."""
+    mine = [f for f in frames(exc) if Path(f.filename).resolve() in LEARNER_FILES]
+    last = (mine or frames(exc))[-1]
+    return f"{raised(exc)} ({Path(last.filename).name} line {last.lineno}: {last.line})"
+
+
+LEARNER_FILES: set[Path] = set()  # the learner files this rank loaded (rank_main)
 
 
 def _part(fn, record: type[P]) -> P:
@@ -276,6 +281,7 @@ def rank_main(paths: list[str], real_models: dict[str, dict], outdir: str, skip:
         clocks = Clocks()
         with clocks.replaced():  # before the import: a clock the file binds then is the virtual one too
             learner = load_learner(path)
+            LEARNER_FILES.add(Path(learner.__file__).resolve())
             with CapturedPrints() as printed:
                 observe(learner, device, real_models["cuda" if device.type == "cuda" else "cpu"], clocks, kept)
         echo(printed.lines)
