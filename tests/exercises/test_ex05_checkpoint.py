@@ -253,10 +253,10 @@ def test_a_commit_before_a_ranks_own_files_is_named_from_the_directory(tmp_path)
 
     run = ex05_checkpoint.Run(tmp_path, 4)
     err = RankFailure(1, "RuntimeError", f"Parent directory {tmp_path}/A/.tmp-step_00000003 does not exist.", "")
-    assert ex05_checkpoint.causes.committed_under_a_rank(run, err) is None  # nothing committed: not this cause
+    assert ex05_checkpoint.commit_causes.committed_under_a_rank(run, err) is None  # nothing committed: not this cause
     (checkpoint.final_path(tmp_path / "A", 3)).mkdir(parents=True)
     (checkpoint.final_path(tmp_path / "A", 3) / ".metadata").touch()
-    assert ex05_checkpoint.causes.committed_under_a_rank(run, err).startswith(
+    assert ex05_checkpoint.commit_causes.committed_under_a_rank(run, err).startswith(
         "rank 1 wrote into step 3's staging directory (A/.tmp-step_00000003) after rank 0 had committed it "
         "(renamed it to step_00000003)")
 
@@ -268,9 +268,9 @@ def test_a_commit_on_every_rank_is_named_from_the_directory(tmp_path):
     run = ex05_checkpoint.Run(tmp_path, 4)
     staged, final = checkpoint.staging_path(tmp_path / "A", 3), checkpoint.final_path(tmp_path / "A", 3)
     err = RankFailure(1, "FileNotFoundError", f"[Errno 2] No such file or directory: '{staged}' -> '{final}'", "")
-    assert ex05_checkpoint.causes.committed_twice(run, err) is None  # nothing committed: not this cause
+    assert ex05_checkpoint.commit_causes.committed_twice(run, err) is None  # nothing committed: not this cause
     final.mkdir(parents=True)
-    assert ex05_checkpoint.causes.committed_twice(run, err).startswith(
+    assert ex05_checkpoint.commit_causes.committed_twice(run, err).startswith(
         "commit ran on more than one rank: rank 1's found no .tmp-step_00000003 to rename, another rank's had "
         "already renamed it to step_00000003")
 
@@ -288,13 +288,13 @@ def test_a_rank_that_returns_before_rank_0_commits_is_named_by_the_order_of_even
     rank1.barrier(entering=True)  # rank 1 waits in the second
     rank0.before_commit(3)
     run = ex05_checkpoint.Run(tmp_path, 4)
-    assert ex05_checkpoint.causes.ran_ahead(run) is None
+    assert ex05_checkpoint.commit_causes.ran_ahead(run) is None
     rank1.barrier(entering=True)  # the next save's first barrier, and none after its commit
     rank0.barrier(entering=False)
     rank0.barrier(entering=False)
     rank1.returned(6)
     rank0.before_commit(6)
-    assert ex05_checkpoint.causes.ran_ahead(run).startswith(
+    assert ex05_checkpoint.commit_causes.ran_ahead(run).startswith(
         "rank 1 returned from step 6's save_checkpoint while rank 0 had not yet committed it")
 
 
@@ -313,7 +313,7 @@ def test_a_fresh_job_that_crashes_costs_the_fresh_job_only(mutants):
 def test_the_checkpoint_a_restart_read_is_judged_from_its_loads(tmp_path):
     # The first restart read step 3's checkpoint, the last committed before the killed write, and then failed
     # before training a step: the write was not loaded, whatever failed after. Read from a staging directory, it was.
-    from autograder.checks.ex05_checkpoint.causes import interrupted_write_loaded
+    from autograder.checks.ex05_checkpoint.commit_causes import interrupted_write_loaded
     from autograder.checks.ex05_checkpoint.observations import CallRecord, Run
 
     run = Run(tmp_path, 4)

@@ -80,9 +80,10 @@ from ...grader.launches import launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, against_reference, committed_twice, committed_under_a_rank, complete_too_early,
-                     diagnose_resume, exact, interrupted_write_loaded, not_pruned, one_sided_collective, ran_ahead,
-                     restart_error, said)
+from .causes import KNOWN_ERRORS, diagnose_resume, exact, one_sided_collective, restart_error, said
+from .commit_causes import (committed_twice, committed_under_a_rank, complete_too_early, interrupted_write_loaded,
+                            not_pruned, ran_ahead)
+from .contract_causes import against_reference
 from .observations import WORLD, FinalState, Run
 from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL
 from .reshard import reshards, stream_continues
