@@ -215,19 +215,21 @@ def equal_weights(s: Scenario) -> str | None:
 
 @mistake("loss divided by the world size on top of DDP's average")
 def over_world(s: Scenario) -> str | None:
-    return _normalisation(s, "summed over the labels, divided by N and then", "DDP averages the ranks' "
+    return _normalisation(s, OVER_WORLD, "DDP averages the ranks' "
                           "gradients (their sum over the world size): a loss summed over this rank's labels and "
                           "divided by the global N must be multiplied by the world size to give the global mean")
 
 
+OVER_WORLD = "summed over the labels, divided by N and then"  # the reference's label for over_world's gradient
+
+
 @mistake("the world size taken from torch.cuda.device_count()")
 def world_from_gpus(s: Scenario) -> str | None:
-    if not s.obs.device_count_at or not (said := over_world(s)):
+    if not s.obs.device_count_at:
         return None
-    gpus = torch.cuda.device_count()
-    return (said.split(": DDP averages")[0] + ": your code called torch.cuda.device_count() "
-            f"({s.obs.device_count_at}), which counts this machine's GPUs ({gpus} here), not the ranks "
-            f"({len(s.ranks)}): the world size is dist.get_world_size()")
+    return _normalisation(s, OVER_WORLD, f"your code called torch.cuda.device_count() ({s.obs.device_count_at}), "
+                          f"which counts this machine's GPUs ({torch.cuda.device_count()} here), not the ranks "
+                          f"({len(s.ranks)}): the world size is dist.get_world_size()")
 
 
 @mistake("per-micro-batch token means averaged")

@@ -145,24 +145,29 @@ def steps_not_one(p: PrecisionRun) -> str | None:
             "step once per train_step, after clipping")
 
 
-@mistake("gradients not clipped to max_norm")
-def not_clipped(p: PrecisionRun) -> str | None:
+def _unclipped(p: PrecisionRun) -> str | None:
+    """The first step whose gradient norm is not max_norm, in words (``None``: every step's is)."""
     off = next(((i, n) for i, n in enumerate(p.step_norms) if abs(n / MAX_NORM - 1) > 1e-3), None)
     if off is None or off[1] == 0:  # no gradient at all: not a clipping mistake (no backward ran, say)
         return None
     return (f"the optimizer stepped with a gradient norm of {off[1]:.3g} at step {off[0] + 1}, where clipping to "
-            f"max_norm={MAX_NORM} gives {MAX_NORM} on this model (every step clips): call "
-            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) after backward, before the step")
+            f"max_norm={MAX_NORM} gives {MAX_NORM} on this model (every step clips)")
+
+
+@mistake("gradients not clipped to max_norm")
+def not_clipped(p: PrecisionRun) -> str | None:
+    if not (said := _unclipped(p)):
+        return None
+    return f"{said}: call torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) after backward, before the step"
 
 
 @mistake("gradients clipped by value, not by norm")
 def value_clipped(run) -> str | None:
     where = run.obs.lookalikes.calls.get("clip_grad_value_")
-    if where is None or not not_clipped(run.kind("fp32")):
+    if where is None or not (said := _unclipped(run.kind("fp32"))):
         return None
-    return (f"{not_clipped(run.kind('fp32')).split(': call')[0]}: you clipped with torch.nn.utils.clip_grad_value_ "
-            f"({where}), which clamps each gradient element to ±max_norm, not their norm: call "
-            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)")
+    return (f"{said}: you clipped with torch.nn.utils.clip_grad_value_ ({where}), which clamps each gradient element "
+            "to ±max_norm, not their norm: call torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)")
 
 
 @mistake("CUDA's autocast on the CPU")

@@ -36,7 +36,8 @@ from distlab.models import cpu_state, make_mlp
 from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ...rank.observation import Observation
-from ...rank import CapturedPrints, attempt, echo, frames, grad_norm, load_learner, on_backward_start, raised
+from ...rank import (CapturedPrints, attempt, echo, frames, grad_norm, learner_frame, load_learner, on_backward_start,
+                     raised)
 from ...rank.first_calls import FirstCalls
 from ...rank.parts import Parts
 from ...rank.spies import learner_line
@@ -55,22 +56,18 @@ REAL_MODEL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
 P = TypeVar("P", bound=Observation)
 
 
-def _error(exc: Exception) -> str:
+def _error(exc: Exception, learner) -> str:
     """The error, and the learner's line it came through (else the innermost line, with its file's name: a
     library's line 275 is not the learner's)."""
-    mine = [f for f in frames(exc) if Path(f.filename).resolve() in LEARNER_FILES]
-    last = (mine or frames(exc))[-1]
+    last = learner_frame(exc, learner.__file__) or frames(exc)[-1]
     return f"{raised(exc)} ({Path(last.filename).name} line {last.lineno}: {last.line})"
 
 
-LEARNER_FILES: set[Path] = set()  # the learner files this rank loaded (rank_main)
-
-
-def _part(fn, record: type[P]) -> P:
+def _part(fn, record: type[P], learner) -> P:
     """What one part observed, or its ``record`` with only the error set (the verdict explains it; one broken
     part must not hide the others)."""
     observed, exc = attempt(fn)
-    return observed if exc is None else record(error=_error(exc))
+    return observed if exc is None else record(error=_error(exc, learner))
 
 
 def _autocast(learner, device) -> Autocast:
@@ -112,7 +109,7 @@ def _run(learner, device, dtype) -> PrecisionRun:
 
 def _parity(learner, device) -> Parity:
     """The float32, bf16 and fp16 runs, each on its own: one that raises does not hide the others."""
-    return Parity(runs={kind: _part(lambda dtype=dtype: _run(learner, device, dtype), PrecisionRun)
+    return Parity(runs={kind: _part(lambda dtype=dtype: _run(learner, device, dtype), PrecisionRun, learner)
                         for kind, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16))})
 
 
@@ -138,7 +135,7 @@ def _scaler(learner, device) -> Scaler:
     before, out.scale_before_inf = cpu_state(model), scaler.get_scale()
     _, exc = attempt(learner.train_step, model, opt, bad, y2, amp_dtype=torch.float16, scaler=scaler,
                      max_norm=MAX_NORM)
-    out.inf_error = "" if exc is None else _error(exc)  # a missing scaler.update() makes this step raise
+    out.inf_error = "" if exc is None else _error(exc, learner)  # a missing scaler.update() makes this step raise
     after = cpu_state(model)
     out.scale_after_inf = scaler.get_scale()
     out.inf_params_unchanged = all(torch.equal(before[k], after[k]) for k in before)
@@ -249,22 +246,22 @@ def observe(learner, device: torch.device, real_model: dict, clocks: Clocks, kep
 
     if kept.starts("train"):
         with FirstCalls(learner.__file__, LOOK_ALIKES) as seen:
-            records = dict(autocast=_part(lambda: _autocast(learner, device), Autocast),
-                           parity=_part(lambda: _parity(learner, device), Parity),
-                           scaler=_part(lambda: _scaler(learner, device), Scaler))
+            records = dict(autocast=_part(lambda: _autocast(learner, device), Autocast, learner),
+                           parity=_part(lambda: _parity(learner, device), Parity, learner),
+                           scaler=_part(lambda: _scaler(learner, device), Scaler, learner))
         keep("train", len(watch.calls), lookalikes=LookAlikes(calls=seen.calls), **records)
     if kept.starts("measure"):
         since = len(watch.calls)
-        keep("measure", since, measure=_part(lambda: _measure(learner, watch, clocks), Measure))
+        keep("measure", since, measure=_part(lambda: _measure(learner, watch, clocks), Measure, learner))
         timed_by_runtime = "median_seconds" in identified or any(
             dotted in ANSWERS.graded["median_seconds"] for dotted, _ in watch.calls[since:])
         if kept.starts("real"):
             since = len(watch.calls)
             keep("real", since, real=RealModel(skipped="median_seconds") if timed_by_runtime
-                 else _part(lambda: _real(learner, device, watch, real_model), RealModel))
+                 else _part(lambda: _real(learner, device, watch, real_model), RealModel, learner))
     if kept.starts("accumulation"):
         keep("accumulation", len(watch.calls),
-             accumulation=_part(lambda: accumulation.observe(learner, device), Accumulation))
+             accumulation=_part(lambda: accumulation.observe(learner, device), Accumulation, learner))
 
 
 def rank_main(paths: list[str], real_models: dict[str, dict], outdir: str, skip: dict[str, list[str]]) -> list[dict]:
@@ -281,7 +278,6 @@ def rank_main(paths: list[str], real_models: dict[str, dict], outdir: str, skip:
         clocks = Clocks()
         with clocks.replaced():  # before the import: a clock the file binds then is the virtual one too
             learner = load_learner(path)
-            LEARNER_FILES.add(Path(learner.__file__).resolve())
             with CapturedPrints() as printed:
                 observe(learner, device, real_models["cuda" if device.type == "cuda" else "cpu"], clocks, kept)
         echo(printed.lines)

@@ -15,13 +15,19 @@ from .observations import Run
 from .probes import INTERRUPTED, RESUMED_FROM, RUN
 
 
+def _staging(err: LaunchError | None, pattern: str) -> tuple[Path, int] | None:
+    r"""The checkpoint root and step of the staging directory a rank's error names (``pattern``: the error's words
+    around ``(\S*)\.tmp-step_(\d+)``), where a rank raised one."""
+    found = re.search(pattern, str(getattr(err, "exc_message", "")))
+    return (Path(found.group(1)), int(found.group(2))) if isinstance(err, RankFailure) and found else None
+
+
 @mistake("a checkpoint committed before every rank's files are in it")
 def committed_under_a_rank(run: Run, err: LaunchError | None) -> str | None:
     """A rank's write into a staging directory that failed because rank 0 had already renamed it."""
-    found = re.search(r"Parent directory (\S*)\.tmp-step_(\d+) does not exist", str(getattr(err, "exc_message", "")))
-    if not (isinstance(err, RankFailure) and found):
+    if not (staged := _staging(err, r"Parent directory (\S*)\.tmp-step_(\d+) does not exist")):
         return None
-    root, step = Path(found.group(1)), int(found.group(2))
+    root, step = staged
     if not (final_path(root, step) / ".metadata").is_file():
         return None
     return (f"rank {err.rank} wrote into step {step}'s staging directory ({root.name}/.tmp-step_{step:08d}) after "
@@ -45,10 +51,9 @@ def ran_ahead(run: Run) -> str | None:
 @mistake("commit on every rank")
 def committed_twice(run: Run, err: LaunchError | None) -> str | None:
     """A rank's rename of a staging directory that failed because another rank's commit had renamed it already."""
-    found = re.search(r"No such file or directory: '(\S*)\.tmp-step_(\d+)' -> ", str(getattr(err, "exc_message", "")))
-    if not (isinstance(err, RankFailure) and found):
+    if not (staged := _staging(err, r"No such file or directory: '(\S*)\.tmp-step_(\d+)' -> ")):
         return None
-    root, step = Path(found.group(1)), int(found.group(2))
+    root, step = staged
     if not final_path(root, step).is_dir():
         return None
     return (f"commit ran on more than one rank: rank {err.rank}'s found no .tmp-step_{step:08d} to rename, another "

@@ -114,8 +114,7 @@ def _spy(name: str):
                     call.file, call.line = where or (None, None)
                 if name.startswith("dcp."):
                     call.checkpoint = _checkpoint_name(args, kwargs)
-                _now["log"].write(json.dumps(call.to_wire()) + "\n")
-                _now["log"].flush()
+                _log(call)
             commit, order = _now["commit"], _now["order"]
             if commit is not None and where:
                 commit.reached(name, f"{where[0]}:{where[1]}")  # rank 1 may die here (commit_kill)
@@ -131,15 +130,19 @@ def _spy(name: str):
     return make
 
 
+def _log(call: CallRecord) -> None:
+    """One call in the phase's log, on disk at once: a call that hangs, raises or is killed is there already."""
+    _now["log"].write(json.dumps(call.to_wire()) + "\n")
+    _now["log"].flush()
+
+
 def _loader_spy(label: str):
     def make(real):
         def spy(self, loader, *args, **kwargs):
             found = learner_line(_now["path"]) if _now["log"] is not None else None
             if found and getattr(loader, "generator", None) is None:
-                call = CallRecord(call=label, after_step=_now["step"], attempt=_restart_count(), tag=_now["tag"],
-                                  file=Path(found[0]).name, line=found[1])
-                _now["log"].write(json.dumps(call.to_wire()) + "\n")
-                _now["log"].flush()
+                _log(CallRecord(call=label, after_step=_now["step"], attempt=_restart_count(), tag=_now["tag"],
+                                file=Path(found[0]).name, line=found[1]))
             return real(self, loader, *args, **kwargs)
         return spy
     return make
