@@ -74,6 +74,8 @@ def init_distributed(timeout: timedelta | None = None) -> torch.device:
         timeout=max(timeout, default_timeout()),
     )
     store = dist.PrefixStore(f"distlab/attempt{attempt}", store)
+    if timeout < default_timeout():
+        _arrive(store, rank, world_size)
     dev = device()
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -82,6 +84,16 @@ def init_distributed(timeout: timedelta | None = None) -> torch.device:
         device_id=dev if dev.type == "cuda" else None,
     )
     return dev
+
+
+def _arrive(store: dist.Store, rank: int, world_size: int) -> None:
+    """Wait, under the store's own (default) timeout, until every rank has come to join. gloo connects each pair
+    under the group's timeout, which also bounds how late the last rank may arrive: with a short one (a grader's
+    deadlock found in seconds) a rank a few seconds behind the others (its import, a loaded machine) would make
+    a timeout of the join. gloo's sends and receives keep the timeout the group is made with (``_set_pg_timeout``
+    reaches its collectives only), so the group is still made with the short one, once every rank is here."""
+    store.set(f"arrived/{rank}", "1")
+    store.wait([f"arrived/{r}" for r in range(world_size)])
 
 
 # The process groups this process has left, kept until it exits (see :func:`shutdown`).

@@ -52,6 +52,15 @@ def test_concurrent_launches_get_their_own_ports(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_rank_later_than_a_short_group_timeout_still_joins():
+    # The grader's short timeouts (exercises 7 and 10: a deadlock found in seconds) bound the collectives and the
+    # sends, not how late a rank may come to the group: a slow import or a loaded machine is not a timeout.
+    run = torchrun(ranks.late_rank_joins, 2, args=(3.0, 1.0), timeout=60)
+    for r in run.results:
+        assert r["sum"].item() == 3.0 and r["got"].item() == 3.0
+
+
+@pytest.mark.slow
 def test_a_failing_rank_is_named_with_its_exception():
     # Naming rank 1 is deterministic: only rank 1 raises; rank 0 can fail only after rank 1 has
     # gone (its barrier loses the peer), so rank 1's error is the first by construction.

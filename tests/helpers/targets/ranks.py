@@ -31,6 +31,24 @@ def allreduce_on_device() -> dict:
     return out
 
 
+def late_rank_joins(late_s: float, timeout_s: float) -> dict:
+    """Rank 1 comes to a group with a short timeout ``timeout_s`` (a grader's, to find a deadlock in seconds)
+    ``late_s`` later than rank 0; then both all-reduce and both send and receive, under that timeout."""
+    from datetime import timedelta
+
+    if int(os.environ["RANK"]) == 1:
+        time.sleep(late_s)  # the lateness under test, not a wait for another process
+    distlab.init_distributed(timeout=timedelta(seconds=timeout_s))
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    got = torch.zeros(1)
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, t, 1 - dist.get_rank()),
+                                        dist.P2POp(dist.irecv, got, 1 - dist.get_rank())]):
+        work.wait()
+    distlab.shutdown()
+    return {"sum": t, "got": got}
+
+
 def raise_on_rank1() -> None:
     distlab.init_distributed()
     if dist.get_rank() == 1:
