@@ -87,8 +87,8 @@ def test_a_per_rank_data_position_is_named_at_another_world_size(solution_and_in
     f = failed(solution_and_independent["per-rank position"])
     assert list(f) == ["the data position means the same samples at world size 1"], f  # right at 2 ranks
     said = f["the data position means the same samples at world size 1"]
-    assert said.startswith("the job at 1 rank began at sample 16 of epoch 1's stream, where the 2-rank run had "
-                           "used 32"), said
+    assert said.startswith("the job at 1 rank began at sample 64 of epoch 1's stream, where the 2-rank run had "
+                           "used 128"), said
     assert "the saved position counted this rank's own share" in said
 
 
@@ -96,7 +96,7 @@ def test_a_per_rank_data_position_is_named_at_another_world_size(solution_and_in
 def test_an_epochs_last_batch_skipped_is_named_and_not_charged_to_the_reshard(solution_and_independent):
     f = failed(solution_and_independent["last batch skipped"])
     own = f["[W=2] the uninterrupted run matches a single-process reference"]
-    assert "where step 8 is batch 7 of epoch 0, its last: the epoch's last full batch was skipped" in own, own
+    assert "where step 5 is batch 4 of epoch 0, its last: the epoch's last full batch was skipped" in own, own
     assert f["the data position means the same samples at world size 1"].startswith(
         "not judged: the 2-rank run itself read samples "), f
 
@@ -107,7 +107,7 @@ def test_a_position_from_the_step_count_is_named_at_another_world_size(solution_
     assert list(f) == ["the data position means the same samples at world size 1"], f  # right at 2 ranks
     assert f["the data position means the same samples at world size 1"].startswith(
         "the job at 1 rank began at sample 144 of epoch 0's stream (rank 0 read "), f
-    assert "where 9 steps at 1 rank would have left it, but the 2-rank run's 9 steps had used 32 samples of " \
+    assert "where 9 steps at 1 rank would have left it, but the 2-rank run's 9 steps had used 128 samples of " \
         "epoch 1: the position was derived from the step count" in f["the data position means the same samples at " \
                                                                    "world size 1"]
 
@@ -196,6 +196,9 @@ FRESH_CRASH = {"from pathlib import Path\n": "import shutil\nfrom pathlib import
 POSITION_SAVED_FIRST = {"            used += world * BATCH_SIZE\n": "",
                         "keep)\n            if on_step":
                         "keep)\n            used += world * BATCH_SIZE\n            if on_step"}
+# Issue 37's: the short tail of an epoch trained on. Right at 2 ranks (160 samples: 5 whole batches a rank); at 4
+# the reshard resumes at index 32 of each rank's 40, past the last whole batch
+SHORT_BATCH = {"len(order) - BATCH_SIZE + 1, BATCH_SIZE)": "len(order), BATCH_SIZE)"}
 FRESH = "a fresh job resumes exactly"
 REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 
@@ -205,10 +208,10 @@ REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 @pytest.fixture(scope="module")
 def mutants(tmp_path_factory):
     changes = {"missing state": MISSING_STATE, "in place": IN_PLACE, "fresh crash": FRESH_CRASH,
-               "position saved first": POSITION_SAVED_FIRST, **FRESH_ONLY}
+               "position saved first": POSITION_SAVED_FIRST, "short batch": SHORT_BATCH, **FRESH_ONLY}
     paths = [mutant(tmp_path_factory.mktemp(f"m{i}"), "ex05_checkpoint.py", c) for i, c in enumerate(changes.values())]
-    scenarios = [("fresh", "restart"), ("restart",), ("fresh", "restart", "reshard"), ("fresh", "reshard")] + \
-        [("fresh",)] * len(FRESH_ONLY)
+    scenarios = [("fresh", "restart"), ("restart",), ("fresh", "restart", "reshard"), ("fresh", "reshard"),
+                 ("reshard",)] + [("fresh",)] * len(FRESH_ONLY)
     reports = ex05_checkpoint.grade(paths, scenarios_of=scenarios)
     return dict(zip(changes, reports))
 
@@ -326,6 +329,14 @@ def test_the_checkpoint_a_restart_read_is_judged_from_its_loads(tmp_path):
             (tmp_path / f"B-calls-rank{r}.jsonl").write_text(json.dumps(record.to_wire()) + "\n")
         said = interrupted_write_loaded(run)
         assert said is None if verdict is None else verdict in said, said
+
+
+def test_a_short_last_batch_is_named_where_an_epoch_has_one(mutants):
+    f = failed(mutants["short batch"])
+    assert list(f) == ["the data position means the same samples at world size 4"], f  # right at 2 ranks
+    assert f["the data position means the same samples at world size 4"].startswith(
+        "at 4 ranks rank 0 trained step 10 on the last 8 indices of its share of epoch 1 (40 indices, 2 whole "
+        "batches of 16), a batch shorter than BATCH_SIZE"), f
 
 
 def test_a_step_counter_off_by_one_is_named_alone(mutants):

@@ -63,6 +63,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | a checkpoint collective called on some ranks only | "dcp.save ran on rank 0 (at step 3) but not on rank 1: ..." |
 | a checkpoint written on some ranks only | (RuntimeError "Parent directory ... does not exist") "... dcp.save ..." |
 | dcp.load of a key the checkpoint lacks | (RuntimeError "Missing key in checkpoint state_dict") "dcp.load fills ..." |
+| a short last batch of an epoch trained on | "at 4 ranks rank 0 trained step 10 on the last 8 indices of ..." |
 | the data position counted per rank: another stream at another world size | "the job at 4 ranks began at ..." |
 | the data position saved one step behind, read at another world size | "the job at 4 ranks began where the ..." |
 | the epoch restarted at another world size | "the job at 4 ranks read the first samples of epoch 1 again ..." |

@@ -46,7 +46,10 @@ from .commit_order import CommitOrder, commit_spy, watch_saves
 from .observations import CallRecord, ErrorRecord, FinalState, PreStep, RankObservation, StepRecord
 
 RUN = dict(steps=12, save_every=3, keep=2, seed=5)
-DATA_SIZE = 256                # 8 batches of 16 per rank per epoch at W=2: the run crosses an epoch
+# 5 batches of 16 per rank per epoch at W=2, no index left over (the run crosses two epochs: a loop that skips the
+# epoch's last whole batch shows); at the reshard's 4 ranks 2 batches and 8 indices over, and the job resumes at
+# index 32 of 40, past the last whole batch (a short batch of the 8 shows). The contract's two edges of an epoch.
+DATA_SIZE = 160
 SCENARIOS = ("fresh", "restart", "reshard")
 FRESH_STOP = 5                 # fresh-job scenario: stopped after step 5, resumes from step 3
 WRITE_KILL = 2                 # restart scenario, attempt 0: killed inside the 2nd checkpoint write (step 6)

@@ -100,6 +100,27 @@ def _batches(world: int, steps: int) -> list[list[list[int]]]:
     return [batch for _, _, batch in stream(world, steps)]
 
 
+def short_tail(rank: int, indices: list[int], world: int = WORLD) -> int | None:
+    """The epoch whose last indices on ``rank`` ``indices`` are, fewer than ``BATCH_SIZE`` (what the contract never
+    trains on: an epoch ends where a rank's sampler has no whole batch left), if they are."""
+    if not 0 < len(indices) < BATCH_SIZE:
+        return None
+    return next((e for (r, e), order in epoch_orders(world).items() if r == rank and order[-len(indices):] == indices
+                 and len(order) % BATCH_SIZE == len(indices)), None)
+
+
+def short_batch_said(rank: int, indices: list[int], step: int, world: int = WORLD) -> str | None:
+    """What a step that trained on the short tail of an epoch (:func:`short_tail`) did, if it did."""
+    if (epoch := short_tail(rank, indices, world)) is None:
+        return None
+    share = len(epoch_orders(world)[(rank, epoch)])
+    return (f"at {world} rank{'s' if world > 1 else ''} rank {rank} trained step {step} on the last {len(indices)} "
+            f"indices of its share of epoch {epoch} ({share} indices, {share // BATCH_SIZE} whole batches of "
+            f"{BATCH_SIZE}), a batch shorter than BATCH_SIZE: an epoch ends when a rank's sampler has fewer than "
+            f"BATCH_SIZE indices left, and the next batch is the first of epoch {epoch + 1}. Loop while offset + "
+            "BATCH_SIZE <= len")
+
+
 def contract_batch(rank: int, indices: list[int], world: int = WORLD) -> tuple[int, int] | None:
     """``(epoch, batch)``: which of the contract's batches ``indices`` is on ``rank``, if any."""
     for (r, e), order in epoch_orders(world).items():

@@ -14,7 +14,7 @@ from ...grader.report import Verdict, criterion, failed, passed
 from .causes import PARAM_GROUPS, loaded_without_set, one_sided_collective, resumed_behind, said
 from .observations import WORLD, Run
 from .probes import RESHARD_FROM, RUN
-from .reference import BATCH_SIZE, contract_batch, position_after, stream
+from .reference import BATCH_SIZE, contract_batch, position_after, short_batch_said, stream
 
 
 def ranks(n: int) -> str:
@@ -78,7 +78,14 @@ def position_from_steps(run: Run, first: list[list[int]]) -> str | None:
             "used) instead")
 
 
-RESHARD_DATA = [per_rank_position, reshard_behind, epoch_restarted, position_from_steps]
+@mistake("a short last batch of an epoch trained on")
+def short_batch(run: Run, first: list[list[int]]) -> str | None:
+    """The job at the other world size resumed past the last whole batch of its epoch and trained on what was left."""
+    return next((said for r, data in enumerate(first)
+                 if (said := short_batch_said(r, data, RESHARD_FROM + 1, run.reshard_world))), None)
+
+
+RESHARD_DATA = [short_batch, per_rank_position, reshard_behind, epoch_restarted, position_from_steps]
 
 
 def _reshard_start(run: Run) -> str | None:
