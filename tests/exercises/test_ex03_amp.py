@@ -26,6 +26,9 @@ from tests.exercises import independent
 from tests.helpers import EXERCISES, failed, feedback_of, solution_and_mutants
 
 FILE = check.EXERCISE.filename
+TIMER = ("    timer = benchmark.Timer(stmt=\"fn(); sync()\", globals={\"fn\": fn, \"sync\": sync},\n"
+         "                            num_threads=torch.get_num_threads())\n"
+         "    return timer.blocked_autorange(min_run_time=min_run_time).median")
 MUTANTS = {
     # not a mistake: the contract's other style (the realistic family's LEGAL), a perf_counter loop until
     # min_run_time and the median of its calls, which one outlier longer than min_run_time used to fail
@@ -52,7 +55,14 @@ MUTANTS = {
     # a blind audit's (full marks before): accumulated_step without its zero_grad; a stale true gradient left in
     # .grad, divided by the scale, barely moved the weights
     "accumulated_no_zero_grad": {"    optimizer.zero_grad(set_to_none=True)\n    k = len(micro_batches)\n":
-                                 "    k = len(micro_batches)\n"},
+                                 "    k = len(micro_batches)\n",
+                                 # and a blind audit's (full marks before): a fixed 10 timed calls, whatever
+                                 # min_run_time (the outliers' median is still right: one call in four)
+                                 TIMER: "    import statistics\n    import time\n\n    times = []\n"
+                                        "    for _ in range(10):\n        start = time.perf_counter()\n"
+                                        "        fn()\n        sync()\n"
+                                        "        times.append(time.perf_counter() - start)\n"
+                                        "    return statistics.median(times)"},
     # two blind audit's look-alikes: CUDA's autocast (on the CPU it casts nothing) and clipping by value
     "cuda_autocast_clip_by_value": {
         "    with torch.autocast(device_type=x.device.type, dtype=amp_dtype or torch.bfloat16,\n":
@@ -276,11 +286,19 @@ def test_wrong_ratio_direction(reports):
 
 def test_an_accumulated_step_that_keeps_the_gradients_it_was_handed_is_named(reports):
     report = reports["accumulated_no_zero_grad"]
-    assert list(failed(report)) == ["fp16 accumulation over 4 micro-batches matches the reference (3 windows)"], \
+    assert list(failed(report)) == ["measuring: outliers do not drag the result (median)",
+                                    "fp16 accumulation over 4 micro-batches matches the reference (3 windows)"], \
         report.feedback
     assert feedback_of(report, "fp16 accumulation over").startswith(
         "accumulated_step did not clear the gradients it was handed: when window 1's first backward began, .grad "
         "still held what the grader had left there (NaN")
+
+
+def test_timing_fewer_than_min_run_time_seconds_is_named(reports):
+    said = feedback_of(reports["accumulated_no_zero_grad"], "outliers")
+    assert said.startswith("median_seconds (called at ex03_amp.py:") and \
+        "measured 0.08 s of the steady workload (from its first reading of the clock to its last), where " \
+        "min_run_time was 0.2 s: keep timing until at least min_run_time seconds were measured" in said, said
 
 
 def test_look_alikes_are_named_at_their_lines(reports):

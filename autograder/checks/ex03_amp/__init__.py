@@ -58,6 +58,7 @@ A failure names the first cause below that explains the observations (each has a
 | loss not divided by k | "... a gradient norm of 0.727 in window 1, 4x the whole batch's mean gradient's ..." |
 | clipped before unscale_ (accumulation) | "... stepped with a gradient norm of 7.6e-07, max_norm ..." |
 | CPU time measured instead of wall-clock time | "you timed with time.process_time(), which counts this ..." |
+| timed for fewer than min_run_time seconds | "median_seconds (called at ex03_amp.py:144) measured 0.08 s of ..." |
 | compare does not pass its timing settings on | "compare called median_seconds at ex03_amp.py:144 with warmup=3 ..." |
 | a window's loss not its micro-batches' mean | "the loss returned for window 1 is 2.32074, but the mean of its 4 ..." |
 """
@@ -75,7 +76,8 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .accumulation.criteria import accumulation_order, accumulation_overflow, accumulation_parity
 from .causes import (KNOWN_ERRORS, broken, calls, clipped_scaled, counted_tensors, cpu_clock, cuda_autocast,
                      grads_not_zeroed, loss_summed, missing, no_update, not_clipped, not_scaled, optimizer_stepped,
-                     real_missing, scaled_loss_returned, step_skipped, steps_not_one, timing_not_passed, value_clipped)
+                     real_missing, scaled_loss_returned, step_skipped, steps_not_one, timed_too_little,
+                     timing_not_passed, value_clipped)
 from .accumulation.observations import Accumulation
 from .observations import AmpObservation, Answers, Autocast, Measure, Parity, RealModel, Run, Scaler
 from .probes import PARTS, REAL_MODEL, rank_main
@@ -201,6 +203,8 @@ def _speedup_criterion(case: str) -> Callable:
             return failed(gone)
         truth, why = CASES_TRUTH[case]
         ok, fb = _ratio_fb("speedup", m.cases[case].speedup, truth, why)
+        if ok and case == "outliers" and (short := timed_too_little(m)):  # the median's other half: enough calls
+            return failed(short)
         return passed(fb) if ok else failed(timing_not_passed(m) or cpu_clock(m) or fb)
     speedup.__name__ = speedup.__qualname__ = f"{case}_speedup"
     return speedup

@@ -79,6 +79,21 @@ def timing_not_passed(m: Measure) -> str | None:
     return None
 
 
+@mistake("timed for fewer than min_run_time seconds")
+def timed_too_little(m: Measure) -> str | None:
+    """A call of median_seconds whose clock readings span fewer than its ``min_run_time`` seconds (on a workload's
+    virtual clock, where every call's cost is known)."""
+    for call in m.timing_calls:
+        if call.timed_s is None or call.min_run_time is None or call.timed_s >= call.min_run_time * (1 - 1e-9):
+            continue
+        where = f" (called at {call.line})" if call.line else ""
+        return (f"median_seconds{where} measured {call.timed_s:.3g} s of the {call.case} workload (from its first "
+                f"reading of the clock to its last), where min_run_time was {call.min_run_time:g} s: keep timing "
+                "until at least min_run_time seconds were measured, then take the median (a fixed number of calls "
+                "is a few milliseconds of a fast step, and one noisy call weighs in a median of few)")
+    return None
+
+
 @mistake("CPU time measured instead of wall-clock time")
 def cpu_clock(m: Measure) -> str | None:
     """The workloads' clocks: a CPU clock does not count the waits in sync() (``VirtualClock.cpu``)."""

@@ -89,6 +89,8 @@ class TimingCall(Observation):
     warmup: float | None
     min_run_time: float | None
     line: str  # "ex03_amp.py:145" ("" when the caller was not the learner's file)
+    case: str = ""  # the simulated workload compare was measuring ("" on the real model)
+    timed_s: float | None = None  # virtual seconds from its first clock reading to its last (None: not known)
 
 
 @dataclass

@@ -149,9 +149,11 @@ def _number(value) -> float | None:
         return None
 
 
-def _timing_spy(learner, calls: list[TimingCall]):
-    """The learner's ``median_seconds``, recording each call's settings (its signature's defaults applied) and the
-    learner's line it came from: ``compare`` must pass on the ``warmup`` and ``min_run_time`` it was given."""
+def _timing_spy(learner, calls: list[TimingCall], clocks: Clocks):
+    """The learner's ``median_seconds``, recording each call's settings (its signature's defaults applied), the
+    learner's line it came from (``compare`` must pass on the ``warmup`` and ``min_run_time`` it was given), and,
+    on a workload's virtual clock, the seconds from its first reading of a clock to its last: the seconds it
+    measured (a warm-up reads no clock; Timer's calibration does, and counts)."""
     real, path = learner.median_seconds, Path(learner.__file__).resolve()
     try:
         signature = inspect.signature(real)
@@ -167,8 +169,15 @@ def _timing_spy(learner, calls: list[TimingCall]):
         except TypeError:  # the call does not fit the signature: the call itself will raise
             got = {"warmup": None, "min_run_time": None}
         found = learner_line(path)
-        calls.append(TimingCall(line=f"{Path(found[0]).name}:{found[1]}" if found else "", **got))
-        return real(*args, **kwargs)
+        call = TimingCall(line=f"{Path(found[0]).name}:{found[1]}" if found else "", **got)
+        calls.append(call)
+        outer, clocks.reads = clocks.reads, []
+        try:
+            return real(*args, **kwargs)
+        finally:
+            if clocks.clock is not None and len(clocks.reads) >= 2:
+                call.timed_s = clocks.reads[-1] - clocks.reads[0]
+            clocks.reads = outer
     return spy
 
 
@@ -176,7 +185,7 @@ def _measure(learner, watch, clocks: Clocks) -> Measure:
     out = Measure()
     real_timing = getattr(learner, "median_seconds", None)
     if callable(real_timing):
-        learner.median_seconds = _timing_spy(learner, out.timing_calls)
+        learner.median_seconds = _timing_spy(learner, out.timing_calls, clocks)
     try:
         for case, (base_kw, cand_kw) in CASES.items():
             _measure_case(learner, watch, clocks, case, base_kw, cand_kw, out)
@@ -191,8 +200,11 @@ def _measure_case(learner, watch, clocks: Clocks, case: str, base_kw: dict, cand
     clock = VirtualClock()
     base, cand = (SharedViews(clock, **kw) if "storage" in kw else SimulatedWorkload(clock, **kw)
                   for kw in (base_kw, cand_kw))
+    before = len(out.timing_calls)
     with clocks.reading(clock), watch:
         res = learner.compare(base, cand, sync=clock.sync, warmup=WARMUP, min_run_time=MIN_RUN_TIME)
+    for call in out.timing_calls[before:]:
+        call.case = case
     out.cases[case] = Compared(**{k: float(res[k]) for k in ("speedup", "memory_ratio") if k in res},
                                **{k: _number(res[k]) for k in ("baseline_bytes", "candidate_bytes") if k in res})
 

@@ -115,6 +115,7 @@ class Clocks:
         self.clock: VirtualClock | None = None
         self._thread = threading.get_ident()
         self.read_names: set[str] = set()  # the clocks read on a case's virtual clock ("process_time", ...)
+        self.reads: list[float] | None = None  # while a list: the wall time at each reading of any of them
 
     def _reader(self, name: str, ns: bool) -> Callable[[Callable], Callable]:
         def make(real: Callable) -> Callable:
@@ -123,6 +124,8 @@ class Clocks:
                 if clock is None or threading.get_ident() != self._thread:
                     return real()
                 self.read_names.add(name)
+                if self.reads is not None:
+                    self.reads.append(clock.now)
                 return int(clock.read(name) * 1e9) if ns else clock.read(name)
             read.__name__ = getattr(real, "__name__", "clock")
             return read
