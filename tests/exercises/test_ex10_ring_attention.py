@@ -85,6 +85,12 @@ MISTAKES = {
                                        "if src < rank else (slice(c, None), slice(0, c))\n"},
     # a blind audit's: the shard in hand taken for rank + step's (right at W=2, wrong at 4)
     "the other direction": {"        src = (rank - step) % world": "        src = (rank + step) % world"},
+    # a blind audit's: the ring turned the other way, the shard in hand still taken for rank - step's (the same
+    # output as the one above: the feedback said the shards came from rank - 1)
+    "sent the other way": {"dist.P2POp(dist.isend, kv, (rank + 1) % world)":
+                           "dist.P2POp(dist.isend, kv, (rank - 1) % world)",
+                           "dist.P2POp(dist.irecv, buf, (rank - 1) % world)":
+                           "dist.P2POp(dist.irecv, buf, (rank + 1) % world)"},
     "local mask": {BLOCKS: "        rows, cols = slice(None), slice(None)\n",
                    "        if src == rank:\n            scores = scores.masked_fill(pos[:, None] < pos[None, :]":
                    "        if True:\n            scores = scores.masked_fill(torch.arange(2 * c)[:, None] < "
@@ -259,6 +265,12 @@ def test_the_shard_taken_for_the_other_sides_is_named(reports):
     said = failed(reports["the other direction"])[OUTPUT]
     assert "takes the shard in hand at step s for rank (rank + s) % W's: each step the shard comes from rank - 1" \
         in said, said
+
+
+def test_the_shard_taken_for_the_other_sides_in_a_ring_turned_round_is_named(reports):
+    said = failed(reports["sent the other way"])[OUTPUT]
+    assert "takes the shard in hand at step s for rank (rank - s) % W's: each step the shard comes from rank + 1 " \
+        "(rank 0 received from rank 1), so at step s it started at rank (rank + s) % W" in said, said
 
 
 def test_forwarding_its_own_shard_is_named(reports):

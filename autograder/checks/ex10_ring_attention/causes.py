@@ -215,8 +215,13 @@ def other_direction(run: Run) -> str | None:
     ranks = _is(run, replay_sliced(run.world, mislabelled=True))
     if not ranks:
         return None
+    # The same output whichever way the shards travel (the two steps that differ swap their labels): the direction
+    # is the run's, from whom rank 0 received
+    came = {c.peer for c in run.p2p(0, "recv")}
+    sign, other = ("+", "-") if came == {1} else ("-", "+")
     return (f"rank {ranks[0]}'s output is what a ring gives that takes the shard in hand at step s for rank "
-            f"(rank + s) % W's: each step the shard comes from rank - 1, so at step s it started at rank (rank - s) "
+            f"(rank {other} s) % W's: each step the shard comes from rank {sign} 1 (rank 0 received from "
+            f"{'rank 1' if sign == '+' else f'rank {run.world - 1}'}), so at step s it started at rank (rank {sign} s) "
             f"% W. At {run.world} ranks the two differ (at 2 they are one rank), and the blocks were cut and masked "
             "for another rank's positions")
 
