@@ -23,6 +23,14 @@ MISTAKES = {
     # the blind audit's: the update guarded by this rank's own data, so the rank that kept nothing skips it
     "the update guarded by the rank's own data": {"                if count > 0:  # the same on every rank":
                                                   "                if keep.any():  # this rank's own data"},
+    # a blind audit's: no backward on an empty selection, and each parameter whose .grad is None skipped
+    "None gradients skipped": {
+        "        loss = nn.functional.cross_entropy(model(x[keep]), y[keep], reduction=\"sum\")\n"
+        "        model.zero_grad()\n        loss.backward()\n":
+        "        model.zero_grad(set_to_none=True)\n        if keep.any():\n"
+        "            nn.functional.cross_entropy(model(x[keep]), y[keep], reduction=\"sum\").backward()\n",
+        "                grad = p.grad if p.grad is not None else torch.zeros_like(p)\n":
+        "                if p.grad is None:\n                    continue\n                grad = p.grad\n"},
     "a barrier in its place": {FIX: "        if not keep.any():\n            dist.barrier()\n            continue\n"},
     "the collectives removed": {FIX: SKIP, "        dist.all_reduce(count)\n": "",
                                 "                dist.all_reduce(grad)\n": ""},
@@ -137,6 +145,13 @@ def test_the_unfixed_job_is_stopped_as_a_hang_naming_both_ranks_lines(graded):
     assert "(step 1) at ex09_hang.py:" in said and "(step 2) at ex09_hang.py:" in said
     assert "dist.all_reduce(count)" in said
     assert f[SAME].startswith("not checked")
+
+
+def test_gradient_all_reduces_skipped_where_grad_is_none_are_named(graded):
+    said = failed(graded["None gradients skipped"])[FINISHES]
+    assert "Rank 1 kept no sample at step 1, made 1 all-reduce(s) at that step (ex09_hang.py:" in said, said
+    assert "rank 0 made 1 at that step and waits in one more" in said and "it ran no backward at that step" in said
+    assert "first difference" not in said  # a named cause: no divergence of a harmless order appended
 
 
 def test_a_barrier_in_place_of_the_all_reduces_is_named(graded):

@@ -24,6 +24,7 @@ all-reduced count of the step's samples written by hand are correct.
 | mistake | message |
 |---|---|
 | collectives skipped on a rank with nothing to keep | "the job hangs: rank 0's collective 6 is all_reduce ..." |
+| gradient all-reduces skipped on a rank with nothing to keep | "... made 1 of that step's all-reduces ..." |
 | a barrier where the peers all-reduce | "... rank 1's is barrier (step 1) ... A barrier does not ..." |
 | gradients never all-reduced | "no rank made an all-reduce in 6 steps ...: each rank stepped on its own gradient ..." |
 | the step skipped on every rank | "at step 1 no rank all-reduced its gradients ... although rank 0 kept 5 ..." |
@@ -57,8 +58,8 @@ from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, count_not_reduced, divided_by_zero_count, grads_not_reduced,
-                     no_all_reduce, no_update, parted, ranks_disagree, skipped_everywhere, skipped_on_empty,
-                     stale_gradient, zero_gradients)
+                     grads_skipped_on_empty, no_all_reduce, no_update, parted, ranks_disagree, skipped_everywhere,
+                     skipped_on_empty, stale_gradient, zero_gradients)
 from .observations import RankObservation, Run
 from .probes import ATOL, RTOL, STEPS, rank_main
 from .uneven import causes as uneven_causes  # its @mistake functions are the check's
@@ -77,7 +78,8 @@ def finishes(run: Run) -> Verdict:
         return failed(f"train raised on rank {rank}" + (f" at {where}" if where else "") + f": {error}")
     if run.mismatch is None:
         return passed()
-    return failed(diagnose([uneven_causes.dtypes_differ, barrier_for_all_reduce, skipped_on_empty], run)
+    return failed(diagnose([uneven_causes.dtypes_differ, barrier_for_all_reduce, skipped_on_empty,
+                            grads_skipped_on_empty], run)
                   or f"the job hangs: {parted(run)}")
 
 

@@ -49,6 +49,30 @@ def skipped_on_empty(run: Run) -> str | None:
             "selection gives a loss of 0 and zero gradients, which is that rank's share of the sum")
 
 
+@mistake("gradient all-reduces skipped on a rank with nothing to keep")
+def grads_skipped_on_empty(run: Run) -> str | None:
+    """A rank with nothing to keep made some of the step's all-reduces (a count's) and went on, where its peer made
+    more (the gradients'): the common reason is a ``.grad`` of ``None``, skipped."""
+    m = run.mismatch
+    if m is None or {m.mine.kind, (m.theirs or m.mine).kind} != {"all_reduce"}:
+        return None
+    for rank, step in run.empty_steps():
+        made, other = run.at_step(rank, step), (rank + 1) % run.world
+        stuck = run.ranks[other].mismatch
+        waits = stuck is not None and stuck.mine.step == step
+        theirs = len(run.at_step(other, step))
+        if not made or len(made) >= theirs + waits or not _went_past(run, rank, step):
+            continue
+        lines = ", ".join(sorted({c.at.split(" ")[0] for c in made if c.at})) or "outside your file"
+        ran = ("it ran no backward at that step, so its .grad is None after zero_grad() (set_to_none=True, the "
+               "default): if that is why it skipped them, " if not run.backwards(rank, step) else "")
+        return (f"the job hangs: {parted(run)}. Rank {rank} kept no sample at step {step}, made {len(made)} "
+                f"all-reduce(s) at that step ({lines}) and went on; rank {other} made {theirs} at that step"
+                f"{' and waits in one more' if waits else ''}: every rank must make every collective; {ran}all-reduce "
+                "torch.zeros_like(p) in place of a missing gradient, which is that rank's share of the sum")
+    return None
+
+
 def _went_past(run: Run, rank: int, step: int) -> bool:
     """Whether ``rank`` went on beyond ``step``: it returned from train, or parted from its peer later."""
     r = run.ranks[rank]
