@@ -53,8 +53,10 @@ SPLITS, EXCHANGED = ("[W=2] the kept slots sorted by expert, and the split sizes
                      "[W=2] the split sizes exchanged, by one all-to-all of counts")
 DISPATCH, COMBINE = ("[W=2] dispatch: each expert's rank receives the rows sent to it, in rank order",
                      "[W=2] combine: every slot gets its expert's output back, zeros for the dropped")
-GRADS = "[W=2] the gradients of the input, the router and the expert match"
-COMM = "[W=2] two all-to-alls in the forward and two in the backward, nothing else"
+C_GRADS, D_GRADS = ("[W=2] backward: the expert's and the router's gradients match, back through combine",
+                    "[W=2] backward: the input's gradient matches, back through dispatch")
+D_COMM, C_COMM = ("[W=2] dispatch: one all-to-all in the forward, one in the backward, nothing else",
+                  "[W=2] combine: one all-to-all in the forward, one in the backward, nothing else")
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +125,11 @@ def test_splits_not_exchanged_names_what_the_other_rank_sends(graded):
 
 def test_permutation_not_inverted_is_named(graded):
     f = failed(graded["not inverted"])
-    assert set(f) == {COMBINE, GRADS, COMM}  # dispatch is graded alone: right
+    assert set(f) == {COMBINE, C_GRADS, C_COMM}  # dispatch is graded alone, its backward too: right
     assert "in the order they were sent (by expert): row k belongs to slot perm[k]" in f[COMBINE]
-    assert f[GRADS] == f[COMM] == (f"not checked: the layer went through the grader's combine in place of yours "
-                                   f"(see '{COMBINE}')")
+    assert f[C_GRADS] == f[C_COMM] == f"not checked: the grader's combine ran in place of yours (see '{COMBINE}')"
+    said = next(c.feedback for c in graded["not inverted"].criteria if c.name == D_GRADS)
+    assert said.endswith("(through the grader's combine: yours is wrong, see above)"), said
 
 
 def test_wrong_sort_key_is_located(graded):
@@ -138,7 +141,7 @@ def test_wrong_sort_key_is_located(graded):
 
 def test_all_to_all_without_autograd_is_named(graded):
     f = failed(graded["not autograd"])
-    assert set(f) == {GRADS, COMM}
+    assert set(f) == {D_GRADS, D_COMM}  # combine's backward carries the expert's gradients, and its all-to-all
     for said in f.values():
         assert "dispatch returned a tensor with no grad_fn" in said and "all_to_all_single_autograd" in said
 
@@ -196,19 +199,20 @@ def test_dispatch_and_combine_are_graded_apart_each_named(graded):
     assert DISPATCH in f and COMBINE not in f, f
     assert "dispatch returned 22 rows, the number it sends (the sum of input_split_sizes), not the 20 it receives" \
         in f[DISPATCH], f[DISPATCH]
-    assert f[GRADS] == f"not checked: the layer went through the grader's dispatch in place of yours (see '{DISPATCH}')"
+    assert f[D_GRADS] == f"not checked: the grader's dispatch ran in place of yours (see '{DISPATCH}')"
+    assert C_GRADS not in f and C_COMM not in f, f  # combine's backward, through the grader's dispatch: right
     # combine's inverse permutation wrong: dispatch is right
     f = failed(graded["combine inverse wrong"])
-    assert set(f) == {COMBINE, GRADS, COMM}, f
+    assert set(f) == {COMBINE, C_GRADS, C_COMM}, f
     assert re.match(r"rank [01]'s combine put the expert's outputs in the wrong slots: slot \d+ holds slot \d+'s",
                     f[COMBINE]), f[COMBINE]
     # combine's dropped rows left unwritten: fresh memory holds NaN in the grader's runs, whatever it held before
     f = failed(graded["combine rows not zeroed"])
     assert DISPATCH not in f and COMBINE in f, f
     assert re.match(r"rank [01]'s combine returned NaN in the rows of the \d+ dropped slots \[", f[COMBINE]), f[COMBINE]
-    # combine's all-to-all with dispatch's splits: it raises, and dispatch keeps its mark
+    # combine's all-to-all with dispatch's splits: it raises, and dispatch keeps its marks, its backward's too
     f = failed(graded["combine splits not swapped"])
-    assert DISPATCH not in f and COMBINE in f, f
+    assert set(f) == {COMBINE, C_GRADS, C_COMM}, f
     assert "combine sends those back, so its two lists swap places" in f[COMBINE], f[COMBINE]
 
 

@@ -11,10 +11,12 @@ tokens with capacity per rank (GShard's groups; Lepikhin et al., 2020; Fedus et 
 * dispatch's rows, exactly (an all-to-all copies), against the grader's own all-to-all of the same rows; then
   combine's, given the right rows, against the grader's all-to-all back and inverse permutation. Where one
   is wrong, the grader's own goes on in its place, so that the other is graded alone;
-* the gradients of the input, the router and the rank's expert, through the learner's dispatch and combine
-  (``assert_close``: the router's gradient is summed over the ranks, another order);
-* the all-to-alls counted (``CollectiveRecorder``): one in dispatch and one in combine in the forward,
-  two in the backward, and no other collective.
+* the gradients (``assert_close``: the router's is summed over the ranks, another order), each function's
+  apart: the expert's and the router's come back through combine, the input's through dispatch (given combine's
+  right, or the grader's where the learner's combine was wrong);
+* the all-to-alls counted (``CollectiveRecorder``), each function's apart: one in its forward, one in the
+  backward for it, and no other collective. A function the grader replaced loses its own backward criteria
+  only: the other's backward runs through the grader's, and is graded.
 
 The split, the forward and the backward are each kept as they return: one that ends its launch (gloo's abort on
 an all-to-all whose splits disagree between the ranks, a hang) costs its own criteria, and the backward's where
@@ -161,58 +163,110 @@ def combine_rows(run: Run) -> Verdict:
                   **{f"W{run.world}_y_max_abs_diff": worst})
 
 
-def _replaced(run: Run) -> str | None:
-    """Where the backward goes through the grader's dispatch or combine, not the learner's: what to say."""
-    mine = [s for s in ("dispatch", "combine") if any(s in o.substituted for o in run.ranks)]
-    if not mine:
+def _replaced(run: Run, stage: str) -> str | None:
+    """Where the grader's ``stage`` ran in place of the learner's (its result was wrong): what to say."""
+    if not any(stage in o.substituted for o in run.ranks):
         return None
-    said = dispatch_rows if mine[0] == "dispatch" else combine_rows
-    return (f"not checked: the layer went through the grader's {' and '.join(mine)} in place of yours (see "
-            f"'{said.rule.name.format(world=run.world)}')")
+    said = dispatch_rows if stage == "dispatch" else combine_rows
+    return f"not checked: the grader's {stage} ran in place of yours (see '{said.rule.name.format(world=run.world)}')"
 
 
-@criterion("[W={world}] the gradients of the input, the router and the expert match", points=2)
-def grads_match(run: Run) -> Verdict:
-    if why := _replaced(run) or _raised(run, "backward"):
-        return failed(why)
-    if why := diagnose([not_autograd], run):
-        return failed(why)
-    worst, ref = 0.0, run.ref
-    routers = [o.router_grad for o in run.ranks]
-    checks = [(f"rank {o.rank}'s x.grad", o.x_grad, ref.x_grad[run.rows(o.rank)]) for o in run.ranks]
-    checks += [(f"rank {o.rank}'s expert {n}.grad", g, ref.expert_grads[o.rank][n])
-               for o in run.ranks for n, g in o.expert_grads.items()]
-    checks.append(("the router's gradient summed over the ranks", None if None in routers else sum(routers),
-                   ref.router_grad))
+def _through(run: Run, stage: str) -> str:
+    """The backward of ``stage`` is judged alone where the grader's other one went on: said once."""
+    other = "combine" if stage == "dispatch" else "dispatch"
+    return f" (through the grader's {other}: yours is wrong, see above)" if any(
+        other in o.substituted for o in run.ranks) else ""
+
+
+def _grads(run: Run, checks: list[tuple[str, torch.Tensor | None, torch.Tensor]]) -> tuple[str | None, float]:
+    """The first of ``checks`` (what, got, want) whose gradient is missing or differs, said; and the largest
+    difference."""
+    worst = 0.0
     for what, got, want in checks:
         if got is None:
-            return failed(f"{what} is missing after the backward")
+            return f"{what} is missing after the backward", worst
         p = parity(got, want, rtol=RTOL, atol=ATOL)
         if not p.ok:
-            return failed(f"{what} differs from the single-process MoE's by up to {p.max_abs_diff:.3g}")
+            return f"{what} differs from the single-process MoE's by up to {p.max_abs_diff:.3g}", worst
         worst = max(worst, p.max_abs_diff)
-    return passed(f"max abs difference {worst:.2g}{_given(run, 'backward')}",
-                  **{f"W{run.world}_grad_max_abs_diff": worst})
+    return None, worst
 
 
-@criterion("[W={world}] two all-to-alls in the forward and two in the backward, nothing else", points=2)
-def all_to_alls(run: Run) -> Verdict:
-    if why := _replaced(run):
+def _combine_checks(run: Run) -> list[tuple]:
+    """The gradients combine's backward carries: each rank's expert's (and the router's, summed over the ranks)."""
+    routers = [o.router_grad for o in run.ranks]
+    checks = [(f"rank {o.rank}'s expert {n}.grad", g, run.ref.expert_grads[o.rank][n])
+              for o in run.ranks for n, g in o.expert_grads.items()]
+    return checks + [("the router's gradient summed over the ranks", None if None in routers else sum(routers),
+                      run.ref.router_grad)]
+
+
+@criterion("[W={world}] backward: the expert's and the router's gradients match, back through combine", points=1)
+def combine_grads(run: Run) -> Verdict:
+    if why := _replaced(run, "combine") or _raised(run, "backward") or not_autograd(run, "combine"):
         return failed(why)
-    want = {"dispatch": 1, "combine": 1, "backward": 2}
+    why, worst = _grads(run, _combine_checks(run))
+    if why:
+        return failed(why)
+    return passed(f"max abs difference {worst:.2g}{_given(run, 'backward')}{_through(run, 'combine')}",
+                  **{f"W{run.world}_expert_grad_max_abs_diff": worst})
+
+
+@criterion("[W={world}] backward: the input's gradient matches, back through dispatch", points=1)
+def dispatch_grads(run: Run) -> Verdict:
+    if why := _replaced(run, "dispatch") or _raised(run, "backward"):
+        return failed(why)
+    if not _replaced(run, "combine") and (not_autograd(run, "combine") or _grads(run, _combine_checks(run))[0]):
+        return failed("not judged: the gradient that reaches dispatch's rows comes back through your combine, whose "
+                      f"gradients differ (see '{combine_grads.rule.name.format(world=run.world)}')")
+    if why := not_autograd(run, "dispatch"):
+        return failed(why)
+    why, worst = _grads(run, [(f"rank {o.rank}'s x.grad", o.x_grad, run.ref.x_grad[run.rows(o.rank)])
+                              for o in run.ranks])
+    if why:
+        return failed(why)
+    return passed(f"max abs difference {worst:.2g}{_given(run, 'backward')}{_through(run, 'dispatch')}",
+                  **{f"W{run.world}_x_grad_max_abs_diff": worst})
+
+
+def _all_to_alls(run: Run, stage: str) -> Verdict:
+    """``stage``'s one all-to-all in the forward, and one of the backward's two (the other stage's is the other):
+    a stage whose output has no grad_fn made none there."""
+    if why := _replaced(run, stage):  # its backward did not run: the grader's rows went on
+        return failed(why)
     for obs in run.ranks:
-        r = obs.rank
-        for stage, n in want.items():
-            calls = run.calls(r, stage)
-            if [c.kind for c in calls] != ["all_to_all"] * n:
-                return failed((diagnose([not_autograd], run) if stage == "backward" else None) or
-                              f"rank {r}'s {stage} made {', '.join(c.kind for c in calls) or 'no collective'}; "
-                              f"it takes {n} all-to-all{'s' if n > 1 else ''}")
+        r, calls = obs.rank, run.calls(obs.rank, stage)
+        if [c.kind for c in calls] != ["all_to_all"]:
+            return failed(f"rank {r}'s {stage} made {', '.join(c.kind for c in calls) or 'no collective'}; it takes "
+                          "one all-to-all")
+    if why := not_autograd(run, stage):
+        return failed(why)
+    # the backward's all-to-alls: one for each stage whose output autograd can see through (the other's missing one
+    # is the other's criterion's)
+    want = sum(not not_autograd(run, s) for s in ("dispatch", "combine"))
+    for obs in run.ranks:
+        calls = run.calls(obs.rank, "backward")
+        if [c.kind for c in calls] != ["all_to_all"] * want:
+            return failed(f"rank {obs.rank}'s backward made {', '.join(c.kind for c in calls) or 'no collective'}; "
+                          f"it takes {want} all-to-all{'s' if want > 1 else ''}, autograd's of "
+                          f"{'each stage' if want > 1 else stage}'s, and nothing else")
     rows = [sum(run.slots(r).send) for r in range(run.world)]
-    return passed(f"4 all-to-alls per rank, of {rows} rows (no padding){_given(run, 'backward')}")
+    return passed(f"one all-to-all per rank each way, of {rows} rows (no padding){_given(run, 'backward')}"
+                  f"{_through(run, stage)}")
 
 
-CRITERIA = [split_sizes, sizes_exchanged, dispatch_rows, combine_rows, grads_match, all_to_alls]
+@criterion("[W={world}] dispatch: one all-to-all in the forward, one in the backward, nothing else", points=1)
+def dispatch_all_to_alls(run: Run) -> Verdict:
+    return _all_to_alls(run, "dispatch")
+
+
+@criterion("[W={world}] combine: one all-to-all in the forward, one in the backward, nothing else", points=1)
+def combine_all_to_alls(run: Run) -> Verdict:
+    return _all_to_alls(run, "combine")
+
+
+CRITERIA = [split_sizes, sizes_exchanged, dispatch_rows, combine_rows, combine_grads, dispatch_grads,
+            dispatch_all_to_alls, combine_all_to_alls]
 
 
 # The parts, in the order they run, with what each grades (the backward's criteria need the forward's output).

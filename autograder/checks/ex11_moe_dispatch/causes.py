@@ -186,10 +186,11 @@ def wrong_slots(run: Run) -> str | None:
 
 
 @mistake("all-to-all not autograd-aware: no gradient through it")
-def not_autograd(run: Run) -> str | None:
+def not_autograd(run: Run, only: str | None = None) -> str | None:
+    """A stage (``only``: that one) whose output has no grad_fn: the backward stops there."""
     for obs in run.ranks:
         for stage, grad_fn in (("dispatch", obs.received_grad_fn), ("combine", obs.combined_grad_fn)):
-            if grad_fn is False:
+            if grad_fn is False and only in (None, stage):
                 lost = ("the tokens' rows (x) get no gradient back through it, only the router's" if stage == "dispatch"
                         else "the expert's parameters get no gradient, nor do the tokens' rows back through dispatch")
                 return (f"rank {obs.rank}'s {stage} returned a tensor with no grad_fn: dist.all_to_all_single "

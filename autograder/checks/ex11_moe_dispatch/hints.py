@@ -36,7 +36,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "output_split_sizes and input_split_sizes swap places in combine; new_zeros(n_slots, hidden)"
         ".index_copy(0, perm, rows).",
     ),
-    "grads_match": (
+    "combine_grads": (
         "The expert's gradient has to travel back to the rank that owns each token: otherwise the layers before the "
         "MoE layer train without the expert's part of their gradient.",
         "An all-to-all whose backward is the all-to-all with the splits swapped carries the gradient; "
@@ -44,11 +44,24 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "torch.distributed._functional_collectives.all_to_all_single_autograd(rows, output_split_sizes, "
         "input_split_sizes, group) (torch.distributed.nn.functional.all_to_all_single is deprecated in 2.13).",
     ),
-    "all_to_alls": (
+    "dispatch_grads": (
+        "The tokens' rows get their gradient back from the expert through dispatch's all-to-all: without it the "
+        "layers before the MoE layer see only the router's part of it.",
+        "dispatch's all-to-all must be autograd-aware: its backward is the all-to-all with the splits swapped, "
+        "which sends each row's gradient back to the rank it came from.",
+        "torch.distributed._functional_collectives.all_to_all_single_autograd(x_slots[perm], output_split_sizes, "
+        "input_split_sizes, group).",
+    ),
+    "dispatch_all_to_alls": (
         "Expert parallelism moves tokens, twice each way, in every MoE layer of every step: an exchange more than "
         "that is paid on the critical path, and one less leaves tokens where their expert is not.",
-        "One all-to-all in dispatch and one in combine; autograd runs their two backwards; nothing else "
-        "communicates.",
-        "One all_to_all_single_autograd call in each of dispatch and combine, and no other collective.",
+        "One all-to-all in dispatch; autograd runs its backward; nothing else communicates.",
+        "One all_to_all_single_autograd call in dispatch, and no other collective.",
+    ),
+    "combine_all_to_alls": (
+        "Expert parallelism moves tokens, twice each way, in every MoE layer of every step: an exchange more than "
+        "that is paid on the critical path, and one less leaves rows where their token is not.",
+        "One all-to-all in combine; autograd runs its backward; nothing else communicates.",
+        "One all_to_all_single_autograd call in combine, with the splits swapped, and no other collective.",
     ),
 }
