@@ -22,6 +22,9 @@ MISTAKES = {
     "not autograd": {"    return " + A2A: "    out = x_slots.new_empty(sum(output_split_sizes), x_slots.shape[1])\n"
                      "    dist.all_to_all_single(out, x_slots[perm], output_split_sizes, input_split_sizes)\n"
                      "    return out"},
+    # a blind audit's (its feedback said dropped slots were sent, and to count only those): keep on the sorted order
+    "keep on the sorted order": {"    perm = kept[torch.argsort(expert[kept], stable=True)]\n":
+                                 "    perm = torch.argsort(expert, stable=True)[keep]\n"},
     "capacity not applied": {"kept = keep.nonzero().squeeze(1)": "kept = torch.arange(len(expert))"},
     "sort returns nothing": {"    return perm, torch.bincount(": "    result = perm, torch.bincount("},
     # the realistic family's (benchmarks/realistic/ex11.py): an expert with no kept slot drops out of the counts
@@ -144,6 +147,13 @@ def test_all_to_all_without_autograd_is_named(graded):
     assert set(f) == {D_GRADS, D_COMM}  # combine's backward carries the expert's gradients, and its all-to-all
     for said in f.values():
         assert "dispatch returned a tensor with no grad_fn" in said and "all_to_all_single_autograd" in said
+
+
+def test_keep_applied_to_the_sorted_order_is_named(graded):
+    f = failed(graded["keep on the sorted order"])
+    assert set(f) == {SPLITS}, f
+    assert re.match(r"rank [01]'s perm is argsort\(expert\) masked with keep: .* so perm sends dropped slots \[\d+.*"
+                    r"\] and leaves out kept slots \[\d+", f[SPLITS]), f[SPLITS]
 
 
 def test_capacity_not_applied_counts_the_dropped_slots(graded):

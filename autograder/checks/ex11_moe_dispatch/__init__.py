@@ -24,6 +24,7 @@ the forward ended (it goes through the forward's output), and no others (``grade
 
 | mistake | message |
 |---|---|
+| keep applied to the sorted order, not to the slots | "rank 0's perm is argsort(expert) masked with keep: ..." |
 | capacity drop not applied: dropped slots sent | "rank 0's perm holds 48 slots, 3 of them dropped at capacity ..." |
 | tokens sorted by the wrong key | "rank 0's perm is not in expert order: its slot 21 goes to expert 1 after ..." |
 | split sizes wrong on an edge case of the contract | "where the last expert gets no slot (expert=[0, ...], ...) ..." |
@@ -53,7 +54,7 @@ from ...grader.parity import parity
 from ...grader.parts import judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, counted_dropped, dropped_sent, dropped_unwritten, edge_case_missed,
+from .causes import (KNOWN_ERRORS, counted_dropped, dropped_sent, dropped_unwritten, edge_case_missed, keep_on_sorted,
                      no_exchange_collective, not_autograd, not_exchanged, not_inverted, perm_in_kept, returned_none,
                      rows_differ, runtime_copy, splits_swapped, wrong_order, wrong_slots)
 from .observations import Run
@@ -75,7 +76,7 @@ def _raised(run: Run, stage: str) -> str | None:
             + (f" at {err.where}" if err.where else "") + (f": {known}" if known else ""))
 
 
-SORT_CAUSES = [perm_in_kept, dropped_sent, counted_dropped, wrong_order]  # most specific first
+SORT_CAUSES = [perm_in_kept, keep_on_sorted, dropped_sent, counted_dropped, wrong_order]  # most specific first
 
 
 @criterion("[W={world}] the kept slots sorted by expert, and the split sizes exact", points=2)

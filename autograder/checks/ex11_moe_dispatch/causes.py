@@ -43,6 +43,25 @@ def edge_case_missed(run: Run) -> str | None:
     return None
 
 
+@mistake("keep applied to the sorted order, not to the slots")
+def keep_on_sorted(run: Run) -> str | None:
+    """``argsort(expert)[keep]``: the mask of slot ``j`` picks position ``j`` of the sorted order (another slot)."""
+    for obs in run.ranks:
+        perm, r, slots = obs.returned.perm, obs.rank, run.slots(obs.rank)
+        if not isinstance(perm, torch.Tensor) or perm.shape != slots.keep[slots.keep].shape:
+            continue
+        order = torch.argsort(slots.expert, stable=True)
+        if not torch.equal(perm.cpu(), order[slots.keep]) or torch.equal(perm.cpu(), _kept(run, r)[
+                torch.argsort(slots.expert[slots.keep], stable=True)]):
+            continue
+        sent, kept = set(perm.tolist()), set(slots.keep.nonzero().squeeze(1).tolist())
+        return (f"rank {r}'s perm is argsort(expert) masked with keep: keep[j] says whether slot j is kept, but it "
+                "picked position j of the sorted order, which holds another slot, so perm sends dropped slots "
+                f"{sorted(sent - kept)[:5]} and leaves out kept slots {sorted(kept - sent)[:5]}. Drop first, then "
+                "sort: kept = keep.nonzero().squeeze(1), then kept[argsort(expert[kept])]")
+    return None
+
+
 @mistake("capacity drop not applied: dropped slots sent")
 def dropped_sent(run: Run) -> str | None:
     for obs in run.ranks:
