@@ -23,6 +23,9 @@ F_REDUCE = "        dist.all_reduce(grad)  # op=ReduceOp.SUM, the default\n"
 MISTAKES = {
     "f and g swapped": {"F.linear(CopyToParallelRegion.apply(x)": "F.linear(ReduceFromParallelRegion.apply(x)",
                         ROW_FORWARD: "CopyToParallelRegion.apply(F.linear(x, self.weight)) + self.bias"},
+    # a blind audit's (its feedback named only the shapes): f wrapping the column layer's output, not its input
+    "f on the column output": {"F.linear(CopyToParallelRegion.apply(x), self.weight, self.bias)":
+                               "CopyToParallelRegion.apply(F.linear(x, self.weight, self.bias))"},
     "no backward all-reduce": {"        dist.all_reduce(grad)  # op=ReduceOp.SUM, the default\n": ""},
     "no forward all-reduce": {"        dist.all_reduce(out)  # op=ReduceOp.SUM: each": "        # each"},
     "bias on every rank": {ROW_FORWARD: "ReduceFromParallelRegion.apply(F.linear(x, self.weight, self.bias))"},
@@ -133,6 +136,15 @@ def test_no_backward_all_reduce_shows_each_ranks_part_adding_up(w2):
     for said in f.values():
         assert "the backward made no all-reduce" in said and "the 2 ranks' parts add up to the unsplit block's" in said
         assert "CopyToParallelRegion.backward must all-reduce (sum)" in said
+
+
+def test_f_on_the_column_layers_output_is_named_by_what_it_all_reduced(w2):
+    f = failed(w2["f on the column output"])
+    assert set(f) == {X_GRAD, GRADS, BWD_COMM}, f  # f's forward is the identity: the forward is right
+    for said in f.values():
+        assert said.startswith("rank 0's backward all-reduced a 12x48 tensor, the shape of ColumnParallelLinear's "
+                               "output on a rank (its 48 of the 96 hidden features), not the 12x16 gradient"), said
+        assert "f (the identity forward, an all-reduce in the backward) goes on the column layer's input x" in said
 
 
 def test_no_forward_all_reduce_shows_the_partial_sums_adding_up(w2):
@@ -307,6 +319,7 @@ def test_solution_full_marks_at_w4(w4):
 W4_SAYS = {
     "f and g swapped": "computed with 4·x",
     "no backward all-reduce": "the 4 ranks' parts add up to the unsplit block's gradient",
+    "f on the column output": "all-reduced a 12x24 tensor, the shape of ColumnParallelLinear's output on a rank",
     "no forward all-reduce": "the 4 ranks' partial sums add up to the unsplit block's output",
     "bias on every rank": "summed it 4 times: the output is the unsplit block's plus 3x the bias",
     "column cut by input features": "96x4: columns 0:4 of the unsplit 96x16 weight",

@@ -23,6 +23,7 @@ in one part never costs another).
 | mistake | message |
 |---|---|
 | f and g swapped: the all-reduce in the wrong operator | "the forward's all-reduce ran in ColumnParallelLinear ..." |
+| f on the column layer's output, not its input | "rank 0's backward all-reduced a 12x48 tensor, the shape of ..." |
 | no all-reduce in the backward (f's backward is the identity) | "the backward made no all-reduce, so each rank's ..." |
 | no all-reduce in the forward (g's forward is the identity) | "the forward made no all-reduce, so each rank ..." |
 | f all-reduces in the forward | "the forward made an all-reduce in ColumnParallelLinear, ..., besides g's ..." |
@@ -54,9 +55,10 @@ from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, averaged, bias_in_partial_sums, bias_on_every_rank, describe,
-                     f_reduces_forward, forward_returned_nothing, g_reduces_backward, gradient_stopped,
-                     input_not_replicated, no_backward_reduce, no_forward_reduce, not_own_shard, summary, swapped,
+                     forward_returned_nothing, gradient_stopped, input_not_replicated, not_own_shard, summary,
                      multiple_of, unsplit_kept, view_kept, wrong_dimension)
+from .comm_causes import (f_on_output, f_reduces_forward, g_reduces_backward, no_backward_reduce, no_forward_reduce,
+                          swapped)
 from .observations import Run
 from .probes import rank_main
 from .reference import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
@@ -197,7 +199,7 @@ def forward_communication(run: Run) -> Verdict:
 
 @criterion(INPUT_GRAD, points=1)
 def input_grad_matches(run: Run) -> Verdict:
-    causes = [*SHARDS, input_not_replicated, swapped, g_reduces_backward, no_backward_reduce, averaged,
+    causes = [*SHARDS, input_not_replicated, swapped, g_reduces_backward, no_backward_reduce, f_on_output, averaged,
               gradient_stopped]
     if stop := _blocked(run, "backward", owner=True, causes=causes):
         return stop
@@ -232,7 +234,8 @@ def shard_grads_match(run: Run) -> Verdict:
                           f"after the backward: {unused}")
         p = parity(got, {part: run.expected(part, r, of="grads") for part in PARTS}, rtol=RTOL, atol=ATOL)
         if not p.ok:
-            return failed(diagnose([*SHARDS, input_not_replicated, swapped, g_reduces_backward], run, "grads") or
+            return failed(diagnose([*SHARDS, input_not_replicated, swapped, g_reduces_backward, f_on_output], run,
+                                   "grads") or
                           f"rank {r}'s gradients differ from the matching slices of the unsplit block's (max abs "
                           f"difference {p.max_abs_diff:.3g} in {p.worst}, tolerance rtol={RTOL}, atol={ATOL})")
         worst = max(worst, p.max_abs_diff)
@@ -246,7 +249,8 @@ def backward_communication(run: Run) -> Verdict:
     for obs in run.ranks:
         calls = run.calls(obs.rank, "backward")
         if [(c.kind, c.shape) for c in calls] != [("all_reduce", [B, D])]:
-            return failed(diagnose([swapped, g_reduces_backward, no_backward_reduce], run, "communication") or
+            return failed(diagnose([swapped, g_reduces_backward, no_backward_reduce, f_on_output], run,
+                                   "communication") or
                           f"rank {obs.rank}'s backward made {summary(calls)}: the block needs one all-reduce, f's, "
                           f"of the {B}x{D} input's gradient, and no other collective")
     # What the all-reduce produced must be what reached x.grad: the sum of what the ranks put in.

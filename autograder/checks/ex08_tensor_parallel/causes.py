@@ -14,9 +14,8 @@ import re
 import torch
 
 from ...grader.diagnosis import KnownError, mistake
-from ...grader.parity import parity
 from .observations import Collective, Run
-from .reference import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
+from .reference import B, D, LAYER_CLASS, PARTS, SHARD_DIM
 
 
 KNOWN_ERRORS = [
@@ -80,90 +79,6 @@ def multiple_of(got: torch.Tensor | None, ref: torch.Tensor) -> float | None:
     # Looser than RTOL: ``got`` went through W partial sums in float32 and a division; a ratio that does
     # not explain it leaves differences of 1e-2 and more.
     return k if torch.allclose(got.double(), k * ref.double(), rtol=1e-4, atol=1e-5) else None
-
-
-@mistake("f and g swapped: the all-reduce in the wrong operator")
-def swapped(run: Run, part: str) -> str | None:
-    forward = run.calls(0, "forward", "all_reduce")
-    in_column = [c for c in forward if c.layer == "column"]
-    if not in_column or any(c.layer == "row" for c in forward):
-        return None
-    first = [next((c.input for c in run.calls(r, "forward", "all_reduce")), None) for r in range(run.world)]
-    same = _alike(first)
-    said = (f"the forward's all-reduce ran in ColumnParallelLinear, on its {_shape(in_column[0].shape)} input"
-            + (f" (the same x on every rank, so the layer computed with {run.world}·x)" if same else "")
-            + ", and RowParallelLinear's partial sums were never added up")
-    backward = [next((c.input for c in run.calls(r, "backward", "all_reduce")), None) for r in range(run.world)]
-    if _alike(backward):
-        said += "; the backward's all-reduce summed the output's gradient, the same on every rank"
-    return (said + ": f and g are swapped. f = CopyToParallelRegion (identity forward, all-reduce backward) takes "
-            "the column layer's input, g = ReduceFromParallelRegion (all-reduce forward, identity backward) the "
-            "row layer's partial sums")
-
-
-@mistake("f all-reduces in the forward")
-def f_reduces_forward(run: Run, part: str) -> str | None:
-    """g's all-reduce in RowParallelLinear, and another in ColumnParallelLinear's forward: f communicating."""
-    forward = run.calls(0, "forward", "all_reduce")
-    in_column = [c for c in forward if c.layer == "column"]
-    if not in_column or not any(c.layer == "row" for c in forward):
-        return None
-    first = [next((c.input for c in run.calls(r, "forward", "all_reduce") if c.layer == "column"), None)
-             for r in range(run.world)]
-    same = _alike(first)
-    backward = len(run.calls(0, "backward", "all_reduce"))
-    made = "no all-reduce" if backward == 0 else f"{backward} all-reduce{'s' if backward > 1 else ''}"
-    return (f"the forward made an all-reduce in ColumnParallelLinear, on its {_shape(in_column[0].shape)} input"
-            + (f" (the same x on every rank, so the column layer computed with {run.world}·x)" if same else "")
-            + f", besides g's in RowParallelLinear, and rank 0's backward made {made}: "
-            "CopyToParallelRegion (f) is the identity in the forward and all-reduces the gradient in the backward")
-
-
-@mistake("g all-reduces in the backward too")
-def g_reduces_backward(run: Run, part: str) -> str | None:
-    """A backward all-reduce of a tensor that is the same on every rank: the block output's gradient, which only
-    a g whose backward communicates (an autograd all-reduce) would sum."""
-    reduces = [run.calls(r, "backward", "all_reduce") for r in range(run.world)]
-    if len({len(calls) for calls in reduces}) != 1 or len(reduces[0]) < 2:
-        return None
-    for i, call in enumerate(reduces[0]):
-        if _alike([calls[i].input for calls in reduces]):
-            return (f"the backward made {len(reduces[0])} all-reduces; its all-reduce {i + 1} summed a "
-                    f"{_shape(call.shape)} gradient that was the same on every rank (the block output's), so "
-                    f"everything below it is {run.world}x too large: ReduceFromParallelRegion (g) must be the "
-                    "identity in the backward (torch.distributed.nn.functional.all_reduce, whose backward "
-                    "all-reduces, is not g)")
-    return None
-
-
-@mistake("no all-reduce in the forward (g's forward is the identity)")
-def no_forward_reduce(run: Run, part: str) -> str | None:
-    outs, ref = [obs.out for obs in run.ranks], run.ref.out
-    if any(run.calls(r, "forward") for r in range(run.world)) or any(o is None or o.shape != ref.shape for o in outs):
-        return None
-    bias = run.ref.weights["row.bias"]
-    summed = parity(sum(o - bias for o in outs) + bias, ref, rtol=RTOL, atol=ATOL)
-    if not summed.ok:
-        return None
-    off = (outs[0] - ref).abs().max().item()
-    return (f"the forward made no all-reduce, so each rank returned its own partial sum plus the bias (rank 0's "
-            f"output is off by up to {off:.3g}); the {run.world} ranks' partial sums add up to the unsplit block's "
-            f"output (max abs difference {summed.max_abs_diff:.2g}): ReduceFromParallelRegion.forward must "
-            "all-reduce (sum) them")
-
-
-@mistake("no all-reduce in the backward (f's backward is the identity)")
-def no_backward_reduce(run: Run, part: str) -> str | None:
-    grads, ref = [obs.x_grad for obs in run.ranks], run.ref.x_grad
-    if any(run.calls(r, "backward") for r in range(run.world)) or any(g is None or g.shape != ref.shape for g in grads):
-        return None
-    summed = parity(sum(grads), ref, rtol=RTOL, atol=ATOL)
-    if not summed.ok:
-        return None
-    off = (grads[0] - ref).abs().max().item()
-    return (f"the backward made no all-reduce, so each rank's x.grad is only its own shard's part (rank 0's is off "
-            f"by up to {off:.3g}); the {run.world} ranks' parts add up to the unsplit block's gradient (max abs "
-            f"difference {summed.max_abs_diff:.2g}): CopyToParallelRegion.backward must all-reduce (sum) the gradient")
 
 
 @mistake("the bias added on every rank, before the all-reduce")
