@@ -136,6 +136,11 @@ MUTANTS = {
             "            self.launched[i][0].wait()"},
     # A tensor hook (register_hook) runs before .grad is accumulated: the buckets go out with last step's zeros.
     "bucketed_tensor_hook": {"p.register_post_accumulate_grad_hook(ready)": "p.register_hook(lambda g, p=p: ready(p))"},
+    # A blind audit's (full marks before): only the parameters that need a gradient broadcast; the model's frozen
+    # scale stays each rank's own
+    "bucketed_trainable_broadcast": {
+        "        for p in module.parameters():  # every rank starts from rank 0's weights\n":
+        "        for p in (p for p in module.parameters() if p.requires_grad):\n"},
     # The buckets a hook never completed are skipped, not launched: their used parameters keep their own gradient.
     "bucketed_unused_skipped": {
         "                self.launch(i)": "                pass",
@@ -450,6 +455,14 @@ def test_bucketed_gradients_not_written_back_per_parameter_and_late_buckets_are_
                        "gradients into buckets and all-reduce each bucket once")
     assert overlap.startswith("the first all-reduce started only after the first layer's gradients ('0.weight', "
                               "'0.bias') were accumulated, at the end of the backward")
+
+
+def test_a_frozen_parameter_left_out_of_the_broadcast_is_named(graded):
+    matches, buckets, overlap, _ = _bucketed(graded["bucketed_trainable_broadcast"])
+    assert matches.startswith("after BucketedDDP(...) rank 1's '5.scale' differed from rank 0's (by "), matches
+    assert "a parameter that needs no gradient, and the others were rank 0's: only the trainable parameters were " \
+        "broadcast" in matches
+    assert buckets == overlap == ""  # the buckets and their overlap are right
 
 
 def test_bucketed_unwaited_work_a_cap_passed_and_an_unnamed_error_are_named(graded):

@@ -25,9 +25,16 @@ def _names(names: list[str]) -> str:
 
 @mistake("parameters not broadcast from rank 0")
 def not_broadcast(runs: list[CapRun], world: int) -> str | None:
+    frozen = {n for n, p in make_model(0).named_parameters() if not p.requires_grad}
     for r, run in enumerate(runs[1:], 1):
         start = parity(run.start, runs[0].start, rtol=0, atol=0)
         if not start:
+            apart = {n for n in run.start if not torch.equal(run.start[n], runs[0].start[n])}
+            if apart <= frozen:
+                return (f"after BucketedDDP(...) rank {r}'s {_names(sorted(apart))} differed from rank 0's (by "
+                        f"{start.max_abs_diff:.3g}), a parameter that needs no gradient, and the others were rank 0's: "
+                        "only the trainable parameters were broadcast. A frozen parameter is part of the model too: "
+                        "broadcast every parameter of module.parameters() from rank 0, whatever its requires_grad")
             return (f"after BucketedDDP(...) rank {r}'s weights differed from rank 0's (by {start.max_abs_diff:.3g} in "
                     f"'{start.worst}'): each rank built its model from its own seed, and nothing broadcast rank 0's; "
                     "dist.broadcast every parameter from rank 0 in __init__")

@@ -31,14 +31,27 @@ SEED = 11
 
 
 def make_model(seed: int, unused: bool = False) -> nn.Sequential:
-    """The part's model (with ``unused``, a fourth Linear registered last and never called in the forward)."""
+    """The part's model: three Linear layers, then a frozen per-class scale (``requires_grad=False``, drawn from
+    ``seed`` like the rest: it differs between the ranks until the broadcast, which the contract makes of *every*
+    parameter); with ``unused``, a fourth Linear registered last and never called in the forward."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         layers = [nn.Linear(i, o) for i, o in LAYERS]
-        model = nn.Sequential(layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2])
+        model = nn.Sequential(layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2], _Frozen(LAYERS[-1][1]))
         if unused:
             model.add_module("unused", _Unused(10, 10))
     return model
+
+
+class _Frozen(nn.Module):
+    """A per-feature scale that needs no gradient: in no bucket, yet part of every rank's start."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.empty(features).uniform_(0.5, 1.5), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
 
 
 class _Unused(nn.Linear):
@@ -60,7 +73,7 @@ def expected_buckets(model: nn.Module, cap_bytes: float, *, forward: bool = Fals
     ``cap_bytes``. The mistakes' rules too: ``forward``, filled in registration order; ``past``, closed only once
     they exceed the cap."""
     buckets, bucket, size = [], [], 0
-    params = list(model.named_parameters())
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     for name, p in params if forward else reversed(params):
         bucket.append(name)
         size += p.numel() * p.element_size()

@@ -114,7 +114,7 @@ def _cap_run(learner, path: str, spy, cap: int, steps: int, *, unused: bool) -> 
     model = make_model(SEED + 1000 + rank, unused=unused)   # a different start on every rank
     names = {id(p): n for n, p in model.named_parameters()}
     current = [_Step(names, keep_local=True)]
-    for p in model.parameters():   # registered before the learner's: "ready" is logged first
+    for p in (p for p in model.parameters() if p.requires_grad):  # before the learner's: "ready" is logged first
         p.register_post_accumulate_grad_hook(lambda p: current[0].grad_ready(p))
     try:
         ddp = learner.BucketedDDP(model, cap / 2**20)
