@@ -199,6 +199,12 @@ POSITION_SAVED_FIRST = {"            used += world * BATCH_SIZE\n": "",
 # Issue 37's: the short tail of an epoch trained on. Right at 2 ranks (160 samples: 5 whole batches a rank); at 4
 # the reshard resumes at index 32 of each rank's 40, past the last whole batch
 SHORT_BATCH = {"len(order) - BATCH_SIZE + 1, BATCH_SIZE)": "len(order), BATCH_SIZE)"}
+# A blind audit's (full marks before): each rank's RNG file saved into the committed directory, after the commit
+RNG_AFTER_COMMIT = {
+    '    torch.save(rng, staged / f"rng-rank{dist.get_rank()}.pt")\n': "",
+    "        prune(root, keep)\n    dist.barrier()\n":
+    "        prune(root, keep)\n    dist.barrier()\n"
+    '    torch.save(rng, final_path(root, step) / f"rng-rank{dist.get_rank()}.pt")\n'}
 FRESH = "a fresh job resumes exactly"
 REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 
@@ -208,10 +214,11 @@ REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 @pytest.fixture(scope="module")
 def mutants(tmp_path_factory):
     changes = {"missing state": MISSING_STATE, "in place": IN_PLACE, "fresh crash": FRESH_CRASH,
-               "position saved first": POSITION_SAVED_FIRST, "short batch": SHORT_BATCH, **FRESH_ONLY}
+               "position saved first": POSITION_SAVED_FIRST, "short batch": SHORT_BATCH,
+               "RNG after the commit": RNG_AFTER_COMMIT, **FRESH_ONLY}
     paths = [mutant(tmp_path_factory.mktemp(f"m{i}"), "ex05_checkpoint.py", c) for i, c in enumerate(changes.values())]
     scenarios = [("fresh", "restart"), ("restart",), ("fresh", "restart", "reshard"), ("fresh", "reshard"),
-                 ("reshard",)] + [("fresh",)] * len(FRESH_ONLY)
+                 ("reshard",), ("restart",)] + [("fresh",)] * len(FRESH_ONLY)
     reports = ex05_checkpoint.grade(paths, scenarios_of=scenarios)
     return dict(zip(changes, reports))
 
@@ -329,6 +336,14 @@ def test_the_checkpoint_a_restart_read_is_judged_from_its_loads(tmp_path):
             (tmp_path / f"B-calls-rank{r}.jsonl").write_text(json.dumps(record.to_wire()) + "\n")
         said = interrupted_write_loaded(run)
         assert said is None if verdict is None else verdict in said, said
+
+
+def test_a_file_written_into_the_checkpoint_after_its_commit_is_named(mutants):
+    f = failed(mutants["RNG after the commit"])
+    assert list(f) == ["an interrupted write is never loaded"], f  # the kills fall before the commit: all else exact
+    assert re.match(r"rank 0's torch\.save \(ex05_checkpoint\.py:\d+\) wrote into step_00000003, the committed "
+                    r"checkpoint, after its commit \(its dcp\.save went to \.tmp-step_00000003\)",
+                    f["an interrupted write is never loaded"]), f
 
 
 def test_a_short_last_batch_is_named_where_an_epoch_has_one(mutants):

@@ -57,6 +57,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | checkpoints not pruned | "after 12 steps saving every 3 with keep=2 the directory holds [...]: ..." |
 | an interrupted write loaded (no staging and commit) | "rank 1 was killed while writing step 6's checkpoint ..." |
 | a checkpoint complete before every rank's files are in it | "... inside step 9's save_checkpoint, ..." |
+| a rank's file written into the checkpoint after its commit | "rank 0's torch.save (...) wrote into step_..." |
 | no barrier after the commit: a rank goes on while rank 0 commits | "rank 1 returned from step 3's ..." |
 | commit on every rank | "commit ran on more than one rank: rank 1's found no .tmp-step_00000003 to rename, ..." |
 | a checkpoint committed before every rank's files are in it | "rank 1 wrote into ... after rank 0 had committed it" |
@@ -83,7 +84,7 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import KNOWN_ERRORS, diagnose_resume, exact, one_sided_collective, restart_error, said
 from .commit_causes import (committed_twice, committed_under_a_rank, complete_too_early, interrupted_write_loaded,
-                            not_pruned, ran_ahead)
+                            not_pruned, ran_ahead, written_after_commit)
 from .contract_causes import against_reference
 from .observations import WORLD, FinalState, Run
 from .probes import FRESH_STOP, INTERRUPTED, RESUMED_FROM, SCENARIOS, SECOND_KILL
@@ -152,7 +153,7 @@ def fresh_job_resumes(run: Run) -> Verdict:
 
 @criterion("an interrupted write is never loaded", points=2)
 def interrupted_write_never_loaded(run: Run) -> Verdict:
-    if why := interrupted_write_loaded(run) or complete_too_early(run) or ran_ahead(run):
+    if why := interrupted_write_loaded(run) or complete_too_early(run) or written_after_commit(run) or ran_ahead(run):
         return failed(why)
     kill, again = run.commit_kill("B"), ""
     if kill is not None and kill.at != "step":

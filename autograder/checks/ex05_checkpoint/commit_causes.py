@@ -36,6 +36,24 @@ def committed_under_a_rank(run: Run, err: LaunchError | None) -> str | None:
             "files are written, and have rank 0 commit only after it")
 
 
+@mistake("a rank's file written into the checkpoint after its commit")
+def written_after_commit(run: Run) -> str | None:
+    """A ``torch.save`` of the uninterrupted run into a committed checkpoint's directory whose DCP save went to the
+    staging one: the file came after the rename, and a crash in between leaves a complete-looking checkpoint
+    without it (the kills fall before the commit: this is read from where the saves went)."""
+    for r, calls in enumerate(run.calls("A")):
+        staged = {c.checkpoint for c in calls if c.call in ("dcp.save", "dcp.async_save") and c.checkpoint}
+        late = next((c for c in calls if c.call == "torch.save" and c.checkpoint and f".tmp-{c.checkpoint}" in staged),
+                    None)
+        if late is not None:
+            where = f" ({late.file}:{late.line})" if late.file else ""
+            return (f"rank {r}'s torch.save{where} wrote into {late.checkpoint}, the committed checkpoint, after its "
+                    f"commit (its dcp.save went to .tmp-{late.checkpoint}): a crash between the commit and that save "
+                    "leaves a checkpoint that looks complete without the file, and a resume from it is not exact. "
+                    "Write every rank's files into the staging directory before the barrier and rank 0's commit")
+    return None
+
+
 @mistake("no barrier after the commit: a rank goes on while rank 0 commits")
 def ran_ahead(run: Run) -> str | None:
     record = run.out / "A-commit-order.json"  # commit_order: the first save rank 1 returned from first

@@ -59,7 +59,8 @@ class CallRecord(Observation):
     held: list[str] | str | None = None  # a save's or load's state: its keys (``outer.inner``), or its type
     file: str | None = None  # the learner's file the call came from (a save or load; None: not on the stack)
     line: int | None = None  # and its line there
-    checkpoint: str | None = None  # a DCP save's or load's directory, by name ("step_3"; None: not given by path)
+    checkpoint: str | None = None  # a DCP save's or load's directory, or a torch.save's file's, by name
+    #                                 ("step_00000003", ".tmp-step_00000003"; None: not given by path)
 
 
 @dataclass

@@ -117,6 +117,9 @@ def _spy(name: str):
                     call.file, call.line = where or (None, None)
                 if name.startswith("dcp."):
                     call.checkpoint = _checkpoint_name(args, kwargs)
+                elif name == "torch.save":  # the directory it wrote into: the staging one, or already the final
+                    to = args[1] if len(args) > 1 else kwargs.get("f")
+                    call.checkpoint = Path(to).parent.name if isinstance(to, (str, os.PathLike)) else None
                 _log(call)
             commit, order = _now["commit"], _now["order"]
             if commit is not None and where:
