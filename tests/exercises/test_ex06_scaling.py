@@ -6,6 +6,8 @@ its numbers. The solution, the independent one and the mutants are graded togeth
 size (1 and 2; the CLI also grades 4)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from autograder.checks import ex06_scaling as check
@@ -34,6 +36,9 @@ PREDICT = {
     "latency once": {"allreduce_s = 2 * (world - 1) * alpha + ": "allreduce_s = alpha + "},
     "algorithm bandwidth": {"2 * (world - 1) / world * grad_bytes * beta": "grad_bytes * beta"},
     "no (W-1)/W": {"2 * (world - 1) / world * grad_bytes * beta": "2 * grad_bytes * beta"},
+    # blind audits': the exposed time not clamped at 0; the bandwidth term a reduce-scatter's, (W-1)/W
+    "no clamp": {"exposed_s = max(0.0, allreduce_s - backward_s)": "exposed_s = allreduce_s - backward_s"},
+    "half the ring": {"2 * (world - 1) / world * grad_bytes * beta": "(world - 1) / world * grad_bytes * beta"},
     # no cause: the feedback names the line whose number is none of the model's
     "a floor on the exposed time": {"max(0.0, allreduce_s - backward_s)": "max(0.001, allreduce_s - backward_s)"},
 }
@@ -91,7 +96,12 @@ MISTAKES = {
     "no figure, a name undefined": {
         "    return dist.get_world_size() * batch_size * iters / elapsed.item()\n":
             "    dist.get_world_size() * batch_size * iters / elapsed.item()\n",
-        "    device = x.device\n": ""},
+        "    device = x.device\n": "", **PREDICT["half the ring"]},
+    # a blind audit's: the clock read before the barrier that lines the ranks up after the warm-up
+    "clock before the barrier": {
+        "    dist.barrier()                    # nobody starts the clock before everyone is warm\n"
+        "    start = time.perf_counter()\n": "    start = time.perf_counter()\n    dist.barrier()\n",
+        **PREDICT["no clamp"]},
 }
 STEP_RAISES = {"        opt.zero_grad(set_to_none=True)\n": "        optimizer.zero_grad(set_to_none=True)\n"}
 METHOD = "[W={}] throughput of the timed steps of every rank"
@@ -174,13 +184,13 @@ def test_a_figure_per_rank_fails_the_same_figure_clause(graded):
 @pytest.mark.slow
 def test_counting_the_warmup_samples_is_named(graded):
     f = failed(graded["warm-up samples"])
-    assert set(f) == {METHOD.format(1), METHOD.format(2), "the real step trains with DDP", REAL, FITTED, PREDICTED}
+    # the real run's wrapper, all-reduces and steps are judged: its step trains through DDP, only wrongly
+    assert set(f) == {METHOD.format(1), METHOD.format(2), "the real step trains with DDP", FITTED, PREDICTED}
     for w in (1, 2):
         assert "that is (2 + 8) / 8: you counted the samples of the 2 warm-up steps too" in f[METHOD.format(w)]
     assert f["the real step trains with DDP"].startswith(
         "at 1 worker(s) rank 0's weights after 7 calls of step() are those that steps whose gradients are never "
         "cleared leave"), f["the real step trains with DDP"]
-    assert f[REAL] == NOT_CHECKED
 
 
 @pytest.mark.slow
@@ -285,7 +295,21 @@ def test_a_fit_returning_nothing_and_a_wrong_element_size_are_named(graded):
     assert failed(graded["no start barrier, barrier per step"])[FITTED] == (
         "fit_alpha_beta returned None: every path through it must end in return (alpha, beta)")
     f = failed(graded["from-imports no end barrier, wrapper per step"])[FITTED]
-    assert "is 2.00x the 5e-10, as a fit with 2 bytes an element gives" in f, f
+    # the same figures as a bandwidth term of (W-1)/W: both are said
+    assert "is 2.00x the 5e-10, as a fit gives whose bandwidth term is (W-1)/W * bytes, half the ring's " in f, f
+    assert "or one that counts 2 bytes an element" in f, f
+
+
+@pytest.mark.slow
+def test_a_clock_read_before_the_barrier_and_an_unclamped_exposed_time_are_named(graded):
+    f = failed(graded["clock before the barrier"])
+    assert set(f) == {METHOD.format(2), PREDICTED}, f  # at 1 rank no one waits in the barrier
+    assert re.search(r"rank 0 read the clock \(perf_counter\) when its warm-up ended, then called dist\.barrier\(\), "
+                     r"which returned 0\.\d+ s later, once every rank had reached it: your window", f[METHOD.format(2)])
+    assert "as compute + (all-reduce - backward) gives where the all-reduce (3.24 ms) is shorter than the backward " \
+        "(6 ms)" in f[PREDICTED], f[PREDICTED]
+    said = failed(graded["no figure, a name undefined"])[PREDICTED]
+    assert "with (W-1)/W * bytes * β, one reduce-scatter's worth" in said, said
 
 
 @pytest.mark.slow

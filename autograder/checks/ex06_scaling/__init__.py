@@ -55,6 +55,7 @@ figure's ratio to the truth only where the evidence is missing.
 | warm-up steps timed | "your window (0.44 s) includes the 2 slow warm-up steps: ..." |
 | warm-up steps' samples counted | "that is (2 + 8) / 8: you counted the samples of the 2 warm-up steps too" |
 | clock started without a barrier (a rank still warming up) | "rank 0 started the clock when its own warm-up ..." |
+| clock started before the barrier that lines the ranks up | "rank 0 read the clock ..., then called dist.barrier()" |
 | no figure returned | "measure_throughput returned None on rank 0, so there is no figure to judge: ..." |
 | a different figure on every rank | "rank 1 returned 1,420.3 samples/s but rank 0 returned 1,776.0: ..." |
 | the step does not use DDP | "... (they started from different weights, and no DistributedDataParallel was made)" |
@@ -77,6 +78,8 @@ figure's ratio to the truth only where the evidence is missing.
 | the latency counted once in the prediction | "... with one latency (40.0 µs) ... 2(W-1) = 14 steps ..." |
 | the prediction's bandwidth term without the ring's factor | "... moving bytes * β: ... 2(W-1)/W = 1.75 ..." |
 | the prediction's bandwidth term without (W-1)/W | "... with 2 * bytes * β: the ring's factor is 2(W-1)/W = 1.75 ..." |
+| the exposed all-reduce not clamped at 0 | "... as compute + (all-reduce - backward) gives where ..." |
+| the prediction's bandwidth term half the ring's | "... with (W-1)/W * bytes * β, one reduce-scatter's worth: ..." |
 | make_ddp_step returned no step function | "make_ddp_step returned None, not a function, so the benchmark ..." |
 | the optimizer stepped with no gradient (before backward, or after zero_grad) | "opt.step() ran 7 times in 7 ..." |
 | gradients never cleared in the step | "at 2 worker(s) rank 0's weights after 35 calls of step() are those ..." |
@@ -104,10 +107,10 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .alphabeta.reference import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
 from .alphabeta.observations import Fit, Prediction
 from .alphabeta.causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returned_nothing
-from .causes import (ATOL, KNOWN_ERRORS, REAL_CAUSES, RTOL, cpu_clock, figure_per_rank, grads_accumulate, inner_forward,
-                     no_barrier, no_ddp,
-                     no_figure, no_optimizer_step, no_start_barrier, no_step_function, one_rank_samples,
-                     stepped_without_grad, summed_clocks, warmup_samples, warmup_timed)
+from .causes import (ATOL, KNOWN_ERRORS, REAL_CAUSES, RTOL, clock_before_barrier, cpu_clock, figure_per_rank,
+                     grads_accumulate, inner_forward, no_barrier, no_ddp, no_figure, no_optimizer_step,
+                     no_start_barrier, no_step_function, one_rank_samples, stepped_without_grad, summed_clocks,
+                     warmup_samples, warmup_timed)
 from .observations import REAL, SYNTH, Benchmark, RankObservation, Run
 from .probes import TOL, rank_main
 from .reference import real_reference
@@ -124,8 +127,8 @@ MEASURED_RETURNS = ("measure_throughput",)
 
 
 # The causes (causes) the method's criterion asks for, most specific first.
-METHOD_CAUSES = [cpu_clock, summed_clocks, one_rank_samples, no_barrier, warmup_timed, no_start_barrier,
-                 warmup_samples]
+METHOD_CAUSES = [cpu_clock, summed_clocks, one_rank_samples, no_barrier, warmup_timed, clock_before_barrier,
+                 no_start_barrier, warmup_samples]
 
 
 def _window_ok(run: Run) -> bool:
@@ -199,9 +202,12 @@ def trains_with_ddp(bench: Benchmark) -> Verdict:
                                                        "the mean of the ranks' gradients")
 
 
-@criterion("the real run: one DDP wrapper, one all-reduce per step, the steps after the warm-up timed", points=2,
-           requires=[trains_with_ddp])
+@criterion("the real run: one DDP wrapper, one all-reduce per step, the steps after the warm-up timed", points=2)
 def real_run_counted(bench: Benchmark) -> Verdict:
+    # Not judged where the step did not train with DDP at all (its counts are that mistake's); a step that trains
+    # wrongly through DDP (its gradients never cleared) still makes the wrapper, the all-reduces and the steps
+    if any(_untrained(run) for run in bench.runs):
+        return failed(f"not checked: needs '{trains_with_ddp.rule.name}' first")
     runs = [run for run in bench.runs if run.ranks[0].real_steps is not None]
     for run in runs:
         if why := diagnose(REAL_CAUSES, run):

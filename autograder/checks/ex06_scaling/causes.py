@@ -126,6 +126,26 @@ def no_barrier(run: Run) -> str | None:
             "the clock, so the window covers every rank's steps")
 
 
+@mistake("clock started before the barrier that lines the ranks up")
+def clock_before_barrier(run: Run) -> str | None:
+    """Rank 0 read its clock after the warm-up, then waited in a collective before its first timed step: the wait
+    for the ranks still warming up is in its window (the grader's clock around each event says how long)."""
+    k, events = SYNTH["warmup"], run.events()
+    if run.world == 1 or run.ratio() >= 1 - TOL:
+        return None
+    reads = [i for i, e in enumerate(events) if e.kind == "clock" and e.steps == k]
+    waits = [e for e in events[reads[0] + 1:] if e.kind == "collective" and e.steps == k] if reads else []
+    if not waits or any(e.kind == "collective" and e.steps == k for e in events[:reads[0]]):
+        return None
+    start, wait = events[reads[0]], waits[0]
+    if start.after is None or wait.after is None:
+        return None
+    return (f"rank 0 read the clock ({start.name}) when its warm-up ended, then called dist.{wait.name}(), which "
+            f"returned {wait.after - start.after:.3f} s later, once every rank had reached it: your window "
+            f"({_window(run):.3f} s) includes that wait, while the timed steps took {run.truth().window:.3f} s. Start "
+            "the clock after the barrier returns")
+
+
 @mistake("clock started without a barrier (a rank still warming up)")
 def no_start_barrier(run: Run) -> str | None:
     k, events = SYNTH["warmup"], run.events()

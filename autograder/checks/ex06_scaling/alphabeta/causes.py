@@ -30,8 +30,14 @@ def fit_elements(got: tuple[float, float], data: dict) -> str | None:
     if not 1 <= size <= 16 or size == ELEMENT_BYTES or not _like(got, data, "elements", element_bytes=size):
         return None
     how = "a fit on the rows' numel gives" if size == 1 else f"a fit with {size} bytes an element gives"
-    return (f"your β ({got[1]:.3g} s a byte) is {got[1] / data['beta']:.2f}x the {data['beta']:.3g}, as {how}: "
+    said = (f"your β ({got[1]:.3g} s a byte) is {got[1] / data['beta']:.2f}x the {data['beta']:.3g}, as {how}: "
             "numel counts float32 elements, 4 bytes each (bytes = 4 * numel)")
+    if _like(got, data, "half the ring"):  # the same figures: both halve the bandwidth term's bytes
+        said = (f"your β ({got[1]:.3g} s a byte) is {got[1] / data['beta']:.2f}x the {data['beta']:.3g}, as a fit "
+                "gives whose bandwidth term is (W-1)/W * bytes, half the ring's 2(W-1)/W (a reduce-scatter, then an "
+                "all-gather, each moving (W-1)/W of the bytes), or one that counts 2 bytes an element (numel counts "
+                "float32 elements, 4 bytes each); the two give the same figures")
+    return said
 
 
 @mistake("nothing returned")
@@ -47,11 +53,10 @@ def first_unknown(numbers: list[Number], case: dict) -> str | None:
     known = quantities(case)
     for made in numbers:
         if not any(close(made.value, v, 1e-9) or made.value == v for v in known.values()):
-            figures = ", ".join(f"{k} {known[k]:.6g}" for k in ("all-reduce", "exposed all-reduce", "step",
-                                                                 "efficiency"))
+            figures = ", ".join(f"{k} {known[k]:.6g} s" for k in ("all-reduce", "exposed all-reduce", "step"))
             return (f"{made.file} line {made.line} ({made.code}) made {made.name} = "
-                    f"{made.value:.6g}, none of the model's numbers at W={case['world']} ({figures} s and "
-                    "the terms they add up from)")
+                    f"{made.value:.6g}, none of the model's numbers at W={case['world']} ({figures}, efficiency "
+                    f"{known['efficiency']:.6g}, and the terms they add up from)")
     return None
 
 
@@ -146,6 +151,17 @@ def predict_overlap_step(got: list) -> str | None:
             f"{c['backward_s'] * 1e3:g}) ms (efficiency {predict(c):.3f})")
 
 
+@mistake("the exposed all-reduce not clamped at 0")
+def predict_unclamped(got: list) -> str | None:
+    if (i := _first_apart(got, "exposed time not clamped")) is None:
+        return None
+    c, said, ar = _case(i)
+    return (f"{said} you predicted {got[i]:.3f}, as compute + (all-reduce - backward) gives where the all-reduce "
+            f"({ar * 1e3:.2f} ms) is shorter than the backward ({c['backward_s'] * 1e3:g} ms): the difference is "
+            f"negative ({(ar - c['backward_s']) * 1e3:.2f} ms), and a hidden all-reduce adds nothing to the step, it "
+            f"cannot shorten it. The exposed time is max(0, all-reduce - backward) (efficiency {predict(c):.3f})")
+
+
 @mistake("the speed-up predicted, not the efficiency")
 def predict_speedup(got: list) -> str | None:
     if (i := _first_apart(got, "speed-up")) is None:
@@ -186,5 +202,16 @@ def predict_no_w_factor(got: list) -> str | None:
             f"{2 * (w - 1) / w:g} (efficiency {predict(c):.3f})")
 
 
-PREDICT_CAUSES = [predict_speedup, predict_no_overlap, predict_overlap_step, predict_latency_once, predict_algbw,
-                  predict_no_w_factor]
+@mistake("the prediction's bandwidth term half the ring's")
+def predict_half_ring(got: list) -> str | None:
+    if (i := _first_apart(got, "half the ring")) is None:
+        return None
+    c, said, _ = _case(i)
+    w = c["world"]
+    return (f"{said} you predicted {got[i]:.3f}, with (W-1)/W * bytes * β, one reduce-scatter's worth: a ring "
+            "all-reduce is a reduce-scatter and an all-gather, each moving (W-1)/W of the bytes through a link, "
+            f"2(W-1)/W = {2 * (w - 1) / w:g} in all (efficiency {predict(c):.3f})")
+
+
+PREDICT_CAUSES = [predict_speedup, predict_no_overlap, predict_overlap_step, predict_unclamped, predict_latency_once,
+                  predict_algbw, predict_no_w_factor, predict_half_ring]
