@@ -199,12 +199,15 @@ POSITION_SAVED_FIRST = {"            used += world * BATCH_SIZE\n": "",
 # Issue 37's: the short tail of an epoch trained on. Right at 2 ranks (160 samples: 5 whole batches a rank); at 4
 # the reshard resumes at index 32 of each rank's 40, past the last whole batch
 SHORT_BATCH = {"len(order) - BATCH_SIZE + 1, BATCH_SIZE)": "len(order), BATCH_SIZE)"}
-# A blind audit's (full marks before): each rank's RNG file saved into the committed directory, after the commit
+# A blind audit's (full marks before): each rank's RNG file saved into the committed directory, after the commit;
+# and another's (its feedback said the position was not restored): set_epoch only where an epoch starts, which
+# the second restart, mid-epoch 1, shows
 RNG_AFTER_COMMIT = {
     '    torch.save(rng, staged / f"rng-rank{dist.get_rank()}.pt")\n': "",
     "        prune(root, keep)\n    dist.barrier()\n":
     "        prune(root, keep)\n    dist.barrier()\n"
-    '    torch.save(rng, final_path(root, step) / f"rng-rank{dist.get_rank()}.pt")\n'}
+    '    torch.save(rng, final_path(root, step) / f"rng-rank{dist.get_rank()}.pt")\n',
+    "        sampler.set_epoch(epoch)\n": "        if used == 0:\n            sampler.set_epoch(epoch)\n"}
 FRESH = "a fresh job resumes exactly"
 REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 
@@ -340,10 +343,18 @@ def test_the_checkpoint_a_restart_read_is_judged_from_its_loads(tmp_path):
 
 def test_a_file_written_into_the_checkpoint_after_its_commit_is_named(mutants):
     f = failed(mutants["RNG after the commit"])
-    assert list(f) == ["an interrupted write is never loaded"], f  # the kills fall before the commit: all else exact
+    assert list(f) == ["an interrupted write is never loaded", "two crashes, still exact"], f
     assert re.match(r"rank 0's torch\.save \(ex05_checkpoint\.py:\d+\) wrote into step_00000003, the committed "
                     r"checkpoint, after its commit \(its dcp\.save went to \.tmp-step_00000003\)",
                     f["an interrupted write is never loaded"]), f
+
+
+def test_set_epoch_skipped_on_a_mid_epoch_resume_is_named(mutants):
+    said = failed(mutants["RNG after the commit"])["two crashes, still exact"]
+    assert re.search(r"rank [01] read samples \[[\d, ]+\]\.\.\., batch 1 of epoch 0's shuffle, where step 7 is batch 1 "
+                     r"of epoch 1: the position within the epoch was restored, but the sampler still dealt epoch 0's "
+                     r"order", said), said
+    assert "not restored" not in said
 
 
 def test_a_short_last_batch_is_named_where_an_epoch_has_one(mutants):

@@ -42,6 +42,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | model not restored | "rank 0 resumed with other weights than ... before step 4 (sum ... vs ...): ..." |
 | optimizer state not restored | "Adam's step count was 0 where the uninterrupted run's was 3: ..." |
 | data position saved before the step's samples were counted | "rank 0 read samples [..]... at step 4, ..." |
+| the resumed epoch's shuffle not set (set_epoch skipped on resume) | "... batch 1 of epoch 0's shuffle ..." |
 | data position not restored | "rank 0 read samples [..]... instead of [..]... (the samples of step 1): ..." |
 | optimizer's param_groups not set back after dcp.load | "... the resumed job called dcp.load but neither ..." |
 | scheduler not restored | "the learning rate it set for step 5 was 0.0025 instead of 0.00225 (...): ..." |

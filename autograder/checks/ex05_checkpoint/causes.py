@@ -14,6 +14,7 @@ from distlab import LaunchError, pick_backend
 from ...grader.diagnosis import KnownError, mistake
 from .observations import WORLD, Run, StepRecord
 from .probes import RUN
+from .reference import contract_batch
 
 
 KNOWN_ERRORS = [
@@ -168,9 +169,22 @@ def resumed_behind(run: Run) -> int | None:
     return None
 
 
+@mistake("the resumed epoch's shuffle not set (set_epoch skipped on resume)")
+def epoch_not_set(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
+    """The resumed step read the right offset of another epoch's shuffle: the position came back, the epoch's
+    order did not (``set_epoch`` called only where an epoch starts)."""
+    want, got = contract_batch(r, a.data), contract_batch(r, x.data)
+    if x.data == a.data or want is None or got is None or got[1] != want[1] or got[0] == want[0]:
+        return None
+    return (f"rank {r} read samples {x.data[:3]}..., batch {got[1]} of epoch {got[0]}'s shuffle, where step {x.step} "
+            f"is batch {want[1]} of epoch {want[0]}: the position within the epoch was restored, but the sampler "
+            f"still dealt epoch {got[0]}'s order. Call sampler.set_epoch(epoch) for the epoch the job resumes in, "
+            "before reading from it, not only when an epoch starts")
+
+
 @mistake("data position not restored")
 def data_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | None:
-    if x.data == a.data or read_again(run, x, r):  # position_behind's
+    if x.data == a.data or read_again(run, x, r) or epoch_not_set(run, x, a, r):  # their causes
         return None
     same = [y.step for y in run.ref_rec[r] if y.data == x.data]
     return (f"rank {r} read samples {x.data[:3]}... instead of {a.data[:3]}..."
@@ -279,8 +293,8 @@ def rng_not_restored(run: Run, x: StepRecord, a: StepRecord, r: int) -> str | No
                       "torch.set_rng_state() with it on resume"))
 
 
-COMPONENTS = [model_not_restored, optimizer_not_restored, position_behind, data_not_restored, groups_not_set,
-              scheduler_not_restored, other_ranks_rng, loader_after_restore, rng_not_restored]
+COMPONENTS = [model_not_restored, optimizer_not_restored, position_behind, epoch_not_set, data_not_restored,
+              groups_not_set, scheduler_not_restored, other_ranks_rng, loader_after_restore, rng_not_restored]
 
 
 def diagnose_resume(run: Run, got: list[list[StepRecord]]) -> str:
