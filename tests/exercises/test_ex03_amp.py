@@ -62,7 +62,11 @@ MUTANTS = {
                                         "    for _ in range(10):\n        start = time.perf_counter()\n"
                                         "        fn()\n        sync()\n"
                                         "        times.append(time.perf_counter() - start)\n"
-                                        "    return statistics.median(times)"},
+                                        "    return statistics.median(times)",
+                                 # and another audit's: compare's own sync for the device, not the one it was given
+                                 "    baseline_s = median_seconds(baseline, sync,":
+                                 "    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)\n"
+                                 "    baseline_s = median_seconds(baseline, sync,"},
     # two blind audit's look-alikes: CUDA's autocast (on the CPU it casts nothing) and clipping by value
     "cuda_autocast_clip_by_value": {
         "    with torch.autocast(device_type=x.device.type, dtype=amp_dtype or torch.bfloat16,\n":
@@ -286,7 +290,8 @@ def test_wrong_ratio_direction(reports):
 
 def test_an_accumulated_step_that_keeps_the_gradients_it_was_handed_is_named(reports):
     report = reports["accumulated_no_zero_grad"]
-    assert list(failed(report)) == ["measuring: outliers do not drag the result (median)",
+    assert list(failed(report)) == ["measuring: asynchronous work is synchronised",
+                                    "measuring: outliers do not drag the result (median)",
                                     "fp16 accumulation over 4 micro-batches matches the reference (3 windows)"], \
         report.feedback
     assert feedback_of(report, "fp16 accumulation over").startswith(
@@ -299,6 +304,13 @@ def test_timing_fewer_than_min_run_time_seconds_is_named(reports):
     assert said.startswith("median_seconds (called at ex03_amp.py:") and \
         "measured 0.08 s of the steady workload (from its first reading of the clock to its last), where " \
         "min_run_time was 0.2 s: keep timing until at least min_run_time seconds were measured" in said, said
+
+
+def test_a_sync_of_compares_own_not_the_one_it_was_given_is_named(reports):
+    said = feedback_of(reports["accumulated_no_zero_grad"], "asynchronous")
+    assert re.match(r"compare called median_seconds at ex03_amp\.py:\d+ with another sync than the one compare was "
+                    r"given, and the async workload's sync\(\) never ran while it timed", said), said
+    assert "first difference" not in said
 
 
 def test_look_alikes_are_named_at_their_lines(reports):

@@ -205,7 +205,7 @@ def _speedup_criterion(case: str) -> Callable:
         ok, fb = _ratio_fb("speedup", m.cases[case].speedup, truth, why)
         if ok and case == "outliers" and (short := timed_too_little(m)):  # the median's other half: enough calls
             return failed(short)
-        return passed(fb) if ok else failed(timing_not_passed(m) or cpu_clock(m) or fb)
+        return passed(fb) if ok else failed(timing_not_passed(m, case) or cpu_clock(m) or fb)
     speedup.__name__ = speedup.__qualname__ = f"{case}_speedup"
     return speedup
 

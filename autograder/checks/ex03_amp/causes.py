@@ -64,7 +64,7 @@ def calls(s: Scaler) -> str:
 
 
 @mistake("compare does not pass its timing settings on")
-def timing_not_passed(m: Measure) -> str | None:
+def timing_not_passed(m: Measure, case: str = "") -> str | None:
     """A call of median_seconds from compare with other settings than compare was given (both known numbers)."""
     given = {"warmup": WARMUP, "min_run_time": MIN_RUN_TIME}
     for call in m.timing_calls:
@@ -76,6 +76,13 @@ def timing_not_passed(m: Measure) -> str | None:
         return (f"compare called median_seconds{where} with {' and '.join(f'{k}={ran[k]:g}' for k in other)}, not the "
                 f"{' and '.join(f'{k}={given[k]:g}' for k in other)} compare was given: pass compare's warmup and "
                 "min_run_time on to median_seconds")
+    for call in sorted(m.timing_calls, key=lambda c: c.case != case):  # the criterion's own workload first
+        if call.sync_given is False and call.synced == 0:
+            where = f" at {call.line}" if call.line else ""
+            return (f"compare called median_seconds{where} with another sync than the one compare was given, and the "
+                    f"{call.case} workload's sync() never ran while it timed: pass compare's sync on to median_seconds "
+                    "(compare is handed the sync of the device it measures: torch.cuda.synchronize on a GPU, here the "
+                    "simulated workload's)")
     return None
 
 

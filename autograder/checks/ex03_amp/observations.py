@@ -91,6 +91,8 @@ class TimingCall(Observation):
     line: str  # "ex03_amp.py:145" ("" when the caller was not the learner's file)
     case: str = ""  # the simulated workload compare was measuring ("" on the real model)
     timed_s: float | None = None  # virtual seconds from its first clock reading to its last (None: not known)
+    sync_given: bool | None = None  # whether its sync was the one compare was handed (None: not known)
+    synced: int | None = None  # the calls of compare's sync while it ran (None: not on a workload's clock)
 
 
 @dataclass

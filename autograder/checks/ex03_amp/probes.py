@@ -151,9 +151,9 @@ def _number(value) -> float | None:
 
 def _timing_spy(learner, calls: list[TimingCall], clocks: Clocks):
     """The learner's ``median_seconds``, recording each call's settings (its signature's defaults applied), the
-    learner's line it came from (``compare`` must pass on the ``warmup`` and ``min_run_time`` it was given), and,
-    on a workload's virtual clock, the seconds from its first reading of a clock to its last: the seconds it
-    measured (a warm-up reads no clock; Timer's calibration does, and counts)."""
+    learner's line it came from (``compare`` must pass on the ``warmup``, ``min_run_time`` and ``sync`` it was given),
+    and, on a workload's virtual clock, the calls of compare's sync while it ran, and the seconds from its first
+    reading of a clock to its last: the seconds it measured (a warm-up reads no clock; Timer's calibration does)."""
     real, path = learner.median_seconds, Path(learner.__file__).resolve()
     try:
         signature = inspect.signature(real)
@@ -166,17 +166,20 @@ def _timing_spy(learner, calls: list[TimingCall], clocks: Clocks):
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             got = {k: _number(bound.arguments.get(k)) for k in ("warmup", "min_run_time")}
+            given = list(bound.arguments.values())[1:2]  # the sync it was handed (the contract's second argument)
+            got["sync_given"] = clocks.given_sync is not None and bool(given) and given[0] is clocks.given_sync
         except TypeError:  # the call does not fit the signature: the call itself will raise
             got = {"warmup": None, "min_run_time": None}
         found = learner_line(path)
         call = TimingCall(line=f"{Path(found[0]).name}:{found[1]}" if found else "", **got)
         calls.append(call)
-        outer, clocks.reads = clocks.reads, []
+        outer, clocks.reads, syncs = clocks.reads, [], clocks.syncs
         try:
             return real(*args, **kwargs)
         finally:
             if clocks.clock is not None and len(clocks.reads) >= 2:
                 call.timed_s = clocks.reads[-1] - clocks.reads[0]
+            call.synced = clocks.syncs - syncs if clocks.clock is not None else None
             clocks.reads = outer
     return spy
 
@@ -202,7 +205,8 @@ def _measure_case(learner, watch, clocks: Clocks, case: str, base_kw: dict, cand
                   for kw in (base_kw, cand_kw))
     before = len(out.timing_calls)
     with clocks.reading(clock), watch:
-        res = learner.compare(base, cand, sync=clock.sync, warmup=WARMUP, min_run_time=MIN_RUN_TIME)
+        res = learner.compare(base, cand, sync=clocks.counted_sync(clock), warmup=WARMUP, min_run_time=MIN_RUN_TIME)
+    clocks.given_sync = None
     for call in out.timing_calls[before:]:
         call.case = case
     out.cases[case] = Compared(**{k: float(res[k]) for k in ("speedup", "memory_ratio") if k in res},

@@ -116,6 +116,8 @@ class Clocks:
         self._thread = threading.get_ident()
         self.read_names: set[str] = set()  # the clocks read on a case's virtual clock ("process_time", ...)
         self.reads: list[float] | None = None  # while a list: the wall time at each reading of any of them
+        self.given_sync: Callable[[], None] | None = None  # the sync a case hands compare (:meth:`counted_sync`)
+        self.syncs = 0  # the calls of it so far
 
     def _reader(self, name: str, ns: bool) -> Callable[[Callable], Callable]:
         def make(real: Callable) -> Callable:
@@ -130,6 +132,15 @@ class Clocks:
             read.__name__ = getattr(real, "__name__", "clock")
             return read
         return make
+
+    def counted_sync(self, clock: VirtualClock) -> Callable[[], None]:
+        """The sync compare is handed for ``clock``'s case: the clock's, counted (whether what compare timed waited
+        on it, and whether it was the one passed on)."""
+        def sync() -> None:
+            self.syncs += 1
+            clock.sync()
+        self.given_sync = sync
+        return sync
 
     def _timer_init(self, real_init: Callable) -> Callable:
         """``timeit.Timer`` defaults to the ``default_timer`` bound when ``timeit`` was imported."""
