@@ -206,7 +206,7 @@ def _run_phase(learner, phase: dict, outdir: Path) -> None:
                 (outdir / f"{name}-stopped").touch()
             return
         except BaseException as exc:  # DCP raises CheckpointException, a BaseException
-            _record_error(outdir / f"{name}-errors.jsonl", exc, learner.__file__)
+            _record_error(outdir / f"{name}-errors.jsonl", exc, learner.__file__, root=phase["dir"])
             raise
         finally:
             _now["log"] = _now["commit"] = _now["order"] = None
@@ -256,10 +256,11 @@ def _killed_in_write(kill_write: int | None) -> Replace:
     return Replace({(FileSystemWriter, "write_data"): make})
 
 
-def _record_error(errors: Path, exc: BaseException, path: str) -> None:
+def _record_error(errors: Path, exc: BaseException, path: str, root: str) -> None:
     """Kept for the verdict: a restarted attempt's error is the telling one (not the crash it follows); with
-    the learner's line it came from."""
-    lines = [ln.strip() for ln in f"{type(exc).__name__}: {exc}".splitlines() if ln.strip()]
+    the learner's line it came from. The paths in it are said from ``root`` (train's), not the grader's folders."""
+    said = f"{type(exc).__name__}: {exc}".replace(str(Path(root).resolve()), "root").replace(str(root), "root")
+    lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
     cause = next((ln for ln in reversed(lines) if "Error" in ln), lines[0])
     frame = learner_frame(exc, path)
     with open(errors, "a") as f:
