@@ -498,3 +498,21 @@ def test_buckets_launched_from_tensor_hooks_before_accumulation_are_named(graded
     matches, *_ = _bucketed(graded["bucketed_tensor_hook"])
     assert matches.startswith("the all-reduce at line ") and "started when the gradients accumulated in this " \
         "backward held " in matches and "a Tensor.register_hook hook runs before .grad is accumulated" in matches
+
+
+def test_an_error_in_a_hook_autograd_called_is_placed_at_the_hooks_definition(tmp_path):
+    """No launch: a hook whose signature is not hook(param) raises inside autograd, with no frame of the learner's
+    (a blind audit's lambda: ready(p)); where it is defined is said instead."""
+    import runpy
+
+    from autograder.checks.ex01_ddp.bucketed.observations import make_model
+    from autograder.checks.ex01_ddp.bucketed.probes import _hook_defined
+
+    path = tmp_path / "ex01_ddp.py"
+    path.write_text("def hook_all(model):\n    for p in model.parameters():\n        if p.requires_grad:\n"
+                    "            p.register_post_accumulate_grad_hook(lambda: None)\n")
+    model = make_model(0)
+    assert _hook_defined(model, str(path)) is None  # no hook of the file's yet
+    runpy.run_path(str(path))["hook_all"](model)
+    assert _hook_defined(model, str(path)) == ("ex01_ddp.py line 4, where the hook hook_all.<locals>.<lambda> on "
+                                               "'0.weight' is defined (autograd calls it as hook(param))")

@@ -15,6 +15,7 @@ parameter the forward never uses. An error is recorded, not raised: part 1 is gr
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -130,7 +131,7 @@ def _cap_run(learner, path: str, spy, cap: int, steps: int, *, unused: bool) -> 
                 run.local, run.stepped = step.local, step.stepped
             optimizer.step()
     except Exception as exc:  # noqa: BLE001 - part 2's error costs part 2's marks only
-        run.where = str(learner_frame(exc, path) or "")
+        run.where = str(learner_frame(exc, path) or _hook_defined(model, path) or "")
         run.error = raised(exc) + (f" (at {run.where})" if run.where else "")
         run.not_implemented = isinstance(exc, NotImplementedError)
         current[0].drain(timeout=AFTER_ERROR)
@@ -138,6 +139,19 @@ def _cap_run(learner, path: str, spy, cap: int, steps: int, *, unused: bool) -> 
         spy.on_call = None
     run.final = cpu_state(model)
     return run
+
+
+def _hook_defined(model: nn.Module, path: str) -> str | None:
+    """Where a hook of the learner's file on one of ``model``'s parameters is defined: an error raised while autograd
+    called it (its signature not the hook's, ``hook(param)``) has no frame of the learner's to show."""
+    mine = Path(path).resolve()
+    for name, p in model.named_parameters():
+        for hook in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values():
+            code = getattr(hook, "__code__", None)
+            if code is not None and Path(code.co_filename).resolve() == mine:
+                return (f"{mine.name} line {code.co_firstlineno}, where the hook {hook.__qualname__} on '{name}' is "
+                        "defined (autograd calls it as hook(param))")
+    return None
 
 
 def _one_step(ddp, optimizer, step: _Step, spy, i: int, rank: int, world: int, path: str) -> None:
