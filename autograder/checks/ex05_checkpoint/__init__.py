@@ -83,7 +83,7 @@ from ...grader.launches import launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import KNOWN_ERRORS, diagnose_resume, exact, one_sided_collective, restart_error, said
+from .causes import KNOWN_ERRORS, diagnose_resume, exact, one_sided_collective, restart_error, rooted, said
 from .commit_causes import (committed_twice, committed_under_a_rank, complete_too_early, interrupted_write_loaded,
                             not_pruned, ran_ahead, written_after_commit)
 from .contract_causes import against_reference
@@ -202,7 +202,7 @@ def _failure(run: Run, err: LaunchError | None) -> str:
     if cause:
         raw = f"rank {err.rank} raised {err.exc_type}: {err.exc_message.strip()[:300]}" if isinstance(
             err, RankFailure) else str(err)
-        return f"{cause}\n  ({raw})"
+        return f"{cause}\n  ({rooted(run, raw)})"
     return said(run, err)
 
 

@@ -9,6 +9,8 @@ single-process reference is :mod:`.contract_causes`'s; the commit protocol's mis
 """
 from __future__ import annotations
 
+import re
+
 from distlab import LaunchError, pick_backend
 
 from ...grader.diagnosis import KnownError, mistake
@@ -54,11 +56,16 @@ def one_sided_collective(run: Run, name: str, world: int = WORLD, **match) -> st
     return None
 
 
+def rooted(run: Run, text: str) -> str:
+    """``text`` with the phases' directories (the grader's scratch folders) said as train's ``root``."""
+    return re.sub(re.escape(str(run.out)) + r"/[A-Z](?=/|\b)", "root", text)
+
+
 def said(run: Run, err: LaunchError | str) -> str:
     """A launch's failure in the learner's terms (``grader.main.explain``: the line of the learner's file, gloo's
-    sizes where it aborted a rank)."""
+    sizes where it aborted a rank), its paths from train's root."""
     from ...grader.main import explain
-    return explain(err, run.path, KNOWN_ERRORS) if isinstance(err, LaunchError) and run.path else str(err)
+    return rooted(run, explain(err, run.path, KNOWN_ERRORS) if isinstance(err, LaunchError) and run.path else str(err))
 
 
 def restart_error(run: Run) -> str | LaunchError | None:
