@@ -192,7 +192,9 @@ def inf_step_skipped(run: Run) -> Verdict:
 
 def _speedup_criterion(case: str) -> Callable:
     """The criterion of one simulated workload: the speedup ``compare`` reported, against its known truth."""
-    @criterion(f"measuring: {CASE_TITLES[case]}", points=1)
+    # trace=False: the workloads are simulated on a virtual clock, and a timing loop of another shape makes other
+    # events, not a mistake: the trace's first difference from the reference says nothing of the speedup
+    @criterion(f"measuring: {CASE_TITLES[case]}", points=1, trace=False)
     def speedup(run: Run) -> Verdict:
         if run.copied["median_seconds"]:  # the runtime's copy earns none of its criteria
             return failed(run.copied["median_seconds"])
