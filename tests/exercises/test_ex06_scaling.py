@@ -101,7 +101,9 @@ MISTAKES = {
     "clock before the barrier": {
         "    dist.barrier()                    # nobody starts the clock before everyone is warm\n"
         "    start = time.perf_counter()\n": "    start = time.perf_counter()\n    dist.barrier()\n",
-        **PREDICT["no clamp"]},
+        **PREDICT["no clamp"],
+        # and another's (10 of 10 before, the grader's lr was bench_rank's): the optimizer's lr hard-coded
+        "    opt = torch.optim.SGD(ddp.parameters(), lr=lr)": "    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)"},
 }
 STEP_RAISES = {"        opt.zero_grad(set_to_none=True)\n": "        optimizer.zero_grad(set_to_none=True)\n"}
 METHOD = "[W={}] throughput of the timed steps of every rank"
@@ -303,7 +305,10 @@ def test_a_fit_returning_nothing_and_a_wrong_element_size_are_named(graded):
 @pytest.mark.slow
 def test_a_clock_read_before_the_barrier_and_an_unclamped_exposed_time_are_named(graded):
     f = failed(graded["clock before the barrier"])
-    assert set(f) == {METHOD.format(2), PREDICTED}, f  # at 1 rank no one waits in the barrier
+    assert set(f) == {METHOD.format(2), PREDICTED, "the real step trains with DDP"}, f  # at 1 rank no one waits
+    assert f["the real step trains with DDP"] == ("the optimizer stepped with lr=0.01, where make_ddp_step was given "
+                                                  "lr=0.05: build the optimizer with the lr argument (the benchmark's "
+                                                  "callers pass their own)"), f
     assert re.search(r"rank 0 read the clock \(perf_counter\) when its warm-up ended, then called dist\.barrier\(\), "
                      r"which returned 0\.\d+ s later, once every rank had reached it: your window", f[METHOD.format(2)])
     assert "as compute + (all-reduce - backward) gives where the all-reduce (3.24 ms) is shorter than the backward " \

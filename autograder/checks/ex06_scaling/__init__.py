@@ -58,6 +58,7 @@ figure's ratio to the truth only where the evidence is missing.
 | clock started before the barrier that lines the ranks up | "rank 0 read the clock ..., then called dist.barrier()" |
 | no figure returned | "measure_throughput returned None on rank 0, so there is no figure to judge: ..." |
 | a different figure on every rank | "rank 1 returned 1,420.3 samples/s but rank 0 returned 1,776.0: ..." |
+| the lr given to make_ddp_step not used | "the optimizer stepped with lr=0.01, where make_ddp_step was given ..." |
 | the step does not use DDP | "... (they started from different weights, and no DistributedDataParallel was made)" |
 | forward called on the inner module, bypassing DDP | "... but no forward went through the wrapper ..." |
 | the DDP wrapper rebuilt in every step | "at 2 worker(s) step() built a new DistributedDataParallel in 7 of ..." |
@@ -108,7 +109,7 @@ from .alphabeta.reference import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, 
 from .alphabeta.observations import Fit, Prediction
 from .alphabeta.causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returned_nothing
 from .causes import (ATOL, KNOWN_ERRORS, REAL_CAUSES, RTOL, clock_before_barrier, cpu_clock, figure_per_rank,
-                     grads_accumulate, inner_forward, no_barrier, no_ddp, no_figure, no_optimizer_step,
+                     grads_accumulate, inner_forward, lr_not_used, no_barrier, no_ddp, no_figure, no_optimizer_step,
                      no_start_barrier, no_step_function, one_rank_samples, stepped_without_grad, summed_clocks,
                      warmup_samples, warmup_timed)
 from .observations import REAL, SYNTH, Benchmark, RankObservation, Run
@@ -188,7 +189,7 @@ def _off_reference(run: Run) -> str:
     match = parity(r0.final, real_reference(run), rtol=RTOL, atol=ATOL)
     if match.ok:
         return ""
-    return diagnose([grads_accumulate], run) or (
+    return diagnose([lr_not_used, grads_accumulate], run) or (
         f"at {run.world} worker(s), after {r0.real_steps} calls of step() rank 0's weights differ from one "
         f"process's SGD (lr={run.real['lr']}) on the mean of the {run.world} ranks' gradients, from rank 0's start "
         f"(max abs difference {match.max_abs_diff:.3g} in '{match.worst}'): each call is one forward, backward "

@@ -309,6 +309,15 @@ def no_step_function(run: Run) -> str | None:
             "never trained: end make_ddp_step with `return step`, the inner function itself (not its result)")
 
 
+@mistake("the lr given to make_ddp_step not used")
+def lr_not_used(run: Run) -> str | None:
+    first, given = run.ranks[0], run.real["lr"]
+    if first.opt_lr is None or abs(first.opt_lr - given) <= 1e-12 * given:
+        return None
+    return (f"the optimizer stepped with lr={first.opt_lr:g}, where make_ddp_step was given lr={given:g}: build "
+            "the optimizer with the lr argument (the benchmark's callers pass their own)")
+
+
 @mistake("gradients never cleared in the step")
 def grads_accumulate(run: Run) -> str | None:
     first = run.ranks[0]

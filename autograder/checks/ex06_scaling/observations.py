@@ -16,7 +16,8 @@ from ...rank.observation import Observation
 from .alphabeta.observations import ModelObservation
 
 SYNTH = dict(batch_size=32, warmup=2, iters=8)  # the synthetic step's measure_throughput arguments
-REAL = dict(batch_size=128, hidden=256, warmup=5, iters=30, lr=0.01)
+# lr: not the 0.01 of bench_rank and the notebook, which a make_ddp_step that ignores its lr would use
+REAL = dict(batch_size=128, hidden=256, warmup=5, iters=30, lr=0.05)
 
 
 def real_batch(rank: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,6 +60,7 @@ class RankObservation(Observation):
     real_steps: int | None = None  # the step() calls (None: make_ddp_step returned no step, or raised)
     opt_steps: int | None = None   # every optimizer step during them (None: no step ran)
     opt_steps_without_grad: int = 0  # those with no gradient on any parameter
+    opt_lr: float | None = None  # the learning rate of the first optimizer step (None: none ran)
     ddp_wrapped: int = 0        # the DistributedDataParallel wrappers built, in make_ddp_step and the steps
     ddp_forwards: int = 0       # the forwards that went through a wrapper
     ddp_built_in_make: int = 0  # the wrappers make_ddp_step built
@@ -69,8 +71,8 @@ class RankObservation(Observation):
 
 # What the real benchmark fills in (the part "real", kept apart from the synthetic method's: ``rank.parts``).
 REAL_FIELDS = ("backend", "initial", "final", "step_error", "real", "real_method", "real_steps", "opt_steps",
-               "opt_steps_without_grad", "ddp_wrapped", "ddp_forwards", "ddp_built_in_make", "ddp_built_in_step",
-               "ddp_rounds")
+               "opt_steps_without_grad", "opt_lr", "ddp_wrapped", "ddp_forwards", "ddp_built_in_make",
+               "ddp_built_in_step", "ddp_rounds")
 
 
 @dataclass(frozen=True)

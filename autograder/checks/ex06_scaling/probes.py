@@ -199,6 +199,8 @@ def _observe_real(learner, obs: RankObservation, dev: torch.device, real: dict, 
 
         def before_step(opt, args, kwargs) -> None:
             obs.opt_steps += 1
+            if obs.opt_lr is None:
+                obs.opt_lr = float(opt.param_groups[0].get("lr", float("nan")))
             obs.opt_steps_without_grad += all(p.grad is None or not bool(p.grad.any())
                                               for group in opt.param_groups for p in group["params"])
 
