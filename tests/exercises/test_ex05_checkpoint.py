@@ -208,6 +208,11 @@ RNG_AFTER_COMMIT = {
     "        prune(root, keep)\n    dist.barrier()\n"
     '    torch.save(rng, final_path(root, step) / f"rng-rank{dist.get_rank()}.pt")\n',
     "        sampler.set_epoch(epoch)\n": "        if used == 0:\n            sampler.set_epoch(epoch)\n"}
+# A blind audit's (full marks before: the reshard resumed where its ranks had no whole batch left): the position
+# rounded down to a whole step at the new world size; right at 2 ranks, seen at 4 from the mid-epoch checkpoint
+BATCH_ALIGNED = {"        for first in range(used // world, len(order) - BATCH_SIZE + 1, BATCH_SIZE):\n":
+                 "        for first in range(used // (world * BATCH_SIZE) * BATCH_SIZE, len(order) - BATCH_SIZE + 1, "
+                 "BATCH_SIZE):\n"}
 FRESH = "a fresh job resumes exactly"
 REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 
@@ -218,10 +223,10 @@ REFERENCE = "[W=2] the uninterrupted run matches a single-process reference"
 def mutants(tmp_path_factory):
     changes = {"missing state": MISSING_STATE, "in place": IN_PLACE, "fresh crash": FRESH_CRASH,
                "position saved first": POSITION_SAVED_FIRST, "short batch": SHORT_BATCH,
-               "RNG after the commit": RNG_AFTER_COMMIT, **FRESH_ONLY}
+               "RNG after the commit": RNG_AFTER_COMMIT, "batch aligned": BATCH_ALIGNED, **FRESH_ONLY}
     paths = [mutant(tmp_path_factory.mktemp(f"m{i}"), "ex05_checkpoint.py", c) for i, c in enumerate(changes.values())]
     scenarios = [("fresh", "restart"), ("restart",), ("fresh", "restart", "reshard"), ("fresh", "reshard"),
-                 ("reshard",), ("restart",)] + [("fresh",)] * len(FRESH_ONLY)
+                 ("reshard",), ("restart",), ("fresh", "reshard")] + [("fresh",)] * len(FRESH_ONLY)
     reports = ex05_checkpoint.grade(paths, scenarios_of=scenarios)
     return dict(zip(changes, reports))
 
@@ -355,6 +360,14 @@ def test_set_epoch_skipped_on_a_mid_epoch_resume_is_named(mutants):
                      r"of epoch 1: the position within the epoch was restored, but the sampler still dealt epoch 0's "
                      r"order", said), said
     assert "not restored" not in said
+
+
+def test_a_position_rounded_to_a_whole_batch_is_named_from_the_mid_epoch_resume(mutants):
+    f = failed(mutants["batch aligned"])
+    assert list(f) == ["the data position means the same samples at world size 4"], f  # right at 2 ranks
+    assert f["the data position means the same samples at world size 4"].startswith(
+        "the job at 4 ranks began at sample 64 of epoch 0's stream, the start of the 4 ranks' batch that sample 96 "
+        "falls in, where the 2-rank run had used 96"), f
 
 
 def test_a_short_last_batch_is_named_where_an_epoch_has_one(mutants):

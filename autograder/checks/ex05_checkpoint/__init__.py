@@ -16,7 +16,9 @@ Scenarios, in three torchrun launches (``scenarios``; the rank side is in ``prob
 3. ``reshard``: a job at another world size resumes from A's checkpoint of step 9 (a copy of A's
    directory without its last checkpoint) and trains steps 10-12: it must start from the 2-rank run's
    state and continue the same global sample stream (the data position counts the samples all ranks
-   together used, so it keeps its meaning when each rank's share changes).
+   together used, so it keeps its meaning when each rank's share changes). Where the fresh scenario ran, the
+   same launch resumes C's checkpoint of step 3 too (mid-epoch, no whole number of batches at the other world
+   size) and trains to step 12.
 
 Launches 2 and 3 need only the first's directories and touch none of each other's, so they run side by side.
 
@@ -68,6 +70,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 | a short last batch of an epoch trained on | "at 4 ranks rank 0 trained step 10 on the last 8 indices of ..." |
 | the data position counted per rank: another stream at another world size | "the job at 4 ranks began at ..." |
 | the data position saved one step behind, read at another world size | "the job at 4 ranks began where the ..." |
+| the data position rounded down to a whole batch at another world size | "... the start of the 4 ranks' batch ..." |
 | the epoch restarted at another world size | "the job at 4 ranks read the first samples of epoch 1 again ..." |
 | the data position recomputed from the step count | "... where 9 steps at 4 ranks would have left it, but ..." |
 """

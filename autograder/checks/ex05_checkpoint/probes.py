@@ -58,6 +58,7 @@ SECOND_KILL = 8                # restart scenario, attempt 1: killed inside step
 RESUMED_FROM = RUN["save_every"] * (WRITE_KILL - 1)  # the last checkpoint committed before the killed write
 INTERRUPTED = RUN["save_every"] * WRITE_KILL         # the step whose checkpoint write was killed
 RESHARD_FROM = RUN["steps"] - RUN["save_every"]     # reshard scenario: resumes from A's step 9, trains 10-12
+MID_EPOCH, MID_EPOCH_FROM = "R2", RUN["save_every"]  # and from C's step 3, mid-epoch, trains 4-12 (scenarios)
 # (module, name, the name logged): DCP's and the state-dict API's collectives, by every public name.
 COLLECTIVES = [(dcp, n, f"dcp.{n}") for n in ("save", "load", "async_save")] + [
     (dcp_saver, "save", "dcp.save"), (dcp_saver, "async_save", "dcp.async_save"), (dcp_loader, "load", "dcp.load")] + [

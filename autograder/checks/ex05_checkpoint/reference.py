@@ -62,7 +62,7 @@ def rng_hash(state: torch.Tensor) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def epoch_orders(world: int = WORLD, epochs: int = 4) -> dict[tuple[int, int], list[int]]:
+def epoch_orders(world: int = WORLD, epochs: int = 8) -> dict[tuple[int, int], list[int]]:
     """``(rank, epoch) ->`` the indices the contract's sampler deals that rank in that epoch."""
     out = {}
     for r in range(world):

@@ -13,7 +13,7 @@ from ...grader.diagnosis import mistake
 from ...grader.report import Verdict, criterion, failed, passed
 from .causes import PARAM_GROUPS, loaded_without_set, one_sided_collective, resumed_behind, said
 from .observations import WORLD, Run
-from .probes import RESHARD_FROM, RUN
+from .probes import MID_EPOCH, MID_EPOCH_FROM, RESHARD_FROM, RUN
 from .reference import BATCH_SIZE, contract_batch, position_after, short_batch_said, stream
 
 
@@ -21,16 +21,16 @@ def ranks(n: int) -> str:
     return f"{n} rank" + ("s" if n != 1 else "")
 
 
-def reshard_stream(world: int) -> list[tuple[int, int, list[list[int]]]]:
-    """The contract's stream for the steps after ``RESHARD_FROM`` at ``world`` ranks: where the 2-rank run left it."""
-    return stream(world, RUN["steps"] - RESHARD_FROM, *position_after(RESHARD_FROM))
+def reshard_stream(world: int, frm: int = RESHARD_FROM) -> list[tuple[int, int, list[list[int]]]]:
+    """The contract's stream for the steps after ``frm`` at ``world`` ranks: where the 2-rank run left it."""
+    return stream(world, RUN["steps"] - frm, *position_after(frm))
 
 
 @mistake("the data position counted per rank: another stream at another world size")
-def per_rank_position(run: Run, first: list[list[int]]) -> str | None:
+def per_rank_position(run: Run, first: list[list[int]], frm: int = RESHARD_FROM) -> str | None:
     """The saved position read as this rank's batches (or indices) of its share: right at the world size that
     saved it, a jump in the stream at another (``used / W`` of a share is ``used W' / W`` of the stream at ``W'``)."""
-    epoch, used = position_after(RESHARD_FROM)
+    epoch, used = position_after(frm)
     world = run.reshard_world
     kept = used // WORLD * world
     if kept == used or first != stream(world, 1, epoch, kept)[0][2]:
@@ -43,19 +43,32 @@ def per_rank_position(run: Run, first: list[list[int]]) -> str | None:
 
 
 @mistake("the data position saved one step behind, read at another world size")
-def reshard_behind(run: Run, first: list[list[int]]) -> str | None:
-    """The 2-rank resumes read their checkpoint's step again, and this job began where step ``RESHARD_FROM`` began."""
-    if (step := resumed_behind(run)) is None or first != stream(run.reshard_world, 1,
-                                                               *position_after(RESHARD_FROM - 1))[0][2]:
+def reshard_behind(run: Run, first: list[list[int]], frm: int = RESHARD_FROM) -> str | None:
+    """The 2-rank resumes read their checkpoint's step again, and this job began where step ``frm`` began."""
+    if (step := resumed_behind(run)) is None or first != stream(run.reshard_world, 1, *position_after(frm - 1))[0][2]:
         return None
-    return (f"the job at {ranks(run.reshard_world)} began where the {WORLD}-rank run's step {RESHARD_FROM} began "
+    return (f"the job at {ranks(run.reshard_world)} began where the {WORLD}-rank run's step {frm} began "
             f"(rank 0 read {first[0][:3]}...), not where it ended: the saved data position is one step behind, as "
             f"the {WORLD}-rank resume at step {step} shows. Count a step's samples before saving its checkpoint")
 
 
+@mistake("the data position rounded down to a whole batch at another world size")
+def batch_aligned(run: Run, first: list[list[int]], frm: int = RESHARD_FROM) -> str | None:
+    epoch, used = position_after(frm)
+    world = run.reshard_world
+    step = world * BATCH_SIZE
+    if used % step == 0 or first != stream(world, 1, epoch, used // step * step)[0][2]:
+        return None
+    return (f"the job at {ranks(world)} began at sample {used // step * step} of epoch {epoch}'s stream, the start of "
+            f"the {ranks(world)}' batch that sample {used} falls in, where the {WORLD}-rank run had used {used}: the "
+            f"position was rounded down to a whole step at {ranks(world)} ({step} samples), so samples "
+            f"{used // step * step}-{used - 1} were seen twice. Start each rank at used / W of its sampler's indices, "
+            "whether or not that is a whole number of batches")
+
+
 @mistake("the epoch restarted at another world size")
-def epoch_restarted(run: Run, first: list[list[int]]) -> str | None:
-    epoch, used = position_after(RESHARD_FROM)
+def epoch_restarted(run: Run, first: list[list[int]], frm: int = RESHARD_FROM) -> str | None:
+    epoch, used = position_after(frm)
     if used == 0 or first != stream(run.reshard_world, 1, epoch, 0)[0][2]:
         return None
     return (f"the job at {ranks(run.reshard_world)} read the first samples of epoch {epoch} again (rank 0 "
@@ -63,29 +76,30 @@ def epoch_restarted(run: Run, first: list[list[int]]) -> str | None:
 
 
 @mistake("the data position recomputed from the step count")
-def position_from_steps(run: Run, first: list[list[int]]) -> str | None:
+def position_from_steps(run: Run, first: list[list[int]], frm: int = RESHARD_FROM) -> str | None:
     """The position the step count gives at the new world size (a step is another number of samples there)."""
     world = run.reshard_world
-    epoch, used = position_after(RESHARD_FROM, world)
-    saved = position_after(RESHARD_FROM)
+    epoch, used = position_after(frm, world)
+    saved = position_after(frm)
     if (epoch, used) == saved or first != stream(world, 1, epoch, used)[0][2]:
         return None
     return (f"the job at {ranks(world)} began at sample {used} of epoch {epoch}'s stream (rank 0 read "
-            f"{first[0][:3]}...), where {RESHARD_FROM} steps at {ranks(world)} would have left it, but the "
-            f"{WORLD}-rank run's {RESHARD_FROM} steps had used {saved[1]} samples of epoch {saved[0]}: the position "
+            f"{first[0][:3]}...), where {frm} steps at {ranks(world)} would have left it, but the "
+            f"{WORLD}-rank run's {frm} steps had used {saved[1]} samples of epoch {saved[0]}: the position "
             f"was derived from the step count, and a step is {WORLD * BATCH_SIZE} samples at {WORLD} ranks, "
             f"{world * BATCH_SIZE} at {ranks(world)}. Restore the saved position (the samples all ranks together "
             "used) instead")
 
 
 @mistake("a short last batch of an epoch trained on")
-def short_batch(run: Run, first: list[list[int]]) -> str | None:
+def short_batch(run: Run, first: list[list[int]], frm: int = RESHARD_FROM) -> str | None:
     """The job at the other world size resumed past the last whole batch of its epoch and trained on what was left."""
     return next((said for r, data in enumerate(first)
-                 if (said := short_batch_said(r, data, RESHARD_FROM + 1, run.reshard_world))), None)
+                 if (said := short_batch_said(r, data, frm + 1, run.reshard_world))), None)
 
 
-RESHARD_DATA = [short_batch, per_rank_position, reshard_behind, epoch_restarted, position_from_steps]
+RESHARD_DATA = [short_batch, per_rank_position, batch_aligned, reshard_behind, epoch_restarted,
+                position_from_steps]
 
 
 def _reshard_start(run: Run) -> str | None:
@@ -167,31 +181,45 @@ def _own_stream_differs(run: Run) -> str | None:
     return None
 
 
-@criterion("the data position means the same samples at world size {reshard_world}", points=2)
-def stream_continues(run: Run) -> Verdict:
-    world, got = run.reshard_world, run.records("R", run.reshard_world)
-    if run.reshard_error is not None and not any(got):
-        return failed("not judged: the job at the other world size failed before its first step")
-    if own := _own_stream_differs(run):
-        return failed(own)
-    want = reshard_stream(world)
-    first = [[x.data for x in recs if x.step == RESHARD_FROM + 1] for recs in got]
-    for k, (epoch, used, batch) in enumerate(want):
-        step = RESHARD_FROM + 1 + k
+def _stream_fault(run: Run, phase: str, frm: int) -> str | None:
+    """Where the job at the other world size that resumed from the 2-rank run's step ``frm`` (phase ``phase``) left
+    the contract's stream, named where a cause explains it; ``None`` where it did not."""
+    world, got = run.reshard_world, run.records(phase, run.reshard_world)
+    first = [[x.data for x in recs if x.step == frm + 1] for recs in got]
+    for k, (epoch, used, batch) in enumerate(reshard_stream(world, frm)):
+        step = frm + 1 + k
         for r in range(world):
             rec = next((x for x in got[r] if x.step == step), None)
             if rec is None:
-                return failed(f"not judged past step {step - 1}: rank {r} recorded no step {step}")
+                return f"not judged past step {step - 1}: rank {r} recorded no step {step}"
             if rec.data != batch[r]:
-                named = all(len(f) == 1 for f in first) and next(
-                    (why for cause in RESHARD_DATA if (why := cause(run, [f[0] for f in first]))), None)
+                named = short_batch_said(r, rec.data, step, world) or all(len(f) == 1 for f in first) and next(
+                    (why for cause in RESHARD_DATA if (why := cause(run, [f[0] for f in first], frm))), None)
                 found = contract_batch(r, rec.data, world)
                 theirs = (f", the contract's batch {found[1]} of epoch {found[0]} at {ranks(world)} (sample "
                           f"{found[1] * world * BATCH_SIZE} of that epoch's stream)") if found else ""
-                return failed(named or f"rank {r} read samples {rec.data[:3]}...{theirs} at step {step}, where the "
-                              f"stream continues with {batch[r][:3]}... (sample {used} of epoch {epoch}, every rank "
-                              f"together; rank r of {world} takes its sampler's indices from {used} / {world} on)")
-    epoch, used, _ = want[0]
-    return passed(f"at {ranks(world)} the job continued at sample {used} of epoch {epoch}'s stream, where the "
-                  f"{WORLD}-rank run stopped: no sample skipped or seen twice in steps {RESHARD_FROM + 1}-"
-                  f"{RESHARD_FROM + len(want)}")
+                return named or (f"resumed from the {WORLD}-rank run's step {frm}, rank {r} read samples "
+                                 f"{rec.data[:3]}...{theirs} at step {step}, where the stream continues with "
+                                 f"{batch[r][:3]}... (sample {used} of epoch {epoch}, every rank together; rank r of "
+                                 f"{world} takes its sampler's indices from {used} / {world} on)")
+    return None
+
+
+@criterion("the data position means the same samples at world size {reshard_world}", points=2)
+def stream_continues(run: Run) -> Verdict:
+    """From the 2-rank run's step ``RESHARD_FROM`` (where the other world size has no whole batch left of the epoch,
+    or few) and, where the fresh scenario ran, from its step ``MID_EPOCH_FROM`` (mid-epoch: no whole number of
+    batches at the other world size), through the end of the run."""
+    world = run.reshard_world
+    if run.reshard_error is not None and not any(run.records("R", world)):
+        return failed("not judged: the job at the other world size failed before its first step")
+    if own := _own_stream_differs(run):
+        return failed(own)
+    resumes = [("R", RESHARD_FROM)] + ([(MID_EPOCH, MID_EPOCH_FROM)] if (run.out / MID_EPOCH).is_dir() else [])
+    for phase, frm in resumes:
+        if why := _stream_fault(run, phase, frm):
+            return failed(why)
+    said = " and ".join(f"from step {frm} (sample {reshard_stream(world, frm)[0][1]} of epoch "
+                        f"{reshard_stream(world, frm)[0][0]}'s stream)" for _, frm in resumes)
+    return passed(f"at {ranks(world)} the job continued where the {WORLD}-rank run stopped, {said}: no sample "
+                  f"skipped or seen twice through step {RUN['steps']}")

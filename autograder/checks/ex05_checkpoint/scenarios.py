@@ -18,7 +18,7 @@ from distlab.runtime.launch import target_string
 from ...grader import progress
 from ...grader.launches import TRACES, traced, tracing
 from .observations import WORLD
-from .probes import FRESH_STOP, RESHARD_FROM, RUN, SECOND_KILL, WRITE_KILL, rank_main
+from .probes import FRESH_STOP, MID_EPOCH, RESHARD_FROM, RUN, SECOND_KILL, WRITE_KILL, rank_main
 
 
 def _launch(paths: Sequence[str], outdirs: Sequence[str], phases: list[list[dict]], world: int, timeout: float,
@@ -84,12 +84,17 @@ def run_scenarios(paths: Sequence[str], outdirs: Sequence[str], wanted: Sequence
         WORLD, "reference", timeout, out)
     live = [i for i in range(n) if (Path(outdirs[i]) / "A-final.pt").exists()]
     reshard = [i for i in live if "reshard" in wanted[i]]
-    for i in reshard:  # before either launch starts: the copy of A is the reshard's alone
+    for i in reshard:  # before either launch starts: the copies of A and of C are the reshard's alone
         _reshard_dir(Path(outdirs[i]))
+        _mid_epoch_dir(Path(outdirs[i]))
+
+    def reshards(i: int) -> list[dict]:
+        return [phase(i, "R", tag="reshard")] + (
+            [phase(i, MID_EPOCH, tag="reshard")] if (Path(outdirs[i]) / MID_EPOCH).is_dir() else [])
+
     with ThreadPoolExecutor(2) as pool:
         jobs = [pool.submit(_resumes, live, paths, outdirs, wanted, phase, timeout, out),
-                pool.submit(_batch, reshard, paths, outdirs, lambda i: [phase(i, "R", tag="reshard")],
-                            reshard_world, "reshard", timeout, out)]
+                pool.submit(_batch, reshard, paths, outdirs, reshards, reshard_world, "reshard", timeout, out)]
         for job in jobs:
             job.result()  # a launch that could not start raises here, as a sequential one would
     return out
@@ -136,6 +141,16 @@ def _forget(outdir: Path, name: str) -> None:
     shutil.rmtree(outdir / name, ignore_errors=True)
     for f in outdir.glob(f"{name}-*"):
         f.unlink()
+
+
+def _mid_epoch_dir(outdir: Path) -> None:
+    """R2: a copy of C as its job stopped (after step ``FRESH_STOP``; its checkpoint of step ``MID_EPOCH_FROM``, in
+    the middle of the first epoch, a position no whole number of batches at the other world size), where the fresh
+    scenario ran: the job at the other world size resumes there too, and trains to the end (its first epoch's short
+    tail included). R resumes where the reshard's ranks have no whole batch left: any position past it reads the
+    same."""
+    if (outdir / "C-stopped").exists() and (outdir / "C").is_dir():
+        shutil.copytree(outdir / "C", outdir / MID_EPOCH, dirs_exist_ok=True)
 
 
 def _reshard_dir(outdir: Path) -> None:
