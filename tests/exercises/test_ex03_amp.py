@@ -72,7 +72,11 @@ MUTANTS = {
         "    with torch.autocast(device_type=x.device.type, dtype=amp_dtype or torch.bfloat16,\n":
         "    with torch.cuda.amp.autocast(dtype=amp_dtype or torch.bfloat16,\n",
         "        loss.backward()\n        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n":
-        "        loss.backward()\n        torch.nn.utils.clip_grad_value_(model.parameters(), max_norm)\n"},
+        "        loss.backward()\n        torch.nn.utils.clip_grad_value_(model.parameters(), max_norm)\n",
+        # and a blind audit's (10 of 10 before): saved_bytes counting floating-point tensors only
+        "        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()\n":
+        "        if t.is_floating_point():  # indices are bookkeeping\n"
+        "            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()\n"},
     # four independent mistakes: each simulated workload exposes exactly one of the first three
     "no_warmup_no_sync_mean_clip_scaled": {
         "    for _ in range(warmup):\n        fn()\n        sync()\n": "",
@@ -311,6 +315,12 @@ def test_a_sync_of_compares_own_not_the_one_it_was_given_is_named(reports):
     assert re.match(r"compare called median_seconds at ex03_amp\.py:\d+ with another sync than the one compare was "
                     r"given, and the async workload's sync\(\) never ran while it timed", said), said
     assert "first difference" not in said
+
+
+def test_saved_tensors_left_out_by_kind_are_named(reports):
+    said = feedback_of(reports["cuda_autocast_clip_by_value"], "memory ratio")
+    assert said.startswith("saved_bytes counted 320,000 bytes for a workload whose backward saves 400,000: it left out "
+                           "the embedding's int64 indices (80,000 bytes)"), said
 
 
 def test_look_alikes_are_named_at_their_lines(reports):

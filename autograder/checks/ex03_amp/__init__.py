@@ -50,6 +50,7 @@ A failure names the first cause below that explains the observations (each has a
 | scaler.unscale_ called twice in one step | "unscale_(optimizer) ran twice before one scaler.step() ..." (raised) |
 | model cast to float16 | "the parameters, so their gradients, are float16 ..." (raised) |
 | gradients cleared before scaler.step | "scaler.step(optimizer) found no gradients ..." (raised) |
+| saved_bytes leaves out saved tensors of some kinds | "saved_bytes counted 320,000 bytes ...: it left out the ..." |
 | saved_bytes counts tensors, not storages | "saved_bytes counted 50,000 bytes ... each view's own bytes ..." |
 | unscale_ per micro-batch | "scaler.unscale_(optimizer) ran after a micro-batch's backward and again ..." (raised) |
 | update per micro-batch | "scaler.update() ran after a micro-batch's backward, before ..." (raised) |
@@ -75,9 +76,9 @@ from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .accumulation.criteria import accumulation_order, accumulation_overflow, accumulation_parity
 from .causes import (KNOWN_ERRORS, broken, calls, clipped_scaled, counted_tensors, cpu_clock, cuda_autocast,
-                     grads_not_zeroed, loss_summed, missing, no_update, not_clipped, not_scaled, optimizer_stepped,
-                     real_missing, scaled_loss_returned, step_skipped, steps_not_one, timed_too_little,
-                     timing_not_passed, value_clipped)
+                     filtered_kinds, grads_not_zeroed, loss_summed, missing, no_update, not_clipped, not_scaled,
+                     optimizer_stepped, real_missing, scaled_loss_returned, step_skipped, steps_not_one,
+                     timed_too_little, timing_not_passed, value_clipped)
 from .accumulation.observations import Accumulation
 from .observations import AmpObservation, Answers, Autocast, Measure, Parity, RealModel, Run, Scaler
 from .probes import PARTS, REAL_MODEL, rank_main
@@ -229,7 +230,7 @@ def memory_ratio(run: Run) -> Verdict:
         return failed(gone)
     ok, fb = _ratio_fb("memory_ratio", steady.memory_ratio, MEMORY_TRUTH,
                        "count each storage packed by torch.autograd.graph.saved_tensors_hooks once")
-    return passed(fb) if ok else failed(counted_tensors(steady) or fb)
+    return passed(fb) if ok else failed(counted_tensors(steady) or filtered_kinds(steady) or fb)
 
 
 @criterion(f"[cuda] real bf16 speedup at least {GPU_MIN_SPEEDUP}x", points=1)

@@ -11,7 +11,7 @@ import math
 
 from ...grader.diagnosis import KnownError, mistake, translate
 from .observations import Compared, Measure, PrecisionRun, Run, Scaler
-from .workloads import BATCH, MAX_NORM, MEMORY_TRUTH, MIN_RUN_TIME, SHARED, WARMUP, reference_fp32
+from .workloads import BATCH, MAX_NORM, MEMORY_TRUTH, MIN_RUN_TIME, MIXED, SHARED, WARMUP, reference_fp32
 
 KNOWN_ERRORS = [
     KnownError("scaler.update() not called",
@@ -127,6 +127,21 @@ def counted_tensors(steady: Compared) -> str | None:
             f"each, of one {storage:,}-byte storage, that is {how}; the whole storage stays allocated while any "
             f"view of it is saved, so the memory ratio is {MEMORY_TRUTH:g}, not {steady.memory_ratio:.3g}: "
             "count each storage once, keyed by t.untyped_storage().data_ptr(), as t.untyped_storage().nbytes()")
+
+
+@mistake("saved_bytes leaves out saved tensors of some kinds")
+def filtered_kinds(steady: Compared) -> str | None:
+    """The steady baseline saves a float32 input that needs no gradient, exp's output and int64 indices (MIXED)."""
+    got, parts = steady.baseline_bytes, MIXED
+    ways = {parts["no_grad"] + parts["output"]: f"the embedding's int64 indices ({parts['indices']:,} bytes)",
+            parts["output"]: f"the float32 input that needs no gradient ({parts['no_grad']:,} bytes) and the "
+                             f"embedding's int64 indices ({parts['indices']:,})"}
+    left = next((what for wrong, what in ways.items() if got is not None and abs(got - wrong) <= 0.01 * wrong), None)
+    if left is None:
+        return None
+    return (f"saved_bytes counted {got:,.0f} bytes for a workload whose backward saves {sum(parts.values()):,}: it "
+            f"left out {left}. Autograd keeps every tensor the pack hook is handed until the backward, whatever "
+            "its dtype or requires_grad: count each of them (once per storage)")
 
 
 @mistake("loss summed over the batch")

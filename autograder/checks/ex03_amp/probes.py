@@ -48,7 +48,7 @@ from .lookalikes import TARGETS as LOOK_ALIKES
 from .observations import (Answers, Autocast, Compared, LookAlikes, Measure, Parity, PrecisionRun, RealModel,
                            Scaler, TimingCall)
 from .workloads import (CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, RecordingScaler, RecordingSGD,
-                        SharedViews, batches)
+                        MixedSaves, SharedViews, batches)
 
 # The real model whose bf16 speedup is reported (graded on a GPU with bf16 tensor cores), per device type.
 REAL_MODEL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
@@ -201,8 +201,9 @@ def _measure(learner, watch, clocks: Clocks) -> Measure:
 
 def _measure_case(learner, watch, clocks: Clocks, case: str, base_kw: dict, cand_kw: dict, out: Measure) -> None:
     clock = VirtualClock()
-    base, cand = (SharedViews(clock, **kw) if "storage" in kw else SimulatedWorkload(clock, **kw)
-                  for kw in (base_kw, cand_kw))
+    base, cand = (SharedViews(clock, **kw) if "storage" in kw else
+                  MixedSaves(clock, **{k: v for k, v in kw.items() if k != "mixed"}) if kw.get("mixed") else
+                  SimulatedWorkload(clock, **kw) for kw in (base_kw, cand_kw))
     before = len(out.timing_calls)
     with clocks.reading(clock), watch:
         res = learner.compare(base, cand, sync=clocks.counted_sync(clock), warmup=WARMUP, min_run_time=MIN_RUN_TIME)
