@@ -76,7 +76,13 @@ MUTANTS = {
         # and a blind audit's (10 of 10 before): saved_bytes counting floating-point tensors only
         "        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()\n":
         "        if t.is_floating_point():  # indices are bookkeeping\n"
-        "            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()\n"},
+        "            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()\n",
+        # and another's (10 of 10 before): every micro-batch's forward, then every backward
+        "    window_losses = []\n    for xs, ys in micro_batches:\n":
+        "    window_losses, micro_losses = [], []\n    for xs, ys in micro_batches:\n",
+        "            micro_loss = nn.functional.cross_entropy(model(xs), ys)\n":
+        "            micro_losses.append(nn.functional.cross_entropy(model(xs), ys))\n"
+        "    for micro_loss in micro_losses:\n"},
     # four independent mistakes: each simulated workload exposes exactly one of the first three
     "no_warmup_no_sync_mean_clip_scaled": {
         "    for _ in range(warmup):\n        fn()\n        sync()\n": "",
@@ -321,6 +327,11 @@ def test_saved_tensors_left_out_by_kind_are_named(reports):
     said = feedback_of(reports["cuda_autocast_clip_by_value"], "memory ratio")
     assert said.startswith("saved_bytes counted 320,000 bytes for a workload whose backward saves 400,000: it left out "
                            "the embedding's int64 indices (80,000 bytes)"), said
+
+
+def test_every_forward_of_a_window_before_its_backwards_is_named(reports):
+    said = feedback_of(reports["cuda_autocast_clip_by_value"], "once per window")
+    assert said.startswith("window 1 ran the model's forwards and backwards in the order F F F F B B B B"), said
 
 
 def test_look_alikes_are_named_at_their_lines(reports):

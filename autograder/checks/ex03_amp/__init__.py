@@ -54,6 +54,7 @@ A failure names the first cause below that explains the observations (each has a
 | saved_bytes counts tensors, not storages | "saved_bytes counted 50,000 bytes ... each view's own bytes ..." |
 | unscale_ per micro-batch | "scaler.unscale_(optimizer) ran after a micro-batch's backward and again ..." (raised) |
 | update per micro-batch | "scaler.update() ran after a micro-batch's backward, before ..." (raised) |
+| every forward of a window before its backwards | "window 1 ran ... in the order F F F F B B B B ..." |
 | not one backward per micro-batch | "window 1 ran 1 backward(s) of 1 scaled loss(es) for 4 micro-batches ..." |
 | steps not once per window | "window 1 called scaler.step 4 time(s) and optimizer.step 4 time(s) ..." |
 | loss not divided by k | "... a gradient norm of 0.727 in window 1, 4x the whole batch's mean gradient's ..." |

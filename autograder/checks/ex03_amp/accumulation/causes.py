@@ -105,6 +105,20 @@ def backwards_not_k(run: Windows) -> str | None:
             "right after its forward, so autograd holds one micro-batch's activations at a time")
 
 
+@mistake("every forward of a window before its backwards")
+def forwards_first(run: Windows) -> str | None:
+    """Two forwards with no backward between them: autograd holds more than one micro-batch's activations."""
+    bad = next(((w, p) for w, p in enumerate(run.passes) if "FF" in p), None)
+    if bad is None:
+        return None
+    w, passes = bad
+    most = max(len(run_of) for run_of in passes.split("B"))
+    return (f"window {w + 1} ran the model's forwards and backwards in the order {' '.join(passes)} (F a forward, B "
+            f"a backward): {most} micro-batches' forwards ran before a backward, so autograd held all their "
+            "activations at once, the memory of a batch that size, which accumulation exists to avoid. Run each "
+            "micro-batch's backward right after its forward")
+
+
 @mistake("steps not once per window")
 def steps_not_one(run: Windows) -> str | None:
     bad = next(((w, ev) for w, ev in enumerate(run.events)

@@ -11,7 +11,7 @@ from ....grader.parity import parity
 from ....grader.report import Verdict, criterion, failed, passed
 from ..observations import Run
 from ..workloads import LOSS_TOL, MAX_NORM
-from .causes import (backwards_not_k, broken as acc_broken, clipped_scaled as acc_clipped_scaled,
+from .causes import (backwards_not_k, broken as acc_broken, clipped_scaled as acc_clipped_scaled, forwards_first,
                      loss_not_the_windows, not_cleared, not_divided, steps_not_one as acc_steps_not_one,
                      unscaled_per_micro, updated_per_micro)
 from .observations import Windows
@@ -53,7 +53,7 @@ def accumulation_order(run: Run) -> Verdict:
     c = a.clipped or Windows(error=a.error)
     if why := acc_broken(c, "accumulated_step with max_norm"):
         return failed(why)
-    if cause := diagnose([*ORDER_CAUSES, acc_clipped_scaled], c):
+    if cause := diagnose([*ORDER_CAUSES, forwards_first, acc_clipped_scaled], c):
         return failed(cause)
     norm = c.norms[0] if c.norms else float("nan")
     if abs(norm - MAX_NORM) <= 1e-3 * MAX_NORM:

@@ -33,6 +33,8 @@ class Windows(Observation):
     unchanged: bool = False
     # per window, whether .grad still held the NaN the grader left in it when the window's first backward began
     stale: list[bool] = field(default_factory=list)
+    # per window, the model's forwards and backwards in order: "F" and "B" ("FBFBFBFB": one micro-batch at a time)
+    passes: list[str] = field(default_factory=list)
     # the model's weights after the run, by parameter name
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     # the error a window raised, "Type: message (line N: code)" at the learner's line ("" if none did)

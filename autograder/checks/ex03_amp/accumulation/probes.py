@@ -51,7 +51,13 @@ class _Recorder:
 
         self.scaler = RecordingScaler(device.type, self.events)
         self.opt = RecordingSGD(model.parameters(), LR, on_step)
-        next(model.parameters()).register_post_accumulate_grad_hook(lambda p: self.events.append("backward"))
+        self.passes: list[str] = []  # "F" at each forward of the model, "B" at each backward's end
+
+        def backward_done(p) -> None:
+            self.events.append("backward")
+            self.passes.append("B")
+
+        next(model.parameters()).register_post_accumulate_grad_hook(backward_done)
 
 
 def _windows(learner, device: torch.device, windows: list[int], max_norm: float,
@@ -83,14 +89,20 @@ def _windows(learner, device: torch.device, windows: list[int], max_norm: float,
             micro[inf_micro] = (bad, micro[inf_micro][1])
         before, scale_before = cpu_state(model), rec.scaler.get_scale()
         rec.events.clear()
+        rec.passes.clear()
         outputs: list[torch.Tensor] = []
-        hook = model.register_forward_hook(lambda mod, args, y: outputs.append(y.detach().float()))
+        def forward_done(mod, args, y) -> None:  # returns None: the output stays the model's
+            outputs.append(y.detach().float())
+            rec.passes.append("F")
+
+        hook = model.register_forward_hook(forward_done)
         try:
             loss, exc = attempt(learner.accumulated_step, model, rec.opt, micro, scaler=rec.scaler,
                                 max_norm=max_norm)
         finally:
             hook.remove()
         out.events.append(list(rec.events))
+        out.passes.append("".join(rec.passes))
         out.scales.append((scale_before, rec.scaler.get_scale()))
         if exc is not None:
             frame = learner_frame(exc, learner.__file__)
