@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from autograder.checks.ex06_scaling import causes
+from autograder.checks.ex06_scaling import real_causes as causes
 from autograder.checks.ex06_scaling.observations import REAL, MethodEvent, RankObservation, Run
 from autograder.checks.ex06_scaling.probes import SYNTH
 from autograder.grader.diagnosis import diagnose

@@ -108,10 +108,10 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .alphabeta.reference import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
 from .alphabeta.observations import Fit, Prediction
 from .alphabeta.causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returned_nothing
-from .causes import (ATOL, KNOWN_ERRORS, REAL_CAUSES, RTOL, clock_before_barrier, cpu_clock, figure_per_rank,
-                     grads_accumulate, inner_forward, lr_not_used, no_barrier, no_ddp, no_figure, no_optimizer_step,
-                     no_start_barrier, no_step_function, one_rank_samples, stepped_without_grad, summed_clocks,
-                     warmup_samples, warmup_timed)
+from .causes import (KNOWN_ERRORS, clock_before_barrier, cpu_clock, figure_per_rank, no_barrier, no_figure,
+                     no_start_barrier, one_rank_samples, summed_clocks, warmup_samples, warmup_timed)
+from .real_causes import (ATOL, REAL_CAUSES, RTOL, grads_accumulate, inner_forward, lr_not_used, no_ddp,
+                          no_optimizer_step, no_step_function, stepped_without_grad)
 from .observations import REAL, SYNTH, Benchmark, RankObservation, Run
 from .probes import TOL, rank_main
 from .reference import real_reference

@@ -1,23 +1,14 @@
-"""Exercise 6's likely mistakes, tested against what the ranks observed (see autograder/grader/diagnosis.py).
-
-The method's causes and the real step's each take the :class:`~.observations.Run`
-of one world size. The method's test the clock reads and collectives rank 0 made in
-``measure_throughput`` first, and the figure's ratio to the truth only where those are missing; the
-real run's (``REAL_CAUSES``) what was counted there, which no figure can hide: the DDP wrappers
-built, DDP's gradient all-reduces and the learner's own collectives per step, the steps called and
-those between the clock reads; the efficiency's takes the throughputs and what
-``scaling_efficiency`` returned. The check's criteria ask for them, most specific first.
+"""Exercise 6's likely mistakes of the method (see autograder/grader/diagnosis.py): each takes the
+:class:`~.observations.Run` of one world size and tests the clock reads and collectives rank 0 made in
+``measure_throughput`` first, and the figure's ratio to the truth only where those are missing. The real
+benchmark's are :mod:`.real_causes`', the α-β part's :mod:`.alphabeta.causes`'. The check's criteria ask for
+them, most specific first.
 """
 from __future__ import annotations
 
 from ...grader.diagnosis import KnownError, mistake
-from ...grader.parity import parity
-from .observations import SYNTH, MethodEvent, RankObservation, Run
+from .observations import SYNTH, MethodEvent, Run
 from .probes import TOL
-from .reference import real_reference
-
-RTOL, ATOL = 1e-4, 1e-6  # the real step against one process's SGD: DDP averages in another order than one mean
-
 
 KNOWN_ERRORS = [
     KnownError("a Python float passed to a collective", r"Expected parameter `tensor` of type torch\.Tensor",
@@ -168,89 +159,6 @@ def no_start_barrier(run: Run) -> str | None:
             "torch.cuda.synchronize() on a GPU), then start the clock")
 
 
-def _real(run: Run) -> RankObservation:
-    return run.ranks[0]
-
-
-@mistake("the DDP wrapper rebuilt in every step")
-def wrapper_per_step(run: Run) -> str | None:
-    r = _real(run)
-    if not r.ddp_built_in_step:
-        return None
-    return (f"at {run.world} worker(s) step() built a new DistributedDataParallel in {r.ddp_built_in_step} of "
-            f"its {r.real_steps} calls: each construction broadcasts rank 0's weights and checks every "
-            "parameter's shape across the ranks (collectives, and a new bucket layout), which the timed window "
-            "then counts as DDP's cost. Build the wrapper and the optimizer once, in make_ddp_step, and let "
-            "step() run only the forward, backward and optimizer.step()")
-
-
-@mistake("not one DDP wrapper built by make_ddp_step")
-def wrappers_made(run: Run) -> str | None:
-    n = _real(run).ddp_built_in_make
-    if n == 1:
-        return None
-    return (f"at {run.world} worker(s) make_ddp_step built {n} DistributedDataParallel wrappers: wrap the model "
-            "once (a wrapper around a wrapper all-reduces every gradient twice)")
-
-
-@mistake("gradients not all-reduced once per step")
-def grad_rounds(run: Run) -> str | None:
-    r = _real(run)
-    rounds, steps = r.ddp_rounds, r.real_steps or 0
-    if rounds is None or not steps or rounds == steps:
-        return None
-    if rounds < steps:
-        return (f"at {run.world} worker(s) DDP all-reduced the gradients {rounds} times in {steps} steps: every "
-                "backward must sync them (do not run the step under no_sync(), and call the wrapper, not .module)")
-    return (f"at {run.world} worker(s) DDP all-reduced the gradients {rounds} times in {steps} steps, "
-            f"{rounds / steps:.3g} per step: run one forward and one backward per step")
-
-
-@mistake("a collective of your own in every step")
-def collectives_in_step(run: Run) -> str | None:
-    r = _real(run)
-    inside = [e.name for e in r.real_method if e.kind == "collective" and e.in_step]
-    if not inside:
-        return None
-    names = ", ".join(f"dist.{n}" for n in dict.fromkeys(inside))
-    return (f"at {run.world} worker(s) step() itself called {names} ({len(inside)} calls in {r.real_steps} "
-            "steps), on top of DDP's gradient all-reduce: the timed window then measures those collectives "
-            "too. DDP already averages the gradients; synchronise or log outside the timed steps")
-
-
-def _timed(events: list[MethodEvent], k: int, n: int) -> tuple[int | None, bool]:
-    """From the clock reads outside a step: the steps done when the clock started (the last read after at
-    most ``k``), and whether it was read after the last of the ``k + n`` steps."""
-    reads = [e.steps for e in events if e.kind == "clock" and not e.in_step]
-    return max((s for s in reads if s <= k), default=None), k + n in reads
-
-
-@mistake("the real run timed other steps than the iters after the warm-up")
-def timed_other_steps(run: Run) -> str | None:
-    r, k, n = _real(run), run.real["warmup"], run.real["iters"]
-    if len(r.times) != SYNTH["warmup"] + SYNTH["iters"]:
-        return None  # the synthetic step's count is wrong too: its criterion named it
-    if r.real_steps not in (None, k + n):
-        return (f"at {run.world} worker(s) measure_throughput called the real step {r.real_steps} times; "
-                f"expected warmup + iters = {k + n} (warmup={k}, iters={n})")
-    events = r.real_method
-    if not any(e.kind == "clock" for e in events):
-        return None  # a clock the spies do not see (CUDA events): the synthetic step judged the method
-    start, stopped = _timed(events, k, n)
-    synth_start, synth_stopped = _timed(run.events(), SYNTH["warmup"], SYNTH["iters"])
-    if (start == k) == (synth_start == SYNTH["warmup"]) and stopped == synth_stopped:
-        return None  # timed as on the synthetic step: its criterion judged (and named) the method
-    if start != k:
-        return (f"on the real model your clock started after {start} steps, so the window timed "
-                f"{k + n - (start or 0)} steps where the {n} after the {k} warm-up steps count"
-                if start is not None else f"on the real model no clock was read after the {k} warm-up steps")
-    if not stopped:
-        return f"on the real model the clock was not read after the last of the {k + n} steps"
-    return None
-
-
-REAL_CAUSES = [wrapper_per_step, wrappers_made, grad_rounds, collectives_in_step, timed_other_steps]
-
 
 @mistake("no figure returned")
 def no_figure(run: Run) -> str | None:
@@ -269,89 +177,3 @@ def figure_per_rank(run: Run) -> str | None:
                 f"{got:,.1f}: return the same figure on every rank (broadcast rank 0's elapsed time, or all-reduce "
                 "it with MAX, before dividing)")
     return None
-
-
-def _apart(run: Run) -> tuple[int, float] | None:
-    """The first rank whose parameters differ from rank 0's after the real benchmark, and by how much."""
-    for r in run.ranks[1:]:
-        diff = parity(r.final, run.ranks[0].final, rtol=0, atol=0).max_abs_diff
-        if diff > 0:
-            return r.rank, diff
-    return None
-
-
-@mistake("the step does not use DDP")
-def no_ddp(run: Run) -> str | None:
-    apart = _apart(run)
-    if apart and not run.ranks[0].ddp_wrapped:
-        return (f"at {run.world} workers rank {apart[0]}'s parameters differ from rank 0's by up to {apart[1]:.3g} "
-                "(they started from different weights, and no DistributedDataParallel was made): wrap the model in "
-                "DistributedDataParallel, which broadcasts rank 0's weights and averages every step's gradients")
-    return None
-
-
-@mistake("forward called on the inner module, bypassing DDP")
-def inner_forward(run: Run) -> str | None:
-    apart, first = _apart(run), run.ranks[0]
-    if apart and first.ddp_wrapped and not first.ddp_forwards:
-        return (f"at {run.world} workers rank {apart[0]}'s parameters differ from rank 0's by up to {apart[1]:.3g}: "
-                "the model was wrapped in DistributedDataParallel, but no forward went through the wrapper "
-                "(ddp.module(x) skips the gradient all-reduce): call ddp(x)")
-    return None
-
-
-@mistake("make_ddp_step returned no step function")
-def no_step_function(run: Run) -> str | None:
-    first = run.ranks[0]
-    if first.step_error or first.real_steps is not None:
-        return None
-    return ("make_ddp_step returned None, not a function, so the benchmark had no step to run and the model was "
-            "never trained: end make_ddp_step with `return step`, the inner function itself (not its result)")
-
-
-@mistake("the lr given to make_ddp_step not used")
-def lr_not_used(run: Run) -> str | None:
-    first, given = run.ranks[0], run.real["lr"]
-    if first.opt_lr is None or abs(first.opt_lr - given) <= 1e-12 * given:
-        return None
-    return (f"the optimizer stepped with lr={first.opt_lr:g}, where make_ddp_step was given lr={given:g}: build "
-            "the optimizer with the lr argument (the benchmark's callers pass their own)")
-
-
-@mistake("gradients never cleared in the step")
-def grads_accumulate(run: Run) -> str | None:
-    first = run.ranks[0]
-    if not first.real_steps or first.real_steps < 2:
-        return None
-    kept = parity(first.final, real_reference(run, zero_grad=False), rtol=RTOL, atol=ATOL)
-    if not kept.ok:
-        return None
-    return (f"at {run.world} worker(s) rank 0's weights after {first.real_steps} calls of step() are those that "
-            f"steps whose gradients are never cleared leave (max abs difference {kept.max_abs_diff:.2g}): .grad "
-            "adds each backward to what it holds until zero_grad() clears it, so every step after the first "
-            "stepped with the sum of all the gradients so far. In each step: zero_grad(), then loss.backward(), "
-            "then opt.step()")
-
-
-@mistake("the optimizer stepped with no gradient (before backward, or after zero_grad)")
-def stepped_without_grad(run: Run) -> str | None:
-    first = run.ranks[0]
-    n, empty, rounds = first.opt_steps or 0, first.opt_steps_without_grad, first.ddp_rounds or 0
-    if not n or empty < n:
-        return None
-    return (f"opt.step() ran {n} times in {first.real_steps or 0} calls of step(), and every time the parameters "
-            "held no gradient (.grad None or zero)" + (f", though DDP all-reduced gradients {rounds} times" if rounds
-                                                       else "") +
-            ": it ran before loss.backward() made them, or after zero_grad() cleared them. In each step: "
-            "zero_grad(), then loss.backward(), then opt.step()")
-
-
-@mistake("optimizer.step() not called in the step")
-def no_optimizer_step(run: Run) -> str | None:
-    first = run.ranks[0]
-    if first.opt_steps is None or first.opt_steps or not first.real_steps:
-        return None
-    rounds = first.ddp_rounds or 0
-    return (f"in {first.real_steps} calls of step() no optimizer stepped" +
-            (f" (DDP all-reduced the gradients {rounds} times, so the backward ran)" if rounds else "") +
-            ": call opt.step() after loss.backward()")
