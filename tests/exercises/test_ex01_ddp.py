@@ -102,6 +102,9 @@ MUTANTS = {
         "    seen = 0\n": "    seen = 1\n",
         "            print(f\"epoch {epoch}: mean loss {total.item() / len(loader):.4f} (rank 0 shard)\")":
             "            pass"},
+    # A blind audit's (full marks before: the training set divides by both world sizes): drop_last=True
+    "train_drop_last": {"    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)\n":
+                        "    sampler = DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)\n"},
     # Part 2, BucketedDDP: three orthogonal mistakes a file, one for each of three of its criteria.
     "bucketed_broadcast_decimal_sync": {
         "            dist.broadcast(p.data, src=0)": "            pass",
@@ -455,6 +458,14 @@ def test_bucketed_gradients_not_written_back_per_parameter_and_late_buckets_are_
                        "gradients into buckets and all-reduce each bucket once")
     assert overlap.startswith("the first all-reduce started only after the first layer's gradients ('0.weight', "
                               "'0.bias') were accumulated, at the end of the backward")
+
+
+def test_a_training_sampler_that_drops_the_tail_is_named(graded):
+    f = failed(graded["train_drop_last"])
+    assert list(f) == ["[W=2] shuffled by the given seed, anew every epoch"], f  # the shards and training: right
+    assert f["[W=2] shuffled by the given seed, anew every epoch"].startswith(
+        "train_ddp built its DistributedSampler with drop_last=True: on this data set, which 2 ranks divide, the "
+        "shards are the same"), f
 
 
 def test_a_frozen_parameter_left_out_of_the_broadcast_is_named(graded):

@@ -29,6 +29,7 @@ A failure names the first cause below that explains them:
 | model not wrapped in DDP | "the model was never wrapped in DistributedDataParallel: each rank trained alone ..." |
 | no DistributedSampler | "every rank read all 1792 samples in each epoch (...): pass a DistributedSampler ..." |
 | samplers seeded differently on each rank | "ranks 0 and 1 shared 436 samples in epoch 0 ..." |
+| the training sampler built with drop_last=True | "train_ddp built its DistributedSampler with drop_last=True: ..." |
 | DistributedSampler built with shuffle=False | "rank 0 read its shard in index order (0, 2, 4, ...) ..." |
 | sampler.set_epoch not called | "epoch 0 and epoch 1 read the samples in the same shuffled order: ..." |
 | sampler not given the seed | "rank 0 read epoch 0's samples in the order ... with seed=0, its default, not ..." |
@@ -84,7 +85,8 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, eval_close, eval_drop_last,
                      eval_mean_of_means, eval_not_reduced, eval_padding_counted, eval_whole_set, inner_forward,
                      loss_over_world, loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised,
-                     not_wrapped, sampler_order, seed_not_given, seeded_apart, silent_rank0, unshuffled)
+                     not_wrapped, sampler_order, seed_not_given, seeded_apart, silent_rank0, train_drop_last,
+                     unshuffled)
 from .bucketed import causes as bucketed_causes  # noqa: F401 - its @mistake functions are the check's
 from .bucketed import criteria as bucketed_criteria
 from .observations import RankObservation, Run
@@ -145,7 +147,7 @@ def reshuffled(run: Run) -> Verdict:
                 return failed(diagnose([seed_not_given], run) or
                               f"rank {r} read epoch {e}'s samples in another order than DistributedSampler(dataset, "
                               f"shuffle=True, seed={seed}) with set_epoch({e}) gives")
-    return passed()
+    return failed(why) if (why := train_drop_last(run)) else passed()  # the contract's sampler, whole
 
 
 def _reference(initial: dict, global_batches: list[list[int]]) -> dict:

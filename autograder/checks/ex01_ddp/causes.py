@@ -93,6 +93,16 @@ def seeded_apart(run: Run) -> str | None:
             "sampler hands each rank a different slice of one permutation")
 
 
+@mistake("the training sampler built with drop_last=True")
+def train_drop_last(run: Run) -> str | None:
+    if not run.ranks[0].sampler_drop_last:
+        return None
+    return (f"train_ddp built its DistributedSampler with drop_last=True: on this data set, which {run.world} ranks "
+            "divide, the shards are the same, but on one they do not divide it leaves the last len(dataset) % W "
+            "samples out of every epoch, where one process trains on all of them. The contract's sampler keeps "
+            "them: DistributedSampler(dataset, shuffle=True, seed=seed), whose drop_last=False pads the shards")
+
+
 @mistake("DistributedSampler built with shuffle=False")
 def unshuffled(run: Run) -> str | None:
     in_order = list(range(len(digits())))[0::run.world][:run.samples_per_rank]

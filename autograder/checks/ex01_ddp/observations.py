@@ -57,6 +57,7 @@ class RankObservation(Observation):
     printed_at: str | None = None  # the learner's line that printed the first ("ex01_ddp.py:73"; None: unknown)
     saves: list[str] = field(default_factory=list)     # the path of every torch.save train_ddp made
     samplers_built: int = 0  # DistributedSamplers train_ddp built (a DataLoader may still read past them)
+    sampler_drop_last: bool = False  # whether one of them was built with drop_last=True
     forwards: list[Forward] = field(default_factory=list)  # every forward of the model, in order
     ddp_built: list[bool] = field(default_factory=list)   # each DDP built around the model: its init_sync
     at_first_forward: dict[str, torch.Tensor] | None = None  # the weights when the first forward began

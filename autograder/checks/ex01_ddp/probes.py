@@ -116,14 +116,15 @@ def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy, kept: Parts, setup)
         initial = cpu_state(model)
         data = RecordingDataset(digits())
         saves.paths.clear()  # only what train_ddp saves counts
-        samplers.built = 0  # and the samplers it builds
+        samplers.built, samplers.drop_last = 0, False  # and the samplers it builds
         probe = Probe(model, data, reduces, wrappers)
         with CapturedPrints(learner.__file__) as out, probe:
             trained = learner.train_ddp(model, data, checkpoint_path=str(ckpt_dir / "model.pt"), **CONFIG)
     echo(out.lines)
     seen = RankObservation(rank=rank, initial=initial, final=cpu_state(trained if trained is not None else model),
                            accessed=data.accessed, printed=out.lines, printed_at=out.first_at, saves=saves.paths,
-                           samplers_built=samplers.built, setup_error=setup_error)
+                           samplers_built=samplers.built, sampler_drop_last=samplers.drop_last,
+                           setup_error=setup_error)
     probe.fill(seen)
     wrappers.wrapping.clear()  # the modules it held on to: freed below, with the learner's DDP
     # The learner's DDP holds the process group. Freed by the garbage collector at some later moment
@@ -151,16 +152,20 @@ def _evaluate(learner, path: str, seen: RankObservation) -> None:
 
 
 class SamplerSpy(Replace):
-    """Counts the ``DistributedSampler`` s built (whether or not a DataLoader then reads through them)."""
+    """Counts the ``DistributedSampler`` s built (whether or not a DataLoader then reads through them), and whether
+    one dropped the tail."""
 
     def __init__(self):
         self.built = 0
+        self.drop_last = False  # whether one was built with drop_last=True (the contract's keeps the default)
         super().__init__({(DistributedSampler, "__init__"): self._spy})
 
     def _spy(self, real):
         def __init__(sampler, *args, **kwargs):
             self.built += 1
-            return real(sampler, *args, **kwargs)
+            result = real(sampler, *args, **kwargs)
+            self.drop_last = self.drop_last or bool(getattr(sampler, "drop_last", False))
+            return result
         return __init__
 
 
