@@ -58,7 +58,7 @@ def one_sided_collective(run: Run, name: str, world: int = WORLD, **match) -> st
 
 def rooted(run: Run, text: str) -> str:
     """``text`` with the phases' directories (the grader's scratch folders) said as train's ``root``."""
-    return re.sub(re.escape(str(run.out)) + r"/[A-Z](?=/|\b)", "root", text)
+    return re.sub(re.escape(str(run.out)) + r"/[A-Z]\d?(?=/|\b)", "root", text)  # A, B, C, R and R2
 
 
 def said(run: Run, err: LaunchError | str) -> str:

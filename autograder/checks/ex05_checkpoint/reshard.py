@@ -219,7 +219,8 @@ def stream_continues(run: Run) -> Verdict:
     for phase, frm in resumes:
         if why := _stream_fault(run, phase, frm):
             return failed(why)
-    said = " and ".join(f"from step {frm} (sample {reshard_stream(world, frm)[0][1]} of epoch "
-                        f"{reshard_stream(world, frm)[0][0]}'s stream)" for _, frm in resumes)
+    starts = {frm: reshard_stream(world, frm)[0][:2] for _, frm in resumes}  # (epoch, samples used) at each
+    said = " and ".join(f"from step {frm} (sample {used} of epoch {epoch}'s stream)"
+                        for frm, (epoch, used) in starts.items())
     return passed(f"at {ranks(world)} the job continued where the {WORLD}-rank run stopped, {said}: no sample "
                   f"skipped or seen twice through step {RUN['steps']}")
