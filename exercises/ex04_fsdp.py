@@ -78,7 +78,9 @@ def make_zero1_optimizer(model: nn.Module, lr: float) -> tuple[torch.Tensor, tor
     * The *flat parameters* are the tensors of ``model.parameters()``, in that order, flattened and
       concatenated (``numel`` elements in all), then zero-padded as :func:`shard_range` says.
     * ``shard`` is a new fp32 leaf tensor of ``c = ceil(numel / W)`` elements: a copy (not a view) of this
-      rank's slice ``shard_range(numel, W, rank)`` of the flat parameters.
+      rank's slice ``shard_range(numel, W, rank)`` of the flat parameters. fp32 whatever the model's dtype:
+      the grader also runs a bfloat16 model, whose fp32 master shard keeps the updates that bf16 would
+      round away.
     * ``optimizer`` is ``torch.optim.Adam`` with learning rate ``lr`` over ``shard`` and nothing else:
       its state (``exp_avg``, ``exp_avg_sq``) is ``c`` elements per moment on each rank, 1/W of the
       model's. The model's own parameters are in no optimizer; :func:`zero1_step` writes them.
@@ -100,7 +102,9 @@ def zero1_step(model: nn.Module, shard: torch.Tensor, optimizer: torch.optim.Opt
     * ``optimizer`` has stepped once; it changed ``shard`` only.
     * every rank's ``model.parameters()`` hold the updated flat parameters (padding dropped), the same
       on every rank. They come from **one** all-gather of the W updated shards (``c`` elements in,
-      ``W * c`` out), written into the parameters in place (under ``torch.no_grad()``).
+      ``W * c`` out), written into the parameters in place (under ``torch.no_grad()``): each parameter
+      keeps its dtype, so a bfloat16 model stays bfloat16 (``p.copy_`` casts; ``p.data = ...`` would make
+      it the gathered buffer's fp32).
 
     The collectives: ``dist.reduce_scatter_single(output, input, op=...)`` and
     ``dist.all_gather_single(output, input)``, torch 2.13's names for the legacy

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 MESSAGE_CHARS = 300  # of an error's message, in feedback: enough for PyTorch's, not a page of it
+# the log prefix c10's checks put before their message ("[rank0]:[F1207 19:49:03.501851262 ProcessGroupGloo.cpp:1536]
+# Check failed: ..."): a time stamp and PyTorch's source line, neither a fact of the learner's code
+_C10_PREFIX = re.compile(r"(\[rank\d+\]:)?\[[IWEF]\d{4} [\d:.]+ [^\]\s]+:\d+\] ")
 
 
 class Frame(NamedTuple):
@@ -49,7 +52,8 @@ def raised(exc: BaseException | None, path: str | Path | None = None) -> str | N
     if exc is None:
         return None
     values = values_at(exc, path) if path is not None else ""
-    return f"{type(exc).__name__}: {str(exc).strip()[:MESSAGE_CHARS]}" + (f" ({values})" if values else "")
+    message = _C10_PREFIX.sub("", str(exc).strip())
+    return f"{type(exc).__name__}: {message[:MESSAGE_CHARS]}" + (f" ({values})" if values else "")
 
 
 def raised_at(exc: BaseException | None, path: str | Path) -> str | None:

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 import torch
 
-from autograder.rank.errors import describe_value, values_at
+from autograder.rank.errors import describe_value, raised, values_at
 from autograder.rank.trace import Tracer, held, return_line
 from distlab.runtime.importing import import_path
 
@@ -208,3 +208,13 @@ def test_a_collective_holds_what_the_rank_sends_not_its_output_buffer(tmp_path):
         dist.destroy_process_group()
     events = [e for e in tracer.traces[str(path)] if e["event"] == "collective"]
     assert [(e["kind"], e["held"]) for e in events] == [("all_to_all", [3.0, 5.0]), ("all_gather", [3.0, 5.0])]
+
+
+def test_a_c10_check_is_said_without_its_log_prefix():
+    # a time stamp and PyTorch's source line are no fact of the learner's run (exercise 4's bf16 reduce-scatter)
+    exc = RuntimeError("[rank0]:[F1207 19:49:03.501851262 ProcessGroupGloo.cpp:1536] Check failed: "
+                       "outputTensors[i].dtype() == inputTensors[i].dtype() (float vs. c10::BFloat16). ")
+    assert raised(exc) == ("RuntimeError: Check failed: outputTensors[i].dtype() == inputTensors[i].dtype() "
+                           "(float vs. c10::BFloat16).")
+    assert raised(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out")) == \
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out"  # not c10's prefix: kept

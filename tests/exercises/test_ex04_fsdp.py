@@ -114,6 +114,27 @@ MODULELIST = {  # fully_shard on the container (part 2 raises ValueError on ever
     "    for block in model.blocks:\n        fully_shard(block)  #": "    fully_shard(model.blocks)  #"}
 Z1_CLAMPED = {"    return rank * size, (rank + 1) * size\n":
               "    return min(rank * size, numel), min((rank + 1) * size, numel)\n"}
+# blind audits': the gathered fp32 slices bound to the parameters (a bf16 model turns fp32); the master shard
+# left in the model's dtype; the flat gradient left in it (a reduce-scatter of two dtypes raises); train_step's
+# loss not detached; the last loss printed on every rank
+Z1_BOUND = {"    with torch.no_grad():\n        for p, new in zip(params, full[:sum(sizes)].split(sizes)):  # the "
+            "padding is dropped\n            p.copy_(new.view_as(p))":
+            "    for p, new in zip(params, full[:sum(sizes)].split(sizes)):  # the padding is dropped\n"
+            "        p.data = new.view_as(p)"}
+Z1_MASTER_LOW = {"shard = flat[start:stop].clone().float().requires_grad_()":
+                 "shard = flat[start:stop].clone().requires_grad_()",
+                 "grads = parameters_to_vector(p.grad for p in params).float()":
+                     "grads = parameters_to_vector(p.grad for p in params)"}
+Z1_GRADS_LOW = {"grads = parameters_to_vector(p.grad for p in params).float()":
+                "grads = parameters_to_vector(p.grad for p in params)"}
+LOSS_ATTACHED = {"    return loss.detach()\n": "    return loss\n"}
+PRINTED_EVERYWHERE = {"    if dist.get_rank() == 0:\n        print(f\"last loss on rank 0's micro-batch: ":
+                      "    if True:\n        print(f\"rank {dist.get_rank()} last loss: "}
+MISTAKES.update(PRINTED_EVERYWHERE)
+NO_CPU_OFFLOAD.update(LOSS_ATTACHED)
+FSDP1_EXPORT.update(Z1_GRADS_LOW)
+ITEM_BEFORE_BACKWARD.update(Z1_BOUND)
+MODULELIST.update(Z1_MASTER_LOW)
 FILES = {"mistakes": MISTAKES, "no_save_no_reshard_no_zero_grad": NO_SAVE_NO_RESHARD_NO_ZERO_GRAD,
          "rank0_state_dict_root_unsharded": RANK0_STATE_DICT_ROOT_UNSHARDED, "no_cpu_offload": NO_CPU_OFFLOAD,
          "fsdp1_export": FSDP1_EXPORT, "z1_padding_no_part2": Z1_PADDING_NO_PART2,
@@ -125,6 +146,8 @@ Z1_RANGE = "[W=2] ZeRO-1: shard_range cuts W equal, padded, contiguous slices"
 Z1_PARITY = "[W=2] ZeRO-1: every rank's weights match single-process Adam"
 Z1_STATE = "[W=2] ZeRO-1: each rank's Adam state is 1/2 of the parameters"
 Z1_COMM = "[W=2] ZeRO-1: one reduce-scatter and one all-gather per step, no all-reduce"
+Z1_MIXED = "[W=2] ZeRO-1: a bf16 model steps from an fp32 master shard and keeps its dtype"
+LOOP = "[W=2] train_step returns the detached loss; rank 0 alone prints it"
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +209,9 @@ def test_root_only_optimizer_first_and_every_rank_saving_are_named(graded):
     assert fails[Z1_STATE].startswith(full) and fails[Z1_PARITY].startswith(full)
     assert "Build torch.optim.Adam over the shard alone, in make_zero1_optimizer" in fails[Z1_STATE]
     assert Z1_COMM not in fails and Z1_RANGE not in fails
+    assert fails[LOOP].startswith("rank 1 printed its own last loss (rank 1: 'rank 1 last loss: "), fails[LOOP]
+    assert fails[LOOP].endswith("print it on rank 0 only (if dist.get_rank() == 0), so that the 2 ranks log one "
+                                "line, not one each"), fails[LOOP]
 
 
 def test_saving_nothing_reshard_false_and_no_zero_grad_are_named(graded):
@@ -229,7 +255,9 @@ def test_state_dict_on_rank0_only_is_named_and_training_still_graded(graded):
 
 def test_full_state_dict_without_cpu_offload_is_named(graded):
     fails = failed(graded["no_cpu_offload"])
-    assert list(fails) == [Z1_STATE, Z1_COMM, EXPORT], fails
+    assert list(fails) == [Z1_STATE, Z1_COMM, LOOP, EXPORT], fails
+    assert fails[LOOP].startswith("train_step returned a tensor that requires grad (grad_fn=NllLossBackward0) on "
+                                  "rank 0: its contract returns the detached loss (loss.detach())"), fails[LOOP]
     # the shard a view: its storage is the whole padded buffer, judged by the bytes it keeps alive
     assert fails[Z1_STATE].startswith("on rank 0 the shard's 10745 elements (42980 bytes) are a view into a storage "
                                       "of 85960 bytes"), fails[Z1_STATE]
@@ -241,7 +269,13 @@ def test_full_state_dict_without_cpu_offload_is_named(graded):
 
 def test_fsdp1_export_is_named_and_training_still_graded(graded):
     fails = failed(graded["fsdp1_export"])
-    assert list(fails) == [Z1_PARITY, EXPORT], fails
+    assert list(fails) == [Z1_PARITY, Z1_MIXED, EXPORT], fails
+    # the flat gradient left bfloat16 under an fp32 shard: the fp32 model's run cannot show it
+    assert fails[Z1_MIXED].startswith("on a bfloat16 model (mixed precision: the model bf16, the master shard fp32), "
+                                      "rank 0's zero1_step 1 raised RuntimeError: Check failed: outputTensors[i]."
+                                      "dtype() == inputTensors[i].dtype() (float vs. c10::BFloat16)"), fails[Z1_MIXED]
+    assert "grads: bfloat16[21490]" in fails[Z1_MIXED] and "cast the flat gradient to the shard's dtype before the " \
+        "reduce-scatter" in fails[Z1_MIXED], fails[Z1_MIXED]
     assert fails[Z1_PARITY].startswith(
         "rank 0's shard is a copy of elements [10745, 21490) ('blocks.0.fc2.weight' to 'head.bias') of the flat "
         "parameters, rank 1's slice, but the reduce-scatter hands rank 0 the gradient of its own slice [0, 10745)")
@@ -264,7 +298,7 @@ def test_dropped_padding_is_named_and_part1_graded_without_part2(graded):
 
 def test_unequal_shards_cost_part_1_only_even_when_gloo_aborts(graded):
     fails = failed(graded["z1_clamped_last"])
-    assert set(fails) == {Z1_RANGE, Z1_PARITY, Z1_STATE, Z1_COMM}, fails  # part 2 graded, and in full
+    assert set(fails) == {Z1_RANGE, Z1_PARITY, Z1_STATE, Z1_COMM, Z1_MIXED}, fails  # part 2 graded, and in full
     assert fails[Z1_PARITY].startswith("shard_range(21489, 2, r) gave [[0, 10745], [10745, 21489]]: rank 0's slice "
                                        "has 10745 elements, rank 1's 10744"), fails[Z1_PARITY]
     for before in ("solution", "independent"):  # graded from what their ranks kept before the launch ended
@@ -275,13 +309,15 @@ def test_a_crash_in_part_2_costs_part_2_only(graded):
     report = graded["modulelist_part2"]
     fails = failed(report)
     part2 = [c.name for c in report.criteria if not c.name.startswith("[W=2] ZeRO-1")]
-    assert list(fails) == part2, report.feedback  # part 1, run again alone, at full marks
+    assert list(fails) == [Z1_MIXED, *part2], report.feedback  # part 1, run again alone: its own mistake only
+    assert fails[Z1_MIXED].startswith("for a bfloat16 model, rank 0's make_zero1_optimizer returned a bfloat16 shard "
+                                      "(Adam's moments: bfloat16): the master shard must be fp32"), fails[Z1_MIXED]
     first, *rest = part2
     assert fails[first].startswith("train_fsdp did not finish: fully_shard called on the ModuleList: fully_shard "
                                    "needs a module with a forward"), fails[first]
     assert "(rank 0 raised ValueError: fully_shard does not support containers" in fails[first] or \
         "(rank 1 raised ValueError: fully_shard does not support containers" in fails[first]
-    assert "at ex04_fsdp.py line 163 in shard: fully_shard(model.blocks)" in fails[first], fails[first]
+    assert re.search(r"at ex04_fsdp.py line \d+ in shard: fully_shard\(model.blocks\)", fails[first]), fails[first]
     assert all(fails[name] == f"not checked: train_fsdp did not finish (see '{first}')" for name in rest)
 
 
@@ -289,7 +325,11 @@ def test_a_train_step_that_raises_costs_the_step_only(graded):
     report = graded["item_before_backward"]
     fails = failed(report)
     step, peak = "[W=2] matches single-process training", "[W=2] peak memory within the per-block bound"
-    assert set(fails) == {step, peak}, report.feedback  # the sharding, the optimizer, the bytes, the export: graded
+    assert set(fails) == {step, peak, Z1_MIXED}, report.feedback  # the sharding, the optimizer, the bytes, the export
+    # ZeRO-1's parameters bound to the gathered buffer: right in fp32, a bf16 model turned fp32
+    assert fails[Z1_MIXED].startswith("after zero1_step 1 on a bfloat16 model, 12 of rank 0's parameters are no "
+                                      "longer bfloat16 ('inp.weight: bfloat16 -> float32') and hold new storage"), \
+        fails[Z1_MIXED]
     assert re.match(r"train_step raised on rank \d: AttributeError: 'float' object has no attribute 'backward' \(line "
                     r"\d+: loss.backward\(\)\); the grader's own step went on in its place", fails[step]), fails[step]
     assert fails[peak] == ("not checked: the step measured was the grader's, in place of your train_step, which "
@@ -398,6 +438,8 @@ def test_a_peak_over_the_bound_with_the_optimizer_built_first_says_so():
      "operation to complete", "state-dict collective on rank 0 only, not completed"),
     ("RuntimeError: [rank0]:[F1202 17:49:30.615257792 ProcessGroupGloo.cpp:1537] Check failed: outputShape[0] * "
      "worldSize == inputShape[0] (8 vs. 7).", "ZeRO-1 reduce-scatter input not padded"),
+    ("RuntimeError: Check failed: outputTensors[i].dtype() == inputTensors[i].dtype() (float vs. c10::BFloat16).",
+     "ZeRO-1 collective of two dtypes"),
     ("RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 1 (expected (4), got (3))",
      "ZeRO-1 all-gather sizes unequal"),
 ])
@@ -412,7 +454,7 @@ def test_the_state_dict_spy_sees_every_import_style(tmp_path, imported):
     import torch
     import torch.distributed as dist
 
-    from autograder.checks.ex04_fsdp.probes import StateDictSpy
+    from autograder.checks.ex04_fsdp.state_dict_spy import StateDictSpy
     from autograder.rank import watched
     from distlab.runtime.importing import import_path
 

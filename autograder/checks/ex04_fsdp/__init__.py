@@ -38,6 +38,9 @@ training is still graded:
 | ZeRO-1 gradients summed, not averaged | "at the first step rank 0's shard.grad is 2x the mean gradient ..." |
 | ZeRO-1 shards never all-gathered | "after 4 steps rank 0's weights in elements [10745, 21490) ... are still ..." |
 | ZeRO-1 gathered shards never written into the parameters | "after 4 steps none of rank 0's weights has changed ..." |
+| ZeRO-1 parameters replaced by the gathered fp32 tensors | "after zero1_step 1 on a bfloat16 model, 12 of ..." |
+| ZeRO-1 master shard not fp32 under a bf16 model | "for a bfloat16 model, rank 0's make_zero1_optimizer returned ..." |
+| ZeRO-1 collective of two dtypes | "... raised RuntimeError: Check failed: outputTensors[i].dtype() ..." (raised) |
 | ZeRO-1 gradients never reduce-scattered | "none of the 4 steps issued a reduce-scatter (rank 0's first step ..." |
 | ZeRO-1 optimizer factory returned nothing | "make_zero1_optimizer returned None, so the grader's ..." |
 | ZeRO-1 gradients all-reduced | "each step issued 1 all-reduce of 85960 B (line 124: ...) and 0 reduce-scatters ..." |
@@ -50,6 +53,8 @@ training is still graded:
 | blocks keep parameters unsharded after forward | "8 of 8 blocks kept their parameters unsharded after forward ..." |
 | optimizer.zero_grad() not called | "when the backward of step 2 began, .grad still held gradients of norm 1.6 ..." |
 | optimizer.step() not called once per step | "train_step called optimizer.step() 0 times ..." |
+| train_step returns the loss with its graph | "train_step returned a tensor that requires grad (grad_fn=...) ..." |
+| the last loss printed on every rank | "rank 1 printed its own last loss (rank 1: 'rank 1 last loss: 2.7341') ..." |
 | state-dict collective called on some ranks only | "get_model_state_dict(...) ran on rank 0 only: ..." |
 | FSDP1 state_dict_type on an FSDP2 model | "FullyShardedDataParallel.state_dict_type (FSDP1) does not apply ..." |
 | export raised | "the export (after training) raised ...; the training was graded, the export was not" |
@@ -86,6 +91,7 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, export_raised, export_returned, fsdp1_api, full_everywhere, grads_not_zeroed, mib,
                      no_backward, no_reshard, nothing_sharded, one_sided_collective, optimizer_first, root_not_sharded,
                      root_only, saved_everywhere, saved_nothing, some_blocks, steps_not_one, train_step_raised)
+from .loop import loop_contract
 from .observations import PARTS, Run
 from .probes import FILE_PARTS, NEEDS, rank_main
 from .workloads import ATOL, LR, MEASURE_STEP, MICRO_BATCH, MODEL, RTOL, STEPS
@@ -212,8 +218,13 @@ def exports_once(run: Run) -> Verdict:
     return failed(why) if (why := full_everywhere(run) or export_returned(run)) else passed()
 
 
+@criterion("[W={world}] train_step returns the detached loss; rank 0 alone prints it", points=1)
+def loop_kept(run: Run) -> Verdict:
+    return loop_contract(run)
+
+
 CRITERIA = [*ZERO1_CRITERIA, sharded_on_dim0, optimizer_after_sharding, holds_its_share, peak_within_bound,
-            matches_reference, exports_once]
+            matches_reference, loop_kept, exports_once]
 
 
 def _judge(report: ExerciseReport, run: Run, wall_s: float | None) -> None:

@@ -28,6 +28,8 @@ KNOWN_ERRORS = [
     KnownError("ZeRO-1 reduce-scatter input not padded", r"outputShape\[0\] \* worldSize == inputShape\[0\]",
                "the reduce-scatter's input must hold exactly W times its output's elements: pad the flat gradient "
                "with zeros to W * c, c = ceil(numel / W), the shard's length"),
+    KnownError("ZeRO-1 collective of two dtypes", r"Check failed: outputTensors\[i\]\.dtype\(\) == inputTensors\[i\]",
+               "a collective's output and input must have one dtype"),
     KnownError("ZeRO-1 all-gather sizes unequal", r"ProcessGroupGloo::allgather: invalid tensor size",
                "an all-gather collects W pieces of one size: every rank's shard must have c = ceil(numel / W) "
                "elements, and the output W * c"),

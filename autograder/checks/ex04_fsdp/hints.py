@@ -36,6 +36,14 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "dist.reduce_scatter_single and dist.all_gather_single (torch 2.13's names for reduce_scatter_tensor and "
         "all_gather_into_tensor), each on one flat buffer of W * c elements.",
     ),
+    "zero1_mixed": (
+        "In mixed precision the model computes in bf16 while the optimizer keeps an fp32 master copy: an update "
+        "smaller than a bf16 weight's rounding step would otherwise be lost at every step.",
+        "The master shard is fp32 whatever the model's dtype; the gradient reaches it as fp32, and the gathered "
+        "fp32 values are written into the bf16 parameters, which stay bf16.",
+        "Cast the copy and the flat gradient with .float(); write back with p.copy_(...) under torch.no_grad(), "
+        "which casts to p's dtype, rather than rebinding p.data.",
+    ),
     "sharded_on_dim0": (
         "After sharding, no rank should hold any parameter whole: one layer left whole costs every rank its full "
         "size, often on the layer that is largest.",
@@ -66,6 +74,13 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "save memory, and a step that differs from the unsharded one means it changed what is trained.",
         "Every step starts from zero gradients, runs one backward (FSDP averages over ranks) and one step.",
         "The optimizer's zero_grad, the loss's backward, the optimizer's step: in that order, once per batch.",
+    ),
+    "loop_kept": (
+        "W ranks that each log the same line make W lines of noise, and a step that hands back its autograd graph "
+        "lets the caller keep that graph alive.",
+        "Each step ends with a value the caller may keep; the rank that logs is the one rank of the group that "
+        "speaks for it.",
+        "return loss.detach() from train_step; guard the print with if dist.get_rank() == 0.",
     ),
     "exports_once": (
         "Gathering a full state dict is a collective, so every rank must take part or the job hangs; saving the file "

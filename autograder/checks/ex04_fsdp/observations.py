@@ -96,6 +96,8 @@ class FsdpRank(Observation):
     state_dict_calls: list[StateDictCall] = field(default_factory=list)  # this rank's own, in order
     partnered: list[StateDictCall] = field(default_factory=list)  # those its spy made for a rank waiting in one
     completed: int = 0  # train_step calls that returned
+    returned: str = ""  # what the learner's train_step returned where it was no detached tensor, said ("" if it was)
+    last_loss: float | None = None  # the loss the last train_step returned, as a number (None: no number)
     step: MeasuredStep | None = None  # step MEASURE_STEP (None: train_fsdp never called train_step that often)
 
 

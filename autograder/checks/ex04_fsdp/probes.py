@@ -9,7 +9,9 @@ part 1 (ZeRO-1 by hand) is observed by :mod:`.zero1` on the same micro-batches. 
   blocks are FSDP units and which of them left their parameters unsharded after forward
   (``reshard_after_forward=False``), the gradient norm left in ``.grad`` when backward began (zero
   unless ``zero_grad`` was skipped), and the ``optimizer.step()`` calls;
-* :class:`StateDictSpy` records the learner's state-dict collectives (``get_model_state_dict``,
+* the loss each ``train_step`` returned (detached or not, and the last one's value, which ``loop`` looks for in
+  what ``train_fsdp`` printed);
+* :class:`~.state_dict_spy.StateDictSpy` records the learner's state-dict collectives (``get_model_state_dict``,
   ``get_state_dict``, ``get_optimizer_state_dict``) and what each returned. A rank that called one
   the others never made would wait in it for ever: after ``train_fsdp`` returns, the others see
   it in the store and make the same call, so the rank comes back and every other criterion can
@@ -19,33 +21,25 @@ part 1 (ZeRO-1 by hand) is observed by :mod:`.zero1` on the same micro-batches. 
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint.state_dict as dsd
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from distlab import init_distributed
-from distlab.runtime.distributed import default_timeout
 from distlab.lab.fsdp_memory import activation_bytes, expected_bytes, full_shapes, measured_bytes, peak_bound
 from distlab.measure.memory import PeakMemory
 from distlab.resmlp import make_resmlp
 
-from ...rank import (CapturedPrints, Replace, SaveSpy, echo, frames, grad_norm, learner_frame, load_learner,
+from ...rank import (CapturedPrints, SaveSpy, echo, frames, grad_norm, learner_frame, load_learner,
                         on_backward_start, raised)
 from ...rank.parts import Parts
 from .observations import FsdpRank, MeasuredStep, PeakBound, StateDictCall, TrainingError
 from .workloads import LR, MEASURE_STEP, MICRO_BATCH, MODEL, SEED, STEPS, rank_batches
+from .state_dict_spy import StateDictSpy
 from .zero1.probes import observe_ranges, observe_zero1
-
-STATE_DICT_CALLS = ("get_model_state_dict", "get_state_dict", "get_optimizer_state_dict")
-
 
 def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]] | None = None) -> list[dict]:
     """Runs on every rank: each file in turn, its parts (:data:`FILE_PARTS`) that ``skip`` does not name, each kept
@@ -163,6 +157,9 @@ def _observe_step(learner, device: torch.device, obs: FsdpRank, path: str) -> di
                                     leftover_grad_norm=probe.leftover, optimizer_steps=probe.optimizer_steps,
                                     **_layout(model, optimizer))
         obs.completed += 1
+        obs.returned = obs.returned or _not_detached(loss)
+        obs.last_loss = float(loss) if isinstance(loss, (torch.Tensor, float)) and torch.numel(
+            torch.as_tensor(loss)) == 1 else None
         return loss
 
     learner.train_step = observed_step  # train_fsdp looks it up in its module when it calls it
@@ -181,6 +178,15 @@ def _observe_export(learner, obs: FsdpRank) -> None:
         return got
 
     learner.export_full_state_dict = observed_export  # train_fsdp looks it up in its module when it calls it
+
+
+def _not_detached(loss) -> str:
+    """How a returned loss breaks the contract's "the detached loss" ("" where it keeps it)."""
+    if not isinstance(loss, torch.Tensor):
+        return f"a {type(loss).__name__}" if loss is not None else "None"
+    if loss.requires_grad or loss.grad_fn is not None:
+        return f"a tensor that requires grad (grad_fn={type(loss.grad_fn).__name__})"
+    return ""
 
 
 def _grader_step(model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -250,59 +256,3 @@ def _layout(model: nn.Module, optimizer) -> dict:
             "opt_foreign": sum(id(p) not in opt_ids for _, p in named),
             "blocks_wrapped": sum(type(b).__name__.startswith("FSDP") for b in model.blocks),
             "root_wrapped": type(model).__name__.startswith("FSDP")}
-
-
-class StateDictSpy(Replace):
-    """Records this rank's calls of the state-dict collectives, in ``calls`` (plain dicts, a
-    :class:`StateDictCall`'s fields) and in the process group's
-    store (so the other ranks see a call they never made), and makes the calls another rank waits in.
-    Entered before the learner's file is imported (:class:`Replace`): ``from ... import
-    get_model_state_dict`` is seen too."""
-
-    def __init__(self, tag: str) -> None:
-        self.tag, self.calls, self.real_fn = tag, [], {name: getattr(dsd, name) for name in STATE_DICT_CALLS}
-        self.store = dist.distributed_c10d._get_default_store()
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        super().__init__({(dsd, name): functools.partial(self._spy, name) for name in STATE_DICT_CALLS})
-
-    def _spy(self, name: str, real):
-        def spy(*args, **kwargs):
-            options = kwargs.get("options")
-            flags = dataclasses.asdict(options) if options is not None else {}
-            record = {"fn": name, "options": {k: v for k, v in flags.items() if isinstance(v, bool)}}
-            self.calls.append(record)
-            self.store.set(f"{self.tag}/call/{self.rank}/{len(self.calls)}", json.dumps(record))
-            self.store.add(f"{self.tag}/entered/{self.rank}", 1)
-            result = real(*args, **kwargs)
-            first = result[0] if isinstance(result, tuple) else result
-            tensors = [v for v in first.values() if isinstance(v, torch.Tensor)] if isinstance(first, dict) else []
-            record.update(tensors=len(tensors), bytes=sum(t.numel() * t.element_size() for t in tensors))
-            return result
-        return spy
-
-    def settle(self, model: nn.Module, optimizer) -> list[StateDictCall]:
-        """After ``train_fsdp``: until every rank has returned, make each state-dict call that a rank still in
-        ``train_fsdp`` entered and this one never made (it waits for this rank); return the calls made."""
-        self.store.set(f"{self.tag}/done/{self.rank}", "1")
-        made: list[StateDictCall] = []
-        deadline = time.monotonic() + default_timeout().total_seconds()  # then a collective's timeout names it
-        while True:
-            waiting = [r for r in range(self.world) if not self.store.check([f"{self.tag}/done/{r}"])]
-            if not waiting or time.monotonic() > deadline:
-                return made
-            entered = {r: self.store.add(f"{self.tag}/entered/{r}", 0) for r in waiting}
-            r, n = max(entered.items(), key=lambda kv: kv[1])
-            if n > len(self.calls) + len(made):  # rank r waits in its call number n, which this rank never made
-                record = StateDictCall.from_wire(json.loads(
-                    self.store.get(f"{self.tag}/call/{r}/{len(self.calls) + len(made) + 1}")))
-                self._make(record, model, optimizer)
-                made.append(dataclasses.replace(record, for_rank=r))
-            else:
-                time.sleep(0.02)
-
-    def _make(self, record: StateDictCall, model: nn.Module, optimizer) -> None:
-        options = StateDictOptions(**record.options)
-        if record.fn == "get_model_state_dict":
-            self.real_fn[record.fn](model, options=options)
-        else:
-            self.real_fn[record.fn](model, optimizer, options=options)

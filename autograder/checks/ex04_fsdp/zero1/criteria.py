@@ -1,5 +1,6 @@
 """The criteria of exercise 4's first part, ZeRO-1 by hand (Rajbhandari et al., 2020, stage 1): the shard
-ranges, the weights against one process's Adam, the optimizer's state per rank and the collectives per step.
+ranges, the weights against one process's Adam, the optimizer's state per rank, the collectives per step, and
+the same functions on a bfloat16 model (``mixed``).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from distlab.measure.comm import label
 
 from ..observations import Run
 from ..workloads import ATOL, LR, MICRO_BATCH, RTOL, STEPS
+from .mixed import zero1_mixed_precision
 from .causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather, z1_no_reduce_scatter,
                      z1_not_written, z1_optimizer_full, z1_shard_a_view, z1_wrong_offset)
 
@@ -42,14 +44,19 @@ def _z1_raised(run: Run) -> str | None:
     return f"not checked: part 1 raised (see '{zero1_matches_reference.rule.name.format(world=run.world)}')"
 
 
+def _parities(run: Run) -> list:
+    """Every rank's final flat parameters against one process's Adam, parameter by parameter."""
+    ref, names, sizes = run.z1_ref["final"], run.z1_ref["names"], run.z1_ref["sizes"]
+    numel = run.z1_ref["numel"]
+    return [parity(dict(zip(names, run.z1_final(r)[:numel].split(sizes))), dict(zip(names, ref[:numel].split(sizes))),
+                   rtol=RTOL, atol=ATOL) for r in range(run.world)]
+
+
 @criterion("[W={world}] ZeRO-1: every rank's weights match single-process Adam", points=2)
 def zero1_matches_reference(run: Run) -> Verdict:
     if why := z1_error(run):
         return failed(why)
-    ref, names, sizes = run.z1_ref["final"], run.z1_ref["names"], run.z1_ref["sizes"]
-    numel = run.z1_ref["numel"]
-    pars = [parity(dict(zip(names, run.z1_final(r)[:numel].split(sizes))), dict(zip(names, ref[:numel].split(sizes))),
-                   rtol=RTOL, atol=ATOL) for r in range(run.world)]
+    pars = _parities(run)
     worst = max(range(run.world), key=lambda r: pars[r].max_abs_diff)
     measured = {f"W{run.world}_zero1_max_abs_diff_vs_reference": pars[worst].max_abs_diff}
     if all(pars):
@@ -96,4 +103,13 @@ def zero1_collectives(run: Run) -> Verdict:
                   "rank, no all-reduce")
 
 
-ZERO1_CRITERIA = [zero1_shard_range, zero1_matches_reference, zero1_state_sharded, zero1_collectives]
+@criterion("[W={world}] ZeRO-1: a bf16 model steps from an fp32 master shard and keeps its dtype", points=1)
+def zero1_mixed(run: Run) -> Verdict:
+    if why := _z1_raised(run):
+        return failed(why)
+    # where the fp32 weights are wrong, that criterion says why; this one judges the dtypes alone
+    parity_criterion = zero1_matches_reference.rule.name.format(world=run.world)
+    return zero1_mixed_precision(run, values_judged_in=None if all(_parities(run)) else parity_criterion)
+
+
+ZERO1_CRITERIA = [zero1_shard_range, zero1_matches_reference, zero1_state_sharded, zero1_collectives, zero1_mixed]

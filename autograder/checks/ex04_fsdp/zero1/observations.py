@@ -40,6 +40,22 @@ class Holdings(Observation):
 
 
 @dataclass
+class Half(Observation):
+    """Part 1 again, two steps on a bfloat16 copy of the model: the contract's mixed precision, where the master
+    shard is fp32 and the model's parameters keep their dtype (``probes.observe_half``)."""
+
+    error: str | None = None      # what make_zero1_optimizer or zero1_step raised, "Type: message (at line N: ...)"
+    steps: int = 0                # the zero1_step calls that returned
+    shard_dtype: str = ""         # the shard's dtype ("" where it is no tensor)
+    state_dtypes: list[str] = field(default_factory=list)  # the dtypes of Adam's moments, once each
+    # parameters whose dtype a zero1_step changed, "name: bfloat16 -> float32" (the run stops after that step)
+    retyped: list[str] = field(default_factory=list)
+    rebound: int = 0              # parameters that hold another storage after the steps than before
+    shard: torch.Tensor | None = None   # the shard after the last step, flat, as fp32 on the CPU
+    params: torch.Tensor | None = None  # the model's flat parameters after the last step, as fp32 on the CPU
+
+
+@dataclass
 class Zero1(Observation):
     """Part 1 on one rank: ``shard_range``'s answers, then ZeRO-1 training on this rank's micro-batches
     (filled as it goes: a step that raises leaves the rest at its defaults). The rank keeps the two apart
@@ -59,3 +75,4 @@ class Zero1(Observation):
     first_grad: torch.Tensor | None = None  # the optimizer's gradients at its first step, flat (None: no step)
     final: torch.Tensor | None = None       # the model's flat parameters after the last step (set at the end)
     state: dict[str, int] = field(default_factory=dict)  # elements of each kind of optimizer state (exp_avg...)
+    half: Half | None = None  # the two steps on a bfloat16 model (None: the fp32 training raised first)

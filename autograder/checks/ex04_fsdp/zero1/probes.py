@@ -10,7 +10,9 @@ The grader runs its own copy of the learner file's ``train_zero1`` loop around t
 * the shard the learner made (its size, dtype, first values: which slice of the flat parameters it copies)
   and which tensors its optimizer holds (the model's own parameters or not);
 * the gradient the optimizer saw at its first step (an optimizer step pre-hook: what was averaged);
-* every rank's flat parameters after the last step, and the elements of the optimizer's state.
+* every rank's flat parameters after the last step, and the elements of the optimizer's state;
+* then two steps on a bfloat16 copy of the model (:func:`observe_half`): the master shard's dtype, the
+  parameters' dtypes and values after each step.
 
 An error the learner's part 1 raises is recorded, not raised: part 2 (FSDP) is graded all the same.
 """
@@ -24,10 +26,11 @@ from torch.nn.utils import parameters_to_vector
 from distlab.resmlp import make_resmlp
 
 from ....rank import LineRecorder, learner_frame, raised
-from .observations import Collective, Holdings, Zero1
+from .observations import Collective, Half, Holdings, Zero1
 
 # A model whose parameter count neither 2 nor 4 divides: 21489 parameters, padded by 1 at W=2 and by 3 at W=4.
 ZERO1_MODEL = dict(in_features=64, hidden=47, out_features=10, depth=2)
+HALF_STEPS = 2  # the bfloat16 model's: the second step starts from the parameters the first wrote
 SHARD_RANGE_SIZES = (10, 12)  # more counts shard_range is asked about: 4 does not divide 10, 2 and 4 divide 12
 
 
@@ -79,6 +82,42 @@ def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Te
         obs.where = str(learner_frame(exc, path) or "")
     obs.final = parameters_to_vector(p.detach() for p in params).cpu()
     obs.state = _state_numel(optimizer)
+    if obs.error is None:  # a part 1 that raised in fp32 is said once, there
+        obs.half = observe_half(learner, path, batches[:HALF_STEPS], seed=seed, lr=lr, device=device)
+    return obs
+
+
+def observe_half(learner, path: str, batches: list[tuple[torch.Tensor, torch.Tensor]], *, seed: int, lr: float,
+                 device: torch.device) -> Half:
+    """The learner's ZeRO-1 on a bfloat16 model (mixed precision: the contract's master shard is fp32, and
+    ``zero1_step`` writes into the bf16 parameters). A step after which a parameter's dtype changed ends the
+    run there: the next forward would raise in the grader's loop, not in the learner's code."""
+    obs = Half()
+    model = make_resmlp(seed=seed, **ZERO1_MODEL).to(device, torch.bfloat16)
+    named = list(model.named_parameters())
+    storages = [p.untyped_storage().data_ptr() for _, p in named]
+    shard = optimizer = None
+    try:
+        shard, optimizer = learner.make_zero1_optimizer(model, lr)
+        obs.shard_dtype = str(shard.dtype).removeprefix("torch.") if isinstance(shard, torch.Tensor) else ""
+        for x, y in batches:
+            model.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x.to(torch.bfloat16)).float(), y).backward()
+            learner.zero1_step(model, shard, optimizer)
+            obs.steps += 1
+            obs.retyped = [f"{n}: bfloat16 -> {str(p.dtype).removeprefix('torch.')}" for n, p in named
+                           if p.dtype != torch.bfloat16]
+            if obs.retyped:
+                break
+    except Exception as exc:  # noqa: BLE001 - the learner's error is feedback, for this criterion only
+        where = learner_frame(exc, path)
+        obs.error = raised(exc, path) + (f" (at {where})" if where else "")
+    obs.rebound = sum(p.untyped_storage().data_ptr() != s for (_, p), s in zip(named, storages))
+    obs.state_dtypes = sorted({str(v.dtype).removeprefix("torch.") for s in getattr(optimizer, "state", {}).values()
+                               for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0})
+    if isinstance(shard, torch.Tensor):
+        obs.shard = shard.detach().reshape(-1).float().cpu()
+    obs.params = parameters_to_vector(p.detach().float() for _, p in named).cpu()
     return obs
 
 
