@@ -120,12 +120,24 @@ class P2PCall(Observation):
     where: str                        # the learner's line that posted it: "file.py line N (`code`)"
     waited: bool | None = None        # an async op: whether the learner waited on its Work; None: no Work
     buffer: int = 0                   # where its tensor's storage lives (data_ptr): two ops' equal, one tensor
+    source: int | None = None         # a blocking recv that named no src: the rank its message came from
 
     @classmethod
     def from_spy(cls, call: dict) -> P2PCall:
         """The spy's record of one op (``P2PSpy.calls``: a dict whose ``async`` is a keyword here)."""
         fields = {k: v for k, v in call.items() if k != "async"}
         return cls(is_async=call["async"], **fields)
+
+
+def _peer(args: tuple, kwargs: dict) -> int | None:
+    """The global rank a send or receive names (``dst``/``src``, or ``group_dst``/``group_src`` in its ``group``);
+    ``None``: a receive from any source."""
+    named = kwargs.get("dst", kwargs.get("src", args[0] if args else None))
+    in_group = kwargs.get("group_dst", kwargs.get("group_src"))
+    if named is not None or in_group is None:
+        return named
+    group = kwargs.get("group", args[1] if len(args) > 1 else None)
+    return dist.get_global_rank(group, in_group) if group is not None else in_group
 
 
 class P2PSpy(Replace):
@@ -180,7 +192,7 @@ class P2PSpy(Replace):
     def _spy(self, name: str, real):
         def spy(tensor, *args, **kwargs):
             self._check_dtype(name, tensor)
-            peer = kwargs.get("dst", kwargs.get("src", args[0] if args else None))
+            peer = _peer(args, kwargs)
             call = {"op": name.lstrip("i"), "async": name[0] == "i", "peer": peer, "shape": list(tensor.shape),
                     "t0": time.perf_counter(), "t1": None, "value": None, "where": _caller(),
                     "buffer": tensor.untyped_storage().data_ptr()}
@@ -189,6 +201,8 @@ class P2PSpy(Replace):
             call["t1"] = time.perf_counter()
             if name == "recv":
                 call["value"] = tensor.detach().cpu().clone()
+                if peer is None and isinstance(result, int):  # recv from any source returns the sender's rank
+                    call["source"] = result
             elif name == "irecv":
                 self._async_recv.append((call, tensor))
             return self._watched([result], [call])[0] if call["async"] and result is not None else result
@@ -245,7 +259,8 @@ class P2PSpy(Replace):
             for op in ops:
                 send = self._unspied(op.op) is isend
                 self._check_dtype("isend" if send else "irecv", op.tensor)
-                calls.append({"op": "send" if send else "recv", "async": True, "peer": op.peer,
+                peer = op.peer if op.peer is not None else getattr(op, "group_peer", None)
+                calls.append({"op": "send" if send else "recv", "async": True, "peer": peer,
                               "shape": list(op.tensor.shape), "t0": now, "t1": None, "value": None, "where": where,
                               "buffer": op.tensor.untyped_storage().data_ptr()})
                 if not send:

@@ -68,7 +68,7 @@ MISTAKES = {
             "dist.send(inp.grad.contiguous(), dst=rank - 1)"},
     # found by a tester blind to the checks: a loss returned on stage 0 too, and the isends never waited on
     "1F1B loss everywhere, sends not waited": {
-        "    return sum(losses) if last else None": "    return sum(losses) if last else torch.zeros(())",
+        "    return sum(losses) if last else None": "    return sum(losses)",  # 0, an int, where no loss
         "    for work in sends:\n        work.wait()\n": ""},
     # stage 0 holds each activation back and sends it after its next forward (two at a time)
     "1F1B sends held back": {
@@ -105,13 +105,17 @@ COUNT, LOSS, OVERLAP = ("each stage processes every micro-batch once", "loss mat
 # 1F1B with its neighbours written as numbers, as in a 2-stage GPipe step: right at 2 stages, wrong at 4
 FOR_2_STAGES = {"dist.recv(inp, src=rank - 1)": "dist.recv(inp, src=0)", "dst=rank + 1)": "dst=1)",
                 "dist.recv(grad, src=rank + 1)": "dist.recv(grad, src=1)", "dst=rank - 1)": "dst=0)"}
+# a blind audit's: 1F1B's receives without src (right at 2 stages, where a stage has one neighbour; at 4 the
+# middle stages' activations and gradients race for them, and the audit's run matched twice)
+ANY_SOURCE = {"dist.recv(inp, src=rank - 1)": "dist.recv(inp)", "dist.recv(grad, src=rank + 1)": "dist.recv(grad)"}
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     # the correct styles, and a step right at 2 stages only, graded as a learner's file is: 1F1B at 2 stages and 4
     whole = [SOLUTIONS / FILE, independent.path(7), mutant(tmp_path_factory.mktemp("batched"), FILE, BATCHED),
-             mutant(tmp_path_factory.mktemp("two"), FILE, FOR_2_STAGES)]
+             mutant(tmp_path_factory.mktemp("two"), FILE, FOR_2_STAGES),
+             mutant(tmp_path_factory.mktemp("any"), FILE, ANY_SOURCE)]
     paths = [mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl) for i, repl in enumerate(MISTAKES.values())]
     # last: each sends a message larger than its peer's buffer, which aborts gloo and ends the launch; each is
     # launched again for its other part (then the other one, for its own)
@@ -120,7 +124,7 @@ def reports(tmp_path_factory):
     # the mistakes at 2 stages only (what they show, they show there): one launch of 2 ranks for them all
     graded = check.grade(whole, p2p_timeout_s=1.5) + check.grade(paths, p2p_timeout_s=1.5, deeper=None)
     return {"solution": graded[0], "independent": graded[1], "batched": graded[2], "for 2 stages": graded[3],
-            **dict(zip([*MISTAKES, *ABORTS], graded[4:]))}
+            "any source": graded[4], **dict(zip([*MISTAKES, *ABORTS], graded[5:]))}
 
 
 def test_solution_full_marks(reports):
@@ -298,6 +302,15 @@ def test_a_1f1b_step_written_for_2_stages_fails_at_4_at_the_learners_line(report
     assert f[OFOB[0]].startswith("at 4 stages, where stages 1 and 2 each receive and send both ways: stage 1 of 4 "
                                  "sent to rank 1 (ex07_pipeline.py line ")
     assert "dist.isend(out.detach().contiguous(), dst=1)" in f[OFOB[0]] and "rank 0 and rank 2" in f[OFOB[0]]
+def test_a_1f1b_receive_without_src_is_named_at_4_stages(reports):
+    f = failed(reports["any source"])
+    assert list(f) == [OFOB[0]], f  # the order and the memory hold, whatever messages the race gave
+    assert f[OFOB[0]].startswith("at 4 stages, where stages 1 and 2 each receive and send both ways: stage 1 of 4 "
+                                 "received with no src (ex07_pipeline.py line "), f[OFOB[0]]
+    assert "and took messages from ranks 0 and 2 there: a receive without src takes the next message of any rank" \
+        in f[OFOB[0]], f[OFOB[0]]
+
+
 def test_gpipe_mistakes_leave_the_1f1b_part_its_marks(reports):
     for name in MISTAKES:
         if not name.startswith("1F1B"):
@@ -346,7 +359,7 @@ def test_1f1b_sends_held_back_are_named(reports):
 def test_1f1b_loss_on_every_stage_and_unwaited_sends_are_named(reports):
     f = failed(reports["1F1B loss everywhere, sends not waited"])
     assert set(f) == set(OFOB[:2]), f
-    assert f[OFOB[0]] == "rank 0 returned 0; only the last stage computes the loss, and the others return None"
+    assert f[OFOB[0]] == "rank 0 returned an int; only the last stage computes the loss, and the others return None"
     assert f[OFOB[1]].startswith("stage 0's 4 isend(s) (the first at ex07_pipeline.py line ") and \
         "were never waited on before one_f_one_b_step returned" in f[OFOB[1]]
 

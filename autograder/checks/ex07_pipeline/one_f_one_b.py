@@ -13,6 +13,7 @@ from ...grader.parity import parity
 from ...grader.report import Verdict, criterion, failed, passed
 from .causes import (activation_without_grad, backward_order, count_scales, gradients_not_sent, last_loss,
                      loss_not_a_tensor, loss_not_detached, loss_not_scaled, mean_of_scaled, peers_gone, raised_first)
+from .neighbours import any_source, fixed_peer
 from .observations import Run
 from .probes import MICRO
 
@@ -58,10 +59,14 @@ def blocking_deadlock(step: Run, part: str = "") -> str | None:
 
 @mistake("1F1B: a loss returned on a stage other than the last")
 def loss_on_every_stage(step: Run, part: str = "") -> str | None:
-    if step.ranks[0].loss is None:
+    early = next((r for r in step.ranks[:-1] if r.loss is not None or r.loss_type not in ("", "NoneType")), None)
+    if early is None:
         return None
-    return (f"rank 0 returned {step.ranks[0].loss.reshape(-1)[0].item():.6g}; only the last stage computes the "
-            "loss, and the others return None")
+    kind = early.loss_type
+    got = (f"{early.loss.reshape(-1)[0].item():.6g}" if early.loss is not None else
+           f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}")
+    return (f"rank {early.rank} returned {got}; only the last stage computes the loss, and the others return "
+            "None")
 
 
 @mistake("1F1B: a send's Work never waited on")
@@ -137,22 +142,6 @@ def send_held_back(step: Run, part: str = "") -> str | None:
     return None
 
 
-@mistake("1F1B: neighbours' ranks written as numbers (src=0, dst=1)")
-def fixed_peer(step: Run, part: str = "") -> str | None:
-    """A send or receive with a rank that is not a neighbour of the stage's (``s - 1``, ``s + 1``): at 2 stages
-    the numbers 0 and 1 are the neighbours, at 4 they are not."""
-    p = len(step.ranks)
-    for r in step.ranks:
-        near = [n for n in (r.rank - 1, r.rank + 1) if 0 <= n < p]
-        if bad := next((c for c in r.p2p if c.peer is not None and c.peer not in near), None):  # None: unread
-            said = " and ".join(f"rank {n}" for n in near)
-            return (f"stage {r.rank} of {p} {'sent to' if bad.op == 'send' else 'received from'} rank {bad.peer} "
-                    f"({bad.where}), but a stage sends to and receives from its neighbours only, {said}: write "
-                    "them as rank - 1 and rank + 1 (rank = dist.get_rank()), not as the numbers that are right for "
-                    "2 stages")
-    return None
-
-
 def _at(p: int) -> str:
     return f"at {p} stages, where stages {' and '.join(map(str, range(1, p - 1)))} each receive and send both ways"
 
@@ -179,11 +168,8 @@ def _matches(step: Run) -> str | None:
         got = "no loss" if last.loss is None or last.loss.numel() != 1 else f"loss {last.loss.item():.6g}"
         return (f"rank {last.rank} (the last stage) returned {got}; the unsplit model's is "
                 f"{step.ref_loss.item():.6g}" + _raised(step))
-    if why := loss_not_a_tensor(step) or loss_not_detached(step):
+    if why := loss_not_a_tensor(step) or loss_not_detached(step) or loss_on_every_stage(step):
         return why
-    if early := next((r for r in step.ranks[:-1] if r.loss is not None), None):
-        return (f"rank {early.rank} returned {early.loss.reshape(-1)[0].item():.6g}; only the last stage computes "
-                "the loss, and the others return None")
     for r in step.ranks:
         if any(g is None for g in r.grads):
             return f"stage {r.rank}'s parameters have no gradient after the step" + _raised(step)
@@ -193,6 +179,16 @@ def _matches(step: Run) -> str | None:
             return (f"stage {r.rank}'s gradients differ from the unsplit model's (max abs difference "
                     f"{same.max_abs_diff:.3g} in {same.worst})" + _raised(step))
     return None
+
+
+def _sourced(step: Run) -> str | None:
+    """A receive that named no src, said with whether the loss and gradients matched all the same; else
+    :func:`_matches`."""
+    matched = _matches(step)
+    if why := any_source(step):
+        return why + (" (in this run the loss and gradients matched all the same)" if matched is None else
+                      f". In this run {matched}")
+    return matched
 
 
 def _out_of_order(step: Run) -> str | None:
@@ -246,7 +242,7 @@ def ofob_matches(step: Run) -> Verdict:
                                 mean_of_scaled, count_scales, loss_not_scaled], step, "loss") or
                       f"rank 1 (the last stage) returned {got}; the unsplit model's is {step.ref_loss.item():.6g}"
                       + _raised(step))
-    if message := loss_on_every_stage(step):
+    if message := loss_not_a_tensor(step) or loss_not_detached(step) or loss_on_every_stage(step):
         return failed(message)
     for stage in (0, 1):
         grads = step.ranks[stage].grads
@@ -259,7 +255,7 @@ def ofob_matches(step: Run) -> Verdict:
             why = diagnose([count_scales, loss_not_scaled, backward_order], step, f"grads{stage}")
             return failed(f"stage {stage}'s gradients differ from the unsplit model's (max abs difference "
                           f"{p.max_abs_diff:.3g} in {p.worst})" + (f": {why}" if why else _raised(step)))
-    if deeper := _deeper(step, _matches, first=True):
+    if deeper := _deeper(step, _sourced, first=True):
         return failed(deeper)
     return passed(f"loss {step.ref_loss.item():.5g}" + (f", at {P} and {len(step.deeper.ranks)} stages"
                                                         if isinstance(step.deeper, Run) else ""))
