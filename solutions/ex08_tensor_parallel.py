@@ -102,7 +102,8 @@ class ColumnParallelLinear(nn.Module):
       ``(k, in)`` (``nn.Linear``'s weight is ``(out, in)``) and a bias of shape ``(k,)``, as the
       module's ``nn.Parameter`` attributes ``weight`` and ``bias``. They are the rank's 1/W of the
       layer: storage of their own (not a view keeping the unsplit tensor alive) and no reference to
-      ``linear`` or its tensors.
+      ``linear`` or its tensors, in ``linear``'s dtype and on its device. The shard is cut with the
+      ``rank`` given, whatever process builds it (the grader builds other ranks' layers too).
     * Forward: from ``x`` of shape ``(..., in)``, whole and the same on every rank, to this rank's
       features ``rank*k : (rank+1)*k`` of ``linear(x)``, shape ``(..., k)``; no collective.
     * Backward: the gradients of ``weight`` and ``bias`` are the matching slices of the unsplit
@@ -131,8 +132,8 @@ class RowParallelLinear(nn.Module):
     ``world_size``. Invariants (the grader checks each):
 
     * Held: as ``nn.Parameter`` attributes ``weight`` and ``bias``, with storage of their own and no
-      reference to ``linear``: the weight's columns (input features) ``rank*k : (rank+1)*k``, shape
-      ``(out, k)``, and the whole bias, shape ``(out,)``, on every rank.
+      reference to ``linear``, in its dtype: the weight's columns (input features) ``rank*k : (rank+1)*k``
+      for the ``rank`` given, shape ``(out, k)``, and the whole bias, shape ``(out,)``, on every rank.
     * Forward: ``x`` of shape ``(..., k)`` holds this rank's features ``rank*k : (rank+1)*k`` of the
       layer's input (the column layer's output, after the activation). The result is ``linear`` of
       the whole input, shape ``(..., out)``, the same on every rank; one collective, of the output's

@@ -4,6 +4,8 @@ numbers. One launch per world size grades every file: the W=2 one stays in the f
 is `slow`."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from autograder.checks import ex08_tensor_parallel as check
@@ -65,6 +67,16 @@ MISTAKES = {
                        "linear.weight.detach().chunk(world_size, dim=1)[rank].clone()":
                        "linear.weight.detach()[:, rank::world_size].clone()"},
     "f divides after its all-reduce": {F_REDUCE: F_REDUCE + "        grad /= dist.get_world_size()\n"},
+    # blind audits': the column layer cut by the process's rank, not the rank given (right when each rank builds
+    # its own); its weight made with torch's default dtype and copied into (right from a float32 block)
+    "column cut by the process's rank": {"        ### BEGIN SOLUTION\n        # chunk(..)[rank]":
+                                         "        ### BEGIN SOLUTION\n        rank = dist.get_rank()\n"
+                                         "        # chunk(..)[rank]"},
+    "column weight in the default dtype": {
+        "self.weight = nn.Parameter(linear.weight.detach().chunk(world_size, dim=0)[rank].clone())":
+        "self.weight = nn.Parameter(torch.empty(linear.out_features // world_size, linear.in_features))\n"
+        "        with torch.no_grad():\n"
+        "            self.weight.copy_(linear.weight.chunk(world_size, dim=0)[rank])"},
     # Right numbers, one collective too many: no cause to name, the count by kind says it.
     "input broadcast first": {COLUMN_FORWARD: "        with torch.no_grad():\n            dist.broadcast(x, src=0)\n"
                               + COLUMN_FORWARD},
@@ -187,11 +199,12 @@ def test_a_shard_cut_along_the_wrong_dimension_is_located(w2):
     # f, g and the other layer keep their marks (a blind audit's 0 of 10 before), each saying so
     assert set(col) == set(row) == {HOLDS}, (col, row)
     said = {c.name: c.feedback for c in w2["column cut by input features"].criteria}
-    assert said[OUTPUT].endswith(
-        f"(with the grader's ColumnParallelLinear in place of yours, which does not hold its shard (see '{HOLDS}'): "
-        "with it your step raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (12x16 and 8x96) at "
-        "ex08_tensor_parallel.py line 123 in forward: return F.linear(CopyToParallelRegion.apply(x), self.weight, "
-        "self.bias))"), said[OUTPUT]
+    assert re.search(
+        re.escape(f"(with the grader's ColumnParallelLinear in place of yours, which does not hold its shard (see "
+                  f"'{HOLDS}'): with it your step raised RuntimeError: mat1 and mat2 shapes cannot be multiplied "
+                  "(12x16 and 8x96) at ex08_tensor_parallel.py line ") + r"\d+" +
+        re.escape(" in forward: return F.linear(CopyToParallelRegion.apply(x), self.weight, self.bias))") + "$",
+        said[OUTPUT]), said[OUTPUT]
     assert said[BWD_COMM].endswith(" (with the grader's ColumnParallelLinear in place of yours)"), said[BWD_COMM]
     said = {c.name: c.feedback for c in w2["row cut by output features"].criteria}
     assert "grader's RowParallelLinear in place of yours" in said[OUTPUT] and "(12x48 and 96x8)" in said[OUTPUT]
@@ -223,6 +236,18 @@ def test_a_shard_that_is_not_the_ranks_own_is_located(w2):
     said = "rank 1's ColumnParallelLinear.weight holds rows 0:48 of the unsplit 96x16 weight, rank 0's shard"
     for name in (HOLDS, OUTPUT, X_GRAD, GRADS):
         assert said in f[name] and "rows r·48:(r+1)·48" in f[name], name
+
+
+def test_a_shard_cut_by_the_process_or_in_the_default_dtype_costs_the_holding_criterion(w2):
+    by_process = failed(w2["column cut by the process's rank"])
+    default = failed(w2["column weight in the default dtype"])
+    assert list(by_process) == list(default) == [HOLDS]  # each rank's own step is right
+    assert by_process[HOLDS].startswith("ColumnParallelLinear(linear, rank=1, world_size=2), built on rank 0, holds as "
+                                        "its weight rows 0:48 of the unsplit 96x16 weight, rank 0's, where rank 1's is "
+                                        "rows 48:96"), by_process[HOLDS]
+    assert "the shard follows the process's rank, not the rank it is given" in by_process[HOLDS]
+    assert default[HOLDS].startswith("built from a float64 block, rank 0's ColumnParallelLinear.weight is float32, "
+                                     "torch's default dtype, not the layer's float64"), default[HOLDS]
 
 
 def test_views_and_the_unsplit_layer_cost_the_memory_criterion_only(w2):
@@ -341,6 +366,8 @@ W4_SAYS = {
     "row forward without the transpose": "mat1 and mat2 shapes cannot be multiplied (12x24 and 16x24)",
     "strided shards": "ColumnParallelLinear.weight (24x16) is not rows 0:24 of the unsplit 96x16 weight",
     "f divides after its all-reduce": "x.grad is 0.25x what the backward's all-reduce produced, its sum divided by",
+    "column cut by the process's rank": "holds as its weight rows 0:24 of the unsplit 96x16 weight, rank 0's, where",
+    "column weight in the default dtype": "ColumnParallelLinear.weight is float32, torch's default dtype",
 }
 
 

@@ -32,6 +32,8 @@ in one part never costs another).
 | the row bias inside the partial sums | "the output holds the row bias once, but inside the partial sums ..." |
 | a shard cut along the wrong dimension | "rank 0's ColumnParallelLinear.weight is 96x8: columns 0:8 of ..." |
 | a shard that is not the rank's own | "rank 1's ColumnParallelLinear.weight holds rows 0:48 ..., rank 0's shard" |
+| a shard cut by the process's rank, not the rank given | "ColumnParallelLinear(linear, rank=1, ...), built on ..." |
+| a shard in torch's default dtype, not the layer's | "built from a float64 block, rank 0's ... is float32 ..." |
 | the input not replicated: split across the ranks | "ColumnParallelLinear returned 6 rows for the 12-row input ..." |
 | a shard that is a view of the unsplit weight | "... is a view ...: its storage is 6,144 B for its own 3,072 B ..." |
 | the unsplit layer kept next to the shard | "rank 0's RowParallelLinear also keeps linear.weight (16x96, 6,144 B)" |
@@ -57,6 +59,7 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .causes import (KNOWN_ERRORS, averaged, bias_in_partial_sums, bias_on_every_rank, describe,
                      forward_returned_nothing, gradient_stopped, input_not_replicated, not_own_shard, summary,
                      multiple_of, unsplit_kept, view_kept, wrong_dimension)
+from .builds import rebuilt_wrong
 from .comm_causes import (f_on_output, f_reduces_forward, g_reduces_backward, no_backward_reduce, no_forward_reduce,
                           swapped)
 from .observations import Run
@@ -122,7 +125,7 @@ def _wrong_parameter(run: Run) -> str | None:
 def holds_its_shard(run: Run) -> Verdict:
     if stop := _blocked(run, "build", owner=True, causes=SHARDS):
         return stop
-    if why := _wrong_parameter(run) or diagnose([view_kept, unsplit_kept], run, "shards"):
+    if why := _wrong_parameter(run) or rebuilt_wrong(run) or diagnose([view_kept, unsplit_kept], run, "shards"):
         return failed(why)
     want = sum(run.expected(p, 0).numel() * run.expected(p, 0).element_size() for p in PARTS)
     unsplit = sum(t.numel() * t.element_size() for t in run.ref.weights.values())

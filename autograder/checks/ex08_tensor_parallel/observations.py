@@ -80,6 +80,10 @@ class StepObservation(Observation):
     replaced: str = ""
     raised_in: str = ""  # the learner's layer whose forward was running when the (first) step raised ("": none)
     off_shard: list[str] = field(default_factory=list)  # where the first step raised: its layers not holding shards
+    # the layers built again on this rank for every other rank r (keyed str(r)): each part's value (None: missing)
+    built_for: dict[str, dict[str, torch.Tensor | None]] = field(default_factory=dict)
+    wide_dtypes: dict[str, str] = field(default_factory=dict)  # each part's dtype, built from a float64 block
+    rebuild_error: str = ""  # what building them again raised ("": nothing)
 
     def param(self, part: str) -> Param | None:
         """The learner's tensor for ``part`` (``"row.bias"``: RowParallelLinear's ``bias``); ``None`` when the

@@ -9,6 +9,7 @@ the same unsplit block and input (fixed seeds, ``reference``), builds ``ColumnPa
 * what each layer holds: its ``weight`` and ``bias`` (values, whether they are parameters) and every
   tensor reachable from it (parameters, buffers, tensor attributes, submodules'), with the bytes of
   its storage and whether that storage is the unsplit layer's;
+* the layers built again for every other rank, and from a float64 copy of the block: their shards and dtypes;
 * the output, the input's gradient and the shards' gradients;
 * every collective the rank issued, with its phase (forward or backward), the layer whose forward
   was running, its shape, and for an all-reduce a copy of what this rank put in.
@@ -21,6 +22,7 @@ under gloo with torch 2.13: the mode stays active in the backward).
 """
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 
 import torch
@@ -138,9 +140,9 @@ def _observe(path: str, dev: torch.device, rank: int, world: int, tag: str) -> S
     learner = load_learner(path)  # an import error ends the launch, which names it, as for any exercise
     with CapturedPrints() as printed:
         try:
-            layers = {"column": learner.ColumnParallelLinear(unsplit[0], rank, world),
-                      "row": learner.RowParallelLinear(unsplit[2], rank, world)}
+            layers = _layers(learner, unsplit, rank, world)
             obs.layers = {k: holdings(m, unsplit[0 if k == "column" else 2]) for k, m in layers.items()}
+            _rebuilt(obs, learner, unsplit, path)
             _step(obs, layers, unsplit, x, grad_out)
         except NotImplementedError as exc:
             obs.not_implemented = str(learner_frame(exc, path) or f"{type(exc).__name__}: {exc}")
@@ -152,6 +154,31 @@ def _observe(path: str, dev: torch.device, rank: int, world: int, tag: str) -> S
     if len(layers) == 2:
         obs.grads = _grads(layers)
     return obs
+
+
+def _layers(learner, unsplit: nn.Sequential, rank: int, world: int) -> dict[str, nn.Module]:
+    return {"column": learner.ColumnParallelLinear(unsplit[0], rank, world),
+            "row": learner.RowParallelLinear(unsplit[2], rank, world)}
+
+
+def _rebuilt(obs: StepObservation, learner, unsplit: nn.Sequential, path: str) -> None:
+    """The two layers built again on this rank: for every other rank (a shard follows the ``rank`` it is given,
+    not the process's), and from a float64 copy of the block (a shard keeps its layer's dtype). Into ``obs``."""
+    def part(layers: dict[str, nn.Module], name: str):
+        layer, attr = name.split(".")
+        return getattr(layers[layer], attr, None)
+
+    try:
+        for r in (r for r in range(obs.world) if r != obs.rank):
+            built = _layers(learner, unsplit, r, obs.world)
+            obs.built_for[str(r)] = {name: t.detach().cpu().clone() if isinstance(t := part(built, name),
+                                                                                  torch.Tensor) else None
+                                     for name in PARTS}
+        wide = _layers(learner, copy.deepcopy(unsplit).double(), obs.rank, obs.world)
+        obs.wide_dtypes = {name: str(getattr(part(wide, name), "dtype", "none")).removeprefix("torch.")
+                           for name in PARTS}
+    except Exception as exc:  # noqa: BLE001 - said by the criterion that reads these; the step goes on
+        obs.rebuild_error = raised(exc) + (f" at {where}" if (where := learner_frame(exc, path)) else "")
 
 
 def _step(obs: StepObservation, layers: dict[str, nn.Module], unsplit: nn.Sequential, x: torch.Tensor,
