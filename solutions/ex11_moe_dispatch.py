@@ -77,8 +77,8 @@ def dispatch(x_slots: torch.Tensor, perm: torch.Tensor, input_split_sizes: list[
 
     * ``x_slots``: ``(S, hidden)``, one row per slot (its token's); ``perm``, ``input_split_sizes``: from
       :func:`sort_by_expert`; ``output_split_sizes``: from :func:`exchange_split_sizes`.
-    * Returns ``(sum(output_split_sizes), hidden)``: the rows this rank's expert must process, rank 0's
-      first, then rank 1's... One collective, an all-to-all, in the forward, and one in the backward:
+    * Returns ``(sum(output_split_sizes), hidden)``, in ``x_slots``' dtype: the rows this rank's expert must
+      process, rank 0's first, then rank 1's... One collective, an all-to-all, in the forward, and one in the backward:
       use the autograd-aware all-to-all, or ``x_slots`` gets no gradient from the expert.
     """
     ### BEGIN SOLUTION
@@ -94,9 +94,10 @@ def combine(y_recv: torch.Tensor, perm: torch.Tensor, n_slots: int, input_split_
 
     * ``y_recv``: the expert's output for the rows :func:`dispatch` returned, in the same order; the
       other arguments as :func:`dispatch` was given them; ``n_slots``: ``S``.
-    * Returns ``(S, hidden)``: row ``i`` is the expert's output for slot ``i``, zeros for the dropped
-      slots. One autograd-aware all-to-all (the splits swapped) in the forward and one in the backward;
-      then the inverse of ``perm``: the row returned ``k``-th belongs to slot ``perm[k]``.
+    * Returns ``(S, hidden)``, in ``y_recv``'s dtype and on its device: row ``i`` is the expert's output for
+      slot ``i``, zeros for the dropped slots. One autograd-aware all-to-all (the splits swapped) in the
+      forward and one in the backward; then the inverse of ``perm``: the row returned ``k``-th belongs to
+      slot ``perm[k]``.
     """
     ### BEGIN SOLUTION
     back = all_to_all_single_autograd(y_recv, input_split_sizes, output_split_sizes, dist.group.WORLD)

@@ -48,6 +48,17 @@ MISTAKES = {
     "combine inverse wrong": {"index_copy(0, perm, back)": "index_copy(0, torch.argsort(perm), back)"},
     # a blind audit's: the dropped slots' rows left as new_empty made them (tiny values: within the tolerance)
     "combine rows not zeroed": {"back.new_zeros(n_slots, back.shape[1])": "back.new_empty(n_slots, back.shape[1])"},
+    # blind audits': per-expert nonzero().squeeze() (a 0-d tensor where an expert has one slot); combine's buffer
+    # made in torch's default dtype; the counts exchanged in place (one tensor as the all-to-all's output and input)
+    "sort by squeezed blocks": {
+        "    kept = keep.nonzero().squeeze(1)\n    # stable":
+        "    blocks = [((expert == j) & keep).nonzero().squeeze() for j in range(world_size)]\n"
+        "    return torch.cat(blocks), [len(b) for b in blocks]\n"
+        "    kept = keep.nonzero().squeeze(1)\n    # stable"},
+    "combine buffer in the default dtype": {"return back.new_zeros(n_slots, back.shape[1]).index_copy(0, perm, back)":
+                                            "return torch.zeros(n_slots, back.shape[1]).index_copy(0, perm, back)"},
+    "counts exchanged in place": {"    recv = torch.empty_like(send)\n    dist.all_to_all_single(recv, send)":
+                                  "    recv = send\n    dist.all_to_all_single(send, send)"},
     "combine splits not swapped": {
         "back = all_to_all_single_autograd(y_recv, input_split_sizes, output_split_sizes, dist.group.WORLD)":
         "back = all_to_all_single_autograd(y_recv, output_split_sizes, input_split_sizes, dist.group.WORLD)"},
@@ -58,6 +69,7 @@ DISPATCH, COMBINE = ("[W=2] dispatch: each expert's rank receives the rows sent 
                      "[W=2] combine: every slot gets its expert's output back, zeros for the dropped")
 C_GRADS, D_GRADS = ("[W=2] backward: the expert's and the router's gradients match, back through combine",
                     "[W=2] backward: the input's gradient matches, back through dispatch")
+DTYPE = "[W=2] dispatch and combine return rows in their input's dtype"
 D_COMM, C_COMM = ("[W=2] dispatch: one all-to-all in the forward, one in the backward, nothing else",
                   "[W=2] combine: one all-to-all in the forward, one in the backward, nothing else")
 
@@ -97,8 +109,11 @@ OWN_ALL_TO_ALL_BACKWARD_SPLITS = {  # the audit's: a hand-written all-to-all Fun
 def test_a_backward_that_aborts_gloo_costs_the_backward_only(graded):
     r = graded["own all-to-all"]
     fails = failed(r)
-    backward = [c.name for c in r.criteria][4:]
-    assert list(fails) == backward, r.feedback  # the split and the forward, kept before the backward, at full marks
+    backward = [c.name for c in r.criteria][4:8]
+    # the split and the forward, kept before the backward, at full marks; and the float64 calls, made in the launch
+    # after it on their own
+    assert list(fails) == backward, r.feedback
+    assert f"ok  {DTYPE}: float64 rows in, float64 rows out, in dispatch and combine" in r.feedback
     assert re.fullmatch(rf"the backward through dispatch and combine did not finish: {ABORTED}.*", fails[backward[0]],
                         re.S), fails[backward[0]]
     assert fails[backward[1]] == ("not checked: the backward through dispatch and combine did not finish "
@@ -224,6 +239,24 @@ def test_dispatch_and_combine_are_graded_apart_each_named(graded):
     f = failed(graded["combine splits not swapped"])
     assert set(f) == {COMBINE, C_GRADS, C_COMM}, f
     assert "combine sends those back, so its two lists swap places" in f[COMBINE], f[COMBINE]
+
+
+def test_an_expert_with_one_slot_a_default_dtype_buffer_and_an_in_place_exchange_are_named(graded):
+    f = failed(graded["sort by squeezed blocks"])
+    assert list(f) == [SPLITS], f  # the routed step has no expert with one slot: the edge case shows it
+    assert f[SPLITS].startswith("sort_by_expert raised RuntimeError: zero-dimensional tensor (at position 0) cannot "
+                                "be concatenated where an expert gets a single kept slot (expert=[0, 1, 1, 1]"), f
+    f = failed(graded["combine buffer in the default dtype"])
+    assert list(f) == [DTYPE], f  # float32 rows: right
+    assert f[DTYPE].startswith("given float64 y_recv, rank 0's combine raised RuntimeError: index_copy_(): self and "
+                               "source expected to have the same dtype"), f[DTYPE]
+    f = failed(graded["counts exchanged in place"])
+    assert EXCHANGED in f, f
+    # gloo's all-to-all on one buffer: whether a rank's counts survive it is a race, so the rank is not asserted
+    assert re.match(r"rank [01]'s exchange_split_sizes made its all_to_all_single with one tensor as both its output "
+                    r"and its input, and returned \[\d+, \d+\], its own input_split_sizes", f[EXCHANGED]), f[EXCHANGED]
+    for name in ("combine inverse wrong", "dispatch splits swapped"):  # a wrong function: its own criterion only
+        assert DTYPE not in failed(graded[name]), name
 
 
 def test_the_causes_explain_nothing_they_cannot_see_on_crafted_runs():

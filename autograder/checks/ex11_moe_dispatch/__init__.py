@@ -54,6 +54,7 @@ from ...grader.parity import parity
 from ...grader.parts import judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
+from .dtypes import keeps_dtype
 from .causes import (KNOWN_ERRORS, counted_dropped, dropped_sent, dropped_unwritten, edge_case_missed, keep_on_sorted,
                      no_exchange_collective, not_autograd, not_exchanged, not_inverted, perm_in_kept, returned_none,
                      rows_differ, runtime_copy, splits_swapped, wrong_order, wrong_slots)
@@ -267,13 +268,18 @@ def combine_all_to_alls(run: Run) -> Verdict:
 
 
 CRITERIA = [split_sizes, sizes_exchanged, dispatch_rows, combine_rows, combine_grads, dispatch_grads,
-            dispatch_all_to_alls, combine_all_to_alls]
+            dispatch_all_to_alls, combine_all_to_alls, keeps_dtype]
 
 
 # The parts, in the order they run, with what each grades (the backward's criteria need the forward's output).
 PARTS = {"split": ("sort_by_expert and exchange_split_sizes", CRITERIA[:2]),
          "forward": ("dispatch and combine", CRITERIA[2:4]),
-         "backward": ("the backward through dispatch and combine", CRITERIA[4:])}
+         "backward": ("the backward through dispatch and combine", CRITERIA[4:8]),
+         "dtype": ("dispatch and combine on float64 rows", CRITERIA[8:])}
+
+
+NEEDS = {"backward": ("forward",), "dtype": ("forward",)}  # the backward through the forward's output
+
 
 
 def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:
@@ -281,11 +287,9 @@ def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:
     ``grader.parts``); one report each."""
     reports = [EXERCISE.new_report() for _ in paths]
     parted, wall_s = launch_parts(rank_main, paths, world=world, timeout=launch_timeout(EXERCISE, files=len(paths)),
-                                  parts=list(PARTS), known=KNOWN_ERRORS, needs={"backward": ("forward",)})
+                                  parts=list(PARTS), known=KNOWN_ERRORS, needs=NEEDS)
     for report, file in zip(reports, parted):
-        # each part's record holds what the ranks observed until then: the last one kept is the whole run
-        last = next((file.part(p) for p in reversed(PARTS) if file.part(p) and all(file.part(p))), None)
-        run = Run.from_wire(last)  # some part was kept: else launch_parts raised
+        run = Run.from_parts(file, world)
         if (stub := next((o.not_implemented for o in run.ranks if o.not_implemented), None)):
             report.did_not_run(f"not implemented yet ({stub})")
             continue

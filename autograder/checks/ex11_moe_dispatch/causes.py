@@ -122,10 +122,20 @@ def not_exchanged(run: Run) -> str | None:
     for obs in run.ranks:
         r, recv, send = obs.rank, obs.returned.recv, run.slots(obs.rank).send
         want = [run.slots(j).send[r] for j in range(run.world)]
-        if recv == send and recv != want:
-            return (f"rank {r}'s exchange_split_sizes returned {recv}, its own input_split_sizes: it will receive "
-                    f"{want} rows from ranks 0..{run.world - 1}, which only they know; all-to-all the counts "
-                    "first (dist.all_to_all_single of a tensor of them)")
+        if recv != send or recv == want:
+            continue
+        made = [c for c in run.calls(r, "exchange") if c.kind == "all_to_all"]
+        if any(c.aliased for c in made):
+            return (f"rank {r}'s exchange_split_sizes made its all_to_all_single with one tensor as both its output "
+                    f"and its input, and returned {recv}, its own input_split_sizes, where the ranks send it {want}: "
+                    "give the all-to-all an output tensor of its own (torch.empty_like of the counts)")
+        if made:
+            return (f"rank {r}'s exchange_split_sizes made an all_to_all_single of the counts, but returned {recv}, "
+                    f"its own input_split_sizes, not what it received ({want} from ranks 0..{run.world - 1}): "
+                    "return the all-to-all's output")
+        return (f"rank {r}'s exchange_split_sizes returned {recv}, its own input_split_sizes: it will receive "
+                f"{want} rows from ranks 0..{run.world - 1}, which only they know; all-to-all the counts "
+                "first (dist.all_to_all_single of a tensor of them)")
     return None
 
 

@@ -64,4 +64,10 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "One all-to-all in combine; autograd runs its backward; nothing else communicates.",
         "One all_to_all_single_autograd call in combine, with the splits swapped, and no other collective.",
     ),
+    "keeps_dtype": (
+        "MoE layers train in bf16 on GPUs: a buffer that silently becomes float32 on the CPU breaks the layer the "
+        "moment it leaves the float32 CPU run it was written on.",
+        "Every tensor a function makes for its result takes its dtype and device from the tensors it was given.",
+        "x.new_zeros(n, h) or torch.zeros(n, h, dtype=x.dtype, device=x.device), not torch.zeros(n, h).",
+    ),
 }

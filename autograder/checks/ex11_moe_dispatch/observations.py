@@ -33,6 +33,7 @@ class Collective(Observation):
     shape: list[int]          # its first tensor's shape
     stage: str | None         # the stage running (STAGES); None: between them
     phase: str                # "forward" or "backward"
+    aliased: bool = False     # its output and its input are one storage (all_to_all_single(t, t))
 
 
 @dataclass
@@ -83,6 +84,9 @@ class MoEStep(Observation):
     comm: list[Collective] = field(default_factory=list)  # every collective, in order
     edges: list[EdgeCase] = field(default_factory=list)  # sort_by_expert on the contract's edge cases
     answers: Answers = field(default_factory=Answers)  # whether a graded function is the runtime's copy (``ANSWERS``)
+    # dispatch's and combine's result on float64 rows, run again after the step: its dtype ("float64"), or what it
+    # raised; absent where the function was wrong on some rank (not run again)
+    wide: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,6 +99,20 @@ class Run:
     def from_wire(cls, ranks: list[dict]) -> Run:
         """The run of one file from what its ranks sent (``launch_files``: one wire record per rank)."""
         return cls([MoEStep.from_wire(r) for r in ranks])
+
+    @classmethod
+    def from_parts(cls, file, world: int) -> Run:
+        """One file's run from its parts (``grader.parts.Parted``): the step's record (split, forward, backward:
+        each holds what the ranks observed until then, so the last one kept is the whole step; where none was,
+        every part ended or was not run, and nothing of it is judged), with the float64 calls of the "dtype"
+        part, which a later launch may have made on its own."""
+        step = next((file.part(p) for p in ("backward", "forward", "split") if file.part(p) and all(file.part(p))),
+                    None)
+        run = cls.from_wire(step) if step else cls([MoEStep(rank=r, world=world) for r in range(world)])
+        if (wide := file.part("dtype")) and all(wide):
+            for obs, kept in zip(run.ranks, wide):
+                obs.wide = MoEStep.from_wire(kept).wide
+        return run
 
     @property
     def world(self) -> int:

@@ -40,11 +40,13 @@ def valid_perm(perm, expert: torch.Tensor, keep: torch.Tensor) -> bool:
 
 
 # The inputs sort_by_expert's contract names beyond the routed step's: an expert with none (the last one, which a
-# count of the experts present leaves out), no slot kept, every slot to one expert; as (name, expert, keep) at W.
+# count of the experts present leaves out), no slot kept, every slot to one expert, an expert with one slot (where
+# a per-expert nonzero().squeeze() gives a 0-d tensor); as (name, expert, keep) at W.
 def edge_cases(world: int) -> list[tuple[str, list[int], list[bool]]]:
     return [("the last expert gets no slot", [w % (world - 1) for w in range(6)], [True] * 6),
             ("no slot is kept", [w % world for w in range(5)], [False] * 5),
-            ("every slot goes to the last expert", [world - 1] * 4, [True, False, True, True])]
+            ("every slot goes to the last expert", [world - 1] * 4, [True, False, True, True]),
+            ("an expert gets a single kept slot", [0] + [world - 1] * 3, [True] * 4)]
 
 
 def _edges(learner, world: int) -> list[EdgeCase]:
@@ -68,7 +70,9 @@ class CommSpy(CollectiveRecorder):
         self.stage, self.phase = None, "forward"
 
     def tag(self, kind: str, tensors: list[torch.Tensor]) -> dict:
-        return {"stage": self.stage, "phase": self.phase}
+        ptrs = [t.untyped_storage().data_ptr() for t in tensors[:2]]
+        aliased = len(ptrs) == 2 and ptrs[0] == ptrs[1]
+        return {"stage": self.stage, "phase": self.phase, "aliased": aliased}
 
     @property
     def calls(self) -> list[Collective]:
@@ -105,7 +109,8 @@ def _everywhere(ok: bool) -> bool:
 def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]]) -> list[dict]:
     """Runs on every rank: observe each learner file in turn (the tests grade several per launch), in three parts
     kept as they return (``rank.parts``: one that ends the launch costs its own marks only): ``"split"``
-    (sort_by_expert, exchange_split_sizes), ``"forward"`` (dispatch, combine), ``"backward"`` (through them).
+    (sort_by_expert, exchange_split_sizes), ``"forward"`` (dispatch, combine), ``"backward"`` (through them),
+    ``"dtype"`` (dispatch and combine again, on float64 rows).
     Each kept :class:`MoEStep` holds everything observed until then; the backward runs only after a forward."""
     distlab.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -167,6 +172,9 @@ def _observe(path: str, rank: int, world: int, kept: Parts) -> None:
             if kept.starts("backward"):
                 _backward(obs, y, layer, x, grad_all[rank * T:(rank + 1) * T], spy, path)
                 keep("backward")
+        if kept.starts("dtype"):  # on its own: a launch that ended in the backward runs it again without the forward
+            _widened(obs, learner, x[slots.token], perm, len(slots.token), send, recv, path)
+            keep("dtype")
     echo(printed.lines)
 
 
@@ -253,6 +261,24 @@ def _combined(obs: MoEStep, stage, learner, y_recv: torch.Tensor, perm: torch.Te
     rows, obs.y_slots, obs.combined_grad_fn, obs.returned.combine_shape = _judged(
         obs, "combine", got, want, n_slots, exact=False)
     return rows
+
+
+def _widened(obs: MoEStep, learner, x_slots: torch.Tensor, perm: torch.Tensor, n_slots: int, send: list[int],
+             recv: list[int], path: str) -> None:
+    """dispatch and combine on float64 rows, outside the recorder (their all-to-alls are not the step's): the
+    dtype each returns, into ``obs.wide``. Not one that was wrong on some rank in this launch's forward (every
+    rank knows it alike), so that every rank makes the same calls; combine's rows are zeros of the shape the
+    expert's output has (their values are not judged here)."""
+    rows = torch.zeros(sum(recv), x_slots.shape[1], dtype=torch.float64)
+    calls = {"dispatch": (learner.dispatch, x_slots.detach().double(), perm, list(send), list(recv)),
+             "combine": (learner.combine, rows, perm, n_slots, list(send), list(recv))}
+    for name, (fn, *args) in calls.items():
+        if name in obs.substituted:
+            continue
+        with torch.no_grad():
+            got, exc = attempt(fn, *args)
+        obs.wide[name] = (f"raised {raised(exc)}" + (f" at {where}" if (where := learner_frame(exc, path)) else "")
+                          if exc is not None else str(getattr(got, "dtype", type(got).__name__)).removeprefix("torch."))
 
 
 def _backward(obs: MoEStep, y: torch.Tensor | None, layer, x: torch.Tensor, grad: torch.Tensor, spy: CommSpy,
