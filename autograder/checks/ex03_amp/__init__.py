@@ -76,36 +76,24 @@ from ...grader.parts import Parted, judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .accumulation.criteria import accumulation_order, accumulation_overflow, accumulation_parity
-from .causes import (KNOWN_ERRORS, broken, calls, clipped_scaled, counted_tensors, cpu_clock, cuda_autocast,
-                     filtered_kinds, grads_not_zeroed, loss_summed, missing, no_update, not_clipped, not_scaled,
-                     optimizer_stepped, real_missing, scaled_loss_returned, step_skipped, steps_not_one,
-                     timed_too_little, timing_not_passed, value_clipped)
+from .causes import (KNOWN_ERRORS, broken, calls, clipped_scaled, cuda_autocast, grads_not_zeroed, loss_summed,
+                     no_update, not_clipped, not_scaled, optimizer_stepped, real_missing, scaled_loss_returned,
+                     step_skipped, steps_not_one, value_clipped)
 from .accumulation.observations import Accumulation
 from .observations import AmpObservation, Answers, Autocast, Measure, Parity, RealModel, Run, Scaler
+from .measuring import (GPU_MIN_SPEEDUP, async_speedup, gpu_speedup, memory_ratio, outliers_speedup, steady_speedup,
+                        warmup_speedup)
 from .probes import PARTS, REAL_MODEL, rank_main
-from .workloads import CASE_TITLES, CASES_TRUTH, LOSS_TOL, MAX_NORM, MEMORY_TRUTH, STEPS, reference_fp32
+from .workloads import CASE_TITLES, LOSS_TOL, MAX_NORM, STEPS, reference_fp32
 
-__all__ = ["EXERCISE", "KNOWN_ERRORS", "criteria", "grade"]
+__all__ = ["CASE_TITLES", "EXERCISE", "GPU_MIN_SPEEDUP", "KNOWN_ERRORS", "criteria", "grade"]
 
 EXERCISE = Exercise(number=3, name="amp", filename="ex03_amp.py", max_score=10, time_limit=90)
 # What median_seconds and compare return are measurements of time: no two runs share them, so the first divergence
 # from the reference's trace does not compare them (a blind audit's: timing noise was pinned on a correct line)
 MEASURED_RETURNS = ("median_seconds", "compare")
-RATIO_TOL = 0.10         # a reported ratio within 10% of the truth
-GPU_MIN_SPEEDUP = 1.5    # bf16 over fp32 on the real model, required on a GPU with bf16 tensor cores only
 RTOL, ATOL = 1e-4, 1e-5  # float32 step vs the single-process reference
 PER_EXTRA_FILE_S = 15.0  # one more file in a launch: every part, and the real model, measured again
-
-
-def _ratio_fb(name: str, got: float, truth: float, why: str) -> tuple[bool, str]:
-    ok = abs(got / truth - 1) <= RATIO_TOL
-    if ok:
-        return True, f"{got:.3g} (truth {truth:.3g})"
-    if abs(got * truth - 1) <= RATIO_TOL:
-        return False, (f"{name}: you reported {got:.3g} where the truth is {truth:.3g}, its inverse: "
-                       "speedup = baseline_s / candidate_s and memory_ratio = candidate_bytes / baseline_bytes")
-    return False, (f"{name}: you reported {got:.3g} where the truth is {truth:.3g} "
-                   f"(more than {RATIO_TOL:.0%} off): {why}")
 
 
 STEP_CAUSES = [grads_not_zeroed, steps_not_one, not_clipped]  # tested on the float32 run: no autocast, no scaler
@@ -190,59 +178,6 @@ def inf_step_skipped(run: Run) -> Verdict:
     if s.scale_after_inf < s.scale_before_inf:
         return passed()
     return failed(f"the scale stayed {s.scale_after_inf:g} after an inf step: call scaler.update() every step")
-
-
-def _speedup_criterion(case: str) -> Callable:
-    """The criterion of one simulated workload: the speedup ``compare`` reported, against its known truth."""
-    # trace=False: the workloads are simulated on a virtual clock, and a timing loop of another shape makes other
-    # events, not a mistake: the trace's first difference from the reference says nothing of the speedup
-    @criterion(f"measuring: {CASE_TITLES[case]}", points=1, trace=False)
-    def speedup(run: Run) -> Verdict:
-        if run.copied["median_seconds"]:  # the runtime's copy earns none of its criteria
-            return failed(run.copied["median_seconds"])
-        m = run.obs.measure
-        if why := broken(m.error, "compare / median_seconds"):
-            return failed(why)
-        if gone := missing(m.cases[case].keys(), ("speedup",)):
-            return failed(gone)
-        truth, why = CASES_TRUTH[case]
-        ok, fb = _ratio_fb("speedup", m.cases[case].speedup, truth, why)
-        if ok and case == "outliers" and (short := timed_too_little(m)):  # the median's other half: enough calls
-            return failed(short)
-        return passed(fb) if ok else failed(timing_not_passed(m, case) or cpu_clock(m) or fb)
-    speedup.__name__ = speedup.__qualname__ = f"{case}_speedup"
-    return speedup
-
-
-# One criterion per simulated workload, each worth 1.
-steady_speedup, warmup_speedup, async_speedup, outliers_speedup = map(_speedup_criterion, (
-    "steady", "warmup", "async", "outliers"))
-
-
-@criterion("measuring: saved-activation bytes and memory ratio", points=0.5)
-def memory_ratio(run: Run) -> Verdict:
-    if run.copied["saved_bytes"]:
-        return failed(run.copied["saved_bytes"])
-    m = run.obs.measure
-    if why := broken(m.error, "saved_bytes / compare"):
-        return failed(why)
-    steady = m.cases["steady"]
-    if gone := missing(steady.keys(), ("memory_ratio",)):
-        return failed(gone)
-    ok, fb = _ratio_fb("memory_ratio", steady.memory_ratio, MEMORY_TRUTH,
-                       "count each storage packed by torch.autograd.graph.saved_tensors_hooks once")
-    return passed(fb) if ok else failed(counted_tensors(steady) or filtered_kinds(steady) or fb)
-
-
-@criterion(f"[cuda] real bf16 speedup at least {GPU_MIN_SPEEDUP}x", points=1)
-def gpu_speedup(run: Run) -> Verdict:
-    r, copied = run.obs.real, run.copied["median_seconds"]
-    got = 0.0 if r.skipped or r.error or real_missing(run) else r.returned["speedup"]
-    if got >= GPU_MIN_SPEEDUP and not copied:
-        return passed()
-    return failed(copied or real_missing(run) or f"your compare() measured {got:.2f}x on the GPU; bf16 tensor cores "
-                  f"should give {GPU_MIN_SPEEDUP}x or more on this wide model: is the step under autocast, and is "
-                  "time measured with sync() after each call?")
 
 
 CRITERIA = [autocast_dtypes, float32_parity, losses_close, scaler_order, inf_step_skipped, steady_speedup,

@@ -93,6 +93,7 @@ class TimingCall(Observation):
     timed_s: float | None = None  # virtual seconds from its first clock reading to its last (None: not known)
     sync_given: bool | None = None  # whether its sync was the one compare was handed (None: not known)
     synced: int | None = None  # the calls of compare's sync while it ran (None: not on a workload's clock)
+    returned: float | None = None  # the seconds it returned (None: it raised, or returned no number)
 
 
 @dataclass
@@ -100,7 +101,11 @@ class Measure(Observation):
     """``compare`` on every simulated workload, under its virtual clock."""
 
     cases: dict[str, Compared] = field(default_factory=dict)  # keyed by workload ("steady", "warmup", ...)
-    error: str = ""                                           # what compare raised ("" if it ran)
+    error: str = ""                                           # what compare first raised ("" if it never did)
+    errors: dict[str, str] = field(default_factory=dict)      # what it raised, by workload
+    # the workloads where compare raised after its two median_seconds calls returned: their speedup is those
+    # two's ratio, and the other workloads were measured all the same
+    timed_only: list[str] = field(default_factory=list)
     timing_calls: list[TimingCall] = field(default_factory=list)  # compare's calls of median_seconds
     clocks: list[str] = field(default_factory=list)  # the clocks read on the workloads ("perf_counter", ...)
 

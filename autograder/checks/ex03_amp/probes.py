@@ -13,7 +13,7 @@ measuring functions still gets the marks for the step:
   norm it steps with, and whether a batch with an ``inf`` changed the weights
   (the first step and the ``inf`` step each on their own, so a missing
   ``scaler.update()``, which makes the second raise, still shows the first's order);
-* ``compare`` runs on the simulated workloads of ``workloads`` under a
+* ``compare`` runs (``measuring_probes``) on the simulated workloads of ``workloads`` under a
   :class:`distlab.measure.timing.VirtualClock` (``CASES``, whose truths are
   ``CASES_TRUTH`` and ``MEMORY_TRUTH``), which every clock the learner's code reads
   follows, however it was imported (``Clocks``, replaced before the file is imported),
@@ -22,45 +22,32 @@ measuring functions still gets the marks for the step:
 """
 from __future__ import annotations
 
-import functools
-import inspect
-from pathlib import Path
 from typing import TypeVar
 
 import torch
 from torch import nn
 
 from distlab import device as rank_device
-from distlab.measure.memory import peak_memory
 from distlab.models import cpu_state, make_mlp
-from distlab.measure.timing import SimulatedWorkload, VirtualClock, synchronize
 
 from ...rank.observation import Observation
-from ...rank import (CapturedPrints, attempt, echo, frames, grad_norm, learner_frame, load_learner, on_backward_start,
-                     raised)
+from ...rank import (CapturedPrints, attempt, echo, grad_norm, load_learner, on_backward_start)
 from ...rank.first_calls import FirstCalls
 from ...rank.parts import Parts
-from ...rank.spies import learner_line
 from .accumulation import probes as accumulation
 from .accumulation.observations import Accumulation
 from .answers import ANSWERS  # the runtime's copies, resolved now: before any learner file is loaded
 from .lookalikes import TARGETS as LOOK_ALIKES
-from .observations import (Answers, Autocast, Compared, LookAlikes, Measure, Parity, PrecisionRun, RealModel,
-                           Scaler, TimingCall)
-from .workloads import (CASES, LR, MAX_NORM, MIN_RUN_TIME, MODEL, WARMUP, Clocks, RecordingScaler, RecordingSGD,
-                        MixedSaves, SharedViews, batches)
+from .observations import (Answers, Autocast, LookAlikes, Measure, Parity, PrecisionRun, RealModel,
+                           Scaler)
+from .measuring_probes import _error, _measure, _real
+from .workloads import (LR, MAX_NORM, MODEL, Clocks, RecordingScaler, RecordingSGD,
+                        batches)
 
 # The real model whose bf16 speedup is reported (graded on a GPU with bf16 tensor cores), per device type.
 REAL_MODEL = {"cpu": dict(in_features=256, hidden=1024, depth=3, batch=256),
               "cuda": dict(in_features=1024, hidden=4096, depth=4, batch=4096)}
 P = TypeVar("P", bound=Observation)
-
-
-def _error(exc: Exception, learner) -> str:
-    """The error, and the learner's line it came through (else the innermost line, with its file's name: a
-    library's line 275 is not the learner's)."""
-    last = learner_frame(exc, learner.__file__) or frames(exc)[-1]
-    return f"{raised(exc)} ({Path(last.filename).name} line {last.lineno}: {last.line})"
 
 
 def _part(fn, record: type[P], learner) -> P:
@@ -140,97 +127,6 @@ def _scaler(learner, device) -> Scaler:
     out.scale_after_inf = scaler.get_scale()
     out.inf_params_unchanged = all(torch.equal(before[k], after[k]) for k in before)
     return out
-
-
-def _number(value) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _timing_spy(learner, calls: list[TimingCall], clocks: Clocks):
-    """The learner's ``median_seconds``, recording each call's settings (its signature's defaults applied), the
-    learner's line it came from (``compare`` must pass on the ``warmup``, ``min_run_time`` and ``sync`` it was given),
-    and, on a workload's virtual clock, the calls of compare's sync while it ran, and the seconds from its first
-    reading of a clock to its last: the seconds it measured (a warm-up reads no clock; Timer's calibration does)."""
-    real, path = learner.median_seconds, Path(learner.__file__).resolve()
-    try:
-        signature = inspect.signature(real)
-    except (TypeError, ValueError):
-        return real
-
-    @functools.wraps(real)
-    def spy(*args, **kwargs):
-        try:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            got = {k: _number(bound.arguments.get(k)) for k in ("warmup", "min_run_time")}
-            given = list(bound.arguments.values())[1:2]  # the sync it was handed (the contract's second argument)
-            got["sync_given"] = clocks.given_sync is not None and bool(given) and given[0] is clocks.given_sync
-        except TypeError:  # the call does not fit the signature: the call itself will raise
-            got = {"warmup": None, "min_run_time": None}
-        found = learner_line(path)
-        call = TimingCall(line=f"{Path(found[0]).name}:{found[1]}" if found else "", **got)
-        calls.append(call)
-        outer, clocks.reads, syncs = clocks.reads, [], clocks.syncs
-        try:
-            return real(*args, **kwargs)
-        finally:
-            if clocks.clock is not None and len(clocks.reads) >= 2:
-                call.timed_s = clocks.reads[-1] - clocks.reads[0]
-            call.synced = clocks.syncs - syncs if clocks.clock is not None else None
-            clocks.reads = outer
-    return spy
-
-
-def _measure(learner, watch, clocks: Clocks) -> Measure:
-    out = Measure()
-    real_timing = getattr(learner, "median_seconds", None)
-    if callable(real_timing):
-        learner.median_seconds = _timing_spy(learner, out.timing_calls, clocks)
-    try:
-        for case, (base_kw, cand_kw) in CASES.items():
-            _measure_case(learner, watch, clocks, case, base_kw, cand_kw, out)
-    finally:
-        if callable(real_timing):
-            learner.median_seconds = real_timing
-        out.clocks = sorted(clocks.read_names)
-    return out
-
-
-def _measure_case(learner, watch, clocks: Clocks, case: str, base_kw: dict, cand_kw: dict, out: Measure) -> None:
-    clock = VirtualClock()
-    base, cand = (SharedViews(clock, **kw) if "storage" in kw else
-                  MixedSaves(clock, **{k: v for k, v in kw.items() if k != "mixed"}) if kw.get("mixed") else
-                  SimulatedWorkload(clock, **kw) for kw in (base_kw, cand_kw))
-    before = len(out.timing_calls)
-    with clocks.reading(clock), watch:
-        res = learner.compare(base, cand, sync=clocks.counted_sync(clock), warmup=WARMUP, min_run_time=MIN_RUN_TIME)
-    clocks.given_sync = None
-    for call in out.timing_calls[before:]:
-        call.case = case
-    out.cases[case] = Compared(**{k: float(res[k]) for k in ("speedup", "memory_ratio") if k in res},
-                               **{k: _number(res[k]) for k in ("baseline_bytes", "candidate_bytes") if k in res})
-
-
-def _real(learner, device, watch, cfg: dict) -> RealModel:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(cfg["batch"], cfg["in_features"], generator=g).to(device)
-    y = torch.randint(0, 10, (cfg["batch"],), generator=g).to(device)
-    steps = {}
-    for kind, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
-        model = make_mlp(seed=0, in_features=cfg["in_features"], hidden=cfg["hidden"], depth=cfg["depth"]).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        steps[kind] = functools.partial(learner.train_step, model, opt, x, y, amp_dtype=dtype)
-    with watch:  # the learner's call only: peak_memory below is the grader's own
-        res = learner.compare(steps["fp32"], steps["bf16"], sync=lambda: synchronize(device), warmup=WARMUP,
-                              min_run_time=MIN_RUN_TIME)
-    (b32, method), (b16, _) = peak_memory(steps["fp32"], device), peak_memory(steps["bf16"], device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
-    sizes = f"MLP {cfg['in_features']}-{cfg['hidden']}x{cfg['depth']}, batch {cfg['batch']}"
-    return RealModel(returned={k: float(v) for k, v in res.items()}, peak_ratio=b16 / max(b32, 1), peak_method=method,
-                     device=name, model=sizes)
 
 
 # The parts, in the order they run, each kept as it returns (``rank.parts``: one that ends the launch, a loop that
