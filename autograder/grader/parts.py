@@ -164,7 +164,7 @@ def report_unrun(report, criteria: Sequence, fn: str, said: str, **names) -> Non
 
 
 def judge_parts(report, parts: dict[str, tuple[str, Sequence]], ended: dict[str, str], subject, *,
-                unrun: Mapping[str, str] | None = None, **names) -> None:
+                unrun: Mapping[str, str] | None = None, default=None, **names) -> None:
     """Each part's criteria on ``subject`` (``parts``: part -> (the function it grades, its criteria), in the
     report's order), or, for a part that ended its launch (``ended``), how it ended (:func:`report_ended`), and
     for one not run because a part it needs ended (``unrun``: :attr:`Parted.unrun`), which part that was."""
@@ -175,4 +175,5 @@ def judge_parts(report, parts: dict[str, tuple[str, Sequence]], ended: dict[str,
             needed_fn, needed = parts[unrun[part]]
             report_unrun(report, criteria, needed_fn, needed[0].rule.name.format(**names) if needed else "", **names)
         else:
-            report.judge(criteria, subject, **names)
+            # ``subject`` may be per part (a dict), ``default`` for the parts it does not name
+            report.judge(criteria, subject.get(part, default) if isinstance(subject, dict) else subject, **names)

@@ -45,6 +45,16 @@ class RankKilled(LaunchError):
         self.rank, self.signal = rank, signum
 
 
+class RankExited(RankKilled):
+    """A rank ended with a non-zero exit code and no error recorded (``os._exit(3)``): the root cause, as a
+    signal's death is (its peers then fail with "connection reset")."""
+
+    def __init__(self, rank: int, code: int, output: str = ""):
+        LaunchError.__init__(self, f"rank {rank} exited with code {code} without raising a Python exception "
+                             "(os._exit ends a process so)", output)
+        self.rank, self.signal, self.code = rank, None, code
+
+
 class LaunchTimeout(LaunchError):
     """The job ran past its time limit and was ended; ``unfinished`` lists ranks that never returned, ``where``
     where each rank was then (``heartbeat.Watch.report``: "rank 0 is at ex03_amp.py:104 (...)"; "": unknown)."""
@@ -86,11 +96,13 @@ def failure(outdir: Path, returncode: int, nprocs: int, done: set[int], output: 
     # torchrun's failure summary has "rank : N (local_rank: N)" then "exitcode : -9 (pid: …)".
     # Its "Root Cause" is whichever exit it noticed first, which can be a peer's "connection
     # reset"; a rank killed by a signal other than the SIGTERM torchrun sends peers is the cause.
+    # A positive code with no error record is a rank that left by itself (os._exit): as silent as a signal.
     died = {int(r): int(c) for r, c in [*_EXIT_RE.findall(output), *_recorded_exits(outdir, last)]
-            if int(c) < 0 and int(c) != -signal.SIGTERM}
+            if int(c) != 0 and int(c) != -signal.SIGTERM}
     silent = sorted(r for r in died if r not in {e["rank"] for e in errors})
     if silent:
-        return RankKilled(silent[0], -died[silent[0]], output)
+        r = min(silent, key=lambda r: (died[r] > 0, r))  # a signal's death first, then an exit
+        return RankKilled(r, -died[r], output) if died[r] < 0 else RankExited(r, died[r], output)
     if errors:
         first = min(errors, key=lambda r: r["time"])
         # When several ranks fail the same way (an import error, say), name the lowest, not a race winner.

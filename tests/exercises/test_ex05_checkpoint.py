@@ -293,6 +293,27 @@ def test_a_commit_on_every_rank_is_named_from_the_directory(tmp_path):
         "already renamed it to step_00000003")
 
 
+def test_a_rank_that_died_before_a_collective_did_not_skip_it(tmp_path):
+    """No launch: a blind audit's rank 1 that aborted (or left by os._exit) on entering save_checkpoint was told
+    "get_state_dict ran on rank 0 ... but not on rank 1: ... do not put it under `if rank == 0:`"; a rank that
+    skipped the call and raised later still gets that sentence."""
+    import json
+
+    from distlab import RankFailure
+    from distlab.runtime.failures import RankExited, RankKilled
+
+    run = ex05_checkpoint.Run(tmp_path, 2)
+    call = {"call": "get_state_dict", "attempt": 0, "tag": "first"}
+    (tmp_path / "A-calls-rank0.jsonl").write_text("\n".join(json.dumps({**call, "after_step": s}) for s in (0, 3)))
+    (tmp_path / "A-calls-rank1.jsonl").write_text(json.dumps({**call, "after_step": 0}))
+    one_sided = ex05_checkpoint.causes.one_sided_collective
+    for died in (RankKilled(1, 6), RankExited(1, 3)):
+        assert one_sided(run, "A", world=2, err=died) is None, died
+    for other in (None, RankFailure(1, "RuntimeError", "Parent directory does not exist", ""), RankKilled(0, 6)):
+        assert one_sided(run, "A", world=2, err=other).startswith(
+            "get_state_dict ran on rank 0 (at step 4) but not on rank 1: it is a collective"), other
+
+
 def test_a_rank_that_returns_before_rank_0_commits_is_named_by_the_order_of_events(tmp_path):
     """No launch: rank 0's commit held until rank 1 waits in a barrier rank 0 has not passed (the contract's second
     barrier) or has returned from save_checkpoint (a blind audit's save without it got full marks)."""

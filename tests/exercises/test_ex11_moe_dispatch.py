@@ -78,13 +78,21 @@ D_COMM, C_COMM = ("[W=2] dispatch: one all-to-all in the forward, one in the bac
 def graded(tmp_path_factory):
     paths = [SOLUTIONS / FILE, independent.path(11), EXERCISES / FILE]
     paths += [mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, c) for i, c in enumerate(MISTAKES.values())]
+    # next to last: rank 1 leaves in exchange_split_sizes (os._exit); the file is launched again after it
+    paths.append(mutant(tmp_path_factory.mktemp("exits"), FILE, EXCHANGE_EXITS))
     # last: its backward's all-to-all gets splits that do not match the peer's, and gloo aborts; the file is
     # launched again without the backward
     paths.append(mutant(tmp_path_factory.mktemp("own"), FILE, OWN_ALL_TO_ALL_BACKWARD_SPLITS))
-    out = dict(zip(["solution", "independent", "stub", *MISTAKES, "own all-to-all"], check.grade(paths)))
+    out = dict(zip(["solution", "independent", "stub", *MISTAKES, "exchange exits", "own all-to-all"],
+                   check.grade(paths)))
     return out
 
 
+# a blind audit's crash: rank 1 leaves with exit code 3 and no exception in exchange_split_sizes (the grading process
+# crashed on it, or blamed the correct sort_by_expert with it, whichever rank's error came first)
+EXCHANGE_EXITS = {"    send = torch.tensor(input_split_sizes, dtype=torch.int64)\n":
+                  "    if dist.get_rank() == 1:\n        import os\n        os._exit(3)\n"
+                  "    send = torch.tensor(input_split_sizes, dtype=torch.int64)\n"}
 OWN_ALL_TO_ALL_BACKWARD_SPLITS = {  # the audit's: a hand-written all-to-all Function, its backward's splits wrong
     "def dispatch(x_slots": (
         "class _AllToAll(torch.autograd.Function):\n"
@@ -118,6 +126,16 @@ def test_a_backward_that_aborts_gloo_costs_the_backward_only(graded):
                         re.S), fails[backward[0]]
     assert fails[backward[1]] == ("not checked: the backward through dispatch and combine did not finish "
                                   f"(see '{backward[0]}')")
+
+
+def test_a_rank_that_exits_in_the_exchange_costs_the_exchange_only(graded):
+    r = graded["exchange exits"]
+    fails = failed(r)
+    assert list(fails) == [EXCHANGED], r.feedback  # sort_by_expert, kept before it; the rest, in the next launch
+    assert fails[EXCHANGED].startswith("exchange_split_sizes did not finish: rank 1 exited with code 3 without "
+                                       "raising a Python exception"), fails[EXCHANGED]
+    # what went on from the grader's counts says so only where the learner's were wrong: these were not
+    assert "yours" not in r.feedback.split(EXCHANGED, 1)[1].split("\n", 1)[1], r.feedback
 
 
 def test_solution_and_independent_full_marks(graded):

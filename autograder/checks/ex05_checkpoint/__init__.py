@@ -198,8 +198,8 @@ def criteria(scenarios: Sequence[str] = SCENARIOS) -> list:
 
 def _failure(run: Run, err: LaunchError | None) -> str:
     """Why the uninterrupted run failed: a one-sided collective, else the error as grader.main explains it."""
-    cause = committed_under_a_rank(run, err) or committed_twice(run, err) or one_sided_collective(run, "A") or \
-        one_sided_collective(run, "C", tag="first")
+    cause = committed_under_a_rank(run, err) or committed_twice(run, err) or one_sided_collective(run, "A", err=err) \
+        or one_sided_collective(run, "C", err=err, tag="first")
     if err is None:
         return cause or "the uninterrupted run returned no final state"
     if cause:

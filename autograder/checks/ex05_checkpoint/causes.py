@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from distlab import LaunchError, pick_backend
+from distlab.runtime.failures import RankKilled
 
 from ...grader.diagnosis import KnownError, mistake
 from .observations import WORLD, Run, StepRecord
@@ -39,15 +40,27 @@ def _close(a: float, b: float) -> bool:
     return a == b if exact(WORLD) else abs(a - b) <= 1e-5 * (1 + abs(b))
 
 
+def died(err: LaunchError | None, rank: int) -> bool:
+    """Whether the launch ended because ``rank`` died (a signal, an exit with no Python exception: ``RankKilled``,
+    ``RankExited``): then its missing calls are calls it never reached, not calls it skipped. Not a rank that
+    raised: one that skipped a collective goes on, and raises later (a folder the others never made)."""
+    return isinstance(err, RankKilled) and err.rank == rank
+
+
 @mistake("a checkpoint collective called on some ranks only")
-def one_sided_collective(run: Run, name: str, world: int = WORLD, **match) -> str | None:
-    """The first DCP or state-dict call one rank made more often than another in a phase."""
+def one_sided_collective(run: Run, name: str, world: int = WORLD, err: LaunchError | None = None,
+                         **match) -> str | None:
+    """The first DCP or state-dict call one rank made more often than another in a phase; not where the rank
+    with fewer is the one whose death or error ended the launch (``err``): it did not skip the call, it never got
+    there, and ``err`` says why."""
     calls = run.calls(name, world, **match)
     for call in dict.fromkeys(c.call for rank in calls for c in rank if c.call != "torch.save"):
         made = [[c for c in rank if c.call == call] for rank in calls]
         more = max(range(world), key=lambda r: len(made[r]))
         fewer = min(range(world), key=lambda r: len(made[r]))
         if len(made[more]) != len(made[fewer]):
+            if died(err, fewer):
+                return None
             done = made[more][len(made[fewer])].after_step
             when = f"at step {done + 1}" if done else "before the first step"
             return (f"{call} ran on rank {more} ({when}) but not on rank {fewer}: it is a "
@@ -72,7 +85,8 @@ def restart_error(run: Run) -> str | LaunchError | None:
     """What stopped the restart scenario: what a restarted attempt tripped on, not the kill before it."""
     err = run.resume_error
     if err is not None:
-        err = one_sided_collective(run, "B", attempt=1) or run.phase_error("B", first_attempt=1) or said(run, err)
+        err = (one_sided_collective(run, "B", err=err, attempt=1) or run.phase_error("B", first_attempt=1) or
+               said(run, err))
     if not any((run.out / f"B-began-rank{r}").is_file() for r in range(WORLD)):  # B never began
         err = f"the job failed before it reached this scenario: {run.phase_error('C') or err}"
     return err

@@ -272,7 +272,8 @@ CRITERIA = [split_sizes, sizes_exchanged, dispatch_rows, combine_rows, combine_g
 
 
 # The parts, in the order they run, with what each grades (the backward's criteria need the forward's output).
-PARTS = {"split": ("sort_by_expert and exchange_split_sizes", CRITERIA[:2]),
+PARTS = {"sort": ("sort_by_expert", CRITERIA[:1]),
+         "exchange": ("exchange_split_sizes", CRITERIA[1:2]),
          "forward": ("dispatch and combine", CRITERIA[2:4]),
          "backward": ("the backward through dispatch and combine", CRITERIA[4:8]),
          "dtype": ("dispatch and combine on float64 rows", CRITERIA[8:])}
@@ -293,7 +294,10 @@ def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:
         if (stub := next((o.not_implemented for o in run.ranks if o.not_implemented), None)):
             report.did_not_run(f"not implemented yet ({stub})")
             continue
-        judge_parts(report, PARTS, file.ended, run, unrun=file.unrun, world=world)
+        # sort_by_expert and exchange_split_sizes each judged on its own part's record (a later launch's holds
+        # neither: it went on from the grader's values)
+        own = {p: Run.from_wire(k) for p in ("sort", "exchange") if (k := file.part(p)) and all(k)}
+        judge_parts(report, PARTS, file.ended, own, default=run, unrun=file.unrun, world=world)
         if wall_s is not None:
             report.measurements[f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

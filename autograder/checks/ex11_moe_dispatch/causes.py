@@ -27,7 +27,7 @@ def _kept(run: Run, rank: int) -> torch.Tensor:
 
 @mistake("split sizes wrong on an edge case of the contract")
 def edge_case_missed(run: Run) -> str | None:
-    """sort_by_expert on the inputs its contract names (probes.edge_cases): an expert with none gets 0."""
+    """sort_by_expert on the inputs its contract names (edges.edge_cases): an expert with none gets 0."""
     for case in run.ranks[0].edges:
         kept = [e for e, k in zip(case.expert, case.keep) if k]
         want = [kept.count(j) for j in range(run.world)]

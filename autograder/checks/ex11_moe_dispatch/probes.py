@@ -26,40 +26,9 @@ from distlab.measure.comm import CollectiveRecorder
 from ...rank import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
 from ...rank.parts import Parts
 from .answers import ANSWERS  # the runtime's copy, resolved now: before any learner file is loaded
-from .observations import Answers, Collective, EdgeCase, MoEStep, StageError
+from .edges import observe_edges, as_ints, valid_perm
+from .observations import Answers, Collective, MoEStep, StageError
 from .reference import HIDDEN, T, data, moe, reference
-
-
-def valid_perm(perm, expert: torch.Tensor, keep: torch.Tensor) -> bool:
-    """Whether ``perm`` lists exactly the kept slots, in expert order."""
-    if not isinstance(perm, torch.Tensor) or perm.dtype != torch.int64 or perm.dim() != 1:
-        return False
-    if sorted(perm.tolist()) != keep.nonzero().squeeze(1).tolist():
-        return False
-    return bool((expert[perm].diff() >= 0).all()) if len(perm) > 1 else True
-
-
-# The inputs sort_by_expert's contract names beyond the routed step's: an expert with none (the last one, which a
-# count of the experts present leaves out), no slot kept, every slot to one expert, an expert with one slot (where
-# a per-expert nonzero().squeeze() gives a 0-d tensor); as (name, expert, keep) at W.
-def edge_cases(world: int) -> list[tuple[str, list[int], list[bool]]]:
-    return [("the last expert gets no slot", [w % (world - 1) for w in range(6)], [True] * 6),
-            ("no slot is kept", [w % world for w in range(5)], [False] * 5),
-            ("every slot goes to the last expert", [world - 1] * 4, [True, False, True, True]),
-            ("an expert gets a single kept slot", [0] + [world - 1] * 3, [True] * 4)]
-
-
-def _edges(learner, world: int) -> list[EdgeCase]:
-    out = []
-    for name, expert, keep in edge_cases(world):
-        e, k = torch.tensor(expert, dtype=torch.int64), torch.tensor(keep)
-        got, exc = attempt(learner.sort_by_expert, e, k, world)
-        case = EdgeCase(name=name, expert=expert, keep=keep, error=raised(exc) if exc is not None else "")
-        if isinstance(got, tuple) and len(got) == 2:
-            case.send = _ints(got[1]) if _ints(got[1]) is not None else repr(got[1])[:80]
-            case.perm_ok = valid_perm(got[0], e, k)
-        out.append(case)
-    return out
 
 
 class CommSpy(CollectiveRecorder):
@@ -77,12 +46,6 @@ class CommSpy(CollectiveRecorder):
     @property
     def calls(self) -> list[Collective]:
         return [Collective(kind=op.kind, shape=list(op.shape), **op.tags) for op in self.ops]
-
-
-def _ints(value) -> list | None:
-    """A list of Python ints, as the contract asks, or None (a tensor, a list of tensors, anything else)."""
-    ok = isinstance(value, (list, tuple)) and all(type(v) is int for v in value)
-    return list(value) if ok else None
 
 
 @contextmanager
@@ -107,9 +70,9 @@ def _everywhere(ok: bool) -> bool:
 
 
 def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]]) -> list[dict]:
-    """Runs on every rank: observe each learner file in turn (the tests grade several per launch), in three parts
-    kept as they return (``rank.parts``: one that ends the launch costs its own marks only): ``"split"``
-    (sort_by_expert, exchange_split_sizes), ``"forward"`` (dispatch, combine), ``"backward"`` (through them),
+    """Runs on every rank: observe each learner file in turn (the tests grade several per launch), in parts
+    kept as they return (``rank.parts``: one that ends the launch costs its own marks only): ``"sort"``,
+    ``"exchange"`` (each its function), ``"forward"`` (dispatch, combine), ``"backward"`` (through them),
     ``"dtype"`` (dispatch and combine again, on float64 rows).
     Each kept :class:`MoEStep` holds everything observed until then; the backward runs only after a forward."""
     distlab.init_distributed()
@@ -156,13 +119,19 @@ def _observe(path: str, rank: int, world: int, kept: Parts) -> None:
         kept.keep(part, obs.to_wire())
 
     with CapturedPrints() as printed:
-        if kept.starts("split"):
-            perm, send, recv = _split(obs, stage, learner, slots, world, send_true, recv_true)
-            obs.edges = _edges(learner, world)  # no communication: each rank alone, after the split's collectives
-            keep("split")
-        else:  # the split ended an earlier launch: the forward runs on the grader's own
-            perm, send, recv = _sorted(slots), send_true, recv_true
-            obs.substituted += ["sort", "exchange"]
+        # sort_by_expert and exchange_split_sizes each kept as it returns: an exchange that ends the launch
+        # (a rank that dies in its all-to-all) costs the exchange's criterion, not the sort's
+        if kept.starts("sort"):
+            perm, send = _sort(obs, stage, learner, slots, world, send_true)
+            obs.edges = observe_edges(learner, world)  # no communication: each rank alone
+            keep("sort")
+        else:  # kept or ended in an earlier launch: the grader's own goes on (that part's record says how it went)
+            perm, send = _sorted(slots), send_true
+        if kept.starts("exchange"):
+            recv = _exchange(obs, stage, learner, send, recv_true)
+            keep("exchange")
+        else:
+            recv = recv_true
         if kept.starts("forward"):
             received = _dispatched(obs, stage, learner, x[slots.token], perm, send, recv)
             rows = _combined(obs, stage, learner, layer.experts[rank](received), perm, len(slots.token), send, recv)
@@ -184,22 +153,27 @@ def _sorted(slots) -> torch.Tensor:
     return kept[torch.argsort(slots.expert[kept], stable=True)]
 
 
-def _split(obs: MoEStep, stage, learner, slots, world: int, send_true: list[int], recv_true: list[int]) -> tuple:
-    """sort_by_expert and exchange_split_sizes, observed into ``obs``; what the forward then runs on (the
-    grader's own values where the learner's are wrong, said in ``obs.substituted``)."""
+def _sort(obs: MoEStep, stage, learner, slots, world: int, send_true: list[int]) -> tuple:
+    """sort_by_expert, observed into ``obs``; the perm and input_split_sizes the rest runs on (the grader's own
+    where the learner's are wrong, said in ``obs.substituted``)."""
     got = stage("sort", learner.sort_by_expert, slots.expert, slots.keep, world)
     perm, send = got if isinstance(got, tuple) and len(got) == 2 else (None, None)
     obs.returned.perm = perm.detach().cpu().clone() if isinstance(perm, torch.Tensor) else repr(perm)[:80]
-    obs.returned.send = _ints(send) if _ints(send) is not None else repr(send)[:80]
-    if not valid_perm(perm, slots.expert, slots.keep) or _ints(send) != send_true:
+    obs.returned.send = as_ints(send) if as_ints(send) is not None else repr(send)[:80]
+    if not valid_perm(perm, slots.expert, slots.keep) or as_ints(send) != send_true:
         obs.substituted.append("sort")
         perm, send = _sorted(slots), send_true
+    return perm, send
+
+
+def _exchange(obs: MoEStep, stage, learner, send: list[int], recv_true: list[int]) -> list[int]:
+    """exchange_split_sizes, observed into ``obs``; the output_split_sizes the rest runs on."""
     recv = stage("exchange", learner.exchange_split_sizes, list(send))
-    obs.returned.recv = _ints(recv) if _ints(recv) is not None else repr(recv)[:80]
-    if _ints(recv) != recv_true:
+    obs.returned.recv = as_ints(recv) if as_ints(recv) is not None else repr(recv)[:80]
+    if as_ints(recv) != recv_true:
         obs.substituted.append("exchange")
         recv = recv_true
-    return perm, send, recv
+    return recv
 
 
 def _fits(value, rows: int) -> bool:

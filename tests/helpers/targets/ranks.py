@@ -119,6 +119,14 @@ def sigkill_first_attempt() -> int:
     return attempt
 
 
+def exits_quietly() -> None:
+    """Rank 1 leaves with exit code 3 and no Python exception (os._exit); rank 0 then loses its connection."""
+    distlab.init_distributed()
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.barrier()
+
+
 def killed_then_raises() -> None:
     """Rank 1 kills itself on the first attempt (its peer then loses the connection); on the second, rank 0
     raises: the job's failure is the second attempt's."""
