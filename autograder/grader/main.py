@@ -60,8 +60,10 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
         return (f"{exc}. A collective that only some ranks reach, or that ranks reach in a different order, "
                 f"waits forever.{guard}")
     if isinstance(exc, LaunchTimeout):
-        if exc.where and " waits in " not in exc.where:  # each rank was running code, none waited in a collective
-            return f"{exc}. No rank was waiting in a collective: the code where each was did not return in time."
+        if exc.where and " waits in " not in exc.where:  # no rank waited in a collective: some ran on, or returned
+            still = "the code where each rank still in your code was" if " waited for the other ranks" in exc.where \
+                else "the code where each was"
+            return f"{exc}. No rank was waiting in a collective: {still} did not return in time."
         return f"{exc}. Look for a collective (all_reduce, barrier) that only some ranks reach."
     return str(exc)
 

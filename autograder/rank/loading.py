@@ -167,7 +167,8 @@ def _wait_for_the_others(agent: dist.TCPStore, key: str, world: int, timeout: ti
     ranks still running (in their code, or stuck in it), said in those words: the store and its keys are
     the grader's. ``quiet``: the block already raised, and that error, the learner's, is the one to report."""
     try:
-        agent.wait([f"{key}/done/{r}" for r in range(world)])
+        with heartbeat.waiting_for_peers():
+            agent.wait([f"{key}/done/{r}" for r in range(world)])
     except dist.DistStoreError:
         if quiet:
             return

@@ -41,6 +41,19 @@ INTERVAL = 0.5  # seconds between two samples of a rank's stack
 TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 _TORCHRUN_ENV: dict[str, str | None] = {}
 _SET_AT: dict[str, str] = {}  # where the job's own code last set each of them ("file.py:12")
+_PEERS: list[bool] = []  # the runtime waits for the other ranks on the main thread, in C++ (a store's wait)
+
+
+@contextlib.contextmanager
+def waiting_for_peers():
+    """For the block, the main thread waits for the other ranks in C++ (``TCPStore.wait``): no frame of the
+    stack shows it, so the beat says it (``waits_for_peers``), and the report does not call the rank 'outside
+    your code'. A flag, not words: the launcher writes the sentence (a beat is the rank's, read as data)."""
+    _PEERS.append(True)
+    try:
+        yield
+    finally:
+        _PEERS.pop()
 
 
 def _watch_environ() -> None:
@@ -105,7 +118,7 @@ class _Rank:
             self.seen.add(signature)
             self.places += 1
         beat = {"ticks": self.ticks, "places": self.places, **describe(frames, self.ddp.all_in()),
-                "env_changed": changed_torchrun_vars()}
+                "waits_for_peers": bool(_PEERS), "env_changed": changed_torchrun_vars()}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(beat))
         tmp.replace(self.path)
@@ -181,12 +194,18 @@ class Watch:
             return False
         return any(b.get("waits_in") for b in self.beats.values())
 
-    def report(self) -> str:
-        """``rank 0 waits in all_reduce at ex01_ddp.py:57; rank 1 is at ex01_ddp.py:112 in train (time.sleep(60))``."""
+    def report(self, unfinished: list[int] | None = None) -> str:
+        """``rank 0 waits in all_reduce at ex01_ddp.py:57; rank 1 is at ex01_ddp.py:112 in train (time.sleep(60))``;
+        of the ``unfinished`` ranks only, where given (a rank that returned its result is nowhere)."""
         parts = [env_note(rank, b["env_changed"]) for rank, b in sorted(self.beats.items())
                  if isinstance(b.get("env_changed"), dict) and b["env_changed"]][:1]
         for rank in sorted(self.beats):
+            if unfinished is not None and rank not in unfinished:
+                continue
             b = self.beats[rank]
+            if b.get("waits_for_peers") is True and not b.get("at"):
+                parts.append(f"rank {rank} had left your code and waited for the other ranks to finish")
+                continue
             where = f" at {b['at']}" if b.get("at") else ""
             # the line, unless it names what the rank waits in ("dist.all_reduce(t)"); "loss.backward()" it does not
             code = f" ({b['code']})" if b.get("code") and str(b.get("waits_in")) not in b["code"] else ""

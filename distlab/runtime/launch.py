@@ -218,8 +218,8 @@ def collect(outdir: Path, nprocs: int, backend: str, finished: Finished, timeout
     if finished.timed_out and verdict == "slow":
         raise MachineTooSlow(timeout, finished.wall_s - timeout)
     if finished.timed_out:
-        raise LaunchTimeout(timeout, sorted(set(range(nprocs)) - done), output,
-                            supervision.watch.report() if supervision else "")
+        unfinished = sorted(set(range(nprocs)) - done)
+        raise LaunchTimeout(timeout, unfinished, output, supervision.watch.report(unfinished) if supervision else "")
     if finished.returncode != 0 or len(done) < nprocs:
         raise failure(outdir, finished.returncode, nprocs, done, output)
     results = [torch.load(outdir / f"result-{r}.pt", weights_only=True) for r in range(nprocs)]

@@ -51,3 +51,22 @@ def test_a_quoted_line_must_hold_the_code_quoted():
         "criterion 0: quotes ex03_amp.py:40 as `loss.backward()`, but that line is `line 40`",
         "criterion 1: quotes ex03_amp.py:99 as `scaler.step(optimizer)`, but that line is `None`",
         "criterion 2: quotes ex03_amp.py:40 as `loss.backward()`, but that line is `line 40`"]
+
+
+
+def test_a_timeout_report_names_the_unfinished_ranks_and_one_waiting_for_the_others(tmp_path):
+    """No launch: a blind audit's ring backward, rank 1 asleep, was told "rank 0 is outside your code; ... rank 2 is
+    outside your code ... No rank was waiting in a collective": rank 0 waited in the runtime for the others (a
+    wait in C++, no frame of its own), and ranks 2 and 3 had finished."""
+    from autograder.grader.main import explain
+    from distlab.runtime.failures import LaunchTimeout
+    from distlab.runtime.heartbeat import Watch
+
+    beats = {0: {"waits_for_peers": True}, 1: {"at": "ex10_ring_attention.py:122", "function": "backward",
+                                               "code": "time.sleep(10**6)"}, 2: {}, 3: {}}
+    said = Watch(tmp_path, 4, beats=beats).report(unfinished=[0, 1])
+    assert said == ("rank 0 had left your code and waited for the other ranks to finish; rank 1 is at "
+                    "ex10_ring_attention.py:122 in backward (time.sleep(10**6))"), said
+    feedback = explain(LaunchTimeout(35, [0, 1], "", said), tmp_path / "ex10_ring_attention.py")
+    assert feedback.endswith("No rank was waiting in a collective: the code where each rank still in your code was "
+                             "did not return in time."), feedback
