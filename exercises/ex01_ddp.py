@@ -111,7 +111,8 @@ def evaluate_ddp(model: nn.Module, dataset: Dataset, *, batch_size: int) -> tupl
     Contract (the grader checks each point, with ``len(dataset)`` not divisible by the world size):
 
     * Called after ``setup()`` on every rank, with the same ``model`` (a plain module, on this rank's
-      device, not wrapped) on every rank. Do not train: no gradients are needed.
+      device, not wrapped) on every rank. Do not train: run the model under ``torch.no_grad()`` (or
+      ``torch.inference_mode()``), so that autograd records nothing.
     * Each rank evaluates only its own shard: ``DistributedSampler(dataset, shuffle=False)`` (with its
       default ``drop_last=False``) in a ``DataLoader`` of ``batch_size``. No rank reads more than
       ``ceil(len(dataset) / W)`` samples.

@@ -82,6 +82,10 @@ MUTANTS = {
     # evaluate_ddp's mistakes (the training in these files is the solution's).
     "eval_padding_counted": {"real = position < len(dataset)": "real = position >= 0"},
     "eval_not_reduced": {"    dist.all_reduce(totals)": "    pass"},
+    # a blind audit's (full marks before): evaluation without no_grad, each batch's loss detached
+    "eval_with_autograd": {"    with torch.no_grad():\n        for x, y in DataLoader(":
+                           "    if True:\n        for x, y in DataLoader(",
+                           'reduction="sum")\n': 'reduction="sum").detach()\n'},
     # a blind audit's (0 of 10 before: setup raised on every rank, and nothing else was graded): NCCL named
     "setup_nccl": {"backend=distlab.backend()": 'backend="nccl"'},
     # a blind audit's (its feedback said to combine the results "with a collective": it did, with dist.reduce)
@@ -209,7 +213,7 @@ def test_set_epoch_logging_and_saving_mistakes_are_named(graded):
     assert "still initialised on ranks [0, 1]" in fails["[W=2] setup() makes the process group, teardown() destroys it"]
     assert fails[EVAL].startswith("rank 0 returned loss") and "the metric of only 20 of the 21 samples" in fails[EVAL]
     # The parts that are right still earn their marks.
-    assert report.score == 6.67 and report.max_score == 10   # 12 of 18 points: part 2 (BucketedDDP) is right
+    assert report.score == 6.84 and report.max_score == 10   # 13 of 19 points: part 2 (BucketedDDP) is right
 
 
 def _only(report, criterion: str) -> str:
@@ -245,13 +249,14 @@ def test_unlisted_mistakes_are_named_at_the_learners_line(graded):
     assert "your code called backward() on a [] tensor (ex01_ddp.py:125: `loss.backward()`) where the reference " \
            "called zero_grad(); your code never does" in step
     assert fails[EVAL].startswith("evaluate_ddp raised on rank 0: NameError: name 'real' is not defined")
-    assert fails[EVAL].endswith(", at ex01_ddp.py line 168 in evaluate_ddp: logits = model(x)[real]")
+    assert re.search(r", at ex01_ddp.py line \d+ in evaluate_ddp: logits = model\(x\)\[real\]$", fails[EVAL]), \
+        fails[EVAL]
     fails = failed(graded["unlisted_eval_count_no_print"])
     assert fails["[W=2] only rank 0 logs"] == "rank 0 printed nothing: print the loss of each epoch on rank 0"
     msg = fails[EVAL]
     assert "\n  first difference from the reference (" in msg, msg
     assert "after 56 optimizer.step() call(s), event " in msg, msg
-    assert "your code called all_reduce on a [3] tensor holding (" in msg and "(ex01_ddp.py:172: " in msg
+    assert "your code called all_reduce on a [3] tensor holding (" in msg and re.search(r"\(ex01_ddp.py:\d+: ", msg)
     assert "what it held [" in msg and "] vs the reference's [" in msg
 
 
@@ -358,6 +363,12 @@ def test_counting_the_samplers_padding_is_named(graded):
     msg = _only(graded["eval_padding_counted"], EVAL[6:])
     assert "the mean over the 22 samples the samplers dealt out, not over the data set's 21" in msg
     assert "repeating samples (here [0])" in msg
+
+
+def test_an_evaluation_autograd_records_is_named(graded):
+    msg = _only(graded["eval_with_autograd"], "evaluate_ddp runs the model without autograd")
+    assert re.match(r"rank 0 ran (\d+) of its \1 forwards of the model with autograd recording \(torch.is_grad_enabled"
+                    r"\(\) was True\): evaluation trains nothing, so run it under torch.no_grad\(\)", msg), msg
 
 
 def test_a_metric_not_reduced_is_named(graded):

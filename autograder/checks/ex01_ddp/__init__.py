@@ -82,15 +82,14 @@ from ...grader.diagnosis import diagnose
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, eval_close, eval_drop_last,
-                     eval_mean_of_means, eval_not_reduced, eval_padding_counted, eval_whole_set, inner_forward,
-                     loss_over_world, loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised,
-                     not_wrapped, sampler_order, seed_not_given, seeded_apart, silent_rank0, train_drop_last,
-                     unshuffled)
+from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, inner_forward, loss_over_world,
+                     loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised, not_wrapped,
+                     sampler_order, seed_not_given, seeded_apart, silent_rank0, train_drop_last, unshuffled)
 from .bucketed import causes as bucketed_causes  # noqa: F401 - its @mistake functions are the check's
 from .bucketed import criteria as bucketed_criteria
+from .evaluation import evaluates_once, evaluates_without_autograd
 from .observations import RankObservation, Run
-from .probes import ATOL, CONFIG, EVAL, MODEL, RTOL, checkpoint_dir, rank_main
+from .probes import ATOL, CONFIG, MODEL, RTOL, checkpoint_dir, rank_main
 
 if TYPE_CHECKING:  # imported where used: see grade
     from ...grader.parts import Parted
@@ -105,7 +104,6 @@ RANKS_APART = [inner_forward, not_synchronised, not_wrapped]
 SHARDS = [no_sampler, seeded_apart]
 SHUFFLE = [unshuffled, no_set_epoch]
 STEP = [batch_not_per_rank, lr_changed, double_all_reduce, loss_times_world, loss_over_world]
-EVALUATION = [eval_whole_set, eval_padding_counted, eval_drop_last, eval_not_reduced, eval_mean_of_means]
 
 
 @criterion("[W={world}] same parameters on every rank", points=2)
@@ -227,36 +225,15 @@ def teardown_destroys(run: Run) -> Verdict:
                   "dist.destroy_process_group()")
 
 
-@criterion(f"[W={{world}}] evaluate_ddp counts each of {EVAL['n']} samples once despite the sampler's padding",
-           points=2)
-def evaluates_once(run: Run) -> Verdict:
-    if errors := [(r.rank, r.eval_error) for r in run.ranks if r.eval_error]:
-        return failed(f"evaluate_ddp raised on rank {errors[0][0]}: {errors[0][1]}")
-    if bad := [r for r in run.ranks if r.eval is None]:
-        return failed(f"evaluate_ddp returned {bad[0].eval_returned} on rank {bad[0].rank}, not a pair of "
-                      "floats (loss, accuracy)")
-    n, limit = EVAL["n"], -(-EVAL["n"] // run.world)
-    ref = run.eval_candidates["reference"]
-    measured = {f"W{run.world}_eval_loss": run.ranks[0].eval[0], f"W{run.world}_eval_reference_loss": ref[0]}
-    if greedy := [r for r in run.ranks if len(r.eval_accessed) > limit]:
-        return failed(diagnose([eval_whole_set], run) or f"rank {greedy[0].rank} read "
-                      f"{len(greedy[0].eval_accessed)} samples, more than its shard of {limit}", **measured)
-    if all(eval_close(r.eval, ref) for r in run.ranks):
-        return passed(f"loss {ref[0]:.4f}, accuracy {ref[1]:.3f}, as one process", **measured)
-    loss, acc = run.ranks[0].eval
-    return failed(diagnose(EVALUATION, run) or f"rank 0 returned loss {loss:.5f}, accuracy {acc:.4f}; one process "
-                  f"over the {n} samples has {ref[0]:.5f}, {ref[1]:.4f}", **measured)
-
-
 BUCKETED_CRITERIA = bucketed_criteria.CRITERIA
 CRITERIA = [same_parameters, own_shard, reshuffled, matches_reference, only_rank0_logs, rank0_saves_once,
-            evaluates_once, teardown_destroys, *BUCKETED_CRITERIA]
+            evaluates_once, evaluates_without_autograd, teardown_destroys, *BUCKETED_CRITERIA]
 
 
 # The parts of a file, in the order the ranks run them (probes._observe), after the learner's setup().
 PARTS = ["train", "evaluate", "bucketed", "teardown"]
 # Each part's criteria, in CRITERIA's order, with the function it grades.
-JUDGED = {"train": ("train_ddp", CRITERIA[:6]), "evaluate": ("evaluate_ddp", [evaluates_once]),
+JUDGED = {"train": ("train_ddp", CRITERIA[:6]), "evaluate": ("evaluate_ddp", CRITERIA[6:8]),
           "teardown": ("teardown", [teardown_destroys]), "bucketed": ("BucketedDDP", BUCKETED_CRITERIA)}
 
 

@@ -47,6 +47,12 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "DistributedSampler pads the index list by repeating its head; a metric is a sum and a count over ranks.",
         "Read DistributedSampler.__iter__ to see which positions are the repeats; dist.all_reduce sums tensors.",
     ),
+    "evaluates_without_autograd": (
+        "A forward that autograd records keeps what each layer saves for a backward; evaluation never calls one, so "
+        "that memory is held for nothing, batch after batch.",
+        "Whether autograd records is a mode of the thread: switch it off around the whole evaluation loop.",
+        "with torch.no_grad(): (or torch.inference_mode()) around the loop over the DataLoader.",
+    ),
     "teardown_destroys": (
         "Every rank joins one process group before its first collective, with the backend its machine has (gloo on "
         "CPUs, NCCL on GPUs); the group holds sockets and threads (on GPUs, communicators) until it is closed: a job "

@@ -69,6 +69,8 @@ class RankObservation(Observation):
     eval_error: str | None = None  # what evaluate_ddp raised, at the learner's line (None: nothing)
     eval_accessed: list[int] = field(default_factory=list)  # the evaluation samples this rank read
     eval_collectives: list[list[str]] = field(default_factory=list)  # evaluate_ddp's ops: [kind, "line N (`code`)"]
+    eval_forwards: int = 0       # the model's forwards during evaluate_ddp
+    eval_recorded: int = 0       # of them, those run with autograd recording (torch.is_grad_enabled())
     still_initialized: bool = False  # dist.is_initialized() after teardown()
     teardown_error: str = ""   # what teardown() raised, at the learner's line ("": nothing)
     setup_error: str = ""      # what setup() raised on every rank, at the learner's line: the grader's group went on
@@ -76,7 +78,8 @@ class RankObservation(Observation):
 
 
 # The fields of RankObservation that each part after ``train_ddp`` fills (kept apart: ``rank.parts``).
-EVAL_FIELDS = ("eval", "eval_returned", "eval_error", "eval_accessed", "eval_collectives")
+EVAL_FIELDS = ("eval", "eval_returned", "eval_error", "eval_accessed", "eval_collectives", "eval_forwards",
+               "eval_recorded")
 TEARDOWN_FIELDS = ("still_initialized", "teardown_error", "setup_error")
 
 

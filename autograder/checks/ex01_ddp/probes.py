@@ -142,8 +142,15 @@ def _evaluate(learner, path: str, seen: RankObservation) -> None:
     returned (or raised) and which samples this rank read, into ``seen``."""
     data = RecordingDataset(Subset(digits(), range(EVAL["n"])))
     model = make_mlp(seed=EVAL["seed"], **MODEL).to(distlab.device())
+
+    def before(module, args) -> None:  # whether autograd records this forward (no_grad, inference_mode: no)
+        seen.eval_forwards += 1
+        seen.eval_recorded += torch.is_grad_enabled()
+
+    hook = model.register_forward_pre_hook(before)
     with CapturedPrints() as out, LineRecorder(dist.get_world_size(), path) as ops:
         got, exc = attempt(learner.evaluate_ddp, model, data, batch_size=EVAL["batch_size"])
+    hook.remove()
     echo(out.lines)
     seen.eval_collectives = [[op.kind, op.tags["at"]] for op in ops.ops]
     ok = isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(v, (int, float)) for v in got)
