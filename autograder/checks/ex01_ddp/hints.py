@@ -51,7 +51,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "A forward that autograd records keeps what each layer saves for a backward; evaluation never calls one, so "
         "that memory is held for nothing, batch after batch.",
         "Whether autograd records is a mode of the thread: switch it off around the whole evaluation loop.",
-        "with torch.no_grad(): (or torch.inference_mode()) around the loop over the DataLoader.",
+        "torch.no_grad() or torch.inference_mode(), as a context manager around the loop over the DataLoader.",
     ),
     "teardown_destroys": (
         "Every rank joins one process group before its first collective, with the backend its machine has (gloo on "
