@@ -41,7 +41,8 @@ def _z1_raised(run: Run) -> str | None:
     """Part 1 raised: said in full once, by zero1_matches_reference; the other criteria point there."""
     if not z1_error(run):
         return None
-    return f"not checked: part 1 raised (see '{zero1_matches_reference.rule.name.format(world=run.world)}')"
+    how = "did not finish" if any(r.zero1.aborted for r in run.ranks) else "raised"  # a hang or an abort: no raise
+    return f"not checked: part 1 {how} (see '{zero1_matches_reference.rule.name.format(world=run.world)}')"
 
 
 def _parities(run: Run) -> list:
