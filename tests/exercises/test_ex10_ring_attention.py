@@ -109,6 +109,12 @@ MISTAKES = {
     "deadlock": {BATCH: BLOCKING},
     "wrong neighbour": {"dist.P2POp(dist.irecv, buf, (rank - 1) % world)":
                         "dist.P2POp(dist.irecv, buf, (rank + 1) % world)"},
+    # a blind audit's (its feedback said only that rank 0 received from the rank it sends to): its own shard, each
+    # step to rank + step + 1, an all-to-all of point-to-point messages whose outputs are right
+    "sent to every rank": {"dist.P2POp(dist.isend, kv, (rank + 1) % world),\n":
+                           "dist.P2POp(dist.isend, torch.stack([k, v]), (rank + step + 1) % world),\n",
+                           "dist.P2POp(dist.irecv, buf, (rank - 1) % world)":
+                           "dist.P2POp(dist.irecv, buf, (rank - step - 1) % world)"},
     "forwards its own shard": {"dist.P2POp(dist.isend, kv,": "dist.P2POp(dist.isend, torch.stack([k, v]),",
                                **BACKWARD["not home"]},
     "returns nothing": {"    return out\n": "    out = out.contiguous()\n", **BACKWARD["returns nothing"]},
@@ -249,6 +255,13 @@ def test_a_blocking_ring_is_a_named_deadlock(reports):
 def test_receiving_from_the_rank_it_sends_to_is_named(reports):
     f = failed(reports["wrong neighbour"])
     assert "sent to rank 1 and also waited for a shard from rank 1" in f[RING], f[RING]
+
+
+def test_shards_sent_straight_to_every_rank_are_named(reports):
+    f = failed(reports["sent to every rank"])
+    assert list(f) == [RING], f  # the outputs are right
+    assert f[RING].startswith("rank 0 sent to ranks 1, 2, 3 in turn, and received from ranks 3, 2, 1: each rank "
+                              "sent shards straight to several others"), f[RING]
 
 
 def test_a_forward_without_the_scale_is_named(reports):

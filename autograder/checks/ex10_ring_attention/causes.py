@@ -11,6 +11,7 @@ import torch
 
 from ...grader.diagnosis import KnownError, mistake
 from .observations import BackwardRing, Run
+from .ring_causes import PROTOCOL
 from .reference import GRADS, HEAD_DIM, noncausal, replay, replay_backward, replay_sliced
 
 KNOWN_ERRORS = [KnownError(
@@ -66,42 +67,6 @@ def returned_none(run: Run) -> str | None:
             return (f"rank {r.rank}'s {name} returned None and raised nothing, where its contract returns {want}: "
                     "its return statement is missing or never reached, or it returns a variable that was never "
                     "assigned a tensor (still its initial None)")
-    return None
-
-
-@mistake("every rank sends before it receives: a deadlock")
-def deadlock(run: Run) -> str | None:
-    pending = [next((c for c in reversed(r.p2p) if c.t1 is None and not c.is_async), None) for r in run.ranks]
-    if not all(p is not None and p.op == "send" for p in pending):
-        return None
-    return (f"all {run.world} ranks were waiting in a blocking dist.send at once (rank 0 sending to rank "
-            f"{pending[0].peer}), and a send returns only when its peer posts the matching recv, which every "
-            "peer would do only after its own send: post the send and the recv together, with "
-            "dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)]), then wait on both")
-
-
-@mistake("sends to and receives from the same neighbour")
-def wrong_neighbour(run: Run) -> str | None:
-    if run.world < 3:
-        return None
-    for r in range(run.world):
-        sent = {c.peer for c in run.p2p(r, "send")}
-        got = {c.peer for c in run.p2p(r, "recv")}
-        if sent and got and sent & got:
-            peer = sorted(sent & got)[0]
-            return (f"rank {r} sent to rank {peer} and also waited for a shard from rank {peer}, but rank {peer} "
-                    f"sends to rank {(peer + 1) % run.world}: in a ring each rank receives from the neighbour on "
-                    f"the other side, (rank - 1) % W = {(r - 1) % run.world} here, and sends to (rank + 1) % W")
-    return None
-
-
-@mistake("forwards its own shard instead of the one it received")
-def forwards_own(run: Run) -> str | None:
-    for r in range(run.world):
-        sources = [s for s in run.sources(r) if s is not None]
-        if len(sources) > 1 and len(set(sources)) == 1:
-            return (f"rank {r} received rank {sources[0]}'s keys at each of its {len(sources)} receives, so it never "
-                    f"saw the other shards: each step, send on the shard you have just received (not your own k, v)")
     return None
 
 
@@ -367,7 +332,6 @@ def backward_nan(run: Run) -> str | None:
     return None
 
 
-PROTOCOL = [deadlock, wrong_neighbour, forwards_own]
 OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept, local_mask,
           contiguous_rule, chunks_swapped, no_mask, unscaled, later_early_only, other_direction]
 GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse,

@@ -1,0 +1,64 @@
+"""Exercise 10's ring protocol causes: who sends to whom, and what. A ring sends each step to one neighbour,
+``(rank + 1) % W``, receives from the other, and passes on the shard it has just received (Liu et al., 2023), so
+that each link carries one shard per step. These explain any failure first (``PROTOCOL``), in the forward and the
+backward alike; the per-criterion lists are ``causes``'.
+"""
+from __future__ import annotations
+
+from ...grader.diagnosis import mistake
+from .observations import Run
+
+
+@mistake("each shard sent straight to every rank, not passed round the ring")
+def sent_to_all(run: Run) -> str | None:
+    """Each step to ``rank + step + 1``: an all-to-all made of point-to-point sends (the outputs are right)."""
+    if run.world < 3:
+        return None
+    for r in range(run.world):
+        sent, got = [c.peer for c in run.p2p(r, "send")], [c.peer for c in run.p2p(r, "recv")]
+        if len(set(sent)) > 1:
+            return (f"rank {r} sent to ranks {', '.join(map(str, sent))} in turn, and received from ranks "
+                    f"{', '.join(map(str, got))}: each rank sent shards straight to several others, an all-to-all "
+                    "made of point-to-point messages. A ring sends to one neighbour only, (rank + 1) % W, and "
+                    "receives from the other, each step passing on the shard it has just received: every link "
+                    "carries one shard per step, and no rank needs a connection to every other")
+    return None
+
+
+@mistake("every rank sends before it receives: a deadlock")
+def deadlock(run: Run) -> str | None:
+    pending = [next((c for c in reversed(r.p2p) if c.t1 is None and not c.is_async), None) for r in run.ranks]
+    if not all(p is not None and p.op == "send" for p in pending):
+        return None
+    return (f"all {run.world} ranks were waiting in a blocking dist.send at once (rank 0 sending to rank "
+            f"{pending[0].peer}), and a send returns only when its peer posts the matching recv, which every "
+            "peer would do only after its own send: post the send and the recv together, with "
+            "dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)]), then wait on both")
+
+
+@mistake("sends to and receives from the same neighbour")
+def wrong_neighbour(run: Run) -> str | None:
+    if run.world < 3:
+        return None
+    for r in range(run.world):
+        sent = {c.peer for c in run.p2p(r, "send")}
+        got = {c.peer for c in run.p2p(r, "recv")}
+        if sent and got and sent & got:
+            peer = sorted(sent & got)[0]
+            return (f"rank {r} sent to rank {peer} and also waited for a shard from rank {peer}, but rank {peer} "
+                    f"sends to rank {(peer + 1) % run.world}: in a ring each rank receives from the neighbour on "
+                    f"the other side, (rank - 1) % W = {(r - 1) % run.world} here, and sends to (rank + 1) % W")
+    return None
+
+
+@mistake("forwards its own shard instead of the one it received")
+def forwards_own(run: Run) -> str | None:
+    for r in range(run.world):
+        sources = [s for s in run.sources(r) if s is not None]
+        if len(sources) > 1 and len(set(sources)) == 1:
+            return (f"rank {r} received rank {sources[0]}'s keys at each of its {len(sources)} receives, so it never "
+                    f"saw the other shards: each step, send on the shard you have just received (not your own k, v)")
+    return None
+
+
+PROTOCOL = [deadlock, sent_to_all, wrong_neighbour, forwards_own]
