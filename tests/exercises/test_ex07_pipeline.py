@@ -67,6 +67,9 @@ MISTAKES = {
         "sends.append(dist.isend(inp.grad.contiguous(), dst=rank - 1))":
             "dist.send(inp.grad.contiguous(), dst=rank - 1)"},
     # found by a tester blind to the checks: a loss returned on stage 0 too, and the isends never waited on
+    # a blind audit's (its order feedback was "stage 0 ran F0"): the steady state's backward before its forward
+    "1F1B backward first": {"        if warm + i < m:\n            forward(warm + i)\n        backward(i)\n":
+                            "        backward(i)\n        if warm + i < m:\n            forward(warm + i)\n"},
     "1F1B loss everywhere, sends not waited": {
         "    return sum(losses) if last else None": "    return sum(losses)",  # 0, an int, where no loss
         "    for work in sends:\n        work.wait()\n": ""},
@@ -347,6 +350,13 @@ def test_1f1b_with_blocking_sends_is_a_named_deadlock(reports):
         assert "Stage 0 received, for micro-batch 1, the sum of micro-batches 0 and 1's gradients" in said, said
     assert f[OFOB[0]].startswith("both stages were waiting in a blocking dist.send at once"), f[OFOB[0]]
     assert "Post sends with dist.isend" in f[OFOB[0]]
+
+
+def test_1f1b_backward_before_its_forward_is_named(reports):
+    f = failed(reports["1F1B backward first"])
+    assert f[OFOB[1]].startswith("stage 1's backward raised KeyError: 0 at ex07_pipeline.py line "), f[OFOB[1]]
+    assert "when the stage had run 0 forward(s) and 0 backward(s): no forward was waiting for that backward" in \
+        f[OFOB[1]] and f[OFOB[0]].startswith("stage 1's backward raised KeyError: 0"), f
 
 
 def test_1f1b_sends_held_back_are_named(reports):

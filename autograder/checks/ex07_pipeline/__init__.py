@@ -50,6 +50,7 @@ stages alone fails there, and the first point where that run departs is said.
 | 1F1B: activations kept past their backward | "stage 0 held 40,960 bytes ..., although its forwards ..." |
 | 1F1B: a send held back past the stage's next forward or backward | "stage 0 sent micro-batch 0's ... only after ..." |
 | 1F1B: neighbours' ranks written as numbers (src=0, dst=1) | "at 4 stages, ...: stage 1 of 4 sent to rank 1 ..." |
+| 1F1B: a backward before its forward | "stage 1's backward raised KeyError: 0 at ..., when the stage had run 0 ..." |
 | 1F1B: a receive that names no src | "at 4 stages, ...: stage 1 of 4 received with no src (...), and took ..." |
 | one receive buffer for every micro-batch | "stage 1 received all 4 micro-batches' activations into one tensor ..." |
 | the loss returned still requires grad | "rank 1 returned the right loss, but still requiring grad (its ..." |

@@ -90,6 +90,20 @@ def gpipe_order(step: Run, part: str = "") -> str | None:
             f"stage 0, then one forward and one backward in turn: {' '.join(schedule_order(0))}")
 
 
+@mistake("1F1B: a backward before its forward")
+def backward_first(step: Run, part: str = "") -> str | None:
+    """A stage's backward raised with no forward waiting for it: the steady state's backward(i) first."""
+    for r in step.ranks:
+        runs = {k: sum(e.kind == k for e in r.events) for k in "FB"}
+        if not r.error or " in backward" not in (r.where or "") or runs["F"] > runs["B"]:
+            continue
+        return (f"stage {r.rank}'s backward raised {r.error} at {r.where}, when the stage had run {runs['F']} "
+                f"forward(s) and {runs['B']} backward(s): no forward was waiting for that backward. 1F1B runs each "
+                f"micro-batch's forward before its backward; on stage {r.rank} of {len(step.ranks)}: "
+                f"{' '.join(schedule_order(r.rank, len(step.ranks)))}")
+    return None
+
+
 @mistake("1F1B: the wrong number of warm-up forwards")
 def wrong_warmup(step: Run, part: str = "") -> str | None:
     """Stage s's first backward comes after its warm-up forwards and the steady state's first forward: after
@@ -238,8 +252,8 @@ def ofob_matches(step: Run) -> Verdict:
     loss = step.ranks[1].loss
     if loss is None or loss.numel() != 1 or not parity(loss.reshape(()), step.ref_loss, rtol=RTOL, atol=ATOL):
         got = "no loss" if loss is None or loss.numel() != 1 else f"loss {loss.item():.6g}"
-        return failed(diagnose([blocking_deadlock, activation_without_grad, gradients_not_sent, last_loss,
-                                mean_of_scaled, count_scales, loss_not_scaled], step, "loss") or
+        return failed(diagnose([blocking_deadlock, backward_first, activation_without_grad, gradients_not_sent,
+                                last_loss, mean_of_scaled, count_scales, loss_not_scaled], step, "loss") or
                       f"rank 1 (the last stage) returned {got}; the unsplit model's is {step.ref_loss.item():.6g}"
                       + _raised(step))
     if message := loss_not_a_tensor(step) or loss_not_detached(step) or loss_on_every_stage(step):
@@ -264,7 +278,7 @@ def ofob_matches(step: Run) -> Verdict:
 @criterion("[1F1B] each stage runs 1F1B's order and sends each result at once", points=2, trace=False)
 def ofob_order(step: Run) -> Verdict:
     if why := _out_of_order(step):
-        return failed(diagnose([blocking_deadlock, gpipe_order, wrong_warmup], step, "1f1b") or why)
+        return failed(diagnose([blocking_deadlock, backward_first, gpipe_order, wrong_warmup], step, "1f1b") or why)
     if message := send_held_back(step) or send_not_waited(step) or _deeper(step, _ordered, first=False):
         return failed(message)
     return passed(" | ".join(" ".join(order(step, s)) for s in (0, 1)) + (
