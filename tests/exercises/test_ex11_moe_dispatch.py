@@ -270,9 +270,11 @@ def test_an_expert_with_one_slot_a_default_dtype_buffer_and_an_in_place_exchange
                                "source expected to have the same dtype"), f[DTYPE]
     f = failed(graded["counts exchanged in place"])
     assert EXCHANGED in f, f
-    # gloo's all-to-all on one buffer: whether a rank's counts survive it is a race, so the rank is not asserted
-    assert re.match(r"rank [01]'s exchange_split_sizes made its all_to_all_single with one tensor as both its output "
-                    r"and its input, and returned \[\d+, \d+\], its own input_split_sizes", f[EXCHANGED]), f[EXCHANGED]
+    # gloo's all-to-all on one buffer: whether a rank's counts survive it is a race (a CI run had them all right),
+    # so it is named from the call, whatever the run returned
+    assert f[EXCHANGED].startswith("rank 0's exchange_split_sizes made its all_to_all_single with one tensor as both "
+                                   "its output and its input: the counts it receives land in the buffer it is still "
+                                   "sending from"), f[EXCHANGED]
     for name in ("combine inverse wrong", "dispatch splits swapped"):  # a wrong function: its own criterion only
         assert DTYPE not in failed(graded[name]), name
 

@@ -24,6 +24,7 @@ the forward ended (it goes through the forward's output), and no others (``grade
 
 | mistake | message |
 |---|---|
+| the counts exchanged in place: one tensor the all-to-all's output and input | "... with one tensor as both ..." |
 | keep applied to the sorted order, not to the slots | "rank 0's perm is argsort(expert) masked with keep: ..." |
 | capacity drop not applied: dropped slots sent | "rank 0's perm holds 48 slots, 3 of them dropped at capacity ..." |
 | tokens sorted by the wrong key | "rank 0's perm is not in expert order: its slot 21 goes to expert 1 after ..." |
@@ -55,9 +56,10 @@ from ...grader.parts import judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .dtypes import keeps_dtype
-from .causes import (KNOWN_ERRORS, counted_dropped, dropped_sent, dropped_unwritten, edge_case_missed, keep_on_sorted,
-                     no_exchange_collective, not_autograd, not_exchanged, not_inverted, perm_in_kept, returned_none,
-                     rows_differ, runtime_copy, splits_swapped, wrong_order, wrong_slots)
+from .causes import (KNOWN_ERRORS, aliased_exchange, counted_dropped, dropped_sent, dropped_unwritten,
+                     edge_case_missed, keep_on_sorted, no_exchange_collective, not_autograd, not_exchanged,
+                     not_inverted, perm_in_kept, returned_none, rows_differ, runtime_copy, splits_swapped,
+                     wrong_order, wrong_slots)
 from .observations import Run
 from .probes import rank_main
 from .reference import ATOL, RTOL
@@ -104,7 +106,7 @@ def split_sizes(run: Run) -> Verdict:
 def sizes_exchanged(run: Run) -> Verdict:
     if copied := runtime_copy(run):   # before its error: the runtime's copy takes a tensor, the contract a list
         return failed(copied)
-    if why := _raised(run, "exchange"):
+    if why := _raised(run, "exchange") or aliased_exchange(run):  # aliased: a race, whatever this run returned
         return failed(why)
     for obs in run.ranks:
         r = obs.rank
@@ -271,21 +273,16 @@ CRITERIA = [split_sizes, sizes_exchanged, dispatch_rows, combine_rows, combine_g
             dispatch_all_to_alls, combine_all_to_alls, keeps_dtype]
 
 
-# The parts, in the order they run, with what each grades (the backward's criteria need the forward's output).
-PARTS = {"sort": ("sort_by_expert", CRITERIA[:1]),
-         "exchange": ("exchange_split_sizes", CRITERIA[1:2]),
+# The parts, in the order they run, with what each grades; the backward and the float64 calls need the forward.
+PARTS = {"sort": ("sort_by_expert", CRITERIA[:1]), "exchange": ("exchange_split_sizes", CRITERIA[1:2]),
          "forward": ("dispatch and combine", CRITERIA[2:4]),
          "backward": ("the backward through dispatch and combine", CRITERIA[4:8]),
          "dtype": ("dispatch and combine on float64 rows", CRITERIA[8:])}
-
-
-NEEDS = {"backward": ("forward",), "dtype": ("forward",)}  # the backward through the forward's output
-
+NEEDS = {"backward": ("forward",), "dtype": ("forward",)}
 
 
 def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:
-    """Grade the files at ``paths`` in one ``world``-rank launch (one more for each part that ends one:
-    ``grader.parts``); one report each."""
+    """Grade the files at ``paths`` in one ``world``-rank launch (one more per part that ends one); one report each."""
     reports = [EXERCISE.new_report() for _ in paths]
     parted, wall_s = launch_parts(rank_main, paths, world=world, timeout=launch_timeout(EXERCISE, files=len(paths)),
                                   parts=list(PARTS), known=KNOWN_ERRORS, needs=NEEDS)
@@ -294,8 +291,7 @@ def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:
         if (stub := next((o.not_implemented for o in run.ranks if o.not_implemented), None)):
             report.did_not_run(f"not implemented yet ({stub})")
             continue
-        # sort_by_expert and exchange_split_sizes each judged on its own part's record (a later launch's holds
-        # neither: it went on from the grader's values)
+        # the sort and the exchange each on its own part's record (a later launch went on from the grader's values)
         own = {p: Run.from_wire(k) for p in ("sort", "exchange") if (k := file.part(p)) and all(k)}
         judge_parts(report, PARTS, file.ended, own, default=run, unrun=file.unrun, world=world)
         if wall_s is not None:

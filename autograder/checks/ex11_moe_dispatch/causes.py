@@ -125,10 +125,6 @@ def not_exchanged(run: Run) -> str | None:
         if recv != send or recv == want:
             continue
         made = [c for c in run.calls(r, "exchange") if c.kind == "all_to_all"]
-        if any(c.aliased for c in made):
-            return (f"rank {r}'s exchange_split_sizes made its all_to_all_single with one tensor as both its output "
-                    f"and its input, and returned {recv}, its own input_split_sizes, where the ranks send it {want}: "
-                    "give the all-to-all an output tensor of its own (torch.empty_like of the counts)")
         if made:
             return (f"rank {r}'s exchange_split_sizes made an all_to_all_single of the counts, but returned {recv}, "
                     f"its own input_split_sizes, not what it received ({want} from ranks 0..{run.world - 1}): "
@@ -137,6 +133,22 @@ def not_exchanged(run: Run) -> str | None:
                 f"{want} rows from ranks 0..{run.world - 1}, which only they know; all-to-all the counts "
                 "first (dist.all_to_all_single of a tensor of them)")
     return None
+
+
+@mistake("the counts exchanged in place: one tensor the all-to-all's output and input")
+def aliased_exchange(run: Run) -> str | None:
+    """``all_to_all_single(t, t)``: what arrives depends on the order the transfers run, so a run may be right."""
+    r = next((o.rank for o in run.ranks if any(c.aliased for c in run.calls(o.rank, "exchange"))), None)
+    if r is None:
+        return None
+    wrong = [(o.rank, o.returned.recv, [run.slots(j).send[o.rank] for j in range(run.world)]) for o in run.ranks]
+    wrong = [w for w in wrong if w[1] != w[2]]
+    outcome = (f"rank {wrong[0][0]} returned {wrong[0][1]}, where the ranks send it {wrong[0][2]}" if wrong else
+               "every rank returned the right counts all the same")
+    return (f"rank {r}'s exchange_split_sizes made its all_to_all_single with one tensor as both its output and its "
+            "input: the counts it receives land in the buffer it is still sending from, so what the others get "
+            f"depends on the order the transfers run (in this run {outcome}). Give the all-to-all an output tensor "
+            "of its own (torch.empty_like of the counts)")
 
 
 @mistake("permutation not inverted: rows come back in expert order")
