@@ -67,6 +67,10 @@ MISTAKES = {
         "sends.append(dist.isend(inp.grad.contiguous(), dst=rank - 1))":
             "dist.send(inp.grad.contiguous(), dst=rank - 1)"},
     # found by a tester blind to the checks: a loss returned on stage 0 too, and the isends never waited on
+    # a blind audit's (told to receive every activation before the first gradient, which it did): a receive more
+    "one receive too many": {"    for act, loss in zip(inputs, losses):\n":
+                             "    dist.recv(torch.empty_like(inputs[0]), src=0)\n"
+                             "    for act, loss in zip(inputs, losses):\n"},
     # a blind audit's (its order feedback was "stage 0 ran F0"): the steady state's backward before its forward
     "1F1B backward first": {"        if warm + i < m:\n            forward(warm + i)\n        backward(i)\n":
                             "        backward(i)\n        if warm + i < m:\n            forward(warm + i)\n"},
@@ -350,6 +354,14 @@ def test_1f1b_with_blocking_sends_is_a_named_deadlock(reports):
         assert "Stage 0 received, for micro-batch 1, the sum of micro-batches 0 and 1's gradients" in said, said
     assert f[OFOB[0]].startswith("both stages were waiting in a blocking dist.send at once"), f[OFOB[0]]
     assert "Post sends with dist.isend" in f[OFOB[0]]
+
+
+def test_one_receive_too_many_is_named_at_its_line(reports):
+    f = failed(reports["one receive too many"])
+    assert f[COUNT].startswith("stage 1 waiting for micro-batch 4's activations (ex07_pipeline.py line "), f[COUNT]
+    assert "dist.recv(torch.empty_like(inputs[0]), src=0)`)) is one dist.recv too many: the batch has 4 " \
+        "micro-batches (0 to 3)" in f[COUNT], f[COUNT]
+    assert not set(OFOB) & set(f), f  # 1F1B's part is right
 
 
 def test_1f1b_backward_before_its_forward_is_named(reports):

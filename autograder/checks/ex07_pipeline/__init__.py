@@ -30,6 +30,7 @@ stages alone fails there, and the first point where that run departs is said.
 |---|---|
 | activations received without requires_grad_() | "stage 1's 4 received activations did not require grad, ..." |
 | gradients not sent back to stage 0 | "stage 1 sent 0 of 4 gradients back to rank 0, so stage 0 ..." |
+| one receive or send too many: a micro-batch past the last | "stage 1 waiting for micro-batch 4's activations ..." |
 | both stages send (or receive) at once: a deadlock | "both stages were waiting in dist.send at once (...)" |
 | a send or recv with no partner on the other stage | "rank 1 raised ValueError: ..., so rank 0 waited in dist.send" |
 | no micro-batches: the whole batch in one forward | "stage 0 ran one forward of all 64 rows: ... x.chunk(4)" |
@@ -72,7 +73,7 @@ from ...grader.parts import launch_parts, report_ended
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, count_scales, deadlock,
+from .causes import (KNOWN_ERRORS, activation_without_grad, backward_order, count_scales, deadlock, one_too_many,
                      gradients_not_sent, ignores_received, last_loss, loss_not_a_tensor, loss_not_detached,
                      loss_not_scaled, mean_of_scaled, no_microbatches, one_buffer, peers_gone, pieces_of_n_rows,
                      raised_first, sent_after_loop, unmatched)
@@ -117,7 +118,8 @@ def _advice(step: Run, text: str) -> str:
 
 
 # The causes (causes) the criteria ask for, most specific first.
-PROTOCOL = [activation_without_grad, one_buffer, gradients_not_sent, deadlock, unmatched]  # explain any failure: first
+# the protocol's explain any failure: first
+PROTOCOL = [activation_without_grad, one_buffer, gradients_not_sent, one_too_many, deadlock, unmatched]
 SCALE = [count_scales, loss_not_scaled]
 
 

@@ -65,6 +65,20 @@ def gradients_not_sent(step: Run, part: str) -> str | None:
             f"backward(s): after each micro-batch's loss.backward(), send act.grad to rank 0 (dist.send)")
 
 
+@mistake("one receive or send too many: a micro-batch past the last")
+def one_too_many(step: Run, part: str) -> str | None:
+    """A stage waiting for (or sending) the message of micro-batch ``m`` or later, which the other never makes."""
+    for r in (0, 1):
+        call = step.pending(r)
+        if call is None or len(step.p2p(r, call.op, done=False)) <= MICRO:
+            continue
+        other = "recv" if call.op == "send" else "send"
+        return (f"{_waiting(r, call, step)} ({call.where}) is one dist.{call.op} too many: the batch has {MICRO} "
+                f"micro-batches (0 to {MICRO - 1}), and the other stage makes no {other} to match it. Each stage "
+                f"makes one {call.op} of each kind per micro-batch, {MICRO} in all")
+    return None
+
+
 @mistake("both stages send (or receive) at once: a deadlock")
 def deadlock(step: Run, part: str) -> str | None:
     p0, p1 = step.pending(0), step.pending(1)
