@@ -67,6 +67,10 @@ def test_a_timeout_report_names_the_unfinished_ranks_and_one_waiting_for_the_oth
     said = Watch(tmp_path, 4, beats=beats).report(unfinished=[0, 1])
     assert said == ("rank 0 had left your code and waited for the other ranks to finish; rank 1 is at "
                     "ex10_ring_attention.py:122 in backward (time.sleep(10**6))"), said
+    # a rank in a collective with no frame of the learner's on its stack (the grader's own, after its code returned;
+    # a blind audit's exercise 11 was told "rank 0 waits in wait"): it waits for the others, outside their code
+    assert Watch(tmp_path, 2, beats={0: {"waits_in": "wait"}}).report() == \
+        "rank 0 had left your code and waited for the other ranks to finish"
     feedback = explain(LaunchTimeout(35, [0, 1], "", said), tmp_path / "ex10_ring_attention.py")
     assert feedback.endswith("No rank was waiting in a collective: the code where each rank still in your code was "
                              "did not return in time."), feedback
