@@ -30,8 +30,9 @@ def deadlock(run: Run) -> str | None:
     pending = [next((c for c in reversed(r.p2p) if c.t1 is None and not c.is_async), None) for r in run.ranks]
     if not all(p is not None and p.op == "send" for p in pending):
         return None
+    at = f" at {pending[0].where}" if pending[0].where else ""
     return (f"all {run.world} ranks were waiting in a blocking dist.send at once (rank 0 sending to rank "
-            f"{pending[0].peer}), and a send returns only when its peer posts the matching recv, which every "
+            f"{pending[0].peer}{at}), and a send returns only when its peer posts the matching recv, which every "
             "peer would do only after its own send: post the send and the recv together, with "
             "dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)]), then wait on both")
 
