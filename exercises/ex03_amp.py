@@ -78,6 +78,9 @@ def median_seconds(fn: Callable[[], object], sync: Callable[[], None], *, warmup
     * Use a host clock: ``torch.utils.benchmark.Timer`` (recommended: its
       ``blocked_autorange(min_run_time=...)`` returns a ``Measurement`` with a
       ``.median``) or ``time.perf_counter``.
+    * Time ``fn`` as its caller runs it, on the caller's torch threads: a ``Timer``
+      runs ``stmt`` with its own ``num_threads``, 1 unless it is given
+      ``torch.get_num_threads()``.
     """
     # YOUR CODE HERE
     raise NotImplementedError

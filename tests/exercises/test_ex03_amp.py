@@ -82,7 +82,9 @@ MUTANTS = {
         "    window_losses, micro_losses = [], []\n    for xs, ys in micro_batches:\n",
         "            micro_loss = nn.functional.cross_entropy(model(xs), ys)\n":
         "            micro_losses.append(nn.functional.cross_entropy(model(xs), ys))\n"
-        "    for micro_loss in micro_losses:\n"},
+        "    for micro_loss in micro_losses:\n",
+        # and another's (10 of 10 before): benchmark.Timer left at its default num_threads, 1
+        ',\n                            num_threads=torch.get_num_threads())': ')'},
     # four independent mistakes: each simulated workload exposes exactly one of the first three
     "no_warmup_no_sync_mean_clip_scaled": {
         "    for _ in range(warmup):\n        fn()\n        sync()\n": "",
@@ -314,8 +316,8 @@ def test_an_accumulated_step_that_keeps_the_gradients_it_was_handed_is_named(rep
 def test_timing_fewer_than_min_run_time_seconds_is_named(reports):
     said = feedback_of(reports["accumulated_no_zero_grad"], "outliers")
     assert said.startswith("median_seconds (called at ex03_amp.py:") and \
-        "measured 0.08 s of the steady workload (from its first reading of the clock to its last), where " \
-        "min_run_time was 0.2 s: keep timing until at least min_run_time seconds were measured" in said, said
+        "measured 0.2 s of the steady workload (from its first reading of the clock to its last), where " \
+        "min_run_time was 0.3 s: keep timing until at least min_run_time seconds were measured" in said, said
 
 
 def test_a_sync_of_compares_own_not_the_one_it_was_given_is_named(reports):
@@ -329,6 +331,12 @@ def test_saved_tensors_left_out_by_kind_are_named(reports):
     said = feedback_of(reports["cuda_autocast_clip_by_value"], "memory ratio")
     assert said.startswith("saved_bytes counted 320,000 bytes for a workload whose backward saves 400,000: it left out "
                            "the embedding's int64 indices (80,000 bytes)"), said
+
+
+def test_a_timer_at_one_thread_is_named(reports):
+    said = feedback_of(reports["cuda_autocast_clip_by_value"], "steady workload")
+    assert said.startswith("the workloads ran with 1 torch thread(s) while median_seconds timed them, where its caller "
+                           "runs 2"), said
 
 
 def test_every_forward_of_a_window_before_its_backwards_is_named(reports):

@@ -62,6 +62,7 @@ A failure names the first cause below that explains the observations (each has a
 | CPU time measured instead of wall-clock time | "you timed with time.process_time(), which counts this ..." |
 | timed for fewer than min_run_time seconds | "median_seconds (called at ex03_amp.py:144) measured 0.08 s of ..." |
 | compare does not pass its timing settings on | "compare called median_seconds at ex03_amp.py:144 with warmup=3 ..." |
+| the workload timed with fewer threads than its caller's | "the workloads ran with 1 torch thread(s) while ..." |
 | a window's loss not its micro-batches' mean | "the loss returned for window 1 is 2.32074, but the mean of its 4 ..." |
 """
 from __future__ import annotations

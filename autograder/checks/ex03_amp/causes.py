@@ -63,6 +63,17 @@ def calls(s: Scaler) -> str:
     return f"one fp16 step's GradScaler calls, backward and optimizer steps were {s.events}"
 
 
+@mistake("the workload timed with fewer threads than its caller's")
+def fewer_threads(m: Measure) -> str | None:
+    """benchmark.Timer without num_threads=: fn runs single-threaded, a step the caller runs on all its threads."""
+    few = [t for t in m.fn_threads if t < m.caller_threads]
+    if not few:
+        return None
+    return (f"the workloads ran with {min(few)} torch thread(s) while median_seconds timed them, where its caller "
+            f"runs {m.caller_threads}: the seconds are those of another, slower step (benchmark.Timer's num_threads "
+            "defaults to 1: pass num_threads=torch.get_num_threads())")
+
+
 @mistake("compare does not pass its timing settings on")
 def timing_not_passed(m: Measure, case: str = "") -> str | None:
     """A call of median_seconds from compare with other settings than compare was given (both known numbers)."""

@@ -19,7 +19,7 @@ from distlab.models import make_mlp
 from ...rank import frames, learner_frame, raised
 from ...rank.spies import learner_line
 from .observations import Compared, Measure, RealModel, TimingCall
-from .workloads import CASES, MIN_RUN_TIME, WARMUP, Clocks, MixedSaves, SharedViews
+from .workloads import CASES, MIN_RUN_TIME, REAL_MIN_RUN_TIME, WARMUP, Clocks, MixedSaves, SharedViews
 
 
 def _error(exc: Exception, learner) -> str:
@@ -77,6 +77,10 @@ def _measure(learner, watch, clocks: Clocks) -> Measure:
     real_timing = getattr(learner, "median_seconds", None)
     if callable(real_timing):
         learner.median_seconds = _timing_spy(learner, out.timing_calls, clocks)
+    # the caller's torch runs 2 threads or more (no real work here: virtual clocks), so that a timer that runs fn
+    # with threads of its own (benchmark.Timer's num_threads defaults to 1) shows it
+    threads, out.caller_threads = torch.get_num_threads(), max(2, torch.get_num_threads())
+    torch.set_num_threads(out.caller_threads)
     try:
         for case, (base_kw, cand_kw) in CASES.items():  # one workload's error leaves the others measured
             try:
@@ -85,10 +89,23 @@ def _measure(learner, watch, clocks: Clocks) -> Measure:
                 out.errors[case] = _error(exc, learner)
                 out.error = out.error or out.errors[case]
     finally:
+        torch.set_num_threads(threads)
         if callable(real_timing):
             learner.median_seconds = real_timing
         out.clocks = sorted(clocks.read_names)
     return out
+
+
+class _Threads:
+    """A workload that notes torch's thread count at each call (what the code that called it ran fn with)."""
+
+    def __init__(self, fn, seen: list[int]) -> None:
+        self.fn, self.seen = fn, seen
+
+    def __call__(self):
+        if torch.get_num_threads() not in self.seen:
+            self.seen.append(torch.get_num_threads())
+        return self.fn()
 
 
 def _measure_case(learner, watch, clocks: Clocks, case: str, base_kw: dict, cand_kw: dict, out: Measure) -> None:
@@ -96,6 +113,7 @@ def _measure_case(learner, watch, clocks: Clocks, case: str, base_kw: dict, cand
     base, cand = (SharedViews(clock, **kw) if "storage" in kw else
                   MixedSaves(clock, **{k: v for k, v in kw.items() if k != "mixed"}) if kw.get("mixed") else
                   SimulatedWorkload(clock, **kw) for kw in (base_kw, cand_kw))
+    base, cand = _Threads(base, out.fn_threads), _Threads(cand, out.fn_threads)
     before = len(out.timing_calls)
     try:
         with clocks.reading(clock), watch:
@@ -128,7 +146,7 @@ def _real(learner, device, watch, cfg: dict) -> RealModel:
         steps[kind] = functools.partial(learner.train_step, model, opt, x, y, amp_dtype=dtype)
     with watch:  # the learner's call only: peak_memory below is the grader's own
         res = learner.compare(steps["fp32"], steps["bf16"], sync=lambda: synchronize(device), warmup=WARMUP,
-                              min_run_time=MIN_RUN_TIME)
+                              min_run_time=REAL_MIN_RUN_TIME)
     (b32, method), (b16, _) = peak_memory(steps["fp32"], device), peak_memory(steps["bf16"], device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
     sizes = f"MLP {cfg['in_features']}-{cfg['hidden']}x{cfg['depth']}, batch {cfg['batch']}"

@@ -108,6 +108,8 @@ class Measure(Observation):
     timed_only: list[str] = field(default_factory=list)
     timing_calls: list[TimingCall] = field(default_factory=list)  # compare's calls of median_seconds
     clocks: list[str] = field(default_factory=list)  # the clocks read on the workloads ("perf_counter", ...)
+    caller_threads: int = 0  # torch's threads where compare was called
+    fn_threads: list[int] = field(default_factory=list)  # torch's threads the workloads ran with, each once
 
 
 # The grader's own entries of the real model's observation, beside what compare returned.
