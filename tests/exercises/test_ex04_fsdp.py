@@ -134,6 +134,9 @@ MISTAKES.update(PRINTED_EVERYWHERE)
 NO_CPU_OFFLOAD.update(LOSS_ATTACHED)
 FSDP1_EXPORT.update(Z1_GRADS_LOW)
 ITEM_BEFORE_BACKWARD.update(Z1_BOUND)
+# and another audit's: the flat parameters built from the state dict, the model's buffer included
+ITEM_BEFORE_BACKWARD.update({"    flat = parameters_to_vector(model.parameters()).detach()":
+                             "    flat = torch.cat([t.detach().reshape(-1) for t in model.state_dict().values()])"})
 MODULELIST.update(Z1_MASTER_LOW)
 FILES = {"mistakes": MISTAKES, "no_save_no_reshard_no_zero_grad": NO_SAVE_NO_RESHARD_NO_ZERO_GRAD,
          "rank0_state_dict_root_unsharded": RANK0_STATE_DICT_ROOT_UNSHARDED, "no_cpu_offload": NO_CPU_OFFLOAD,
@@ -327,7 +330,11 @@ def test_a_train_step_that_raises_costs_the_step_only(graded):
     report = graded["item_before_backward"]
     fails = failed(report)
     step, peak = "[W=2] matches single-process training", "[W=2] peak memory within the per-block bound"
-    assert set(fails) == {step, peak, Z1_MIXED}, report.feedback  # the sharding, the optimizer, the bytes, the export
+    # the sharding, the optimizer, the bytes, the export: graded, right
+    assert set(fails) == {step, peak, Z1_MIXED, Z1_PARITY, Z1_STATE}, report.feedback
+    for name in (Z1_PARITY, Z1_STATE):
+        assert fails[name].startswith("rank 0's shard begins with the 64 elements of the model's buffer 'input_mean', "
+                                      "then 'inp.weight': the flat buffer was built from model.state_dict()"), fails
     # ZeRO-1's parameters bound to the gathered buffer: right in fp32, a bf16 model turned fp32
     assert fails[Z1_MIXED].startswith("after zero1_step 1 on a bfloat16 model, 12 of rank 0's parameters are no "
                                       "longer bfloat16 ('inp.weight: bfloat16 -> float32') and hold new storage"), \

@@ -34,6 +34,7 @@ training is still graded:
 | ZeRO-1 shards of unequal length | "... rank 0's slice has 10745 elements, rank 1's 10744; the reduce-scatter ..." |
 | ZeRO-1 optimizer built over the full parameters | "on rank 0 the optimizer holds 12 of the model's 12 parameters ..."|
 | ZeRO-1 master shard not a copy of its own | "on rank 0 the shard's 10745 elements (42980 bytes) are a view into ..." |
+| ZeRO-1 flat buffer built from the state dict, buffers included | "rank 0's shard begins with the 64 elements ..." |
 | ZeRO-1 shard copied from another rank's slice | "rank 0's shard is a copy of elements [10745, 21490) ..." |
 | ZeRO-1 gradients summed, not averaged | "at the first step rank 0's shard.grad is 2x the mean gradient ..." |
 | ZeRO-1 shards never all-gathered | "after 4 steps rank 0's weights in elements [10745, 21490) ... are still ..." |

@@ -4,12 +4,15 @@ the ranks observed (see autograder/grader/diagnosis.py); part 2's (FSDP) are in 
 """
 from __future__ import annotations
 
+import torch
+
 from distlab.measure.comm import label
 
 from ....grader.diagnosis import mistake, translate
 from ..causes import KNOWN_ERRORS
 from ..observations import Run
 from ..reference import names_in
+from .probes import ZERO1_BUFFER
 
 
 def _slice(run: Run, s: int) -> str:
@@ -64,6 +67,23 @@ def z1_shard_a_view(run: Run) -> str | None:
                     f"whole padded flat buffer, W * c = {run.world * c}), which every rank keeps alive: the master "
                     "copy is not 1/W of the parameters. Make the shard a copy of its slice (.clone())")
     return None
+
+
+@mistake("ZeRO-1 flat buffer built from the state dict, buffers included")
+def z1_buffers_flat(run: Run) -> str | None:
+    """``torch.cat(model.state_dict().values())``: the model's buffer comes first, and every slice shifts."""
+    name, size = ZERO1_BUFFER
+    h = run.z1[0].holdings
+    shard = h.shard if h else None
+    if shard is None:
+        return None
+    with_buffer = torch.cat([torch.zeros(size), run.z1_ref["initial"][:run.z1_ref["numel"]]])
+    if len(shard) > len(with_buffer) or not torch.equal(shard.float(), with_buffer[:len(shard)]):
+        return None
+    return (f"rank 0's shard begins with the {size} elements of the model's buffer '{name}', then 'inp.weight': the "
+            "flat buffer was built from model.state_dict(), which holds the model's buffers too, and every slice "
+            "after it is shifted. The contract's flat parameters are model.parameters() (parameters_to_vector), "
+            "in that order")
 
 
 @mistake("ZeRO-1 shard copied from another rank's slice")

@@ -12,15 +12,15 @@ from distlab.measure.comm import label
 from ..observations import Run
 from ..workloads import ATOL, LR, MICRO_BATCH, RTOL, STEPS
 from .mixed import zero1_mixed_precision
-from .causes import (padding_dropped, z1_all_reduce, z1_error, z1_grad_summed, z1_no_all_gather, z1_no_reduce_scatter,
-                     z1_not_written, z1_optimizer_full, z1_shard_a_view, z1_wrong_offset)
+from .causes import (padding_dropped, z1_all_reduce, z1_buffers_flat, z1_error, z1_grad_summed, z1_no_all_gather,
+                     z1_no_reduce_scatter, z1_not_written, z1_optimizer_full, z1_shard_a_view, z1_wrong_offset)
 
 __all__ = ["ZERO1_CRITERIA"]
 
 
 # Part 1, ZeRO-1 by hand: why the weights differ from the reference, most specific first.
-ZERO1_CAUSES = [z1_error, z1_optimizer_full, z1_wrong_offset, z1_grad_summed, z1_no_reduce_scatter, z1_no_all_gather,
-                z1_not_written]
+ZERO1_CAUSES = [z1_error, z1_optimizer_full, z1_buffers_flat, z1_wrong_offset, z1_grad_summed, z1_no_reduce_scatter,
+                z1_no_all_gather, z1_not_written]
 
 
 @criterion("[W={world}] ZeRO-1: shard_range cuts W equal, padded, contiguous slices", points=1)
@@ -80,7 +80,7 @@ def zero1_state_sharded(run: Run) -> Verdict:
         own = min(c, max(0, numel - rank * c))  # its real elements; the padded shard holds c
         bad = {k: v for k, v in state.items() if v not in (c, own)}
         if not state or bad or set(state) != {"exp_avg", "exp_avg_sq"}:
-            return failed(z1_optimizer_full(run) or
+            return failed(z1_optimizer_full(run) or z1_buffers_flat(run) or
                           f"on rank {rank} the optimizer's state holds {state or 'nothing'} elements; ZeRO-1 keeps "
                           f"exp_avg and exp_avg_sq of the rank's shard only, {c} elements each (1/{run.world} of "
                           f"{numel}, padded)", **measured)

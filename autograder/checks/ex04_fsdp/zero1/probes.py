@@ -30,8 +30,18 @@ from .observations import Collective, Half, Holdings, Zero1
 
 # A model whose parameter count neither 2 nor 4 divides: 21489 parameters, padded by 1 at W=2 and by 3 at W=4.
 ZERO1_MODEL = dict(in_features=64, hidden=47, out_features=10, depth=2)
+# A buffer of the model's own, as a normalisation layer's statistics are: state_dict() holds it, model.parameters()
+# does not (a blind audit's flat buffer built from the state dict shifted every slice by its length, unseen).
+ZERO1_BUFFER = ("input_mean", ZERO1_MODEL["in_features"])
 HALF_STEPS = 2  # the bfloat16 model's: the second step starts from the parameters the first wrote
 SHARD_RANGE_SIZES = (10, 12)  # more counts shard_range is asked about: 4 does not divide 10, 2 and 4 divide 12
+
+
+def zero1_model(seed: int) -> nn.Module:
+    """Part 1's model: the ResidualMLP of ``ZERO1_MODEL``, with a buffer (``ZERO1_BUFFER``, zeros) of its own."""
+    model = make_resmlp(seed=seed, **ZERO1_MODEL)
+    model.register_buffer(ZERO1_BUFFER[0], torch.zeros(ZERO1_BUFFER[1]))
+    return model
 
 
 def zero1_numel() -> int:
@@ -58,7 +68,7 @@ def observe_zero1(learner, path: str, batches: list[tuple[torch.Tensor, torch.Te
     (``shard_range``'s answers are :func:`observe_ranges`')."""
     world = dist.get_world_size()
     obs = Zero1()
-    model = make_resmlp(seed=seed, **ZERO1_MODEL).to(device)  # the same start on every rank
+    model = zero1_model(seed).to(device)  # the same start on every rank
     params = list(model.parameters())
     optimizer = None
     try:
@@ -93,7 +103,7 @@ def observe_half(learner, path: str, batches: list[tuple[torch.Tensor, torch.Ten
     ``zero1_step`` writes into the bf16 parameters). A step after which a parameter's dtype changed ends the
     run there: the next forward would raise in the grader's loop, not in the learner's code."""
     obs = Half()
-    model = make_resmlp(seed=seed, **ZERO1_MODEL).to(device, torch.bfloat16)
+    model = zero1_model(seed).to(device, torch.bfloat16)
     named = list(model.named_parameters())
     storages = [p.untyped_storage().data_ptr() for _, p in named]
     shard = optimizer = None
