@@ -147,7 +147,10 @@ MUTANTS = {
     # scale stays each rank's own
     "bucketed_trainable_broadcast": {
         "        for p in module.parameters():  # every rank starts from rank 0's weights\n":
-        "        for p in (p for p in module.parameters() if p.requires_grad):\n"},
+        "        for p in (p for p in module.parameters() if p.requires_grad):\n",
+        # and another's: the cap counted in elements, not bytes (one bucket took every gradient, launched from its
+        # hook as soon as it was complete: its overlap is not judged, where it was failed with advice it followed)
+        "            size += p.numel() * p.element_size()": "            size += p.numel()"},
     # The buckets a hook never completed are skipped, not launched: their used parameters keep their own gradient.
     "bucketed_unused_skipped": {
         "                self.launch(i)": "                pass",
@@ -484,7 +487,8 @@ def test_a_frozen_parameter_left_out_of_the_broadcast_is_named(graded):
     assert matches.startswith("after BucketedDDP(...) rank 1's '5.scale' differed from rank 0's (by "), matches
     assert "a parameter that needs no gradient, and the others were rank 0's: only the trainable parameters were " \
         "broadcast" in matches
-    assert buckets == overlap == ""  # the buckets and their overlap are right
+    assert buckets.startswith("with bucket_cap_mb=") and "step 0's all-reduces moved [3466] elements" in buckets
+    assert overlap == ""  # one bucket, launched from its hook: nothing to overlap
 
 
 def test_bucketed_unwaited_work_a_cap_passed_and_an_unnamed_error_are_named(graded):
