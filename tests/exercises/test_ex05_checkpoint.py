@@ -314,6 +314,23 @@ def test_a_rank_that_died_before_a_collective_did_not_skip_it(tmp_path):
             "get_state_dict ran on rank 0 (at step 4) but not on rank 1: it is a collective"), other
 
 
+def test_a_sampler_without_drop_last_is_named(tmp_path):
+    """No launch: a blind audit's DistributedSampler without drop_last=True (full marks before: 160 samples divide
+    among 2 and 4 ranks, so its shards were the contract's); the rank-side spy logs such a sampler's line."""
+    import json
+
+    from autograder.checks.ex05_checkpoint.reshard import sampler_keeps_tail
+
+    run = ex05_checkpoint.Run(tmp_path, 4)
+    assert sampler_keeps_tail(run) is None
+    (tmp_path / "A-calls-rank0.jsonl").write_text(json.dumps(
+        {"call": "DistributedSampler", "after_step": 0, "attempt": 0, "tag": "first", "file": "ex05_checkpoint.py",
+         "line": 169}))
+    assert sampler_keeps_tail(run).startswith(
+        "train built its DistributedSampler without drop_last=True (ex05_checkpoint.py:169), where the contract's has "
+        "it: 160 samples divide among 2 and 4 ranks")
+
+
 def test_a_rank_that_returns_before_rank_0_commits_is_named_by_the_order_of_events(tmp_path):
     """No launch: rank 0's commit held until rank 1 waits in a barrier rank 0 has not passed (the contract's second
     barrier) or has returned from save_checkpoint (a blind audit's save without it got full marks)."""

@@ -40,6 +40,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 
 | mistake | message |
 |---|---|
+| a DistributedSampler without drop_last=True | "train built its DistributedSampler without drop_last=True (...) ..." |
 | step counter off after resuming | "the first step after resuming was numbered 5, but it trained ... step 4 ..." |
 | model not restored | "rank 0 resumed with other weights than ... before step 4 (sum ... vs ...): ..." |
 | optimizer state not restored | "Adam's step count was 0 where the uninterrupted run's was 3: ..." |

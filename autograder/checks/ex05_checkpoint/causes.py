@@ -54,7 +54,8 @@ def one_sided_collective(run: Run, name: str, world: int = WORLD, err: LaunchErr
     with fewer is the one whose death or error ended the launch (``err``): it did not skip the call, it never got
     there, and ``err`` says why."""
     calls = run.calls(name, world, **match)
-    for call in dict.fromkeys(c.call for rank in calls for c in rank if c.call != "torch.save"):
+    logged = ("torch.save", "DataLoader iterated", "DistributedSampler")  # logged, not collectives
+    for call in dict.fromkeys(c.call for rank in calls for c in rank if c.call not in logged):
         made = [[c for c in rank if c.call == call] for rank in calls]
         more = max(range(world), key=lambda r: len(made[r]))
         fewer = min(range(world), key=lambda r: len(made[r]))

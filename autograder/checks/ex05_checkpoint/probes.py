@@ -33,7 +33,7 @@ import torch.distributed.checkpoint.state_dict_loader as dcp_loader
 import torch.distributed.checkpoint.state_dict_saver as dcp_saver
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils.data import dataloader
+from torch.utils.data import DistributedSampler, dataloader
 
 from distlab import checkpoint, init_distributed
 from distlab.data import RecordingDataset, synthetic_classification
@@ -67,7 +67,8 @@ COLLECTIVES = [(dcp, n, f"dcp.{n}") for n in ("save", "load", "async_save")] + [
 TORCH_SAVES = [(torch, "save", "torch.save"), (torch.serialization, "save", "torch.save")]  # logged, not collectives
 # logged where the learner's code iterates a DataLoader without generator=: each iteration draws its base seed
 # (and a RandomSampler its seed) from the global RNG, which dropout draws from too
-LOADERS = [(dataloader._BaseDataLoaderIter, "__init__", "DataLoader iterated")]
+LOADERS = [(dataloader._BaseDataLoaderIter, "__init__", "DataLoader iterated"),
+           (DistributedSampler, "__init__", "DistributedSampler")]  # built without drop_last=True, logged
 # watched, not logged: where the restart scenario's second kill lands (commit_kill)
 BARRIERS = [(dist, "barrier", "dist.barrier"), (dist.distributed_c10d, "barrier", "dist.barrier")]
 # the phase running: the learner's file, its call log, tag, last step, snapshot
@@ -144,10 +145,14 @@ def _log(call: CallRecord) -> None:
 
 
 def _loader_spy(label: str):
+    """Logs a DataLoader iterated without ``generator=``, and a DistributedSampler built without drop_last=True."""
     def make(real):
         def spy(self, loader, *args, **kwargs):
             found = learner_line(_now["path"]) if _now["log"] is not None else None
-            if found and getattr(loader, "generator", None) is None:
+            sampler = label == "DistributedSampler"
+            wrong = not kwargs.get("drop_last", args[4] if len(args) > 4 else False) if sampler else \
+                getattr(loader, "generator", None) is None
+            if found and wrong:
                 _log(CallRecord(call=label, after_step=_now["step"], attempt=_restart_count(), tag=_now["tag"],
                                 file=Path(found[0]).name, line=found[1]))
             return real(self, loader, *args, **kwargs)

@@ -13,7 +13,7 @@ from ...grader.diagnosis import mistake
 from ...grader.report import Verdict, criterion, failed, passed
 from .causes import PARAM_GROUPS, loaded_without_set, one_sided_collective, resumed_behind, said
 from .observations import WORLD, Run
-from .probes import MID_EPOCH, MID_EPOCH_FROM, RESHARD_FROM, RUN
+from .probes import DATA_SIZE, MID_EPOCH, MID_EPOCH_FROM, RESHARD_FROM, RUN
 from .reference import BATCH_SIZE, contract_batch, position_after, short_batch_said, stream
 
 
@@ -205,6 +205,19 @@ def _stream_fault(run: Run, phase: str, frm: int) -> str | None:
     return None
 
 
+@mistake("a DistributedSampler without drop_last=True")
+def sampler_keeps_tail(run: Run) -> str | None:
+    """The contract's sampler drops the tail; here W divides the data set, so the shards are the same either way."""
+    built = next((c for rank in run.calls("A") for c in rank if c.call == "DistributedSampler"), None)
+    if built is None:
+        return None
+    return (f"train built its DistributedSampler without drop_last=True ({built.file}:{built.line}), where the "
+            f"contract's has it: {DATA_SIZE} samples divide among {WORLD} and {run.reshard_world} ranks, so the "
+            "shards are the same here, but where W does not divide the data set the sampler pads every rank's share "
+            "with repeated samples: an epoch then sees some samples twice, and its length, with the data position's "
+            "meaning, changes with the world size")
+
+
 @criterion("the data position means the same samples at world size {reshard_world}", points=2)
 def stream_continues(run: Run) -> Verdict:
     """From the 2-rank run's step ``RESHARD_FROM`` (where the other world size has no whole batch left of the epoch,
@@ -213,7 +226,7 @@ def stream_continues(run: Run) -> Verdict:
     world = run.reshard_world
     if run.reshard_error is not None and not any(run.records("R", world)):
         return failed("not judged: the job at the other world size failed before its first step")
-    if own := _own_stream_differs(run):
+    if own := sampler_keeps_tail(run) or _own_stream_differs(run):
         return failed(own)
     resumes = [("R", RESHARD_FROM)] + ([(MID_EPOCH, MID_EPOCH_FROM)] if (run.out / MID_EPOCH).is_dir() else [])
     for phase, frm in resumes:
