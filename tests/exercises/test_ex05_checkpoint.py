@@ -331,6 +331,30 @@ def test_a_sampler_without_drop_last_is_named(tmp_path):
         "it: 160 samples divide among 2 and 4 ranks")
 
 
+def test_a_new_rank_with_another_ranks_rng_state_is_named(tmp_path):
+    """No launch: a blind audit's load_checkpoint that falls back to rng-rank0.pt where a rank's own file is missing
+    (full marks before): after the 2-rank checkpoint, ranks 2 and 3 drew rank 0's dropout masks."""
+    import json
+
+    from autograder.checks.ex05_checkpoint.reshard import shared_rng
+
+    run = ex05_checkpoint.Run(tmp_path, 4)
+
+    def write(states: list[str]) -> None:
+        for r, rng in enumerate(states):
+            pre = {"fp": 0.0, "adam_step": 9.0, "moments": 0.0, "lr": 0.1, "rng": rng}
+            (tmp_path / f"R-rank{r}.jsonl").write_text(json.dumps(
+                {"attempt": 0, "tag": "reshard", "step": 10, "data": [], "fp": 0.0, "lr": 0.1, "pre": pre}))
+
+    write(["a", "b", "c", "d"])
+    assert shared_rng(run) is None
+    write(["a", "b", "a", "b"])
+    assert shared_rng(run) == (
+        "at step 10 of the job at 4 ranks, rank 2's RNG state was rank 0's, so the two drew the same dropout masks: "
+        "the 2-rank checkpoint has no rng-rank2.pt, and a rank without its file keeps its own seed's (seed + rank), "
+        "not another rank's")
+
+
 def test_a_rank_that_returns_before_rank_0_commits_is_named_by_the_order_of_events(tmp_path):
     """No launch: rank 0's commit held until rank 1 waits in a barrier rank 0 has not passed (the contract's second
     barrier) or has returned from save_checkpoint (a blind audit's save without it got full marks)."""

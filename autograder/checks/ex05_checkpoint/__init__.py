@@ -40,6 +40,7 @@ explains gets the first divergence from the reference solution's trace (``autogr
 
 | mistake | message |
 |---|---|
+| a rank new to the reshard restores another rank's RNG state | "... rank 2's RNG state was rank 0's, so the two ..." |
 | a DistributedSampler without drop_last=True | "train built its DistributedSampler without drop_last=True (...) ..." |
 | step counter off after resuming | "the first step after resuming was numbered 5, but it trained ... step 4 ..." |
 | model not restored | "rank 0 resumed with other weights than ... before step 4 (sum ... vs ...): ..." |

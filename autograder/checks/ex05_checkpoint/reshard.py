@@ -162,8 +162,25 @@ def reshards(run: Run) -> Verdict:
                       f"{ranks(run.reshard_world)}: {why}" + (". DCP reshards when you dcp.load into "
                                                               "get_state_dict's (DTensor) state of the new model"
                                                               if about_dcp else ""))
+    if shared := shared_rng(run):
+        return failed(shared)
     return passed(f"step {RESHARD_FROM + 1} started from the {WORLD}-rank run's weights, Adam state and learning "
                   f"rate, and the job finished at step {got.step}")
+
+
+@mistake("a rank new to the reshard restores another rank's RNG state")
+def shared_rng(run: Run) -> str | None:
+    """A rank the checkpoint has no ``rng-rank{R}.pt`` for that loads another's (rank 0's): two ranks, one state."""
+    world, step = run.reshard_world, RESHARD_FROM + 1
+    first = [next((x for x in recs if x.step == step and x.pre), None) for recs in run.records("R", world)]
+    for r in range(WORLD, world):
+        q = next((q for q in range(world) if q != r and first[r] and first[q] and first[q].pre.rng == first[r].pre.rng),
+                 None)
+        if q is not None:
+            return (f"at step {step} of the job at {ranks(world)}, rank {r}'s RNG state was rank {q}'s, so the two "
+                    f"drew the same dropout masks: the {WORLD}-rank checkpoint has no rng-rank{r}.pt, and a rank "
+                    "without its file keeps its own seed's (seed + rank), not another rank's")
+    return None
 
 
 def _own_stream_differs(run: Run) -> str | None:
