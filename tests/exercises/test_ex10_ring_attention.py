@@ -115,6 +115,11 @@ MISTAKES = {
                            "dist.P2POp(dist.isend, torch.stack([k, v]), (rank + step + 1) % world),\n",
                            "dist.P2POp(dist.irecv, buf, (rank - 1) % world)":
                            "dist.P2POp(dist.irecv, buf, (rank - step - 1) % world)"},
+    # a blind audit's (told it forwarded its own shard, which it did not): the receive buffer made once, so from
+    # the second step on one tensor is sent and received into
+    "one receive buffer": {"    kv = torch.stack([k, v])\n":
+                           "    kv = torch.stack([k, v])\n    buf = torch.empty_like(kv)\n",
+                           "            buf = torch.empty_like(kv)\n": ""},
     "forwards its own shard": {"dist.P2POp(dist.isend, kv,": "dist.P2POp(dist.isend, torch.stack([k, v]),",
                                **BACKWARD["not home"]},
     "returns nothing": {"    return out\n": "    out = out.contiguous()\n", **BACKWARD["returns nothing"]},
@@ -263,6 +268,13 @@ def test_shards_sent_straight_to_every_rank_are_named(reports):
     assert list(f) == [RING], f  # the outputs are right
     assert f[RING].startswith("rank 0 sent to ranks 1, 2, 3 in turn, and received from ranks 3, 2, 1: each rank "
                               "sent shards straight to several others"), f[RING]
+
+
+def test_a_receive_into_the_tensor_being_sent_is_named(reports):
+    f = failed(reports["one receive buffer"])
+    assert f[RING].startswith("at step 1 rank 0 received into the tensor it was sending from (ex10_ring_attention.py "
+                              "line "), f[RING]
+    assert "forwarded" not in f[RING] and "your own k, v" not in f[RING]
 
 
 def test_a_forward_without_the_scale_is_named(reports):

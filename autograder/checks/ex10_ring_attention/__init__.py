@@ -31,6 +31,7 @@ the reference is ``F.scaled_dot_product_attention(is_causal=True)`` on the whole
 | a function still raises NotImplementedError | "ring_attention_backward is not implemented yet (... line 92 ...)" |
 | every rank sends before it receives: a deadlock | "all 4 ranks were waiting in a blocking dist.send at once ..." |
 | each shard sent straight to every rank, not passed round the ring | "rank 0 sent to ranks 1, 2, 3 in turn, ..." |
+| each step's shard received into the tensor it is sent from | "at step 1 rank 0 received into the tensor it was ..." |
 | sends to and receives from the same neighbour | "rank 0 sent to rank 1 and also waited for a shard from rank 1 ..." |
 | forwards its own shard instead of the one it received | "rank 2 received rank 1's keys at each of its 3 ..." |
 | a fully masked shard merged: NaN | "rank 0's output is NaN in 8 of its 16 (head, position) rows: ..." |

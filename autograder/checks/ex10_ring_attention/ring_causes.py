@@ -52,6 +52,20 @@ def wrong_neighbour(run: Run) -> str | None:
     return None
 
 
+@mistake("each step's shard received into the tensor it is sent from")
+def one_buffer(run: Run) -> str | None:
+    """The receive buffer made once and passed on (``kv = buf``): from the next step on, one tensor is both sent
+    and received into, and what arrives overwrites what is still being sent."""
+    for r in range(run.world):
+        for k, (send, recv) in enumerate(zip(run.p2p(r, "send"), run.p2p(r, "recv"))):
+            if send.buffer and send.buffer == recv.buffer:
+                return (f"at step {k} rank {r} received into the tensor it was sending from ({recv.where}): what "
+                        "arrives overwrites the shard still being passed on, so what the next rank gets depends on "
+                        "the order the transfers run. Receive each step into a tensor of its own "
+                        "(torch.empty_like), then pass that one on")
+    return None
+
+
 @mistake("forwards its own shard instead of the one it received")
 def forwards_own(run: Run) -> str | None:
     for r in range(run.world):
@@ -62,4 +76,4 @@ def forwards_own(run: Run) -> str | None:
     return None
 
 
-PROTOCOL = [deadlock, sent_to_all, wrong_neighbour, forwards_own]
+PROTOCOL = [deadlock, sent_to_all, wrong_neighbour, one_buffer, forwards_own]
