@@ -105,6 +105,11 @@ MISTAKES = {
         # and another's (10 of 10 before, the grader's lr was bench_rank's): the optimizer's lr hard-coded
         "    opt = torch.optim.SGD(ddp.parameters(), lr=lr)": "    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)"},
 }
+# a blind audit's two (10 of 10 before): the figure returned as a 0-dim tensor, and SGD with momentum
+TENSOR_MOMENTUM = {"return dist.get_world_size() * batch_size * iters / elapsed.item()":
+                   "return dist.get_world_size() * batch_size * iters / elapsed",
+                   "    opt = torch.optim.SGD(ddp.parameters(), lr=lr)":
+                   "    opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)"}
 STEP_RAISES = {"        opt.zero_grad(set_to_none=True)\n": "        optimizer.zero_grad(set_to_none=True)\n"}
 METHOD = "[W={}] throughput of the timed steps of every rank"
 FITTED = "α and β fitted to all-reduce times at several world sizes"
@@ -119,11 +124,12 @@ def graded(tmp_path_factory):
     for i, repl in enumerate(MISTAKES.values()):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
     paths.append(independent.path(6))
+    paths.append(mutant(tmp_path_factory.mktemp("tensor_momentum"), FILE, TENSOR_MOMENTUM))
     # last: its real step raises on every rank, which ends the launch; it is launched again without its real run
     paths.append(mutant(tmp_path_factory.mktemp("step_raises"), FILE, STEP_RAISES))
     reports = check.grade(paths, world_sizes=(1, 2), real=REAL_FEW_STEPS)
-    return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:-2])), "independent": reports[-2],
-            "step raises": reports[-1]}
+    return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:-3])), "independent": reports[-3],
+            "tensor and momentum": reports[-2], "step raises": reports[-1]}
 
 
 @pytest.mark.slow
@@ -146,6 +152,15 @@ def test_the_independent_solution_scores_full_marks(graded):
 
 
 @pytest.mark.slow
+def test_a_tensor_figure_and_momentum_are_named_once_each(graded):
+    f = failed(graded["tensor and momentum"])
+    assert set(f) == {METHOD.format(1), "the real step trains with DDP"}, f
+    assert f[METHOD.format(1)].startswith("measure_throughput returned a Tensor on rank 0, where its contract returns "
+                                          "a float"), f
+    assert f["the real step trains with DDP"].startswith("the optimizer that stepped was SGD with momentum=0.9, where "
+                                                          "make_ddp_step's is torch.optim.SGD(lr=lr)"), f
+
+
 def test_counting_one_rank_fails_at_two_workers(graded):
     f = failed(graded["one rank's samples"])
     assert set(f) == {METHOD.format(2), FITTED, PREDICTED}

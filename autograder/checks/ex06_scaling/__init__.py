@@ -56,6 +56,7 @@ figure's ratio to the truth only where the evidence is missing.
 | warm-up steps' samples counted | "that is (2 + 8) / 8: you counted the samples of the 2 warm-up steps too" |
 | clock started without a barrier (a rank still warming up) | "rank 0 started the clock when its own warm-up ..." |
 | clock started before the barrier that lines the ranks up | "rank 0 read the clock ..., then called dist.barrier()" |
+| the figure returned as a tensor, not a float | "measure_throughput returned a Tensor on rank 0, where its ..." |
 | no figure returned | "measure_throughput returned None on rank 0, so there is no figure to judge: ..." |
 | a different figure on every rank | "rank 1 returned 1,420.3 samples/s but rank 0 returned 1,776.0: ..." |
 | the lr given to make_ddp_step not used | "the optimizer stepped with lr=0.01, where make_ddp_step was given ..." |
@@ -81,6 +82,7 @@ figure's ratio to the truth only where the evidence is missing.
 | the prediction's bandwidth term without (W-1)/W | "... with 2 * bytes * β: the ring's factor is 2(W-1)/W = 1.75 ..." |
 | the exposed all-reduce not clamped at 0 | "... as compute + (all-reduce - backward) gives where ..." |
 | the prediction's bandwidth term half the ring's | "... with (W-1)/W * bytes * β, one reduce-scatter's worth: ..." |
+| the step's optimizer not plain SGD | "the optimizer that stepped was SGD with momentum=0.9, where ..." |
 | make_ddp_step returned no step function | "make_ddp_step returned None, not a function, so the benchmark ..." |
 | the optimizer stepped with no gradient (before backward, or after zero_grad) | "opt.step() ran 7 times in 7 ..." |
 | gradients never cleared in the step | "at 2 worker(s) rank 0's weights after 35 calls of step() are those ..." |
@@ -108,10 +110,10 @@ from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
 from .alphabeta.reference import CASES, DATASETS, FIT_TOL, NOISE, PREDICT_RTOL, close, predict
 from .alphabeta.observations import Fit, Prediction
 from .alphabeta.causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returned_nothing
-from .causes import (KNOWN_ERRORS, clock_before_barrier, cpu_clock, figure_per_rank, no_barrier, no_figure,
-                     no_start_barrier, one_rank_samples, summed_clocks, warmup_samples, warmup_timed)
+from .causes import (KNOWN_ERRORS, clock_before_barrier, cpu_clock, figure_not_float, figure_per_rank, no_barrier,
+                     no_figure, no_start_barrier, one_rank_samples, summed_clocks, warmup_samples, warmup_timed)
 from .real_causes import (ATOL, REAL_CAUSES, RTOL, grads_accumulate, inner_forward, lr_not_used, no_ddp,
-                          no_optimizer_step, no_step_function, stepped_without_grad)
+                          no_optimizer_step, no_step_function, not_plain_sgd, stepped_without_grad)
 from .observations import REAL, SYNTH, Benchmark, RankObservation, Run
 from .probes import TOL, rank_main
 from .reference import real_reference
@@ -150,7 +152,7 @@ def throughput_within_tolerance(run: Run) -> Verdict:
     bad = [(r.rank, len(r.times)) for r in run.ranks if len(r.times) != want]
     if bad:
         return failed(f"step() was called {bad[0][1]} times on rank {bad[0][0]}; expected warmup + iters = {want}")
-    if silent := no_figure(run):
+    if silent := no_figure(run) or (run.world == WORLD_SIZES[0] and figure_not_float(run)):  # said once
         return failed(silent)
     t, got, ratio = run.truth(), run.ranks[0].reported, run.ratio()
     measured = {f"W{run.world}_synthetic_reported_over_truth": round(ratio, 3)}
@@ -189,7 +191,7 @@ def _off_reference(run: Run) -> str:
     match = parity(r0.final, real_reference(run), rtol=RTOL, atol=ATOL)
     if match.ok:
         return ""
-    return diagnose([lr_not_used, grads_accumulate], run) or (
+    return diagnose([not_plain_sgd, lr_not_used, grads_accumulate], run) or (
         f"at {run.world} worker(s), after {r0.real_steps} calls of step() rank 0's weights differ from one "
         f"process's SGD (lr={run.real['lr']}) on the mean of the {run.world} ranks' gradients, from rank 0's start "
         f"(max abs difference {match.max_abs_diff:.3g} in '{match.worst}'): each call is one forward, backward "

@@ -160,6 +160,16 @@ def no_start_barrier(run: Run) -> str | None:
 
 
 
+@mistake("the figure returned as a tensor, not a float")
+def figure_not_float(run: Run) -> str | None:
+    r = next((r for r in run.ranks if r.reported_type), None)
+    if r is None:
+        return None
+    return (f"measure_throughput returned a {r.reported_type} on rank {r.rank}, where its contract returns a float: "
+            "its callers print it, compare it, and write it to a JSON report, which a tensor does not go into; "
+            "return float(...) (or .item())")
+
+
 @mistake("no figure returned")
 def no_figure(run: Run) -> str | None:
     silent = next((r for r in run.ranks if r.reported is None), None)

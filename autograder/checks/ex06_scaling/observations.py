@@ -51,6 +51,7 @@ class RankObservation(Observation):
     returned: float  # the grader's clock when it returned (no correct window ends later, on this rank)
     times: torch.Tensor  # float64 (calls, 2): each synthetic step's start and end on the grader's clock
     method: list[MethodEvent] = field(default_factory=list)  # the learner's clock reads and collectives there
+    reported_type: str = ""  # the type of what measure_throughput returned where it is no Python number ("Tensor")
     # The real model's benchmark:
     initial: dict[str, torch.Tensor] = field(default_factory=dict)  # the model's state before, by name
     final: dict[str, torch.Tensor] = field(default_factory=dict)    # and after the benchmark
@@ -61,6 +62,7 @@ class RankObservation(Observation):
     opt_steps: int | None = None   # every optimizer step during them (None: no step ran)
     opt_steps_without_grad: int = 0  # those with no gradient on any parameter
     opt_lr: float | None = None  # the learning rate of the first optimizer step (None: none ran)
+    opt_other: str = ""  # what the first step's optimizer is beyond SGD(lr): "momentum=0.9", "Adam" ("": plain SGD)
     ddp_wrapped: int = 0        # the DistributedDataParallel wrappers built, in make_ddp_step and the steps
     ddp_forwards: int = 0       # the forwards that went through a wrapper
     ddp_built_in_make: int = 0  # the wrappers make_ddp_step built
@@ -71,7 +73,7 @@ class RankObservation(Observation):
 
 # What the real benchmark fills in (the part "real", kept apart from the synthetic method's: ``rank.parts``).
 REAL_FIELDS = ("backend", "initial", "final", "step_error", "real", "real_method", "real_steps", "opt_steps",
-               "opt_steps_without_grad", "opt_lr", "ddp_wrapped", "ddp_forwards", "ddp_built_in_make",
+               "opt_steps_without_grad", "opt_lr", "opt_other", "ddp_wrapped", "ddp_forwards", "ddp_built_in_make",
                "ddp_built_in_step", "ddp_rounds")
 
 

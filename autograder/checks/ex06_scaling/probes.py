@@ -173,7 +173,9 @@ def _observe_method(learner, rank: int, spy: MethodSpy) -> RankObservation:
         returned = _clock()  # no correct window ends later than this (on this rank)
     echo(out.lines)
     return RankObservation(rank=rank, backend=dist.get_backend(), reported=_figure(reported), returned=returned,
-                           times=torch.tensor(step.times, dtype=torch.float64), method=events)
+                           times=torch.tensor(step.times, dtype=torch.float64), method=events,
+                           reported_type="" if reported is None or isinstance(reported, (float, int)) else
+                           type(reported).__name__)  # numpy's float64 is a float
 
 
 def _observe_real(learner, obs: RankObservation, dev: torch.device, real: dict, spy: MethodSpy, ddp: DDPSpy) -> None:
@@ -201,6 +203,7 @@ def _observe_real(learner, obs: RankObservation, dev: torch.device, real: dict, 
             obs.opt_steps += 1
             if obs.opt_lr is None:
                 obs.opt_lr = float(opt.param_groups[0].get("lr", float("nan")))
+                obs.opt_other = _beyond_sgd(opt)
             obs.opt_steps_without_grad += all(p.grad is None or not bool(p.grad.any())
                                               for group in opt.param_groups for p in group["params"])
 
@@ -216,6 +219,15 @@ def _observe_real(learner, obs: RankObservation, dev: torch.device, real: dict, 
         obs.real_method, obs.real_steps = events, counted.calls
     obs.final, obs.ddp_wrapped, obs.ddp_forwards = cpu_state(model), ddp.wrapped - wrapped, ddp.forwards
     obs.ddp_built_in_make, obs.ddp_built_in_step, obs.ddp_rounds = built, ddp.built_in_step, ddp.rounds
+
+
+def _beyond_sgd(opt) -> str:
+    """What ``opt`` is beyond the contract's ``SGD(lr=lr)``: another optimizer's name, or SGD's settings that are
+    not its defaults ("momentum=0.9"); "" where it is plain SGD."""
+    if type(opt) is not torch.optim.SGD:
+        return type(opt).__name__
+    group, plain = opt.param_groups[0], {"momentum": 0, "dampening": 0, "weight_decay": 0, "nesterov": False}
+    return ", ".join(f"{k}={group.get(k)}" for k, v in plain.items() if group.get(k, v) != v)
 
 
 def _figure(value) -> float | None:

@@ -134,6 +134,16 @@ def no_step_function(run: Run) -> str | None:
             "never trained: end make_ddp_step with `return step`, the inner function itself (not its result)")
 
 
+@mistake("the step's optimizer not plain SGD")
+def not_plain_sgd(run: Run) -> str | None:
+    other = run.ranks[0].opt_other
+    if not other:
+        return None
+    what = f"SGD with {other}" if "=" in other else f"a {other}"
+    return (f"the optimizer that stepped was {what}, where make_ddp_step's is torch.optim.SGD(lr=lr), no more: the "
+            "benchmark times one plain SGD step, the one its single-process reference takes")
+
+
 @mistake("the lr given to make_ddp_step not used")
 def lr_not_used(run: Run) -> str | None:
     first, given = run.ranks[0], run.real["lr"]
