@@ -94,6 +94,10 @@ UNEVEN_MISTAKES = {
     # a blind audit's (full marks before): the whole stream read up front
     "uneven: the stream read up front": {
         "    stream = iter(batches)\n": "    stream = iter(list(batches))\n"},
+    # another's (full marks before, the stream a generator): iter() of the stream at every step, which restarts a
+    # data loader at its first batch
+    "uneven: iter() each step": {"    stream = iter(batches)\n": "",
+                                 "        batch = next(stream, None)": "        batch = next(iter(batches), None)"},
     # a count all-reduced as an int64 where the rank has a batch, float32 where it has none (gloo aborts on it)
     "uneven: the count's dtype differs": {
         NEXT: NEXT + "        count = torch.tensor(len(batch[1])) if batch is not None else torch.tensor(0.0)\n"
@@ -255,6 +259,13 @@ def test_a_stream_read_up_front_is_named(graded):
     assert list(f) == [U_EQUAL], f
     assert f[U_EQUAL].startswith("with ranks with 2 and 4 batches, rank 1 had taken 3 batches past the one going "
                                  "through the model (of its 4)"), f[U_EQUAL]
+
+
+def test_iter_of_the_stream_at_every_step_is_refused_at_the_learners_line(graded):
+    f = failed(graded["uneven: iter() each step"])
+    assert f[U_FINISHES].startswith("train_uneven raised on rank "), f[U_FINISHES]
+    assert "batch = next(iter(batches), None)" in f[U_FINISHES] and "RuntimeError: iter() was called on this " \
+        "rank's stream of batches a second time: a data loader's stream starts over" in f[U_FINISHES], f[U_FINISHES]
 
 
 def test_the_stub_says_train_uneven_is_not_implemented(graded):

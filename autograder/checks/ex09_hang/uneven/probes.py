@@ -35,14 +35,23 @@ class Stream:
 
     def __init__(self, rank: int, count: int):
         self.rank, self.count = rank, count
-        self.taken, self.exhausted, self.past_end = 0, False, 0
+        self.taken, self.exhausted, self.past_end, self.iterated = 0, False, 0, 0
 
     @property
     def step(self) -> int | None:
         return self.taken - 1 if self.taken else None
 
     def __iter__(self):
-        return self
+        """One reading, as a generator's (``iter`` of an iterator is itself); a second ``iter()`` of the stream is
+        refused, where a data loader's would start over at batch 0 (a blind audit's next(iter(batches)) each step
+        read batch 0 for ever from a loader, and was right from a generator)."""
+        self.iterated += 1
+        if self.iterated > 1:
+            raise RuntimeError("iter() was called on this rank's stream of batches a second time: a data loader's "
+                               "stream starts over at its first batch on each iter(), so a loop that calls it each "
+                               "step reads batch 0 for ever. Take the iterator once (it = iter(batches)), then "
+                               "next(it) each step")
+        return _Reader(self)
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.taken < self.count:
@@ -82,6 +91,19 @@ class JoinSpy(Replace):
                                                                                  True))))
             real(join, joinables, *args, **kwargs)
         return init
+
+
+class _Reader:
+    """The iterator of a :class:`Stream`'s one reading (``for`` over it, or ``iter`` of it, is itself)."""
+
+    def __init__(self, stream: Stream):
+        self.stream = stream
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.stream)
 
 
 def _through_ddp() -> bool:
