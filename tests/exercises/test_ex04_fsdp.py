@@ -482,3 +482,19 @@ def test_the_state_dict_spy_sees_every_import_style(tmp_path, imported):
     finally:
         dist.destroy_process_group()
     assert [c["fn"] for c in spy.calls] == ["get_model_state_dict"] * 3
+
+
+def test_the_loops_criterion_on_crafted_ranks():
+    """No launch: a loss shown to any precision is found in what rank 0 printed; a loss of several elements is no
+    one number to look for (it was a format error of the grader's)."""
+    from autograder.checks.ex04_fsdp.loop import loop_contract, shows
+    from autograder.checks.ex04_fsdp.observations import Run
+
+    assert shows("loss tensor(2.2911)", 2.29114) and shows("2.29e+00", 2.2891) and not shows("step 2 of 4", 2.0)
+    ranks = [FsdpRank(rank=r, world=2, steps=4, last_loss=2.5 + r, printed=["loss 2.500"] if r == 0 else [])
+             for r in range(2)]
+    assert loop_contract(Run(ranks)).ok
+    ranks[1].printed = ["rank 1: 3.5"]
+    assert loop_contract(Run(ranks)).feedback.startswith("rank 1 printed its own last loss (rank 1: 'rank 1: 3.5')")
+    ranks[1].printed, ranks[0].last_loss = [], None
+    assert loop_contract(Run(ranks)).feedback.startswith("train_step returned a tensor of more than one element")

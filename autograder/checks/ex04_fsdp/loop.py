@@ -65,4 +65,8 @@ def loop_contract(run: Run) -> Verdict:
     """The verdict of ``train_fsdp``'s loop criterion."""
     if why := loss_attached(run) or printed_everywhere(run) or rank0_silent(run):
         return failed(why)
-    return passed(f"a detached loss from each step; rank 0 alone printed its last loss ({run.ranks[0].last_loss:.4g})")
+    last = run.ranks[0].last_loss
+    if last is None:  # a detached tensor of more than one element: no one loss to look for in what was printed
+        return failed("train_step returned a tensor of more than one element on rank 0: its contract returns the "
+                      "step's loss, one number (the mean cross-entropy), detached")
+    return passed(f"a detached loss from each step; rank 0 alone printed its last loss ({last:.4g})")
