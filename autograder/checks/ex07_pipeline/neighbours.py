@@ -9,13 +9,18 @@ from ...grader.diagnosis import mistake
 from .observations import Run
 
 
+def _near(stage: int, p: int) -> list[int]:
+    """Stage ``stage``'s neighbours among ``p``: ``s - 1`` and ``s + 1``, where they exist."""
+    return [n for n in (stage - 1, stage + 1) if 0 <= n < p]
+
+
 @mistake("1F1B: neighbours' ranks written as numbers (src=0, dst=1)")
 def fixed_peer(step: Run, part: str = "") -> str | None:
     """A send or receive with a rank that is not a neighbour of the stage's (``s - 1``, ``s + 1``): at 2 stages
     the numbers 0 and 1 are the neighbours, at 4 they are not."""
     p = len(step.ranks)
     for r in step.ranks:
-        near = [n for n in (r.rank - 1, r.rank + 1) if 0 <= n < p]
+        near = _near(r.rank, p)
         if bad := next((c for c in r.p2p if c.peer is not None and c.peer not in near), None):  # None: unread
             said = " and ".join(f"rank {n}" for n in near)
             return (f"stage {r.rank} of {p} {'sent to' if bad.op == 'send' else 'received from'} rank {bad.peer} "
@@ -31,7 +36,7 @@ def any_source(step: Run, part: str = "") -> str | None:
     whichever of an activation (from ``s - 1``) and a gradient (from ``s + 1``) arrives first."""
     p = len(step.ranks)
     for r in step.ranks:
-        near = [n for n in (r.rank - 1, r.rank + 1) if 0 <= n < p]
+        near = _near(r.rank, p)
         unnamed = [c for c in r.p2p if c.op == "recv" and c.peer is None]
         if len(near) < 2 or not unnamed:
             continue

@@ -33,7 +33,7 @@ import distlab
 from distlab.measure.comm import CollectiveRecorder
 from distlab.runtime.launch import time_scale
 
-from ...rank import CapturedPrints, echo, every_rank_tells, learner_frame, load_learner, raised
+from ...rank import CapturedPrints, echo, every_rank_tells, learner_frame, load_learner, raised, raised_at
 from .observations import Collective, Held, Holdings, Param, StepObservation
 from .reference import PARTS, block, data
 from .stand_ins import off_shard, stand_in
@@ -106,12 +106,16 @@ def holdings(layer: nn.Module, unsplit: nn.Linear) -> Holdings:
     return Holdings(params=params, tensors=list(seen.values()))
 
 
+def _tensor(layers: dict[str, nn.Module], part: str):
+    """The layers' attribute ``part`` names ("column.weight"), or ``None``."""
+    layer, name = part.split(".")
+    return getattr(layers[layer], name, None)
+
+
 def _grads(layers: dict[str, nn.Module]) -> dict[str, torch.Tensor | None]:
     out = {}
     for part in PARTS:
-        layer, name = part.split(".")
-        t = getattr(layers[layer], name, None)
-        grad = getattr(t, "grad", None)
+        grad = getattr(_tensor(layers, part), "grad", None)
         out[part] = grad.detach().cpu().clone() if isinstance(grad, torch.Tensor) else None
     return out
 
@@ -164,21 +168,17 @@ def _layers(learner, unsplit: nn.Sequential, rank: int, world: int) -> dict[str,
 def _rebuilt(obs: StepObservation, learner, unsplit: nn.Sequential, path: str) -> None:
     """The two layers built again on this rank: for every other rank (a shard follows the ``rank`` it is given,
     not the process's), and from a float64 copy of the block (a shard keeps its layer's dtype). Into ``obs``."""
-    def part(layers: dict[str, nn.Module], name: str):
-        layer, attr = name.split(".")
-        return getattr(layers[layer], attr, None)
-
     try:
         for r in (r for r in range(obs.world) if r != obs.rank):
             built = _layers(learner, unsplit, r, obs.world)
-            obs.built_for[str(r)] = {name: t.detach().cpu().clone() if isinstance(t := part(built, name),
+            obs.built_for[str(r)] = {part: t.detach().cpu().clone() if isinstance(t := _tensor(built, part),
                                                                                   torch.Tensor) else None
-                                     for name in PARTS}
+                                     for part in PARTS}
         wide = _layers(learner, copy.deepcopy(unsplit).double(), obs.rank, obs.world)
-        obs.wide_dtypes = {name: str(getattr(part(wide, name), "dtype", "none")).removeprefix("torch.")
-                           for name in PARTS}
+        obs.wide_dtypes = {part: str(getattr(_tensor(wide, part), "dtype", "none")).removeprefix("torch.")
+                           for part in PARTS}
     except Exception as exc:  # noqa: BLE001 - said by the criterion that reads these; the step goes on
-        obs.rebuild_error = raised(exc) + (f" at {where}" if (where := learner_frame(exc, path)) else "")
+        obs.rebuild_error = raised_at(exc, path)
 
 
 def _step(obs: StepObservation, layers: dict[str, nn.Module], unsplit: nn.Sequential, x: torch.Tensor,

@@ -23,7 +23,7 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 import distlab
 from distlab.measure.comm import CollectiveRecorder
 
-from ...rank import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
+from ...rank import CapturedPrints, attempt, echo, learner_frame, load_learner, raised, raised_at
 from ...rank.parts import Parts
 from .answers import ANSWERS  # the runtime's copy, resolved now: before any learner file is loaded
 from .edges import observe_edges, as_ints, valid_perm
@@ -251,8 +251,8 @@ def _widened(obs: MoEStep, learner, x_slots: torch.Tensor, perm: torch.Tensor, n
             continue
         with torch.no_grad():
             got, exc = attempt(fn, *args)
-        obs.wide[name] = (f"raised {raised(exc)}" + (f" at {where}" if (where := learner_frame(exc, path)) else "")
-                          if exc is not None else str(getattr(got, "dtype", type(got).__name__)).removeprefix("torch."))
+        obs.wide[name] = (f"raised {raised_at(exc, path)}" if exc is not None else
+                          str(getattr(got, "dtype", type(got).__name__)).removeprefix("torch."))
 
 
 def _backward(obs: MoEStep, y: torch.Tensor | None, layer, x: torch.Tensor, grad: torch.Tensor, spy: CommSpy,

@@ -25,7 +25,7 @@ from torch.nn.utils import parameters_to_vector
 
 from distlab.resmlp import make_resmlp
 
-from ....rank import LineRecorder, learner_frame, raised
+from ....rank import LineRecorder, learner_frame, raised, raised_at
 from .observations import Collective, Half, Holdings, Zero1
 
 # A model whose parameter count neither 2 nor 4 divides: 21489 parameters, padded by 1 at W=2 and by 3 at W=4.
@@ -120,8 +120,7 @@ def observe_half(learner, path: str, batches: list[tuple[torch.Tensor, torch.Ten
             if obs.retyped:
                 break
     except Exception as exc:  # noqa: BLE001 - the learner's error is feedback, for this criterion only
-        where = learner_frame(exc, path)
-        obs.error = raised(exc, path) + (f" (at {where})" if where else "")
+        obs.error = raised_at(exc, path)
     obs.rebound = sum(p.untyped_storage().data_ptr() != s for (_, p), s in zip(named, storages))
     obs.state_dtypes = sorted({str(v.dtype).removeprefix("torch.") for s in getattr(optimizer, "state", {}).values()
                                for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0})
