@@ -199,13 +199,17 @@ class Watch:
         of the ``unfinished`` ranks only, where given (a rank that returned its result is nowhere)."""
         parts = [env_note(rank, b["env_changed"]) for rank, b in sorted(self.beats.items())
                  if isinstance(b.get("env_changed"), dict) and b["env_changed"]][:1]
+        left: list[int] = []  # ranks out of the job's code, said once, where the first of them stands
         for rank in sorted(self.beats):
             if unfinished is not None and rank not in unfinished:
                 continue
             b = self.beats[rank]
             if not b.get("at") and (b.get("waits_for_peers") is True or b.get("waits_in")):
                 # no frame of the job's code on its stack: the runtime's (or the grader's) own wait for the others
-                parts.append(f"rank {rank} had left your code and waited for the other ranks to finish")
+                if not left:
+                    parts.append("")
+                    at = len(parts) - 1
+                left.append(rank)
                 continue
             where = f" at {b['at']}" if b.get("at") else ""
             # the line, unless it names what the rank waits in ("dist.all_reduce(t)"); "loss.backward()" it does not
@@ -213,6 +217,10 @@ class Watch:
             within = f" in {b['function']}" if where and b.get("function") else ""
             parts.append(f"rank {rank} waits in {b['waits_in']}{where}{code}" if b.get("waits_in")
                          else f"rank {rank} is{where + within or ' outside your code'}{code}")
+        if left:
+            who = (f"rank {left[0]}" if len(left) == 1
+                   else f"ranks {', '.join(map(str, left[:-1]))} and {left[-1]}")
+            parts[at] = f"{who} had left your code and waited for the other ranks to finish"
         return "; ".join(parts)
 
 

@@ -28,7 +28,11 @@ _DISTRIBUTED = f"{os.sep}torch{os.sep}distributed{os.sep}"
 _C10D = f"{_DISTRIBUTED}distributed_c10d.py"
 # whose collective it is, from the outermost library frame on the stack
 _OWNERS = ((f"{_DISTRIBUTED}fsdp{os.sep}", "FSDP's"), (f"{_DISTRIBUTED}pipelining{os.sep}", "the pipeline schedule's"),
-           (f"{os.sep}torch{os.sep}nn{os.sep}parallel{os.sep}distributed.py", "DDP's"))
+           (f"{os.sep}torch{os.sep}nn{os.sep}parallel{os.sep}distributed.py", "DDP's"),
+           (f"{_DISTRIBUTED}tensor{os.sep}", "DTensor's"))  # after FSDP's: FSDP2's own stacks pass through DTensor
+# what a DTensor method the job called waits in, by the method (its collective waits in funcol's ``wait``)
+_DTENSOR_CALLS = {"full_tensor": "all-gather of full_tensor()", "redistribute": "redistribute()",
+                  "from_local": "from_local()"}
 _RUNTIME = tuple(str(Path(p).resolve()) + os.sep for p in (
     os.path.dirname(os.__file__), Path(__file__).resolve().parents[1],
     Path(__file__).resolve().parents[2] / "autograder"))
@@ -58,6 +62,8 @@ def _collective(frames: list[tuple[str, int, str]]) -> str | None:
             inner = "broadcast before the forward"
     if inner is None:
         return None
+    if owner == "DTensor's":  # the method the job called (the first frame below its line), not funcol's wait
+        inner = next((_DTENSOR_CALLS[fn] for _, _, fn in tail if fn in _DTENSOR_CALLS), inner)
     if owner == "FSDP's":  # its collectives by what they carry, not by c10d's function names
         inner = ("all-gather of the parameters" if "gather" in inner else
                  "reduce-scatter of the gradients" if "reduce_scatter" in inner else inner)

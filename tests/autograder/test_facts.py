@@ -71,6 +71,12 @@ def test_a_timeout_report_names_the_unfinished_ranks_and_one_waiting_for_the_oth
     # a blind audit's exercise 11 was told "rank 0 waits in wait"): it waits for the others, outside their code
     assert Watch(tmp_path, 2, beats={0: {"waits_in": "wait"}}).report() == \
         "rank 0 had left your code and waited for the other ranks to finish"
+    # several such ranks are said once, where the first stands (exercise 4's export hung on rank 0 alone)
+    stuck = {"at": "ex04_fsdp.py:216", "code": "state = {...}", "waits_in": "DTensor's all-gather of full_tensor()"}
+    assert Watch(tmp_path, 4, beats={0: stuck, 1: {"waits_for_peers": True}, 2: {"waits_for_peers": True},
+                                     3: {"waits_in": "wait"}}).report() == (
+        "rank 0 waits in DTensor's all-gather of full_tensor() at ex04_fsdp.py:216 (state = {...}); ranks 1, 2 and 3 "
+        "had left your code and waited for the other ranks to finish")
     feedback = explain(LaunchTimeout(35, [0, 1], "", said), tmp_path / "ex10_ring_attention.py")
     assert feedback.endswith("No rank was waiting in a collective: the code where each rank still in your code was "
                              "did not return in time."), feedback

@@ -43,6 +43,11 @@ def test_library_collectives_are_named_by_the_library_that_issued_them():
     pipeline = stack(("learner", "train"), ("distributed/pipelining/schedules.py", "step"),
                      ("distributed/pipelining/schedules.py", "_wait_batch_p2p"))
     assert describe(pipeline)["waits_in"] == "the pipeline schedule's send/receive"
+    full = stack(("learner", "export"), ("distributed/tensor/_api.py", "full_tensor"),
+                 ("distributed/tensor/_api.py", "redistribute"),
+                 ("distributed/tensor/_redistribute.py", "redistribute_local_tensor"),
+                 ("distributed/_functional_collectives.py", "wait"))
+    assert describe(full)["waits_in"] == "DTensor's all-gather of full_tensor()"
     rebuild = stack(*DDP_FORWARD, ("nn/parallel/distributed.py", "_pre_forward"))
     assert describe(rebuild)["waits_in"] == "DDP's broadcast before the forward"
 

@@ -8,7 +8,9 @@ against one process's Adam on the whole batches (``reference.zero1_reference``, 
 of each rank's Adam state (1/W); the collectives of each step, counted by the one recorder (one
 reduce-scatter, one all-gather, no all-reduce). A part 2 not written yet does not stop part 1's grading, nor
 one that raises, hangs or aborts (``grader.parts.launch_parts``: part 1 is then run again alone); nor does a
-part 1 whose collectives abort stop part 2's, nor take ``shard_range``'s answers with it.
+part 1 whose collectives abort stop part 2's, nor take ``shard_range``'s answers with it. An export that hangs or
+kills its rank costs the export's criterion alone: part 2's training is kept before the export begins, and its
+trained weights are joined from every rank's shards (``observations.Run.from_parts``).
 
 Part 2: every rank builds the same :class:`~distlab.resmlp.ResidualMLP` and trains it
 with the learner's ``train_fsdp`` on its slice of each global batch. The
@@ -201,6 +203,8 @@ def matches_reference(run: Run) -> Verdict:
 
 @criterion("[W={world}] rank 0 exports the full state dict once", points=2)
 def exports_once(run: Run) -> Verdict:
+    if run.export_ended:  # the training was kept before the export began: its criteria are judged
+        return failed(f"the export did not finish: {run.export_ended}")
     if why := diagnose([one_sided_collective, fsdp1_api, export_raised], run):
         return failed(why)
     r0 = run.ranks[0]

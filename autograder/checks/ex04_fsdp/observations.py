@@ -99,6 +99,15 @@ class FsdpRank(Observation):
     returned: str = ""  # what the learner's train_step returned where it was no detached tensor, said ("" if it was)
     last_loss: float | None = None  # the loss the last train_step returned, as a number (None: no number)
     step: MeasuredStep | None = None  # step MEASURE_STEP (None: train_fsdp never called train_step that often)
+    shards: dict[str, torch.Tensor] = field(default_factory=dict)  # part "fsdp": this rank's rows of each weight
+    sharded: list[str] = field(default_factory=list)  # the names in ``shards`` that are Shard(0) rows (else whole)
+
+
+def _joined(ranks: list[FsdpRank]) -> dict[str, torch.Tensor]:
+    """The trained weights, whole: every rank's Shard(0) rows of each in rank order, as FSDP2 cuts them."""
+    r0 = ranks[0]
+    return {name: torch.cat([r.shards[name] for r in ranks]) if name in r0.sharded else value
+            for name, value in r0.shards.items()}
 
 
 @dataclass
@@ -110,22 +119,27 @@ class Run:
     ranks: list[FsdpRank]
     part2_ended: str | None = None
     ranges_ended: str | None = None
+    export_ended: str | None = None  # how part 2's export ended its launch (its training is graded all the same)
 
     @classmethod
     def from_parts(cls, kept_ranks: list[dict], ended: dict[str, str]) -> "Run":
         """The run of what every rank kept of one file's parts (``probes.FILE_PARTS``: ``grader.parts.Parted``'s
-        ``ranks``, ``ended``), joined: part 1's answers and training in one :class:`Zero1` (``aborted``: how a
-        launch ended in its training)."""
+        ``ranks``, ``ended``), joined: part 2 as its export kept it, or, where the export ended the launch, as
+        its training did, with rank 0's trained weights joined from every rank's rows; part 1's answers and
+        training in one :class:`Zero1` (``aborted``: how a launch ended in its training)."""
         world, ranks = len(kept_ranks), []
         for rank, kept in enumerate(kept_ranks):
-            obs = FsdpRank.from_wire(kept["fsdp"]) if kept.get("fsdp") else FsdpRank(rank=rank, world=world, steps=0)
+            part2 = kept.get("export") or kept.get("fsdp")
+            obs = FsdpRank.from_wire(part2) if part2 else FsdpRank(rank=rank, world=world, steps=0)
             ranges = Zero1.from_wire(kept["ranges"]) if kept.get("ranges") else Zero1()
             trained = Zero1.from_wire(kept["zero1"]) if kept.get("zero1") else Zero1(
                 aborted=ended.get("zero1", ""))
             obs.zero1 = dataclasses.replace(trained, ranges=ranges.ranges, ranges_error=ranges.ranges_error,
                                             ranges_unwritten=ranges.ranges_unwritten)
             ranks.append(obs)
-        return cls(ranks, ended.get("fsdp"), ended.get("ranges"))
+        if "export" in ended and all(kept.get("fsdp") for kept in kept_ranks):
+            ranks[0].final = _joined(ranks)
+        return cls(ranks, ended.get("fsdp"), ended.get("ranges"), ended.get("export"))
 
     @property
     def world(self) -> int:

@@ -21,17 +21,20 @@ part 1 (ZeRO-1 by hand) is observed by :mod:`.zero1` on the same micro-batches. 
 """
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor, Shard
 
 from distlab import init_distributed
 from distlab.lab.fsdp_memory import activation_bytes, expected_bytes, full_shapes, measured_bytes, peak_bound
 from distlab.measure.memory import PeakMemory
 from distlab.resmlp import make_resmlp
+from distlab.runtime import heartbeat
 
 from ...rank import (CapturedPrints, SaveSpy, echo, frames, grad_norm, learner_frame, load_learner,
                         on_backward_start, raised)
@@ -54,11 +57,14 @@ def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]] | None =
             for i, p in enumerate(paths)]
 
 
-# A file's parts, in the order they run. Part 2 (FSDP, "fsdp") comes first, then shard_range's answers, then
-# part 1's training: its collectives are the learner's own, on shards the learner cut, where a wrong length
-# aborts the process in gloo, and a pure function's answers are kept before them.
-FILE_PARTS = ("fsdp", "ranges", "zero1")
-NEEDS = {"zero1": ("ranges",)}  # a shard_range that never returns would hang the training's first call of it
+# A file's parts, in the order they run. Part 2 (FSDP) comes first: its training ("fsdp"), kept when the training
+# is over (at the export's call, or when train_fsdp returns), then its export ("export": the learner's, then the
+# grader's gather of the trained weights), so that an export that hangs or dies costs the export's criterion
+# alone; then shard_range's answers, then part 1's training: its collectives are the learner's own, on shards
+# the learner cut, where a wrong length aborts the process in gloo, and a pure function's answers are kept
+# before them.
+FILE_PARTS = ("fsdp", "export", "ranges", "zero1")
+NEEDS = {"zero1": ("ranges",), "export": ("fsdp",)}  # a shard_range that never returns would hang zero1's first call
 
 
 def _observe(path: str, kept: Parts, device: torch.device, tag: str) -> dict:
@@ -69,8 +75,8 @@ def _observe(path: str, kept: Parts, device: torch.device, tag: str) -> dict:
         learner = load_learner(path)
         if kept.starts("fsdp"):
             obs = FsdpRank(rank=rank, world=world, steps=0)
-            _train_observed(obs, learner, kept.outdir / f"full_state-{kept.file}.pt", device, saves, calls, path)
-            kept.keep("fsdp", obs.to_wire())
+            _train_observed(obs, learner, kept, device, saves, calls, path)
+            kept.keep("export", obs.to_wire())
         if kept.starts("ranges"):
             kept.keep("ranges", observe_ranges(learner, path).to_wire())
         if kept.starts("zero1"):
@@ -90,37 +96,60 @@ def _error(exc: BaseException, path: str) -> TrainingError:
                          fsdp1=any("fully_sharded_data_parallel.py" in f.filename for f in frames(exc)))
 
 
-def _train_observed(obs: FsdpRank, learner, export: Path, device: torch.device, saves: SaveSpy,
+def _train_observed(obs: FsdpRank, learner, kept: Parts, device: torch.device, saves: SaveSpy,
                     calls: StateDictSpy, path: str) -> None:
-    """Part 2 on this rank, observed into ``obs`` (up to ``not_implemented`` where train_fsdp is not written)."""
+    """Part 2 on this rank, observed into ``obs`` (up to ``not_implemented`` where train_fsdp is not written): the
+    training kept as part "fsdp" once it is over (:func:`_keep_training`), the export then run as part "export"."""
     model = make_resmlp(seed=SEED, **MODEL).to(device)  # the same start on every rank
     shapes = full_shapes(model)
+    export = kept.outdir / f"full_state-{kept.file}.pt"
+    obs.shapes, obs.expected = {k: list(v) for k, v in shapes.items()}, expected_bytes(shapes, obs.world, obs.rank)
+    obs.device, obs.export = device.type, str(export)
     batches = rank_batches(obs.world, obs.rank, device)
     held = _observe_step(learner, device, obs, path)
-    _observe_export(learner, obs)
     returned = None
     with CapturedPrints() as out:
+        _observe_export(learner, obs, lambda m: _keep_training(kept, obs, m, out.lines))
         try:
             returned = learner.train_fsdp(model, batches, lr=LR, export_path=str(export))
         except NotImplementedError as exc:
             if obs.completed < STEPS:  # part 2 not written yet (every rank alike): part 1 is graded
                 echo(out.lines)
                 obs.not_implemented = str(learner_frame(exc, path) or raised(exc))
+                _keep_training(kept, obs, model, out.lines)
                 return
             obs.after_training_error = _error(exc, path)
         except Exception as exc:  # noqa: BLE001 - the export's error is judged; the training is still graded
             if obs.completed < STEPS:
                 raise  # training itself failed: nothing to grade
             obs.after_training_error = _error(exc, path)
-        obs.partnered = calls.settle(model, held.get("optimizer"))
+        _keep_training(kept, obs, model, out.lines)  # before any collective of the grader's
+        with heartbeat.waiting_for_peers():  # this rank is done with the learner's code
+            obs.partnered = calls.settle(model, held.get("optimizer"))
     echo(out.lines)
     trained = returned[0] if isinstance(returned, tuple) else model
     final = get_model_state_dict(trained, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     dist.barrier()
-    obs.shapes, obs.final = {k: list(v) for k, v in shapes.items()}, final if obs.rank == 0 else {}
-    obs.saves, obs.printed, obs.expected = saves.paths, out.lines, expected_bytes(shapes, obs.world, obs.rank)
-    obs.device, obs.export = device.type, str(export)
+    obs.final = final if obs.rank == 0 else {}
+    obs.saves, obs.printed = saves.paths, out.lines
     obs.state_dict_calls = [StateDictCall(**call) for call in calls.calls]
+
+
+def _keep_training(kept: Parts, obs: FsdpRank, model: nn.Module, printed: list[str]) -> None:
+    """Keep part "fsdp", the training, once it is over (the export's first call after the last step, or
+    train_fsdp's return, whichever comes first), with this rank's own shard of every trained weight (``shards``:
+    no collective, which a rank stuck in the export would never join); then the export is part "export"."""
+    if "fsdp" in kept.ran or (obs.completed < STEPS and obs.not_implemented is None):
+        return
+    shards, sharded = {}, []
+    for name, value in model.state_dict().items():
+        if isinstance(value, DTensor):
+            if value.placements != (Shard(0),):
+                continue  # no other placement is the contract's; the weights then differ from the reference's
+            value, _ = value.to_local(), sharded.append(name)
+        shards[name] = value.detach().to("cpu", copy=True)
+    kept.keep("fsdp", dataclasses.replace(obs, printed=list(printed), shards=shards, sharded=sharded).to_wire())
+    kept.starts("export")
 
 
 def _observe_step(learner, device: torch.device, obs: FsdpRank, path: str) -> dict:
@@ -166,12 +195,13 @@ def _observe_step(learner, device: torch.device, obs: FsdpRank, path: str) -> di
     return held
 
 
-def _observe_export(learner, obs: FsdpRank) -> None:
+def _observe_export(learner, obs: FsdpRank, at_call: Callable[[nn.Module], None]) -> None:
     """Wrap the learner's ``export_full_state_dict`` so that what it returns on this rank is seen: its contract
-    returns the dict on rank 0 and ``None`` on the others (``obs.export_returned``)."""
+    returns the dict on rank 0 and ``None`` on the others (``obs.export_returned``); ``at_call(model)`` runs first."""
     learners_export = learner.export_full_state_dict
 
     def observed_export(model, path):
+        at_call(model)
         got = learners_export(model, path)
         obs.export_returned = ("None" if got is None else f"a dict of {len(got)} entries" if isinstance(got, dict)
                                else f"a {type(got).__name__}")
