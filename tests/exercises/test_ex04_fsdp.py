@@ -507,3 +507,8 @@ def test_the_loops_criterion_on_crafted_ranks():
     assert loop_contract(Run(ranks)).feedback.startswith("rank 1 printed its own last loss (rank 1: 'rank 1: 3.5')")
     ranks[1].printed, ranks[0].last_loss = [], None
     assert loop_contract(Run(ranks)).feedback.startswith("train_step returned a tensor of more than one element")
+    # rank 0 printed nothing before an export that never finished: a print after it is unseen, so not "printed nothing"
+    ranks[0].last_loss, ranks[0].printed = 2.5, []
+    assert loop_contract(Run(ranks)).feedback.startswith("rank 0's train_fsdp printed nothing")
+    assert loop_contract(Run(ranks, export_ended="the job hung")).feedback.startswith(
+        "not checked: rank 0 had printed no loss when its export began, and the export did not finish")
