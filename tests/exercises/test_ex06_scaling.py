@@ -111,6 +111,10 @@ TENSOR_MOMENTUM = {"return dist.get_world_size() * batch_size * iters / elapsed.
                    "    opt = torch.optim.SGD(ddp.parameters(), lr=lr)":
                    "    opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)"}
 STEP_RAISES = {"        opt.zero_grad(set_to_none=True)\n": "        optimizer.zero_grad(set_to_none=True)\n"}
+# measure_throughput raises on every rank (a float to a collective), which ends the launch in the method: the real
+# step is then driven by the grader's loop, and make_ddp_step keeps its marks (a hang there cost them, twice)
+FLOAT_COLLECTIVE = {"    elapsed = torch.tensor(time.perf_counter() - start, dtype=torch.float64, device=device)\n":
+                    "    elapsed = time.perf_counter() - start\n"}
 METHOD = "[W={}] throughput of the timed steps of every rank"
 FITTED = "α and β fitted to all-reduce times at several world sizes"
 PREDICTED = "efficiency predicted at unmeasured W, the all-reduce overlapping the backward"
@@ -125,11 +129,12 @@ def graded(tmp_path_factory):
         paths.append(mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, repl))
     paths.append(independent.path(6))
     paths.append(mutant(tmp_path_factory.mktemp("tensor_momentum"), FILE, TENSOR_MOMENTUM))
+    paths.append(mutant(tmp_path_factory.mktemp("float_collective"), FILE, FLOAT_COLLECTIVE))
     # last: its real step raises on every rank, which ends the launch; it is launched again without its real run
     paths.append(mutant(tmp_path_factory.mktemp("step_raises"), FILE, STEP_RAISES))
     reports = check.grade(paths, world_sizes=(1, 2), real=REAL_FEW_STEPS)
-    return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:-3])), "independent": reports[-3],
-            "tensor and momentum": reports[-2], "step raises": reports[-1]}
+    return {"solution": reports[0], **dict(zip(MISTAKES, reports[1:-4])), "independent": reports[-4],
+            "tensor and momentum": reports[-3], "float collective": reports[-2], "step raises": reports[-1]}
 
 
 @pytest.mark.slow
@@ -357,6 +362,16 @@ def test_errors_of_known_mistakes_are_translated(raised, name):
 def test_launch_timeouts_fit_the_time_limit():
     for sizes in ((1, 2, 4), (1, 2)):
         assert sum(b.nominal_s for b in check.launch_timeouts(sizes).values()) <= check.EXERCISE.time_limit - 10
+
+
+def test_a_measure_throughput_that_ends_the_launch_costs_the_method_only(graded):
+    r = graded["float collective"]
+    f = failed(r)
+    assert list(f) == [METHOD.format(1), METHOD.format(2)], r.feedback
+    assert all(f[METHOD.format(w)].startswith("measure_throughput did not finish: ") for w in (1, 2)), f
+    assert "collectives work on tensors" in f[METHOD.format(1)], f
+    assert ("(at 1, 2 worker(s) the grader's loop ran the steps, as your measure_throughput did not finish there: "
+            "its clock is judged by the throughput's criterion)") in r.feedback, r.feedback
 
 
 def test_a_real_step_that_raises_costs_the_real_run_only(graded):

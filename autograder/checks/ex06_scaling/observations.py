@@ -57,6 +57,7 @@ class RankObservation(Observation):
     final: dict[str, torch.Tensor] = field(default_factory=dict)    # and after the benchmark
     step_error: str | None = None  # what make_ddp_step raised, at the learner's line
     real: float | None = None      # the figure measure_throughput returned (None: no step, or nothing returned)
+    driven: bool = False           # the grader's loop ran the real step: measure_throughput had ended a launch
     real_method: list[MethodEvent] = field(default_factory=list)  # the clock reads and collectives there
     real_steps: int | None = None  # the step() calls (None: make_ddp_step returned no step, or raised)
     opt_steps: int | None = None   # every optimizer step during them (None: no step ran)
@@ -74,7 +75,7 @@ class RankObservation(Observation):
 # What the real benchmark fills in (the part "real", kept apart from the synthetic method's: ``rank.parts``).
 REAL_FIELDS = ("backend", "initial", "final", "step_error", "real", "real_method", "real_steps", "opt_steps",
                "opt_steps_without_grad", "opt_lr", "opt_other", "ddp_wrapped", "ddp_forwards", "ddp_built_in_make",
-               "ddp_built_in_step", "ddp_rounds")
+               "ddp_built_in_step", "ddp_rounds", "driven")
 
 
 @dataclass(frozen=True)
