@@ -78,13 +78,16 @@ D_COMM, C_COMM = ("[W=2] dispatch: one all-to-all in the forward, one in the bac
 def graded(tmp_path_factory):
     paths = [SOLUTIONS / FILE, independent.path(11), EXERCISES / FILE]
     paths += [mutant(tmp_path_factory.mktemp(f"m{i}"), FILE, c) for i, c in enumerate(MISTAKES.values())]
-    # next to last: rank 1 leaves in exchange_split_sizes (os._exit); the file is launched again after it
+    # then rank 1 leaves (os._exit) in exchange_split_sizes, in dispatch, in combine: each file is launched again
+    # after it
     paths.append(mutant(tmp_path_factory.mktemp("exits"), FILE, EXCHANGE_EXITS))
+    paths.append(mutant(tmp_path_factory.mktemp("dispatch_exits"), FILE, exits_in("dispatch")))
+    paths.append(mutant(tmp_path_factory.mktemp("combine_exits"), FILE, exits_in("combine")))
     # last: its backward's all-to-all gets splits that do not match the peer's, and gloo aborts; the file is
     # launched again without the backward
     paths.append(mutant(tmp_path_factory.mktemp("own"), FILE, OWN_ALL_TO_ALL_BACKWARD_SPLITS))
-    out = dict(zip(["solution", "independent", "stub", *MISTAKES, "exchange exits", "own all-to-all"],
-                   check.grade(paths)))
+    out = dict(zip(["solution", "independent", "stub", *MISTAKES, "exchange exits", "dispatch exits", "combine exits",
+                    "own all-to-all"], check.grade(paths)))
     return out
 
 
@@ -93,6 +96,16 @@ def graded(tmp_path_factory):
 EXCHANGE_EXITS = {"    send = torch.tensor(input_split_sizes, dtype=torch.int64)\n":
                   "    if dist.get_rank() == 1:\n        import os\n        os._exit(3)\n"
                   "    send = torch.tensor(input_split_sizes, dtype=torch.int64)\n"}
+
+
+def exits_in(fn: str) -> dict[str, str]:
+    """Rank 1 leaves with exit code 3 on entering ``fn`` (audit N's: a combine that aborts cost dispatch's marks, a
+    dispatch that hung cost combine's)."""
+    first = {"dispatch": "    return all_to_all_single_autograd(x_slots[perm]",
+             "combine": "    back = all_to_all_single_autograd(y_recv"}[fn]
+    return {first: f"    if dist.get_rank() == 1:\n        import os\n        os._exit(3)\n{first}"}
+
+
 OWN_ALL_TO_ALL_BACKWARD_SPLITS = {  # the audit's: a hand-written all-to-all Function, its backward's splits wrong
     "def dispatch(x_slots": (
         "class _AllToAll(torch.autograd.Function):\n"
@@ -126,6 +139,19 @@ def test_a_backward_that_aborts_gloo_costs_the_backward_only(graded):
                         re.S), fails[backward[0]]
     assert fails[backward[1]] == ("not checked: the backward through dispatch and combine did not finish "
                                   f"(see '{backward[0]}')")
+
+
+def test_a_rank_that_exits_in_dispatch_or_combine_costs_that_functions_criteria_and_the_backwards(graded):
+    dispatch_rows, combine_rows, *backward = [c.name for c in graded["solution"].criteria][2:8]
+    for fn, gone, other in (("dispatch", dispatch_rows, combine_rows), ("combine", combine_rows, dispatch_rows)):
+        r = graded[f"{fn} exits"]
+        fails = failed(r)
+        assert list(fails) == [gone, *backward, DTYPE], r.feedback  # the other function's forward graded, and passed
+        assert fails[gone].startswith(f"{fn} did not finish: rank 1 exited with code 3 without raising"), fails[gone]
+        assert fails[backward[0]] == f"not checked: {fn} did not finish (see '{gone}')", fails[backward[0]]
+    # combine, run after dispatch ended, was given the grader's rows and says so
+    assert "(given the grader's dispatched rows: yours did not finish, see above)" in \
+        graded["dispatch exits"].feedback, graded["dispatch exits"].feedback
 
 
 def test_a_rank_that_exits_in_the_exchange_costs_the_exchange_only(graded):

@@ -18,9 +18,10 @@ tokens with capacity per rank (GShard's groups; Lepikhin et al., 2020; Fedus et 
   backward for it, and no other collective. A function the grader replaced loses its own backward criteria
   only: the other's backward runs through the grader's, and is graded.
 
-The split, the forward and the backward are each kept as they return: one that ends its launch (gloo's abort on
-an all-to-all whose splits disagree between the ranks, a hang) costs its own criteria, and the backward's where
-the forward ended (it goes through the forward's output), and no others (``grader.parts``).
+The split, dispatch, combine and the backward are each kept as they return: one that ends its launch (gloo's abort
+on an all-to-all whose splits disagree between the ranks, a hang) costs its own criteria, and the backward's where
+dispatch or combine ended (it goes through both), and no others (``grader.parts``): a combine after a dispatch
+that ended is given the grader's dispatched rows.
 
 | mistake | message |
 |---|---|
@@ -129,7 +130,10 @@ def _given(run: Run, stage: str) -> str:
               "combine": ("sort", "exchange", "dispatch"), "backward": ("sort", "exchange")}[stage]
     mine = sorted({s for o in run.ranks for s in o.substituted if s in before}, key=before.index)
     names = {"sort": "perm and input_split_sizes", "exchange": "output_split_sizes", "dispatch": "dispatched rows"}
-    return f" (given the grader's {' and '.join(names[s] for s in mine)}: yours are wrong, see above)" if mine else ""
+    ended = {s for o in run.ranks for s in o.unfinished}
+    why = ("yours did not finish" if ended >= set(mine) else "yours are wrong or did not finish" if ended & set(mine)
+           else "yours are wrong")
+    return f" (given the grader's {' and '.join(names[s] for s in mine)}: {why}, see above)" if mine else ""
 
 
 @criterion("[W={world}] dispatch: each expert's rank receives the rows sent to it, in rank order", points=1)
@@ -273,12 +277,13 @@ CRITERIA = [split_sizes, sizes_exchanged, dispatch_rows, combine_rows, combine_g
             dispatch_all_to_alls, combine_all_to_alls, keeps_dtype]
 
 
-# The parts, in the order they run, with what each grades; the backward and the float64 calls need the forward.
+# The parts, in the order they run, with what each grades; the backward and the float64 calls need both functions'
+# forwards. A combine run after a dispatch that ended its launch is given the grader's rows.
 PARTS = {"sort": ("sort_by_expert", CRITERIA[:1]), "exchange": ("exchange_split_sizes", CRITERIA[1:2]),
-         "forward": ("dispatch and combine", CRITERIA[2:4]),
+         "dispatch": ("dispatch", CRITERIA[2:3]), "combine": ("combine", CRITERIA[3:4]),
          "backward": ("the backward through dispatch and combine", CRITERIA[4:8]),
          "dtype": ("dispatch and combine on float64 rows", CRITERIA[8:])}
-NEEDS = {"backward": ("forward",), "dtype": ("forward",)}
+NEEDS = {"backward": ("dispatch", "combine"), "dtype": ("dispatch", "combine")}
 
 
 def grade(paths: Sequence[Path], world: int = 2) -> list[ExerciseReport]:

@@ -71,6 +71,7 @@ class MoEStep(Observation):
     errors: dict[str, StageError] = field(default_factory=dict)   # by stage (STAGES)
     returned: Returned = field(default_factory=Returned)
     substituted: list[str] = field(default_factory=list)  # the stages whose wrong result the grader replaced
+    unfinished: list[str] = field(default_factory=list)  # of those, the ones that had ended an earlier launch
     returned_none: list[str] = field(default_factory=list)  # the stages whose function returned None
     received_grad_fn: bool | None = None  # whether dispatch's rows have a grad_fn (None: no such rows)
     combined_grad_fn: bool | None = None  # whether combine's rows have a grad_fn (None: no such rows)
@@ -106,9 +107,9 @@ class Run:
         each holds what the ranks observed until then, so the last one kept is the whole step; where none was,
         every part ended or was not run, and nothing of it is judged), with the float64 calls of the "dtype"
         part, which a later launch may have made on its own."""
-        kept = {p: file.part(p) for p in ("sort", "exchange", "forward", "backward")}
+        kept = {p: file.part(p) for p in ("sort", "exchange", "dispatch", "combine", "backward")}
         kept = {p: v for p, v in kept.items() if v and all(v)}
-        step = next((kept[p] for p in ("backward", "forward", "exchange", "sort") if p in kept), None)
+        step = next((kept[p] for p in ("backward", "combine", "dispatch", "exchange", "sort") if p in kept), None)
         run = cls.from_wire(step) if step else cls([MoEStep(rank=r, world=world) for r in range(world)])
         for part in ("sort", "exchange"):  # where a later launch went on from the grader's own values, say why
             if part in kept and kept[part] is not step:

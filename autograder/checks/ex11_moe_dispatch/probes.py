@@ -72,7 +72,7 @@ def _everywhere(ok: bool) -> bool:
 def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]]) -> list[dict]:
     """Runs on every rank: observe each learner file in turn (the tests grade several per launch), in parts
     kept as they return (``rank.parts``: one that ends the launch costs its own marks only): ``"sort"``,
-    ``"exchange"`` (each its function), ``"forward"`` (dispatch, combine), ``"backward"`` (through them),
+    ``"exchange"``, ``"dispatch"``, ``"combine"`` (each its function), ``"backward"`` (through them),
     ``"dtype"`` (dispatch and combine again, on float64 rows).
     Each kept :class:`MoEStep` holds everything observed until then; the backward runs only after a forward."""
     distlab.init_distributed()
@@ -132,12 +132,19 @@ def _observe(path: str, rank: int, world: int, kept: Parts) -> None:
             keep("exchange")
         else:
             recv = recv_true
-        if kept.starts("forward"):
+        dispatching = kept.starts("dispatch")
+        if dispatching:
             received = _dispatched(obs, stage, learner, x[slots.token], perm, send, recv)
+            keep("dispatch")
+        if kept.starts("combine"):  # apart from dispatch: an abort in one costs the other nothing
+            if not dispatching:  # dispatch ended an earlier launch (else combine would not run now): the grader's rows
+                received = _grader_dispatch(x[slots.token][perm], send, recv)
+                obs.substituted.append("dispatch")
+                obs.unfinished.append("dispatch")
             rows = _combined(obs, stage, learner, layer.experts[rank](received), perm, len(slots.token), send, recv)
             y = torch.zeros_like(x).index_add(0, slots.token, slots.gate[:, None] * rows)
             obs.y = y.detach().cpu().clone()
-            keep("forward")
+            keep("combine")
             if kept.starts("backward"):
                 _backward(obs, y, layer, x, grad_all[rank * T:(rank + 1) * T], spy, path)
                 keep("backward")
@@ -208,14 +215,19 @@ def _judged(obs: MoEStep, name: str, got, want: torch.Tensor, rows: int, exact: 
     return (want, *seen)
 
 
+def _grader_dispatch(rows: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+    """The grader's own dispatch of ``rows`` (sorted by expert): an autograd-aware all-to-all."""
+    out = all_to_all_single_autograd(rows, list(recv), list(send), dist.group.WORLD)
+    return out.wait() if hasattr(out, "wait") else out
+
+
 def _dispatched(obs: MoEStep, stage, learner, x_slots: torch.Tensor, perm: torch.Tensor, send: list[int],
                 recv: list[int]) -> torch.Tensor:
     """The learner's dispatch, and what it must return: the grader's own autograd-aware all-to-all of the same
     rows (run on every rank after it). Where the learner's differs on some rank, the grader's goes on to the
     expert and combine (``obs.substituted``), so that combine is graded on the right rows."""
     got = stage("dispatch", learner.dispatch, x_slots, perm, list(send), list(recv))
-    want = all_to_all_single_autograd(x_slots[perm], list(recv), list(send), dist.group.WORLD)
-    want = want.wait() if hasattr(want, "wait") else want
+    want = _grader_dispatch(x_slots[perm], send, recv)
     obs.dispatch_want = want.detach().cpu().clone()
     received, obs.returned.dispatched, obs.received_grad_fn, obs.returned.dispatch_shape = _judged(
         obs, "dispatch", got, want, sum(recv), exact=True)
