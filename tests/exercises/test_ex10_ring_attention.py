@@ -78,6 +78,8 @@ MISTAKES = {
                              "    kv = torch.stack([k, v])\n    dist.all_gather([torch.empty_like(kv) for _ in "
                              "range(world)], kv)\n", **BACKWARD["not written"]},
     "max without rescale": {MERGE: "new = torch.maximum(m, block_lse)", **BACKWARD["D per block"]},
+    # a blind audit's (10 of 10 at a batch of 1): k and v packed with torch.cat, read back as kv[0], kv[1]
+    "packed along the batch": {"    kv = torch.stack([k, v])\n": "    kv = torch.cat([k, v])\n"},
     # the blind audit's: the forward's scores not scaled (its backward, right for scaled scores, fails with it)
     "forward not scaled": {"cols, :].transpose(-1, -2)) * scale": "cols, :].transpose(-1, -2))"},
     # the blind audit's: of a later rank's shard, the late queries see the early chunk only
@@ -168,10 +170,11 @@ def test_solution_and_independent_full_marks(reports):
     for name in ("solution", "independent"):
         r = reports[name]
         assert r.score == r.max_score, r.feedback
-    assert reports["solution"].measurements["W4_bytes_sent_per_rank"] == 3 * 2 * 1 * 2 * 8 * 8 * 4
-    assert reports["solution"].measurements["W4_backward_bytes_sent_per_rank"] == (4 * 4 - 2) * 1 * 2 * 8 * 8 * 4
+    # a batch of 2 (a blind audit's k and v packed with torch.cat along the batch were right at a batch of 1)
+    assert reports["solution"].measurements["W4_bytes_sent_per_rank"] == 3 * 2 * 2 * 2 * 8 * 8 * 4
+    assert reports["solution"].measurements["W4_backward_bytes_sent_per_rank"] == (4 * 4 - 2) * 2 * 2 * 8 * 8 * 4
     # the planner's cp rows (notebook 12) are these sends, forward and backward, of a k shard of B x H x n x D
-    rows = cp_sends(1 * 2 * 8 * 8 * 4, 4)
+    rows = cp_sends(2 * 2 * 8 * 8 * 4, 4)
     assert sum(b * n for b, n in rows) == sum(reports["solution"].measurements[f"W4_{m}bytes_sent_per_rank"]
                                               for m in ("", "backward_"))
     # blocks of c x c = 4 x 4 scores: its own shard whole (4), half of each of the 3 others (2 each)
@@ -183,9 +186,10 @@ def test_solution_and_independent_full_marks(reports):
     ("averaged, all_gather", "(out + block_out) / 2 at each step"),
     ("max without rescale", "lse = max(lse, lse_block)"),
     ("local mask", "a causal mask by each block's own indices"),
-    ("masked shard merged", "NaN in 8 of its 16 (head, position) rows"),
+    ("masked shard merged", "NaN in 16 of its 32 (batch, head, position) rows"),
     ("contiguous rule", "what the contiguous layout's causal ring gives"),
     ("no mask", "is the non-causal attention"),
+    ("packed along the batch", "as one tensor of shape [4, 2, 8, 8] at ex10_ring_attention.py line"),
     ("lse set before the rescale", "when the old partial output keeps its whole weight at each step"),
     ("lse never kept", "is the last block's alone, what the merge gives when the running lse stays at its initial"),
 ])

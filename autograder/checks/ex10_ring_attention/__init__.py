@@ -34,7 +34,8 @@ the reference is ``F.scaled_dot_product_attention(is_causal=True)`` on the whole
 | each step's shard received into the tensor it is sent from | "at step 1 rank 0 received into the tensor it was ..." |
 | sends to and receives from the same neighbour | "rank 0 sent to rank 1 and also waited for a shard from rank 1 ..." |
 | forwards its own shard instead of the one it received | "rank 2 received rank 1's keys at each of its 3 ..." |
-| a fully masked shard merged: NaN | "rank 0's output is NaN in 8 of its 16 (head, position) rows: ..." |
+| k and v packed along the batch, read back as k and v | "rank 0 sent k and v as one tensor of shape [4, 2, 16, 8] ...|
+| a fully masked shard merged: NaN | "rank 0's output is NaN in 16 of its 32 (batch, head, position) rows: ..." |
 | partial outputs averaged instead of weighed by their log-sum-exp | "rank 3's output is (out + block_out) / 2 ..." |
 | max of the log-sum-exps without rescaling | "rank 3's output is what the merge gives with lse = max(lse, ...)" |
 | lse replaced by the merged one before out is rescaled | "rank 3's output is what the merge gives when lse ..." |

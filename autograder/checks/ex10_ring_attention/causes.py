@@ -11,7 +11,7 @@ import torch
 
 from ...grader.diagnosis import KnownError, mistake
 from .observations import BackwardRing, Run
-from .ring_causes import PROTOCOL
+from .ring_causes import PROTOCOL, packed_along_batch
 from .reference import GRADS, HEAD_DIM, noncausal, replay, replay_backward, replay_sliced
 
 KNOWN_ERRORS = [KnownError(
@@ -77,7 +77,7 @@ def masked_nan(run: Run) -> str | None:
         return None
     out = run.ranks[bad[0]].out
     rows = int(torch.isnan(out).any(-1).sum())
-    return (f"rank {bad[0]}'s output is NaN in {rows} of its {out[..., 0].numel()} (head, position) rows: a row "
+    return (f"rank {bad[0]}'s output is NaN in {rows} of its {out[..., 0].numel()} (batch, head, position) rows: a row "
             "whose every score in a block is masked has logsumexp -inf, and exp(scores - lse) is then "
             "exp(-inf + inf) = NaN. Leave such rows out of that block (skip the pairs of chunks the mask hides "
             "entirely), and check that the mask keeps each query's own key (key position <= query position)")
@@ -332,8 +332,8 @@ def backward_nan(run: Run) -> str | None:
     return None
 
 
-OUTPUT = [*PROTOCOL, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept, local_mask,
-          contiguous_rule, chunks_swapped, no_mask, unscaled, later_early_only, other_direction]
+OUTPUT = [*PROTOCOL, packed_along_batch, returned_none, masked_nan, averaged, max_no_rescale, lse_first, lse_not_kept,
+          local_mask, contiguous_rule, chunks_swapped, no_mask, unscaled, later_early_only, other_direction]
 GRADIENTS = [*PROTOCOL, returned_none, swapped_grads, zero_grad_returned, backward_nan, block_delta, block_lse,
              backward_no_mask, no_scale]
 BACKWARD_RING = [*PROTOCOL, not_home]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from distlab.lab.context_parallel import sharding
 
-BATCH, HEADS, SEQ, HEAD_DIM, SEED = 1, 2, 32, 8, 10
+BATCH, HEADS, SEQ, HEAD_DIM, SEED = 2, 2, 32, 8, 10
 RTOL, ATOL = 1e-4, 1e-5  # parity with the references, in float32
 GRADS = ("dq", "dk", "dv")
 

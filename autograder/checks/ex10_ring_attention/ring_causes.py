@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ...grader.diagnosis import mistake
 from .observations import Run
+from .reference import BATCH
 
 
 @mistake("each shard sent straight to every rank, not passed round the ring")
@@ -77,3 +78,17 @@ def forwards_own(run: Run) -> str | None:
 
 
 PROTOCOL = [deadlock, sent_to_all, wrong_neighbour, one_buffer, forwards_own]
+
+
+@mistake("k and v packed along the batch, read back as k and v")
+def packed_along_batch(run: Run) -> str | None:
+    """k and v sent as one tensor made with ``torch.cat([k, v])``: 2B rows of the batch dim, where ``kv[0]`` and
+    ``kv[1]`` are batch 0 and 1 of k, not k and v (the same only at a batch of 1). Said where the output is wrong:
+    ``kv[:B], kv[B:]`` reads such a tensor right."""
+    sends = run.p2p(0, "send")
+    if not sends or sends[0].shape[:1] != [2 * BATCH] or len(sends[0].shape) != 4:
+        return None
+    return (f"rank 0 sent k and v as one tensor of shape {sends[0].shape} at {sends[0].where}, the two concatenated "
+            f"along the batch dim (torch.cat): indexing it kv[0], kv[1] gives batch 0 and 1 of k, not k and v (the "
+            f"same only at a batch of 1; this batch is {BATCH}). Stack them (torch.stack([k, v]): kv[0] is k) or "
+            "split along the batch (kv[:B], kv[B:])")
