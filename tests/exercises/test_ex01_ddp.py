@@ -109,6 +109,9 @@ MUTANTS = {
     # A blind audit's (full marks before: the training set divides by both world sizes): drop_last=True
     "train_drop_last": {"    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)\n":
                         "    sampler = DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)\n"},
+    # A blind audit's (full marks before: batch_size divided each rank's shard): the DataLoader drops the last batch
+    "loader_drop_last": {"DataLoader(dataset, batch_size=batch_size, sampler=sampler)":
+                         "DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)"},
     # Part 2, BucketedDDP: three orthogonal mistakes a file, one for each of three of its criteria.
     "bucketed_broadcast_decimal_sync": {
         "            dist.broadcast(p.data, src=0)": "            pass",
@@ -234,7 +237,7 @@ def test_scaled_learning_rate_is_named_with_its_factor(graded):
 
 def test_forward_on_the_inner_module_is_named_not_a_missing_wrap(graded):
     msg = _only(graded["inner_forward"], "same parameters on every rank")
-    assert msg.startswith("all 56 forward passes called model.module(x), bypassing DDP's gradient all-reduce")
+    assert msg.startswith("all 46 forward passes called model.module(x), bypassing DDP's gradient all-reduce")
     assert "wrap the model" not in msg
 
 
@@ -258,7 +261,7 @@ def test_unlisted_mistakes_are_named_at_the_learners_line(graded):
     assert fails["[W=2] only rank 0 logs"] == "rank 0 printed nothing: print the loss of each epoch on rank 0"
     msg = fails[EVAL]
     assert "\n  first difference from the reference (" in msg, msg
-    assert "after 56 optimizer.step() call(s), event " in msg, msg
+    assert "after 46 optimizer.step() call(s), event " in msg, msg
     assert "your code called all_reduce on a [3] tensor holding (" in msg and re.search(r"\(ex01_ddp.py:\d+: ", msg)
     assert "what it held [" in msg and "] vs the reference's [" in msg
 
@@ -272,7 +275,7 @@ def test_samplers_seeded_per_rank_are_named(graded):
 
 def test_half_batch_per_rank_is_named_with_numbers(graded):
     msg = _only(graded["half_batch"], "matches single-process training")
-    assert msg.startswith("each rank read 16 samples per step, not batch_size=32: batch_size is per rank")
+    assert msg.startswith("each rank read 20 samples per step, not batch_size=40: batch_size is per rank")
 
 
 def test_loss_times_world_size_is_named_with_the_gradient_ratio(graded):
@@ -480,6 +483,12 @@ def test_a_training_sampler_that_drops_the_tail_is_named(graded):
     assert f["[W=2] shuffled by the given seed, anew every epoch"].startswith(
         "train_ddp built its DistributedSampler with drop_last=True: on this data set, which 2 ranks divide, the "
         "shards are the same"), f
+
+
+def test_a_loader_that_drops_the_last_batch_is_named(graded):
+    msg = _only(graded["loader_drop_last"], "each rank reads its own shard")
+    assert msg.startswith("rank 0 read 880 of its 896 samples in each epoch (22 batches of 40): train_ddp's DataLoader "
+                          "was built with drop_last=True, which leaves out each epoch's last 16 samples"), msg
 
 
 def test_a_frozen_parameter_left_out_of_the_broadcast_is_named(graded):

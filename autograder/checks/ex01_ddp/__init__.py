@@ -24,7 +24,7 @@ A failure names the first cause below that explains them:
 
 | mistake | message |
 |---|---|
-| forward called on model.module | "all 56 forward passes called model.module(x), bypassing DDP's gradient ..." |
+| forward called on model.module | "all 46 forward passes called model.module(x), bypassing DDP's gradient ..." |
 | ranks not synchronised at the start | "the ranks made the same updates but started from different weights ..." |
 | model not wrapped in DDP | "the model was never wrapped in DistributedDataParallel: each rank trained alone ..." |
 | no DistributedSampler | "every rank read all 1792 samples in each epoch (...): pass a DistributedSampler ..." |
@@ -33,7 +33,8 @@ A failure names the first cause below that explains them:
 | DistributedSampler built with shuffle=False | "rank 0 read its shard in index order (0, 2, 4, ...) ..." |
 | sampler.set_epoch not called | "epoch 0 and epoch 1 read the samples in the same shuffled order: ..." |
 | sampler not given the seed | "rank 0 read epoch 0's samples in the order ... with seed=0, its default, not ..." |
-| batch_size treated as global | "each rank read 16 samples per step, not batch_size=32: batch_size is per rank ..." |
+| batch_size treated as global | "each rank read 20 samples per step, not batch_size=40: batch_size is per rank ..." |
+| the DataLoader built with drop_last=True | "rank 0 read 880 of its 896 samples in each epoch (22 batches of 40) ..." |
 | learning rate changed | "the optimizer's learning rate was 0.4, 2x the lr=0.2 given ..." |
 | gradients all-reduced by hand on top of DDP | "... 2x the reference's: the gradients were also summed by hand ..." |
 | loss multiplied by the world size | "the first step's gradient is 2x the reference's on the same global batch: ..." |
@@ -82,9 +83,10 @@ from ...grader.diagnosis import diagnose
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, inner_forward, loss_over_world,
-                     loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised, not_wrapped,
-                     sampler_order, seed_not_given, seeded_apart, silent_rank0, train_drop_last, unshuffled)
+from .causes import (KNOWN_ERRORS, batch_not_per_rank, double_all_reduce, inner_forward, loader_drop_last,
+                     loss_over_world, loss_times_world, lr_changed, no_sampler, no_set_epoch, not_synchronised,
+                     not_wrapped, sampler_order, seed_not_given, seeded_apart, silent_rank0, train_drop_last,
+                     unshuffled)
 from .bucketed import causes as bucketed_causes  # noqa: F401 - its @mistake functions are the check's
 from .bucketed import criteria as bucketed_criteria
 from .evaluation import evaluates_once, evaluates_without_autograd
@@ -101,7 +103,7 @@ WORLD_SIZES = (2, 4)
 
 # The causes (causes.py) each criterion asks for, most specific first.
 RANKS_APART = [inner_forward, not_synchronised, not_wrapped]
-SHARDS = [no_sampler, seeded_apart]
+SHARDS = [no_sampler, loader_drop_last, seeded_apart]
 SHUFFLE = [unshuffled, no_set_epoch]
 STEP = [batch_not_per_rank, lr_changed, double_all_reduce, loss_times_world, loss_over_world]
 

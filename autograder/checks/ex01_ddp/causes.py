@@ -103,6 +103,18 @@ def train_drop_last(run: Run) -> str | None:
             "them: DistributedSampler(dataset, shuffle=True, seed=seed), whose drop_last=False pads the shards")
 
 
+@mistake("the DataLoader built with drop_last=True")
+def loader_drop_last(run: Run) -> str | None:
+    local, bs = run.samples_per_rank, CONFIG["batch_size"]
+    kept = local // bs * bs
+    if not run.ranks[0].loader_drop_last or len(run.ranks[0].accessed) != CONFIG["epochs"] * kept:
+        return None
+    return (f"rank 0 read {kept} of its {local} samples in each epoch ({kept // bs} batches of {bs}): train_ddp's "
+            f"DataLoader was built with drop_last=True, which leaves out each epoch's last {local - kept} samples, "
+            "less than a batch, where one process trains on every sample. Keep the default drop_last=False: an "
+            "epoch's last step is then a smaller batch, the same on every rank")
+
+
 @mistake("DistributedSampler built with shuffle=False")
 def unshuffled(run: Run) -> str | None:
     in_order = list(range(len(digits())))[0::run.world][:run.samples_per_rank]

@@ -16,7 +16,7 @@ from torch.utils.data.distributed import DistributedSampler
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils.data import Subset
+from torch.utils.data import DataLoader, Subset
 
 import distlab
 from distlab.data import RecordingDataset, digits
@@ -116,7 +116,7 @@ def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy, kept: Parts, setup)
         initial = cpu_state(model)
         data = RecordingDataset(digits())
         saves.paths.clear()  # only what train_ddp saves counts
-        samplers.built, samplers.drop_last = 0, False  # and the samplers it builds
+        samplers.built, samplers.drop_last, samplers.loader_drop_last = 0, False, False  # and the samplers it builds
         probe = Probe(model, data, reduces, wrappers)
         with CapturedPrints(learner.__file__) as out, probe:
             trained = learner.train_ddp(model, data, checkpoint_path=str(ckpt_dir / "model.pt"), **CONFIG)
@@ -124,6 +124,7 @@ def _train(path: str, ckpt_dir: Path, reduces: AllReduceSpy, kept: Parts, setup)
     seen = RankObservation(rank=rank, initial=initial, final=cpu_state(trained if trained is not None else model),
                            accessed=data.accessed, printed=out.lines, printed_at=out.first_at, saves=saves.paths,
                            samplers_built=samplers.built, sampler_drop_last=samplers.drop_last,
+                           loader_drop_last=samplers.loader_drop_last,
                            setup_error=setup_error)
     probe.fill(seen)
     wrappers.wrapping.clear()  # the modules it held on to: freed below, with the learner's DDP
@@ -160,12 +161,20 @@ def _evaluate(learner, path: str, seen: RankObservation) -> None:
 
 class SamplerSpy(Replace):
     """Counts the ``DistributedSampler`` s built (whether or not a DataLoader then reads through them), and whether
-    one dropped the tail."""
+    one dropped the tail; and whether a ``DataLoader`` built meanwhile drops each epoch's last, partial batch."""
 
     def __init__(self):
         self.built = 0
         self.drop_last = False  # whether one was built with drop_last=True (the contract's keeps the default)
-        super().__init__({(DistributedSampler, "__init__"): self._spy})
+        self.loader_drop_last = False  # whether a DataLoader was built with drop_last=True
+        super().__init__({(DistributedSampler, "__init__"): self._spy, (DataLoader, "__init__"): self._loader})
+
+    def _loader(self, real):
+        def __init__(loader, *args, **kwargs):
+            result = real(loader, *args, **kwargs)
+            self.loader_drop_last = self.loader_drop_last or bool(getattr(loader, "drop_last", False))
+            return result
+        return __init__
 
     def _spy(self, real):
         def __init__(sampler, *args, **kwargs):
