@@ -185,6 +185,11 @@ def two_crashes(run: Run) -> Verdict:
     err = restart_error(run)
     if ok and err is None:
         return passed("final weights and Adam state identical after resuming twice")
+    kill, att2 = run.commit_kill("B"), run.attempt_steps(2)
+    if complete_too_early(run) and att2 and att2[0] == kill.complete + 1:  # what it resumed from lacked a rank's files
+        return failed(f"not judged: the job restarted after the second kill resumed from step {kill.complete}'s "
+                      f"checkpoint, to which rank 1 had not yet written its {kill.at} ({kill.line}): what it restored "
+                      f"was not all saved (see '{interrupted_write_never_loaded.rule.name}')")
     return failed(diagnose_resume(run, run.records("B", attempt=2)) or why or str(err))
 
 
