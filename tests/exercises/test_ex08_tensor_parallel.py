@@ -80,6 +80,9 @@ MISTAKES = {
     # Right numbers, one collective too many: no cause to name, the count by kind says it.
     "input broadcast first": {COLUMN_FORWARD: "        with torch.no_grad():\n            dist.broadcast(x, src=0)\n"
                               + COLUMN_FORWARD},
+    # a blind audit's: torch.addmm takes matrices only, where the contract's x is (..., in) (10 of 10 on a 2-D x)
+    "column forward on 2-D x only": {COLUMN_FORWARD: "        return torch.addmm(self.bias, "
+                                     "CopyToParallelRegion.apply(x), self.weight.t())\n"},
 }
 # The criteria's names at W=2 (the W=4 tests look for phrases, not names).
 HOLDS = "[W=2] each rank holds its 1/2 of the weights, as new parameters"
@@ -138,7 +141,7 @@ def test_swapped_f_and_g_is_named_everywhere_it_shows(w2):
     assert set(f) == {OUTPUT, BIAS, FWD_COMM, X_GRAD, GRADS, BWD_COMM}  # the shards themselves are right
     for name, said in f.items():
         assert "f and g are swapped" in said, name
-    assert "all-reduce ran in ColumnParallelLinear, on its 12x16 input" in f[OUTPUT] and "with 2·x" in f[OUTPUT]
+    assert "all-reduce ran in ColumnParallelLinear, on its 4x3x16 input" in f[OUTPUT] and "with 2·x" in f[OUTPUT]
     assert "the backward's all-reduce summed the output's gradient" in f[BWD_COMM]
 
 
@@ -154,8 +157,8 @@ def test_f_on_the_column_layers_output_is_named_by_what_it_all_reduced(w2):
     f = failed(w2["f on the column output"])
     assert set(f) == {X_GRAD, GRADS, BWD_COMM}, f  # f's forward is the identity: the forward is right
     for said in f.values():
-        assert said.startswith("rank 0's backward all-reduced a 12x48 tensor, the shape of ColumnParallelLinear's "
-                               "output on a rank (its 48 of the 96 hidden features), not the 12x16 gradient"), said
+        assert said.startswith("rank 0's backward all-reduced a 4x3x48 tensor, the shape of ColumnParallelLinear's "
+                               "output on a rank (its 48 of the 96 hidden features), not the 4x3x16 gradient"), said
         assert "f (the identity forward, an all-reduce in the backward) goes on the column layer's input x" in said
 
 
@@ -175,11 +178,11 @@ def test_bias_on_every_rank_is_counted(w2):
 
 
 def test_f_in_the_forward_g_in_the_backward_and_a_split_bias_are_named(w2):
-    assert "an all-reduce in ColumnParallelLinear, on its 12x16 input (the same x on every rank, so the column " \
+    assert "an all-reduce in ColumnParallelLinear, on its 4x3x16 input (the same x on every rank, so the column " \
         "layer computed with 2·x), besides g's in RowParallelLinear" in failed(w2["f reduces in the forward"])[FWD_COMM]
     g = failed(w2["g by torch.distributed.nn"])
     assert FWD_COMM not in g and OUTPUT not in g  # its forward is right
-    assert "its all-reduce 1 summed a 12x16 gradient that was the same on every rank" in g[BWD_COMM]
+    assert "its all-reduce 1 summed a 4x3x16 gradient that was the same on every rank" in g[BWD_COMM]
     bias = failed(w2["bias split over the ranks"])[BIAS]
     assert "(rank 0's 0.50x, rank 1's 0.50x)" in bias and "once, after ReduceFromParallelRegion" in bias
     rank0 = failed(w2["bias on rank 0 only"])
@@ -214,7 +217,7 @@ def test_an_input_split_across_the_ranks_is_named(w2):
     batch, features = failed(w2["batch split"]), failed(w2["features split"])
     assert set(batch) == {OUTPUT, BIAS, X_GRAD, GRADS, BWD_COMM}  # its one forward all-reduce is in place
     for name in (OUTPUT, X_GRAD):
-        assert "ColumnParallelLinear returned 6 rows for the 12-row input on rank" in batch[name]
+        assert "ColumnParallelLinear returned 2x3x48 for the 4x3x16 input on rank 0: 6 of its 12 rows" in batch[name]
         assert "splits the weights, not the batch" in batch[name]
     assert "Mismatch in shape" in batch[X_GRAD]  # what the backward raised, after the cause
     assert set(features) == {OUTPUT}, features  # the grader's ColumnParallelLinear stood in: f, g and the row layer
@@ -229,6 +232,18 @@ def test_a_forward_that_raises_though_its_layer_holds_its_shard_costs_the_output
     assert f[OUTPUT].startswith("RowParallelLinear.forward raised on rank ") and "though the layer holds its shard: " \
         "RuntimeError: mat1 and mat2 shapes cannot be multiplied (12x48 and 16x48)" in f[OUTPUT], f[OUTPUT]
     assert f[OUTPUT].endswith("(with the grader's RowParallelLinear in place of yours)"), f[OUTPUT]
+
+
+def test_a_forward_on_2d_x_only_raises_on_the_contracts_3d_input_and_costs_the_output_only(w2):
+    # a blind audit's torch.addmm(bias, x, weight.t()) in ColumnParallelLinear: 10 of 10 while x was 2-D
+    f = failed(w2["column forward on 2-D x only"])
+    assert set(f) == {OUTPUT}, f
+    assert re.search(re.escape("ColumnParallelLinear.forward raised on rank 0, though the layer holds its shard: "
+                               "RuntimeError: mat1 must be a matrix, got 3-D tensor at ex08_tensor_parallel.py line ")
+                     + r"\d+" + re.escape(" in forward: return torch.addmm(self.bias, "), f[OUTPUT]), f[OUTPUT]
+    assert "a forward that takes only a 2-D input: " in f[OUTPUT] and "x has shape (..., in): the grader's is " \
+        "4x3x16" in f[OUTPUT], f[OUTPUT]
+    assert f[OUTPUT].endswith("(with the grader's ColumnParallelLinear in place of yours)"), f[OUTPUT]
 
 
 def test_a_shard_that_is_not_the_ranks_own_is_located(w2):
@@ -269,8 +284,8 @@ def test_an_averaging_all_reduce_is_named(w2):
 def test_an_extra_collective_is_reported_by_kind_and_layer(w2):
     f = failed(w2["input broadcast first"])
     assert list(f) == [FWD_COMM]
-    assert f[FWD_COMM].startswith("rank 0's forward made 2 collectives: broadcast in ColumnParallelLinear (12x16), "
-                                  "all_reduce in RowParallelLinear (12x16): the block needs one all-reduce")
+    assert f[FWD_COMM].startswith("rank 0's forward made 2 collectives: broadcast in ColumnParallelLinear (4x3x16), "
+                                  "all_reduce in RowParallelLinear (4x3x16): the block needs one all-reduce")
 
 
 def test_a_backward_or_forward_that_returns_nothing_is_named_where_the_gradient_or_value_stopped(w2):
@@ -279,7 +294,7 @@ def test_a_backward_or_forward_that_returns_nothing_is_named_where_the_gradient_
     assert "got its gradient, but none of ColumnParallelLinear.weight" in g[GRADS]
     assert "use the shard parameters" not in g[GRADS]  # they did: the gradient never reached them
     assert "every shard got its gradient but the input x got none: CopyToParallelRegion.backward returned None " \
-           "(its all-reduce of 12x16 ran)" in f[X_GRAD]
+           "(its all-reduce of 4x3x16 ran)" in f[X_GRAD]
     assert column[OUTPUT].startswith("on rank 0 ColumnParallelLinear.forward returned None, not a tensor")
 
 
@@ -288,6 +303,9 @@ def test_known_errors_are_translated():
     assert translate(matmul, check.KNOWN_ERRORS).startswith("matmul shapes that do not match")
     bias = "RuntimeError: The size of tensor a (48) must match the size of tensor b (96) at non-singleton dimension 1"
     assert translate(bias, check.KNOWN_ERRORS).startswith("a bias of the wrong size")
+    for two_d in ("RuntimeError: mat1 must be a matrix, got 3-D tensor", "RuntimeError: self must be a matrix",
+                  "RuntimeError: t() expects a tensor with <= 2 dimensions, but self is 3D"):
+        assert translate(two_d, check.KNOWN_ERRORS).startswith("a forward that takes only a 2-D input"), two_d
 
 
 def test_the_spy_sees_an_all_reduce_inside_an_autograd_functions_backward():
@@ -344,20 +362,20 @@ def test_solution_full_marks_at_w4(w4):
 W4_SAYS = {
     "f and g swapped": "computed with 4·x",
     "no backward all-reduce": "the 4 ranks' parts add up to the unsplit block's gradient",
-    "f on the column output": "all-reduced a 12x24 tensor, the shape of ColumnParallelLinear's output on a rank",
+    "f on the column output": "all-reduced a 4x3x24 tensor, the shape of ColumnParallelLinear's output on a rank",
     "no forward all-reduce": "the 4 ranks' partial sums add up to the unsplit block's output",
     "bias on every rank": "summed it 4 times: the output is the unsplit block's plus 3x the bias",
     "column cut by input features": "96x4: columns 0:4 of the unsplit 96x16 weight",
     "row cut by output features": "4x96: rows 0:4 of the unsplit 16x96 weight",
-    "batch split": "ColumnParallelLinear returned 3 rows for the 12-row input",
+    "batch split": "ColumnParallelLinear returned 1x3x24 for the 4x3x16 input on rank 0: 3 of",
     "features split": "got a 12x4 input on rank",
     "every rank keeps shard 0": "holds rows 0:24 of the unsplit 96x16 weight, rank 0's shard",
     "views, not copies": "its storage is 6,144 B for its own 1,536 B",
     "unsplit layer kept": "also keeps linear.weight (16x96, 6,144 B)",
     "averaged": "0.25x the unsplit block's with 4 ranks",
-    "input broadcast first": "2 collectives: broadcast in ColumnParallelLinear (12x16)",
+    "input broadcast first": "2 collectives: broadcast in ColumnParallelLinear (4x3x16)",
     "g's backward returns nothing": "the gradient stopped at ReduceFromParallelRegion.backward",
-    "f's backward returns nothing": "CopyToParallelRegion.backward returned None (its all-reduce of 12x16 ran)",
+    "f's backward returns nothing": "CopyToParallelRegion.backward returned None (its all-reduce of 4x3x16 ran)",
     "column forward returns nothing": "ColumnParallelLinear.forward returned None, not a tensor",
     "f reduces in the forward": "the column layer computed with 4·x), besides g's in RowParallelLinear",
     "g by torch.distributed.nn": "was the same on every rank (the block output's), so everything below it is 4x",
@@ -368,6 +386,7 @@ W4_SAYS = {
     "f divides after its all-reduce": "x.grad is 0.25x what the backward's all-reduce produced, its sum divided by",
     "column cut by the process's rank": "holds as its weight rows 0:24 of the unsplit 96x16 weight, rank 0's, where",
     "column weight in the default dtype": "ColumnParallelLinear.weight is float32, torch's default dtype",
+    "column forward on 2-D x only": "mat1 must be a matrix, got 3-D tensor at ex08_tensor_parallel.py line ",
 }
 
 

@@ -1,10 +1,10 @@
 """Exercise 8 check: a tensor-parallel MLP block (Megatron-LM's f and g), graded at world sizes 2 and 4.
 
 Every rank cuts the same unsplit block ``Linear(16, 96) -> GELU -> Linear(96, 16)`` with the learner's
-``ColumnParallelLinear`` and ``RowParallelLinear``, runs one forward and backward through them
-(``probes``), and returns what each layer holds, the output, the gradients and every collective
-it issued. Against the unsplit block run here (Shoeybi et al., 2019, "Megatron-LM", section 3;
-huggingface/picotron's ``tensor_parallel.py``) the check verifies:
+``ColumnParallelLinear`` and ``RowParallelLinear``, runs one forward and backward through them on a 4x3x16 input
+(the contract's ``(..., in)``: 12 rows as 4 sequences of 3 tokens; ``probes``), and returns what each layer holds,
+the output, the gradients and every collective it issued. Against the unsplit block run here (Shoeybi et al., 2019,
+"Megatron-LM", section 3; huggingface/picotron's ``tensor_parallel.py``) the check verifies:
 
 * each rank holds its 1/W shard of the weights, as new parameters: exact (a copy of a slice);
 * the output, the input's gradient and every shard's gradient match the unsplit block's
@@ -23,18 +23,18 @@ in one part never costs another).
 | mistake | message |
 |---|---|
 | f and g swapped: the all-reduce in the wrong operator | "the forward's all-reduce ran in ColumnParallelLinear ..." |
-| f on the column layer's output, not its input | "rank 0's backward all-reduced a 12x48 tensor, the shape of ..." |
+| f on the column layer's output, not its input | "rank 0's backward all-reduced a 4x3x48 tensor, the shape of ..." |
 | no all-reduce in the backward (f's backward is the identity) | "the backward made no all-reduce, so each rank's ..." |
 | no all-reduce in the forward (g's forward is the identity) | "the forward made no all-reduce, so each rank ..." |
 | f all-reduces in the forward | "the forward made an all-reduce in ColumnParallelLinear, ..., besides g's ..." |
-| g all-reduces in the backward too | "the backward made 2 all-reduces; its all-reduce 1 summed a 12x16 gradient ..." |
+| g all-reduces in the backward too | "the backward made 2 all-reduces; its all-reduce 1 summed a 4x3x16 gradient ..." |
 | the bias added on every rank, before the all-reduce | "each of the 2 ranks added the row bias before ..." |
 | the row bias inside the partial sums | "the output holds the row bias once, but inside the partial sums ..." |
 | a shard cut along the wrong dimension | "rank 0's ColumnParallelLinear.weight is 96x8: columns 0:8 of ..." |
 | a shard that is not the rank's own | "rank 1's ColumnParallelLinear.weight holds rows 0:48 ..., rank 0's shard" |
 | a shard cut by the process's rank, not the rank given | "ColumnParallelLinear(linear, rank=1, ...), built on ..." |
 | a shard in torch's default dtype, not the layer's | "built from a float64 block, rank 0's ... is float32 ..." |
-| the input not replicated: split across the ranks | "ColumnParallelLinear returned 6 rows for the 12-row input ..." |
+| the input not replicated: split across the ranks | "ColumnParallelLinear returned 2x3x48 for the 4x3x16 input ..." |
 | a shard that is a view of the unsplit weight | "... is a view ...: its storage is 6,144 B for its own 3,072 B ..." |
 | the unsplit layer kept next to the shard | "rank 0's RowParallelLinear also keeps linear.weight (16x96, 6,144 B)" |
 | averaged instead of summed | "the output minus the bias is 0.50x the unsplit block's with 2 ranks ..." |
@@ -42,6 +42,7 @@ in one part never costs another).
 | a layer's forward that returns no tensor | "on rank 0 ColumnParallelLinear.forward returned None, not a tensor ..." |
 | matmul shapes that do not match: a shard or the input cut wrong | ("mat1 and mat2 shapes cannot ...") "..." |
 | a bias of the wrong size | ("The size of tensor a (48) must match the size of tensor b (96)") "..." |
+| a forward that takes only a 2-D input | ("mat1 must be a matrix, got 3-D tensor") "... works on a 2-D x only ..." |
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ from ...grader.launches import launch_files, launch_timeout
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
-from .causes import (KNOWN_ERRORS, averaged, bias_in_partial_sums, bias_on_every_rank, describe,
+from .causes import (KNOWN_ERRORS, TWO_D, averaged, bias_in_partial_sums, bias_on_every_rank, describe,
                      forward_returned_nothing, gradient_stopped, input_not_replicated, not_own_shard, summary,
                      multiple_of, unsplit_kept, view_kept, wrong_dimension)
 from .builds import rebuilt_wrong
@@ -64,7 +65,7 @@ from .comm_causes import (f_on_output, f_reduces_forward, g_reduces_backward, no
                           swapped)
 from .observations import Run
 from .probes import rank_main
-from .reference import ATOL, B, D, LAYER_CLASS, PARTS, RTOL, SHARD_DIM
+from .reference import ATOL, D, LAYER_CLASS, LEAD, PARTS, RTOL, SHARD_DIM, X_SHAPE
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "WORLD_SIZES", "grade"]
 
@@ -146,8 +147,10 @@ def output_matches(run: Run) -> Verdict:
     raised = next((o for o in run.ranks if o.raised_in in o.substituted and o.raised_in not in o.off_shard), None)
     if raised is not None:  # a forward that raised though its layer held its shard: the forward's own mistake
         named = input_not_replicated(run, "forward")
+        known = translate(raised.replaced, [TWO_D])  # the contract's x is (..., in): the grader's is 3-D
         return failed(f"{named} (then {raised.replaced})" if named else f"{LAYER_CLASS[raised.raised_in]}.forward "
-                      f"raised on rank {raised.rank}, though the layer holds its shard: {raised.replaced}")
+                      f"raised on rank {raised.rank}, though the layer holds its shard: {raised.replaced}"
+                      + (f": {known}" if known else ""))
     ref = run.ref.out
     for obs in run.ranks:
         p = parity(obs.out, ref, rtol=RTOL, atol=ATOL)
@@ -197,7 +200,7 @@ def forward_communication(run: Run) -> Verdict:
             return failed(diagnose([swapped, f_reduces_forward, no_forward_reduce], run, "communication") or
                           f"rank {obs.rank}'s forward made {summary(calls)}: the block needs one all-reduce, g's, "
                           "of RowParallelLinear's partial sums, and no other collective")
-    return passed(f"one all-reduce of {B}x{D} per rank")
+    return passed(f"one all-reduce of {X_SHAPE} per rank")
 
 
 @criterion(INPUT_GRAD, points=1)
@@ -251,11 +254,11 @@ def backward_communication(run: Run) -> Verdict:
         return stop
     for obs in run.ranks:
         calls = run.calls(obs.rank, "backward")
-        if [(c.kind, c.shape) for c in calls] != [("all_reduce", [B, D])]:
+        if [(c.kind, c.shape) for c in calls] != [("all_reduce", [*LEAD, D])]:
             return failed(diagnose([swapped, g_reduces_backward, no_backward_reduce, f_on_output], run,
                                    "communication") or
                           f"rank {obs.rank}'s backward made {summary(calls)}: the block needs one all-reduce, f's, "
-                          f"of the {B}x{D} input's gradient, and no other collective")
+                          f"of the {X_SHAPE} input's gradient, and no other collective")
     # What the all-reduce produced must be what reached x.grad: the sum of what the ranks put in.
     summed = sum(run.calls(r, "backward")[0].input for r in range(run.world))
     for obs in run.ranks:
@@ -270,7 +273,7 @@ def backward_communication(run: Run) -> Verdict:
                           f"rank {obs.rank}'s x.grad is not what the backward's all-reduce produced"
                           + (f" (max abs difference {p.max_abs_diff:.3g})" if p else "") +
                           ": return the all-reduced gradient from CopyToParallelRegion.backward")
-    return passed(f"one all-reduce of {B}x{D} per rank, into x.grad")
+    return passed(f"one all-reduce of {X_SHAPE} per rank, into x.grad")
 
 
 CRITERIA = [holds_its_shard, output_matches, bias_once, forward_communication, input_grad_matches, shard_grads_match,

@@ -15,7 +15,7 @@ import torch
 
 from ...grader.diagnosis import KnownError, mistake
 from .observations import Collective, Run
-from .reference import B, D, LAYER_CLASS, PARTS, SHARD_DIM
+from .reference import B, D, LAYER_CLASS, LEAD, PARTS, SHARD_DIM, X_SHAPE
 
 
 KNOWN_ERRORS = [
@@ -28,6 +28,12 @@ KNOWN_ERRORS = [
                r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at non-singleton dimension",
                "a bias does not fit the layer's output: ColumnParallelLinear keeps the bias elements of its own "
                "output features, RowParallelLinear the whole bias, added after the all-reduce"),
+    TWO_D := KnownError("a forward that takes only a 2-D input",
+               r"(self|mat1|mat2) must be a matrix|expects a tensor with <= 2 dimensions",
+               f"an op in the layer's forward takes matrices (2-D) only, but the contract's x has shape (..., in): "
+               f"the grader's is {X_SHAPE}, 4 sequences of 3 tokens as in a transformer. Use ops that act on the last "
+               "dimension whatever the leading ones (matmul broadcasts them; torch.mm and torch.addmm take "
+               "matrices only, .t() at most 2 dimensions)"),
 ]
 
 
@@ -148,11 +154,13 @@ def not_own_shard(run: Run, part: str) -> str | None:
 @mistake("the input not replicated: split across the ranks")
 def input_not_replicated(run: Run, part: str) -> str | None:
     for obs in run.ranks:
-        rows = (obs.shapes.get("column") or [B])[0]
-        if rows != B:
-            return (f"ColumnParallelLinear returned {rows} rows for the {B}-row input on rank {obs.rank}: each rank "
-                    f"took its part of the batch, but tensor parallelism splits the weights, not the batch: every "
-                    "rank applies its shard to the whole input x (f hands it over unchanged)")
+        shape = obs.shapes.get("column") or [*LEAD, 0]
+        rows = torch.Size(shape[:-1]).numel()
+        if rows < B:  # fewer rows than x has (one with all of them, its leading dimensions merged, is not this)
+            return (f"ColumnParallelLinear returned {_shape(shape)} for the {X_SHAPE} input on rank {obs.rank}: "
+                    f"{rows} of its {B} rows of {D} features. Each rank took its part of the batch, but tensor "
+                    "parallelism splits the weights, not the batch: every rank applies its shard to the whole input "
+                    "x (f hands it over unchanged)")
         m = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)",
                       obs.error or obs.replaced)  # replaced: what the step raised before a stand-in stepped again
         if m and int(m[2]) < D and int(m[3]) == D:

@@ -8,7 +8,7 @@ from ...grader.diagnosis import mistake
 from ...grader.parity import parity
 from .causes import _alike, _shape
 from .observations import Run
-from .reference import ATOL, B, D, H, RTOL
+from .reference import ATOL, LEAD, RTOL, X_SHAPE, H
 
 
 @mistake("f and g swapped: the all-reduce in the wrong operator")
@@ -97,14 +97,14 @@ def no_backward_reduce(run: Run, part: str) -> str | None:
 
 @mistake("f on the column layer's output, not its input")
 def f_on_output(run: Run, part: str) -> str | None:
-    """The backward's one all-reduce is of a tensor shaped like the column layer's output on a rank (B x H/W):
-    the gradient of the column layer's output, where f's is the block's input's (B x D)."""
-    local = [B, H // run.world]
+    """The backward's one all-reduce is of a tensor shaped like the column layer's output on a rank (4 x 3 x H/W):
+    the gradient of the column layer's output, where f's is the block's input's (4 x 3 x D)."""
+    local = [*LEAD, H // run.world]
     if not all([(c.kind, c.shape) for c in run.calls(r, "backward")] == [("all_reduce", local)]
                for r in range(run.world)):
         return None
-    return (f"rank 0's backward all-reduced a {B}x{H // run.world} tensor, the shape of ColumnParallelLinear's output "
-            f"on a rank (its {H // run.world} of the {H} hidden features), not the {B}x{D} gradient of the block's "
+    return (f"rank 0's backward all-reduced a {_shape(local)} tensor, the shape of ColumnParallelLinear's output "
+            f"on a rank (its {H // run.world} of the {H} hidden features), not the {X_SHAPE} gradient of the block's "
             "input: that sums the ranks' gradients of different features. f (the identity forward, an all-reduce in "
             "the backward) goes on the column layer's input x: each rank's columns give one part of x's gradient, "
             "and f's all-reduce sums the parts")

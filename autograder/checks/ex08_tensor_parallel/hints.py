@@ -19,7 +19,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "Each rank's row layer sees only k of the hidden features: its product is a part of the output. How do "
         "W parts become the whole?",
         "The parts add up (they are partial sums over disjoint hidden features), and every rank must end with "
-        "the sum; the column layer needs the whole input on every rank, so nothing may split it.",
+        "the sum; the column layer needs the whole input on every rank, so nothing may split it. That input is "
+        "(..., in): any leading dimensions, as a transformer's (batch, sequence, features).",
         "dist.all_reduce with ReduceOp.SUM (the default), inside ReduceFromParallelRegion.forward.",
     ),
     "bias_once": (

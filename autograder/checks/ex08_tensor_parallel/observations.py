@@ -125,8 +125,8 @@ class Run:
         if col is not None and row is not None and col.value.dim() == 2 and col.value.shape[1] == full.shape[1]:
             found = [(full == r).all(dim=1).nonzero().flatten().tolist() for r in col.value]
             if all(len(f) == 1 for f in found) and list(row.value.shape) == [full.shape[1], len(found)]:
-                return self.ref.hidden.double()[:, [f[0] for f in found]] @ row.value.double().T
-        cols = self.ref.hidden.double().chunk(self.world, dim=1)[rank]
+                return self.ref.hidden.double()[..., [f[0] for f in found]] @ row.value.double().T
+        cols = self.ref.hidden.double().chunk(self.world, dim=-1)[rank]
         return cols @ self.expected("row.weight", rank).double().T
 
     def calls(self, rank: int, phase: str, kind: str | None = None) -> list[Collective]:
@@ -172,7 +172,8 @@ class BiasFit:
 
 
 def _multiple(d: torch.Tensor, bias: torch.Tensor) -> tuple[float, float]:
-    """``d`` as ``k`` x ``bias`` on every row: ``k`` (least squares) and what is left (max abs)."""
+    """``d`` as ``k`` x ``bias`` on every row (any leading dimensions): ``k`` (least squares) and what is left
+    (max abs)."""
     b = bias.double().expand_as(d)
     k = float((d.double() * b).sum() / (b * b).sum())
     return k, float((d.double() - k * b).abs().max())

@@ -12,6 +12,10 @@ import torch
 from torch import nn
 
 D, H, B = 16, 96, 12   # block Linear(D, H) -> GELU -> Linear(H, D) on B rows; H/W (48, 24) is neither D nor B
+# The contract's x is (..., in): the B rows come as 4 sequences of 3 tokens, as in a transformer (a forward that
+# takes only a 2-D x raises on it). 4 leading rows split evenly over W = 2 and 4 (a batch split is seen as such).
+LEAD = (4, 3)
+X_SHAPE = "x".join(map(str, (*LEAD, D)))  # "4x3x16", as the feedback writes shapes
 SEED = 8
 PARTS = ("column.weight", "column.bias", "row.weight", "row.bias")
 SHARD_DIM = {"column.weight": 0, "column.bias": 0, "row.weight": 1, "row.bias": None}  # None: every rank keeps it
@@ -30,16 +34,17 @@ def block() -> nn.Sequential:
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
-    """The block's input ``x`` (``B x D``) and the gradient the grader backpropagates from its output."""
+    """The block's input ``x`` (``4 x 3 x D``: ``B`` rows) and the gradient the grader backpropagates from its
+    output."""
     gen = torch.Generator().manual_seed(SEED + 1)
-    return torch.randn(B, D, generator=gen), torch.randn(B, D, generator=gen)
+    return tuple(torch.randn(B, D, generator=gen).reshape(*LEAD, D) for _ in range(2))
 
 
 @dataclass(frozen=True)
 class Unsplit:
     """What the unsplit block computes in one process (the grading process compares with it)."""
 
-    out: torch.Tensor            # its output, B x D
+    out: torch.Tensor            # its output, 4 x 3 x D
     x_grad: torch.Tensor         # the input's gradient
     hidden: torch.Tensor         # the GELU's output: the hidden features the row layer is given
     weights: dict[str, torch.Tensor]  # each part (PARTS: "column.weight", ...) as the unsplit layers hold it
