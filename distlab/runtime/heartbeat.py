@@ -189,10 +189,16 @@ class Watch:
         return max(self.advanced.values()) if self.advanced else None
 
     def hung(self, now: float, after_s: float) -> bool:
-        """Every rank reports, none advanced for ``after_s``, and one at least waits in a collective."""
+        """Every rank reports, none advanced for ``after_s``, and one at least waits in a collective; or none
+        advanced for twice that, and one at least waits for the others in the runtime (it left the job's code,
+        and a rank still in it does not come: a sleep, a loop that never ends). Twice: a rank still working
+        through a long stretch with no new place is slow, not stuck, and the others wait for it all the same."""
         if len(self.beats) < self.nprocs or any(now - t < after_s for t in self.advanced.values()):
             return False
-        return any(b.get("waits_in") for b in self.beats.values())
+        if any(b.get("waits_in") for b in self.beats.values()):
+            return True
+        return (any(b.get("waits_for_peers") is True for b in self.beats.values())
+                and all(now - t >= 2 * after_s for t in self.advanced.values()))
 
     def report(self, unfinished: list[int] | None = None) -> str:
         """``rank 0 waits in all_reduce at ex01_ddp.py:57; rank 1 is at ex01_ddp.py:112 in train (time.sleep(60))``;

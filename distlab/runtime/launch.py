@@ -56,6 +56,7 @@ class Supervision:
     hang_after_s: float = 10.0
     recent_s: float = 5.0
     verdict: str | None = None
+    stalled_s: float = 0.0  # how long no rank had advanced when the job was found hung
     progress_file: str | None = field(default_factory=lambda: os.environ.get(PROGRESS_VAR))
     _seen: float | None = None
 
@@ -68,7 +69,7 @@ class Supervision:
             note_progress(self.progress_file)
         last = last if last is not None else now - elapsed  # a job that has just started is advancing
         if self.watch.hung(now, self.hang_after_s):
-            self.verdict = "hang"
+            self.verdict, self.stalled_s = "hang", now - last
             return True
         self.verdict = past_limit(elapsed, now - last, self.timeout, self.recent_s, self.extend)
         return self.verdict is not None
@@ -213,8 +214,9 @@ def collect(outdir: Path, nprocs: int, backend: str, finished: Finished, timeout
     output = "\n".join(finished.lines)
     done = {int(p.stem.split("-")[1]) for p in outdir.glob("result-*.pt")}
     verdict = supervision.verdict if supervision else None
-    if finished.timed_out and verdict == "hang":
-        raise LaunchHang(supervision.hang_after_s, supervision.watch.report(), output)
+    if finished.timed_out and verdict == "hang":  # the ranks that returned their result are nowhere
+        unfinished = sorted(set(range(nprocs)) - done)
+        raise LaunchHang(supervision.stalled_s, supervision.watch.report(unfinished), output)
     if finished.timed_out and verdict == "slow":
         raise MachineTooSlow(timeout, finished.wall_s - timeout)
     if finished.timed_out:

@@ -80,3 +80,26 @@ def test_a_timeout_report_names_the_unfinished_ranks_and_one_waiting_for_the_oth
     feedback = explain(LaunchTimeout(35, [0, 1], "", said), tmp_path / "ex10_ring_attention.py")
     assert feedback.endswith("No rank was waiting in a collective: the code where each rank still in your code was "
                              "did not return in time."), feedback
+
+
+def test_a_rank_that_never_comes_while_the_others_wait_for_it_is_a_hang_after_twice_the_wait(tmp_path):
+    """No launch: a blind audit's ring backward, rank 1 asleep and rank 0 waiting for it in the runtime (no
+    collective), ran the launch's whole limit twice (75 s). It is a hang once no rank advanced for twice the
+    collective's wait; with a rank in a collective, after the wait itself; with no rank waiting, never."""
+    from autograder.grader.main import explain
+    from distlab.runtime.failures import LaunchHang
+    from distlab.runtime.heartbeat import Watch
+
+    asleep = {"at": "ex10_ring_attention.py:123", "function": "ring_attention_backward", "code": "time.sleep(10**6)"}
+    watch = Watch(tmp_path, 2, beats={0: {"waits_for_peers": True}, 1: asleep}, advanced={0: 0.0, 1: 0.0})
+    assert not watch.hung(15.0, 10.0) and watch.hung(20.0, 10.0)
+    watch.beats[0] = {"waits_in": "all_reduce", "at": "ex10_ring_attention.py:80"}
+    assert watch.hung(10.0, 10.0)
+    watch.beats[0] = {"at": "ex10_ring_attention.py:80"}  # both in their code: slow, or a loop; the limit says
+    assert not watch.hung(100.0, 10.0)
+    said = explain(LaunchHang(20, Watch(tmp_path, 2, beats={0: {"waits_for_peers": True}, 1: asleep}).report()),
+                   tmp_path / "ex10_ring_attention.py")
+    assert said == ("the job hung: no rank advanced for 20 s, and it was ended: rank 0 had left your code and waited "
+                    "for the other ranks to finish; rank 1 is at ex10_ring_attention.py:123 in ring_attention_backward "
+                    "(time.sleep(10**6)). No rank was waiting in a collective: the ranks still in your code did not "
+                    "move from the lines above while the others waited for them to finish"), said
