@@ -84,7 +84,10 @@ MUTANTS = {
         "            micro_losses.append(nn.functional.cross_entropy(model(xs), ys))\n"
         "    for micro_loss in micro_losses:\n",
         # and another's (10 of 10 before): benchmark.Timer left at its default num_threads, 1
-        ',\n                            num_threads=torch.get_num_threads())': ')'},
+        ',\n                            num_threads=torch.get_num_threads())': ')',
+        # and another's (10 of 10 before: every outlier was slow): the fastest call reported, not the median
+        "    return timer.blocked_autorange(min_run_time=min_run_time).median":
+        "    return min(timer.blocked_autorange(min_run_time=min_run_time).times)"},
     # four independent mistakes: each simulated workload exposes exactly one of the first three
     "no_warmup_no_sync_mean_clip_scaled": {
         "    for _ in range(warmup):\n        fn()\n        sync()\n": "",
@@ -337,6 +340,12 @@ def test_a_timer_at_one_thread_is_named(reports):
     said = feedback_of(reports["cuda_autocast_clip_by_value"], "steady workload")
     assert said.startswith("the workloads ran with 1 torch thread(s) while median_seconds timed them, where its caller "
                            "runs 2"), said
+
+
+def test_the_fastest_call_reported_is_named(reports):
+    said = feedback_of(reports["cuda_autocast_clip_by_value"], "outliers")
+    assert re.match(r"median_seconds \(called at ex03_amp\.py:\d+\) returned 0\.002 s for the outliers workload's "
+                    r"baseline, its fastest call's time, where its median call takes 0\.02 s", said), said
 
 
 def test_every_forward_of_a_window_before_its_backwards_is_named(reports):

@@ -52,6 +52,7 @@ A failure names the first cause below that explains the observations (each has a
 | gradients cleared before scaler.step | "scaler.step(optimizer) found no gradients ..." (raised) |
 | saved_bytes leaves out saved tensors of some kinds | "saved_bytes counted 320,000 bytes ...: it left out the ..." |
 | saved_bytes counts tensors, not storages | "saved_bytes counted 50,000 bytes ... each view's own bytes ..." |
+| the fastest call reported, not the median | "median_seconds ... returned 0.002 s for the outliers workload's ..." |
 | unscale_ per micro-batch | "scaler.unscale_(optimizer) ran after a micro-batch's backward and again ..." (raised) |
 | update per micro-batch | "scaler.update() ran after a micro-batch's backward, before ..." (raised) |
 | every forward of a window before its backwards | "window 1 ran ... in the order F F F F B B B B ..." |

@@ -11,7 +11,8 @@ import math
 
 from ...grader.diagnosis import KnownError, mistake, translate
 from .observations import Compared, Measure, PrecisionRun, Run, Scaler
-from .workloads import BATCH, MAX_NORM, MEMORY_TRUTH, MIN_RUN_TIME, MIXED, SHARED, WARMUP, reference_fp32
+from .workloads import (BATCH, MAX_NORM, MEMORY_TRUTH, MIN_RUN_TIME, MIXED, OUTLIERS_FASTEST, SHARED, WARMUP,
+                        reference_fp32)
 
 KNOWN_ERRORS = [
     KnownError("scaler.update() not called",
@@ -121,6 +122,19 @@ def cpu_clock(m: Measure) -> str | None:
     return (f"you timed with time.{cpu[0]}(), which counts this process's CPU time: the time it waits in sync() "
             "for the device's queued work is not in it, and that is most of a GPU step's. Time with "
             "time.perf_counter() (or torch.utils.benchmark.Timer)")
+
+
+@mistake("the fastest call reported, not the median")
+def fastest_reported(m: Measure) -> str | None:
+    """median_seconds returned the outliers baseline's fastest call (``min(times)``): right on the workloads whose
+    outliers are all slow, not on this one."""
+    for call in m.timing_calls:
+        if call.case == "outliers" and call.returned and abs(call.returned / OUTLIERS_FASTEST - 1) < 0.05:
+            where = f" (called at {call.line})" if call.line else ""
+            return (f"median_seconds{where} returned {call.returned:.3g} s for the outliers workload's baseline, its "
+                    f"fastest call's time, where its median call takes 0.02 s (one call in four is a 0.002 s cache "
+                    "hit): it reported the minimum. Report the median of the per-call times (Timer's .median)")
+    return None
 
 
 @mistake("saved_bytes counts tensors, not storages")
