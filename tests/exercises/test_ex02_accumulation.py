@@ -14,6 +14,7 @@ from tests.helpers import failed, feedback_of, mutant, solution_and_mutants
 FILE = check.EXERCISE.filename
 # The solution's loss line, and a micro-batch's mean loss (what most mistakes start from).
 LOSS, MEAN = "loss = summed * (world / count.item())", "loss = summed / y.ne(IGNORE_INDEX).sum()"
+WORLD = "world = dist.get_world_size() if dist.is_initialized() else 1"  # the solution's world size
 MUTANTS = {
     "not_divided_no_sync": {
         LOSS: MEAN,
@@ -40,8 +41,7 @@ MUTANTS = {
         "        optimizer.step()\n        optimizer.zero_grad()\n": "        optimizer.step()\n",
         "        window_loss = 0.0\n": "        window_loss = 0.0\n        optimizer.zero_grad()\n"},
     # A blind audit's GPU habit: the world size from the GPUs (1 on a machine without them)
-    "world_from_gpus": {"world = dist.get_world_size() if dist.is_initialized() else 1":
-                        "world = max(torch.cuda.device_count(), 1)"},
+    "world_from_gpus": {WORLD: "world = max(torch.cuda.device_count(), 1)"},
     # Every micro-batch weighs the same, whatever its size: right for equal sizes only.
     # and, over padded sequences, the mean of the micro-batches' token means (the 2024 accumulation bug).
     "equal_weights": {LOSS: MEAN + " / len(window)"},
@@ -66,6 +66,11 @@ MUTANTS = {
     "synced_every_micro_step": {"contextlib.nullcontext() if boundary else model.no_sync()":
                                 "contextlib.nullcontext()"},
     "no_backward": {"                loss.backward()\n": ""},
+    # Blind audits' (full marks at world size 2 alone): DDP's average undone with a world size that is 2 at 2 ranks
+    # on one node, and not at 4 ranks on 2 nodes: a constant, and the processes of one node.
+    "world_hard_coded_2": {WORLD: "world = 2"},
+    "world_from_local_world_size": {"import contextlib\n": "import contextlib\nimport os\n",
+                                    WORLD: 'world = int(os.environ["LOCAL_WORLD_SIZE"])'},
 }
 
 
@@ -87,16 +92,19 @@ def test_a_scenario_that_raises_costs_its_own_marks_only(reports):
     r = reports["tokens not flattened"]
     fails = failed(r)
     (tokens,) = [c.name for c in r.criteria if c.name.startswith("[padded sequences")]
-    assert list(fails) == [tokens], r.feedback  # the three other scenarios, run again without it, at full marks
+    assert list(fails) == [tokens, FOUR_RANKS], r.feedback  # the three other scenarios, run again without it: right
     assert re.match(r"train_accumulated on padded sequences did not finish: your code raised on rank \d: "
                     r"RuntimeError: .*\n  at ex02_accumulation\.py line \d+ in train_accumulated: ", fails[tokens]), \
         fails[tokens]
+    assert fails[FOUR_RANKS].startswith("train_accumulated on padded sequences at 4 ranks did not finish: your code "
+                                        "raised on rank"), fails[FOUR_RANKS]
 
 
 def test_solution_full_marks(reports):
     report = reports["solution"]
     assert report.score == report.max_score, report.feedback
     assert report.measurements["equal_max_abs_diff_vs_reference"] < 1e-5
+    assert report.measurements["W4_tokens_max_abs_diff_vs_reference"] < 1e-5
 
 
 def test_the_independent_solution_scores_full_marks(reports):
@@ -242,8 +250,8 @@ def test_known_errors_are_translated():
                                                "(or directly access saved tensors...", check.KNOWN_ERRORS)
 
 
-
 TOKENS = "padded sequences"
+FOUR_RANKS = check.four_rank_token_parameters.rule.name
 
 
 def test_mean_of_token_means_is_named(reports):
@@ -264,7 +272,8 @@ def test_a_local_count_times_the_world_size_is_named_in_every_scenario(reports):
     report = reports["local_count_times_world"]
     assert len(failed(report)) >= 4, failed(report)
     for name, why in failed(report).items():
-        assert "normalised by each rank's own count and multiplied by the world size (2)" in why, (name, why)
+        world = 4 if name == FOUR_RANKS else 2
+        assert f"normalised by each rank's own count and multiplied by the world size ({world})" in why, (name, why)
 
 
 def test_padding_counted_is_named(reports):
@@ -279,3 +288,15 @@ def test_ddp_average_not_undone_is_named(reports):
     assert msg.format(64) in feedback_of(report, "after 4 micro-batches")
     assert msg.format("29 tokens") in feedback_of(report, TOKENS)
     assert "multiplied by the world size" in feedback_of(report, TOKENS)
+
+
+def test_a_world_size_right_at_two_ranks_alone_is_named_at_four_on_two_nodes(reports):
+    said = {name: failed(reports[name]) for name in ("world_hard_coded_2", "world_from_local_world_size")}
+    assert all(list(fails) == [FOUR_RANKS] for fails in said.values()), said  # right at 2 ranks: all passes there
+    assert said["world_hard_coded_2"][FOUR_RANKS] == (
+        "at 4 ranks on 2 nodes of 2, rank 0's gradient at each of its 2 optimizer steps was 2/4 of the window's mean "
+        "over every non-padding token on all ranks (x0.5): the loss was multiplied by 2 where DDP divides the ranks' "
+        "summed gradients by the world size, 4; take the world size from dist.get_world_size()")
+    assert re.search(r"was 2/4 of .*: the loss was multiplied by 2 where .* the world size, 4; your code read "
+                     r"LOCAL_WORLD_SIZE \(ex02_accumulation\.py:\d+\), which counts the processes of one node \(2 "
+                     r"here\), not the ranks of the job", said["world_from_local_world_size"][FOUR_RANKS]), said

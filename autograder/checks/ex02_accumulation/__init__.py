@@ -1,4 +1,4 @@
-"""Exercise 2 check: gradient accumulation under DDP equals one larger batch (world size 2).
+"""Exercise 2 check: gradient accumulation under DDP equals one larger batch (world size 2, and 4 for tokens).
 
 Four scenarios run in one launch, each from the same initial weights:
 equal micro-batches (k=4, 3 windows), unequal micro-batches (k=3), a
@@ -18,6 +18,9 @@ gradient and the parameters from a single process on the concatenated global
 batch (CS336-style parity), and requires the ranks' gradients to *differ*
 mid-window (the negative check of huggingface/accelerate's ``test_sync.py``). Each scenario is kept as it
 returns: one whose run ends the launch (an error, a hang) costs its own criteria only (``grader.parts``).
+A second launch, at world size 4, runs the padded sequences again (the scenario whose loss needs the world size
+to undo DDP's average), its ranks told by torchrun's variables that they run on 2 nodes of 2 (LOCAL_WORLD_SIZE=2):
+a world size hard-coded, or taken from one node's processes, is right at 2 ranks and wrong there.
 A failure names the first cause below that explains the observations:
 
 | mistake | message |
@@ -40,14 +43,18 @@ A failure names the first cause below that explains the observations:
 | local token count not all-reduced | "... normalised by each rank's own token count, not the mean ..." |
 | local count not all-reduced, times the world size | "... own count and multiplied by the world size ..." |
 | padding tokens counted | "... normalised with padding included (64 labels), not the mean over its N=29 ..." |
+| a world size other than the launch's | "at 4 ranks on 2 nodes of 2, rank 0's gradient ... was 2/4 of the ..." |
 | loss divided by the world size on top of DDP's average | "... averaged by DDP over 2 ranks (1/2 of the mean) ..." |
 | no_sync called on model.module | "no_sync() is a method of the DistributedDataParallel wrapper ..." (raised) |
 | the window's summed loss back-propagated every micro-step | "backward() ran twice through the same graph" (raised) |
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
+
+import torch
 
 from ...grader.diagnosis import diagnose
 from ...grader.parity import parity
@@ -60,11 +67,11 @@ from .causes import (KNOWN_ERRORS, close, divided_by_k, equal_weights, first_wro
                      local_count_times_world, mean_of_means,
                      never_synced, never_zeroed, no_backward, not_divided, over_world, padding_counted, world_from_gpus,
                      step_every_micro_step, step_misplaced, window_in_words, zero_grad_before_step,
-                     synced_mid_window, zero_grad_mid_window)
+                     synced_mid_window, wrong_world, zero_grad_mid_window)
 from .observations import RankObservation, Run, Scenario, ScenarioObservation
 from .probes import rank_main
 from .reference import WORLD, reference
-from .scenarios import SCENARIOS, windows
+from .scenarios import NODES, SCENARIOS, windows
 
 __all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "grade"]
 
@@ -88,11 +95,11 @@ def _first_wrong_step(s: Scenario) -> str:
             f"difference {diff:.3g})")
 
 
-def _parameters_match(s: Scenario) -> Verdict:
+def _parameters_match(s: Scenario, causes: list = CAUSES) -> Verdict:
     """Rank 0's final parameters against the big-batch run's (the criterion of every scenario)."""
-    ok, diff = close(s.obs.final, reference(s.name))
-    why = diagnose(CAUSES, s) or _first_wrong_step(s)  # the most specific reason ("" if none found)
-    measured = {f"{s.name}_max_abs_diff_vs_reference": diff}
+    ok, diff = close(s.obs.final, reference(s.name, s.world))
+    why = diagnose(causes, s) or _first_wrong_step(s)  # the most specific reason ("" if none found)
+    measured = {f"{'' if s.world == WORLD else f'W{s.world}_'}{s.name}_max_abs_diff_vs_reference": diff}
     if ok and not why:
         return passed(f"max abs difference {diff:.2g}", **measured)
     rank_diff = parity(s.ranks[1].final, s.obs.final).max_abs_diff
@@ -184,32 +191,55 @@ def token_parameters(run: Run) -> Verdict:
     return _parameters_match(run.scenarios["tokens"])
 
 
+FOUR = 4  # the second world size: the padded sequences alone, on NODES[FOUR] nodes
+
+
+@criterion(f"[W={FOUR}] padded sequences at {FOUR} ranks on {NODES[FOUR]} nodes: parameters equal one process's "
+           "token mean over the global batch", points=2)
+def four_rank_token_parameters(run: Run) -> Verdict:
+    return _parameters_match(run.scenarios["tokens"], CAUSES + [wrong_world])
+
+
 CRITERIA = [first_window_gradient, equal_parameters, step_per_window, allreduce_per_window, differ_inside_window,
-            unequal_parameters, short_window_parameters, token_parameters]
+            unequal_parameters, short_window_parameters, token_parameters, four_rank_token_parameters]
 
 
 # Each scenario's criteria (CRITERIA's order), and how its feedback names the run that ended its launch.
 BY_SCENARIO = {"equal": ("train_accumulated on equal micro-batches", CRITERIA[:5]),
                "unequal": ("train_accumulated on unequal micro-batches", CRITERIA[5:6]),
                "short": ("train_accumulated on a short final window", CRITERIA[6:7]),
-               "tokens": ("train_accumulated on padded sequences", CRITERIA[7:])}
+               "tokens": ("train_accumulated on padded sequences", CRITERIA[7:8])}
+# world size -> the scenarios its launch runs, and how each scenario's feedback names the run that ended it
+LAUNCHES = {WORLD: BY_SCENARIO,
+            FOUR: {"tokens": (f"train_accumulated on padded sequences at {FOUR} ranks", CRITERIA[8:])}}
 
 
 def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
-    """Grade the files at ``paths`` in one launch at world size 2 (every scenario; one more for each scenario
-    that ends one: ``grader.parts``); one report each.
+    """Grade the files at ``paths`` in one launch at world size 2 (every scenario) and one at 4 (the padded
+    sequences), one more for each scenario that ends one (``grader.parts``); one report each.
 
-    For one file the launch's timeout fits inside ``EXERCISE.time_limit``, so a hang is reported as a
-    ``LaunchTimeout`` naming the ranks that never finished rather than killed by the outer limit.
+    On the CPU the two launches run side by side (as exercise 4's: most of a launch is its ranks waiting on
+    each other and on process starts), each within ``EXERCISE.time_limit``, so a hang is reported as a
+    ``LaunchTimeout`` naming the ranks that never finished rather than killed by the outer limit. On a GPU
+    machine one after the other, each its share of the time.
     """
     reports = [EXERCISE.new_report() for _ in paths]
-    parted, wall_s = launch_parts(rank_main, paths, world=WORLD, timeout=launch_timeout(EXERCISE, files=len(paths)),
-                                  parts=list(SCENARIOS), known=KNOWN_ERRORS)
-    empty = ScenarioObservation().to_wire()  # a scenario that ended its launch: not judged
-    for report, file in zip(reports, parted):
-        run = Run([RankObservation.from_wire({"scenarios": {n: r[n] if n not in file.ended else empty
-                                                            for n in SCENARIOS}}) for r in file.ranks])
-        judge_parts(report, BY_SCENARIO, file.ended, run)
-        if wall_s is not None:
-            report.measurements["launch_s"] = round(wall_s, 2)
+    side_by_side = not torch.cuda.is_available()
+
+    def launch(world: int) -> tuple[list, float | None]:
+        share = None if side_by_side else (0.6 if world == WORLD else 0.4)
+        return launch_parts(rank_main, paths, world=world, parts=list(LAUNCHES[world]), args=(list(LAUNCHES[world]),),
+                            timeout=launch_timeout(EXERCISE, files=len(paths), share=share), known=KNOWN_ERRORS)
+
+    with ThreadPoolExecutor(len(LAUNCHES)) as pool:
+        jobs = {w: pool.submit(launch, w) for w in LAUNCHES} if side_by_side else {}
+        for world, by_scenario in LAUNCHES.items():
+            parted, wall_s = jobs[world].result() if side_by_side else launch(world)
+            empty = ScenarioObservation().to_wire()  # a scenario that ended its launch: not judged
+            for report, file in zip(reports, parted):
+                run = Run([RankObservation.from_wire({"scenarios": {n: r[n] if n not in file.ended else empty
+                                                                    for n in by_scenario}}) for r in file.ranks])
+                judge_parts(report, by_scenario, file.ended, run)
+                if wall_s is not None:
+                    report.measurements["launch_s" if world == WORLD else f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

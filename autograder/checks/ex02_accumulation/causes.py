@@ -11,7 +11,7 @@ from ...grader.diagnosis import KnownError, mistake
 from ...grader.parity import parity
 from .observations import Scenario
 from .probes import ATOL, RTOL
-from .scenarios import TOKEN_LENGTHS, windows
+from .scenarios import NODES, TOKEN_LENGTHS, windows
 
 
 KNOWN_ERRORS = [
@@ -173,9 +173,9 @@ def window_in_words(s: Scenario, w: int) -> tuple[str, int]:
     if s.name != "tokens":
         return (f"{[s.sizes[i] for i in win]} samples per micro-batch on each rank",
                 len(s.ranks) * sum(s.sizes[i] for i in win))
-    counts = [[sum(TOKEN_LENGTHS[r][i]) for i in win] for r in sorted(TOKEN_LENGTHS)]
-    return (f"non-padding tokens per micro-batch {counts[0]} on rank 0 and {counts[1]} on rank 1",
-            sum(map(sum, counts)))
+    counts = [[sum(TOKEN_LENGTHS[r][i]) for i in win] for r in range(s.world)]
+    each = [f"{c} on rank {r}" for r, c in enumerate(counts)]
+    return f"non-padding tokens per micro-batch {', '.join(each[:-1])} and {each[-1]}", sum(map(sum, counts))
 
 
 def _normalisation(s: Scenario, wrong: str, advice: str) -> str | None:
@@ -261,3 +261,31 @@ def local_count_times_world(s: Scenario) -> str | None:
 def padding_counted(s: Scenario) -> str | None:
     return _normalisation(s, "normalised with padding", "the count included the padding labels (IGNORE_INDEX), which "
                           "add nothing to the loss: count only the labels that are not IGNORE_INDEX")
+
+
+def _scale(s: Scenario) -> float | None:
+    """The one factor ``c`` such that every optimizer step's gradient is ``c`` times its window's big-batch
+    gradient (least squares over every step, then checked step by step), if there is one."""
+    pairs = [(step.grads, ref["big"]) for step, ref in zip(s.obs.steps, s.references)]
+    if not pairs or len(pairs) != s.n_windows:
+        return None
+    c = float(sum((g[n] * big[n]).sum() for g, big in pairs for n in big) /
+              sum((big[n] ** 2).sum() for _, big in pairs for n in big))
+    return c if all(close(g, {n: c * b for n, b in big.items()})[0] for g, big in pairs) else None
+
+
+@mistake("a world size other than the launch's")
+def wrong_world(s: Scenario) -> str | None:
+    """Every step is ``m / W`` of the mean, ``m`` a whole number but not the world size ``W``: the loss was
+    multiplied by ``m`` where DDP divides by ``W`` (a constant, or the ranks of one node: LOCAL_WORLD_SIZE)."""
+    if (c := _scale(s)) is None or abs(c * s.world - round(c * s.world)) > 1e-3 or round(c * s.world) in (0, s.world):
+        return None
+    m, nodes, read = round(c * s.world), NODES.get(s.world, 1), s.obs.local_world_size_at
+    where = f"{s.world} ranks" + (f" on {nodes} nodes of {s.world // nodes}" if nodes > 1 else "")
+    why = (f"your code read LOCAL_WORLD_SIZE ({read}), which counts the processes of one node ({s.world // nodes} "
+           "here), not the ranks of the job: " if read else "")
+    unit = "non-padding token" if s.name == "tokens" else "sample"
+    return (f"at {where}, rank 0's gradient at each of its {len(s.obs.steps)} optimizer steps was {m}/{s.world} of "
+            f"the window's mean over every {unit} on all ranks (x{c:.3g}): the loss was multiplied by {m} where DDP "
+            f"divides the ranks' summed gradients by the world size, {s.world}; {why}take the world size from "
+            "dist.get_world_size()")

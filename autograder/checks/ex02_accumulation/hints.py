@@ -51,4 +51,12 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "A rank sees only its own tokens, and DDP divides the ranks' summed gradients by the world size.",
         "cross_entropy(..., reduction='sum') ignores label -100; dist.all_reduce sums a count over the ranks.",
     ),
+    "four_rank_token_parameters": (
+        "The same code runs on 2 GPUs, on 8, and on several machines: a loop that is right only at the world size "
+        "it was written for trains a different model the day the job grows.",
+        "DDP divides the ranks' summed gradients by the number of ranks in the process group, not by the number "
+        "of processes or GPUs on one machine.",
+        "torch.distributed tells each rank the size of its process group; torchrun's LOCAL_* variables describe "
+        "one node only.",
+    ),
 }

@@ -44,6 +44,8 @@ class ScenarioObservation(Observation):
     start_cleared: list[bool] = field(default_factory=list)  # each window's but the first: .grad zero at its start?
     end_cleared: bool = True  # .grad zero (or None) when train_accumulated returned, as on entry
     device_count_at: str = ""  # where train_accumulated first called torch.cuda.device_count() ("": nowhere)
+    # where the file first read LOCAL_WORLD_SIZE, at its import or in train_accumulated ("": nowhere or not watched)
+    local_world_size_at: str = ""
     # DDP's all-reduce rounds so far at each micro-step's forward, then the rounds at the end
     total_rounds: list[int] = field(default_factory=list)
 
@@ -57,7 +59,7 @@ class RankObservation(Observation):
 
 @dataclass
 class Scenario:
-    """One scenario of one file: rank 0's and rank 1's observations, and the single-process reference."""
+    """One scenario of one file: every rank's observations (rank order), and the single-process reference."""
 
     name: str
     ranks: list[ScenarioObservation]
@@ -67,6 +69,7 @@ class Scenario:
         return self.ranks[0]
 
     def __post_init__(self):
+        self.world = len(self.ranks)
         self.sizes, self.k = SCENARIOS[self.name]
         self.n_windows = len(windows(len(self.sizes), self.k))
         self.micro = [step.micro for step in self.obs.steps]  # micro-steps before each optimizer step
@@ -79,14 +82,16 @@ class Scenario:
     def references(self) -> list[dict]:
         """Each window's big-batch gradient and the usual wrong ones, at the weights rank 0 stepped from."""
         steps = self.obs.steps[:self.n_windows]
-        return [window_gradients(self.name, w, step.params) for w, step in enumerate(steps)]
+        return [window_gradients(self.name, w, step.params, self.world) for w, step in enumerate(steps)]
 
 
 @dataclass
 class Run:
-    """One file's run: every rank's observation, as one :class:`Scenario` per scenario."""
+    """One file's run at one world size: every rank's observation, as one :class:`Scenario` per scenario it
+    ran."""
 
     ranks: list[RankObservation]
 
     def __post_init__(self):
-        self.scenarios = {name: Scenario(name, [r.scenarios[name] for r in self.ranks]) for name in SCENARIOS}
+        self.scenarios = {name: Scenario(name, [r.scenarios[name] for r in self.ranks]) for name in SCENARIOS
+                          if name in self.ranks[0].scenarios}

@@ -6,6 +6,10 @@ Everything here observes; the verdicts, and the single-process reference, are co
 """
 from __future__ import annotations
 
+import contextlib
+import os
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -14,21 +18,24 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from distlab import init_distributed, shutdown
 from distlab.measure.ddp_hooks import BucketLog
 from distlab.models import cpu_state, make_mlp
+from distlab.runtime import heartbeat
 
 from ...rank import CapturedPrints, echo, load_learner
 from ...rank.first_calls import FirstCalls
 from ...rank.parts import Parts
+from ...rank.spies import learner_line
 from .observations import ScenarioObservation, Step, ZeroGrad
-from .scenarios import LR, MODEL, SCENARIOS, micro_batches, token_batches
+from .scenarios import LR, MODEL, NODES, SCENARIOS, micro_batches, token_batches
 
 # The grader's tolerance against one process (ex02_accumulation and causes both use it).
 RTOL, ATOL = 1e-4, 1e-6  # DDP averages per-rank sums: another order than one big mean
 
 
-def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]]) -> list[dict]:
-    """Runs on every rank: observe each learner file in turn (tests grade several per launch), each scenario a
-    part kept as it returns (``rank.parts``: one that ends the launch costs its own marks only; ``skip``: those
-    an earlier launch kept or ended). Returns per file ``{scenario: ScenarioObservation as plain data}``.
+def rank_main(paths: list[str], names: list[str], outdir: str, skip: dict[str, list[str]]) -> list[dict]:
+    """Runs on every rank: observe each learner file in turn (tests grade several per launch), each scenario of
+    ``names`` a part kept as it returns (``rank.parts``: one that ends the launch costs its own marks only;
+    ``skip``: those an earlier launch kept or ended). Returns per file ``{scenario: ScenarioObservation as plain
+    data}``.
 
     The grader makes the process group (the exercise is the loop, not the set-up), once for every file.
     """
@@ -37,7 +44,8 @@ def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]]) -> list
     results = []
     for i, path in enumerate(paths):
         kept = Parts(outdir, i, skip)
-        _observe(path, device, rank, world, kept)
+        with as_nodes(path, rank, world) as env_reads:
+            _observe(path, device, rank, world, kept, names, env_reads)
         kept.finished()
         results.append(kept.ran)
     shutdown()
@@ -48,11 +56,12 @@ def rank_main(paths: list[str], outdir: str, skip: dict[str, list[str]]) -> list
 GPU_HABITS = [(torch.cuda, "device_count", "torch.cuda.device_count")]
 
 
-def _observe(path: str, device: torch.device, rank: int, world: int, kept: Parts) -> None:
+def _observe(path: str, device: torch.device, rank: int, world: int, kept: Parts, names: list[str],
+             env_reads: dict[str, str]) -> None:
     """Each scenario trains a fresh DDP model with the learner's loop; what was observed, kept."""
     learner = load_learner(path)
     for name, (sizes, k) in SCENARIOS.items():
-        if not kept.starts(name):
+        if name not in names or not kept.starts(name):
             continue
         model = make_mlp(seed=5, **MODEL).to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -63,15 +72,49 @@ def _observe(path: str, device: torch.device, rank: int, world: int, kept: Parts
             module.zero_grad = probe.spy_zero_grad(module.zero_grad)
         opt = _recording_sgd(probe, ddp.parameters(), LR)
         batches = [(x.to(device), y.to(device)) for x, y in
-                   (token_batches(rank) if name == "tokens" else micro_batches(sizes, rank, world))]
+                   (token_batches(rank, world) if name == "tokens" else micro_batches(sizes, rank, world))]
         with CapturedPrints() as printed, FirstCalls(path, GPU_HABITS) as habits:
             learner.train_accumulated(ddp, opt, batches, accumulation_steps=k)
         echo(printed.lines)
         probe.seen.device_count_at = habits.calls.get("torch.cuda.device_count", "")
+        probe.seen.local_world_size_at = env_reads.get("LOCAL_WORLD_SIZE", "")
         probe.seen.end_cleared = probe.cleared()
         probe.seen.final = cpu_state(model)
         probe.seen.total_rounds.append(probe.rounds)
         kept.keep(name, probe.seen.to_wire())
+
+
+@contextlib.contextmanager
+def as_nodes(path: str, rank: int, world: int):
+    """For the block, a launch of ``world`` ranks as ``NODES[world]`` nodes: torchrun's node-local variables
+    (``LOCAL_WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``) say so, marked as the launcher's values (the learner
+    did not change them), and the learner's first line that reads ``LOCAL_WORLD_SIZE`` is noted in the dict
+    yielded. One node: nothing changes, nothing is watched. The device was chosen before (``init_distributed``)."""
+    reads: dict[str, str] = {}
+    if NODES.get(world, 1) == 1:
+        yield reads
+        return
+    per = world // NODES[world]
+    values = {"LOCAL_WORLD_SIZE": str(per), "LOCAL_RANK": str(rank % per), "GROUP_RANK": str(rank // per)}
+    before, getitem, where = {k: os.environ.get(k) for k in values}, os._Environ.__getitem__, Path(path).resolve()
+
+    def read(self, key):  # os.environ[...], os.environ.get and os.getenv all come here
+        if key == "LOCAL_WORLD_SIZE" and key not in reads and (found := learner_line(where)):
+            reads[key] = f"{Path(found[0]).name}:{found[1]}"
+        return getitem(self, key)
+
+    with heartbeat.torchrun_vars(**values):
+        os.environ.update(values)
+        os._Environ.__getitem__ = read
+        try:
+            yield reads
+        finally:
+            os._Environ.__getitem__ = getitem
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 class Probe:

@@ -16,7 +16,7 @@ from distlab.models import cpu_state, make_mlp
 
 from .scenarios import IGNORE_INDEX, LR, MODEL, SCENARIOS, micro_batches, token_batches, windows
 
-WORLD = 2  # the ranks of every launch: a global micro-batch is theirs concatenated
+WORLD = 2  # the ranks of the launch of every scenario (a global micro-batch is theirs concatenated); see NODES
 
 
 def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
@@ -26,22 +26,23 @@ def _grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def rank_batches(scenario: str) -> list[list[tuple[torch.Tensor, torch.Tensor, int]]]:
+def rank_batches(scenario: str, world: int = WORLD) -> list[list[tuple[torch.Tensor, torch.Tensor, int]]]:
     """Every rank's micro-batches as the ranks got them, flattened to their non-padding labels
     ``(x, y, number of labels padding included)``."""
     sizes, _ = SCENARIOS[scenario]
     out = []
-    for r in range(WORLD):
-        batches = token_batches(r) if scenario == "tokens" else micro_batches(sizes, r, WORLD)
+    for r in range(world):
+        batches = token_batches(r, world) if scenario == "tokens" else micro_batches(sizes, r, world)
         out.append([(x[y != IGNORE_INDEX], y[y != IGNORE_INDEX], y.numel()) for x, y in batches])
     return out
 
 
-def window_gradients(scenario: str, w: int, params: dict) -> dict[str, dict]:
+def window_gradients(scenario: str, w: int, params: dict, world: int = WORLD) -> dict[str, dict]:
     """At ``params``: window ``w``'s big-batch gradient ``"big"`` (the mean over every non-padding label of
-    the window on every rank), and the usual wrong answers (for feedback), each as DDP would average it."""
+    the window on every one of ``world`` ranks), and the usual wrong answers (for feedback), each as DDP would
+    average it."""
     sizes, k = SCENARIOS[scenario]
-    win, per_rank = windows(len(sizes), k)[w], rank_batches(scenario)
+    win, per_rank = windows(len(sizes), k)[w], rank_batches(scenario, world)
     model = make_mlp(seed=5, **MODEL)
     model.load_state_dict(params)
     big = _grad(model, torch.cat([b[i][0] for b in per_rank for i in win]),
@@ -52,19 +53,19 @@ def window_gradients(scenario: str, w: int, params: dict) -> dict[str, dict]:
     pad = sum(b[i][2] for b in per_rank for i in win)
 
     def ddp_mean(local):  # DDP averages the ranks' accumulated gradients
-        return {name: sum(local(r, name) for r in range(WORLD)) / WORLD for name in big}
+        return {name: sum(local(r, name) for r in range(world)) / world for name in big}
 
     total = ddp_mean(lambda r, name: sum(gj[name] for gj in g[r]))
     out = {"big": big, "not divided": total,
            f"divided by accumulation_steps={k}": {name: t / k for name, t in total.items()},
            f"divided by the {len(win)} micro-batches (equal weights)":
                {name: t / len(win) for name, t in total.items()},
-           f"summed over the labels, divided by N and then averaged by DDP over {WORLD} ranks (1/{WORLD} of the mean)":
-               {name: b / WORLD for name, b in big.items()}}
+           f"summed over the labels, divided by N and then averaged by DDP over {world} ranks (1/{world} of the mean)":
+               {name: b / world for name, b in big.items()}}
     # each rank's own count (not all-reduced), times the world size as for the global one: the ranks' means summed
     own = ddp_mean(lambda r, name: sum(nj * gj[name] for nj, gj in zip(n[r], g[r])) / sum(n[r]))
-    out[f"normalised by each rank's own count and multiplied by the world size ({WORLD})"] = {
-        name: WORLD * v for name, v in own.items()}
+    out[f"normalised by each rank's own count and multiplied by the world size ({world})"] = {
+        name: world * v for name, v in own.items()}
     if scenario == "tokens":
         out["normalised by each rank's own token count"] = own
         tokens = sum(map(sum, n))
@@ -72,12 +73,12 @@ def window_gradients(scenario: str, w: int, params: dict) -> dict[str, dict]:
     return out
 
 
-@functools.lru_cache(maxsize=None)  # one per scenario, shared by every file graded in this process
-def reference(scenario: str) -> dict:
-    """The final parameters of single-process SGD with each window's big-batch gradient."""
+@functools.lru_cache(maxsize=None)  # one per scenario and world size, shared by every file graded in this process
+def reference(scenario: str, world: int = WORLD) -> dict:
+    """The final parameters of single-process SGD with each window's big-batch gradient (``world`` ranks')."""
     sizes, k = SCENARIOS[scenario]
     params = cpu_state(make_mlp(seed=5, **MODEL))
     for w in range(len(windows(len(sizes), k))):
-        big = window_gradients(scenario, w, params)["big"]
+        big = window_gradients(scenario, w, params, world)["big"]
         params = {n: p - LR * big[n] for n, p in params.items()}
     return params

@@ -22,7 +22,12 @@ SEQ_LEN = 8
 # rank -> micro-batch -> the lengths of its sequences (padded to SEQ_LEN). Token counts differ between the
 # micro-batches of a window and between the ranks (window 0: 9+4 tokens on rank 0, 2+14 on rank 1), so the
 # mean of micro-batch means, a rank's own count and a count that includes padding all give other gradients.
-TOKEN_LENGTHS = {0: [[7, 2], [3, 1], [8, 8], [5, 6]], 1: [[1, 1], [6, 8], [2, 3], [8, 4]]}
+# Ranks 2 and 3 run at world size 4 only (``NODES``), where their counts differ again (window 0: 9+7 and 8+15).
+TOKEN_LENGTHS = {0: [[7, 2], [3, 1], [8, 8], [5, 6]], 1: [[1, 1], [6, 8], [2, 3], [8, 4]],
+                 2: [[4, 5], [6, 1], [1, 6], [7, 3]], 3: [[3, 5], [8, 7], [4, 2], [6, 1]]}
+# world size -> the nodes its launch's ranks are told they run on (LOCAL_WORLD_SIZE = world / nodes); at 4 ranks
+# the tokens scenario alone runs, the one whose answer depends on the world size.
+NODES = {2: 1, 4: 2}
 
 
 def windows(n: int, k: int) -> list[range]:
@@ -45,8 +50,9 @@ def micro_batches(sizes: list[int], rank: int, world: int) -> list[tuple[torch.T
     return out
 
 
-def token_batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Rank ``rank``'s micro-batches of padded sequences: x ``(B, SEQ_LEN, 64)``, y ``(B, SEQ_LEN)``, each
+def token_batches(rank: int, world: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Rank ``rank``'s micro-batches (of ``world`` ranks) of padded sequences: x ``(B, SEQ_LEN, 64)``, y
+    ``(B, SEQ_LEN)``, each
     token a digit (consecutive digits, rank-major as in :func:`micro_batches`), padding x=0, y=IGNORE_INDEX."""
     x_all, y_all = _digits()
     out, start = [], 0
@@ -58,5 +64,5 @@ def token_batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
             x[b, :n], y[b, :n] = x_all[lo:lo + n], y_all[lo:lo + n]
             lo += n
         out.append((x, y))
-        start += sum(sum(TOKEN_LENGTHS[r][i]) for r in TOKEN_LENGTHS)
+        start += sum(sum(TOKEN_LENGTHS[r][i]) for r in range(world))
     return out
