@@ -114,7 +114,10 @@ STEP_RAISES = {"        opt.zero_grad(set_to_none=True)\n": "        optimizer.z
 # measure_throughput raises on every rank (a float to a collective), which ends the launch in the method: the real
 # step is then driven by the grader's loop, and make_ddp_step keeps its marks (a hang there cost them, twice)
 FLOAT_COLLECTIVE = {"    elapsed = torch.tensor(time.perf_counter() - start, dtype=torch.float64, device=device)\n":
-                    "    elapsed = time.perf_counter() - start\n"}
+                    "    elapsed = time.perf_counter() - start\n",
+                    # and a blind audit's (only "difference" before): the step's loss summed over the batch
+                    "        loss = nn.functional.cross_entropy(ddp(x), y)":
+                    "        loss = nn.functional.cross_entropy(ddp(x), y, reduction=\"sum\")"}
 METHOD = "[W={}] throughput of the timed steps of every rank"
 FITTED = "α and β fitted to all-reduce times at several world sizes"
 PREDICTED = "efficiency predicted at unmeasured W, the all-reduce overlapping the backward"
@@ -364,10 +367,13 @@ def test_launch_timeouts_fit_the_time_limit():
         assert sum(b.nominal_s for b in check.launch_timeouts(sizes).values()) <= check.EXERCISE.time_limit - 10
 
 
-def test_a_measure_throughput_that_ends_the_launch_costs_the_method_only(graded):
+def test_a_measure_throughput_that_ends_the_launch_costs_the_method_only_and_a_summed_loss_is_named(graded):
     r = graded["float collective"]
     f = failed(r)
-    assert list(f) == [METHOD.format(1), METHOD.format(2)], r.feedback
+    assert list(f) == [METHOD.format(1), METHOD.format(2), "the real step trains with DDP"], r.feedback
+    assert f["the real step trains with DDP"].startswith(  # the loss summed, driven by the grader's loop
+        "at 1 worker(s) rank 0's weights after 7 calls of step() are those of SGD on each batch's summed "
+        "cross-entropy"), f
     assert all(f[METHOD.format(w)].startswith("measure_throughput did not finish: ") for w in (1, 2)), f
     assert "collectives work on tensors" in f[METHOD.format(1)], f
     assert ("(at 1, 2 worker(s) the grader's loop ran the steps, as your measure_throughput did not finish there: "

@@ -88,6 +88,7 @@ figure's ratio to the truth only where the evidence is missing.
 | make_ddp_step returned no step function | "make_ddp_step returned None, not a function, so the benchmark ..." |
 | the optimizer stepped with no gradient (before backward, or after zero_grad) | "opt.step() ran 7 times in 7 ..." |
 | gradients never cleared in the step | "at 2 worker(s) rank 0's weights after 35 calls of step() are those ..." |
+| the loss summed over the batch, not its mean | "... are those of SGD on each batch's summed cross-entropy ..." |
 | optimizer.step() not called in the step | "in 7 calls of step() no optimizer stepped (DDP all-reduced the ..." |
 | a Python float passed to a collective | (TypeError "Expected parameter `tensor` ...") "collectives work on tensors" |
 | the process group initialised again in the benchmark | (ValueError "... initialize ... twice") "..." |
@@ -115,7 +116,7 @@ from .alphabeta.causes import FIT_CAUSES, PREDICT_CAUSES, first_unknown, returne
 from .causes import (KNOWN_ERRORS, clock_before_barrier, cpu_clock, figure_not_float, figure_per_rank, no_barrier,
                      no_figure, no_start_barrier, one_rank_samples, summed_clocks, warmup_samples, warmup_timed)
 from .real_causes import (ATOL, REAL_CAUSES, RTOL, grads_accumulate, inner_forward, lr_not_used, no_ddp,
-                          no_optimizer_step, no_step_function, not_plain_sgd, stepped_without_grad)
+                          no_optimizer_step, no_step_function, not_plain_sgd, stepped_without_grad, summed_loss)
 from .observations import REAL, SYNTH, Benchmark, RankObservation, Run
 from .probes import TOL, rank_main
 from .reference import real_reference
@@ -193,7 +194,7 @@ def _off_reference(run: Run) -> str:
     match = parity(r0.final, real_reference(run), rtol=RTOL, atol=ATOL)
     if match.ok:
         return ""
-    return diagnose([not_plain_sgd, lr_not_used, grads_accumulate], run) or (
+    return diagnose([not_plain_sgd, lr_not_used, grads_accumulate, summed_loss], run) or (
         f"at {run.world} worker(s), after {r0.real_steps} calls of step() rank 0's weights differ from one "
         f"process's SGD (lr={run.real['lr']}) on the mean of the {run.world} ranks' gradients, from rank 0's start "
         f"(max abs difference {match.max_abs_diff:.3g} in '{match.worst}'): each call is one forward, backward "

@@ -168,6 +168,21 @@ def grads_accumulate(run: Run) -> str | None:
             "then opt.step()")
 
 
+@mistake("the loss summed over the batch, not its mean")
+def summed_loss(run: Run) -> str | None:
+    first = run.ranks[0]
+    if not first.real_steps:
+        return None
+    summed = parity(first.final, real_reference(run, reduction="sum"), rtol=RTOL, atol=ATOL)
+    if not summed.ok:
+        return None
+    n = run.real["batch_size"]
+    return (f"at {run.world} worker(s) rank 0's weights after {first.real_steps} calls of step() are those of SGD on "
+            f"each batch's summed cross-entropy (max abs difference {summed.max_abs_diff:.2g}): a sum over the "
+            f"{n} samples makes every gradient {n}x the mean's, so each step is {n}x as long at the same lr. The "
+            "step's loss is the mean cross-entropy (cross_entropy's default reduction)")
+
+
 @mistake("the optimizer stepped with no gradient (before backward, or after zero_grad)")
 def stepped_without_grad(run: Run) -> str | None:
     first = run.ranks[0]

@@ -23,20 +23,21 @@ from .observations import Run, real_batch
 _REPLAYED: dict[tuple, dict[str, torch.Tensor]] = {}
 
 
-def real_reference(run: Run, *, zero_grad: bool = True) -> dict[str, torch.Tensor]:
+def real_reference(run: Run, *, zero_grad: bool = True, reduction: str = "mean") -> dict[str, torch.Tensor]:
     """The weights ``run``'s step calls (``real_steps``) of a correct step leave, from rank 0's start;
-    ``zero_grad=False``: of a step that never clears the gradients, so that each adds to the last ones'."""
+    ``zero_grad=False``: of a step that never clears the gradients, so that each adds to the last ones';
+    ``reduction="sum"``: of a step on each batch's summed cross-entropy."""
     start, real = run.ranks[0].initial, run.real
     digest = hashlib.sha256(b"".join(k.encode() + v.numpy().tobytes() for k, v in sorted(start.items())))
     key = (digest.hexdigest(), run.world, run.ranks[0].real_steps or 0, real["batch_size"], real["hidden"],
-           real["lr"], zero_grad)
+           real["lr"], zero_grad, reduction)
     if key not in _REPLAYED:
         _REPLAYED[key] = _replay(start, *key[1:])
     return _REPLAYED[key]
 
 
 def _replay(start: dict[str, torch.Tensor], world: int, steps: int, batch_size: int, hidden: int, lr: float,
-            zero_grad: bool) -> dict[str, torch.Tensor]:
+            zero_grad: bool, reduction: str) -> dict[str, torch.Tensor]:
     model = make_mlp(seed=0, hidden=hidden)
     model.load_state_dict(start)
     batches = [real_batch(r, batch_size) for r in range(world)]
@@ -45,7 +46,7 @@ def _replay(start: dict[str, torch.Tensor], world: int, steps: int, batch_size: 
         if zero_grad:
             opt.zero_grad(set_to_none=True)
         # the mean over ranks of each rank's mean loss: DDP's average of their gradients
-        loss = sum(nn.functional.cross_entropy(model(x), y) for x, y in batches) / world
+        loss = sum(nn.functional.cross_entropy(model(x), y, reduction=reduction) for x, y in batches) / world
         loss.backward()
         opt.step()
     return cpu_state(model)
