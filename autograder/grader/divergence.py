@@ -214,21 +214,22 @@ def unnamed_failures(report, skip: set[str] = frozenset()) -> list:
             and not c.feedback.startswith(("not checked", "not judged")) and " raised " not in c.feedback]  # an error
 
 
-def _world(name: str) -> int | None:
-    """The world size a criterion's name says it judged ("[W=2] ..."), or ``None`` (all of them, or none)."""
+def _world(name: str, unnamed: int | None = None) -> int | None:
+    """The world size a criterion's name says it judged ("[W=2] ..."), or ``unnamed`` where it names none (a
+    check's ``UNNAMED_WORLD``: its criteria without a world size all judge one), else ``None`` (all of them)."""
     m = re.match(r"\[W=(\d+)\]", name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m else unnamed
 
 
 def annotate(report, traces: Sequence, reference: Sequence, skip: set[str] = frozenset(),
-             measured: frozenset[str] = frozenset()) -> bool:
+             measured: frozenset[str] = frozenset(), unnamed: int | None = None) -> bool:
     """Add the first divergence of ``traces`` (per launch, per rank) from ``reference`` to the first failing
     criterion of ``report`` that names no cause (and is not in ``skip``) and judged that launch's world size (or
-    names none): a launch at 1 worker does not explain a criterion at 2. ``measured``: as :func:`differing`'s.
-    Whether it did."""
+    names none, and ``unnamed`` is ``None``): a launch at 1 worker does not explain a criterion at 2.
+    ``measured``: as :func:`differing`'s. Whether it did."""
     failing = unnamed_failures(report, skip)
     for launch_ref, launch_got in paired(reference, traces):
-        here = [c for c in failing if _world(c.name) in (None, len(launch_got))]
+        here = [c for c in failing if _world(c.name, unnamed) in (None, len(launch_got))]
         if here and (d := first_of_ranks(launch_ref, launch_got, measured)):
             here[0].feedback += f"\n  {d.message()}"
             return True
@@ -369,7 +370,7 @@ def grade(check, paths: Sequence, *, localise: bool = False, with_reference: boo
             continue
         if traces:
             annotate(report, traces, reference_traces(check, **kwargs), untraced(check),
-                     frozenset(getattr(check, "MEASURED_RETURNS", ())))
+                     frozenset(getattr(check, "MEASURED_RETURNS", ())), getattr(check, "UNNAMED_WORLD", None))
         if localise and (where := swap(check, path, report, solution_path(check), **kwargs)):
             report.notes.append(where)
     return reports

@@ -55,7 +55,7 @@ def explain(exc: LaunchError, path: Path, known: Sequence[KnownError] = ()) -> s
     if isinstance(exc, RankKilled):  # no exception to show: what it printed, its line and gloo's sizes
         return f"{exc}{abort_details(exc.output, path)}"
     if isinstance(exc, LaunchHang):
-        if exc.where and " waits in " not in exc.where:  # ranks waited for others that never came, in no collective
+        if not exc.collective:  # ranks waited for others that never came, in no collective
             return (f"{exc}. No rank was waiting in a collective: the ranks still in your code did not move from the "
                     "lines above while the others waited for them to finish")
         waits = re.finditer(rf"waits in \S+ at {re.escape(path.name)}:(\d+)", exc.where or "")

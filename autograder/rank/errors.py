@@ -121,4 +121,18 @@ def attempt(fn: Callable, *args, **kwargs) -> tuple[Any, Exception | None]:
     try:
         return fn(*args, **kwargs), None
     except Exception as exc:  # noqa: BLE001 - any error is the learner's code's, reported as feedback
+        _note(exc)
         return None, exc
+
+
+def _note(exc: Exception) -> None:
+    """Tell this rank's heartbeat what the learner's code raised, where: a rank that goes on after it may leave
+    the others waiting in a collective it never reached, and a hang's report then says so."""
+    from distlab.runtime import heartbeat
+    from distlab.runtime.waits import is_runtime
+
+    mine = [f for f in frames(exc) if not is_runtime(f.filename)]
+    if mine:
+        message = _C10_PREFIX.sub("", str(exc).strip()).splitlines()[0][:120] if str(exc).strip() else ""
+        heartbeat.note_raised(f"{mine[-1].name} raised {type(exc).__name__}" + (f": {message}" if message else "")
+                              + f" ({Path(mine[-1].filename).name}:{mine[-1].lineno})")

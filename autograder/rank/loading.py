@@ -71,6 +71,7 @@ def load_learner(path: str | Path):
     if not getattr(builtins.__import__, "guarded", False):
         builtins.__import__ = _guarded(builtins.__import__)
     trace.begin(path)  # the tracer around rank_main, if any: this file's events start here
+    heartbeat.clear_raised()  # an earlier file's error explains none of this one's waits
     return watched(import_path(path, name=f"learner_{Path(path).stem}"))
 
 

@@ -111,9 +111,10 @@ class _Comm(CollectiveRecorder):
             given = self._input if self._input is not None else tensors[0]
             small = given.numel() <= SMALL and not given.dtype.is_complex
             # what this rank contributed, where the learner's line called it (a metric's sums), not what a
-            # library sends for itself (DDP's shape check, DCP's pickled plans: their bytes are paths and memory)
+            # library sends for itself (DDP's shape check, DCP's pickled plans: their bytes are paths and memory);
+            # its shape too, not the output buffer's that an all-to-all or an all-gather takes first
             values = {"held": summary(given)} if small and self.tracer.called_directly() else {}
-            self.tracer.add("collective", kind=kind, shape=shape, group=self._group, **values)
+            self.tracer.add("collective", kind=kind, shape=list(given.shape), group=self._group, **values)
         return {}
 
 

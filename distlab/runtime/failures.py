@@ -69,10 +69,11 @@ class LaunchTimeout(LaunchError):
 class LaunchHang(LaunchTimeout):
     """Every rank stopped advancing while one or more waited in a collective: ended early, and named."""
 
-    def __init__(self, after_s: float, where: str, output: str = ""):
+    def __init__(self, after_s: float, where: str, output: str = "", collective: bool = True):
         LaunchError.__init__(self, f"the job hung: no rank advanced for {after_s:.0f} s, and it was ended: {where}",
                              output)
-        self.unfinished, self.where = [], where
+        # collective: some rank waited in a collective (else ranks waited for others that stayed in their code)
+        self.unfinished, self.where, self.collective = [], where, collective
 
 
 class MachineTooSlow(RuntimeError):

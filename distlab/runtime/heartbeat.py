@@ -42,6 +42,19 @@ TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK
 _TORCHRUN_ENV: dict[str, str | None] = {}
 _SET_AT: dict[str, str] = {}  # where the job's own code last set each of them ("file.py:12")
 _PEERS: list[bool] = []  # the runtime waits for the other ranks on the main thread, in C++ (a store's wait)
+_RAISED: list[str] = []  # the last error of the job's code that its runner caught on this rank, said
+
+
+def note_raised(said: str) -> None:
+    """An error of the job's code that the runner on this rank caught and went on from (``"combine raised
+    RuntimeError: ... (ex11.py:95)"``): the other ranks may wait for this one in a collective it then never
+    reached, and a hang's report says what came before (:meth:`Watch.report`). Kept until :func:`clear_raised`."""
+    _RAISED[:] = [said]
+
+
+def clear_raised() -> None:
+    """A new job file begins on this rank: an earlier file's error explains none of its waits."""
+    _RAISED.clear()
 
 
 @contextlib.contextmanager
@@ -118,7 +131,8 @@ class _Rank:
             self.seen.add(signature)
             self.places += 1
         beat = {"ticks": self.ticks, "places": self.places, **describe(frames, self.ddp.all_in()),
-                "waits_for_peers": bool(_PEERS), "env_changed": changed_torchrun_vars()}
+                "waits_for_peers": bool(_PEERS), "env_changed": changed_torchrun_vars(),
+                "raised": _RAISED[0] if _RAISED else None}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(beat))
         tmp.replace(self.path)
@@ -188,6 +202,10 @@ class Watch:
     def last_advance(self) -> float | None:
         return max(self.advanced.values()) if self.advanced else None
 
+    def in_collective(self) -> bool:
+        """Whether some rank's last beat waits in a collective (its own, a library's or the runtime's)."""
+        return any(b.get("waits_in") for b in self.beats.values())
+
     def hung(self, now: float, after_s: float) -> bool:
         """Every rank reports, none advanced for ``after_s``, and one at least waits in a collective; or none
         advanced for twice that, and one at least waits for the others in the runtime (it left the job's code,
@@ -210,6 +228,10 @@ class Watch:
             if unfinished is not None and rank not in unfinished:
                 continue
             b = self.beats[rank]
+            after = f", after its {b['raised']}" if isinstance(b.get("raised"), str) else ""
+            if not b.get("at") and (b.get("waits_for_peers") is True or b.get("waits_in")) and after:
+                parts.append(f"rank {rank} had left your code{after}, and waited for the other ranks to finish")
+                continue
             if not b.get("at") and (b.get("waits_for_peers") is True or b.get("waits_in")):
                 # no frame of the job's code on its stack: the runtime's (or the grader's) own wait for the others
                 if not left:
@@ -221,8 +243,8 @@ class Watch:
             # the line, unless it names what the rank waits in ("dist.all_reduce(t)"); "loss.backward()" it does not
             code = f" ({b['code']})" if b.get("code") and str(b.get("waits_in")) not in b["code"] else ""
             within = f" in {b['function']}" if where and b.get("function") else ""
-            parts.append(f"rank {rank} waits in {b['waits_in']}{where}{code}" if b.get("waits_in")
-                         else f"rank {rank} is{where + within or ' outside your code'}{code}")
+            parts.append((f"rank {rank} waits in {b['waits_in']}{where}{code}" if b.get("waits_in")
+                          else f"rank {rank} is{where + within or ' outside your code'}{code}") + after)
         if left:
             who = (f"rank {left[0]}" if len(left) == 1
                    else f"ranks {', '.join(map(str, left[:-1]))} and {left[-1]}")

@@ -216,7 +216,8 @@ def collect(outdir: Path, nprocs: int, backend: str, finished: Finished, timeout
     verdict = supervision.verdict if supervision else None
     if finished.timed_out and verdict == "hang":  # the ranks that returned their result are nowhere
         unfinished = sorted(set(range(nprocs)) - done)
-        raise LaunchHang(supervision.stalled_s, supervision.watch.report(unfinished), output)
+        raise LaunchHang(supervision.stalled_s, supervision.watch.report(unfinished), output,
+                         collective=supervision.watch.in_collective())
     if finished.timed_out and verdict == "slow":
         raise MachineTooSlow(timeout, finished.wall_s - timeout)
     if finished.timed_out:

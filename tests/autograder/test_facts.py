@@ -97,9 +97,40 @@ def test_a_rank_that_never_comes_while_the_others_wait_for_it_is_a_hang_after_tw
     assert watch.hung(10.0, 10.0)
     watch.beats[0] = {"at": "ex10_ring_attention.py:80"}  # both in their code: slow, or a loop; the limit says
     assert not watch.hung(100.0, 10.0)
-    said = explain(LaunchHang(20, Watch(tmp_path, 2, beats={0: {"waits_for_peers": True}, 1: asleep}).report()),
+    asleep_watch = Watch(tmp_path, 2, beats={0: {"waits_for_peers": True}, 1: asleep})
+    said = explain(LaunchHang(20, asleep_watch.report(), collective=asleep_watch.in_collective()),
                    tmp_path / "ex10_ring_attention.py")
     assert said == ("the job hung: no rank advanced for 20 s, and it was ended: rank 0 had left your code and waited "
                     "for the other ranks to finish; rank 1 is at ex10_ring_attention.py:123 in ring_attention_backward "
                     "(time.sleep(10**6)). No rank was waiting in a collective: the ranks still in your code did not "
                     "move from the lines above while the others waited for them to finish"), said
+
+
+def test_a_hang_after_a_rank_raised_and_went_on_says_what_it_raised(tmp_path):
+    """No launch: a blind audit's combine raised on rank 1 only; the grader caught it and went on, and the job hung
+    with no word of the error ("ranks 0 and 1 had left your code ..."). The rank's beat carries what its code
+    raised, where, and the report says it after that rank's place (and never for a rank that raised nothing)."""
+    from autograder.grader.main import explain
+    from autograder.rank.errors import attempt
+    from distlab.runtime import heartbeat
+    from distlab.runtime.failures import LaunchHang
+    from distlab.runtime.heartbeat import Watch
+
+    learner = tmp_path / "ex11_moe_dispatch.py"
+    learner.write_text("def combine():\n    raise RuntimeError('boom')\n")
+    namespace: dict = {}
+    exec(compile(learner.read_text(), str(learner), "exec"), namespace)
+    try:
+        _, exc = attempt(namespace["combine"])
+        said_raised = heartbeat._RAISED[0]
+    finally:
+        heartbeat.clear_raised()
+    assert isinstance(exc, RuntimeError) and said_raised == "combine raised RuntimeError: boom (ex11_moe_dispatch.py:2)"
+    beats = {0: {"waits_in": "all_to_all_single", "at": "ex11_moe_dispatch.py:9", "code": "out = a2a(x)"},
+             1: {"waits_in": "all_reduce", "raised": said_raised}}
+    watch = Watch(tmp_path, 2, beats=beats)
+    said = explain(LaunchHang(10, watch.report(), collective=watch.in_collective()), learner)
+    assert said.startswith("the job hung: no rank advanced for 10 s, and it was ended: rank 0 waits in "
+                           "all_to_all_single at ex11_moe_dispatch.py:9 (out = a2a(x)); rank 1 had left your code, "
+                           "after its combine raised RuntimeError: boom (ex11_moe_dispatch.py:2), and waited for the "
+                           "other ranks to finish. A collective that only some ranks reach"), said
