@@ -137,7 +137,7 @@ def train_ddp(model: nn.Module, dataset: Dataset, *, epochs: int, batch_size: in
 def evaluate_ddp(model: nn.Module, dataset: Dataset, *, batch_size: int) -> tuple[float, float]:
     """The mean cross-entropy and the accuracy of ``model`` over ``dataset``, computed by all ranks together.
 
-    Contract (the grader checks each point, with ``len(dataset)`` not divisible by the world size):
+    Contract (the grader checks each point, with ``len(dataset)`` not divisible by the world size, then divisible):
 
     * Called after ``setup()`` on every rank, with the same ``model`` (a plain module, on this rank's
       device, not wrapped) on every rank. Do not train: run the model under ``torch.no_grad()`` (or

@@ -109,6 +109,11 @@ MUTANTS = {
     # A blind audit's (full marks before: the training set divides by both world sizes): drop_last=True
     "train_drop_last": {"    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)\n":
                         "    sampler = DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)\n"},
+    # A blind audit's (full marks before: the evaluation set divided by neither world size): a count that drops each
+    # rank's last sample past n % W, as if the sampler had padded every shard
+    "eval_assumes_padding": {"            real = position < len(dataset)\n":
+                             "            last = position // world == (len(dataset) - 1) // world\n"
+                             "            real = ~(last & (rank >= len(dataset) % world))\n"},
     # A blind audit's (full marks before: batch_size divided each rank's shard): the DataLoader drops the last batch
     "loader_drop_last": {"DataLoader(dataset, batch_size=batch_size, sampler=sampler)":
                          "DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)"},
@@ -483,6 +488,13 @@ def test_a_training_sampler_that_drops_the_tail_is_named(graded):
     assert f["[W=2] shuffled by the given seed, anew every epoch"].startswith(
         "train_ddp built its DistributedSampler with drop_last=True: on this data set, which 2 ranks divide, the "
         "shards are the same"), f
+
+
+def test_an_evaluation_that_assumes_padding_fails_on_a_set_the_ranks_divide(graded):
+    msg = _only(graded["eval_assumes_padding"], EVAL[6:])
+    assert re.match(r"on the first 20 samples, which 2 ranks divide \(10 each\), rank [01]'s evaluate_ddp returned "
+                    r"loss [\d.]+, accuracy [\d.]+; one process has [\d.]+, [\d.]+ \(on the 21-sample set it was "
+                    r"right\)", msg), msg
 
 
 def test_a_loader_that_drops_the_last_batch_is_named(graded):

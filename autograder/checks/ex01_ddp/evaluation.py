@@ -9,7 +9,7 @@ from ...grader.diagnosis import diagnose
 from ...grader.report import Verdict, criterion, failed, passed
 from .causes import (eval_close, eval_drop_last, eval_mean_of_means, eval_not_reduced, eval_padding_counted,
                      eval_whole_set)
-from .observations import Run
+from .observations import EVEN, Run
 from .probes import EVAL
 
 EVALUATION = [eval_whole_set, eval_padding_counted, eval_drop_last, eval_not_reduced, eval_mean_of_means]
@@ -30,10 +30,24 @@ def evaluates_once(run: Run) -> Verdict:
         return failed(diagnose([eval_whole_set], run) or f"rank {greedy[0].rank} read "
                       f"{len(greedy[0].eval_accessed)} samples, more than its shard of {limit}", **measured)
     if all(eval_close(r.eval, ref) for r in run.ranks):
-        return passed(f"loss {ref[0]:.4f}, accuracy {ref[1]:.3f}, as one process", **measured)
+        return _even(run) or passed(f"loss {ref[0]:.4f}, accuracy {ref[1]:.3f}, as one process", **measured)
     loss, acc = run.ranks[0].eval
     return failed(diagnose(EVALUATION, run) or f"rank 0 returned loss {loss:.5f}, accuracy {acc:.4f}; one process "
                   f"over the {n} samples has {ref[0]:.5f}, {ref[1]:.4f}", **measured)
+
+
+def _even(run: Run) -> Verdict | None:
+    """The second call, on the first ``EVEN`` digits, which the ranks divide: ``None`` where it is one process's."""
+    ref = run.eval_even_reference
+    bad = next((r for r in run.ranks if r.eval_even is None or not eval_close(r.eval_even, ref)), None)
+    if bad is None:
+        return None
+    got = (f"returned loss {bad.eval_even[0]:.5f}, accuracy {bad.eval_even[1]:.4f}" if bad.eval_even
+           else "returned no pair of floats, or raised")
+    return failed(f"on the first {EVEN} samples, which {run.world} ranks divide ({EVEN // run.world} each), rank "
+                  f"{bad.rank}'s evaluate_ddp {got}; one process has {ref[0]:.5f}, {ref[1]:.4f} (on the "
+                  f"{EVAL['n']}-sample set it was right): where the ranks divide the set the sampler adds no repeats, "
+                  "and every sample a rank reads counts")
 
 
 @criterion("[W={world}] evaluate_ddp runs the model without autograd", points=1)

@@ -24,6 +24,9 @@ CONFIG = dict(epochs=2, batch_size=40, lr=0.2, seed=7)
 # evaluate_ddp's data set: the first EVAL_N digits, which neither world size divides (the sampler pads 1
 # sample at W=2 and 3 at W=4), in batches that end with the padding; the same model on every rank.
 EVAL = dict(n=21, batch_size=4, seed=3)
+# and again on the first EVEN digits, which both world sizes divide: no padding there, and a count that assumes
+# some (a blind audit's "drop each rank's last sample past n % W") leaves real samples out
+EVEN = 20
 MODEL = dict(hidden=64)
 
 
@@ -74,6 +77,7 @@ class RankObservation(Observation):
     eval_collectives: list[list[str]] = field(default_factory=list)  # evaluate_ddp's ops: [kind, "line N (`code`)"]
     eval_forwards: int = 0       # the model's forwards during evaluate_ddp
     eval_recorded: int = 0       # of them, those run with autograd recording (torch.is_grad_enabled())
+    eval_even: tuple[float, float] | None = None  # what it returned on the first EVEN digits (None: not a pair)
     still_initialized: bool = False  # dist.is_initialized() after teardown()
     teardown_error: str = ""   # what teardown() raised, at the learner's line ("": nothing)
     setup_error: str = ""      # what setup() raised on every rank, at the learner's line: the grader's group went on
@@ -82,7 +86,7 @@ class RankObservation(Observation):
 
 # The fields of RankObservation that each part after ``train_ddp`` fills (kept apart: ``rank.parts``).
 EVAL_FIELDS = ("eval", "eval_returned", "eval_error", "eval_accessed", "eval_collectives", "eval_forwards",
-               "eval_recorded")
+               "eval_recorded", "eval_even")
 TEARDOWN_FIELDS = ("still_initialized", "teardown_error", "setup_error")
 
 
@@ -160,6 +164,16 @@ class Run:
         out.update({f"rank {r}'s shard": over(s) for r, s in enumerate(padded)})
         out.update({f"rank {r}'s shard without its repeats": over(s) for r, s in enumerate(real)})
         return out
+
+    @functools.cached_property
+    def eval_even_reference(self) -> tuple[float, float]:
+        """(loss, accuracy) of the evaluation model over the first ``EVEN`` digits, in one process."""
+        model = make_mlp(seed=EVAL["seed"], **MODEL).double()
+        x, y = digits().tensors
+        with torch.no_grad():
+            logits = model(x[:EVEN].double())
+        return (float(nn.functional.cross_entropy(logits, y[:EVEN])),
+                float((logits.argmax(-1) == y[:EVEN]).double().mean()))
 
     def ratio_is(self, value: float) -> bool:
         return self.gradient_ratio is not None and abs(self.gradient_ratio - value) < 1e-2 * value

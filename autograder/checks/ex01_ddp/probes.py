@@ -27,7 +27,7 @@ from ...rank import (CapturedPrints, DDPSpy, LineRecorder, Replace, SaveSpy, att
                      grader_group, load_learner, own_rendezvous, raised_at, transparent)
 from ...rank.parts import Parts
 from .bucketed.probes import observe_bucketed
-from .observations import (CONFIG, EVAL, EVAL_FIELDS, MODEL, TEARDOWN_FIELDS, FirstStep, Forward,
+from .observations import (CONFIG, EVAL, EVAL_FIELDS, EVEN, MODEL, TEARDOWN_FIELDS, FirstStep, Forward,
                            RankObservation)
 
 # The grader's tolerance against one process (ex01_ddp and causes both use it).
@@ -157,6 +157,11 @@ def _evaluate(learner, path: str, seen: RankObservation) -> None:
     ok = isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(v, (int, float)) for v in got)
     seen.eval = (float(got[0]), float(got[1])) if ok else None
     seen.eval_returned, seen.eval_error, seen.eval_accessed = type(got).__name__, raised_at(exc, path), data.accessed
+    if seen.eval is not None:  # again on a set both world sizes divide (what it raises there: its own criterion's)
+        with CapturedPrints():
+            even, _ = attempt(learner.evaluate_ddp, model, Subset(digits(), range(EVEN)), batch_size=EVAL["batch_size"])
+        if isinstance(even, (tuple, list)) and len(even) == 2 and all(isinstance(v, (int, float)) for v in even):
+            seen.eval_even = (float(even[0]), float(even[1]))
 
 
 class SamplerSpy(Replace):
