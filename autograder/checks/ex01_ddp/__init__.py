@@ -13,7 +13,8 @@ by hand. ``evaluate_ddp`` then evaluates one model (the same on every rank)
 over 21 samples, which neither world size divides: DistributedSampler pads the
 shards by repeating samples, and the metric must equal one process's over the
 21 (the padding torchmetrics' and accelerate's ``gather_for_metrics`` remove); then over 20, which both divide
-(no padding: every sample read counts).
+(no padding: every sample read counts). On the CPU the 4 ranks run as 2 nodes of 2 (``rank.nodes``: torchrun's
+LOCAL_RANK and LOCAL_WORLD_SIZE say so), where ``LOCAL_RANK == 0`` taken for rank 0 logs and saves twice.
 Part 2 (``bucketed``): the learner's ``BucketedDDP``, DDP's buckets by hand (Li et al., 2020), trained by the
 grader's loop at four caps that make different buckets, then with a parameter the forward never uses; each
 gradient's "ready" and each collective are logged in order, so that the buckets and the overlap are judged

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from distlab.runtime.launch import time_scale
 
 from ...rank import (CapturedPrints, DDPSpy, LineRecorder, Replace, SaveSpy, attempt, echo, every_rank_says,
                      grader_group, load_learner, own_rendezvous, raised_at, transparent)
+from ...rank.nodes import as_nodes
 from ...rank.parts import Parts
 from .bucketed.probes import observe_bucketed
 from .observations import (CONFIG, EVAL, EVAL_FIELDS, EVEN, MODEL, TEARDOWN_FIELDS, FirstStep, Forward,
@@ -46,13 +48,20 @@ def rank_main(paths: list[str], ckpt_dir: str, outdir: str, skip: dict[str, list
         out = []
         for i, path in enumerate(paths):
             kept = Parts(outdir, i, skip)
-            with own_rendezvous(f"file{i}"):  # the learner's setup() makes the process group, once per file
+            with own_rendezvous(f"file{i}"), as_nodes(path, *_node_view()):  # setup() makes the group, per file
                 _observe(path, checkpoint_dir(ckpt_dir, path), kept, f"file{i}")
             kept.finished()
             out.append(kept.ran)
         return out
     finally:
         gc.unfreeze()
+
+
+def _node_view() -> tuple[int, int, int]:
+    """(rank, world, nodes): 4 ranks on the CPU run as 2 nodes of 2 (``rank.nodes``), so that ``LOCAL_RANK == 0``
+    taken for rank 0 prints and saves on two ranks; on GPUs, where the local rank picks the device, one node."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return rank, world, 2 if world == 4 and not torch.cuda.is_available() else 1
 
 
 def checkpoint_dir(root: str | Path, path: str | Path) -> Path:

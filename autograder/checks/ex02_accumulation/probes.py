@@ -6,9 +6,6 @@ Everything here observes; the verdicts, and the single-process reference, are co
 """
 from __future__ import annotations
 
-import contextlib
-import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -18,12 +15,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from distlab import init_distributed, shutdown
 from distlab.measure.ddp_hooks import BucketLog
 from distlab.models import cpu_state, make_mlp
-from distlab.runtime import heartbeat
 
 from ...rank import CapturedPrints, echo, load_learner
 from ...rank.first_calls import FirstCalls
+from ...rank.nodes import as_nodes
 from ...rank.parts import Parts
-from ...rank.spies import learner_line
 from .observations import ScenarioObservation, Step, ZeroGrad
 from .scenarios import LR, MODEL, NODES, SCENARIOS, micro_batches, token_batches
 
@@ -44,7 +40,7 @@ def rank_main(paths: list[str], names: list[str], outdir: str, skip: dict[str, l
     results = []
     for i, path in enumerate(paths):
         kept = Parts(outdir, i, skip)
-        with as_nodes(path, rank, world) as env_reads:
+        with as_nodes(path, rank, world, NODES.get(world, 1)) as env_reads:
             _observe(path, device, rank, world, kept, names, env_reads)
         kept.finished()
         results.append(kept.ran)
@@ -82,39 +78,6 @@ def _observe(path: str, device: torch.device, rank: int, world: int, kept: Parts
         probe.seen.final = cpu_state(model)
         probe.seen.total_rounds.append(probe.rounds)
         kept.keep(name, probe.seen.to_wire())
-
-
-@contextlib.contextmanager
-def as_nodes(path: str, rank: int, world: int):
-    """For the block, a launch of ``world`` ranks as ``NODES[world]`` nodes: torchrun's node-local variables
-    (``LOCAL_WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``) say so, marked as the launcher's values (the learner
-    did not change them), and the learner's first line that reads ``LOCAL_WORLD_SIZE`` is noted in the dict
-    yielded. One node: nothing changes, nothing is watched. The device was chosen before (``init_distributed``)."""
-    reads: dict[str, str] = {}
-    if NODES.get(world, 1) == 1:
-        yield reads
-        return
-    per = world // NODES[world]
-    values = {"LOCAL_WORLD_SIZE": str(per), "LOCAL_RANK": str(rank % per), "GROUP_RANK": str(rank // per)}
-    before, getitem, where = {k: os.environ.get(k) for k in values}, os._Environ.__getitem__, Path(path).resolve()
-
-    def read(self, key):  # os.environ[...], os.environ.get and os.getenv all come here
-        if key == "LOCAL_WORLD_SIZE" and key not in reads and (found := learner_line(where)):
-            reads[key] = f"{Path(found[0]).name}:{found[1]}"
-        return getitem(self, key)
-
-    with heartbeat.torchrun_vars(**values):
-        os.environ.update(values)
-        os._Environ.__getitem__ = read
-        try:
-            yield reads
-        finally:
-            os._Environ.__getitem__ = getitem
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 class Probe:
