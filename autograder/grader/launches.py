@@ -9,8 +9,9 @@ for each path, the list of every rank's observation of it.
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 from distlab import torchrun
 from distlab.runtime.launch import target_string
@@ -25,6 +26,28 @@ from .registry import Exercise
 # reported as a LaunchTimeout naming the ranks that never finished, not cut off by the CLI.
 RESERVE_S = 20.0
 PER_EXTRA_FILE_S = 10.0  # what one more file costs a launch that already started (no start-up)
+
+
+T = TypeVar("T")
+
+
+def side_by_side() -> bool:
+    """Whether a check's launches at several world sizes run at once: on the CPU, where most of a launch is process
+    starts and ranks waiting on each other, which two launches overlap on the cores (no criterion reads a time);
+    not on a GPU machine, where each needs W devices. Side by side, each launch may take the whole budget."""
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def each_world_size(launch: Callable[[int], T], worlds: Sequence[int]) -> list[tuple[int, T]]:
+    """``(world, launch(world))`` for each of ``worlds``, in their order: at once where :func:`side_by_side`, else
+    one after the other. A launch that raises raises here, as a sequential one would."""
+    if len(worlds) < 2 or not side_by_side():
+        return [(w, launch(w)) for w in worlds]
+    with ThreadPoolExecutor(len(worlds)) as pool:
+        jobs = [(w, pool.submit(launch, w)) for w in worlds]
+        return [(w, job.result()) for w, job in jobs]
 
 
 @functools.cache

@@ -3,7 +3,7 @@ stub 0, and each known mistake (the unfixed job among them: its would-be hang is
 grader's ledger of collectives, on every rank at once, naming each rank's line) fails with its own
 feedback. Part 2 (``train_uneven``, ranks with uneven numbers of batches: the solution by hand, the independent
 one by DDP's join) rides in the same files: part 1's mutants keep part 2's marks and part 2's keep part 1's.
-One launch on 2 ranks grades every file."""
+One launch on 2 ranks grades every file, and one on 4 (beside it) every file's ``train_uneven``."""
 from __future__ import annotations
 
 import re
@@ -102,6 +102,11 @@ UNEVEN_MISTAKES = {
     "uneven: the count's dtype differs": {
         NEXT: NEXT + "        count = torch.tensor(len(batch[1])) if batch is not None else torch.tensor(0.0)\n"
                      "        dist.all_reduce(count)\n"},
+    # a blind audit's (full marks at W=2 only): the sum taken with one partner rank, rank ^ 1, by send/recv
+    "uneven: a partner's sum": {"        dist.all_reduce(flat)\n": "        other = torch.empty_like(flat)\n"
+                                "        peer = dist.get_rank() ^ 1  # my partner\n"
+                                "        reqs = [dist.isend(flat.clone(), peer), dist.irecv(other, peer)]\n"
+                                "        for r in reqs:\n            r.wait()\n        flat = flat + other\n"},
 }
 MISTAKES.update(UNEVEN_MISTAKES)
 FINISHES = "[W=2] the job finishes: every rank makes the same collectives, in order"
@@ -114,7 +119,9 @@ U_MATCHES = ("[W=2] uneven batches (ranks with 2 and 4 batches, the longest not 
              "global stream, at every step")
 U_NO_BATCH = "[W=2] a rank with no batch at all (ranks with 0 and 2 batches): every rank ends as one process"
 U_EQUAL = "[W=2] equal lengths (ranks with 2 and 2 batches): one process's SGD, one step per batch"
-PART2 = {U_FINISHES, U_MATCHES, U_NO_BATCH, U_EQUAL}
+U_WIDE = ("[W=4] ranks with 3, 1, 0 and 3 batches: no rank leaves the others waiting, and every rank ends as one "
+          "process's SGD on the global stream")
+PART2 = {U_FINISHES, U_MATCHES, U_NO_BATCH, U_EQUAL, U_WIDE}
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +252,8 @@ def test_each_part_costs_only_its_own_marks(graded):
 def test_the_fixed_jobs_match_one_process_at_every_step_of_every_case(graded):
     for name in ("solution", "independent"):  # by hand, and DDP under Join
         m = graded[name].measurements
-        assert max(m[f"uneven_{case}_max_abs_diff"] for case in ("uneven", "no_batch", "equal")) < 1e-5, (name, m)
+        assert max(m[f"uneven_{case}_max_abs_diff"] for case in ("uneven", "no_batch", "equal", "wide")) < 1e-5, \
+            (name, m)
 
 
 def test_a_mean_divided_again_is_named_by_its_scale(graded):
@@ -276,28 +284,32 @@ def test_the_stub_says_train_uneven_is_not_implemented(graded):
 
 def test_a_rank_that_leaves_when_its_data_ends_is_stopped_as_a_hang_at_the_waiting_ranks_line(graded):
     f = failed(graded["uneven: the rank out of data leaves"])
-    assert set(f) == {U_FINISHES, U_MATCHES, U_NO_BATCH}  # with equal lengths nobody waits
+    assert set(f) == {U_FINISHES, U_MATCHES, U_NO_BATCH, U_WIDE}  # with equal lengths nobody waits
     said = f[U_FINISHES]
     assert said.startswith("the job hangs with ranks with 2 and 4 batches: rank 1 waits in all_reduce of [213] at "
                            "ex09_hang.py:")
     assert "(dist.all_reduce(flat)) (its collective 3, at its batch 2 of 4)" in said
     assert "rank 0 had returned from train_uneven after 2 collectives, out of data after its 2 batches" in said
     assert f[U_MATCHES].startswith("not checked") and f[U_NO_BATCH].startswith("not checked")
+    assert f[U_WIDE].startswith("the job hangs with ranks with 3, 1, 0 and 3 batches: rank 0 waits in all_reduce of "
+                                "[213] at ex09_hang.py:"), f[U_WIDE]
+    assert "rank 2 had returned from train_uneven after 0 collectives, out of data, with no batch at all" in f[U_WIDE]
 
 
 def test_join_dividing_by_the_initial_world_size_is_named_from_the_updates(graded):
     f = failed(graded["uneven: join's default division"])
-    assert set(f) == {U_MATCHES, U_NO_BATCH}  # equal lengths: every rank has data at every step
+    assert set(f) == {U_MATCHES, U_NO_BATCH, U_WIDE}  # equal lengths: every rank has data at every step
     assert ("at steps 2 and 3 only 1 of the 2 ranks had a batch, and rank 1's update there was 0.5x one process's on "
             "those samples (1x at the steps where every rank had one)") in f[U_MATCHES]
     assert "at steps 0 and 1 only 1 of the 2 ranks had a batch" in f[U_NO_BATCH]
+    assert "at steps 0, 1 and 2 only 3 of the 4 ranks had a batch, and rank 3's update there was 0.75x" in f[U_WIDE]
     for said in f.values():
         assert "divide_by_initial_world_size=False" in said
 
 
 def test_forwards_that_bypass_the_ddp_wrapper_are_named(graded):
     f = failed(graded["uneven: the forwards bypass DDP"])
-    assert set(f) == {U_MATCHES, U_EQUAL}  # with a rank that has no batch, the other one alone is the global stream
+    assert set(f) == {U_MATCHES, U_EQUAL, U_WIDE}  # (0, 2): the rank with batches alone is the global stream
     for said in f.values():
         assert said.startswith("no rank all-reduced a gradient with ranks with ")
         assert "forwards of a batch called the model itself, not the wrapper" in said
@@ -314,7 +326,7 @@ def test_join_called_on_the_model_is_named_with_its_error_and_line(graded):
 
 def test_a_loop_that_stops_with_the_shortest_rank_is_named(graded):
     f = failed(graded["uneven: stops at the shortest"])
-    assert set(f) == {U_MATCHES, U_NO_BATCH}
+    assert set(f) == {U_MATCHES, U_NO_BATCH, U_WIDE}
     assert f[U_MATCHES].startswith("rank 1 ran 3 of its 4 batches through the model, and its weights after "
                                    "train_uneven are one process's after 2 steps: the job stopped as rank 0 ran out")
     assert "one process's after 0 steps: the job stopped as rank 0 had no batch at all" in f[U_NO_BATCH]
@@ -322,7 +334,7 @@ def test_a_loop_that_stops_with_the_shortest_rank_is_named(graded):
 
 def test_a_stale_gradient_from_a_rank_out_of_data_is_named_at_its_line(graded):
     f = failed(graded["uneven: a stale gradient sent"])
-    assert set(f) == {U_MATCHES}  # the rank without any batch has no gradient to leave behind
+    assert set(f) == {U_MATCHES, U_WIDE}  # the rank without any batch has no gradient to leave behind
     assert f[U_MATCHES].startswith("rank 0 had run out of data (after its 2 batches), yet all-reduced tensors whose "
                                    "|values| sum to ")
     assert "at ex09_hang.py:" in f[U_MATCHES] and "(dist.all_reduce(flat))" in f[U_MATCHES]
@@ -330,7 +342,7 @@ def test_a_stale_gradient_from_a_rank_out_of_data_is_named_at_its_line(graded):
 
 def test_a_rank_out_of_data_that_stops_updating_is_named(graded):
     f = failed(graded["uneven: the rank out of data stops updating"])
-    assert set(f) == {U_MATCHES, U_NO_BATCH}
+    assert set(f) == {U_MATCHES, U_NO_BATCH, U_WIDE}
     assert f[U_MATCHES].startswith("rank 0's weights after train_uneven are one process's after 2 steps, the batches "
                                    "it had, while rank 1's match one process's after all 4 steps")
     assert f[U_NO_BATCH].startswith("rank 0's weights after train_uneven are still the initial ones: it had no batch")
@@ -338,7 +350,7 @@ def test_a_rank_out_of_data_that_stops_updating_is_named(graded):
 
 def test_an_update_after_the_last_batch_that_divides_by_0_is_named(graded):
     f = failed(graded["uneven: the exit checked after the update"])
-    assert set(f) == {U_MATCHES, U_NO_BATCH, U_EQUAL}
+    assert set(f) == {U_MATCHES, U_NO_BATCH, U_EQUAL, U_WIDE}
     for said in f.values():
         assert "and NaN when train_uneven returned" in said and "divided by a count of 0" in said
 
@@ -348,3 +360,13 @@ def test_a_collective_whose_dtype_differs_between_ranks_is_named_before_it_runs(
     said = f[U_FINISHES]
     assert "is all_reduce of " in said and "the same all_reduce of " in said, said
     assert "int64[]" in said and "float32[]" in said and "a collective combines one dtype on every rank" in said
+
+
+def test_a_sum_with_one_partner_rank_passes_at_2_ranks_and_is_named_at_4_by_the_groups_the_ranks_ended_in(graded):
+    f = failed(graded["uneven: a partner's sum"])
+    assert list(f) == [U_WIDE], f  # at 2 ranks the partner is every other rank
+    said = f[U_WIDE]
+    assert said.startswith("with ranks with 3, 1, 0 and 3 batches the ranks ended with 2 different models: ranks 0 "
+                           "and 1 with the same weights, ranks 2 and 3 with the same weights, the models up to "), said
+    assert "(rank 0's collectives: send of [213], recv of [213]); each group's weights are one process's that learnt " \
+        "from its own ranks' batches only" in said, said

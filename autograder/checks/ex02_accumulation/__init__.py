@@ -50,15 +50,12 @@ A failure names the first cause below that explains the observations:
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-import torch
-
 from ...grader.diagnosis import diagnose
 from ...grader.parity import parity
-from ...grader.launches import launch_timeout
+from ...grader.launches import each_world_size, launch_timeout, side_by_side
 from ...grader.parts import judge_parts, launch_parts
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
@@ -225,22 +222,20 @@ def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
     machine one after the other, each its share of the time.
     """
     reports = [EXERCISE.new_report() for _ in paths]
-    side_by_side = not torch.cuda.is_available()
+    together = side_by_side()
 
     def launch(world: int) -> tuple[list, float | None]:
-        share = None if side_by_side else (0.6 if world == WORLD else 0.4)
+        share = None if together else (0.6 if world == WORLD else 0.4)
         return launch_parts(rank_main, paths, world=world, parts=list(LAUNCHES[world]), args=(list(LAUNCHES[world]),),
                             timeout=launch_timeout(EXERCISE, files=len(paths), share=share), known=KNOWN_ERRORS)
 
-    with ThreadPoolExecutor(len(LAUNCHES)) as pool:
-        jobs = {w: pool.submit(launch, w) for w in LAUNCHES} if side_by_side else {}
-        for world, by_scenario in LAUNCHES.items():
-            parted, wall_s = jobs[world].result() if side_by_side else launch(world)
-            empty = ScenarioObservation().to_wire()  # a scenario that ended its launch: not judged
-            for report, file in zip(reports, parted):
-                run = Run([RankObservation.from_wire({"scenarios": {n: r[n] if n not in file.ended else empty
-                                                                    for n in by_scenario}}) for r in file.ranks])
-                judge_parts(report, by_scenario, file.ended, run)
-                if wall_s is not None:
-                    report.measurements["launch_s" if world == WORLD else f"W{world}_launch_s"] = round(wall_s, 2)
+    empty = ScenarioObservation().to_wire()  # a scenario that ended its launch: not judged
+    for world, (parted, wall_s) in each_world_size(launch, list(LAUNCHES)):
+        by_scenario = LAUNCHES[world]
+        for report, file in zip(reports, parted):
+            run = Run([RankObservation.from_wire({"scenarios": {n: r[n] if n not in file.ended else empty
+                                                                for n in by_scenario}}) for r in file.ranks])
+            judge_parts(report, by_scenario, file.ended, run)
+            if wall_s is not None:
+                report.measurements["launch_s" if world == WORLD else f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

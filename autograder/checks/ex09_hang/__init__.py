@@ -1,4 +1,4 @@
-"""Exercise 9 check: a hanging job diagnosed and fixed, graded by the fix at W=2.
+"""Exercise 9 check: a hanging job diagnosed and fixed, graded by the fix at W=2 (and ``train_uneven`` at W=4).
 
 Every rank trains the same small MLP on its own batches, given as an iterable that records the
 step the learner's loop is at; at some steps a rank keeps no sample (rank 1 at step 1, both at step
@@ -20,6 +20,10 @@ process replaying the global stream of batches (each step the mean over the samp
 a batch), compared at every batch's forward (a forward pre-hook knows the batches by their values) and at the end
 on every rank. Both ``DistributedDataParallel`` under ``Join`` (``DDP.join()``; PyTorch's "uneven inputs") and an
 all-reduced count of the step's samples written by hand are correct.
+
+At W=4, a second launch (side by side with the first on the CPU, after it on a GPU machine) runs ``train_uneven``
+alone with ranks holding 3, 1, 0 and 3 batches, graded the same way in one criterion: at W=2 a sum with one partner
+rank (send/recv, or a 2-rank subgroup) is a sum over every rank; at W=4 the ranks end in groups that agree within.
 
 | mistake | message |
 |---|---|
@@ -44,6 +48,7 @@ all-reduced count of the step's samples written by hand are correct.
 | uneven: gradients never all-reduced | "no rank all-reduced a gradient with ranks with 2 and 4 batches ..." |
 | uneven: the round after the last batch divided by a count of 0 | "every rank's weights were finite ... NaN ..." |
 | uneven: the stream read ahead, not one batch per step | "with ..., rank 1 had taken 3 batches past the one ..." |
+| uneven: gradients summed over part of the ranks, not all | "... ended with 2 different models: ranks 0 and 1 ..." |
 | uneven: join() called on a model that is not wrapped in DDP | "join() is a method of DistributedDataParallel" |
 | a collective's dtype differs between ranks | "rank 0's collective 3 is all_reduce of int64[1] ... float32[1]" |
 """
@@ -53,7 +58,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...grader.diagnosis import diagnose
-from ...grader.launches import launch_files, launch_timeout
+from ...grader.launches import each_world_size, launch_files, launch_timeout, side_by_side
 from ...grader.parity import parity
 from ...grader.registry import Exercise
 from ...grader.report import ExerciseReport, Verdict, criterion, failed, passed
@@ -61,14 +66,15 @@ from .causes import (KNOWN_ERRORS, barrier_for_all_reduce, count_not_reduced, di
                      grads_skipped_on_empty, no_all_reduce, no_update, parted, ranks_disagree, skipped_everywhere,
                      skipped_on_empty, stale_gradient, zero_gradients)
 from .observations import RankObservation, Run
-from .probes import ATOL, RTOL, STEPS, rank_main
+from .probes import ATOL, RTOL, STEPS, rank_main, rank_main_wide
 from .uneven import causes as uneven_causes  # its @mistake functions are the check's
 from .uneven import criteria as uneven_criteria
 
-__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "UNEVEN_CRITERIA", "WORLD", "grade"]
+__all__ = ["CRITERIA", "EXERCISE", "KNOWN_ERRORS", "UNEVEN_CRITERIA", "WIDE", "WIDE_CRITERIA", "WORLD", "grade"]
 
 EXERCISE = Exercise(number=9, name="hang", filename="ex09_hang.py", max_score=10, time_limit=90)
 WORLD = 2
+WIDE = 4   # train_uneven alone, in a second launch
 
 
 @criterion("[W={world}] the job finishes: every rank makes the same collectives, in order", points=3)
@@ -129,13 +135,23 @@ def empty_rank_takes_part(run: Run) -> Verdict:
 
 UNEVEN_CRITERIA = uneven_criteria.CRITERIA
 CRITERIA = [finishes, same_collectives, matches_reference, empty_rank_takes_part, *UNEVEN_CRITERIA]
+WIDE_CRITERIA = uneven_criteria.WIDE_CRITERIA
 
 
 def grade(paths: Sequence[Path]) -> list[ExerciseReport]:
-    """Grade the files at ``paths`` in one launch on 2 ranks (both parts); one report each."""
+    """Grade the files at ``paths``: one launch on 2 ranks (both parts), one on 4 (``train_uneven`` alone); one
+    report each. On the CPU the two launches run at once (most of a launch is its ranks waiting on each other and on
+    process starts, which they overlap on the cores); on a GPU machine one after the other."""
     reports = [EXERCISE.new_report() for _ in paths]
-    runs, wall_s = launch_files(rank_main, paths, world=WORLD, timeout=launch_timeout(EXERCISE, files=len(paths)))
-    for report, ranks in zip(reports, runs):
-        report.judge(CRITERIA, Run([RankObservation.from_wire(r) for r in ranks]), world=WORLD)
-        report.measurements["launch_s"] = round(wall_s, 2)
+    mains, judged = {WORLD: rank_main, WIDE: rank_main_wide}, {WORLD: CRITERIA, WIDE: WIDE_CRITERIA}
+    share = 1 if side_by_side() else 1 / len(mains)
+
+    def launch(world: int) -> tuple[list, float]:
+        return launch_files(mains[world], paths, world=world,
+                            timeout=launch_timeout(EXERCISE, files=len(paths), share=share))
+
+    for world, (runs, wall_s) in each_world_size(launch, list(mains)):
+        for report, ranks in zip(reports, runs):
+            report.judge(judged[world], Run([RankObservation.from_wire(r) for r in ranks]), world=world)
+            report.measurements["launch_s" if world == WORLD else f"W{world}_launch_s"] = round(wall_s, 2)
     return [r.scale_to() for r in reports]

@@ -64,4 +64,13 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "Check the loop's exit: it returns on the step whose all-reduced count is 0, before any update (0 / 0 would "
         "make every weight NaN).",
     ),
+    "uneven_wide": (
+        "A job of two ranks cannot tell a sum over every rank from a sum with one partner: with more ranks, each "
+        "group that only sums its own trains a model of its own, and the job returns as many models as groups.",
+        "Every step's gradients and sample counts are summed over all of the job's ranks, whichever have data, so "
+        "that every rank applies the one update of the whole global batch, at any world size.",
+        "Use a collective on the default group (`dist.all_reduce(t)` with no `group=`), not `dist.send`/`dist.recv` "
+        "with a peer rank or a group from `dist.new_group` of some of the ranks; DDP's gradient all-reduce "
+        "covers every rank of its process group.",
+    ),
 }

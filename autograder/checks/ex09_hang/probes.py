@@ -1,6 +1,7 @@
 """Rank-side instruments of the exercise 9 check: run the learner's ``train`` on each rank's batches under
 the :class:`~.ledger.Ledger`, which checks every collective against the peers' before it runs (a job that would
-hang is stopped on every rank at once, each rank's line named), then ``train_uneven`` (part 2, ``uneven.probes``).
+hang is stopped on every rank at once, each rank's line named), then ``train_uneven`` (part 2, ``uneven.probes``);
+at W=4 (:func:`rank_main_wide`) ``train_uneven`` alone, in the ``WIDE`` scenario.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from distlab.runtime.distributed import init_distributed
 from ...rank import CapturedPrints, attempt, echo, learner_frame, load_learner, raised
 from .ledger import Ledger, Mismatch
 from .observations import LR, STEPS, Backward, RankObservation, batch, model
+from .uneven.observations import WIDE
 from .uneven.probes import observe_uneven
 
 RTOL, ATOL = 1e-5, 1e-6        # all-reduced sums in another order than one process's
@@ -56,6 +58,17 @@ def rank_main(paths: list[str]) -> list[dict]:
     :class:`Ledger`."""
     init_distributed()
     return [_observe(path, f"ex09/file{i}").to_wire() for i, path in enumerate(paths)]
+
+
+def rank_main_wide(paths: list[str]) -> list[dict]:
+    """Runs on every rank of the W=4 launch: each file's ``train_uneven`` in the ``WIDE`` scenario only."""
+    init_distributed()
+    observed = []
+    for i, path in enumerate(paths):
+        learner, error = attempt(load_learner, path)
+        uneven = observe_uneven(learner, path, f"ex09w/file{i}", error, names=tuple(WIDE))
+        observed.append(RankObservation(rank=dist.get_rank(), uneven=uneven).to_wire())
+    return observed
 
 
 def _observe(path: str, tag: str) -> RankObservation:

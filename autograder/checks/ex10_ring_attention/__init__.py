@@ -64,14 +64,11 @@ the reference is ``F.scaled_dot_product_attention(is_causal=True)`` on the whole
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-import torch
-
 from ...grader.diagnosis import diagnose, translate
-from ...grader.launches import launch_timeout
+from ...grader.launches import each_world_size, launch_timeout, side_by_side
 from ...grader.parity import parity
 from ...grader.parts import Parted, judge_parts, launch_parts
 from ...grader.registry import Exercise
@@ -276,20 +273,14 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES,
     ``grader.parts``; tests pass fewer ``world_sizes`` and a shorter ``p2p_timeout_s``); one report each. Each
     world size's criteria get an equal share."""
     reports = [EXERCISE.new_report() for _ in paths]
-    # On the CPU the world sizes run side by side, as exercise 4's (each may take the whole budget): a launch is
-    # mostly process starts and ranks waiting on each other, which two launches overlap, and a hang's wait is
-    # paid once. On a GPU machine one after the other, since each needs W devices.
-    side_by_side = not torch.cuda.is_available()
-    timeout = launch_timeout(EXERCISE, files=len(paths), launches=1 if side_by_side else len(world_sizes))
+    # side by side on the CPU (grader.launches.side_by_side), where a hang's wait is paid once
+    timeout = launch_timeout(EXERCISE, files=len(paths), launches=1 if side_by_side() else len(world_sizes))
 
     def launch(world: int):
         return launch_parts(rank_main, paths, world=world, timeout=timeout, parts=list(RINGS), args=(p2p_timeout_s,),
                             known=KNOWN_ERRORS)
 
-    with ThreadPoolExecutor(len(world_sizes)) as pool:
-        jobs = {w: pool.submit(launch, w) for w in world_sizes} if side_by_side else {}
-        launched = [(w, jobs[w].result() if side_by_side else launch(w)) for w in world_sizes]
-    for world, (parted, wall_s) in launched:
+    for world, (parted, wall_s) in each_world_size(launch, list(world_sizes)):
         for report, file in zip(reports, parted):
             judge_parts(report, RINGS, file.ended, _run(file, world), world=world)
             if wall_s is not None:

@@ -10,7 +10,7 @@ import torch
 from ....grader.diagnosis import KnownError, mistake
 from ....grader.parity import parity
 from ..partings import Fingerprint
-from .observations import Scenario, UnevenCall, model
+from .observations import Scenario, UnevenCall, model, reference
 
 RTOL, ATOL = 1e-5, 1e-6   # all-reduced sums in another order than one process's
 GRADIENT_NUMEL = min(p.numel() for p in model().parameters())  # an all-reduce this large carries gradients
@@ -33,7 +33,8 @@ def _state(s: Scenario, rank: int) -> str:
     """How far ``rank`` had read its batches when it stopped: ``"out of data after its 2 batches"``."""
     r = s.ranks[rank]
     if r.exhausted:
-        return f"out of data after its {r.batches} batch{'es' if r.batches != 1 else ''}"
+        return f"out of data after its {r.batches} batch{'es' if r.batches != 1 else ''}" if r.batches \
+            else "out of data, with no batch at all"
     if r.taken:
         return f"at its batch {r.taken - 1} of {r.batches}"
     return f"before the first of its {r.batches} batches"
@@ -241,3 +242,37 @@ def read_ahead(s: Scenario) -> str | None:
             f"model (of its {ahead.batches}): the stream is read once, one batch per step, since a data loader's "
             "may be endless or larger than memory (list(batches) reads it all up front); take the next batch at each "
             "step")
+
+
+def _ranks(group: list[int]) -> str:
+    return f"rank {group[0]}" if len(group) == 1 else f"ranks {', '.join(map(str, group[:-1]))} and {group[-1]}"
+
+
+def _groups(s: Scenario) -> list[list[int]]:
+    """The ranks by their final weights: each group's ranks match its first's."""
+    groups: list[list[int]] = []
+    for r in s.ranks:
+        home = next((g for g in groups if parity(r.final, s.ranks[g[0]].final, rtol=RTOL, atol=ATOL).ok), None)
+        home.append(r.rank) if home else groups.append([r.rank])
+    return groups
+
+
+@mistake("uneven: gradients summed over part of the ranks, not all")
+def partial_sum(s: Scenario) -> str | None:
+    """The ranks end in groups of two or more that agree within but not with each other, none as one process: each
+    group summed its own ranks' gradients (right at W=2, where the partner or subgroup is every rank)."""
+    if not s.finished or any(parity(r.final, s.reference[-1], rtol=RTOL, atol=ATOL).ok for r in s.ranks):
+        return None
+    groups = _groups(s)
+    if len(groups) < 2 or any(len(g) < 2 for g in groups):
+        return None
+    apart = max(parity(s.ranks[a[0]].final, s.ranks[b[0]].final, rtol=RTOL, atol=ATOL).max_abs_diff
+                for a in groups for b in groups if a is not b)
+    said = ", ".join(f"{_ranks(g)} with the same weights" for g in groups)
+    own = all(parity(s.ranks[g[0]].final, reference(s.name, tuple(g))[-1], rtol=RTOL, atol=ATOL).ok for g in groups)
+    learnt = "; each group's weights are one process's that learnt from its own ranks' batches only" if own else ""
+    kinds = ", ".join(dict.fromkeys(f"{c.kind} of {c.shape}" for c in s.ranks[0].calls)) or "none"
+    return (f"with {s.label} the ranks ended with {len(groups)} different models: {said}, the models up to "
+            f"{apart:.3g} apart (rank 0's collectives: {kinds}){learnt}. Each step sums the gradients and counts of "
+            f"all {s.world} ranks, with a collective over the whole job (dist.all_reduce on the default group): a sum "
+            f"with one partner rank (send/recv) or over a subgroup is the whole job at 2 ranks, not at {s.world}")

@@ -1,8 +1,8 @@
 """Exercise 9's part 2, ``train_uneven``: its criteria, judged in the grading process from every rank's
 :class:`~.observations.ScenarioRun` of each scenario (:data:`~.observations.SCENARIOS`), against one process that
 replays the global stream of batches (``Scenario.reference``), at every step (the weights when each batch went
-through the forward) and at the end. The mistakes they name (``causes``) are in the table of ``ex09_hang``'s
-docstring.
+through the forward) and at the end; at W=4 (:data:`WIDE_CRITERIA`) the ``WIDE`` scenario alone. The mistakes
+they name (``causes``) are in the table of ``ex09_hang``'s docstring.
 """
 from __future__ import annotations
 
@@ -10,19 +10,20 @@ from ....grader.diagnosis import diagnose, translate
 from ....grader.parity import parity
 from ....grader.report import Verdict, criterion, failed, passed
 from .causes import (ATOL, RTOL, UNEVEN_ERRORS, divided_by_all, dtypes_differ, left_early, nan_after_last, read_ahead,
-                     no_gradient_sync, parted, scaled_everywhere, stale_on_exhausted, stopped_at_shortest,
+                     no_gradient_sync, partial_sum, parted, scaled_everywhere, stale_on_exhausted, stopped_at_shortest,
                      stops_updating)
-from .observations import SCENARIOS, Scenario, label
+from .observations import SCENARIOS, WIDE, Scenario, label
 
 # The causes each judgement asks for, most specific first.
-STEP_CAUSES = [no_gradient_sync, divided_by_all, scaled_everywhere, stale_on_exhausted]
+STEP_CAUSES = [partial_sum, no_gradient_sync, divided_by_all, scaled_everywhere, stale_on_exhausted]
 FINAL_CAUSES = [nan_after_last, stops_updating, *STEP_CAUSES]
 FINISHES = "[W={world}] uneven batches: no rank leaves the others waiting, whichever runs out first"
 
 
 def scenarios(run) -> dict[str, Scenario]:
     """Each scenario's run, every rank's record of it (``run``: the file's :class:`~..observations.Run`)."""
-    return {name: Scenario(name, [r.uneven[i] for r in run.ranks]) for i, name in enumerate(SCENARIOS)}
+    names = [s.scenario for s in run.ranks[0].uneven]
+    return {name: Scenario(name, [r.uneven[i] for r in run.ranks]) for i, name in enumerate(names)}
 
 
 def _unwritten(run) -> str | None:
@@ -47,7 +48,7 @@ def uneven_finishes(run) -> Verdict:
                           + f": {known + ' (' + r.error + ')' if known else r.error}")
         if s.mismatch is not None:
             return failed(diagnose([dtypes_differ, left_early], s) or f"the job hangs with {s.label}: {parted(s)}")
-    return passed(f"{len(SCENARIOS)} cases, every rank's collectives matched until the last step")
+    return passed(f"{len(run.ranks[0].uneven)} cases, every rank's collectives matched until the last step")
 
 
 def _matches(run, name: str) -> Verdict:
@@ -109,4 +110,12 @@ def uneven_equal(run) -> Verdict:
     return failed(ahead) if matched.ok and ahead else matched
 
 
+@criterion(f"[W={{world}}] {label(WIDE['wide'])}: no rank leaves the others waiting, and every rank ends as one "
+           "process's SGD on the global stream", points=3, trace=False)
+def uneven_wide(run) -> Verdict:
+    finished = uneven_finishes(run)
+    return _matches(run, "wide") if finished.ok else finished
+
+
 CRITERIA = [uneven_finishes, uneven_matches, uneven_no_batch, uneven_equal]
+WIDE_CRITERIA = [uneven_wide]  # judged on the W=4 launch's run

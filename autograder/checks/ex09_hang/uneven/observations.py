@@ -21,6 +21,11 @@ ROWS = 4   # samples in every batch of every rank: the mean over samples is then
 # name -> each rank's number of batches. The edge cases the contract names: the longest rank is not rank 0; a rank
 # with no batch at all (rank 0, whose weights every other rank's DDP broadcast would start from); equal lengths.
 SCENARIOS: dict[str, tuple[int, ...]] = {"uneven": (2, 4), "no_batch": (0, 2), "equal": (2, 2)}
+# At W=4, train_uneven alone: ranks of 3 different counts, one with none, the most on ranks 0 and 3 (so that the
+# pairs {0, 1} and {2, 3}, and {0, 2} and {1, 3}, each run as many steps): a sum over part of the ranks, right at W=2,
+# is seen in the weights, not as a hang.
+WIDE: dict[str, tuple[int, ...]] = {"wide": (3, 1, 0, 3)}
+LENGTHS = {**SCENARIOS, **WIDE}
 # Ops a rank may make per step of the longest rank (and one more step) before the Ledger calls the loop endless:
 # the reference makes 1 (its count and gradients in one buffer), by parameter 1 + 4, DDP's with join() about 5.
 OPS_PER_STEP = 40
@@ -70,7 +75,7 @@ class ScenarioRun(Observation):
     """What one rank observed of one ``train_uneven`` call in one scenario."""
 
     rank: int
-    scenario: str        # a key of SCENARIOS
+    scenario: str        # a key of LENGTHS
     batches: int         # this rank's batches in it
     final: dict[str, torch.Tensor] = field(default_factory=dict)  # the model's weights after train_uneven (CPU)
     # batch index -> the model's weights when that batch first went through its forward (after `index` steps)
@@ -98,7 +103,7 @@ class Scenario:
 
     @property
     def lengths(self) -> tuple[int, ...]:
-        return SCENARIOS[self.name]
+        return LENGTHS[self.name]
 
     @property
     def world(self) -> int:
@@ -142,10 +147,13 @@ class Scenario:
         return reference(self.name)
 
 
-def step_from(name: str, state: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+def step_from(name: str, state: dict[str, torch.Tensor], step: int,
+              ranks: tuple[int, ...] | None = None) -> dict[str, torch.Tensor]:
     """One process's SGD step ``step`` of scenario ``name`` from the weights ``state``: the mean loss over the
-    samples of the batches of every rank that has one at that step."""
-    parts = [uneven_batch(r, step) for r, n in enumerate(SCENARIOS[name]) if step < n]
+    samples of the batches of every rank (of ``ranks``; ``None``: all) that has one at that step."""
+    parts = [uneven_batch(r, step) for r, n in enumerate(LENGTHS[name]) if step < n and (ranks is None or r in ranks)]
+    if not parts:
+        return state
     x, y = torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
     net = model()
     net.load_state_dict(state)
@@ -157,9 +165,10 @@ def step_from(name: str, state: dict[str, torch.Tensor], step: int) -> dict[str,
 
 
 @functools.cache
-def reference(name: str) -> list[dict[str, torch.Tensor]]:
-    """:attr:`Scenario.reference`: the same for every file, computed once per grading process."""
+def reference(name: str, ranks: tuple[int, ...] | None = None) -> list[dict[str, torch.Tensor]]:
+    """:attr:`Scenario.reference`: the same for every file, computed once per grading process. ``ranks``: one
+    process that replays the batches of those ranks only (what a sum over part of the job learns)."""
     states = [{k: v.detach().clone() for k, v in model().state_dict().items()}]
-    for step in range(max(SCENARIOS[name])):
-        states.append(step_from(name, states[-1], step))
+    for step in range(max(LENGTHS[name])):
+        states.append(step_from(name, states[-1], step, ranks))
     return states

@@ -1,9 +1,9 @@
 """Rank-side instruments of exercise 9's part 2: the learner's ``train_uneven`` run once per scenario
-(:data:`~.observations.SCENARIOS`: each rank's number of batches), under the :class:`~..ledger.Ledger`, which
-checks every collective against the peers' before it runs, comparing what ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
-compares (the kind and the shapes: a rank out of data takes part in steps it has no batch of). A rank that
-leaves while another still has batches is thereby stopped as a hang on every rank, its peer's line named,
-and the next scenario (and file) runs in a process group still in step.
+(:data:`~.observations.SCENARIOS` at W=2, ``WIDE`` at W=4: each rank's number of batches), under the
+:class:`~..ledger.Ledger`, which checks every collective against the peers' before it runs, comparing what
+``TORCH_DISTRIBUTED_DEBUG=DETAIL`` compares (the kind and the shapes: a rank out of data takes part in steps it has
+no batch of). A rank that leaves while another still has batches is thereby stopped as a hang on every rank, its
+peer's line named, and the next scenario (and file) runs in a process group still in step.
 
 Observed besides: the weights when each batch first went through the model's forward (a forward pre-hook
 that knows this rank's batches by their values: however the learner reads the stream, batch ``t`` is
@@ -25,8 +25,8 @@ from distlab.models import cpu_state
 
 from ....rank import CapturedPrints, DDPSpy, Replace, attempt, echo, learner_frame, raised
 from ..ledger import Ledger
-from .observations import (LR, MAX_PAST_END, OPS_PER_STEP, SCENARIOS, Joined, ScenarioRun, UnevenCall, model,
-                           uneven_batch)
+from .observations import (LENGTHS, LR, MAX_PAST_END, OPS_PER_STEP, SCENARIOS, Joined, ScenarioRun, UnevenCall,
+                           model, uneven_batch)
 
 
 class Stream:
@@ -143,14 +143,15 @@ class Forwards:
         self.snapshots.setdefault(index, cpu_state(module))
 
 
-def observe_uneven(learner, path: str, tag: str, load_error: Exception | None = None) -> list[ScenarioRun]:
-    """Runs on every rank: the learner's ``train_uneven`` in each scenario, in turn (``learner``: its module, or
-    ``None`` when the file could not be imported: ``load_error``)."""
-    return [_scenario(learner, path, f"{tag}/uneven/{name}", name, load_error) for name in SCENARIOS]
+def observe_uneven(learner, path: str, tag: str, load_error: Exception | None = None,
+                   names=tuple(SCENARIOS)) -> list[ScenarioRun]:
+    """Runs on every rank: the learner's ``train_uneven`` in each scenario of ``names``, in turn (``learner``: its
+    module, or ``None`` when the file could not be imported: ``load_error``)."""
+    return [_scenario(learner, path, f"{tag}/uneven/{name}", name, load_error) for name in names]
 
 
 def _scenario(learner, path: str, tag: str, name: str, load_error: Exception | None) -> ScenarioRun:
-    rank, lengths = dist.get_rank(), SCENARIOS[name]
+    rank, lengths = dist.get_rank(), LENGTHS[name]
     net, stream = model(), Stream(rank, lengths[rank])
     ledger = UnevenLedger(tag, stream, path, compare_steps=False, limit=OPS_PER_STEP * (max(lengths) + 1))
     fn = getattr(learner, "train_uneven", None)
