@@ -136,6 +136,18 @@ def test_a_killed_rank_is_named_and_elastic_restart_recovers():
         torchrun(ranks.exits_quietly, 2, timeout=60)
 
 
+def test_a_rank_killed_by_sigpipe_is_its_peers_victim_not_the_cause(tmp_path):
+    """No launch: CI run B's race. Rank 1 left with os._exit(3); rank 0's next send to it raised SIGPIPE and
+    killed it. The rank that left is the cause; a SIGPIPE is named only where no rank died otherwise."""
+    from distlab.runtime.failures import RankExited, RankKilled, failure
+
+    output = "rank : 0 (local_rank: 0)\n  exitcode : -13 (pid: 1)\nrank : 1 (local_rank: 1)\n  exitcode : 3 (pid: 2)\n"
+    said = failure(tmp_path, 1, 2, set(), output)
+    assert isinstance(said, RankExited) and said.rank == 1, said
+    alone = failure(tmp_path, 1, 2, set(), "rank : 0 (local_rank: 0)\n  exitcode : -13 (pid: 1)\n")
+    assert isinstance(alone, RankKilled) and alone.rank == 0, alone
+
+
 @pytest.mark.slow
 def test_a_result_the_launcher_cannot_load_safely_is_a_named_error():
     with pytest.raises(RankFailure, match=r"rank 0 failed: TypeError: the function returned a Fraction"):
