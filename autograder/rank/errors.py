@@ -132,7 +132,6 @@ def _note(exc: Exception) -> None:
     from distlab.runtime.waits import is_runtime
 
     mine = [f for f in frames(exc) if not is_runtime(f.filename)]
-    if mine:
-        message = _C10_PREFIX.sub("", str(exc).strip()).splitlines()[0][:120] if str(exc).strip() else ""
-        heartbeat.note_raised(f"{mine[-1].name} raised {type(exc).__name__}" + (f": {message}" if message else "")
-                              + f" ({Path(mine[-1].filename).name}:{mine[-1].lineno})")
+    if mine:  # "Type: message" as raised() says it, its first line, 120 characters of the message at most
+        said = raised(exc).splitlines()[0][:len(type(exc).__name__) + 2 + 120].removesuffix(": ")
+        heartbeat.note_raised(f"{mine[-1].name} raised {said} ({Path(mine[-1].filename).name}:{mine[-1].lineno})")

@@ -213,7 +213,7 @@ class Watch:
         through a long stretch with no new place is slow, not stuck, and the others wait for it all the same."""
         if len(self.beats) < self.nprocs or any(now - t < after_s for t in self.advanced.values()):
             return False
-        if any(b.get("waits_in") for b in self.beats.values()):
+        if self.in_collective():
             return True
         return (any(b.get("waits_for_peers") is True for b in self.beats.values())
                 and all(now - t >= 2 * after_s for t in self.advanced.values()))
@@ -223,21 +223,20 @@ class Watch:
         of the ``unfinished`` ranks only, where given (a rank that returned its result is nowhere)."""
         parts = [env_note(rank, b["env_changed"]) for rank, b in sorted(self.beats.items())
                  if isinstance(b.get("env_changed"), dict) and b["env_changed"]][:1]
-        left: list[int] = []  # ranks out of the job's code, said once, where the first of them stands
+        left: list[int] = []  # ranks out of the job's code (none raised first), said once, where the first stands
+        at = 0
         for rank in sorted(self.beats):
             if unfinished is not None and rank not in unfinished:
                 continue
             b = self.beats[rank]
             after = f", after its {b['raised']}" if isinstance(b.get("raised"), str) else ""
-            if not b.get("at") and (b.get("waits_for_peers") is True or b.get("waits_in")) and after:
-                parts.append(f"rank {rank} had left your code{after}, and waited for the other ranks to finish")
-                continue
             if not b.get("at") and (b.get("waits_for_peers") is True or b.get("waits_in")):
                 # no frame of the job's code on its stack: the runtime's (or the grader's) own wait for the others
-                if not left:
-                    parts.append("")
-                    at = len(parts) - 1
-                left.append(rank)
+                if after:
+                    parts.append(f"rank {rank} had left your code{after}, and waited for the other ranks to finish")
+                else:
+                    at = at if left else len(parts)
+                    left.append(rank)
                 continue
             where = f" at {b['at']}" if b.get("at") else ""
             # the line, unless it names what the rank waits in ("dist.all_reduce(t)"); "loss.backward()" it does not
@@ -246,9 +245,8 @@ class Watch:
             parts.append((f"rank {rank} waits in {b['waits_in']}{where}{code}" if b.get("waits_in")
                           else f"rank {rank} is{where + within or ' outside your code'}{code}") + after)
         if left:
-            who = (f"rank {left[0]}" if len(left) == 1
-                   else f"ranks {', '.join(map(str, left[:-1]))} and {left[-1]}")
-            parts[at] = f"{who} had left your code and waited for the other ranks to finish"
+            who = f"rank {left[0]}" if len(left) == 1 else f"ranks {', '.join(map(str, left[:-1]))} and {left[-1]}"
+            parts.insert(at, f"{who} had left your code and waited for the other ranks to finish")
         return "; ".join(parts)
 
 

@@ -143,15 +143,21 @@ class Run:
                                         drop_last=drop_last)) for r in range(self.world)]
 
     @functools.cached_property
-    def eval_candidates(self) -> dict[str, tuple[float, float]]:
-        """(loss, accuracy) of the evaluation model over the data set once (``"reference"``, one process),
-        and what the usual mistakes return; ``"rank r's shard"``: what rank r alone would report."""
+    def _eval_samples(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each of the first ``EVAL["n"]`` digits' cross-entropy and correctness under the evaluation model, in one
+        process (float64): both evaluation sets (``EVEN`` is the first of them) are means of these."""
         model = make_mlp(seed=EVAL["seed"], **MODEL).double()
         x, y = digits().tensors
         with torch.no_grad():
             logits = model(x[:EVAL["n"]].double())
-        loss = nn.functional.cross_entropy(logits, y[:EVAL["n"]], reduction="none")
-        correct = (logits.argmax(-1) == y[:EVAL["n"]]).double()
+        return (nn.functional.cross_entropy(logits, y[:EVAL["n"]], reduction="none"),
+                (logits.argmax(-1) == y[:EVAL["n"]]).double())
+
+    @functools.cached_property
+    def eval_candidates(self) -> dict[str, tuple[float, float]]:
+        """(loss, accuracy) of the evaluation model over the data set once (``"reference"``, one process),
+        and what the usual mistakes return; ``"rank r's shard"``: what rank r alone would report."""
+        loss, correct = self._eval_samples
 
         def over(idx: list[int]) -> tuple[float, float]:
             return float(loss[idx].mean()), float(correct[idx].mean())
@@ -168,12 +174,8 @@ class Run:
     @functools.cached_property
     def eval_even_reference(self) -> tuple[float, float]:
         """(loss, accuracy) of the evaluation model over the first ``EVEN`` digits, in one process."""
-        model = make_mlp(seed=EVAL["seed"], **MODEL).double()
-        x, y = digits().tensors
-        with torch.no_grad():
-            logits = model(x[:EVEN].double())
-        return (float(nn.functional.cross_entropy(logits, y[:EVEN])),
-                float((logits.argmax(-1) == y[:EVEN]).double().mean()))
+        loss, correct = self._eval_samples
+        return float(loss[:EVEN].mean()), float(correct[:EVEN].mean())
 
     def ratio_is(self, value: float) -> bool:
         return self.gradient_ratio is not None and abs(self.gradient_ratio - value) < 1e-2 * value

@@ -6,7 +6,6 @@ Everything here observes; the verdicts, and the single-process reference, are co
 """
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 from torch import nn

@@ -86,7 +86,7 @@ import torch
 from distlab.lab.fsdp_memory import UNITS_IN_FLIGHT
 
 from ...grader.diagnosis import diagnose
-from ...grader.launches import launch_timeout
+from ...grader.launches import launch_timeout, side_by_side
 from ...grader.parity import parity
 from ...grader.parts import launch_parts, report_ended
 from ...grader.registry import Exercise
@@ -270,23 +270,23 @@ def grade(paths: Sequence[Path], world_sizes: tuple[int, ...] = WORLD_SIZES) -> 
     world size's criteria are declared at full weight; scale_to gives every world size an equal share.
     """
     reports = [EXERCISE.new_report() for _ in paths]
-    side_by_side = not torch.cuda.is_available()
+    together = side_by_side()
     shares = sum(LAUNCH_SHARES[w] for w in world_sizes)
     with tempfile.TemporaryDirectory(prefix="ex04-") as tmp, ThreadPoolExecutor(len(world_sizes)) as pool:
         def launch(world: int) -> tuple[list, float | None]:
             # side by side, every launch may take the whole budget (as exercise 1's)
-            timeout = launch_timeout(EXERCISE, files=len(paths), share=1 if side_by_side else LAUNCH_SHARES[world]
+            timeout = launch_timeout(EXERCISE, files=len(paths), share=1 if together else LAUNCH_SHARES[world]
                                      / shares, per_extra_file_s=PER_EXTRA_FILE_S)
             scratch = Path(tmp) / f"W{world}"  # kept until the exports are judged; each launch its own folder
             scratch.mkdir()
             return launch_parts(rank_main, paths, world=world, timeout=timeout, parts=FILE_PARTS,
                                 known=KNOWN_ERRORS, needs=NEEDS, scratch=scratch)
 
-        jobs = {w: pool.submit(launch, w) for w in world_sizes} if side_by_side else {}
+        jobs = {w: pool.submit(launch, w) for w in world_sizes} if together else {}
         for world in world_sizes:
-            if not side_by_side and not any(r.ran for r in reports):
+            if not together and not any(r.ran for r in reports):
                 break  # nothing left to judge at a larger world size
-            files, wall_s = jobs[world].result() if side_by_side else launch(world)
+            files, wall_s = jobs[world].result() if together else launch(world)
             for report, file in zip(reports, files):
                 if report.ran:
                     _judge(report, Run.from_parts(file.ranks, file.ended), wall_s)

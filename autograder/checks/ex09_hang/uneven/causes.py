@@ -113,8 +113,9 @@ def updates(s: Scenario) -> list[tuple[int, float, float]]:
     return out
 
 
-def _steps(steps: list[int]) -> str:
-    return f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps[:-1]))} and {steps[-1]}"
+def _listed(noun: str, items: list[int]) -> str:
+    """``"step 3"``, ``"steps 1, 2 and 3"``."""
+    return f"{noun} {items[0]}" if len(items) == 1 else f"{noun}s {', '.join(map(str, items[:-1]))} and {items[-1]}"
 
 
 @mistake("uneven: the update divided by every rank's share, not the ranks with data")
@@ -129,7 +130,8 @@ def divided_by_all(s: Scenario) -> str | None:
     if any(abs(ratio - 1) > 0.02 for ratio in full):
         return None
     k = len(s.active(partial[0][0]))
-    head = (f"at {_steps([t for t, _ in partial])} only {k} of the {s.world} ranks had a batch, and rank {s.longest}'s "
+    steps = _listed("step", [t for t, _ in partial])
+    head = (f"at {steps} only {k} of the {s.world} ranks had a batch, and rank {s.longest}'s "
             f"update there was {partial[0][1]:.3g}x one process's on those samples"
             + (" (1x at the steps where every rank had one)" if full else "")
             + f": the summed gradient was divided by the {s.world} ranks of the job, not by the {k} that had data")
@@ -152,8 +154,9 @@ def scaled_everywhere(s: Scenario) -> str | None:
         return None
     n = round(1 / k) if k > 0 else 0
     frac = f" (1/{n})" if n > 1 and abs(1 / k - n) < 0.02 * n else ""
+    steps = _listed("step", [t for t, _, _ in seen])
     return (f"rank {s.longest}'s update was {k:.3g}x{frac} one process's SGD step on the step's samples at every "
-            f"step it shows ({_steps([t for t, _, _ in seen])}), whichever ranks had a batch: the loss or the gradient "
+            f"step it shows ({steps}), whichever ranks had a batch: the loss or the gradient "
             f"was scaled by {k:.3g} on top of the mean over the step's samples. Divide the summed gradient once, by "
             "the samples of the ranks that had a batch")
 
@@ -244,10 +247,6 @@ def read_ahead(s: Scenario) -> str | None:
             "step")
 
 
-def _ranks(group: list[int]) -> str:
-    return f"rank {group[0]}" if len(group) == 1 else f"ranks {', '.join(map(str, group[:-1]))} and {group[-1]}"
-
-
 def _groups(s: Scenario) -> list[list[int]]:
     """The ranks by their final weights: each group's ranks match its first's."""
     groups: list[list[int]] = []
@@ -268,7 +267,7 @@ def partial_sum(s: Scenario) -> str | None:
         return None
     apart = max(parity(s.ranks[a[0]].final, s.ranks[b[0]].final, rtol=RTOL, atol=ATOL).max_abs_diff
                 for a in groups for b in groups if a is not b)
-    said = ", ".join(f"{_ranks(g)} with the same weights" for g in groups)
+    said = ", ".join(f"{_listed('rank', g)} with the same weights" for g in groups)
     own = all(parity(s.ranks[g[0]].final, reference(s.name, tuple(g))[-1], rtol=RTOL, atol=ATOL).ok for g in groups)
     learnt = "; each group's weights are one process's that learnt from its own ranks' batches only" if own else ""
     kinds = ", ".join(dict.fromkeys(f"{c.kind} of {c.shape}" for c in s.ranks[0].calls)) or "none"
